@@ -1,0 +1,70 @@
+# Gantry: build, run and test. `make help` lists the targets.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+MAKEFLAGS += --no-print-directory
+
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+BOOTSTRAP_PYTHON ?= $(shell command -v python3.11 || command -v python3)
+PYTEST_ARGS ?=
+BENCH_ARGS ?=
+
+.PHONY: help venv run lint test bench clean distclean
+
+help:
+	@echo "make run        the embedded portal on http://127.0.0.1:8000 (SQLite, Celery, simulator, demo data)"
+	@echo "make lint       ruff, ruff format --check, manage.py check, makemigrations --check, lint-imports"
+	@echo "make test       lint, then pytest against PostgreSQL and Redis (scripts/test-services.sh)"
+	@echo "                PYTEST_ARGS='-k admission' passes arguments to pytest"
+	@echo "make bench      the benchmarks (python -m bench) against the same services"
+	@echo "make venv       $(VENV) with the project and its dev tools (redone when pyproject.toml changes)"
+	@echo "make clean      remove var/ and build artefacts; make distclean also removes $(VENV)"
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -n "$(BOOTSTRAP_PYTHON)" || { echo "make: neither python3.11 nor python3 found" >&2; exit 1; }
+	@# A venv whose interpreter no longer runs (moved, or its Python removed) is rebuilt from scratch.
+	$(PY) -c '' 2>/dev/null || $(BOOTSTRAP_PYTHON) -m venv --clear $(VENV)
+	$(PY) -m pip install --quiet --progress-bar off --upgrade pip
+	$(PY) -m pip install --progress-bar off -e '.[dev]'
+	touch $@
+
+run: venv
+	GANTRY_EMBEDDED=1 $(PY) -m portal.embedded
+
+# Every step runs, so one report shows all problems; the target fails if any step failed.
+# Django runs embedded against a throwaway data directory: nothing here needs a server.
+lint: venv
+	@failed=(); \
+	data_dir=$$(mktemp -d); \
+	trap 'rm -rf "$$data_dir"' EXIT; \
+	django=(env -u DATABASE_URL -u CELERY_BROKER_URL GANTRY_EMBEDDED=1 GANTRY_DATA_DIR="$$data_dir" $(PY) manage.py); \
+	step() { echo "+ $$*"; "$$@" || failed+=("$$*"); }; \
+	step $(VENV)/bin/ruff check .; \
+	step $(VENV)/bin/ruff format --check .; \
+	step "$${django[@]}" check; \
+	step "$${django[@]}" makemigrations --check --dry-run; \
+	step $(VENV)/bin/lint-imports; \
+	if (( $${#failed[@]} )); then printf 'lint: FAILED: %s\n' "$${failed[@]}" >&2; exit 1; fi
+
+test: venv lint
+	bash scripts/test-services.sh exec -- $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+bench: venv
+	@if [[ -f bench/__main__.py ]]; then \
+		DJANGO_SETTINGS_MODULE=$${DJANGO_SETTINGS_MODULE:-tests.settings} \
+			bash scripts/test-services.sh exec -- $(PY) -m bench $(BENCH_ARGS); \
+	else \
+		echo "bench: bench/__main__.py does not exist; nothing to run"; \
+	fi
+
+clean:
+	rm -rf var build dist .eggs *.egg-info .pytest_cache .ruff_cache .hypothesis .mypy_cache .import_linter_cache htmlcov .coverage
+	find . \( -path ./$(VENV) -o -path ./.git -o -name node_modules \) -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

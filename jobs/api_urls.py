@@ -1,0 +1,9 @@
+from rest_framework.routers import SimpleRouter
+
+from jobs import api
+
+router = SimpleRouter()
+router.register("runs", api.RunViewSet, basename="run")
+router.register("experiments", api.ExperimentViewSet, basename="experiment")
+
+urlpatterns = router.urls

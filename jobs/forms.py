@@ -1,0 +1,216 @@
+"""The submit form: it parses types only. Every rule lives in ``jobs.services.run_submit``."""
+
+import json
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+from jobs.models import Experiment
+from jobs.services import ExperimentInput
+
+# Lengths of the columns the free-text fields are stored in, so an overlong value is a form
+# error instead of a database error.
+_MAX_LENGTH = {
+    name: Experiment._meta.get_field(name).max_length
+    for name in ("code_repository", "dataset_uri", "dataset_version", "checkpoint_dir")
+}
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _parse_json(text: str):
+    """JSON as PostgreSQL's jsonb can store it: no NaN/Infinity, no NUL characters."""
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise ValidationError(f"Not valid JSON: {exc}") from None
+    if "\\u0000" in json.dumps(value):
+        raise ValidationError("Must not contain NUL characters.")
+    return value
+
+
+def _select(**attrs) -> forms.Select:
+    return forms.Select(attrs=attrs)
+
+
+class RunSubmitForm(forms.Form):
+    """Choices are offered for convenience; the service re-validates every value."""
+
+    tenant = forms.CharField(
+        required=False, widget=_select(required=True), help_text="Whose quota the run uses."
+    )
+    project = forms.CharField(
+        required=False,
+        widget=_select(required=True, **{"data-filter-by": "id_tenant"}),
+        help_text="GPU hours are accounted to this project of the tenant.",
+    )
+    image = forms.CharField(
+        required=False,
+        widget=_select(required=True),
+        help_text="Approved images only; the run uses the image pinned by its digest.",
+    )
+    name = forms.CharField(
+        required=False,
+        help_text="Leave empty to name it after the project and the time.",
+    )
+    command = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "required": True, "spellcheck": "false"}),
+        help_text="Run by a shell inside the container, e.g. python train.py --epochs 3.",
+    )
+    code_repository = forms.CharField(
+        required=False,
+        max_length=_MAX_LENGTH["code_repository"],
+        label="Code repository",
+        help_text="Git URL of the code the image runs (recorded for reproducibility).",
+    )
+    code_commit = forms.CharField(
+        required=False,
+        label="Code commit",
+        widget=forms.TextInput(attrs={"spellcheck": "false", "autocomplete": "off"}),
+        help_text="Full 40-character commit SHA; required with a repository.",
+    )
+    dataset_uri = forms.CharField(
+        required=False, max_length=_MAX_LENGTH["dataset_uri"], label="Dataset URI"
+    )
+    dataset_version = forms.CharField(
+        required=False, max_length=_MAX_LENGTH["dataset_version"], label="Dataset version"
+    )
+    params = forms.CharField(
+        required=False,
+        initial="{}",
+        label="Parameters",
+        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "class": "mono"}),
+        help_text='A JSON object of hyperparameters, e.g. {"lr": 0.1}. At most 64 KiB.',
+    )
+    env = forms.CharField(
+        required=False,
+        initial="{}",
+        label="Environment",
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "class": "mono"}),
+        help_text="A JSON object of variable names to strings. No secrets: it is stored as is.",
+    )
+    flavor = forms.CharField(required=False, label="GPU flavor", widget=_select(required=True))
+    nodes = forms.IntegerField(initial=1, widget=forms.NumberInput(attrs={"min": 1}))
+    gpus_per_node = forms.IntegerField(
+        initial=1, label="GPUs per node", widget=forms.NumberInput(attrs={"min": 1})
+    )
+    priority = forms.IntegerField(
+        initial=50,
+        widget=forms.NumberInput(attrs={"min": 0, "max": 100}),
+        help_text="0-100; higher runs first within your tenant.",
+    )
+    max_runtime_minutes = forms.IntegerField(
+        initial=24 * 60,
+        label="Max runtime (minutes)",
+        widget=forms.NumberInput(attrs={"min": 1}),
+        help_text="The run is stopped after this long.",
+    )
+    max_restarts = forms.IntegerField(
+        initial=0,
+        label="Max restarts",
+        widget=forms.NumberInput(attrs={"min": 0}),
+        help_text="Requeue after a failure or preemption, resuming from the latest checkpoint.",
+    )
+    checkpoint_dir = forms.CharField(
+        required=False,
+        max_length=_MAX_LENGTH["checkpoint_dir"],
+        label="Checkpoint directory",
+        help_text="Where the job saves checkpoints; a restart resumes from the latest one.",
+    )
+
+    def __init__(self, *args, tenants, projects, images, flavor_limits, **kwargs):
+        super().__init__(*args, **kwargs)
+        tenants = list(tenants)
+        self.fields["tenant"].widget.choices = [("", "Choose a tenant")] + [
+            (t.slug, f"{t.name} ({t.slug})") for t in tenants
+        ]
+        by_tenant: dict[str, list[tuple[str, str]]] = {t.slug: [] for t in tenants}
+        for project in projects:
+            by_tenant.setdefault(project.tenant.slug, []).append(
+                (project.slug, f"{project.slug} - {project.name}")
+            )
+        self.fields["project"].widget.choices = [("", "Choose a project")] + [
+            (slug, choices) for slug, choices in by_tenant.items() if choices
+        ]
+        self.fields["image"].widget.choices = [("", "Choose an image")] + [
+            (image.reference, _image_label(image)) for image in images
+        ]
+        self.fields["flavor"].widget.choices = [("", "Choose a GPU flavor")] + [
+            (slug, f"{slug} (up to {nodes} nodes × {gpus} GPUs)")
+            for slug, (nodes, gpus) in sorted(flavor_limits.items())
+        ]
+
+    def clean_command(self) -> str:
+        # Browsers send textarea line breaks as CRLF; the shell wants LF.
+        return self.cleaned_data["command"].replace("\r\n", "\n")
+
+    def clean_params(self):
+        return _parse_json(self.cleaned_data["params"])
+
+    def clean_env(self):
+        return _parse_json(self.cleaned_data["env"])
+
+    def experiment_input(self) -> ExperimentInput:
+        data = self.cleaned_data
+        return ExperimentInput(
+            tenant=data["tenant"],
+            project=data["project"],
+            image=data["image"],
+            command=data["command"],
+            flavor=data["flavor"],
+            nodes=data["nodes"],
+            gpus_per_node=data["gpus_per_node"],
+            name=data["name"],
+            code_repository=data["code_repository"],
+            code_commit=data["code_commit"],
+            dataset_uri=data["dataset_uri"],
+            dataset_version=data["dataset_version"],
+            params=data["params"],
+            env=data["env"],
+            priority=data["priority"],
+            max_runtime_minutes=data["max_runtime_minutes"],
+            max_restarts=data["max_restarts"],
+            checkpoint_dir=data["checkpoint_dir"],
+        )
+
+    def add_service_errors(self, error: ValidationError) -> None:
+        """Show the service's errors next to the fields they name."""
+        if not hasattr(error, "error_dict"):
+            self.add_error(None, error.messages)
+            return
+        for name, messages in error.message_dict.items():
+            self.add_error(name if name in self.fields else None, messages)
+
+
+def _image_label(image) -> str:
+    name = f"{image.repository}:{image.tag}" if image.tag else image.repository
+    return f"{name} ({image.digest[:19]}…)"
+
+
+def initial_from_experiment(experiment: Experiment) -> dict:
+    """Form values that submit the same experiment again."""
+    return {
+        "tenant": experiment.tenant.slug,
+        "project": experiment.project.slug,
+        "image": experiment.image_reference,
+        "name": experiment.name,
+        "command": experiment.command,
+        "code_repository": experiment.code_repository,
+        "code_commit": experiment.code_commit,
+        "dataset_uri": experiment.dataset_uri,
+        "dataset_version": experiment.dataset_version,
+        "params": json.dumps(experiment.params, indent=2, sort_keys=True),
+        "env": json.dumps(experiment.env, indent=2, sort_keys=True),
+        "flavor": experiment.flavor.slug,
+        "nodes": experiment.nodes,
+        "gpus_per_node": experiment.gpus_per_node,
+        "priority": experiment.priority,
+        "max_runtime_minutes": experiment.max_runtime_minutes,
+        "max_restarts": experiment.max_restarts,
+        "checkpoint_dir": experiment.checkpoint_dir,
+    }

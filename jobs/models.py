@@ -1,0 +1,315 @@
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+
+from images.models import Image
+from tenants.models import GpuFlavor, Project, Tenant, slug_validator
+
+COMMIT_PATTERN = r"^[0-9a-f]{40}$"
+MAX_COMMAND_BYTES = 16 * 1024
+MAX_PARAMS_BYTES = 64 * 1024
+
+
+class Cluster(models.Model):
+    class Backend(models.TextChoices):
+        SIMULATOR = "simulator", "Simulator"
+        KUBERNETES = "kubernetes", "Kubernetes"
+        SLURM = "slurm", "Slurm"
+
+    name = models.SlugField(max_length=63, unique=True, validators=[slug_validator])
+    backend = models.CharField(max_length=16, choices=Backend.choices)
+    # Connection settings; secrets appear only as references (e.g. an env var name), never values.
+    settings = models.JSONField(default=dict, blank=True)
+    enabled = models.BooleanField(default=True)
+    last_sync_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ClusterFlavor(models.Model):
+    """Capacity of one flavor on one cluster, refreshed from the backend's inventory."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="flavors")
+    flavor = models.ForeignKey(GpuFlavor, on_delete=models.PROTECT, related_name="+")
+    nodes = models.PositiveIntegerField()
+    gpus_per_node = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["cluster__name", "flavor__slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "flavor"], name="cluster_flavor_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}: {self.nodes}×{self.gpus_per_node} {self.flavor.slug}"
+
+    @property
+    def capacity_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class Experiment(models.Model):
+    """The reproducibility record: everything needed to run the same thing again."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="experiments")
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="experiments")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="experiments"
+    )
+    name = models.CharField(max_length=200)
+    image = models.ForeignKey(Image, on_delete=models.PROTECT, related_name="experiments")
+    image_reference = models.CharField(max_length=400, help_text="repository@sha256:… as run")
+    command = models.TextField()
+    env = models.JSONField(default=dict, blank=True)
+    code_repository = models.CharField(max_length=500, blank=True)
+    code_commit = models.CharField(
+        max_length=40, blank=True, validators=[RegexValidator(COMMIT_PATTERN)]
+    )
+    dataset_uri = models.CharField(max_length=500, blank=True)
+    dataset_version = models.CharField(max_length=200, blank=True)
+    params = models.JSONField(default=dict, blank=True)
+    flavor = models.ForeignKey(GpuFlavor, on_delete=models.PROTECT, related_name="+")
+    nodes = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    gpus_per_node = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    priority = models.IntegerField(
+        default=50, validators=[MinValueValidator(0), MaxValueValidator(100)]
+    )
+    max_runtime_minutes = models.PositiveIntegerField(default=24 * 60)
+    max_restarts = models.PositiveIntegerField(default=0)
+    checkpoint_dir = models.CharField(max_length=500, blank=True)
+    cloned_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="clones"
+    )
+    gantry_version = models.CharField(max_length=32)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(nodes__gte=1), name="experiment_nodes_positive"),
+            models.CheckConstraint(
+                condition=Q(gpus_per_node__gte=1), name="experiment_gpus_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class RunState(models.TextChoices):
+    QUEUED = "QUEUED", "Queued"
+    ADMITTED = "ADMITTED", "Admitted"
+    SUBMITTING = "SUBMITTING", "Submitting"
+    PENDING = "PENDING", "Pending on cluster"
+    RUNNING = "RUNNING", "Running"
+    SUCCEEDED = "SUCCEEDED", "Succeeded"
+    FAILED = "FAILED", "Failed"
+    CANCELLED = "CANCELLED", "Cancelled"
+    PREEMPTED = "PREEMPTED", "Preempted"
+
+
+# States in which a run holds GPUs of its cluster (as far as admission is concerned).
+HOLDING_STATES = (RunState.ADMITTED, RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING)
+TERMINAL_STATES = (RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED)
+
+
+class FailureReason(models.TextChoices):
+    OOM_GPU = "OOM_GPU", "GPU out of memory"
+    OOM_HOST = "OOM_HOST", "Host out of memory"
+    NODE_FAILURE = "NODE_FAILURE", "Node failure"
+    GPU_XID = "GPU_XID", "GPU error (XID)"
+    NCCL = "NCCL", "NCCL / communication error"
+    IMAGE_PULL = "IMAGE_PULL", "Image pull failed"
+    TIMEOUT = "TIMEOUT", "Time limit reached"
+    PREEMPTED = "PREEMPTED", "Preempted"
+    CANCELLED = "CANCELLED", "Cancelled"
+    USER_EXIT = "USER_EXIT", "Exited with an error"
+    LOST = "LOST", "Lost by the backend"
+    UNKNOWN = "UNKNOWN", "Unknown"
+
+
+class WaitReason(models.TextChoices):
+    QUOTA = "QUOTA", "Tenant quota in use"
+    CAPACITY = "CAPACITY", "Not enough idle GPUs"
+    BEHIND_HEAD = "BEHIND_HEAD", "Behind an earlier run of the tenant"
+    NO_QUOTA = "NO_QUOTA", "No quota for this flavor"
+
+
+class Run(models.Model):
+    """One request to execute an experiment."""
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.PROTECT, related_name="runs")
+    # Denormalized from the experiment: scoping and admission read them on hot paths.
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="runs")
+    flavor = models.ForeignKey(GpuFlavor, on_delete=models.PROTECT, related_name="+")
+    gpus = models.PositiveIntegerField()
+    priority = models.IntegerField(default=50)
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="runs"
+    )
+    state = models.CharField(max_length=12, choices=RunState.choices, default=RunState.QUEUED)
+    cluster = models.ForeignKey(
+        Cluster, null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
+    )
+    borrowed = models.BooleanField(default=False)
+    wait_reason = models.CharField(max_length=16, choices=WaitReason.choices, blank=True)
+    wait_message = models.CharField(max_length=500, blank=True)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    failure_reason = models.CharField(max_length=16, choices=FailureReason.choices, blank=True)
+    restarts = models.PositiveIntegerField(default=0)
+    submitted_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    admitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        indexes = [
+            models.Index(fields=["state", "flavor"], name="run_state_flavor"),
+            models.Index(fields=["tenant", "-submitted_at"], name="run_tenant_recent"),
+            models.Index(fields=["tenant", "state"], name="run_tenant_state"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(gpus__gte=1), name="run_gpus_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} ({self.state})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class AttemptState(models.TextChoices):
+    CREATED = "CREATED", "Created"
+    SUBMITTING = "SUBMITTING", "Submitting"
+    PENDING = "PENDING", "Pending"
+    RUNNING = "RUNNING", "Running"
+    SUCCEEDED = "SUCCEEDED", "Succeeded"
+    FAILED = "FAILED", "Failed"
+    CANCELLED = "CANCELLED", "Cancelled"
+    PREEMPTED = "PREEMPTED", "Preempted"
+    LOST = "LOST", "Lost"
+
+
+LIVE_ATTEMPT_STATES = (AttemptState.SUBMITTING, AttemptState.PENDING, AttemptState.RUNNING)
+
+
+class Checkpoint(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    attempt = models.ForeignKey("Attempt", on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.PositiveBigIntegerField()
+    uri = models.CharField(max_length=1000)
+    saved_at = models.DateTimeField()
+    save_seconds = models.FloatField(default=0)
+
+    class Meta:
+        ordering = ["run", "step"]
+
+    def __str__(self) -> str:
+        return f"checkpoint step {self.step} of run {self.run_id}"
+
+
+class Attempt(models.Model):
+    """One backend submission of a run."""
+
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="attempts")
+    number = models.PositiveIntegerField()
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="attempts")
+    state = models.CharField(
+        max_length=12, choices=AttemptState.choices, default=AttemptState.CREATED
+    )
+    backend_job_id = models.CharField(max_length=200, blank=True)
+    rendered_spec = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    submitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    failure_reason = models.CharField(max_length=16, choices=FailureReason.choices, blank=True)
+    failure_message = models.TextField(blank=True)
+    backend_error = models.TextField(blank=True, help_text="Last transient backend error")
+    node_list = models.JSONField(default=list, blank=True)
+    gpu_uuids = models.JSONField(default=list, blank=True)
+    resumed_from = models.ForeignKey(
+        Checkpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    runtime_env = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["run", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "number"], name="attempt_unique_number"),
+        ]
+        indexes = [models.Index(fields=["cluster", "state"], name="attempt_cluster_state")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def name(self) -> str:
+        """The backend object's name: derived from the id, so a resubmit can find it."""
+        return f"gantry-a{self.pk}"
+
+
+class RunEvent(models.Model):
+    """The run's timeline: every transition with its reason and actor."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    attempt = models.ForeignKey(
+        Attempt, null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
+    )
+    at = models.DateTimeField(auto_now_add=True)
+    from_state = models.CharField(max_length=12, blank=True)
+    to_state = models.CharField(max_length=12, blank=True)
+    reason = models.CharField(max_length=32, blank=True)
+    message = models.TextField(blank=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["run", "at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%H:%M:%S} {self.from_state}→{self.to_state} {self.reason}"
+
+
+class SimulatedJob(models.Model):
+    """State of the built-in simulator backend: one row per simulated batch job."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=100, unique=True)
+    flavor = models.CharField(max_length=63)
+    nodes = models.PositiveIntegerField()
+    gpus_per_node = models.PositiveIntegerField()
+    profile = models.JSONField(default=dict)
+    max_runtime_s = models.PositiveIntegerField()
+    state = models.CharField(max_length=12, default="PENDING")
+    allocation = models.JSONField(default=dict, blank=True, help_text="node -> GPU indices")
+    submitted_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    failure_reason = models.CharField(max_length=16, blank=True)
+    message = models.TextField(blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["cluster", "state"], name="simjob_cluster_state")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.state})"

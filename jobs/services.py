@@ -1,0 +1,802 @@
+"""Every state change of experiments, runs and attempts goes through here."""
+
+import json
+import logging
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from importlib.metadata import PackageNotFoundError, version
+
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import connection, transaction
+from django.db.models import Count, Sum
+from django.utils import timezone
+
+from images.models import DIGEST_PATTERN, Image
+from images.selectors import image_list_usable
+from jobs import admission
+from jobs.backends import (
+    JobRef,
+    JobSpec,
+    JobStatus,
+    PermanentBackendError,
+    TransientBackendError,
+    backend_for,
+)
+from jobs.models import (
+    COMMIT_PATTERN,
+    HOLDING_STATES,
+    LIVE_ATTEMPT_STATES,
+    MAX_COMMAND_BYTES,
+    MAX_PARAMS_BYTES,
+    Attempt,
+    AttemptState,
+    Cluster,
+    ClusterFlavor,
+    Experiment,
+    Run,
+    RunEvent,
+    RunState,
+)
+from jobs.selectors import flavor_node_limits
+from tenants.models import GpuFlavor, Quota
+from tenants.roles import is_platform_admin, is_tenant_admin
+from tenants.selectors import tenant_list_submittable
+
+logger = logging.getLogger(__name__)
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+ADMISSION_LOCK_KEY = 0x67616E747279  # "gantry"
+
+try:
+    GANTRY_VERSION = version("gantry")
+except PackageNotFoundError:  # running from a checkout that was never installed
+    GANTRY_VERSION = "0+unknown"
+
+
+@dataclass
+class ExperimentInput:
+    """What a researcher asks for, as parsed by a form, the API or a spec file."""
+
+    tenant: str
+    project: str
+    image: str  # repository@sha256:…
+    command: str
+    flavor: str
+    nodes: int
+    gpus_per_node: int
+    name: str = ""
+    code_repository: str = ""
+    code_commit: str = ""
+    dataset_uri: str = ""
+    dataset_version: str = ""
+    params: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+    priority: int = 50
+    max_runtime_minutes: int = 24 * 60
+    max_restarts: int = 0
+    checkpoint_dir: str = ""
+
+
+def _check(errors: dict[str, list[str]], name: str, ok: bool, message: str) -> bool:
+    if not ok:
+        errors.setdefault(name, []).append(message)
+    return ok
+
+
+def experiment_validate(*, user, data: ExperimentInput) -> dict:
+    """Check a request against every rule; raise ValidationError naming each bad field."""
+    errors: dict[str, list[str]] = {}
+    resolved: dict = {}
+
+    tenant = tenant_list_submittable(user=user).filter(slug=data.tenant).first()
+    if _check(errors, "tenant", tenant is not None, "Unknown tenant, or you are not a member."):
+        resolved["tenant"] = tenant
+        project = tenant.projects.filter(slug=data.project).first()
+        if _check(errors, "project", project is not None, "Unknown project for this tenant."):
+            resolved["project"] = project
+        resolved["image"] = _resolve_image(errors, tenant=tenant, reference=data.image)
+
+    flavor = GpuFlavor.objects.filter(slug=data.flavor).first()
+    limits = flavor_node_limits()
+    if _check(errors, "flavor", flavor is not None, "Unknown GPU flavor.") and _check(
+        errors, "flavor", data.flavor in limits, "No enabled cluster offers this GPU flavor."
+    ):
+        resolved["flavor"] = flavor
+        max_nodes, max_gpus = limits[data.flavor]
+        if _check(errors, "nodes", data.nodes >= 1, "Must be at least 1.") and _check(
+            errors, "nodes", data.nodes <= max_nodes, f"At most {max_nodes} nodes of {data.flavor}."
+        ):
+            pass
+        if _check(errors, "gpus_per_node", data.gpus_per_node >= 1, "Must be at least 1."):
+            _check(
+                errors,
+                "gpus_per_node",
+                data.gpus_per_node <= max_gpus,
+                f"A {data.flavor} node has at most {max_gpus} GPUs.",
+            )
+        if "nodes" not in errors and "gpus_per_node" not in errors:
+            fits = ClusterFlavor.objects.filter(
+                cluster__enabled=True,
+                flavor=flavor,
+                nodes__gte=data.nodes,
+                gpus_per_node__gte=data.gpus_per_node,
+            ).exists()
+            _check(
+                errors,
+                "nodes",
+                fits,
+                f"No single cluster has {data.nodes} nodes with {data.gpus_per_node} "
+                f"{data.flavor} GPUs each.",
+            )
+    else:
+        _check(errors, "nodes", data.nodes >= 1, "Must be at least 1.")
+        _check(errors, "gpus_per_node", data.gpus_per_node >= 1, "Must be at least 1.")
+
+    command = data.command or ""
+    _check(errors, "command", command.strip() != "", "A command is required.")
+    _check(
+        errors,
+        "command",
+        len(command.encode()) <= MAX_COMMAND_BYTES,
+        f"At most {MAX_COMMAND_BYTES // 1024} KiB.",
+    )
+    _check(errors, "command", "\x00" not in command, "Must not contain NUL characters.")
+
+    if _check(errors, "params", isinstance(data.params, dict), "Must be a JSON object."):
+        try:
+            encoded = json.dumps(data.params, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError):
+            _check(errors, "params", False, "Only JSON values; NaN and Infinity are not JSON.")
+        else:
+            size = len(encoded.encode())
+            _check(errors, "params", size <= MAX_PARAMS_BYTES, "At most 64 KiB as JSON.")
+            _check(errors, "params", "\\u0000" not in encoded, "Must not contain NUL characters.")
+    if _check(errors, "env", isinstance(data.env, dict), "Must be an object of names to strings."):
+        for key, value in data.env.items():
+            if not ENV_NAME.match(str(key)):
+                _check(errors, "env", False, f"{key!r} is not a valid variable name.")
+            elif not isinstance(value, str) or "\x00" in value:
+                _check(errors, "env", False, f"The value of {key} must be a string.")
+
+    if data.code_repository or data.code_commit:
+        _check(
+            errors,
+            "code_commit",
+            re.fullmatch(COMMIT_PATTERN, data.code_commit or "") is not None,
+            "A commit is 40 lowercase hex characters.",
+        )
+        _check(errors, "code_repository", bool(data.code_repository), "Required with a commit.")
+    _check(errors, "priority", 0 <= data.priority <= 100, "Between 0 and 100.")
+    _check(
+        errors,
+        "max_runtime_minutes",
+        1 <= data.max_runtime_minutes <= 30 * 24 * 60,
+        "Between 1 minute and 30 days.",
+    )
+    _check(errors, "max_restarts", 0 <= data.max_restarts <= 20, "Between 0 and 20.")
+    for name in ("name", "code_repository", "dataset_uri", "dataset_version", "checkpoint_dir"):
+        limit = Experiment._meta.get_field(name).max_length
+        value = getattr(data, name) or ""
+        _check(errors, name, len(value) <= limit, f"At most {limit} characters.")
+        _check(errors, name, "\x00" not in value, "Must not contain NUL characters.")
+    if errors:
+        raise ValidationError(errors)
+    return resolved
+
+
+def _resolve_image(errors, *, tenant, reference: str) -> Image | None:
+    repository, _, digest = (reference or "").strip().partition("@")
+    if not digest:
+        _check(errors, "image", False, "Pin the image by digest: repository@sha256:<64 hex>.")
+        return None
+    if not re.fullmatch(DIGEST_PATTERN, digest):
+        _check(errors, "image", False, "Invalid digest: expected sha256: and 64 lowercase hex.")
+        return None
+    image = image_list_usable(tenant=tenant).filter(repository=repository, digest=digest).first()
+    _check(errors, "image", image is not None, "This image is not approved for this tenant.")
+    return image
+
+
+@transaction.atomic
+def run_submit(*, user, data: ExperimentInput) -> Run:
+    """Record the experiment and queue a run of it; admission picks it up after commit."""
+    resolved = experiment_validate(user=user, data=data)
+    image = resolved["image"]
+    experiment = Experiment.objects.create(
+        tenant=resolved["tenant"],
+        project=resolved["project"],
+        owner=user,
+        name=data.name or f"{resolved['project'].slug}-{timezone.now():%Y%m%d-%H%M%S}",
+        image=image,
+        image_reference=image.reference,
+        command=data.command,
+        env=data.env,
+        code_repository=data.code_repository,
+        code_commit=data.code_commit,
+        dataset_uri=data.dataset_uri,
+        dataset_version=data.dataset_version,
+        params=data.params,
+        flavor=resolved["flavor"],
+        nodes=data.nodes,
+        gpus_per_node=data.gpus_per_node,
+        priority=data.priority,
+        max_runtime_minutes=data.max_runtime_minutes,
+        max_restarts=data.max_restarts,
+        checkpoint_dir=data.checkpoint_dir,
+        gantry_version=GANTRY_VERSION,
+    )
+    return _run_create(experiment=experiment, user=user)
+
+
+def _run_create(*, experiment: Experiment, user) -> Run:
+    run = Run.objects.create(
+        experiment=experiment,
+        tenant=experiment.tenant,
+        flavor=experiment.flavor,
+        gpus=experiment.total_gpus,
+        priority=experiment.priority,
+        submitted_by=user,
+    )
+    RunEvent.objects.create(
+        run=run, to_state=RunState.QUEUED, reason="SUBMITTED", actor=user, message="Submitted"
+    )
+    _enqueue_admission()
+    return run
+
+
+def _enqueue_admission() -> None:
+    from jobs.tasks import admission_cycle
+
+    transaction.on_commit(admission_cycle.delay)
+
+
+def run_transition(
+    *,
+    run: Run,
+    to: RunState,
+    expected: Iterable[RunState],
+    reason: str,
+    message: str = "",
+    actor=None,
+    attempt: Attempt | None = None,
+    **fields,
+) -> bool:
+    """Move a run to ``to`` only if it is still in one of ``expected``; record the event.
+
+    The conditional UPDATE is the claim: of two workers acting on the same run, one wins.
+    """
+    expected = tuple(expected)
+    updated = Run.objects.filter(pk=run.pk, state__in=expected).update(state=to, **fields)
+    if not updated:
+        return False
+    from_state = run.state if run.state in expected else ""
+    RunEvent.objects.create(
+        run=run,
+        attempt=attempt,
+        from_state=from_state,
+        to_state=to,
+        reason=reason,
+        message=message,
+        actor=actor,
+    )
+    run.state = to
+    for name, value in fields.items():
+        setattr(run, name, value)
+    return True
+
+
+def run_can_cancel(*, user, run: Run) -> bool:
+    return (
+        run.submitted_by_id == user.pk
+        or is_tenant_admin(user, run.tenant_id)
+        or is_platform_admin(user)
+    )
+
+
+@transaction.atomic
+def run_cancel(*, run: Run, actor) -> Run:
+    """Cancel a run: at once if it holds no backend job yet, else through the backend."""
+    if not run_can_cancel(user=actor, run=run):
+        raise PermissionDenied("Only the submitter, a tenant admin or a platform admin can cancel.")
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    now = timezone.now()
+    if run.state in (RunState.QUEUED, RunState.ADMITTED, RunState.PREEMPTED):
+        run_transition(
+            run=run,
+            to=RunState.CANCELLED,
+            expected=(RunState.QUEUED, RunState.ADMITTED, RunState.PREEMPTED),
+            reason="CANCELLED",
+            message=f"Cancelled by {actor.get_username()} before it reached the cluster",
+            actor=actor,
+            finished_at=now,
+            cancel_requested_at=now,
+            failure_reason="CANCELLED",
+            wait_reason="",
+            wait_message="",
+            queue_position=None,
+        )
+        Attempt.objects.filter(run=run, state=AttemptState.CREATED).update(
+            state=AttemptState.CANCELLED, finished_at=now, failure_reason="CANCELLED"
+        )
+        _enqueue_admission()
+        return run
+    if run.state in (RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING):
+        if run.cancel_requested_at is None:
+            Run.objects.filter(pk=run.pk).update(cancel_requested_at=now)
+            run.cancel_requested_at = now
+            RunEvent.objects.create(
+                run=run,
+                from_state=run.state,
+                to_state=run.state,
+                reason="CANCEL_REQUESTED",
+                message=f"Cancel requested by {actor.get_username()}",
+                actor=actor,
+            )
+            attempt = run.attempts.order_by("-number").first()
+            from jobs.tasks import attempt_cancel
+
+            transaction.on_commit(lambda: attempt_cancel.delay(attempt.pk))
+        return run
+    raise ValidationError({"state": f"The run is already {run.get_state_display().lower()}."})
+
+
+# --- admission -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AdmissionSummary:
+    admitted: int
+    waiting: int
+
+
+def _admission_lock() -> bool:
+    """One admitter at a time. PostgreSQL: a transaction-scoped advisory lock. SQLite takes
+    its single write lock at BEGIN (IMMEDIATE transactions), which serializes admitters."""
+    if connection.vendor != "postgresql":
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [ADMISSION_LOCK_KEY])
+        return bool(cursor.fetchone()[0])
+
+
+def admission_snapshot() -> tuple[admission.Snapshot, dict[str, Cluster]]:
+    queued = tuple(
+        admission.QueuedRun(
+            id=row["id"],
+            tenant=row["tenant__slug"],
+            flavor=row["flavor__slug"],
+            nodes=row["experiment__nodes"],
+            gpus_per_node=row["experiment__gpus_per_node"],
+            priority=row["priority"],
+            submitted=row["submitted_at"].timestamp(),
+        )
+        for row in Run.objects.filter(state=RunState.QUEUED).values(
+            "id",
+            "tenant__slug",
+            "flavor__slug",
+            "experiment__nodes",
+            "experiment__gpus_per_node",
+            "priority",
+            "submitted_at",
+        )
+    )
+    holding = Run.objects.filter(state__in=HOLDING_STATES)
+    used_by_pool = {
+        (row["cluster__name"], row["flavor__slug"]): row["gpus"]
+        for row in holding.values("cluster__name", "flavor__slug").annotate(gpus=Sum("gpus"))
+    }
+    tenant_usage = {
+        (row["tenant__slug"], row["flavor__slug"]): row["gpus"]
+        for row in holding.values("tenant__slug", "flavor__slug").annotate(gpus=Sum("gpus"))
+    }
+    clusters: dict[str, Cluster] = {}
+    pools = []
+    for cf in ClusterFlavor.objects.filter(cluster__enabled=True).select_related(
+        "cluster", "flavor"
+    ):
+        clusters[cf.cluster.name] = cf.cluster
+        pools.append(
+            admission.Pool(
+                cluster=cf.cluster.name,
+                flavor=cf.flavor.slug,
+                nodes=cf.nodes,
+                gpus_per_node=cf.gpus_per_node,
+                used_gpus=used_by_pool.get((cf.cluster.name, cf.flavor.slug), 0),
+            )
+        )
+    guaranteed = {
+        (tenant, flavor): gpus
+        for tenant, flavor, gpus in Quota.objects.values_list(
+            "tenant__slug", "flavor__slug", "guaranteed_gpus"
+        )
+    }
+    snapshot = admission.Snapshot(
+        queued=queued, pools=tuple(pools), guaranteed=guaranteed, tenant_usage=tenant_usage
+    )
+    return snapshot, clusters
+
+
+@transaction.atomic
+def admission_run_cycle() -> AdmissionSummary | None:
+    """Decide on every queued run and apply the decisions. None if another admitter runs."""
+    if not _admission_lock():
+        return None
+    snapshot, clusters = admission_snapshot()
+    decisions = admission.decide(snapshot)
+    now = timezone.now()
+    admitted_ids = [d.run_id for d in decisions.admitted]
+    runs = Run.objects.in_bulk(admitted_ids)
+    attempt_counts = dict(
+        Attempt.objects.filter(run_id__in=admitted_ids)
+        .values("run_id")
+        .annotate(n=Count("id"))
+        .values_list("run_id", "n")
+    )
+    new_attempts = []
+    for decision in decisions.admitted:
+        run = runs[decision.run_id]
+        cluster = clusters[decision.cluster]
+        claimed = run_transition(
+            run=run,
+            to=RunState.ADMITTED,
+            expected=(RunState.QUEUED,),
+            reason="ADMITTED",
+            message=f"Admitted to {cluster.name}: {run.gpus} GPUs within the tenant's guarantee",
+            cluster=cluster,
+            admitted_at=now,
+            wait_reason="",
+            wait_message="",
+            queue_position=None,
+        )
+        if claimed:
+            new_attempts.append(
+                Attempt.objects.create(
+                    run=run, number=attempt_counts.get(run.pk, 0) + 1, cluster=cluster
+                )
+            )
+    waiting_runs = Run.objects.in_bulk([w.run_id for w in decisions.waiting])
+    changed = []
+    for wait in decisions.waiting:
+        run = waiting_runs[wait.run_id]
+        if (run.wait_reason, run.wait_message, run.queue_position) != (
+            wait.reason.value,
+            wait.message,
+            wait.position,
+        ):
+            run.wait_reason = wait.reason.value
+            run.wait_message = wait.message
+            run.queue_position = wait.position
+            changed.append(run)
+    Run.objects.bulk_update(
+        changed, ["wait_reason", "wait_message", "queue_position"], batch_size=1000
+    )
+    if new_attempts:
+        from jobs.tasks import attempt_submit
+
+        ids = [a.pk for a in new_attempts]
+        transaction.on_commit(lambda: [attempt_submit.delay(i) for i in ids])
+    return AdmissionSummary(admitted=len(new_attempts), waiting=len(decisions.waiting))
+
+
+# --- backend work ----------------------------------------------------------------------
+
+
+def job_spec_for(attempt: Attempt) -> JobSpec:
+    experiment = attempt.run.experiment
+    return JobSpec(
+        name=attempt.name,
+        attempt_id=attempt.pk,
+        run_id=attempt.run_id,
+        tenant=attempt.run.tenant.slug,
+        project=experiment.project.slug,
+        image=experiment.image_reference,
+        command=experiment.command,
+        env={str(k): str(v) for k, v in experiment.env.items()},
+        flavor=experiment.flavor.slug,
+        nodes=experiment.nodes,
+        gpus_per_node=experiment.gpus_per_node,
+        max_runtime_s=experiment.max_runtime_minutes * 60,
+        checkpoint_dir=experiment.checkpoint_dir,
+    )
+
+
+def _attempt_for_work(attempt_id: int) -> Attempt:
+    return Attempt.objects.select_related(
+        "cluster", "run__tenant", "run__experiment__project", "run__experiment__flavor"
+    ).get(pk=attempt_id)
+
+
+def attempt_submit(*, attempt_id: int) -> None:
+    """Send an admitted attempt to its backend. Safe to call again for the same attempt:
+    the backend adopts the job already named after the attempt."""
+    attempt = _attempt_for_work(attempt_id)
+    run = attempt.run
+    backend = backend_for(attempt.cluster)
+    spec = job_spec_for(attempt)
+    with transaction.atomic():
+        if attempt.state == AttemptState.CREATED:
+            if not run_transition(
+                run=run,
+                to=RunState.SUBMITTING,
+                expected=(RunState.ADMITTED,),
+                reason="SUBMITTING",
+                message=f"Submitting to {attempt.cluster.name}",
+                attempt=attempt,
+            ):
+                return  # cancelled (or otherwise moved on) before we got to it
+            try:
+                rendered = backend.render(spec)
+            except PermanentBackendError as exc:
+                rendered = ""
+                _attempt_fail_submit(attempt, run, exc)
+                return
+            Attempt.objects.filter(pk=attempt.pk, state=AttemptState.CREATED).update(
+                state=AttemptState.SUBMITTING, rendered_spec=rendered
+            )
+            attempt.state = AttemptState.SUBMITTING
+        elif attempt.state != AttemptState.SUBMITTING:
+            return  # already submitted: a redelivered task has nothing to do
+    try:
+        job_id = backend.submit(spec)
+    except TransientBackendError as exc:
+        Attempt.objects.filter(pk=attempt.pk).update(backend_error=str(exc)[:2000])
+        raise
+    except PermanentBackendError as exc:
+        with transaction.atomic():
+            _attempt_fail_submit(attempt, run, exc)
+        return
+    now = timezone.now()
+    with transaction.atomic():
+        moved = Attempt.objects.filter(pk=attempt.pk, state=AttemptState.SUBMITTING).update(
+            state=AttemptState.PENDING,
+            backend_job_id=job_id,
+            submitted_at=now,
+            last_seen_at=now,
+            backend_error="",
+        )
+        if moved:
+            run_transition(
+                run=run,
+                to=RunState.PENDING,
+                expected=(RunState.SUBMITTING,),
+                reason="SUBMITTED",
+                message=f"{attempt.cluster.name} accepted job {job_id}",
+                attempt=attempt,
+            )
+
+
+def _attempt_fail_submit(attempt: Attempt, run: Run, exc: PermanentBackendError) -> None:
+    now = timezone.now()
+    Attempt.objects.filter(pk=attempt.pk).update(
+        state=AttemptState.FAILED,
+        finished_at=now,
+        failure_reason=exc.failure_reason,
+        failure_message=str(exc)[:2000],
+    )
+    run_transition(
+        run=run,
+        to=RunState.FAILED,
+        expected=(RunState.SUBMITTING, RunState.ADMITTED),
+        reason=exc.failure_reason,
+        message=f"The cluster refused the job: {exc}",
+        attempt=attempt,
+        finished_at=now,
+        failure_reason=exc.failure_reason,
+    )
+    _enqueue_admission()
+
+
+def attempt_cancel(*, attempt_id: int) -> None:
+    attempt = _attempt_for_work(attempt_id)
+    if attempt.state not in LIVE_ATTEMPT_STATES:
+        return
+    backend = backend_for(attempt.cluster)
+    backend.cancel(JobRef(name=attempt.name, backend_job_id=attempt.backend_job_id))
+    cluster_sync(cluster=attempt.cluster)
+
+
+def cluster_refresh_inventory(*, cluster: Cluster) -> None:
+    """Mirror the backend's inventory into ClusterFlavor rows (capacity for admission)."""
+    items = backend_for(cluster).inventory()
+    flavors = GpuFlavor.objects.in_bulk([i.flavor for i in items], field_name="slug")
+    wanted = {}
+    for item in items:
+        if item.flavor not in flavors:
+            logger.warning("cluster %s reports unknown flavor %s", cluster.name, item.flavor)
+            continue
+        wanted[flavors[item.flavor].pk] = (item.nodes, item.gpus_per_node)
+    current = {
+        cf.flavor_id: (cf.nodes, cf.gpus_per_node)
+        for cf in ClusterFlavor.objects.filter(cluster=cluster)
+    }
+    if wanted == current:
+        return
+    with transaction.atomic():
+        for flavor_id, (nodes, gpus_per_node) in wanted.items():
+            ClusterFlavor.objects.update_or_create(
+                cluster=cluster,
+                flavor_id=flavor_id,
+                defaults={"nodes": nodes, "gpus_per_node": gpus_per_node},
+            )
+        ClusterFlavor.objects.filter(cluster=cluster).exclude(flavor_id__in=wanted).delete()
+
+
+def cluster_sync(*, cluster: Cluster) -> int:
+    """Bring every live attempt of the cluster up to date in one batched backend call.
+    Returns how many attempts changed state."""
+    backend = backend_for(cluster)
+    live = list(
+        Attempt.objects.filter(cluster=cluster, state__in=LIVE_ATTEMPT_STATES).select_related(
+            "run__experiment"
+        )
+    )
+    now = timezone.now()
+    try:
+        statuses = backend.sync([JobRef(a.name, a.backend_job_id) for a in live])
+    except TransientBackendError as exc:
+        Cluster.objects.filter(pk=cluster.pk).update(last_error=str(exc)[:2000])
+        Attempt.objects.filter(pk__in=[a.pk for a in live]).update(
+            backend_error=f"backend unreachable: {exc}"[:2000]
+        )
+        raise
+    Cluster.objects.filter(pk=cluster.pk).update(last_sync_at=now, last_error="")
+    changed = 0
+    grace = timedelta(seconds=settings.GANTRY_LOST_GRACE_S)
+    for attempt in live:
+        status = statuses.get(attempt.name)
+        if status is None:
+            if attempt.state == AttemptState.SUBMITTING:
+                continue  # the submit task owns it until the backend has the job
+            if attempt.last_seen_at and now - attempt.last_seen_at > grace:
+                status = JobStatus(
+                    state="LOST", failure_reason="LOST", message="The backend no longer knows it"
+                )
+            else:
+                continue
+        changed += attempt_apply_status(attempt=attempt, status=status, now=now)
+    return changed
+
+
+@transaction.atomic
+def attempt_apply_status(*, attempt: Attempt, status: JobStatus, now) -> int:
+    """Apply what the backend reports about one attempt to the attempt and its run."""
+    run = attempt.run
+    common = {"last_seen_at": now, "backend_error": ""}
+    if status.node_list:
+        common["node_list"] = status.node_list
+    if status.state == attempt.state or (
+        status.state == "PENDING" and attempt.state == AttemptState.SUBMITTING
+    ):
+        Attempt.objects.filter(pk=attempt.pk).update(**common)
+        return 0
+    if status.state == "RUNNING":
+        updated = Attempt.objects.filter(
+            pk=attempt.pk, state__in=(AttemptState.SUBMITTING, AttemptState.PENDING)
+        ).update(state=AttemptState.RUNNING, started_at=status.started_at or now, **common)
+        if updated:
+            run_transition(
+                run=run,
+                to=RunState.RUNNING,
+                expected=(RunState.SUBMITTING, RunState.PENDING),
+                reason="STARTED",
+                message=f"Running on {', '.join(status.node_list) or attempt.cluster.name}",
+                attempt=attempt,
+                started_at=run.started_at or status.started_at or now,
+            )
+        return updated
+    if status.state == "PENDING":
+        return 0
+    return _attempt_finish(attempt=attempt, status=status, now=now, common=common)
+
+
+def _attempt_finish(*, attempt: Attempt, status: JobStatus, now, common: dict) -> int:
+    run = attempt.run
+    state = {
+        "SUCCEEDED": AttemptState.SUCCEEDED,
+        "FAILED": AttemptState.FAILED,
+        "CANCELLED": AttemptState.CANCELLED,
+        "PREEMPTED": AttemptState.PREEMPTED,
+        "LOST": AttemptState.LOST,
+    }.get(status.state, AttemptState.FAILED)
+    reason = "" if state == AttemptState.SUCCEEDED else (status.failure_reason or "UNKNOWN")
+    finished_at = status.finished_at or now
+    updated = Attempt.objects.filter(pk=attempt.pk, state__in=LIVE_ATTEMPT_STATES).update(
+        state=state,
+        started_at=attempt.started_at or status.started_at,
+        finished_at=finished_at,
+        exit_code=status.exit_code,
+        failure_reason=reason,
+        failure_message=status.message[:2000],
+        **common,
+    )
+    if not updated:
+        return 0
+    live_states = (RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING)
+    if state == AttemptState.SUCCEEDED:
+        run_transition(
+            run=run,
+            to=RunState.SUCCEEDED,
+            expected=live_states,
+            reason="SUCCEEDED",
+            message=status.message or "Finished successfully",
+            attempt=attempt,
+            finished_at=finished_at,
+        )
+    elif state == AttemptState.CANCELLED:
+        run_transition(
+            run=run,
+            to=RunState.CANCELLED,
+            expected=live_states,
+            reason="CANCELLED",
+            message="Cancelled on the cluster"
+            if run.cancel_requested_at is None
+            else "Cancelled as requested",
+            attempt=attempt,
+            finished_at=finished_at,
+            failure_reason="CANCELLED",
+        )
+    elif run.restarts < run.experiment.max_restarts and run.cancel_requested_at is None:
+        run_transition(
+            run=run,
+            to=RunState.QUEUED,
+            expected=live_states,
+            reason=reason,
+            message=(
+                f"Attempt {attempt.number} ended {status.state} ({reason}); requeued, restart "
+                f"{run.restarts + 1} of {run.experiment.max_restarts}"
+            ),
+            attempt=attempt,
+            restarts=run.restarts + 1,
+            cluster=None,
+        )
+    else:
+        detail = f" exit code {status.exit_code}" if status.exit_code is not None else ""
+        run_transition(
+            run=run,
+            to=RunState.FAILED,
+            expected=live_states,
+            reason=reason,
+            message=f"Attempt {attempt.number} ended {status.state} ({reason}){detail}. "
+            f"{status.message}".strip(),
+            attempt=attempt,
+            finished_at=finished_at,
+            failure_reason=reason,
+        )
+    _enqueue_admission()
+    return 1
+
+
+def run_logs(*, run: Run, tail: int = 200) -> str:
+    attempt = run.attempts.select_related("cluster").order_by("-number").first()
+    if attempt is None or not attempt.backend_job_id:
+        return ""
+    try:
+        return backend_for(attempt.cluster).logs(
+            JobRef(attempt.name, attempt.backend_job_id), tail=tail
+        )
+    except TransientBackendError as exc:
+        return f"(logs unavailable: {exc})"
+
+
+STUCK_SUBMIT_AFTER = timedelta(seconds=30)
+
+
+def attempt_redrive_stuck_submits() -> int:
+    """Re-enqueue submits whose task was lost (broker restart, worker killed). Harmless if
+    the task is merely slow: a second submit adopts the first job."""
+    from jobs.tasks import attempt_submit
+
+    cutoff = timezone.now() - STUCK_SUBMIT_AFTER
+    ids = list(
+        Attempt.objects.filter(
+            state__in=(AttemptState.CREATED, AttemptState.SUBMITTING),
+            created_at__lt=cutoff,
+            run__state__in=(RunState.ADMITTED, RunState.SUBMITTING),
+        ).values_list("pk", flat=True)
+    )
+    for attempt_id in ids:
+        attempt_submit.delay(attempt_id)
+    return len(ids)

@@ -1,0 +1,47 @@
+"""Thin Celery tasks: take ids, call a service. Redelivery is harmless by construction."""
+
+import logging
+
+from celery import shared_task
+
+from jobs import services
+from jobs.backends import TransientBackendError
+from jobs.models import Cluster
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task
+def admission_cycle() -> None:
+    summary = services.admission_run_cycle()
+    if summary is not None and summary.admitted:
+        logger.info("admission: %d admitted, %d waiting", summary.admitted, summary.waiting)
+
+
+@shared_task(
+    bind=True,
+    autoretry_for=(TransientBackendError,),
+    retry_backoff=2,
+    retry_backoff_max=60,
+    max_retries=None,
+)
+def attempt_submit(self, attempt_id: int) -> None:
+    # Unbounded retries are safe: the sync cycle re-drives stuck submits too, and a submit
+    # that reaches the backend twice adopts the first job.
+    services.attempt_submit(attempt_id=attempt_id)
+
+
+@shared_task(autoretry_for=(TransientBackendError,), retry_backoff=2, max_retries=8)
+def attempt_cancel(attempt_id: int) -> None:
+    services.attempt_cancel(attempt_id=attempt_id)
+
+
+@shared_task
+def sync_all_clusters() -> None:
+    for cluster in Cluster.objects.filter(enabled=True):
+        try:
+            services.cluster_refresh_inventory(cluster=cluster)
+            services.cluster_sync(cluster=cluster)
+        except TransientBackendError as exc:
+            logger.warning("cluster %s unreachable: %s", cluster.name, exc)
+    services.attempt_redrive_stuck_submits()

@@ -1,0 +1,7 @@
+from django.urls import include, path
+
+app_name = "api"
+urlpatterns = [
+    path("", include("tenants.api_urls")),
+    path("", include("jobs.api_urls")),
+]

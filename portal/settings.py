@@ -1,0 +1,180 @@
+"""Gantry settings, read from the environment and failing closed.
+
+Two modes:
+- embedded (``GANTRY_EMBEDDED=1``, what ``make run`` uses): SQLite and a filesystem Celery
+  broker under ``GANTRY_DATA_DIR``, a development secret key, nothing else to run;
+- production (default): every secret and connection must be given, see ``.env.example``.
+"""
+
+from pathlib import Path
+
+from portal.env import env_bool, env_int, env_list, env_str, parse_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+EMBEDDED = env_bool("GANTRY_EMBEDDED", default=False)
+DEBUG = env_bool("GANTRY_DEBUG", default=EMBEDDED)
+DATA_DIR = Path(env_str("GANTRY_DATA_DIR", default=str(BASE_DIR / "var"))).resolve()
+if EMBEDDED:
+    (DATA_DIR / "static").mkdir(parents=True, exist_ok=True)
+
+if EMBEDDED:
+    SECRET_KEY = env_str("DJANGO_SECRET_KEY", default="embedded-dev-only-not-a-secret")
+else:
+    SECRET_KEY = env_str("DJANGO_SECRET_KEY")
+
+ALLOWED_HOSTS = env_list("GANTRY_ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
+CSRF_TRUSTED_ORIGINS = env_list("GANTRY_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "tenants",
+    "images",
+    "jobs",
+    "telemetry",
+    "portal",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "portal.urls"
+WSGI_APPLICATION = "portal.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "portal.context_processors.navigation",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": parse_database_url(
+        env_str("DATABASE_URL", default=f"sqlite:///{DATA_DIR / 'gantry.sqlite3'}")
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "jobs:run_list"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env_str("GANTRY_TIME_ZONE", default="UTC")
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+WHITENOISE_USE_FINDERS = True
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SECURE = not DEBUG and not EMBEDDED
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "tenants.authentication.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Gantry API",
+    "DESCRIPTION": "Submit, follow and cancel GPU experiments; every image pinned by digest.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        "RunStateEnum": "jobs.models.RunState",
+        "AttemptStateEnum": "jobs.models.AttemptState",
+    },
+}
+
+# Celery: the broker is only a trigger; PostgreSQL (or SQLite when embedded) holds the truth.
+CELERY_BROKER_URL = env_str(
+    "CELERY_BROKER_URL", default="filesystem://" if EMBEDDED else "redis://127.0.0.1:6379/0"
+)
+CELERY_BROKER_TRANSPORT_OPTIONS = {}
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    _broker_dir = DATA_DIR / "broker"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "control_folder": str(_broker_dir / "control"),
+        "store_processed": False,
+    }
+    for _folder in ("queue", "control"):
+        (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ALWAYS_EAGER = env_bool("GANTRY_CELERY_EAGER", default=False)
+CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+
+GANTRY_ADMISSION_INTERVAL_S = env_int("GANTRY_ADMISSION_INTERVAL_S", default=5)
+GANTRY_SYNC_INTERVAL_S = env_int("GANTRY_SYNC_INTERVAL_S", default=3)
+CELERY_BEAT_SCHEDULE = {
+    "admission-cycle": {
+        "task": "jobs.tasks.admission_cycle",
+        "schedule": float(GANTRY_ADMISSION_INTERVAL_S),
+    },
+    "sync-clusters": {
+        "task": "jobs.tasks.sync_all_clusters",
+        "schedule": float(GANTRY_SYNC_INTERVAL_S),
+    },
+}
+# How long a live attempt may be missing from its backend before it is declared LOST.
+GANTRY_LOST_GRACE_S = env_int("GANTRY_LOST_GRACE_S", default=120)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("GANTRY_LOG_LEVEL", default="INFO")},
+}

@@ -1,0 +1,119 @@
+"""API tokens: exchange a username and password for a token, revoke the token in use."""
+
+from collections.abc import Mapping
+from datetime import timedelta
+
+from django.contrib.auth import authenticate
+from django.utils import timezone
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import ValidationError
+from rest_framework.parsers import JSONParser
+from rest_framework.permissions import AllowAny, IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.settings import api_settings
+from rest_framework.throttling import SimpleRateThrottle
+from rest_framework.views import APIView
+
+from tenants.authentication import ApiTokenAuthentication
+from tenants.models import ApiToken
+from tenants.services import api_token_create, api_token_revoke
+
+DEFAULT_TOKEN_DAYS = 90
+MAX_TOKEN_DAYS = 365
+
+
+class ApiTokenScheme(OpenApiAuthenticationExtension):
+    """Describes ``ApiTokenAuthentication`` in the OpenAPI schema (and Swagger UI's login)."""
+
+    target_class = ApiTokenAuthentication
+    name = "apiToken"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer"}
+
+
+class TokenCreateRequestSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    password = serializers.CharField(max_length=4096, trim_whitespace=False)
+    name = serializers.CharField(
+        max_length=ApiToken._meta.get_field("name").max_length, default="api"
+    )
+    expires_in_days = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_TOKEN_DAYS,
+        default=DEFAULT_TOKEN_DAYS,
+        help_text=f"Lifetime of the token; {DEFAULT_TOKEN_DAYS} days unless given.",
+    )
+
+
+class TokenCreatedSerializer(serializers.Serializer):
+    token = serializers.CharField(help_text="The secret. It is shown once and never stored.")
+    prefix = serializers.CharField(help_text="Identifies the token in lists without the secret.")
+    expires_at = serializers.DateTimeField(allow_null=True)
+
+
+class TokenCreateThrottle(SimpleRateThrottle):
+    """Slows password guessing: per client address and username, so one client guessing
+    passwords cannot lock everyone else behind the same proxy out."""
+
+    scope = "token-create"
+    rate = "10/minute"
+
+    def get_cache_key(self, request, view):
+        data = request.data if isinstance(request.data, Mapping) else {}
+        username = str(data.get("username", ""))[:150].lower()
+        return self.cache_format % {
+            "scope": self.scope,
+            "ident": f"{self.get_ident(request)}:{username}",
+        }
+
+
+@extend_schema(tags=["tokens"])
+class TokenCreateApi(APIView):
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+    throttle_classes = [TokenCreateThrottle]
+    parser_classes = [JSONParser]
+
+    @extend_schema(
+        request=TokenCreateRequestSerializer,
+        responses={
+            201: TokenCreatedSerializer,
+            400: OpenApiResponse(description="Invalid input or wrong username/password."),
+            429: OpenApiResponse(description="Too many attempts; retry later."),
+        },
+        auth=[],
+    )
+    def post(self, request):
+        serializer = TokenCreateRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        user = authenticate(request, username=data["username"], password=data["password"])
+        if user is None:
+            raise ValidationError(
+                {api_settings.NON_FIELD_ERRORS_KEY: ["Wrong username or password."]}
+            )
+        token, secret = api_token_create(
+            user=user,
+            name=data["name"],
+            expires_at=timezone.now() + timedelta(days=data["expires_in_days"]),
+        )
+        body = {"token": secret, "prefix": token.prefix, "expires_at": token.expires_at}
+        return Response(TokenCreatedSerializer(body).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema(tags=["tokens"])
+class TokenRevokeApi(APIView):
+    # Only a token can revoke itself; a browser session has no "current token".
+    authentication_classes = [ApiTokenAuthentication]
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(
+        request=None,
+        responses={204: OpenApiResponse(description="Revoked; the token no longer works.")},
+    )
+    def delete(self, request):
+        api_token_revoke(token=request.auth)
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,166 @@
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+
+slug_validator = RegexValidator(
+    r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+    "Use 1-63 lowercase letters, digits and dashes, starting and ending with a letter or digit.",
+)
+
+
+class GlobalRole(models.TextChoices):
+    """Roles that span tenants; held as Django groups of the same name."""
+
+    PLATFORM_ADMIN = "platform_admin", "Platform admin"
+    FINANCE = "finance", "Finance"
+
+
+class Tenant(models.Model):
+    slug = models.SlugField(max_length=63, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=200)
+    cost_center = models.CharField(max_length=64, blank=True)
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Project(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="projects")
+    slug = models.SlugField(max_length=63, validators=[slug_validator])
+    name = models.CharField(max_length=200)
+    cost_center = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["tenant__slug", "slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "slug"], name="project_unique_slug"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug}/{self.slug}"
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        RESEARCHER = "researcher", "Researcher"
+        TENANT_ADMIN = "tenant_admin", "Tenant admin"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=20, choices=Role.choices, default=Role.RESEARCHER)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant} ({self.role})"
+
+
+class GpuFlavor(models.Model):
+    """A kind of GPU a run can ask for: a full device or a MIG slice."""
+
+    slug = models.SlugField(max_length=63, unique=True)
+    name = models.CharField(max_length=200)
+    memory_gb = models.PositiveIntegerField()
+    # 1.0 for a full GPU, 1/7 for an a100 1g.10gb slice: lets reports weigh slices fairly.
+    gpu_fraction = models.DecimalField(max_digits=5, decimal_places=4, default=1)
+
+    class Meta:
+        ordering = ["slug"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(gpu_fraction__gt=0) & Q(gpu_fraction__lte=1),
+                name="flavor_fraction_in_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Quota(models.Model):
+    class BudgetMode(models.TextChoices):
+        HARD = "hard", "Hard: runs wait when the budget is spent"
+        SOFT = "soft", "Soft: runs start and are flagged"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="quotas")
+    flavor = models.ForeignKey(GpuFlavor, on_delete=models.PROTECT, related_name="quotas")
+    guaranteed_gpus = models.PositiveIntegerField(default=0)
+    borrow_limit_gpus = models.PositiveIntegerField(default=0)
+    max_gpus_per_run = models.PositiveIntegerField(null=True, blank=True)
+    monthly_gpu_hour_budget = models.PositiveIntegerField(null=True, blank=True)
+    budget_mode = models.CharField(
+        max_length=8, choices=BudgetMode.choices, default=BudgetMode.HARD
+    )
+    fair_share_weight = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+
+    class Meta:
+        ordering = ["tenant__slug", "flavor__slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "flavor"], name="quota_unique"),
+            models.CheckConstraint(condition=Q(fair_share_weight__gte=1), name="quota_weight"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug}:{self.flavor.slug} guaranteed={self.guaranteed_gpus}"
+
+
+class AuditEvent(models.Model):
+    """Append-only record of a change made by a person."""
+
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    tenant = models.ForeignKey(Tenant, null=True, on_delete=models.SET_NULL, related_name="+")
+    action = models.CharField(max_length=64)
+    target = models.CharField(max_length=200)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.target}"
+
+
+class ApiToken(models.Model):
+    """A personal API token. Only its SHA-256 is stored; the secret is shown once."""
+
+    PREFIX_LENGTH = 8
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100, default="api")
+    prefix = models.CharField(max_length=PREFIX_LENGTH, db_index=True)
+    key_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.user} {self.name} ({self.prefix}…)"
+
+    @staticmethod
+    def new_secret() -> str:
+        return "gty_" + secrets.token_urlsafe(32)
+
+    @staticmethod
+    def hash_secret(secret: str) -> str:
+        return hashlib.sha256(secret.encode()).hexdigest()

@@ -1,0 +1,140 @@
+"""Fixed personas and a small world: two tenants, two flavors, a simulated cluster."""
+
+from dataclasses import dataclass
+
+import pytest
+from django.contrib.auth.models import Group, User
+
+from images.models import Image
+from jobs.models import Cluster
+from jobs.services import ExperimentInput, cluster_refresh_inventory
+from tenants.models import GlobalRole, GpuFlavor, Membership, Project, Quota, Tenant
+
+DIGEST_A = "sha256:" + "a" * 64
+DIGEST_B = "sha256:" + "b" * 64
+DIGEST_BLOCKED = "sha256:" + "c" * 64
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+PASSWORD = "correct-horse-battery"
+
+
+@dataclass
+class World:
+    vision: Tenant
+    nlp: Tenant
+    vision_project: Project
+    nlp_project: Project
+    a100: GpuFlavor
+    h100: GpuFlavor
+    cluster: Cluster
+    image: Image  # approved, visible to all
+    nlp_only_image: Image  # approved, allow-listed for nlp only
+    blocked_image: Image
+    researcher_a: User
+    researcher_a2: User
+    researcher_b: User
+    tenant_admin_a: User
+    finance: User
+    platform_admin: User
+
+
+def make_user(username: str) -> User:
+    return User.objects.create_user(username=username, password=PASSWORD)
+
+
+@pytest.fixture
+def world(db) -> World:
+    a100 = GpuFlavor.objects.create(slug="a100-80gb", name="NVIDIA A100 80GB", memory_gb=80)
+    h100 = GpuFlavor.objects.create(slug="h100-80gb", name="NVIDIA H100 80GB", memory_gb=80)
+    cluster = Cluster.objects.create(
+        name="sim-1",
+        backend=Cluster.Backend.SIMULATOR,
+        settings={
+            "speedup": 1000,
+            "pools": [
+                {"flavor": "a100-80gb", "nodes": 4, "gpus_per_node": 8},
+                {"flavor": "h100-80gb", "nodes": 2, "gpus_per_node": 8},
+            ],
+        },
+    )
+    cluster_refresh_inventory(cluster=cluster)
+    vision = Tenant.objects.create(slug="vision", name="Vision Lab")
+    nlp = Tenant.objects.create(slug="nlp", name="NLP Group")
+    vision_project = Project.objects.create(tenant=vision, slug="detection", name="Detection")
+    nlp_project = Project.objects.create(tenant=nlp, slug="llm", name="LLM")
+    for tenant in (vision, nlp):
+        Quota.objects.create(tenant=tenant, flavor=a100, guaranteed_gpus=16)
+        Quota.objects.create(tenant=tenant, flavor=h100, guaranteed_gpus=8)
+    image = Image.objects.create(
+        repository="registry.example.org/ml/pytorch",
+        digest=DIGEST_A,
+        tag="2.4-cuda12",
+        status=Image.Status.APPROVED,
+    )
+    nlp_only = Image.objects.create(
+        repository="registry.example.org/nlp/megatron",
+        digest=DIGEST_B,
+        tag="24.05",
+        status=Image.Status.APPROVED,
+        visible_to_all=False,
+    )
+    nlp_only.allowed_tenants.add(nlp)
+    blocked = Image.objects.create(
+        repository="registry.example.org/ml/old",
+        digest=DIGEST_BLOCKED,
+        tag="1.0",
+        status=Image.Status.BLOCKED,
+    )
+    researcher_a = make_user("alice")
+    researcher_a2 = make_user("arthur")
+    researcher_b = make_user("bob")
+    tenant_admin_a = make_user("tara")
+    finance = make_user("fiona")
+    platform_admin = make_user("paul")
+    Membership.objects.create(user=researcher_a, tenant=vision, role="researcher")
+    Membership.objects.create(user=researcher_a2, tenant=vision, role="researcher")
+    Membership.objects.create(user=researcher_b, tenant=nlp, role="researcher")
+    Membership.objects.create(user=tenant_admin_a, tenant=vision, role="tenant_admin")
+    finance.groups.add(Group.objects.create(name=GlobalRole.FINANCE))
+    platform_admin.groups.add(Group.objects.create(name=GlobalRole.PLATFORM_ADMIN))
+    platform_admin.is_staff = True
+    platform_admin.save(update_fields=["is_staff"])
+    return World(
+        vision=vision,
+        nlp=nlp,
+        vision_project=vision_project,
+        nlp_project=nlp_project,
+        a100=a100,
+        h100=h100,
+        cluster=cluster,
+        image=image,
+        nlp_only_image=nlp_only,
+        blocked_image=blocked,
+        researcher_a=researcher_a,
+        researcher_a2=researcher_a2,
+        researcher_b=researcher_b,
+        tenant_admin_a=tenant_admin_a,
+        finance=finance,
+        platform_admin=platform_admin,
+    )
+
+
+def experiment_input(world: World, **overrides) -> ExperimentInput:
+    """A valid request for tenant vision; override any field to make it invalid."""
+    values = {
+        "tenant": "vision",
+        "project": "detection",
+        "image": world.image.reference,
+        "command": "python train.py --epochs 3",
+        "flavor": "a100-80gb",
+        "nodes": 1,
+        "gpus_per_node": 2,
+        "name": "resnet-baseline",
+        "code_repository": "https://git.example.org/vision/detection.git",
+        "code_commit": COMMIT,
+        "dataset_uri": "s3://datasets/imagenet",
+        "dataset_version": "2024-01",
+        "params": {"lr": 0.1, "batch_size": 256},
+        "env": {"GANTRY_SIM_DURATION_S": "600"},
+    }
+    values.update(overrides)
+    return ExperimentInput(**values)

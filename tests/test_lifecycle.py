@@ -1,0 +1,212 @@
+"""Run lifecycle through the services and the simulator backend, without Celery."""
+
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+
+from jobs import services
+from jobs.models import Attempt, AttemptState, Experiment, Run, RunEvent, RunState, SimulatedJob
+from tests.conftest import experiment_input
+
+
+def submit(world, user=None, **overrides) -> Run:
+    return services.run_submit(
+        user=user or world.researcher_a, data=experiment_input(world, **overrides)
+    )
+
+
+def age_simulated_jobs(seconds: float) -> None:
+    """Move the virtual clock: pretend every placed job started ``seconds`` earlier."""
+    for job in SimulatedJob.objects.exclude(started_at=None):
+        job.started_at -= timedelta(seconds=seconds)
+        job.save(update_fields=["started_at"])
+
+
+def test_submit_records_experiment_and_queues_a_run(world):
+    run = submit(world)
+    assert run.state == RunState.QUEUED
+    assert run.gpus == 2
+    assert run.experiment.image_reference == ("registry.example.org/ml/pytorch@sha256:" + "a" * 64)
+    assert list(run.events.values_list("to_state", "reason")) == [("QUEUED", "SUBMITTED")]
+
+
+def test_run_goes_from_queued_to_succeeded_on_the_simulator(world):
+    run = submit(world)
+    summary = services.admission_run_cycle()
+    assert (summary.admitted, summary.waiting) == (1, 0)
+    attempt = Attempt.objects.get(run=run)
+    assert (attempt.number, attempt.state, attempt.cluster_id) == (1, "CREATED", world.cluster.pk)
+
+    services.attempt_submit(attempt_id=attempt.pk)
+    attempt.refresh_from_db()
+    run.refresh_from_db()
+    assert (run.state, attempt.state) == (RunState.PENDING, AttemptState.PENDING)
+    assert '"image": "registry.example.org/ml/pytorch@sha256:' in attempt.rendered_spec
+
+    services.cluster_sync(cluster=world.cluster)  # places the job on virtual nodes
+    run.refresh_from_db()
+    attempt.refresh_from_db()
+    assert run.state == RunState.RUNNING
+    assert attempt.node_list == ["sim-1-a100-80gb-00"]
+
+    age_simulated_jobs(1)  # 1 s real = 1000 s simulated > 30 s startup + 600 s of work
+    services.cluster_sync(cluster=world.cluster)
+    run.refresh_from_db()
+    attempt.refresh_from_db()
+    assert (run.state, attempt.state, attempt.exit_code) == ("SUCCEEDED", "SUCCEEDED", 0)
+    assert list(run.events.values_list("to_state", flat=True)) == [
+        "QUEUED",
+        "ADMITTED",
+        "SUBMITTING",
+        "PENDING",
+        "RUNNING",
+        "SUCCEEDED",
+    ]
+
+
+def test_redelivered_submit_creates_no_second_simulated_job(world):
+    run = submit(world)
+    services.admission_run_cycle()
+    attempt = Attempt.objects.get(run=run)
+    services.attempt_submit(attempt_id=attempt.pk)
+    services.attempt_submit(attempt_id=attempt.pk)
+    # A worker that died after claiming the attempt: the state is SUBMITTING again.
+    Attempt.objects.filter(pk=attempt.pk).update(state=AttemptState.SUBMITTING)
+    Run.objects.filter(pk=run.pk).update(state=RunState.SUBMITTING)
+    services.attempt_submit(attempt_id=attempt.pk)
+    assert SimulatedJob.objects.filter(name=f"gantry-a{attempt.pk}").count() == 1
+    assert SimulatedJob.objects.count() == 1
+    assert Attempt.objects.get(pk=attempt.pk).state == AttemptState.PENDING
+
+
+def test_failing_workload_fails_with_exit_code_and_reason(world):
+    run = submit(world, env={"GANTRY_SIM_PROFILE": "crash", "GANTRY_SIM_DURATION_S": "100"})
+    services.admission_run_cycle()
+    services.attempt_submit(attempt_id=run.attempts.get().pk)
+    services.cluster_sync(cluster=world.cluster)
+    age_simulated_jobs(1)
+    services.cluster_sync(cluster=world.cluster)
+    run.refresh_from_db()
+    attempt = run.attempts.get()
+    assert (run.state, run.failure_reason) == ("FAILED", "USER_EXIT")
+    assert (attempt.exit_code, attempt.failure_reason) == (1, "USER_EXIT")
+
+
+def test_failed_run_with_restarts_left_is_requeued_with_a_new_attempt(world):
+    run = submit(world, env={"GANTRY_SIM_PROFILE": "oom"}, max_restarts=1)
+    services.admission_run_cycle()
+    services.attempt_submit(attempt_id=run.attempts.get().pk)
+    services.cluster_sync(cluster=world.cluster)
+    age_simulated_jobs(10)
+    services.cluster_sync(cluster=world.cluster)
+    run.refresh_from_db()
+    assert (run.state, run.restarts) == (RunState.QUEUED, 1)
+    services.admission_run_cycle()
+    assert list(run.attempts.values_list("number", "state")) == [(1, "FAILED"), (2, "CREATED")]
+
+
+def test_admission_respects_guarantee_and_explains_the_wait(world):
+    first = submit(world, nodes=2, gpus_per_node=8)  # 16 = vision's whole a100 guarantee
+    second = submit(world, gpus_per_node=1)
+    other = submit(world, user=world.researcher_b, tenant="nlp", project="llm", gpus_per_node=8)
+    summary = services.admission_run_cycle()
+    assert (summary.admitted, summary.waiting) == (2, 1)
+    first.refresh_from_db()
+    second.refresh_from_db()
+    other.refresh_from_db()
+    assert (first.state, other.state, second.state) == ("ADMITTED", "ADMITTED", "QUEUED")
+    assert second.wait_reason == "QUOTA"
+    assert second.wait_message == (
+        "tenant vision uses 16 of 16 guaranteed a100-80gb GPUs; this run needs 1"
+    )
+    assert second.queue_position == 1
+
+
+def test_cancel_queued_run_is_immediate_and_recorded(world):
+    run = submit(world)
+    services.run_cancel(run=run, actor=world.researcher_a)
+    run.refresh_from_db()
+    assert (run.state, run.failure_reason) == ("CANCELLED", "CANCELLED")
+    assert RunEvent.objects.filter(run=run, to_state="CANCELLED").get().actor == world.researcher_a
+    assert services.admission_run_cycle().admitted == 0
+
+
+def test_cancel_running_run_goes_through_the_backend(world, django_capture_on_commit_callbacks):
+    run = submit(world)
+    services.admission_run_cycle()
+    services.attempt_submit(attempt_id=run.attempts.get().pk)
+    services.cluster_sync(cluster=world.cluster)
+    run.refresh_from_db()
+    assert run.state == "RUNNING"
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        services.run_cancel(run=run, actor=world.tenant_admin_a)
+    assert len(callbacks) == 1
+    services.attempt_cancel(attempt_id=run.attempts.get().pk)
+    run.refresh_from_db()
+    assert run.state == RunState.CANCELLED
+    assert SimulatedJob.objects.get().state == "CANCELLED"
+
+
+def test_cancel_of_a_finished_run_is_refused_and_changes_nothing(world):
+    run = submit(world)
+    services.run_cancel(run=run, actor=world.researcher_a)
+    events = RunEvent.objects.count()
+    with pytest.raises(ValidationError):
+        services.run_cancel(run=run, actor=world.researcher_a)
+    assert RunEvent.objects.count() == events
+
+
+def test_lost_after_grace_when_backend_forgets_the_job(world, settings):
+    settings.GANTRY_LOST_GRACE_S = 60
+    run = submit(world)
+    services.admission_run_cycle()
+    attempt = run.attempts.get()
+    services.attempt_submit(attempt_id=attempt.pk)
+    SimulatedJob.objects.all().delete()
+    services.cluster_sync(cluster=world.cluster)
+    run.refresh_from_db()
+    assert run.state == RunState.PENDING  # within the grace period nothing happens
+    Attempt.objects.filter(pk=attempt.pk).update(
+        last_seen_at=timezone.now() - timedelta(seconds=61)
+    )
+    services.cluster_sync(cluster=world.cluster)
+    run.refresh_from_db()
+    assert (run.state, run.failure_reason) == ("FAILED", "LOST")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"image": "registry.example.org/ml/pytorch@sha256:XYZ"}, "image"),
+        ({"image": "registry.example.org/ml/pytorch:latest"}, "image"),
+        ({"image": "registry.example.org/nlp/megatron@sha256:" + "b" * 64}, "image"),
+        ({"image": "registry.example.org/ml/old@sha256:" + "c" * 64}, "image"),
+        ({"nodes": 0}, "nodes"),
+        ({"nodes": 5}, "nodes"),
+        ({"gpus_per_node": 0}, "gpus_per_node"),
+        ({"gpus_per_node": 9}, "gpus_per_node"),
+        ({"params": [1, 2]}, "params"),
+        ({"params": {"blob": "x" * (64 * 1024)}}, "params"),
+        ({"command": "x" * (16 * 1024 + 1)}, "command"),
+        ({"command": "  "}, "command"),
+        ({"tenant": "nope"}, "tenant"),
+        ({"tenant": "nlp"}, "tenant"),
+        ({"project": "nope"}, "project"),
+        ({"flavor": "v100"}, "flavor"),
+        ({"code_commit": "abc"}, "code_commit"),
+        ({"env": {"1BAD": "x"}}, "env"),
+        ({"priority": 101}, "priority"),
+        ({"params": {"lr": float("nan")}}, "params"),
+        ({"params": {"note": "a\x00b"}}, "params"),
+        ({"dataset_uri": "s3://" + "x" * 600}, "dataset_uri"),
+        ({"name": "n" * 201}, "name"),
+    ],
+)
+def test_bad_input_names_the_field_and_saves_nothing(world, overrides, field):
+    with pytest.raises(ValidationError) as excinfo:
+        submit(world, **overrides)
+    assert field in excinfo.value.message_dict
+    assert Experiment.objects.count() == 0
+    assert Run.objects.count() == 0
