@@ -139,10 +139,14 @@ class FailureReason(models.TextChoices):
 
 
 class WaitReason(models.TextChoices):
-    QUOTA = "QUOTA", "Tenant quota in use"
-    CAPACITY = "CAPACITY", "Not enough idle GPUs"
+    QUOTA = "QUOTA", "Guaranteed quota in use, no borrowing"
+    BORROW_LIMIT = "BORROW_LIMIT", "Borrow limit reached"
+    NO_IDLE = "NO_IDLE", "No idle GPUs to borrow"
+    CAPACITY = "CAPACITY", "Not enough GPUs, even by reclaiming"
     BEHIND_HEAD = "BEHIND_HEAD", "Behind an earlier run of the tenant"
     NO_QUOTA = "NO_QUOTA", "No quota for this flavor"
+    BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED", "Monthly GPU-hour budget spent"
+    TOO_LARGE = "TOO_LARGE", "Larger than the quota allows per run"
 
 
 class Run(models.Model):
@@ -161,7 +165,12 @@ class Run(models.Model):
     cluster = models.ForeignKey(
         Cluster, null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
     )
-    borrowed = models.BooleanField(default=False)
+    borrowed = models.BooleanField(
+        default=False, help_text="Admitted beyond the tenant's guarantee: preemptible"
+    )
+    over_budget = models.BooleanField(
+        default=False, help_text="Admitted past a soft monthly GPU-hour budget"
+    )
     wait_reason = models.CharField(max_length=16, choices=WaitReason.choices, blank=True)
     wait_message = models.CharField(max_length=500, blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
@@ -217,6 +226,9 @@ class Checkpoint(models.Model):
 
     class Meta:
         ordering = ["run", "step"]
+        constraints = [
+            models.UniqueConstraint(fields=["attempt", "step"], name="checkpoint_unique_step"),
+        ]
 
     def __str__(self) -> str:
         return f"checkpoint step {self.step} of run {self.run_id}"
@@ -286,6 +298,46 @@ class RunEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%H:%M:%S} {self.from_state}→{self.to_state} {self.reason}"
+
+
+class FairShareUsage(models.Model):
+    """GPU-seconds used by a tenant on a flavor, decayed with a half-life: fair-share input."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    flavor = models.ForeignKey(GpuFlavor, on_delete=models.CASCADE, related_name="+")
+    decayed_gpu_seconds = models.FloatField(default=0)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "flavor"], name="fair_share_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}:{self.flavor_id} {self.decayed_gpu_seconds:.0f} GPU-s"
+
+
+class TenantMonthUsage(models.Model):
+    """Allocated GPU-seconds of finished attempts per tenant, flavor and calendar month (UTC).
+
+    Written in the same transaction that finishes an attempt, so budgets never double-count;
+    running attempts are added live on top of it.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    flavor = models.ForeignKey(GpuFlavor, on_delete=models.CASCADE, related_name="+")
+    month = models.DateField(help_text="First day of the month")
+    gpu_seconds = models.FloatField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "flavor", "month"], name="tenant_month_usage_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}:{self.flavor_id} {self.month:%Y-%m} {self.gpu_seconds:.0f} GPU-s"
 
 
 class SimulatedJob(models.Model):

@@ -3,15 +3,16 @@
 import json
 import logging
 import re
+from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from importlib.metadata import PackageNotFoundError, version
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection, transaction
-from django.db.models import Count, Sum
+from django.db.models import Count, F
 from django.utils import timezone
 
 from images.models import DIGEST_PATTERN, Image
@@ -25,6 +26,7 @@ from jobs.backends import (
     TransientBackendError,
     backend_for,
 )
+from jobs.calendar import month_start, split_by_month
 from jobs.models import (
     COMMIT_PATTERN,
     HOLDING_STATES,
@@ -33,15 +35,18 @@ from jobs.models import (
     MAX_PARAMS_BYTES,
     Attempt,
     AttemptState,
+    Checkpoint,
     Cluster,
     ClusterFlavor,
     Experiment,
+    FairShareUsage,
     Run,
     RunEvent,
     RunState,
+    TenantMonthUsage,
 )
 from jobs.selectors import flavor_node_limits
-from tenants.models import GpuFlavor, Quota
+from tenants.models import GpuFlavor, Quota, Tenant
 from tenants.roles import is_platform_admin, is_tenant_admin
 from tenants.selectors import tenant_list_submittable
 
@@ -117,6 +122,8 @@ def experiment_validate(*, user, data: ExperimentInput) -> dict:
                 data.gpus_per_node <= max_gpus,
                 f"A {data.flavor} node has at most {max_gpus} GPUs.",
             )
+        if tenant is not None and "nodes" not in errors and "gpus_per_node" not in errors:
+            _check_quota_allows(errors, tenant=tenant, flavor=flavor, data=data)
         if "nodes" not in errors and "gpus_per_node" not in errors:
             fits = ClusterFlavor.objects.filter(
                 cluster__enabled=True,
@@ -185,6 +192,34 @@ def experiment_validate(*, user, data: ExperimentInput) -> dict:
     if errors:
         raise ValidationError(errors)
     return resolved
+
+
+def _check_quota_allows(errors, *, tenant, flavor, data: ExperimentInput) -> None:
+    """Refuse at submit what the tenant's quota could never admit."""
+    gpus = data.nodes * data.gpus_per_node
+    quota = Quota.objects.filter(tenant=tenant, flavor=flavor).first()
+    ceiling = 0 if quota is None else quota.guaranteed_gpus + quota.borrow_limit_gpus
+    if not _check(
+        errors, "flavor", ceiling > 0, f"Tenant {tenant.slug} has no quota for {flavor.slug}."
+    ):
+        return
+    if quota.max_gpus_per_run is not None and gpus > quota.max_gpus_per_run:
+        _check(
+            errors,
+            "gpus_per_node",
+            False,
+            f"This run asks for {gpus} GPUs; tenant {tenant.slug} may use at most "
+            f"{quota.max_gpus_per_run} {flavor.slug} GPUs per run.",
+        )
+        return
+    _check(
+        errors,
+        "gpus_per_node",
+        gpus <= ceiling,
+        f"This run asks for {gpus} GPUs and could never start: tenant {tenant.slug} may hold "
+        f"at most {ceiling} {flavor.slug} GPUs ({quota.guaranteed_gpus} guaranteed + "
+        f"{quota.borrow_limit_gpus} borrowed).",
+    )
 
 
 def _resolve_image(errors, *, tenant, reference: str) -> Image | None:
@@ -349,6 +384,7 @@ def run_cancel(*, run: Run, actor) -> Run:
 @dataclass(frozen=True)
 class AdmissionSummary:
     admitted: int
+    preempted: int
     waiting: int
 
 
@@ -362,7 +398,20 @@ def _admission_lock() -> bool:
         return bool(cursor.fetchone()[0])
 
 
-def admission_snapshot() -> tuple[admission.Snapshot, dict[str, Cluster]]:
+def _quota_of(row: dict) -> admission.Quota:
+    return admission.Quota(
+        guaranteed=row["guaranteed_gpus"],
+        borrow_limit=row["borrow_limit_gpus"],
+        max_gpus_per_run=row["max_gpus_per_run"],
+        budget_gpu_hours=row["monthly_gpu_hour_budget"],
+        budget_hard=row["budget_mode"] == Quota.BudgetMode.HARD,
+        weight=row["fair_share_weight"],
+    )
+
+
+def admission_snapshot(*, now=None) -> tuple[admission.Snapshot, dict[str, Cluster]]:
+    """Everything admission needs, read in a handful of queries."""
+    now = now or timezone.now()
     queued = tuple(
         admission.QueuedRun(
             id=row["id"],
@@ -383,15 +432,29 @@ def admission_snapshot() -> tuple[admission.Snapshot, dict[str, Cluster]]:
             "submitted_at",
         )
     )
-    holding = Run.objects.filter(state__in=HOLDING_STATES)
-    used_by_pool = {
-        (row["cluster__name"], row["flavor__slug"]): row["gpus"]
-        for row in holding.values("cluster__name", "flavor__slug").annotate(gpus=Sum("gpus"))
-    }
-    tenant_usage = {
-        (row["tenant__slug"], row["flavor__slug"]): row["gpus"]
-        for row in holding.values("tenant__slug", "flavor__slug").annotate(gpus=Sum("gpus"))
-    }
+    held = tuple(
+        admission.HeldRun(
+            id=row["id"],
+            tenant=row["tenant__slug"],
+            flavor=row["flavor__slug"],
+            cluster=row["cluster__name"],
+            gpus=row["gpus"],
+            priority=row["priority"],
+            admitted=(row["admitted_at"] or row["submitted_at"]).timestamp(),
+            borrowed=row["borrowed"],
+        )
+        for row in Run.objects.filter(state__in=HOLDING_STATES).values(
+            "id",
+            "tenant__slug",
+            "flavor__slug",
+            "cluster__name",
+            "gpus",
+            "priority",
+            "admitted_at",
+            "submitted_at",
+            "borrowed",
+        )
+    )
     clusters: dict[str, Cluster] = {}
     pools = []
     for cf in ClusterFlavor.objects.filter(cluster__enabled=True).select_related(
@@ -404,29 +467,127 @@ def admission_snapshot() -> tuple[admission.Snapshot, dict[str, Cluster]]:
                 flavor=cf.flavor.slug,
                 nodes=cf.nodes,
                 gpus_per_node=cf.gpus_per_node,
-                used_gpus=used_by_pool.get((cf.cluster.name, cf.flavor.slug), 0),
             )
         )
-    guaranteed = {
-        (tenant, flavor): gpus
-        for tenant, flavor, gpus in Quota.objects.values_list(
-            "tenant__slug", "flavor__slug", "guaranteed_gpus"
+    quotas = {
+        (row["tenant__slug"], row["flavor__slug"]): _quota_of(row)
+        for row in Quota.objects.filter(tenant__active=True).values(
+            "tenant__slug",
+            "flavor__slug",
+            "guaranteed_gpus",
+            "borrow_limit_gpus",
+            "max_gpus_per_run",
+            "monthly_gpu_hour_budget",
+            "budget_mode",
+            "fair_share_weight",
+        )
+    }
+    decayed = {
+        (tenant, flavor): gpu_seconds
+        for tenant, flavor, gpu_seconds in FairShareUsage.objects.values_list(
+            "tenant__slug", "flavor__slug", "decayed_gpu_seconds"
         )
     }
     snapshot = admission.Snapshot(
-        queued=queued, pools=tuple(pools), guaranteed=guaranteed, tenant_usage=tenant_usage
+        queued=queued,
+        held=held,
+        pools=tuple(pools),
+        quotas=quotas,
+        budget_used=gpu_hours_this_month(now=now),
+        decayed_usage=decayed,
+        now=now.timestamp(),
+        starvation_after_s=settings.GANTRY_STARVATION_AFTER_S,
     )
     return snapshot, clusters
 
 
+def gpu_hours_this_month(*, now, tenant=None) -> dict[tuple[str, str], float]:
+    """Allocated GPU-hours this month per (tenant, flavor): finished attempts from the
+    ledger, running ones prorated up to ``now``."""
+    month = month_start(now)
+    seconds: dict[tuple[str, str], float] = defaultdict(float)
+    ledger = TenantMonthUsage.objects.filter(month=month.date())
+    live = Attempt.objects.filter(state__in=LIVE_ATTEMPT_STATES, started_at__isnull=False)
+    if tenant is not None:
+        ledger, live = ledger.filter(tenant=tenant), live.filter(run__tenant=tenant)
+    for tenant_slug, flavor, gpu_seconds in ledger.values_list(
+        "tenant__slug", "flavor__slug", "gpu_seconds"
+    ):
+        seconds[(tenant_slug, flavor)] += gpu_seconds
+    for tenant_slug, flavor, gpus, started in live.values_list(
+        "run__tenant__slug", "run__flavor__slug", "run__gpus", "started_at"
+    ):
+        seconds[(tenant_slug, flavor)] += gpus * max(
+            0.0, (now - max(started, month)).total_seconds()
+        )
+    return {key: value / 3600 for key, value in seconds.items()}
+
+
+def usage_record_attempt(*, attempt: Attempt, started, finished) -> None:
+    """Add a finished attempt's allocated GPU-seconds to the monthly ledger (split by month)."""
+    if started is None or finished is None or finished <= started:
+        return
+    run = attempt.run
+    for month, seconds in split_by_month(started, finished):
+        row, _ = TenantMonthUsage.objects.get_or_create(
+            tenant_id=run.tenant_id, flavor_id=run.flavor_id, month=month
+        )
+        TenantMonthUsage.objects.filter(pk=row.pk).update(
+            gpu_seconds=F("gpu_seconds") + seconds * run.gpus
+        )
+
+
+def fair_share_update(*, held: tuple[admission.HeldRun, ...], now) -> None:
+    """Decay every tenant's usage by the time since the last update and add what it holds."""
+    half_life_s = settings.GANTRY_FAIR_SHARE_HALF_LIFE_H * 3600
+    holding: dict[tuple[str, str], int] = defaultdict(int)
+    for run in held:
+        holding[(run.tenant, run.flavor)] += run.gpus
+    rows = {
+        (row.tenant.slug, row.flavor.slug): row
+        for row in FairShareUsage.objects.select_related("tenant", "flavor")
+    }
+    changed = []
+    for key, row in rows.items():
+        elapsed = max(0.0, (now - row.updated_at).total_seconds())
+        decay = 0.5 ** (elapsed / half_life_s)
+        row.decayed_gpu_seconds = row.decayed_gpu_seconds * decay + holding.get(key, 0) * elapsed
+        row.updated_at = now
+        changed.append(row)
+    FairShareUsage.objects.bulk_update(changed, ["decayed_gpu_seconds", "updated_at"])
+    missing = [key for key in holding if key not in rows]
+    if missing:
+        tenants = dict(
+            Tenant.objects.filter(slug__in={t for t, _ in missing}).values_list("slug", "id")
+        )
+        flavors = dict(
+            GpuFlavor.objects.filter(slug__in={f for _, f in missing}).values_list("slug", "id")
+        )
+        FairShareUsage.objects.bulk_create(
+            [
+                FairShareUsage(tenant_id=tenants[t], flavor_id=flavors[f], updated_at=now)
+                for t, f in missing
+            ],
+            ignore_conflicts=True,
+        )
+
+
 @transaction.atomic
-def admission_run_cycle() -> AdmissionSummary | None:
+def admission_run_cycle(*, now=None) -> AdmissionSummary | None:
     """Decide on every queued run and apply the decisions. None if another admitter runs."""
     if not _admission_lock():
         return None
-    snapshot, clusters = admission_snapshot()
+    now = now or timezone.now()
+    snapshot, clusters = admission_snapshot(now=now)
+    fair_share_update(held=snapshot.held, now=now)
     decisions = admission.decide(snapshot)
-    now = timezone.now()
+
+    preempted = 0
+    if decisions.preempted:
+        victims = Run.objects.in_bulk([p.run_id for p in decisions.preempted])
+        for decision in decisions.preempted:
+            preempted += run_preempt(run=victims[decision.run_id], message=decision.message)
+
     admitted_ids = [d.run_id for d in decisions.admitted]
     runs = Run.objects.in_bulk(admitted_ids)
     attempt_counts = dict(
@@ -435,18 +596,27 @@ def admission_run_cycle() -> AdmissionSummary | None:
         .annotate(n=Count("id"))
         .values_list("run_id", "n")
     )
+    latest_checkpoints = {
+        checkpoint.run_id: checkpoint
+        for checkpoint in Checkpoint.objects.filter(run_id__in=admitted_ids).order_by("step")
+    }
     new_attempts = []
     for decision in decisions.admitted:
         run = runs[decision.run_id]
         cluster = clusters[decision.cluster]
+        how = "borrowing idle GPUs (preemptible)" if decision.borrowed else "within its guarantee"
+        if decision.over_budget:
+            how += "; past its soft monthly budget"
         claimed = run_transition(
             run=run,
             to=RunState.ADMITTED,
             expected=(RunState.QUEUED,),
             reason="ADMITTED",
-            message=f"Admitted to {cluster.name}: {run.gpus} GPUs within the tenant's guarantee",
+            message=f"Admitted to {cluster.name}: {run.gpus} {run.flavor.slug} GPUs {how}",
             cluster=cluster,
             admitted_at=now,
+            borrowed=decision.borrowed,
+            over_budget=decision.over_budget,
             wait_reason="",
             wait_message="",
             queue_position=None,
@@ -454,20 +624,28 @@ def admission_run_cycle() -> AdmissionSummary | None:
         if claimed:
             new_attempts.append(
                 Attempt.objects.create(
-                    run=run, number=attempt_counts.get(run.pk, 0) + 1, cluster=cluster
+                    run=run,
+                    number=attempt_counts.get(run.pk, 0) + 1,
+                    cluster=cluster,
+                    resumed_from=latest_checkpoints.get(run.pk),
                 )
             )
+    reservations = {r.run_id: r for r in decisions.reservations}
     waiting_runs = Run.objects.in_bulk([w.run_id for w in decisions.waiting])
     changed = []
     for wait in decisions.waiting:
         run = waiting_runs[wait.run_id]
+        message = wait.message
+        if wait.run_id in reservations:
+            held = reservations[wait.run_id]
+            message += f"; {held.gpus} GPUs on {held.cluster} are held for it"
         if (run.wait_reason, run.wait_message, run.queue_position) != (
             wait.reason.value,
-            wait.message,
+            message,
             wait.position,
         ):
             run.wait_reason = wait.reason.value
-            run.wait_message = wait.message
+            run.wait_message = message[:500]
             run.queue_position = wait.position
             changed.append(run)
     Run.objects.bulk_update(
@@ -478,7 +656,48 @@ def admission_run_cycle() -> AdmissionSummary | None:
 
         ids = [a.pk for a in new_attempts]
         transaction.on_commit(lambda: [attempt_submit.delay(i) for i in ids])
-    return AdmissionSummary(admitted=len(new_attempts), waiting=len(decisions.waiting))
+    return AdmissionSummary(
+        admitted=len(new_attempts), preempted=preempted, waiting=len(decisions.waiting)
+    )
+
+
+def run_preempt(*, run: Run, message: str) -> int:
+    """Take a borrowed run off its GPUs. It is requeued once its backend job is gone and
+    resumes from its latest checkpoint when admitted again."""
+    holding = (RunState.ADMITTED, RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING)
+    if not run_transition(
+        run=run, to=RunState.PREEMPTED, expected=holding, reason="PREEMPTED", message=message
+    ):
+        return 0
+    attempt = run.attempts.order_by("-number").first()
+    if attempt is None or attempt.state == AttemptState.CREATED:
+        if attempt is not None:
+            Attempt.objects.filter(pk=attempt.pk).update(
+                state=AttemptState.PREEMPTED, finished_at=timezone.now(), failure_reason="PREEMPTED"
+            )
+        _run_requeue_after_preemption(run=run, attempt=attempt)
+        return 1
+    from jobs.tasks import attempt_cancel
+
+    attempt_id = attempt.pk
+    transaction.on_commit(lambda: attempt_cancel.delay(attempt_id))
+    return 1
+
+
+def _run_requeue_after_preemption(*, run: Run, attempt: Attempt | None) -> None:
+    checkpoint = run.checkpoints.order_by("-step").first()
+    resume = f"; it will resume from checkpoint step {checkpoint.step}" if checkpoint else ""
+    run_transition(
+        run=run,
+        to=RunState.QUEUED,
+        expected=(RunState.PREEMPTED,),
+        reason="REQUEUED",
+        message=f"Back in the queue after preemption{resume}",
+        attempt=attempt,
+        cluster=None,
+        borrowed=False,
+    )
+    _enqueue_admission()
 
 
 # --- backend work ----------------------------------------------------------------------
@@ -486,6 +705,11 @@ def admission_run_cycle() -> AdmissionSummary | None:
 
 def job_spec_for(attempt: Attempt) -> JobSpec:
     experiment = attempt.run.experiment
+    env = {str(k): str(v) for k, v in experiment.env.items()}
+    checkpoint = attempt.resumed_from
+    if checkpoint is not None:
+        # How a job learns where to resume: the same two variables on every backend.
+        env |= {"GANTRY_RESUME_FROM": checkpoint.uri, "GANTRY_RESUME_STEP": str(checkpoint.step)}
     return JobSpec(
         name=attempt.name,
         attempt_id=attempt.pk,
@@ -494,18 +718,24 @@ def job_spec_for(attempt: Attempt) -> JobSpec:
         project=experiment.project.slug,
         image=experiment.image_reference,
         command=experiment.command,
-        env={str(k): str(v) for k, v in experiment.env.items()},
+        env=env,
         flavor=experiment.flavor.slug,
         nodes=experiment.nodes,
         gpus_per_node=experiment.gpus_per_node,
         max_runtime_s=experiment.max_runtime_minutes * 60,
         checkpoint_dir=experiment.checkpoint_dir,
+        resume_step=checkpoint.step if checkpoint else None,
+        resume_uri=checkpoint.uri if checkpoint else "",
     )
 
 
 def _attempt_for_work(attempt_id: int) -> Attempt:
     return Attempt.objects.select_related(
-        "cluster", "run__tenant", "run__experiment__project", "run__experiment__flavor"
+        "cluster",
+        "resumed_from",
+        "run__tenant",
+        "run__experiment__project",
+        "run__experiment__flavor",
     ).get(pk=attempt_id)
 
 
@@ -516,6 +746,7 @@ def attempt_submit(*, attempt_id: int) -> None:
     run = attempt.run
     backend = backend_for(attempt.cluster)
     spec = job_spec_for(attempt)
+    accepted = False
     with transaction.atomic():
         if attempt.state == AttemptState.CREATED:
             if not run_transition(
@@ -558,7 +789,7 @@ def attempt_submit(*, attempt_id: int) -> None:
             backend_error="",
         )
         if moved:
-            run_transition(
+            accepted = run_transition(
                 run=run,
                 to=RunState.PENDING,
                 expected=(RunState.SUBMITTING,),
@@ -566,6 +797,10 @@ def attempt_submit(*, attempt_id: int) -> None:
                 message=f"{attempt.cluster.name} accepted job {job_id}",
                 attempt=attempt,
             )
+    run.refresh_from_db(fields=["state", "cancel_requested_at"])
+    if moved and (not accepted or run.cancel_requested_at is not None):
+        # Cancelled or preempted while the job was on its way: take it off the cluster too.
+        backend.cancel(JobRef(name=attempt.name, backend_job_id=job_id))
 
 
 def _attempt_fail_submit(attempt: Attempt, run: Run, exc: PermanentBackendError) -> None:
@@ -667,6 +902,21 @@ def attempt_apply_status(*, attempt: Attempt, status: JobStatus, now) -> int:
     common = {"last_seen_at": now, "backend_error": ""}
     if status.node_list:
         common["node_list"] = status.node_list
+    if status.checkpoints:
+        Checkpoint.objects.bulk_create(
+            [
+                Checkpoint(
+                    run_id=attempt.run_id,
+                    attempt=attempt,
+                    step=report.step,
+                    uri=report.uri,
+                    saved_at=report.saved_at,
+                    save_seconds=report.save_seconds,
+                )
+                for report in status.checkpoints
+            ],
+            ignore_conflicts=True,  # reported again on every sync: keep the first row
+        )
     if status.state == attempt.state or (
         status.state == "PENDING" and attempt.state == AttemptState.SUBMITTING
     ):
@@ -714,7 +964,17 @@ def _attempt_finish(*, attempt: Attempt, status: JobStatus, now, common: dict) -
     )
     if not updated:
         return 0
+    usage_record_attempt(
+        attempt=attempt, started=attempt.started_at or status.started_at, finished=finished_at
+    )
+    run.refresh_from_db(fields=["state", "cancel_requested_at", "restarts"])
     live_states = (RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING)
+    if run.state == RunState.PREEMPTED:
+        Attempt.objects.filter(pk=attempt.pk).update(
+            state=AttemptState.PREEMPTED, failure_reason="PREEMPTED"
+        )
+        _run_requeue_after_preemption(run=run, attempt=attempt)
+        return 1
     if state == AttemptState.SUCCEEDED:
         run_transition(
             run=run,
@@ -794,9 +1054,96 @@ def attempt_redrive_stuck_submits() -> int:
         Attempt.objects.filter(
             state__in=(AttemptState.CREATED, AttemptState.SUBMITTING),
             created_at__lt=cutoff,
-            run__state__in=(RunState.ADMITTED, RunState.SUBMITTING),
+            run__state__in=(RunState.ADMITTED, RunState.SUBMITTING, RunState.PREEMPTED),
         ).values_list("pk", flat=True)
     )
     for attempt_id in ids:
         attempt_submit.delay(attempt_id)
     return len(ids)
+
+
+@dataclass(frozen=True)
+class AdmissionPreview:
+    """What the submit form shows before submitting: the quota picture and the verdict."""
+
+    tenant: str
+    flavor: str
+    gpus: int
+    guaranteed: int
+    borrow_limit: int
+    in_use: int
+    idle: int  # idle GPUs of the flavor across enabled clusters
+    budget_gpu_hours: float | None
+    budget_used_gpu_hours: float
+    budget_mode: str
+    verdict: str  # "start", "borrow" or "wait"
+    message: str
+
+    @property
+    def borrowable(self) -> int:
+        """GPUs the tenant could borrow right now beyond its guarantee."""
+        room = self.guaranteed + self.borrow_limit - max(self.in_use, self.guaranteed)
+        return max(0, min(room, self.idle))
+
+    @property
+    def budget_left_gpu_hours(self) -> float | None:
+        if self.budget_gpu_hours is None:
+            return None
+        return max(0.0, self.budget_gpu_hours - self.budget_used_gpu_hours)
+
+
+def admission_preview(
+    *, user, tenant: str, flavor: str, nodes: int, gpus_per_node: int, priority: int = 50
+) -> AdmissionPreview:
+    """Run admission on the current snapshot plus this hypothetical run, changing nothing."""
+    tenant_obj = tenant_list_submittable(user=user).filter(slug=tenant).first()
+    if tenant_obj is None:
+        raise ValidationError({"tenant": "Unknown tenant, or you are not a member."})
+    if not GpuFlavor.objects.filter(slug=flavor).exists():
+        raise ValidationError({"flavor": "Unknown GPU flavor."})
+    now = timezone.now()
+    snapshot, _ = admission_snapshot(now=now)
+    probe = admission.QueuedRun(
+        id=-1,
+        tenant=tenant,
+        flavor=flavor,
+        nodes=max(1, nodes),
+        gpus_per_node=max(1, gpus_per_node),
+        priority=priority,
+        submitted=now.timestamp(),
+    )
+    decisions = admission.decide(replace(snapshot, queued=(*snapshot.queued, probe)))
+    key = (tenant, flavor)
+    quota = snapshot.quotas.get(key) or admission.Quota(guaranteed=0)
+    in_use = sum(r.gpus for r in snapshot.held if (r.tenant, r.flavor) == key)
+    idle = sum(p.capacity for p in snapshot.pools if p.flavor == flavor) - sum(
+        r.gpus for r in snapshot.held if r.flavor == flavor
+    )
+    admit = next((a for a in decisions.admitted if a.run_id == -1), None)
+    if admit is not None:
+        verdict = "borrow" if admit.borrowed else "start"
+        message = (
+            f"Would start now on {admit.cluster}, borrowing idle GPUs (preemptible)"
+            if admit.borrowed
+            else f"Would start now on {admit.cluster}, within the tenant's guarantee"
+        )
+        if admit.over_budget:
+            message += "; past the soft monthly budget, so it will be flagged"
+    else:
+        wait = next(w for w in decisions.waiting if w.run_id == -1)
+        verdict = "wait"
+        message = f"Would wait: {wait.message} (position {wait.position})"
+    return AdmissionPreview(
+        tenant=tenant,
+        flavor=flavor,
+        gpus=probe.gpus,
+        guaranteed=quota.guaranteed,
+        borrow_limit=quota.borrow_limit,
+        in_use=in_use,
+        idle=max(0, idle),
+        budget_gpu_hours=quota.budget_gpu_hours,
+        budget_used_gpu_hours=snapshot.budget_used.get(key, 0.0),
+        budget_mode="hard" if quota.budget_hard else "soft",
+        verdict=verdict,
+        message=message,
+    )

@@ -1,9 +1,13 @@
-"""The simulator's pure parts: workload profiles and node placement. No ORM, no clock."""
+"""The simulator's pure parts: workload profiles, progress, checkpoints and node placement.
+
+A simulated job's "step" is one simulated second of work, so a checkpoint at step 600 means
+600 s of work are saved. No ORM, no clock.
+"""
 
 from dataclasses import dataclass
 
 PROFILES = {
-    # name: (share of the run before the outcome, outcome state, exit code, failure reason)
+    # name: (share of the work done before the outcome, outcome, exit code, failure reason)
     "compute-bound": (1.0, "SUCCEEDED", 0, ""),
     "input-bound": (1.0, "SUCCEEDED", 0, ""),
     "comm-bound": (1.0, "SUCCEEDED", 0, ""),
@@ -13,13 +17,27 @@ PROFILES = {
 }
 DEFAULT_PROFILE = "compute-bound"
 DEFAULT_DURATION_S = 1200
+DEFAULT_CHECKPOINT_EVERY_S = 300
 STARTUP_S = 30
+
+
+def _env_int(env: dict[str, str], name: str, default: int, low: int, high: int) -> int:
+    raw = env.get(name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
 class Workload:
     profile: str
     duration_s: int  # simulated seconds of work when nothing goes wrong
+    checkpoint_every_s: int = DEFAULT_CHECKPOINT_EVERY_S  # 0: never checkpoints
+    resume_step: int = 0  # the checkpointed step this attempt starts from
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> "Workload":
@@ -29,14 +47,30 @@ class Workload:
             raise ValueError(
                 f"GANTRY_SIM_PROFILE must be one of {', '.join(sorted(PROFILES))}, got {profile!r}"
             )
-        raw = env.get("GANTRY_SIM_DURATION_S", str(DEFAULT_DURATION_S))
-        try:
-            duration = int(raw)
-        except ValueError:
-            raise ValueError(f"GANTRY_SIM_DURATION_S must be an integer, got {raw!r}") from None
-        if not 1 <= duration <= 30 * 86400:
-            raise ValueError("GANTRY_SIM_DURATION_S must be between 1 and 2592000")
-        return cls(profile=profile, duration_s=duration)
+        month = 30 * 86400
+        return cls(
+            profile=profile,
+            duration_s=_env_int(env, "GANTRY_SIM_DURATION_S", DEFAULT_DURATION_S, 1, month),
+            checkpoint_every_s=_env_int(
+                env, "GANTRY_SIM_CHECKPOINT_EVERY_S", DEFAULT_CHECKPOINT_EVERY_S, 0, month
+            ),
+            resume_step=_env_int(env, "GANTRY_RESUME_STEP", 0, 0, month),
+        )
+
+    @property
+    def end_step(self) -> int:
+        """The step where the job ends: all its work, or where its profile fails."""
+        share, state, _, _ = PROFILES[self.profile]
+        failing_at = int(self.duration_s * share)
+        if state == "FAILED" and self.resume_step < failing_at:
+            return failing_at
+        return self.duration_s
+
+    @property
+    def fails(self) -> bool:
+        return self.end_step < self.duration_s or (
+            PROFILES[self.profile][1] == "FAILED" and self.resume_step < self.end_step
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,15 +83,32 @@ class Outcome:
 
 def outcome_at(workload: Workload, *, elapsed_s: float, max_runtime_s: int) -> Outcome:
     """Where a job that started ``elapsed_s`` simulated seconds ago stands."""
-    share, state, exit_code, reason = PROFILES[workload.profile]
-    ends_at = STARTUP_S + workload.duration_s * share
+    _, state, exit_code, reason = PROFILES[workload.profile]
+    ends_at = STARTUP_S + max(0, workload.end_step - workload.resume_step)
     if max_runtime_s < ends_at:
         if elapsed_s >= max_runtime_s:
             return Outcome("FAILED", max_runtime_s, None, "TIMEOUT")
         return Outcome("RUNNING", max_runtime_s)
     if elapsed_s >= ends_at:
-        return Outcome(state, ends_at, exit_code, reason)
+        if workload.fails:
+            return Outcome(state, ends_at, exit_code, reason)
+        return Outcome("SUCCEEDED", ends_at, 0, "")
     return Outcome("RUNNING", ends_at)
+
+
+def step_at(workload: Workload, *, elapsed_s: float) -> int:
+    """The last completed step ``elapsed_s`` simulated seconds after the job started."""
+    done = max(0.0, min(elapsed_s - STARTUP_S, workload.end_step - workload.resume_step))
+    return workload.resume_step + int(done)
+
+
+def checkpoint_steps(workload: Workload, *, elapsed_s: float) -> list[int]:
+    """Steps at which this attempt has saved a checkpoint so far."""
+    if workload.checkpoint_every_s <= 0:
+        return []
+    every = workload.checkpoint_every_s
+    first = (workload.resume_step // every + 1) * every
+    return list(range(first, step_at(workload, elapsed_s=elapsed_s) + 1, every))
 
 
 def place(

@@ -207,6 +207,7 @@ def _record_history(*, run: Run, cluster: Cluster, state: str, exit_code: int, s
         finished_at=finished,
         failure_reason="USER_EXIT" if failed else "",
     )
+    job_services.usage_record_attempt(attempt=attempt, started=started, finished=finished)
     RunEvent.objects.filter(run=run).update(at=submitted)
     for at, from_state, to_state, reason in (
         (admitted, RunState.QUEUED, RunState.ADMITTED, "ADMITTED"),

@@ -168,6 +168,10 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(GANTRY_SYNC_INTERVAL_S),
     },
 }
+# Fair share: how fast past usage is forgotten when ordering competing borrowers.
+GANTRY_FAIR_SHARE_HALF_LIFE_H = env_int("GANTRY_FAIR_SHARE_HALF_LIFE_H", default=24)
+# A run waiting longer than this holds the idle GPUs it is gathering (bounds starvation).
+GANTRY_STARVATION_AFTER_S = env_int("GANTRY_STARVATION_AFTER_S", default=1800)
 # How long a live attempt may be missing from its backend before it is declared LOST.
 GANTRY_LOST_GRACE_S = env_int("GANTRY_LOST_GRACE_S", default=120)
 

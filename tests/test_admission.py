@@ -1,6 +1,9 @@
-"""The pure admission function: gang fit, guarantees, priority/FIFO, reasons, positions."""
+"""The pure admission function: gang fit, guarantees, borrowing, preemption, fair share,
+budgets, priority/FIFO, reasons, positions, reservations."""
 
-from jobs.admission import Pool, QueuedRun, Snapshot, Wait, decide
+from jobs.admission import HeldRun, Pool, QueuedRun, Quota, Snapshot, Wait, decide
+
+POOL = Pool("c1", "a100", nodes=4, gpus_per_node=8)
 
 
 def run(id, tenant="vision", flavor="a100", nodes=1, gpn=8, priority=50, submitted=None):
@@ -15,39 +18,166 @@ def run(id, tenant="vision", flavor="a100", nodes=1, gpn=8, priority=50, submitt
     )
 
 
-def snapshot(queued, pools=None, guaranteed=None, usage=None):
+def held(id, tenant, gpus, *, borrowed=False, priority=50, admitted=0.0, cluster="c1"):
+    return HeldRun(id, tenant, "a100", cluster, gpus, priority, admitted, borrowed)
+
+
+def snapshot(
+    queued, *, held_runs=(), pools=(POOL,), quotas=None, budget=None, decayed=None, now=0.0
+):
     return Snapshot(
         queued=tuple(queued),
-        pools=tuple(pools or [Pool("c1", "a100", nodes=4, gpus_per_node=8, used_gpus=0)]),
-        guaranteed=guaranteed or {("vision", "a100"): 32, ("nlp", "a100"): 32},
-        tenant_usage=usage or {},
+        held=tuple(held_runs),
+        pools=tuple(pools),
+        quotas=quotas or {("vision", "a100"): Quota(32), ("nlp", "a100"): Quota(32)},
+        budget_used=budget or {},
+        decayed_usage=decayed or {},
+        now=now,
+        starvation_after_s=600,
     )
+
+
+def admitted(decisions):
+    return [(a.run_id, a.cluster, a.borrowed) for a in decisions.admitted]
+
+
+def waiting(decisions):
+    return [(w.run_id, w.reason, w.position) for w in decisions.waiting]
 
 
 def test_gang_is_all_or_nothing_and_the_rest_waits_with_position():
     decisions = decide(snapshot([run(1, nodes=3), run(2, nodes=2, tenant="nlp")]))
-    assert [(a.run_id, a.cluster) for a in decisions.admitted] == [(1, "c1")]
-    assert [(w.run_id, w.reason, w.position) for w in decisions.waiting] == [(2, Wait.CAPACITY, 1)]
+    assert admitted(decisions) == [(1, "c1", False)]
+    assert waiting(decisions) == [(2, Wait.CAPACITY, 1)]
     assert decisions.waiting[0].message == (
-        "needs 16 a100 GPUs (2×8) on one cluster; the most idle cluster has 8"
+        "needs 16 a100 GPUs (2×8) on one cluster within the tenant's guarantee; at most 8 "
+        "can be freed on any cluster, counting borrowed GPUs it may reclaim"
     )
 
 
-def test_guarantee_limits_a_tenant_and_says_how_much_it_uses():
+def test_beyond_guarantee_without_borrowing_waits_with_quota_reason():
     decisions = decide(
         snapshot(
-            [run(1, gpn=4)], guaranteed={("vision", "a100"): 16}, usage={("vision", "a100"): 14}
+            [run(1, gpn=4)],
+            held_runs=[held(9, "vision", 14)],
+            quotas={("vision", "a100"): Quota(16)},
         )
     )
     assert decisions.admitted == ()
     assert decisions.waiting[0].reason == Wait.QUOTA
     assert decisions.waiting[0].message == (
-        "tenant vision uses 14 of 16 guaranteed a100 GPUs; this run needs 4"
+        "tenant vision uses 14 of 16 guaranteed a100 GPUs and may not borrow; this run needs 4"
+    )
+
+
+def test_borrowing_uses_idle_gpus_up_to_the_limit_and_is_marked_preemptible():
+    quotas = {("vision", "a100"): Quota(8, borrow_limit=8)}
+    decisions = decide(snapshot([run(1), run(2), run(3)], quotas=quotas))
+    assert admitted(decisions) == [(1, "c1", False), (2, "c1", True)]
+    assert decisions.waiting[0].reason == Wait.BORROW_LIMIT
+    assert decisions.waiting[0].message == (
+        "tenant vision uses 16 of 8 guaranteed + 8 borrowable a100 GPUs; this run needs 8"
+    )
+
+
+def test_borrowing_never_preempts_and_says_there_is_nothing_idle():
+    quotas = {("vision", "a100"): Quota(8, borrow_limit=32), ("nlp", "a100"): Quota(32)}
+    decisions = decide(
+        snapshot([run(1)], held_runs=[held(9, "vision", 8), held(10, "nlp", 24)], quotas=quotas)
+    )
+    assert decisions.preempted == ()
+    assert decisions.waiting[0].reason == Wait.NO_IDLE
+    assert decisions.waiting[0].message == (
+        "tenant vision uses 8 of 8 guaranteed a100 GPUs; this run would borrow 8 and the "
+        "clusters have 0 idle GPUs to lend"
+    )
+
+
+def test_guarantee_reclaims_borrowed_gpus_lowest_priority_then_newest_smallest_set():
+    quotas = {("vision", "a100"): Quota(16), ("nlp", "a100"): Quota(8, borrow_limit=24)}
+    borrowed = [
+        held(11, "nlp", 8, borrowed=True, priority=50, admitted=1.0),
+        held(12, "nlp", 8, borrowed=True, priority=10, admitted=2.0),
+        held(13, "nlp", 4, borrowed=True, priority=10, admitted=3.0),
+        held(14, "nlp", 4, borrowed=True, priority=10, admitted=4.0),
+    ]
+    decisions = decide(
+        snapshot(
+            [run(1, gpn=8)],
+            held_runs=[held(10, "nlp", 8), *borrowed],
+            quotas=quotas,
+        )
+    )
+    # 8 GPUs needed, none idle: the priority-10 runs go first, newest first (14, 13) free 8.
+    assert admitted(decisions) == [(1, "c1", False)]
+    assert [p.run_id for p in decisions.preempted] == [14, 13]
+    assert decisions.preempted[0].message == (
+        "tenant vision reclaimed 8 a100 GPUs of its guarantee on c1 for run 1; this run had "
+        "borrowed 4"
+    )
+
+
+def test_victims_are_trimmed_to_what_is_needed():
+    quotas = {("vision", "a100"): Quota(16), ("nlp", "a100"): Quota(0, borrow_limit=32)}
+    borrowed = [
+        held(11, "nlp", 2, borrowed=True, priority=10, admitted=5.0),
+        held(12, "nlp", 8, borrowed=True, priority=20, admitted=1.0),
+        held(13, "nlp", 22, borrowed=True, priority=30, admitted=1.0),
+    ]
+    decisions = decide(snapshot([run(1, gpn=8)], held_runs=borrowed, quotas=quotas))
+    # Greedy takes 11 (2) then 12 (8); 11 is then unnecessary and is spared.
+    assert [p.run_id for p in decisions.preempted] == [12]
+
+
+def test_a_tenant_never_preempts_its_own_borrowed_runs():
+    quotas = {("vision", "a100"): Quota(32, borrow_limit=0)}
+    decisions = decide(
+        snapshot([run(1)], held_runs=[held(9, "vision", 32, borrowed=True)], quotas=quotas)
+    )
+    assert decisions.preempted == ()
+    assert decisions.waiting[0].reason == Wait.QUOTA
+
+
+def test_fair_share_orders_competing_borrowers_by_decayed_usage_per_weight():
+    quotas = {
+        ("vision", "a100"): Quota(0, borrow_limit=32, weight=1),
+        ("nlp", "a100"): Quota(0, borrow_limit=32, weight=4),
+    }
+    pools = (Pool("c1", "a100", nodes=1, gpus_per_node=8),)
+    # vision used 1000 GPU-s with weight 1; nlp 2000 with weight 4: nlp's share is lower.
+    decisions = decide(
+        snapshot(
+            [run(1, tenant="vision"), run(2, tenant="nlp")],
+            pools=pools,
+            quotas=quotas,
+            decayed={("vision", "a100"): 1000.0, ("nlp", "a100"): 2000.0},
+        )
+    )
+    assert admitted(decisions) == [(2, "c1", True)]
+    assert waiting(decisions) == [(1, Wait.NO_IDLE, 1)]
+
+
+def test_hard_budget_blocks_and_soft_budget_flags():
+    quotas = {
+        ("vision", "a100"): Quota(16, budget_gpu_hours=100, budget_hard=True),
+        ("nlp", "a100"): Quota(16, budget_gpu_hours=100, budget_hard=False),
+    }
+    decisions = decide(
+        snapshot(
+            [run(1, tenant="vision"), run(2, tenant="nlp")],
+            quotas=quotas,
+            budget={("vision", "a100"): 100.0, ("nlp", "a100"): 250.5},
+        )
+    )
+    assert [(a.run_id, a.over_budget) for a in decisions.admitted] == [(2, True)]
+    assert decisions.waiting[0].reason == Wait.BUDGET_EXHAUSTED
+    assert decisions.waiting[0].message == (
+        "tenant vision has used 100 of its 100 a100 GPU-hour budget this month (hard limit)"
     )
 
 
 def test_priority_first_then_fifo():
-    pools = [Pool("c1", "a100", nodes=1, gpus_per_node=8, used_gpus=0)]
+    pools = (Pool("c1", "a100", nodes=1, gpus_per_node=8),)
     queued = [run(1, gpn=8), run(2, gpn=8, priority=90), run(3, gpn=8, tenant="nlp")]
     decisions = decide(snapshot(queued, pools=pools))
     assert [a.run_id for a in decisions.admitted] == [2]
@@ -55,27 +185,50 @@ def test_priority_first_then_fifo():
 
 
 def test_a_blocked_head_holds_its_tenant_but_not_others():
-    pools = [Pool("c1", "a100", nodes=2, gpus_per_node=8, used_gpus=8)]
+    pools = (Pool("c1", "a100", nodes=2, gpus_per_node=8),)
     queued = [run(1, nodes=2), run(2, gpn=1), run(3, tenant="nlp", gpn=1)]
-    decisions = decide(snapshot(queued, pools=pools))
+    decisions = decide(snapshot(queued, held_runs=[held(9, "nlp", 8)], pools=pools))
     assert [a.run_id for a in decisions.admitted] == [3]
     reasons = {w.run_id: w.reason for w in decisions.waiting}
     assert reasons == {1: Wait.CAPACITY, 2: Wait.BEHIND_HEAD}
 
 
-def test_no_quota_for_flavor_waits_with_its_own_reason():
-    decisions = decide(snapshot([run(1, tenant="audio")]))
-    assert decisions.waiting[0].reason == Wait.NO_QUOTA
-    assert decisions.waiting[0].message == "tenant audio has no quota for a100"
+def test_a_starving_run_reserves_idle_gpus_against_later_runs():
+    pools = (Pool("c1", "a100", nodes=2, gpus_per_node=8),)
+    queued = [run(1, nodes=2, submitted=0), run(2, tenant="nlp", gpn=4, submitted=700)]
+    nlp_holds = [held(9, "nlp", 8)]
+    # Waiting 500 s: not starving yet, so nlp's later run may use the idle GPUs.
+    recent = decide(snapshot(queued, held_runs=nlp_holds, pools=pools, now=500))
+    assert [a.run_id for a in recent.admitted] == [2]
+    assert recent.reservations == ()
+    # Waiting 800 s (> 600): run 1 holds the 8 idle GPUs; run 2 may not take them.
+    starving = decide(snapshot(queued, held_runs=nlp_holds, pools=pools, now=800))
+    assert starving.admitted == ()
+    assert [(r.run_id, r.cluster, r.gpus) for r in starving.reservations] == [(1, "c1", 8)]
+
+
+def test_no_quota_and_too_large_have_their_own_reasons():
+    quotas = {("vision", "a100"): Quota(16, max_gpus_per_run=4)}
+    decisions = decide(snapshot([run(1, tenant="audio"), run(2, gpn=8)], quotas=quotas))
+    assert {w.run_id: (w.reason, w.message) for w in decisions.waiting} == {
+        1: (Wait.NO_QUOTA, "tenant audio has no quota for a100"),
+        2: (Wait.TOO_LARGE, "asks for 8 a100 GPUs; tenant vision may use at most 4 per run"),
+    }
 
 
 def test_best_fit_prefers_the_pool_left_fullest_and_respects_node_shape():
-    pools = [
-        Pool("big", "a100", nodes=4, gpus_per_node=8, used_gpus=0),
-        Pool("small", "a100", nodes=1, gpus_per_node=8, used_gpus=4),
-        Pool("narrow", "a100", nodes=8, gpus_per_node=2, used_gpus=0),
-    ]
-    decisions = decide(snapshot([run(1, gpn=4), run(2, gpn=4)], pools=pools))
+    pools = (
+        Pool("big", "a100", nodes=4, gpus_per_node=8),
+        Pool("small", "a100", nodes=1, gpus_per_node=8),
+        Pool("narrow", "a100", nodes=8, gpus_per_node=2),
+    )
+    decisions = decide(
+        snapshot(
+            [run(1, gpn=4), run(2, gpn=4)],
+            held_runs=[held(9, "nlp", 4, cluster="small")],
+            pools=pools,
+        )
+    )
     assert [(a.run_id, a.cluster) for a in decisions.admitted] == [(1, "small"), (2, "big")]
 
 

@@ -7,7 +7,9 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from jobs import services
+from jobs.calendar import month_start
 from jobs.models import Attempt, AttemptState, Experiment, Run, RunEvent, RunState, SimulatedJob
+from tenants.models import Quota
 from tests.conftest import experiment_input
 
 
@@ -35,7 +37,7 @@ def test_submit_records_experiment_and_queues_a_run(world):
 def test_run_goes_from_queued_to_succeeded_on_the_simulator(world):
     run = submit(world)
     summary = services.admission_run_cycle()
-    assert (summary.admitted, summary.waiting) == (1, 0)
+    assert (summary.admitted, summary.preempted, summary.waiting) == (1, 0, 0)
     attempt = Attempt.objects.get(run=run)
     assert (attempt.number, attempt.state, attempt.cluster_id) == (1, "CREATED", world.cluster.pk)
 
@@ -112,14 +114,14 @@ def test_admission_respects_guarantee_and_explains_the_wait(world):
     second = submit(world, gpus_per_node=1)
     other = submit(world, user=world.researcher_b, tenant="nlp", project="llm", gpus_per_node=8)
     summary = services.admission_run_cycle()
-    assert (summary.admitted, summary.waiting) == (2, 1)
+    assert (summary.admitted, summary.preempted, summary.waiting) == (2, 0, 1)
     first.refresh_from_db()
     second.refresh_from_db()
     other.refresh_from_db()
     assert (first.state, other.state, second.state) == ("ADMITTED", "ADMITTED", "QUEUED")
     assert second.wait_reason == "QUOTA"
     assert second.wait_message == (
-        "tenant vision uses 16 of 16 guaranteed a100-80gb GPUs; this run needs 1"
+        "tenant vision uses 16 of 16 guaranteed a100-80gb GPUs and may not borrow; this run needs 1"
     )
     assert second.queue_position == 1
 
@@ -210,3 +212,143 @@ def test_bad_input_names_the_field_and_saves_nothing(world, overrides, field):
     assert field in excinfo.value.message_dict
     assert Experiment.objects.count() == 0
     assert Run.objects.count() == 0
+
+
+def run_to_running(world, run: Run) -> None:
+    """Admit, submit and place everything queued (``run`` among it)."""
+    services.admission_run_cycle()
+    for attempt in Attempt.objects.filter(state=AttemptState.CREATED):
+        services.attempt_submit(attempt_id=attempt.pk)
+    services.cluster_sync(cluster=world.cluster)
+
+
+def test_guarantee_preempts_a_borrowed_run_which_resumes_from_its_checkpoint(
+    world, django_capture_on_commit_callbacks
+):
+    Quota.objects.filter(tenant=world.nlp, flavor=world.h100).update(borrow_limit_gpus=8)
+    long_job = {"GANTRY_SIM_DURATION_S": "100000", "GANTRY_SIM_CHECKPOINT_EVERY_S": "300"}
+    h100 = {"tenant": "nlp", "project": "llm", "flavor": "h100-80gb", "gpus_per_node": 8}
+    own = submit(world, user=world.researcher_b, env=long_job, **h100)
+    lent = submit(world, user=world.researcher_b, env=long_job, **h100)
+    run_to_running(world, own)
+    own.refresh_from_db()
+    lent.refresh_from_db()
+    assert (own.state, own.borrowed, lent.state, lent.borrowed) == (
+        "RUNNING",
+        False,
+        "RUNNING",
+        True,
+    )
+    age_simulated_jobs(0.7)  # 700 simulated seconds: checkpoints at steps 300 and 600
+    services.cluster_sync(cluster=world.cluster)
+    assert list(lent.checkpoints.values_list("step", flat=True)) == [300, 600]
+
+    reclaimer = submit(world, flavor="h100-80gb", gpus_per_node=8)
+    with django_capture_on_commit_callbacks(execute=False):
+        summary = services.admission_run_cycle()
+    assert (summary.admitted, summary.preempted) == (1, 1)
+    lent.refresh_from_db()
+    assert lent.state == RunState.PREEMPTED
+    event = lent.events.get(to_state="PREEMPTED")
+    assert event.message == (
+        f"tenant vision reclaimed 8 h100-80gb GPUs of its guarantee on sim-1 for run "
+        f"{reclaimer.pk}; this run had borrowed 8"
+    )
+
+    services.attempt_cancel(attempt_id=lent.attempts.get().pk)  # what the queued task does
+    lent.refresh_from_db()
+    first = lent.attempts.get()
+    assert (lent.state, first.state, first.failure_reason) == ("QUEUED", "PREEMPTED", "PREEMPTED")
+    assert lent.events.get(reason="REQUEUED").message == (
+        "Back in the queue after preemption; it will resume from checkpoint step 600"
+    )
+    assert SimulatedJob.objects.get(name=first.name).state == "CANCELLED"
+
+    # The reclaimer finishes; the preempted run is admitted again and resumes at step 600.
+    services.run_cancel(run=reclaimer, actor=world.researcher_a)
+    with django_capture_on_commit_callbacks(execute=False):
+        services.admission_run_cycle()
+    second = lent.attempts.get(number=2)
+    assert second.resumed_from.step == 600
+    services.attempt_submit(attempt_id=second.pk)
+    spec = SimulatedJob.objects.get(name=second.name)
+    assert spec.profile["workload"]["resume_step"] == 600
+    assert '"GANTRY_RESUME_STEP": "600"' in Attempt.objects.get(pk=second.pk).rendered_spec
+
+
+def test_submit_refuses_what_the_quota_could_never_admit(world):
+    Quota.objects.filter(tenant=world.vision, flavor=world.a100).update(max_gpus_per_run=4)
+    with pytest.raises(ValidationError) as excinfo:
+        submit(world, gpus_per_node=8)
+    assert excinfo.value.message_dict["gpus_per_node"] == [
+        "This run asks for 8 GPUs; tenant vision may use at most 4 a100-80gb GPUs per run."
+    ]
+    Quota.objects.filter(tenant=world.vision, flavor=world.a100).update(max_gpus_per_run=None)
+    with pytest.raises(ValidationError) as excinfo:
+        submit(world, nodes=3, gpus_per_node=8)
+    assert excinfo.value.message_dict["gpus_per_node"] == [
+        "This run asks for 24 GPUs and could never start: tenant vision may hold at most 16 "
+        "a100-80gb GPUs (16 guaranteed + 0 borrowed)."
+    ]
+    assert Run.objects.count() == 0
+
+
+def test_budget_counts_finished_attempts_and_prorates_running_ones(world):
+    now = month_start(timezone.now()) + timedelta(days=10)
+    first = submit(world, env={"GANTRY_SIM_DURATION_S": "100"})
+    second = submit(world)
+    run_to_running(world, first)
+    running, finished = first.attempts.get(), second.attempts.get()
+    # 2 GPUs running for the last 3 hours; 2 GPUs that ran from 2 days before the month
+    # began until 1 hour into it (only that hour counts this month).
+    Attempt.objects.filter(pk=running.pk).update(started_at=now - timedelta(hours=3))
+    begun = month_start(now) - timedelta(days=2)
+    ended = month_start(now) + timedelta(hours=1)
+    Attempt.objects.filter(pk=finished.pk).update(
+        state=AttemptState.SUCCEEDED, started_at=begun, finished_at=ended
+    )
+    services.usage_record_attempt(attempt=finished, started=begun, finished=ended)
+    assert services.gpu_hours_this_month(now=now) == {("vision", "a100-80gb"): 2 * 3 + 2 * 1}
+    previous = services.gpu_hours_this_month(now=month_start(now) - timedelta(seconds=1))
+    assert previous == {("vision", "a100-80gb"): 2 * 48}
+
+
+def test_preview_says_start_borrow_or_wait_without_changing_anything(world):
+    Quota.objects.filter(tenant=world.vision, flavor=world.h100).update(
+        borrow_limit_gpus=8, monthly_gpu_hour_budget=100
+    )
+    preview = services.admission_preview(
+        user=world.researcher_a, tenant="vision", flavor="h100-80gb", nodes=1, gpus_per_node=8
+    )
+    assert (preview.verdict, preview.guaranteed, preview.in_use, preview.idle) == (
+        "start",
+        8,
+        0,
+        16,
+    )
+    assert (preview.borrowable, preview.budget_left_gpu_hours) == (8, 100.0)
+    assert preview.message == "Would start now on sim-1, within the tenant's guarantee"
+
+    run_to_running(world, submit(world, flavor="h100-80gb", gpus_per_node=8))
+    preview = services.admission_preview(
+        user=world.researcher_a, tenant="vision", flavor="h100-80gb", nodes=1, gpus_per_node=8
+    )
+    assert (preview.verdict, preview.in_use, preview.idle, preview.borrowable) == (
+        "borrow",
+        8,
+        8,
+        8,
+    )
+    preview = services.admission_preview(
+        user=world.researcher_a, tenant="vision", flavor="h100-80gb", nodes=2, gpus_per_node=8
+    )
+    assert preview.verdict == "wait"
+    assert preview.message == (
+        "Would wait: tenant vision uses 8 of 8 guaranteed + 8 borrowable h100-80gb GPUs; "
+        "this run needs 16 (position 1)"
+    )
+    assert Run.objects.count() == 1
+    with pytest.raises(ValidationError):
+        services.admission_preview(
+            user=world.researcher_a, tenant="nlp", flavor="h100-80gb", nodes=1, gpus_per_node=1
+        )

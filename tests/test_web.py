@@ -518,7 +518,8 @@ def test_run_detail_shows_why_and_where_a_run_waits(client, world):
     content = client.get(reverse("jobs:run_status", args=[run.pk])).content.decode()
 
     assert (
-        "<strong>Not enough idle GPUs</strong>: needs 16 a100 GPUs · position 3 in the queue"
+        "<strong>Not enough GPUs, even by reclaiming</strong>: "
+        "needs 16 a100 GPUs · position 3 in the queue"
     ) in content
 
 

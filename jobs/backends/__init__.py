@@ -5,6 +5,7 @@ from collections.abc import Callable
 from jobs.backends.base import (
     Backend,
     BackendError,
+    CheckpointReport,
     InventoryItem,
     JobRef,
     JobSpec,
@@ -40,6 +41,7 @@ def backend_for(cluster) -> Backend:
 __all__ = [
     "Backend",
     "BackendError",
+    "CheckpointReport",
     "InventoryItem",
     "JobRef",
     "JobSpec",

@@ -38,12 +38,24 @@ class JobSpec:
     gpus_per_node: int
     max_runtime_s: int
     checkpoint_dir: str = ""
+    resume_step: int | None = None  # set when resuming from a checkpoint
+    resume_uri: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class JobRef:
     name: str
     backend_job_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointReport:
+    """A checkpoint the job reported (through the job-side SDK, or simulated)."""
+
+    step: int
+    uri: str
+    saved_at: datetime
+    save_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +68,7 @@ class JobStatus:
     failure_reason: str = ""
     message: str = ""
     node_list: list[str] = field(default_factory=list)
+    checkpoints: tuple[CheckpointReport, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

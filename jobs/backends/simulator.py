@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from jobs.backends import register
 from jobs.backends.base import (
+    CheckpointReport,
     InventoryItem,
     JobRef,
     JobSpec,
@@ -21,7 +22,7 @@ from jobs.backends.base import (
     PermanentBackendError,
 )
 from jobs.models import Cluster, SimulatedJob
-from jobs.simulation import Workload, outcome_at, place
+from jobs.simulation import STARTUP_S, Workload, checkpoint_steps, outcome_at, place
 
 LIVE = ("PENDING", "RUNNING")
 
@@ -53,7 +54,8 @@ class SimulatorBackend:
                     "gantry.io/run": str(spec.run_id),
                     "gantry.io/attempt": str(spec.attempt_id),
                 },
-                "workload": {"profile": workload.profile, "duration_s": workload.duration_s},
+                "workload": _workload_dict(workload),
+                "checkpoint_dir": spec.checkpoint_dir,
             },
             indent=2,
             sort_keys=True,
@@ -79,7 +81,10 @@ class SimulatorBackend:
                     flavor=spec.flavor,
                     nodes=spec.nodes,
                     gpus_per_node=spec.gpus_per_node,
-                    profile={"profile": workload.profile, "duration_s": workload.duration_s},
+                    profile={
+                        "workload": _workload_dict(workload),
+                        "checkpoint_dir": spec.checkpoint_dir or "sim://checkpoints",
+                    },
                     max_runtime_s=spec.max_runtime_s,
                     submitted_at=timezone.now(),
                 )
@@ -107,7 +112,7 @@ class SimulatorBackend:
         if job.started_at:
             nodes = ", ".join(sorted(job.allocation)) or "-"
             lines.append(f"[simulator] started on {nodes}")
-            lines.append(f"[simulator] workload {job.profile.get('profile')}")
+            lines.append(f"[simulator] workload {job.profile['workload']['profile']}")
         if job.finished_at:
             lines.append(f"[simulator] finished {job.state} exit={job.exit_code} {job.message}")
         return "\n".join(lines[-tail:])
@@ -164,7 +169,7 @@ class SimulatorBackend:
                 job.save(update_fields=["state", "allocation", "started_at"])
 
     def _finish_if_done(self, job: SimulatedJob, now) -> None:
-        workload = Workload(**job.profile)
+        workload = Workload(**job.profile["workload"])
         elapsed_s = (now - job.started_at).total_seconds() * self.speedup
         outcome = outcome_at(workload, elapsed_s=elapsed_s, max_runtime_s=job.max_runtime_s)
         if outcome.state == "RUNNING":
@@ -176,8 +181,7 @@ class SimulatorBackend:
         job.message = f"{workload.profile} workload ended after {outcome.ends_at_s:.0f}s"
         job.save(update_fields=["state", "exit_code", "failure_reason", "finished_at", "message"])
 
-    @staticmethod
-    def _status(job: SimulatedJob) -> JobStatus:
+    def _status(self, job: SimulatedJob) -> JobStatus:
         return JobStatus(
             state=job.state,
             backend_job_id=str(job.pk),
@@ -187,4 +191,32 @@ class SimulatorBackend:
             failure_reason=job.failure_reason or ("CANCELLED" if job.state == "CANCELLED" else ""),
             message=job.message,
             node_list=sorted(job.allocation),
+            checkpoints=self._checkpoints(job),
         )
+
+    def _checkpoints(self, job: SimulatedJob) -> tuple[CheckpointReport, ...]:
+        """What the job-side SDK would have reported: a checkpoint every N steps of work."""
+        if job.started_at is None:
+            return ()
+        workload = Workload(**job.profile["workload"])
+        until = job.finished_at or timezone.now()
+        elapsed_s = (until - job.started_at).total_seconds() * self.speedup
+        prefix = job.profile["checkpoint_dir"].rstrip("/")
+        return tuple(
+            CheckpointReport(
+                step=step,
+                uri=f"{prefix}/{job.name}/step-{step}",
+                saved_at=job.started_at
+                + timedelta(seconds=(STARTUP_S + step - workload.resume_step) / self.speedup),
+            )
+            for step in checkpoint_steps(workload, elapsed_s=elapsed_s)
+        )
+
+
+def _workload_dict(workload: Workload) -> dict:
+    return {
+        "profile": workload.profile,
+        "duration_s": workload.duration_s,
+        "checkpoint_every_s": workload.checkpoint_every_s,
+        "resume_step": workload.resume_step,
+    }
