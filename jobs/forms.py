@@ -7,6 +7,8 @@ from django.core.exceptions import ValidationError
 
 from jobs.models import Experiment
 from jobs.services import ExperimentInput
+from tenants.forms import ServiceErrorsMixin
+from tenants.models import GpuFlavor
 
 # Lengths of the columns the free-text fields are stored in, so an overlong value is a form
 # error instead of a database error.
@@ -37,7 +39,7 @@ def _select(**attrs) -> forms.Select:
     return forms.Select(attrs=attrs)
 
 
-class RunSubmitForm(forms.Form):
+class RunSubmitForm(ServiceErrorsMixin, forms.Form):
     """Choices are offered for convenience; the service re-validates every value."""
 
     tenant = forms.CharField(
@@ -178,14 +180,6 @@ class RunSubmitForm(forms.Form):
             checkpoint_dir=data["checkpoint_dir"],
         )
 
-    def add_service_errors(self, error: ValidationError) -> None:
-        """Show the service's errors next to the fields they name."""
-        if not hasattr(error, "error_dict"):
-            self.add_error(None, error.messages)
-            return
-        for name, messages in error.message_dict.items():
-            self.add_error(name if name in self.fields else None, messages)
-
 
 def _image_label(image) -> str:
     name = f"{image.repository}:{image.tag}" if image.tag else image.repository
@@ -214,3 +208,46 @@ def initial_from_experiment(experiment: Experiment) -> dict:
         "max_restarts": experiment.max_restarts,
         "checkpoint_dir": experiment.checkpoint_dir,
     }
+
+
+def _count_errors(label: str, noun: str) -> dict[str, str]:
+    return {
+        "required": f"Enter {noun}.",
+        "invalid": f"{label}: enter a whole number.",
+        "min_value": f"{label}: at least 1.",
+    }
+
+
+class RunPreviewForm(forms.Form):
+    """The submit form's fields that decide admission, as the preview panel sends them."""
+
+    tenant = forms.CharField(error_messages={"required": "Choose a tenant."})
+    flavor = forms.CharField(error_messages={"required": "Choose a GPU flavor."})
+    nodes = forms.IntegerField(
+        min_value=1, error_messages=_count_errors("Nodes", "the number of nodes")
+    )
+    gpus_per_node = forms.IntegerField(
+        min_value=1, error_messages=_count_errors("GPUs per node", "the GPUs per node")
+    )
+    priority = forms.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=100,
+        error_messages=dict.fromkeys(
+            ("invalid", "min_value", "max_value"), "Priority is a whole number from 0 to 100."
+        ),
+    )
+
+    def clean_priority(self) -> int:
+        priority = self.cleaned_data["priority"]
+        return 50 if priority is None else priority
+
+
+class ClusterCapacityForm(ServiceErrorsMixin, forms.Form):
+    flavor = forms.ModelChoiceField(
+        label="GPU flavor", queryset=GpuFlavor.objects.order_by("slug"), to_field_name="slug"
+    )
+    nodes = forms.IntegerField(label="Nodes", widget=forms.NumberInput(attrs={"min": 1}))
+    gpus_per_node = forms.IntegerField(
+        label="GPUs per node", widget=forms.NumberInput(attrs={"min": 1})
+    )

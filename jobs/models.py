@@ -340,6 +340,37 @@ class TenantMonthUsage(models.Model):
         return f"{self.tenant_id}:{self.flavor_id} {self.month:%Y-%m} {self.gpu_seconds:.0f} GPU-s"
 
 
+class BudgetAlert(models.Model):
+    """A budget threshold crossed by a tenant on a flavor in one month: notified once.
+
+    The unique constraint is the claim: of two checks racing on the same threshold, only
+    the one whose insert succeeds notifies anyone.
+    """
+
+    class Threshold(models.IntegerChoices):
+        WARNING = 80, "80 %"
+        SPENT = 100, "100 %"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    flavor = models.ForeignKey(GpuFlavor, on_delete=models.CASCADE, related_name="+")
+    month = models.DateField(help_text="First day of the month")
+    threshold = models.PositiveSmallIntegerField(choices=Threshold.choices)
+    budget_gpu_hours = models.PositiveIntegerField()
+    used_gpu_hours = models.FloatField()
+    sent_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-month", "tenant", "flavor", "threshold"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "flavor", "month", "threshold"], name="budget_alert_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}:{self.flavor_id} {self.month:%Y-%m} {self.threshold} %"
+
+
 class SimulatedJob(models.Model):
     """State of the built-in simulator backend: one row per simulated batch job."""
 

@@ -3,8 +3,9 @@
 import logging
 
 from celery import shared_task
+from django.utils import timezone
 
-from jobs import services
+from jobs import budgets, services
 from jobs.backends import TransientBackendError
 from jobs.models import Cluster
 
@@ -45,3 +46,10 @@ def sync_all_clusters() -> None:
         except TransientBackendError as exc:
             logger.warning("cluster %s unreachable: %s", cluster.name, exc)
     services.attempt_redrive_stuck_submits()
+
+
+@shared_task
+def budget_alerts() -> None:
+    fired = budgets.budget_alerts_check(now=timezone.now())
+    if fired:
+        logger.info("budget alerts: %d fired", fired)

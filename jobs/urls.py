@@ -6,8 +6,13 @@ app_name = "jobs"
 urlpatterns = [
     path("", views.run_list, name="run_list"),
     path("runs/new/", views.run_submit, name="run_submit"),
+    path("runs/preview/", views.run_preview, name="run_preview"),
     path("runs/<int:run_id>/", views.run_detail, name="run_detail"),
     path("runs/<int:run_id>/status/", views.run_status, name="run_status"),
     path("runs/<int:run_id>/cancel/", views.run_cancel, name="run_cancel"),
     path("experiments/<int:experiment_id>/", views.experiment_detail, name="experiment_detail"),
+    path("quotas/", views.quota_list, name="quota_list"),
+    path("quotas/edit/", views.quota_edit, name="quota_edit"),
+    path("clusters/", views.cluster_list, name="cluster_list"),
+    path("clusters/<slug:name>/capacity/", views.cluster_capacity, name="cluster_capacity"),
 ]

@@ -12,13 +12,19 @@ from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from images.selectors import image_list_usable_by_tenants
-from jobs import services
-from jobs.forms import RunSubmitForm, initial_from_experiment
-from jobs.models import RunState
+from jobs import capacity, services
+from jobs.forms import (
+    ClusterCapacityForm,
+    RunPreviewForm,
+    RunSubmitForm,
+    initial_from_experiment,
+)
+from jobs.models import Cluster, RunState
 from jobs.selectors import (
     experiment_get_viewable,
     flavor_node_limits,
@@ -27,13 +33,21 @@ from jobs.selectors import (
     run_get_viewable,
     run_list_viewable,
 )
+from tenants.forms import QuotaForm, quota_initial
+from tenants.roles import is_platform_admin
 from tenants.selectors import (
+    flavor_list_manageable,
     project_list_submittable,
+    quota_get_manageable,
+    quota_list_viewable,
     tenant_list_submittable,
     tenant_list_viewable,
 )
 
 RUNS_PER_PAGE = 25
+QUOTAS_PER_PAGE = 50
+CLUSTERS_PER_PAGE = 25
+PREVIEW_FIELDS = ("tenant", "flavor", "nodes", "gpus_per_node", "priority")
 LOG_TAIL_LINES = 200
 # Large experiment fields a list never shows.
 _LIST_DEFERRED = ("experiment__command", "experiment__params", "experiment__env")
@@ -96,12 +110,34 @@ def run_submit(request: HttpRequest) -> HttpResponse:
             source = experiment_get_viewable(user=request.user, experiment_id=int(source_id))
             initial = initial_from_experiment(source)
         form = RunSubmitForm(initial=initial, **choices)
-    return render(
-        request,
-        "jobs/run_submit.html",
-        {"form": form, "tenants": tenants, "source": source},
-        status=400 if form.errors else 200,
-    )
+    context = {"form": form, "tenants": tenants, "source": source}
+    if tenants:
+        context |= _preview_context(
+            request.user, {name: form[name].value() for name in PREVIEW_FIELDS}
+        )[0]
+    return render(request, "jobs/run_submit.html", context, status=400 if form.errors else 200)
+
+
+def _preview_context(user, data) -> tuple[dict, int]:
+    """The preview panel's context and status: 400 when the values cannot be previewed."""
+    form = RunPreviewForm(data)
+    if not form.is_valid():
+        problems = [message for errors in form.errors.values() for message in errors]
+        return {"preview": None, "preview_problems": problems}, 400
+    try:
+        preview = services.admission_preview(user=user, **form.cleaned_data)
+    except ValidationError as exc:
+        return {"preview": None, "preview_problems": exc.messages}, 400
+    return {"preview": preview, "preview_problems": []}, 200
+
+
+@never_cache
+@login_required
+@require_GET
+def run_preview(request: HttpRequest) -> HttpResponse:
+    """The submit form's quota panel: would this run start now, borrow, or wait?"""
+    context, status = _preview_context(request.user, request.GET)
+    return render(request, "jobs/_run_preview.html", context, status=status)
 
 
 def _status_context(request: HttpRequest, run) -> dict:
@@ -164,4 +200,132 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
             "params_json": json.dumps(experiment.params, indent=2, sort_keys=True),
             "env_items": sorted(experiment.env.items()),
         },
+    )
+
+
+# --- quotas and capacity -------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def quota_list(request: HttpRequest) -> HttpResponse:
+    """Quotas, use and budget burn of every tenant the user may read."""
+    tenants = list(tenant_list_viewable(user=request.user))
+    quotas = quota_list_viewable(user=request.user)
+    slug = request.GET.get("tenant", "")
+    tenant = next((t for t in tenants if t.slug == slug), None)
+    if slug:
+        quotas = quotas.filter(tenant__slug=slug)
+    page = Paginator(quotas, QUOTAS_PER_PAGE).get_page(request.GET.get("page"))
+    can_manage = is_platform_admin(request.user)
+    return render(
+        request,
+        "jobs/quota_list.html",
+        {
+            "page_obj": page,
+            "usages": capacity.quota_usage_list(quotas=list(page.object_list), tenant=tenant),
+            "tenants": tenants,
+            "tenant": slug,
+            "can_manage": can_manage,
+            "flavors": flavor_list_manageable(user=request.user) if can_manage else (),
+        },
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def quota_edit(request: HttpRequest) -> HttpResponse:
+    """Create or change the quota of ``?tenant=`` for ``?flavor=`` (platform admins)."""
+    tenant, flavor, quota = quota_get_manageable(
+        user=request.user,
+        tenant_slug=request.GET.get("tenant", ""),
+        flavor_slug=request.GET.get("flavor", ""),
+    )
+    if request.method == "POST":
+        form = QuotaForm(request.POST)
+        if form.is_valid():
+            try:
+                change = capacity.quota_update_checked(
+                    tenant=tenant, flavor=flavor, actor=request.user, **form.cleaned_data
+                )
+            except ValidationError as exc:
+                form.add_service_errors(exc)
+            else:
+                messages.success(request, f"Saved the {flavor.slug} quota of {tenant.slug}.")
+                if change.beyond_guarantee:
+                    messages.warning(
+                        request,
+                        f"{tenant.slug} now uses {change.in_use} of "
+                        f"{change.quota.guaranteed_gpus} guaranteed {flavor.slug} GPUs: "
+                        f"{change.beyond_guarantee} beyond the guarantee. Running runs keep "
+                        "their GPUs; new runs can only borrow until use drops below it.",
+                    )
+                return redirect(f"{reverse('jobs:quota_list')}?tenant={tenant.slug}")
+    else:
+        form = QuotaForm(initial=quota_initial(quota))
+    usage = capacity.quota_usage_list(quotas=[quota], tenant=tenant)[0] if quota else None
+    return render(
+        request,
+        "jobs/quota_edit.html",
+        {"form": form, "tenant": tenant, "flavor": flavor, "quota": quota, "usage": usage},
+        status=400 if form.errors else 200,
+    )
+
+
+@login_required
+@require_GET
+def cluster_list(request: HttpRequest) -> HttpResponse:
+    clusters = capacity.cluster_list_manageable(user=request.user)
+    page = Paginator(clusters, CLUSTERS_PER_PAGE).get_page(request.GET.get("page"))
+    held = capacity.held_gpus_by_pool(clusters=page.object_list)
+    rows = [
+        (
+            cluster,
+            [(pool, held.get((cluster.pk, pool.flavor_id), 0)) for pool in cluster.flavors.all()],
+        )
+        for cluster in page.object_list
+    ]
+    return render(
+        request,
+        "jobs/cluster_list.html",
+        {"page_obj": page, "rows": rows, "Backend": Cluster.Backend},
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def cluster_capacity(request: HttpRequest, name: str) -> HttpResponse:
+    """Edit a simulator cluster's GPUs per flavor; other clusters report theirs."""
+    cluster = capacity.cluster_get_manageable(user=request.user, name=name)
+    editable = cluster.backend == Cluster.Backend.SIMULATOR
+    if request.method == "POST":
+        form = ClusterCapacityForm(request.POST)
+        if form.is_valid():
+            try:
+                pool = capacity.cluster_capacity_set(
+                    cluster=cluster, actor=request.user, **form.cleaned_data
+                )
+            except ValidationError as exc:
+                form.add_service_errors(exc)
+            else:
+                messages.success(
+                    request,
+                    f"{cluster.name} now has {pool.nodes} × {pool.gpus_per_node} "
+                    f"{pool.flavor.slug} GPUs ({pool.capacity_gpus} in all).",
+                )
+                return redirect("jobs:cluster_list")
+    else:
+        pools = {pool.flavor.slug: pool for pool in cluster.flavors.all()}
+        chosen = pools.get(request.GET.get("flavor", ""))
+        initial = (
+            {"flavor": chosen.flavor, "nodes": chosen.nodes, "gpus_per_node": chosen.gpus_per_node}
+            if chosen
+            else {"nodes": 1, "gpus_per_node": 8}
+        )
+        form = ClusterCapacityForm(initial=initial)
+    return render(
+        request,
+        "jobs/cluster_capacity.html",
+        {"cluster": cluster, "form": form, "editable": editable},
+        status=400 if form.errors else 200,
     )

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from images.models import Image
 from jobs import services as job_services
-from jobs.models import Attempt, AttemptState, Cluster, Run, RunEvent, RunState
+from jobs.models import Attempt, AttemptState, Checkpoint, Cluster, Run, RunEvent, RunState
 from jobs.services import ExperimentInput
 from tenants import services as tenant_services
 from tenants.models import GlobalRole, GpuFlavor, Membership, Project, Quota, Tenant
@@ -74,16 +74,25 @@ def demo_seed(*, speedup: int = 30) -> None:
     tenant_services.global_role_grant(user=fiona, role=GlobalRole.FINANCE, actor=admin)
 
     tenants = {}
-    for slug, name, projects, quotas in (
-        ("vision", "Vision Lab", ("detection", "segmentation"), (16, 8)),
-        ("nlp", "NLP Group", ("llm", "retrieval"), (8, 16)),
-        ("climate", "Climate Modeling", ("downscaling", "nowcasting"), (8, 0)),
+    # (a100 guaranteed, a100 borrow limit, h100 guaranteed, monthly a100 budget, budget mode)
+    for slug, name, projects, (a100_g, a100_b, h100_g, budget, mode) in (
+        ("vision", "Vision Lab", ("detection", "segmentation"), (16, 8, 8, 5000, "hard")),
+        ("nlp", "NLP Group", ("llm", "retrieval"), (8, 16, 16, None, "hard")),
+        ("climate", "Climate Modeling", ("downscaling", "nowcasting"), (8, 0, 0, 400, "soft")),
     ):
         tenant = Tenant.objects.create(slug=slug, name=name, cost_center=f"CC-{slug.upper()}")
         for project in projects:
             Project.objects.create(tenant=tenant, slug=project, name=project.title())
-        Quota.objects.create(tenant=tenant, flavor=a100, guaranteed_gpus=quotas[0])
-        Quota.objects.create(tenant=tenant, flavor=h100, guaranteed_gpus=quotas[1])
+        Quota.objects.create(
+            tenant=tenant,
+            flavor=a100,
+            guaranteed_gpus=a100_g,
+            borrow_limit_gpus=a100_b,
+            max_gpus_per_run=16,
+            monthly_gpu_hour_budget=budget,
+            budget_mode=mode,
+        )
+        Quota.objects.create(tenant=tenant, flavor=h100, guaranteed_gpus=h100_g)
         tenants[slug] = tenant
 
     people = {}
@@ -167,7 +176,12 @@ def demo_seed(*, speedup: int = 30) -> None:
             submitted=now - timedelta(days=days_ago, hours=3),
         )
 
-    # Live work: long jobs that run while you look around, and one that has to wait.
+    preempted = request("bob", "nlp", "retrieval", "colbert-distill", pytorch, gpus_per_node=8)
+    _record_preempted_history(run=preempted, cluster=cluster, submitted=now - timedelta(days=5))
+
+    # Live work: long jobs that run while you look around, a borrowed (preemptible) run, and
+    # one that has to wait. Log in as carol and submit 8 A100 GPUs to watch her guarantee
+    # reclaim bob's borrowed run, which later resumes from its checkpoint.
     long_job = {"GANTRY_SIM_DURATION_S": str(6 * 3600)}
     request("alice", "vision", "detection", "yolo-large", pytorch, env=long_job)
     request("alice", "vision", "segmentation", "unet-sweep-2", pytorch, env=long_job)
@@ -175,7 +189,88 @@ def demo_seed(*, speedup: int = 30) -> None:
     request(
         "bob", "nlp", "llm", "llama-pretrain", megatron, env=long_job, flavor="h100-80gb", nodes=2
     )
+    request("bob", "nlp", "retrieval", "dpr-index", pytorch, env=long_job)
+    request("bob", "nlp", "retrieval", "dpr-sweep", pytorch, env=long_job, gpus_per_node=4)
     request("carol", "climate", "nowcasting", "radar-nowcast", pytorch, gpus_per_node=4)
+
+
+def _record_preempted_history(*, run: Run, cluster: Cluster, submitted) -> None:
+    """A run that borrowed GPUs, was preempted, and resumed from its checkpoint."""
+    first_start = submitted + timedelta(minutes=3)
+    preempted_at = first_start + timedelta(hours=2, minutes=10)
+    second_start = preempted_at + timedelta(minutes=40)
+    finished = second_start + timedelta(hours=1, minutes=5)
+    first = Attempt.objects.create(
+        run=run,
+        number=1,
+        cluster=cluster,
+        state=AttemptState.PREEMPTED,
+        backend_job_id=f"history-{run.pk}-1",
+        submitted_at=first_start,
+        started_at=first_start,
+        finished_at=preempted_at,
+        failure_reason="PREEMPTED",
+        node_list=[f"{cluster.name}-a100-80gb-03"],
+    )
+    checkpoint = Checkpoint.objects.create(
+        run=run,
+        attempt=first,
+        step=7200,
+        uri=f"s3://checkpoints/nlp/colbert-distill/{first.name}/step-7200",
+        saved_at=first_start + timedelta(hours=2),
+        save_seconds=14.0,
+    )
+    second = Attempt.objects.create(
+        run=run,
+        number=2,
+        cluster=cluster,
+        state=AttemptState.SUCCEEDED,
+        backend_job_id=f"history-{run.pk}-2",
+        submitted_at=second_start,
+        started_at=second_start,
+        finished_at=finished,
+        exit_code=0,
+        node_list=[f"{cluster.name}-a100-80gb-02"],
+        resumed_from=checkpoint,
+    )
+    for attempt, start, end in (
+        (first, first_start, preempted_at),
+        (second, second_start, finished),
+    ):
+        job_services.usage_record_attempt(attempt=attempt, started=start, finished=end)
+    Run.objects.filter(pk=run.pk).update(
+        state=RunState.SUCCEEDED,
+        cluster=cluster,
+        submitted_at=submitted,
+        admitted_at=second_start,
+        started_at=first_start,
+        finished_at=finished,
+        borrowed=True,
+    )
+    RunEvent.objects.filter(run=run).update(at=submitted)
+    for at, attempt, from_state, to_state, reason, message in (
+        (first_start, first, "QUEUED", "ADMITTED", "ADMITTED",
+         "Admitted to sim-east: 8 a100-80gb GPUs borrowing idle GPUs (preemptible)"),
+        (first_start, first, "PENDING", "RUNNING", "STARTED", "Running on sim-east-a100-80gb-03"),
+        (preempted_at, first, "RUNNING", "PREEMPTED", "PREEMPTED",
+         "tenant vision reclaimed 8 a100-80gb GPUs of its guarantee on sim-east; this run had "
+         "borrowed 8"),
+        (preempted_at, first, "PREEMPTED", "QUEUED", "REQUEUED",
+         "Back in the queue after preemption; it will resume from checkpoint step 7200"),
+        (second_start, second, "QUEUED", "ADMITTED", "ADMITTED",
+         "Admitted to sim-east: 8 a100-80gb GPUs borrowing idle GPUs (preemptible)"),
+        (second_start, second, "PENDING", "RUNNING", "STARTED", "Running on sim-east-a100-80gb-02"),
+        (finished, second, "RUNNING", "SUCCEEDED", "SUCCEEDED", "Finished successfully"),
+    ):  # fmt: skip
+        event = RunEvent.objects.create(
+            run=run,
+            attempt=attempt,
+            from_state=from_state,
+            to_state=to_state,
+            reason=reason,
+            message=message,
+        )
+        RunEvent.objects.filter(pk=event.pk).update(at=at)
 
 
 def _record_history(*, run: Run, cluster: Cluster, state: str, exit_code: int, submitted) -> None:

@@ -8,6 +8,8 @@ Two modes:
 
 from pathlib import Path
 
+from django.core.exceptions import ImproperlyConfigured
+
 from portal.env import env_bool, env_int, env_list, env_str, parse_database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -158,6 +160,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
 GANTRY_ADMISSION_INTERVAL_S = env_int("GANTRY_ADMISSION_INTERVAL_S", default=5)
 GANTRY_SYNC_INTERVAL_S = env_int("GANTRY_SYNC_INTERVAL_S", default=3)
+GANTRY_BUDGET_CHECK_INTERVAL_S = env_int("GANTRY_BUDGET_CHECK_INTERVAL_S", default=60)
 CELERY_BEAT_SCHEDULE = {
     "admission-cycle": {
         "task": "jobs.tasks.admission_cycle",
@@ -167,6 +170,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "jobs.tasks.sync_all_clusters",
         "schedule": float(GANTRY_SYNC_INTERVAL_S),
     },
+    "budget-alerts": {
+        "task": "jobs.tasks.budget_alerts",
+        "schedule": float(GANTRY_BUDGET_CHECK_INTERVAL_S),
+    },
 }
 # Fair share: how fast past usage is forgotten when ordering competing borrowers.
 GANTRY_FAIR_SHARE_HALF_LIFE_H = env_int("GANTRY_FAIR_SHARE_HALF_LIFE_H", default=24)
@@ -174,6 +181,24 @@ GANTRY_FAIR_SHARE_HALF_LIFE_H = env_int("GANTRY_FAIR_SHARE_HALF_LIFE_H", default
 GANTRY_STARVATION_AFTER_S = env_int("GANTRY_STARVATION_AFTER_S", default=1800)
 # How long a live attempt may be missing from its backend before it is declared LOST.
 GANTRY_LOST_GRACE_S = env_int("GANTRY_LOST_GRACE_S", default=120)
+
+# E-mail (budget alerts). Embedded mode prints mails to the console instead of sending them.
+_EMAIL_BACKENDS = {
+    "smtp": "django.core.mail.backends.smtp.EmailBackend",
+    "console": "django.core.mail.backends.console.EmailBackend",
+    "dummy": "django.core.mail.backends.dummy.EmailBackend",
+}
+_email_backend = env_str("GANTRY_EMAIL_BACKEND", default="console" if EMBEDDED else "smtp")
+if _email_backend not in _EMAIL_BACKENDS:
+    raise ImproperlyConfigured(
+        f"GANTRY_EMAIL_BACKEND must be one of {', '.join(_EMAIL_BACKENDS)}, got {_email_backend!r}"
+    )
+EMAIL_BACKEND = _EMAIL_BACKENDS[_email_backend]
+EMAIL_HOST = env_str("GANTRY_EMAIL_HOST", default="localhost")
+EMAIL_PORT = env_int("GANTRY_EMAIL_PORT", default=25)
+EMAIL_TIMEOUT = 10  # seconds: a stuck mail server must not hold a worker
+DEFAULT_FROM_EMAIL = env_str("GANTRY_EMAIL_FROM", default="gantry@localhost")
+SERVER_EMAIL = DEFAULT_FROM_EMAIL
 
 LOGGING = {
     "version": 1,

@@ -14,5 +14,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include("portal.api_urls")),
+    path("notifications/", include("tenants.notification_urls")),
+    path("", include("tenants.urls")),
     path("", include("jobs.urls")),
 ]

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # PostgreSQL and Redis for the test suite and the benchmarks.
 #
+# Also installs Debian's docker-registry when /usr/bin/docker-registry is missing: the registry
+# client's tests start their own registries with it (tests/registry_support.py).
+#
 # Uses the machine's standard servers (PostgreSQL on 127.0.0.1:5432 with trust auth for
 # user postgres, Redis on 127.0.0.1:6379) when they answer. Otherwise it installs the
 # Debian packages if they are missing and starts throwaway servers on private ports, bound
@@ -100,7 +103,7 @@ pg_bindir() {
 install_packages() {
     (($#)) || return 0
     if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then
-        die "need $* to start throwaway servers: install them (apt-get install $*) or make PostgreSQL answer on $PG_HOST:$PG_PORT and Redis on $REDIS_HOST:$REDIS_PORT"
+        die "need $* for the tests: install them (apt-get install $*); PostgreSQL and Redis are not needed if they answer on $PG_HOST:$PG_PORT and $REDIS_HOST:$REDIS_PORT"
     fi
     log "installing $* with apt-get"
     export DEBIAN_FRONTEND=noninteractive
@@ -272,6 +275,7 @@ start() {
         need_redis=1
         command -v redis-server >/dev/null || missing+=(redis-server)
     fi
+    [[ -x /usr/bin/docker-registry ]] || missing+=(docker-registry)
     install_packages "${missing[@]}"
 
     PSQL=$(command -v psql || printf '%s/psql' "$(pg_bindir)")

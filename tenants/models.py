@@ -5,6 +5,7 @@ from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 slug_validator = RegexValidator(
     r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
@@ -164,3 +165,33 @@ class ApiToken(models.Model):
     @staticmethod
     def hash_secret(secret: str) -> str:
         return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class Notification(models.Model):
+    """An in-app message to one user; e-mail, when sent, is a copy of it."""
+
+    class Kind(models.TextChoices):
+        BUDGET_80 = "budget_80", "80 % of a monthly budget used"
+        BUDGET_100 = "budget_100", "Monthly budget spent"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notifications"
+    )
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    message = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+    read_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["user", "read_at"], name="notification_user_unread")]
+
+    def __str__(self) -> str:
+        return f"{self.user} {self.kind} {self.created_at:%Y-%m-%d %H:%M}"
+
+    @property
+    def is_unread(self) -> bool:
+        return self.read_at is None

@@ -93,8 +93,64 @@
     apply();
   }
 
+  // The submit form's quota check: re-rendered by the server whenever a field that decides
+  // admission changes (debounced; a late answer to an older request is dropped).
+  var PREVIEW_FIELDS = ["tenant", "flavor", "nodes", "gpus_per_node", "priority"];
+
+  function preview(container) {
+    var form = container.closest("form");
+    if (!form) {
+      return;
+    }
+    var url = container.getAttribute("data-preview-url");
+    var timer = null;
+    var latest = 0;
+
+    function refresh() {
+      var params = new URLSearchParams();
+      PREVIEW_FIELDS.forEach(function (name) {
+        var field = form.elements.namedItem(name);
+        if (field && "value" in field) {
+          params.set(name, field.value);
+        }
+      });
+      var request = ++latest;
+      fetch(url + "?" + params.toString(), {
+        credentials: "same-origin",
+        headers: { "X-Requested-With": "XMLHttpRequest" },
+        cache: "no-store",
+      })
+        .then(function (response) {
+          // 400 carries a fragment too: it says what is missing.
+          if (response.redirected || (!response.ok && response.status !== 400)) {
+            return null;
+          }
+          return response.text();
+        })
+        .then(function (html) {
+          if (html !== null && request === latest) {
+            container.innerHTML = html;
+          }
+        })
+        .catch(function () {
+          // Keep the last answer; the next change tries again.
+        });
+    }
+
+    function changed(event) {
+      if (PREVIEW_FIELDS.indexOf(event.target.name) === -1) {
+        return;
+      }
+      window.clearTimeout(timer);
+      timer = window.setTimeout(refresh, 300);
+    }
+    form.addEventListener("input", changed);
+    form.addEventListener("change", changed);
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("[data-poll-url]").forEach(poll);
+    document.querySelectorAll("[data-preview-url]").forEach(preview);
     document.querySelectorAll("select[data-filter-by]").forEach(filterProjects);
 
     document.querySelectorAll("select[data-autosubmit]").forEach(function (select) {

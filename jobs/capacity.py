@@ -1,0 +1,262 @@
+"""Quotas against capacity: what platform admins change, and what every quota page shows.
+
+Quotas live in ``tenants``, which knows nothing of clusters and runs; the checks and figures
+that need them (which flavors enabled clusters offer, GPUs held by runs, GPU-hours used)
+are joined here.
+"""
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Prefetch, QuerySet, Sum
+from django.http import Http404
+from django.utils import timezone
+
+from jobs.models import HOLDING_STATES, Cluster, ClusterFlavor, Run
+from jobs.services import cluster_refresh_inventory, gpu_hours_this_month
+from tenants.models import GpuFlavor, Quota, Tenant
+from tenants.selectors import require_platform_admin
+from tenants.services import MAX_STORED_INT, audit_record, quota_update
+
+# --- reads -------------------------------------------------------------------------------
+
+
+def borrowable_gpus(*, guaranteed: int, borrow_limit: int, in_use: int, idle: int) -> int:
+    """GPUs a tenant could borrow right now beyond its guarantee (as admission would lend
+    them: up to the borrow limit, from idle GPUs only)."""
+    room = guaranteed + borrow_limit - max(in_use, guaranteed)
+    return max(0, min(room, idle))
+
+
+@dataclass(frozen=True)
+class QuotaUsage:
+    """One quota with what its tenant uses of it now and this month."""
+
+    quota: Quota
+    in_use: int  # GPUs held by the tenant's runs (admitted, submitting, pending, running)
+    idle: int  # GPUs of the flavor no run holds, over enabled clusters
+    gpu_hours: float  # allocated this month, running attempts prorated
+
+    @property
+    def borrowable(self) -> int:
+        return borrowable_gpus(
+            guaranteed=self.quota.guaranteed_gpus,
+            borrow_limit=self.quota.borrow_limit_gpus,
+            in_use=self.in_use,
+            idle=self.idle,
+        )
+
+    @property
+    def beyond_guarantee(self) -> int:
+        """GPUs held beyond the guarantee: borrowed, or left over after the guarantee was
+        lowered below what runs hold."""
+        return max(0, self.in_use - self.quota.guaranteed_gpus)
+
+    @property
+    def budget_left(self) -> float | None:
+        budget = self.quota.monthly_gpu_hour_budget
+        return None if budget is None else max(0.0, budget - self.gpu_hours)
+
+    @property
+    def burn_percent(self) -> float | None:
+        """Share of the monthly budget used, in percent (may exceed 100 with a soft budget)."""
+        budget = self.quota.monthly_gpu_hour_budget
+        if budget is None:
+            return None
+        if budget == 0:
+            return 100.0 if self.gpu_hours > 0 else 0.0
+        return 100 * self.gpu_hours / budget
+
+
+def _held_gpus(*, flavor_ids: Iterable[int]) -> dict[tuple[int, int], int]:
+    """(tenant id, flavor id) -> GPUs held by runs, in one aggregate query."""
+    rows = (
+        Run.objects.filter(state__in=HOLDING_STATES, flavor_id__in=list(flavor_ids))
+        .values("tenant_id", "flavor_id")
+        .annotate(gpus=Sum("gpus"))
+        .values_list("tenant_id", "flavor_id", "gpus")
+    )
+    return {(tenant_id, flavor_id): gpus for tenant_id, flavor_id, gpus in rows}
+
+
+def _capacity_by_flavor(*, flavor_ids: Iterable[int]) -> dict[int, int]:
+    capacity: dict[int, int] = defaultdict(int)
+    rows = ClusterFlavor.objects.filter(
+        cluster__enabled=True, flavor_id__in=list(flavor_ids)
+    ).values_list("flavor_id", "nodes", "gpus_per_node")
+    for flavor_id, nodes, gpus_per_node in rows:
+        capacity[flavor_id] += nodes * gpus_per_node
+    return capacity
+
+
+def quota_usage_list(
+    *, quotas: Sequence[Quota], tenant: Tenant | None = None, now=None
+) -> list[QuotaUsage]:
+    """Usage of each of ``quotas`` (a page of them, tenant and flavor selected), in four
+    queries whatever their number. ``tenant``: all quotas are of this tenant."""
+    now = now or timezone.now()
+    flavor_ids = {quota.flavor_id for quota in quotas}
+    if not flavor_ids:
+        return []
+    held = _held_gpus(flavor_ids=flavor_ids)
+    capacity = _capacity_by_flavor(flavor_ids=flavor_ids)
+    held_by_flavor: dict[int, int] = defaultdict(int)
+    for (_, flavor_id), gpus in held.items():
+        held_by_flavor[flavor_id] += gpus
+    hours = gpu_hours_this_month(now=now, tenant=tenant)
+    return [
+        QuotaUsage(
+            quota=quota,
+            in_use=held.get((quota.tenant_id, quota.flavor_id), 0),
+            idle=max(0, capacity[quota.flavor_id] - held_by_flavor[quota.flavor_id]),
+            gpu_hours=hours.get((quota.tenant.slug, quota.flavor.slug), 0.0),
+        )
+        for quota in quotas
+    ]
+
+
+def offered_flavor_slugs() -> frozenset[str]:
+    """Flavors some enabled cluster offers: the only ones GPUs can be borrowed of."""
+    return frozenset(
+        ClusterFlavor.objects.filter(cluster__enabled=True).values_list("flavor__slug", flat=True)
+    )
+
+
+def cluster_list_manageable(*, user) -> QuerySet[Cluster]:
+    """Every cluster with its capacity per flavor: platform admins only, else 404."""
+    require_platform_admin(user)
+    return Cluster.objects.order_by("name").prefetch_related(
+        Prefetch(
+            "flavors",
+            queryset=ClusterFlavor.objects.select_related("flavor").order_by("flavor__slug"),
+        )
+    )
+
+
+def cluster_get_manageable(*, user, name: str) -> Cluster:
+    cluster = cluster_list_manageable(user=user).filter(name=name).first()
+    if cluster is None:
+        raise Http404("No such cluster")
+    return cluster
+
+
+def held_gpus_by_pool(*, clusters: Sequence[Cluster]) -> dict[tuple[int, int], int]:
+    """(cluster id, flavor id) -> GPUs held by runs on it, in one aggregate query."""
+    rows = (
+        Run.objects.filter(state__in=HOLDING_STATES, cluster__in=list(clusters))
+        .values("cluster_id", "flavor_id")
+        .annotate(gpus=Sum("gpus"))
+        .values_list("cluster_id", "flavor_id", "gpus")
+    )
+    return {(cluster_id, flavor_id): gpus for cluster_id, flavor_id, gpus in rows}
+
+
+# --- writes ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuotaChange:
+    quota: Quota
+    in_use: int  # GPUs the tenant's runs hold now
+
+    @property
+    def beyond_guarantee(self) -> int:
+        return max(0, self.in_use - self.quota.guaranteed_gpus)
+
+
+def _enqueue_admission() -> None:
+    from jobs.tasks import admission_cycle
+
+    transaction.on_commit(admission_cycle.delay)
+
+
+@transaction.atomic
+def quota_update_checked(
+    *,
+    tenant: Tenant,
+    flavor: GpuFlavor,
+    guaranteed_gpus: int,
+    borrow_limit_gpus: int,
+    max_gpus_per_run: int | None,
+    monthly_gpu_hour_budget: int | None,
+    budget_mode: str,
+    fair_share_weight: int,
+    actor,
+) -> QuotaChange:
+    """``tenants.services.quota_update`` with the flavors enabled clusters offer, so a borrow
+    limit on a flavor nobody offers is refused; then an admission cycle applies the change.
+
+    A guarantee below what the tenant's runs hold is allowed (they keep running); the result
+    says by how much they exceed it.
+    """
+    quota = quota_update(
+        tenant=tenant,
+        flavor=flavor,
+        guaranteed_gpus=guaranteed_gpus,
+        borrow_limit_gpus=borrow_limit_gpus,
+        max_gpus_per_run=max_gpus_per_run,
+        monthly_gpu_hour_budget=monthly_gpu_hour_budget,
+        budget_mode=budget_mode,
+        fair_share_weight=fair_share_weight,
+        offered_flavors=offered_flavor_slugs(),
+        actor=actor,
+    )
+    in_use = _held_gpus(flavor_ids=[flavor.pk]).get((tenant.pk, flavor.pk), 0)
+    _enqueue_admission()
+    return QuotaChange(quota=quota, in_use=in_use)
+
+
+@transaction.atomic
+def cluster_capacity_set(
+    *, cluster: Cluster, flavor: GpuFlavor, nodes: int, gpus_per_node: int, actor
+) -> ClusterFlavor:
+    """Set a simulator cluster's pool of ``flavor`` to ``nodes`` × ``gpus_per_node`` and
+    refresh the capacity admission uses; audited as "cluster.capacity".
+
+    Other backends report their capacity through their inventory: refused for them.
+    """
+    errors: dict[str, list[str]] = {}
+    for name, value in (("nodes", nodes), ("gpus_per_node", gpus_per_node)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            errors[name] = ["Enter a whole number."]
+        elif value < 1:
+            errors[name] = ["Must be at least 1."]
+        elif value > MAX_STORED_INT:
+            errors[name] = [f"At most {MAX_STORED_INT}."]
+    if cluster.backend != Cluster.Backend.SIMULATOR:
+        errors["__all__"] = [
+            f"{cluster.name} is a {cluster.get_backend_display()} cluster: its capacity comes "
+            "from the cluster's inventory and cannot be edited here."
+        ]
+    if errors:
+        raise ValidationError(errors)
+
+    cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
+    pools = [dict(pool) for pool in cluster.settings.get("pools", [])]
+    pool = next((p for p in pools if p.get("flavor") == flavor.slug), None)
+    before = (
+        None
+        if pool is None
+        else {"nodes": int(pool["nodes"]), "gpus_per_node": int(pool["gpus_per_node"])}
+    )
+    after = {"nodes": nodes, "gpus_per_node": gpus_per_node}
+    if before != after:
+        if pool is None:
+            pools.append({"flavor": flavor.slug, **after})
+        else:
+            pool.update(after)
+        cluster.settings = {**cluster.settings, "pools": pools}
+        cluster.save(update_fields=["settings"])
+        audit_record(
+            actor=actor,
+            action="cluster.capacity",
+            target=f"{cluster.name}:{flavor.slug}",
+            before=before,
+            after=after,
+        )
+        _enqueue_admission()
+    cluster_refresh_inventory(cluster=cluster)
+    return ClusterFlavor.objects.select_related("flavor").get(cluster=cluster, flavor=flavor)

@@ -1,0 +1,82 @@
+"""Forms of the platform pages: they parse types only; the services hold every rule."""
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+from tenants.models import Quota
+
+
+class ServiceErrorsMixin:
+    def add_service_errors(self, error: ValidationError) -> None:
+        """Show a service's errors next to the fields they name (the rest above the form)."""
+        if not hasattr(error, "error_dict"):
+            self.add_error(None, error.messages)
+            return
+        for name, messages in error.message_dict.items():
+            self.add_error(name if name in self.fields else None, messages)
+
+
+def _number(**attrs) -> forms.NumberInput:
+    return forms.NumberInput(attrs={"step": 1, **attrs})
+
+
+class QuotaForm(ServiceErrorsMixin, forms.Form):
+    guaranteed_gpus = forms.IntegerField(
+        label="Guaranteed GPUs",
+        widget=_number(min=0),
+        help_text="Always available to the tenant: reclaimed from borrowers when needed.",
+    )
+    borrow_limit_gpus = forms.IntegerField(
+        label="Borrow limit (GPUs)",
+        widget=_number(min=0),
+        help_text="Idle GPUs the tenant may use beyond its guarantee; those runs are "
+        "preemptible. Needs a cluster that offers the flavor.",
+    )
+    max_gpus_per_run = forms.IntegerField(
+        required=False,
+        label="Max GPUs per run",
+        widget=_number(min=1),
+        help_text="Leave empty for no limit.",
+    )
+    monthly_gpu_hour_budget = forms.IntegerField(
+        required=False,
+        label="Monthly budget (GPU-hours)",
+        widget=_number(min=0),
+        help_text="Allocated GPU-hours per calendar month (UTC). Leave empty for no budget.",
+    )
+    budget_mode = forms.ChoiceField(
+        label="Budget mode",
+        choices=Quota.BudgetMode.choices,
+        help_text="What happens when the budget is spent.",
+    )
+    fair_share_weight = forms.IntegerField(
+        label="Fair-share weight",
+        widget=_number(min=1),
+        help_text="Competing borrowers share idle GPUs in proportion to their weights.",
+    )
+
+
+def quota_initial(quota: Quota | None) -> dict:
+    """Form values of an existing quota, or of a new one (the model's defaults)."""
+    quota = quota or Quota()
+    return {name: getattr(quota, name) for name in QuotaForm.base_fields}
+
+
+class FlavorForm(ServiceErrorsMixin, forms.Form):
+    slug = forms.CharField(
+        label="Slug",
+        help_text="As clusters report it, e.g. h100-80gb or a100-1g.10gb; it cannot change later.",
+        widget=forms.TextInput(attrs={"spellcheck": "false", "autocomplete": "off"}),
+    )
+    name = forms.CharField(label="Name", required=False)
+    memory_gb = forms.IntegerField(label="Memory (GB)", widget=_number(min=1))
+    gpu_fraction = forms.DecimalField(
+        label="Fraction of a full GPU",
+        widget=forms.NumberInput(attrs={"step": "0.0001", "min": "0.0001", "max": "1"}),
+        help_text="1 for a full GPU; 0.1429 for a 1/7 MIG slice. Reports weigh GPU-hours by it.",
+    )
+
+    def __init__(self, *args, editing: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        if editing:
+            del self.fields["slug"]

@@ -1,0 +1,153 @@
+"""Platform pages of the tenants app: GPU flavors and the audit log.
+
+Every page starts from a selector that returns 404 to users who may not see it, so the
+pages' existence is no more visible than another tenant's objects.
+"""
+
+import json
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_http_methods
+
+from tenants import services
+from tenants.forms import FlavorForm
+from tenants.selectors import (
+    audit_list_viewable,
+    audit_tenant_choices,
+    flavor_get_manageable,
+    flavor_list_manageable,
+    require_platform_admin,
+)
+
+FLAVORS_PER_PAGE = 50
+AUDIT_EVENTS_PER_PAGE = 50
+ABSENT = "—"
+
+
+@login_required
+@require_GET
+def flavor_list(request: HttpRequest) -> HttpResponse:
+    flavors = flavor_list_manageable(user=request.user)
+    page = Paginator(flavors, FLAVORS_PER_PAGE).get_page(request.GET.get("page"))
+    return render(
+        request, "tenants/flavor_list.html", {"page_obj": page, "flavors": page.object_list}
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def flavor_create(request: HttpRequest) -> HttpResponse:
+    require_platform_admin(request.user)
+    if request.method == "POST":
+        form = FlavorForm(request.POST)
+        if form.is_valid():
+            try:
+                flavor = services.flavor_create(actor=request.user, **form.cleaned_data)
+            except ValidationError as exc:
+                form.add_service_errors(exc)
+            else:
+                messages.success(request, f"Created the GPU flavor {flavor.slug}.")
+                return redirect("tenants:flavor_list")
+    else:
+        form = FlavorForm(initial={"gpu_fraction": 1})
+    return render(
+        request,
+        "tenants/flavor_form.html",
+        {"form": form, "flavor": None},
+        status=400 if form.errors else 200,
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def flavor_edit(request: HttpRequest, slug: str) -> HttpResponse:
+    flavor = flavor_get_manageable(user=request.user, slug=slug)
+    if request.method == "POST":
+        form = FlavorForm(request.POST, editing=True)
+        if form.is_valid():
+            try:
+                flavor = services.flavor_update(
+                    flavor=flavor, actor=request.user, **form.cleaned_data
+                )
+            except ValidationError as exc:
+                form.add_service_errors(exc)
+            else:
+                messages.success(request, f"Saved the GPU flavor {flavor.slug}.")
+                return redirect("tenants:flavor_list")
+    else:
+        form = FlavorForm(
+            editing=True,
+            initial={
+                "name": flavor.name,
+                "memory_gb": flavor.memory_gb,
+                "gpu_fraction": flavor.gpu_fraction,
+            },
+        )
+    return render(
+        request,
+        "tenants/flavor_form.html",
+        {"form": form, "flavor": flavor},
+        status=400 if form.errors else 200,
+    )
+
+
+@login_required
+@require_GET
+def audit_list(request: HttpRequest) -> HttpResponse:
+    """Who changed what: all of it for platform admins, their tenants' for tenant admins."""
+    events = audit_list_viewable(user=request.user)
+    actions = list(events.order_by("action").values_list("action", flat=True).distinct())
+    action = request.GET.get("action", "")
+    tenant = request.GET.get("tenant", "")
+    if action:
+        events = events.filter(action=action)
+    if tenant:
+        events = events.filter(tenant__slug=tenant)
+    page = Paginator(events, AUDIT_EVENTS_PER_PAGE).get_page(request.GET.get("page"))
+    return render(
+        request,
+        "tenants/audit_list.html",
+        {
+            "page_obj": page,
+            "rows": [(event, audit_changes(event.before, event.after)) for event in page],
+            "actions": actions,
+            "action": action,
+            "tenants": audit_tenant_choices(user=request.user),
+            "tenant": tenant,
+            "filtered": bool(action or tenant),
+        },
+    )
+
+
+def audit_changes(before, after) -> list[tuple[str, str, str]]:
+    """(key, old, new) for each key whose value differs, keys in alphabetical order.
+
+    A key that was or is absent shows as a dash: creations have no "before".
+    """
+    if not isinstance(before, dict | None) or not isinstance(after, dict | None):
+        return [("value", _shown(before), _shown(after))] if before != after else []
+    before, after = before or {}, after or {}
+    return [
+        (
+            key,
+            _shown(before[key]) if key in before else ABSENT,
+            _shown(after[key]) if key in after else ABSENT,
+        )
+        for key in sorted(before.keys() | after.keys())
+        if key not in before or key not in after or before[key] != after[key]
+    ]
+
+
+def _shown(value) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True)
