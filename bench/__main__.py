@@ -1,5 +1,12 @@
-"""``make bench``: every benchmark reports Gantry's time beside a baseline from the same run,
-and the results are written to docs/benchmarks.md with the machine they ran on."""
+"""``make bench``: every benchmark reports Gantry beside a baseline measured in the same run;
+the results go to docs/benchmarks.md with the machine they ran on.
+
+``python -m bench [admission] [cycle] [trace]`` runs some of them and only prints.
+
+The admission cycle runs against the database ``gantry_bench`` on the server of
+DATABASE_URL (created and migrated here, so the tests' database is never touched), with
+Celery on its in-memory broker: tasks enqueued on commit are dropped, not run.
+"""
 
 import os
 import platform
@@ -7,9 +14,11 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import admission
+from bench.db import bench_database_url, ensure_database
+from bench.report import Section
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+BENCHMARKS = ("admission", "cycle", "trace")
 
 
 def machine() -> str:
@@ -24,31 +33,65 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
 
 
-def main() -> int:
-    rows = admission.run()
-    lines = [
-        "# Benchmarks",
-        "",
-        "Written by `make bench`; each row is Gantry beside a baseline measured in the same run.",
-        "",
-        f"- Machine: {machine()}",
-        f"- Run at: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
-        "",
-        "| benchmark | Gantry | baseline | baseline time | speed-up |",
-        "|---|---|---|---|---|",
-    ]
-    for row in rows:
-        ratio = row["baseline_s"] / row["gantry_s"]
-        lines.append(
-            f"| {row['name']} | {row['gantry_s'] * 1000:.1f} ms | {row['baseline']} | "
-            f"{row['baseline_s'] * 1000:.1f} ms | {ratio:.1f}× |"
-        )
-    text = "\n".join(lines) + "\n"
-    DOCS.parent.mkdir(exist_ok=True)
-    DOCS.write_text(text)
+def setup_django() -> None:
+    url = bench_database_url(
+        os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gantry")
+    )
+    ensure_database(url)
+    os.environ["DATABASE_URL"] = url
+    os.environ["CELERY_BROKER_URL"] = "memory://"
+    os.environ["GANTRY_DEBUG"] = "0"  # DEBUG would keep every query in memory
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+
+def run(name: str) -> list[Section]:
+    sys.stderr.write(f"bench: {name}…\n")
+    if name == "admission":
+        from bench import admission
+
+        return admission.run()
+    if name == "cycle":
+        setup_django()
+        from bench import cycle
+
+        return cycle.run()
+    from bench import trace
+
+    return trace.run()
+
+
+def main(argv: list[str]) -> int:
+    names = argv or list(BENCHMARKS)
+    unknown = set(names) - set(BENCHMARKS)
+    if unknown:
+        sys.stderr.write(f"bench: unknown benchmark {', '.join(sorted(unknown))}\n")
+        return 2
+    sections = [section for name in BENCHMARKS if name in names for section in run(name)]
+    text = "\n".join(
+        [
+            "# Benchmarks",
+            "",
+            "Written by `make bench`; each benchmark reports Gantry beside a baseline measured "
+            "in the same run. Method and trace mapping: [benchmarks-notes.md]"
+            "(benchmarks-notes.md).",
+            "",
+            f"- Machine: {machine()}",
+            f"- Run at: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+            "",
+            *(section.markdown() for section in sections),
+        ]
+    )
     sys.stdout.write(text)
+    if set(names) == set(BENCHMARKS):
+        DOCS.parent.mkdir(exist_ok=True)
+        DOCS.write_text(text)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -17,9 +17,10 @@ The rules (design §5):
   tenant's later runs of the flavor back (so small runs cannot starve it), never another
   tenant's.
 - No starvation: a run that has waited longer than ``starvation_after_s`` and still cannot
-  fit reserves the free GPUs of its best pool, so runs behind it cannot take them; it then
-  starts at the latest when the runs already in that pool end (each is bounded by its max
-  runtime). Until then, other tenants' runs may use idle GPUs it cannot use yet.
+  fit reserves the free GPUs of its best pool (one that no run entered since it began
+  starving, if any), so runs behind it can neither take them nor reclaim borrowed GPUs
+  there; it then starts at the latest when the runs already in that pool end (each is
+  bounded by its max runtime). Until then, other tenants' runs may use idle GPUs elsewhere.
 
 The result is deterministic: the same snapshot always gives the same decisions.
 """
@@ -164,16 +165,21 @@ class _State:
         self.idle = {(p.cluster, p.flavor): p.capacity for p in snapshot.pools}
         self.usage: dict[tuple[str, str], int] = defaultdict(int)
         self.borrowed: dict[tuple[str, str], list[HeldRun]] = defaultdict(list)
+        self.last_admitted: dict[tuple[str, str], float] = {}
         for run in snapshot.held:
             self.usage[(run.tenant, run.flavor)] += run.gpus
             pool_key = (run.cluster, run.flavor)
             if pool_key in self.idle:
                 self.idle[pool_key] -= run.gpus
+                self.last_admitted[pool_key] = max(
+                    run.admitted, self.last_admitted.get(pool_key, run.admitted)
+                )
                 if run.borrowed:
                     self.borrowed[pool_key].append(run)
         for runs in self.borrowed.values():
             runs.sort(key=victim_order)
         self.reserved: dict[tuple[str, str], int] = defaultdict(int)
+        self.fenced: set[tuple[str, str]] = set()  # pools a starving run waits for
         self.now = snapshot.now
         self.starvation_after_s = snapshot.starvation_after_s
 
@@ -197,6 +203,8 @@ class _State:
 
     def victims(self, run: QueuedRun, pool: Pool) -> list[HeldRun] | None:
         """The smallest set of other tenants' borrowed runs whose preemption fits ``run``."""
+        if (pool.cluster, pool.flavor) in self.fenced:
+            return None  # a starving run ahead of it waits for this pool
         need = run.gpus - self.free(pool)
         candidates = [
             v for v in self.borrowed[(pool.cluster, pool.flavor)] if v.tenant != run.tenant
@@ -217,6 +225,7 @@ class _State:
 
     def admit(self, run: QueuedRun, pool: Pool) -> None:
         self.idle[(pool.cluster, pool.flavor)] -= run.gpus
+        self.last_admitted[(pool.cluster, pool.flavor)] = self.now
         self.usage[(run.tenant, run.flavor)] += run.gpus
 
     def preempt(self, victim: HeldRun) -> None:
@@ -225,18 +234,31 @@ class _State:
         self.usage[(victim.tenant, victim.flavor)] -= victim.gpus
 
     def reserve(self, run: QueuedRun, reservations: list[Reservation]) -> None:
-        """Hold the free GPUs of the pool where a starving ``run`` comes closest to fitting."""
-        if self.now - run.submitted < self.starvation_after_s:
+        """Hold the free GPUs of the pool where a starving ``run`` comes closest to fitting,
+        and keep later runs from reclaiming borrowed GPUs there.
+
+        A pool that no run entered since ``run`` began starving holds only runs that were
+        there before, which end within their max runtime; preferring such a pool keeps the
+        choice the same from one cycle to the next."""
+        starving_since = run.submitted + self.starvation_after_s
+        if self.now < starving_since:
             return
-        best, best_free = None, -1
+        best, best_rank = None, None
         for pool in self.pools_by_flavor[run.flavor]:
             if self.fits_shape(run, pool) and run.gpus <= pool.capacity:
-                free = self.free(pool)
-                if free > best_free:
-                    best, best_free = pool, free
-        if best is not None and best_free > 0:
-            held = min(best_free, run.gpus)
-            self.reserved[(best.cluster, best.flavor)] += held
+                key = (pool.cluster, pool.flavor)
+                untouched = self.last_admitted.get(key, -float("inf")) < starving_since
+                rank = (untouched, self.free(pool))
+                if best_rank is None or rank > best_rank:
+                    best, best_rank = pool, rank
+        if best is None:
+            return
+        key = (best.cluster, best.flavor)
+        self.fenced.add(key)
+        free = self.free(best)
+        if free > 0:
+            held = min(free, run.gpus)
+            self.reserved[key] += held
             reservations.append(Reservation(run.id, best.cluster, best.flavor, held))
 
     def most_free(self, flavor: str) -> int:
@@ -247,7 +269,9 @@ class _State:
             (
                 self.free(p)
                 + sum(
-                    v.gpus for v in self.borrowed[(p.cluster, p.flavor)] if v.tenant != run.tenant
+                    v.gpus
+                    for v in self.borrowed[(p.cluster, p.flavor)]
+                    if v.tenant != run.tenant and (p.cluster, p.flavor) not in self.fenced
                 )
                 for p in self.pools_by_flavor[run.flavor]
                 if self.fits_shape(run, p)
@@ -258,8 +282,9 @@ class _State:
 
 def decide(snapshot: Snapshot) -> Decisions:
     state = _State(snapshot)
+    order = sorted(snapshot.queued, key=queue_order)
     queues: dict[tuple[str, str], list[QueuedRun]] = defaultdict(list)
-    for run in sorted(snapshot.queued, key=queue_order):
+    for run in order:
         queues[(run.tenant, run.flavor)].append(run)
 
     admitted: list[Admit] = []
@@ -301,54 +326,70 @@ def decide(snapshot: Snapshot) -> Decisions:
                 over_budget = True
         return quota, over_budget
 
-    # Phase 1: runs within their tenant's guarantee, in priority then FIFO order.
-    for run in sorted(snapshot.queued, key=queue_order):
-        key = (run.tenant, run.flavor)
-        if key in blocked or key in borrowers:
-            continue
-        quota, over_budget = precheck(key, run)
-        if quota is None:
-            continue
-        if state.usage[key] + run.gpus > quota.guaranteed:
-            borrowers[key] = queues[key].index(run)
-            continue
-        pool = state.best_fit(run)
-        victims: list[HeldRun] = []
-        if pool is None:
-            options = []
-            for candidate in state.pools_by_flavor[run.flavor]:
-                if not state.fits_shape(run, candidate):
-                    continue
-                chosen = state.victims(run, candidate)
-                if chosen is not None:
-                    cost = (sum(v.gpus for v in chosen), len(chosen), candidate.cluster)
-                    options.append((cost, candidate, chosen))
-            if options:
-                _, pool, victims = min(options, key=lambda option: option[0])
-        if pool is None:
-            block(
-                key, run, Wait.CAPACITY,
-                f"needs {run.gpus} {run.flavor} GPUs ({run.nodes}×{run.gpus_per_node}) on one "
-                f"cluster within the tenant's guarantee; at most {state.most_reclaimable(run)} "
-                "can be freed on any cluster, counting borrowed GPUs it may reclaim",
-            )  # fmt: skip
-            state.reserve(run, reservations)
-            continue
-        for victim in victims:
-            state.preempt(victim)
-            preempted.append(
-                Preempt(
-                    run_id=victim.id,
-                    by_run_id=run.id,
-                    message=(
-                        f"tenant {run.tenant} reclaimed {run.gpus} {run.flavor} GPUs of its "
-                        f"guarantee on {pool.cluster} for run {run.id}; this run had borrowed "
-                        f"{victim.gpus}"
-                    ),
+    # Phase 1: runs within their tenant's guarantee, in priority then FIFO order. Preemptions
+    # can bring a tenant that was beyond its guarantee back within it: its queue gets another
+    # pass, so it reclaims now rather than waiting as a borrower and reclaiming next cycle.
+    # This ends: each pass after the first follows a preemption, and a run is preempted once.
+    pending = order
+    while pending:
+        for run in pending:
+            key = (run.tenant, run.flavor)
+            if key in blocked or key in borrowers:
+                continue
+            quota, over_budget = precheck(key, run)
+            if quota is None:
+                continue
+            if state.usage[key] + run.gpus > quota.guaranteed:
+                borrowers[key] = queues[key].index(run)
+                continue
+            pool = state.best_fit(run)
+            victims: list[HeldRun] = []
+            if pool is None:
+                options = []
+                for candidate in state.pools_by_flavor[run.flavor]:
+                    if not state.fits_shape(run, candidate):
+                        continue
+                    chosen = state.victims(run, candidate)
+                    if chosen is not None:
+                        cost = (sum(v.gpus for v in chosen), len(chosen), candidate.cluster)
+                        options.append((cost, candidate, chosen))
+                if options:
+                    _, pool, victims = min(options, key=lambda option: option[0])
+            if pool is None:
+                block(
+                    key, run, Wait.CAPACITY,
+                    f"needs {run.gpus} {run.flavor} GPUs ({run.nodes}×{run.gpus_per_node}) on one "
+                    f"cluster within the tenant's guarantee; at most {state.most_reclaimable(run)} "
+                    "can be freed on any cluster, counting borrowed GPUs it may reclaim",
+                )  # fmt: skip
+                state.reserve(run, reservations)
+                continue
+            for victim in victims:
+                state.preempt(victim)
+                preempted.append(
+                    Preempt(
+                        run_id=victim.id,
+                        by_run_id=run.id,
+                        message=(
+                            f"tenant {run.tenant} reclaimed {run.gpus} {run.flavor} GPUs of its "
+                            f"guarantee on {pool.cluster} for run {run.id}; this run had borrowed "
+                            f"{victim.gpus}"
+                        ),
+                    )
                 )
-            )
-        state.admit(run, pool)
-        admitted.append(Admit(run.id, pool.cluster, borrowed=False, over_budget=over_budget))
+            state.admit(run, pool)
+            admitted.append(Admit(run.id, pool.cluster, borrowed=False, over_budget=over_budget))
+        returned = {
+            key: index
+            for key, index in borrowers.items()
+            if state.usage[key] + queues[key][index].gpus <= snapshot.quotas[key].guaranteed
+        }
+        for key in returned:
+            del borrowers[key]
+        pending = sorted(
+            (run for key, index in returned.items() for run in queues[key][index:]),
+            key=queue_order,
+        )
 
     # Phase 2: borrowers take turns by weighted fair share, idle GPUs only.
     def share_key(key) -> tuple:
@@ -361,7 +402,6 @@ def decide(snapshot: Snapshot) -> Decisions:
 
     heap = [(share_key(key), key) for key in sorted(borrowers)]
     heapq.heapify(heap)
-    phase2_reserved: dict[tuple[str, str], int] = defaultdict(int)
     while heap:
         _, key = heapq.heappop(heap)
         run = queues[key][borrowers[key]]
@@ -384,11 +424,7 @@ def decide(snapshot: Snapshot) -> Decisions:
                     f"{quota.borrow_limit} borrowable {flavor} GPUs; this run needs {run.gpus}",
                 )  # fmt: skip
             continue
-        for pool_key, gpus in phase2_reserved.items():
-            state.reserved[pool_key] += gpus
         pool = state.best_fit(run)
-        for pool_key, gpus in phase2_reserved.items():
-            state.reserved[pool_key] -= gpus
         if pool is None:
             block(
                 key, run, Wait.NO_IDLE,
@@ -396,12 +432,7 @@ def decide(snapshot: Snapshot) -> Decisions:
                 f"this run would borrow {run.gpus} and the clusters have "
                 f"{state.most_free(flavor)} idle GPUs to lend",
             )  # fmt: skip
-            before = len(reservations)
-            state.reserve(run, reservations)
-            if len(reservations) > before:  # borrowers' reservations bind only borrowers
-                last = reservations[-1]
-                state.reserved[(last.cluster, last.flavor)] -= last.gpus
-                phase2_reserved[(last.cluster, last.flavor)] += last.gpus
+            state.reserve(run, reservations)  # binds the borrowers after it
             continue
         state.admit(run, pool)
         admitted.append(
@@ -416,7 +447,7 @@ def decide(snapshot: Snapshot) -> Decisions:
     admitted_ids = {a.run_id for a in admitted}
     positions: dict[str, int] = defaultdict(int)
     waiting = []
-    for run in sorted(snapshot.queued, key=queue_order):
+    for run in order:
         if run.id in admitted_ids:
             continue
         positions[run.flavor] += 1

@@ -1,22 +1,37 @@
 """REST API for runs and experiments: parse, call one service or selector, render.
 
 Every lookup goes through the tenant-scoped selectors, so another tenant's run is a 404
-exactly like a missing one.
+exactly like a missing one. The runtime report is the one endpoint a job calls: it takes
+only the job's per-attempt token, which names the attempt it may write.
 """
 
+import io
+
+from django.contrib.auth.models import AnonymousUser
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.urls import reverse
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import status, viewsets
+from rest_framework import authentication, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.exceptions import (
+    APIException,
+    AuthenticationFailed,
+    ParseError,
+    PermissionDenied,
+    ValidationError,
+)
 from rest_framework.parsers import JSONParser
+from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.serializers import as_serializer_error
+from rest_framework.views import APIView
 
-from jobs.models import Experiment, Run
+from jobs.models import Attempt, Experiment, Run
 from jobs.selectors import (
+    attempt_get_for_token,
     experiment_get_viewable,
     experiment_list_viewable,
     run_get_viewable,
@@ -30,8 +45,16 @@ from jobs.serializers import (
     RunDetailSerializer,
     RunFilterSerializer,
     RunSerializer,
+    RuntimeReportResultSerializer,
+    RuntimeReportSerializer,
 )
-from jobs.services import run_cancel, run_submit
+from jobs.services import (
+    MAX_RUNTIME_REPORT_BYTES,
+    attempt_report_runtime,
+    run_cancel,
+    run_rerun,
+    run_submit,
+)
 
 ID = OpenApiParameter("id", OpenApiTypes.INT, OpenApiParameter.PATH)
 NOT_FOUND = OpenApiResponse(ErrorSerializer, description="Missing, or of another tenant.")
@@ -41,6 +64,16 @@ class Conflict(APIException):
     status_code = status.HTTP_409_CONFLICT
     default_detail = "The request conflicts with the current state."
     default_code = "conflict"
+
+
+def _created(request, run: Run) -> Response:
+    run = run_get_viewable(user=request.user, run_id=run.pk)
+    location = request.build_absolute_uri(reverse("api:run-detail", args=[run.pk]))
+    return Response(
+        RunDetailSerializer(run).data,
+        status=status.HTTP_201_CREATED,
+        headers={"Location": location},
+    )
 
 
 @extend_schema(tags=["runs"])
@@ -80,13 +113,7 @@ class RunViewSet(viewsets.GenericViewSet):
             run = run_submit(user=request.user, data=serializer.to_experiment_input())
         except DjangoValidationError as exc:
             raise ValidationError(as_serializer_error(exc)) from None
-        run = run_get_viewable(user=request.user, run_id=run.pk)
-        location = request.build_absolute_uri(reverse("api:run-detail", args=[run.pk]))
-        return Response(
-            RunDetailSerializer(run).data,
-            status=status.HTTP_201_CREATED,
-            headers={"Location": location},
-        )
+        return _created(request, run)
 
     @extend_schema(parameters=[ID], responses={200: RunDetailSerializer, 404: NOT_FOUND})
     def retrieve(self, request, pk: str):
@@ -139,3 +166,129 @@ class ExperimentViewSet(viewsets.GenericViewSet):
     def retrieve(self, request, pk: str):
         experiment = experiment_get_viewable(user=request.user, experiment_id=int(pk))
         return Response(ExperimentSerializer(experiment).data)
+
+    @extend_schema(
+        parameters=[ID],
+        request=None,
+        responses={
+            201: RunDetailSerializer,
+            400: OpenApiResponse(
+                description="It cannot run again as recorded (e.g. its image is blocked)."
+            ),
+            403: OpenApiResponse(ErrorSerializer, description="Not a member of the tenant."),
+            404: NOT_FOUND,
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def rerun(self, request, pk: str):
+        """Queue a new run of the same experiment record, exactly as recorded."""
+        experiment = experiment_get_viewable(user=request.user, experiment_id=int(pk))
+        try:
+            run = run_rerun(experiment=experiment, user=request.user)
+        except DjangoPermissionDenied as exc:
+            # The user can read the experiment, so a 403 leaks nothing.
+            raise PermissionDenied(str(exc)) from None
+        except DjangoValidationError as exc:
+            raise ValidationError(as_serializer_error(exc)) from None
+        return _created(request, run)
+
+
+# --- the job's runtime report ---------------------------------------------------------------
+
+
+class AttemptTokenAuthentication(authentication.BaseAuthentication):
+    """``Authorization: Attempt gat_<attempt id>.<signature>``: the token a job finds in
+    ``GANTRY_ATTEMPT_TOKEN``. It is derived from the secret key, never stored."""
+
+    keyword = b"attempt"
+
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].lower() != self.keyword:
+            return None
+        if len(header) != 2:
+            raise AuthenticationFailed("Malformed Authorization header.")
+        try:
+            token = header[1].decode("ascii")
+        except UnicodeError:
+            raise AuthenticationFailed("Invalid attempt token.") from None
+        attempt = attempt_get_for_token(token=token)
+        if attempt is None:
+            raise AuthenticationFailed("Invalid attempt token.")
+        return AnonymousUser(), attempt
+
+    def authenticate_header(self, request):
+        return 'Attempt realm="api"'
+
+
+class AttemptTokenScheme(OpenApiAuthenticationExtension):
+    target_class = AttemptTokenAuthentication
+    name = "attemptToken"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "apiKey",
+            "in": "header",
+            "name": "Authorization",
+            "description": "`Attempt <token>` with the job's GANTRY_ATTEMPT_TOKEN.",
+        }
+
+
+class HasAttemptToken(BasePermission):
+    def has_permission(self, request, view) -> bool:
+        return isinstance(request.auth, Attempt)
+
+
+class RuntimeReportParser(JSONParser):
+    """JSON of at most ``MAX_RUNTIME_REPORT_BYTES``: a larger body is refused unread."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        body = stream.read(MAX_RUNTIME_REPORT_BYTES + 1)
+        if len(body) > MAX_RUNTIME_REPORT_BYTES:
+            raise ParseError(f"The report is larger than {MAX_RUNTIME_REPORT_BYTES // 1024} KiB.")
+        return super().parse(io.BytesIO(body), media_type, parser_context)
+
+
+@extend_schema(tags=["attempts"])
+class AttemptRuntimeReportApi(APIView):
+    authentication_classes = [AttemptTokenAuthentication]
+    permission_classes = [HasAttemptToken]
+    parser_classes = [RuntimeReportParser]
+
+    @extend_schema(
+        request=RuntimeReportSerializer,
+        responses={
+            200: RuntimeReportResultSerializer,
+            400: OpenApiResponse(description="Field name → list of messages."),
+            401: OpenApiResponse(ErrorSerializer, description="No or an invalid attempt token."),
+            409: OpenApiResponse(
+                ErrorSerializer, description="The attempt ended more than an hour ago."
+            ),
+        },
+    )
+    def post(self, request):
+        """Report the runtime of the attempt the token was issued for (driver, CUDA,
+        framework and NCCL versions, nodes, GPU UUIDs). The latest report replaces the
+        previous one; repeating it changes nothing."""
+        serializer = RuntimeReportSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        attempt = request.auth
+        try:
+            changed = attempt_report_runtime(attempt=attempt, report=serializer.validated_data)
+        except DjangoValidationError as exc:
+            if "state" in exc.message_dict:
+                raise Conflict(" ".join(exc.message_dict["state"])) from None
+            raise ValidationError(as_serializer_error(exc)) from None
+        attempt.refresh_from_db(
+            fields=["runtime_env", "node_list", "gpu_uuids", "runtime_reported_at"]
+        )
+        result = {
+            "attempt": attempt.pk,
+            "run": attempt.run_id,
+            "changed": changed,
+            "runtime_env": attempt.runtime_env,
+            "node_list": attempt.node_list,
+            "gpu_uuids": attempt.gpu_uuids,
+            "runtime_reported_at": attempt.runtime_reported_at,
+        }
+        return Response(RuntimeReportResultSerializer(result).data)

@@ -1,3 +1,4 @@
+from django.urls import path
 from rest_framework.routers import SimpleRouter
 
 from jobs import api
@@ -6,4 +7,7 @@ router = SimpleRouter()
 router.register("runs", api.RunViewSet, basename="run")
 router.register("experiments", api.ExperimentViewSet, basename="experiment")
 
-urlpatterns = router.urls
+urlpatterns = [
+    path("attempts/report/", api.AttemptRuntimeReportApi.as_view(), name="attempt-report"),
+    *router.urls,
+]

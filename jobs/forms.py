@@ -124,6 +124,10 @@ class RunSubmitForm(ServiceErrorsMixin, forms.Form):
         label="Checkpoint directory",
         help_text="Where the job saves checkpoints; a restart resumes from the latest one.",
     )
+    # Set by "Clone and edit": the experiment this one starts from (the service re-checks it).
+    cloned_from = forms.IntegerField(
+        required=False, min_value=1, max_value=2**63 - 1, widget=forms.HiddenInput
+    )
 
     def __init__(self, *args, tenants, projects, images, flavor_limits, **kwargs):
         super().__init__(*args, **kwargs)
@@ -178,6 +182,7 @@ class RunSubmitForm(ServiceErrorsMixin, forms.Form):
             max_runtime_minutes=data["max_runtime_minutes"],
             max_restarts=data["max_restarts"],
             checkpoint_dir=data["checkpoint_dir"],
+            cloned_from=data["cloned_from"],
         )
 
 
@@ -187,8 +192,9 @@ def _image_label(image) -> str:
 
 
 def initial_from_experiment(experiment: Experiment) -> dict:
-    """Form values that submit the same experiment again."""
+    """Form values that record a clone of the experiment: the same values, and its id."""
     return {
+        "cloned_from": experiment.pk,
         "tenant": experiment.tenant.slug,
         "project": experiment.project.slug,
         "image": experiment.image_reference,

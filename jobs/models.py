@@ -259,7 +259,12 @@ class Attempt(models.Model):
     resumed_from = models.ForeignKey(
         Checkpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    runtime_env = models.JSONField(default=dict, blank=True)
+    runtime_env = models.JSONField(
+        default=dict, blank=True, help_text="Versions the job reported (driver, CUDA, NCCL, …)"
+    )
+    runtime_reported_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the job last reported a changed runtime"
+    )
 
     class Meta:
         ordering = ["run", "number"]

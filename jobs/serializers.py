@@ -5,6 +5,7 @@ from collections.abc import Mapping
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.settings import api_settings
 
 from jobs.models import (
     Attempt,
@@ -16,7 +17,7 @@ from jobs.models import (
     WaitReason,
 )
 from jobs.selectors import run_attempts, run_events
-from jobs.services import ExperimentInput
+from jobs.services import MAX_ID, ExperimentInput
 
 _INPUT_DEFAULTS = {
     f.name: f.default_factory if f.default is dataclasses.MISSING else f.default
@@ -35,6 +36,20 @@ def _text(name: str, **kwargs) -> serializers.CharField:
     )
 
 
+def _reject_unknown(serializer: serializers.Serializer, data, parse):
+    """Parse ``data``, reporting unknown keys by name along with every other error."""
+    unknown = sorted(set(data) - set(serializer.fields)) if isinstance(data, Mapping) else []
+    errors = {}
+    try:
+        value = parse(data)
+    except serializers.ValidationError as exc:
+        errors = dict(exc.detail)
+    errors.update({name: ["Unknown field."] for name in unknown})
+    if errors:
+        raise serializers.ValidationError(errors)
+    return value
+
+
 def _reason(choices) -> serializers.ChoiceField:
     # Declared rather than generated: ModelSerializer drops allow_blank from read-only
     # fields, and the schema must admit "" (no reason).
@@ -47,7 +62,8 @@ class ExperimentInputSerializer(serializers.Serializer):
     tenant = serializers.CharField(max_length=63, help_text="Tenant slug.")
     project = serializers.CharField(max_length=63, help_text="Project slug within the tenant.")
     image = serializers.CharField(
-        max_length=400, help_text="Pinned by digest: repository@sha256:<64 hex>."
+        max_length=400,
+        help_text="repository@sha256:<64 hex>, or repository:tag (resolved to a digest at submit).",
     )
     command = serializers.CharField(
         allow_blank=True, trim_whitespace=False, help_text="Shell command, at most 16 KiB."
@@ -74,18 +90,17 @@ class ExperimentInputSerializer(serializers.Serializer):
     max_runtime_minutes = serializers.IntegerField(default=_INPUT_DEFAULTS["max_runtime_minutes"])
     max_restarts = serializers.IntegerField(default=_INPUT_DEFAULTS["max_restarts"])
     checkpoint_dir = _text("checkpoint_dir")
+    cloned_from = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_ID,
+        allow_null=True,
+        default=_INPUT_DEFAULTS["cloned_from"],
+        help_text="Id of the experiment this one is a clone of: an experiment of the same "
+        "tenant that you can read.",
+    )
 
     def to_internal_value(self, data):
-        unknown = sorted(set(data) - set(self.fields)) if isinstance(data, Mapping) else []
-        errors = {}
-        try:
-            value = super().to_internal_value(data)
-        except serializers.ValidationError as exc:
-            errors = dict(exc.detail)
-        errors.update({name: ["Unknown field."] for name in unknown})
-        if errors:
-            raise serializers.ValidationError(errors)
-        return value
+        return _reject_unknown(self, data, super().to_internal_value)
 
     def to_experiment_input(self) -> ExperimentInput:
         return ExperimentInput(**self.validated_data)
@@ -133,6 +148,12 @@ class RunSerializer(serializers.ModelSerializer):
 class AttemptSerializer(serializers.ModelSerializer):
     cluster = serializers.CharField(source="cluster.name", read_only=True)
     node_list = serializers.ListField(child=serializers.CharField(), read_only=True)
+    gpu_uuids = serializers.ListField(child=serializers.CharField(), read_only=True)
+    runtime_env = serializers.DictField(
+        child=serializers.JSONField(),
+        read_only=True,
+        help_text="What the job reported about its runtime: driver, CUDA, NCCL versions, …",
+    )
     failure_reason = _reason(FailureReason.choices)
 
     class Meta:
@@ -151,6 +172,9 @@ class AttemptSerializer(serializers.ModelSerializer):
             "started_at",
             "finished_at",
             "rendered_spec",
+            "runtime_env",
+            "gpu_uuids",
+            "runtime_reported_at",
         ]
         read_only_fields = fields
 
@@ -238,3 +262,84 @@ class ExperimentSerializer(serializers.ModelSerializer):
 
 class ErrorSerializer(serializers.Serializer):
     detail = serializers.CharField()
+
+
+# --- the job's runtime report ---------------------------------------------------------------
+
+MAX_REPORT_TEXT = 200
+MAX_REPORT_ITEMS = 1024
+MAX_REPORT_FRAMEWORKS = 64
+
+
+class _ReportText(serializers.CharField):
+    """A string as sent: numbers are not turned into text, so what is stored is what the
+    job wrote."""
+
+    def __init__(self, **kwargs):
+        super().__init__(max_length=MAX_REPORT_TEXT, **kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+def _report_text(help_text: str) -> serializers.CharField:
+    return _ReportText(required=False, help_text=help_text)
+
+
+def _report_list(help_text: str) -> serializers.ListField:
+    return serializers.ListField(
+        child=_ReportText(),
+        max_length=MAX_REPORT_ITEMS,
+        required=False,
+        help_text=help_text,
+    )
+
+
+class RuntimeReportSerializer(serializers.Serializer):
+    """What a job reports about where and with what it runs. Every field is optional, but
+    a report names at least one; unknown keys are rejected by name."""
+
+    driver_version = _report_text("NVIDIA driver version, e.g. 550.54.15.")
+    cuda_version = _report_text("CUDA runtime version, e.g. 12.4.")
+    cudnn_version = _report_text("cuDNN version, e.g. 9.1.0.")
+    nccl_version = _report_text("NCCL version, e.g. 2.21.5.")
+    python_version = _report_text("Python version, e.g. 3.11.9.")
+    framework = serializers.DictField(
+        child=_ReportText(),
+        required=False,
+        help_text=f'Framework name to version, e.g. {{"torch": "2.4.0"}}; at most '
+        f"{MAX_REPORT_FRAMEWORKS} entries.",
+    )
+    hostname = _report_text("Host name of the reporting process (rank 0).")
+    kernel_version = _report_text("Linux kernel release.")
+    node_list = _report_list("Every node the attempt runs on.")
+    gpu_uuids = _report_list("UUID of every GPU the attempt uses (nvidia-smi -L).")
+
+    def to_internal_value(self, data):
+        value = _reject_unknown(self, data, super().to_internal_value)
+        if not value:
+            raise serializers.ValidationError(
+                {api_settings.NON_FIELD_ERRORS_KEY: ["The report names no field."]}
+            )
+        return value
+
+    def validate_framework(self, value: dict) -> dict:
+        if len(value) > MAX_REPORT_FRAMEWORKS:
+            raise serializers.ValidationError(f"At most {MAX_REPORT_FRAMEWORKS} frameworks.")
+        if any(not name or len(name) > MAX_REPORT_TEXT for name in value):
+            raise serializers.ValidationError(
+                f"A framework name has 1 to {MAX_REPORT_TEXT} characters."
+            )
+        return value
+
+
+class RuntimeReportResultSerializer(serializers.Serializer):
+    attempt = serializers.IntegerField()
+    run = serializers.IntegerField()
+    changed = serializers.BooleanField(help_text="False when the report repeated what was stored.")
+    runtime_env = serializers.DictField(child=serializers.JSONField())
+    node_list = serializers.ListField(child=serializers.CharField())
+    gpu_uuids = serializers.ListField(child=serializers.CharField())
+    runtime_reported_at = serializers.DateTimeField(allow_null=True)

@@ -17,7 +17,8 @@ from django.utils import timezone
 
 from images.models import DIGEST_PATTERN, Image
 from images.selectors import image_list_usable
-from jobs import admission
+from images.services import TagResolutionError, tag_resolve
+from jobs import admission, reproducibility
 from jobs.backends import (
     JobRef,
     JobSpec,
@@ -45,7 +46,7 @@ from jobs.models import (
     RunState,
     TenantMonthUsage,
 )
-from jobs.selectors import flavor_node_limits
+from jobs.selectors import experiment_list_viewable, flavor_node_limits
 from tenants.models import GpuFlavor, Quota, Tenant
 from tenants.roles import is_platform_admin, is_tenant_admin
 from tenants.selectors import tenant_list_submittable
@@ -53,6 +54,11 @@ from tenants.selectors import tenant_list_submittable
 logger = logging.getLogger(__name__)
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+MAX_ID = 2**63 - 1  # ids are bigint: anything larger can only be a mistake
+# A job may report its runtime while it runs and for this long after it ended (late
+# reporters, clocks a little apart); later reports are refused with 409.
+RUNTIME_REPORT_GRACE = timedelta(hours=1)
+MAX_RUNTIME_REPORT_BYTES = 64 * 1024
 ADMISSION_LOCK_KEY = 0x67616E747279  # "gantry"
 
 try:
@@ -67,7 +73,7 @@ class ExperimentInput:
 
     tenant: str
     project: str
-    image: str  # repository@sha256:…
+    image: str  # repository@sha256:<64 hex>, or repository:tag (resolved at submit)
     command: str
     flavor: str
     nodes: int
@@ -83,6 +89,7 @@ class ExperimentInput:
     max_runtime_minutes: int = 24 * 60
     max_restarts: int = 0
     checkpoint_dir: str = ""
+    cloned_from: int | None = None  # id of the experiment this one was cloned from
 
 
 def _check(errors: dict[str, list[str]], name: str, ok: bool, message: str) -> bool:
@@ -103,6 +110,10 @@ def experiment_validate(*, user, data: ExperimentInput) -> dict:
         if _check(errors, "project", project is not None, "Unknown project for this tenant."):
             resolved["project"] = project
         resolved["image"] = _resolve_image(errors, tenant=tenant, reference=data.image)
+        if data.cloned_from is not None:
+            resolved["cloned_from_id"] = _check_cloned_from(
+                errors, user=user, tenant=tenant, experiment_id=data.cloned_from
+            )
 
     flavor = GpuFlavor.objects.filter(slug=data.flavor).first()
     limits = flavor_node_limits()
@@ -165,6 +176,8 @@ def experiment_validate(*, user, data: ExperimentInput) -> dict:
         for key, value in data.env.items():
             if not ENV_NAME.match(str(key)):
                 _check(errors, "env", False, f"{key!r} is not a valid variable name.")
+            elif key in reproducibility.RESERVED_ENV:
+                _check(errors, "env", False, f"{key} is set by Gantry for every job; leave it out.")
             elif not isinstance(value, str) or "\x00" in value:
                 _check(errors, "env", False, f"The value of {key} must be a string.")
 
@@ -222,11 +235,60 @@ def _check_quota_allows(errors, *, tenant, flavor, data: ExperimentInput) -> Non
     )
 
 
+def _check_cloned_from(errors, *, user, tenant, experiment_id) -> int | None:
+    """A clone's source must be an experiment of the same tenant that the user can read;
+    anything else gets the same answer, so the check reveals nothing."""
+    found = (
+        isinstance(experiment_id, int)
+        and 1 <= experiment_id <= MAX_ID
+        and experiment_list_viewable(user=user).filter(pk=experiment_id, tenant=tenant).exists()
+    )
+    _check(
+        errors,
+        "cloned_from",
+        found,
+        f"Experiment {experiment_id} is not an experiment of tenant {tenant.slug} you can read.",
+    )
+    return experiment_id if found else None
+
+
 def _resolve_image(errors, *, tenant, reference: str) -> Image | None:
-    repository, _, digest = (reference or "").strip().partition("@")
-    if not digest:
-        _check(errors, "image", False, "Pin the image by digest: repository@sha256:<64 hex>.")
-        return None
+    """The approved image visible to the tenant that ``reference`` names, pinned by digest.
+
+    ``repository@sha256:…`` is looked up as given. ``repository:tag`` is accepted only to be
+    resolved: the registry of the repository's host says which digest the tag points to now,
+    and that digest must be an approved image; the experiment records the digest. Resolving
+    calls the registry inside run_submit's transaction, so each request has a short timeout
+    (images.services.SUBMIT_TIMEOUT_S); a registry that does not answer fails the submit.
+    """
+    reference = (reference or "").strip()
+    repository, at, digest = reference.partition("@")
+    if not at:
+        repository, colon, tag = reference.rpartition(":")
+        if not colon or not repository or "/" in tag:
+            _check(
+                errors,
+                "image",
+                False,
+                "Pin the image by digest (repository@sha256:<64 hex>) or name a tag to "
+                "resolve (repository:tag).",
+            )
+            return None
+        try:
+            digest = tag_resolve(repository=repository, tag=tag)
+        except TagResolutionError as exc:
+            _check(errors, "image", False, str(exc))
+            return None
+        image = (
+            image_list_usable(tenant=tenant).filter(repository=repository, digest=digest).first()
+        )
+        _check(
+            errors,
+            "image",
+            image is not None,
+            f"This tag resolves to {digest}, which is not approved for this tenant.",
+        )
+        return image
     if not re.fullmatch(DIGEST_PATTERN, digest):
         _check(errors, "image", False, "Invalid digest: expected sha256: and 64 lowercase hex.")
         return None
@@ -261,12 +323,78 @@ def run_submit(*, user, data: ExperimentInput) -> Run:
         max_runtime_minutes=data.max_runtime_minutes,
         max_restarts=data.max_restarts,
         checkpoint_dir=data.checkpoint_dir,
+        cloned_from_id=resolved.get("cloned_from_id"),
         gantry_version=GANTRY_VERSION,
     )
     return _run_create(experiment=experiment, user=user)
 
 
-def _run_create(*, experiment: Experiment, user) -> Run:
+def experiment_can_rerun(*, user, experiment: Experiment) -> bool:
+    """Re-running spends the tenant's quota: membership is required, like submitting."""
+    return tenant_list_submittable(user=user).filter(pk=experiment.tenant_id).exists()
+
+
+def experiment_input_of(experiment: Experiment) -> ExperimentInput:
+    """The request that would record this experiment again, as it was recorded."""
+    return ExperimentInput(
+        tenant=experiment.tenant.slug,
+        project=experiment.project.slug,
+        image=experiment.image_reference,
+        command=experiment.command,
+        flavor=experiment.flavor.slug,
+        nodes=experiment.nodes,
+        gpus_per_node=experiment.gpus_per_node,
+        name=experiment.name,
+        code_repository=experiment.code_repository,
+        code_commit=experiment.code_commit,
+        dataset_uri=experiment.dataset_uri,
+        dataset_version=experiment.dataset_version,
+        params=experiment.params,
+        env=experiment.env,
+        priority=experiment.priority,
+        max_runtime_minutes=experiment.max_runtime_minutes,
+        max_restarts=experiment.max_restarts,
+        checkpoint_dir=experiment.checkpoint_dir,
+    )
+
+
+@transaction.atomic
+def run_rerun(*, experiment: Experiment, user) -> Run:
+    """Queue a new run of the same experiment record: same image digest, command, code,
+    data, params and resources. Every submit rule is checked again (membership, the image
+    still approved and visible to the tenant, a quota that could ever admit it)."""
+    if not experiment_can_rerun(user=user, experiment=experiment):
+        raise PermissionDenied(
+            f"Only members of tenant {experiment.tenant.slug} can run its experiments."
+        )
+    image = experiment.image
+    if image.status != Image.Status.APPROVED:
+        raise ValidationError(
+            {
+                "image": f"The image {experiment.image_reference} is "
+                f"{image.get_status_display().lower()}, so this experiment cannot run again "
+                "exactly. Clone and edit it to choose another image."
+            }
+        )
+    if not image_list_usable(tenant=experiment.tenant).filter(pk=image.pk).exists():
+        raise ValidationError(
+            {
+                "image": f"The image {experiment.image_reference} is no longer available to "
+                f"tenant {experiment.tenant.slug}. Clone and edit it to choose another image."
+            }
+        )
+    experiment_validate(user=user, data=experiment_input_of(experiment))
+    return _run_create(
+        experiment=experiment,
+        user=user,
+        reason="RERUN",
+        message=f"Re-run of experiment {experiment.pk} (exact)",
+    )
+
+
+def _run_create(
+    *, experiment: Experiment, user, reason: str = "SUBMITTED", message: str = "Submitted"
+) -> Run:
     run = Run.objects.create(
         experiment=experiment,
         tenant=experiment.tenant,
@@ -276,7 +404,7 @@ def _run_create(*, experiment: Experiment, user) -> Run:
         submitted_by=user,
     )
     RunEvent.objects.create(
-        run=run, to_state=RunState.QUEUED, reason="SUBMITTED", actor=user, message="Submitted"
+        run=run, to_state=RunState.QUEUED, reason=reason, actor=user, message=message
     )
     _enqueue_admission()
     return run
@@ -554,7 +682,11 @@ def fair_share_update(*, held: tuple[admission.HeldRun, ...], now) -> None:
         row.decayed_gpu_seconds = row.decayed_gpu_seconds * decay + holding.get(key, 0) * elapsed
         row.updated_at = now
         changed.append(row)
-    FairShareUsage.objects.bulk_update(changed, ["decayed_gpu_seconds", "updated_at"])
+    _update_rows(
+        FairShareUsage,
+        ["decayed_gpu_seconds", "updated_at"],
+        [(row.pk, row.decayed_gpu_seconds, row.updated_at) for row in changed],
+    )
     missing = [key for key in holding if key not in rows]
     if missing:
         tenants = dict(
@@ -570,6 +702,39 @@ def fair_share_update(*, held: tuple[admission.HeldRun, ...], now) -> None:
             ],
             ignore_conflicts=True,
         )
+
+
+def _update_rows(model, fields: list[str], rows: list[tuple], **only_if) -> None:
+    """Set ``fields`` of many rows, given as ``(pk, *values)``, in one statement per 5,000.
+
+    bulk_update's CASE WHEN per row costs seconds at 10,000 rows (in Django and in the
+    database); a join against VALUES costs milliseconds. ``only_if`` (column=value) skips
+    rows that changed meanwhile.
+    """
+    if not rows:
+        return
+    table = connection.ops.quote_name(model._meta.db_table)
+    pk = connection.ops.quote_name(model._meta.pk.column)
+    columns = [connection.ops.quote_name(model._meta.get_field(f).column) for f in fields]
+    names = ", ".join(f"v{i}" for i in range(len(fields)))
+    assignments = ", ".join(f"{c} = v.v{i}" for i, c in enumerate(columns))
+    conditions = "".join(
+        f" AND {table}.{connection.ops.quote_name(model._meta.get_field(f).column)} = %s"
+        for f in only_if
+    )
+    placeholder = "(" + ", ".join(["%s"] * (len(fields) + 1)) + ")"
+    for start in range(0, len(rows), 5000):
+        batch = rows[start : start + 5000]
+        with connection.cursor() as cursor:
+            # Identifiers come from model metadata (quoted); every value is a parameter.
+            sql = (
+                f"WITH v(id, {names}) AS (VALUES {', '.join([placeholder] * len(batch))}) "  # noqa: S608
+                f"UPDATE {table} SET {assignments} FROM v WHERE {table}.{pk} = v.id{conditions}"
+            )
+            cursor.execute(
+                sql,
+                [value for row in batch for value in row] + list(only_if.values()),
+            )
 
 
 @transaction.atomic
@@ -589,7 +754,7 @@ def admission_run_cycle(*, now=None) -> AdmissionSummary | None:
             preempted += run_preempt(run=victims[decision.run_id], message=decision.message)
 
     admitted_ids = [d.run_id for d in decisions.admitted]
-    runs = Run.objects.in_bulk(admitted_ids)
+    runs = Run.objects.select_related("flavor").in_bulk(admitted_ids)
     attempt_counts = dict(
         Attempt.objects.filter(run_id__in=admitted_ids)
         .values("run_id")
@@ -631,25 +796,23 @@ def admission_run_cycle(*, now=None) -> AdmissionSummary | None:
                 )
             )
     reservations = {r.run_id: r for r in decisions.reservations}
-    waiting_runs = Run.objects.in_bulk([w.run_id for w in decisions.waiting])
+    written = {
+        run_id: (reason, message, position)
+        for run_id, reason, message, position in Run.objects.filter(
+            state=RunState.QUEUED
+        ).values_list("id", "wait_reason", "wait_message", "queue_position")
+    }
     changed = []
     for wait in decisions.waiting:
-        run = waiting_runs[wait.run_id]
         message = wait.message
         if wait.run_id in reservations:
             held = reservations[wait.run_id]
             message += f"; {held.gpus} GPUs on {held.cluster} are held for it"
-        if (run.wait_reason, run.wait_message, run.queue_position) != (
-            wait.reason.value,
-            message,
-            wait.position,
-        ):
-            run.wait_reason = wait.reason.value
-            run.wait_message = message[:500]
-            run.queue_position = wait.position
-            changed.append(run)
-    Run.objects.bulk_update(
-        changed, ["wait_reason", "wait_message", "queue_position"], batch_size=1000
+        row = (wait.reason.value, message[:500], wait.position)
+        if written.get(wait.run_id, row) != row:
+            changed.append((wait.run_id, *row))
+    _update_rows(
+        Run, ["wait_reason", "wait_message", "queue_position"], changed, state=RunState.QUEUED
     )
     if new_attempts:
         from jobs.tasks import attempt_submit
@@ -710,6 +873,8 @@ def job_spec_for(attempt: Attempt) -> JobSpec:
     if checkpoint is not None:
         # How a job learns where to resume: the same two variables on every backend.
         env |= {"GANTRY_RESUME_FROM": checkpoint.uri, "GANTRY_RESUME_STEP": str(checkpoint.step)}
+    # Where the job reports its runtime, with the token the backend passes it separately.
+    env[reproducibility.API_URL_ENV] = f"{settings.GANTRY_PUBLIC_URL}/api/v1"
     return JobSpec(
         name=attempt.name,
         attempt_id=attempt.pk,
@@ -726,6 +891,9 @@ def job_spec_for(attempt: Attempt) -> JobSpec:
         checkpoint_dir=experiment.checkpoint_dir,
         resume_step=checkpoint.step if checkpoint else None,
         resume_uri=checkpoint.uri if checkpoint else "",
+        attempt_token=reproducibility.attempt_token(
+            secret=settings.SECRET_KEY, attempt_id=attempt.pk
+        ),
     )
 
 
@@ -1027,6 +1195,47 @@ def _attempt_finish(*, attempt: Attempt, status: JobStatus, now, common: dict) -
         )
     _enqueue_admission()
     return 1
+
+
+@transaction.atomic
+def attempt_report_runtime(*, attempt: Attempt, report: dict, now=None) -> bool:
+    """Store what a job reports about its runtime (driver, CUDA, framework and NCCL
+    versions, nodes, GPU UUIDs). Returns whether anything changed.
+
+    The latest report wins: ``runtime_env`` is replaced by it, and its node list and GPU
+    UUIDs, when given, replace the attempt's. Reporting the same values again writes
+    nothing. Reports are accepted until ``RUNTIME_REPORT_GRACE`` after the attempt ended.
+    """
+    now = now or timezone.now()
+    encoded = json.dumps(report, separators=(",", ":"), sort_keys=True)
+    if len(encoded.encode()) > MAX_RUNTIME_REPORT_BYTES:
+        raise ValidationError({"report": f"At most {MAX_RUNTIME_REPORT_BYTES // 1024} KiB."})
+    attempt = Attempt.objects.select_for_update().select_related("run").get(pk=attempt.pk)
+    if attempt.finished_at is not None and now > attempt.finished_at + RUNTIME_REPORT_GRACE:
+        raise ValidationError(
+            {
+                "state": f"Attempt {attempt.number} of run {attempt.run_id} ended at "
+                f"{attempt.finished_at:%Y-%m-%d %H:%M:%S %Z}; runtime reports are accepted "
+                "until one hour after an attempt ends."
+            }
+        )
+    changes = {"runtime_env": reproducibility.runtime_env_of(report)}
+    for name in ("node_list", "gpu_uuids"):
+        if name in report:
+            changes[name] = list(report[name])
+    changes = {name: value for name, value in changes.items() if getattr(attempt, name) != value}
+    if not changes:
+        return False
+    Attempt.objects.filter(pk=attempt.pk).update(runtime_reported_at=now, **changes)
+    RunEvent.objects.create(
+        run=attempt.run,
+        attempt=attempt,
+        from_state=attempt.run.state,
+        to_state=attempt.run.state,
+        reason="RUNTIME_REPORTED",
+        message=reproducibility.runtime_summary(report, attempt_number=attempt.number),
+    )
+    return True
 
 
 def run_logs(*, run: Run, tail: int = 200) -> str:

@@ -5,12 +5,13 @@ objects are 404, exactly like missing ones.
 """
 
 import json
+from itertools import groupby
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
@@ -25,8 +26,13 @@ from jobs.forms import (
     initial_from_experiment,
 )
 from jobs.models import Cluster, RunState
+from jobs.reproducibility import experiment_diff, runtime_rows
 from jobs.selectors import (
+    experiment_attempts,
     experiment_get_viewable,
+    experiment_list_viewable,
+    experiment_pair_get_viewable,
+    experiment_record,
     flavor_node_limits,
     run_attempts,
     run_events,
@@ -95,6 +101,10 @@ def run_submit(request: HttpRequest) -> HttpResponse:
     source = None
     if request.method == "POST":
         form = RunSubmitForm(request.POST, **choices)
+        source_id = request.POST.get("cloned_from", "")
+        if source_id.isdigit():
+            # Only for the notice above the form; the service decides whether it is allowed.
+            source = experiment_list_viewable(user=request.user).filter(pk=source_id).first()
         if form.is_valid():
             try:
                 run = services.run_submit(user=request.user, data=form.experiment_input())
@@ -150,6 +160,11 @@ def _status_context(request: HttpRequest, run) -> dict:
     }
 
 
+def _attempt_records(attempts) -> list[tuple]:
+    """Each attempt with its runtime report as rows to show."""
+    return [(attempt, runtime_rows(attempt.runtime_env)) for attempt in attempts]
+
+
 @login_required
 @require_GET
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
@@ -157,6 +172,10 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
     context = _status_context(request, run)
     context["logs"] = services.run_logs(run=run, tail=LOG_TAIL_LINES)
     context["log_tail_lines"] = LOG_TAIL_LINES
+    context["attempt_records"] = _attempt_records(context["attempts"])
+    context["can_rerun"] = services.experiment_can_rerun(
+        user=request.user, experiment=run.experiment
+    )
     return render(request, "jobs/run_detail.html", context)
 
 
@@ -191,6 +210,7 @@ def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
 def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
     experiment = experiment_get_viewable(user=request.user, experiment_id=experiment_id)
     runs = run_list_viewable(user=request.user).filter(experiment=experiment)
+    attempts = experiment_attempts(experiment=experiment)
     return render(
         request,
         "jobs/experiment_detail.html",
@@ -199,6 +219,58 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
             "runs": runs.defer(*_LIST_DEFERRED),
             "params_json": json.dumps(experiment.params, indent=2, sort_keys=True),
             "env_items": sorted(experiment.env.items()),
+            "attempts_by_run": [
+                (run_id, _attempt_records(group))
+                for run_id, group in groupby(attempts, lambda attempt: attempt.run_id)
+            ],
+            "can_rerun": services.experiment_can_rerun(user=request.user, experiment=experiment),
+        },
+    )
+
+
+@login_required
+@require_POST
+def experiment_rerun(request: HttpRequest, experiment_id: int) -> HttpResponse:
+    """Queue a new run of the same experiment record, exactly as recorded."""
+    experiment = experiment_get_viewable(user=request.user, experiment_id=experiment_id)
+    # PermissionDenied propagates: the user can read the experiment, so a 403 leaks nothing.
+    try:
+        run = services.run_rerun(experiment=experiment, user=request.user)
+    except ValidationError as exc:
+        messages.error(request, "Not re-run: " + " ".join(exc.messages))
+        return redirect("jobs:experiment_detail", experiment_id=experiment.pk)
+    messages.success(request, f"Run {run.pk} re-runs experiment {experiment.pk} exactly.")
+    return redirect("jobs:run_detail", run_id=run.pk)
+
+
+def _positive_id(value: str) -> int:
+    if not value.isascii() or not value.isdigit() or not 1 <= int(value) <= services.MAX_ID:
+        raise Http404("No such experiment")
+    return int(value)
+
+
+@login_required
+@require_GET
+def experiment_compare(request: HttpRequest) -> HttpResponse:
+    """Two experiments of one tenant side by side (``?a=&b=``), every differing field
+    highlighted; ``only=changed`` leaves out the fields that are the same."""
+    a, b = experiment_pair_get_viewable(
+        user=request.user,
+        a_id=_positive_id(request.GET.get("a", "")),
+        b_id=_positive_id(request.GET.get("b", "")),
+    )
+    rows = experiment_diff(experiment_record(a), experiment_record(b))
+    only_changed = request.GET.get("only") == "changed"
+    return render(
+        request,
+        "jobs/experiment_diff.html",
+        {
+            "a": a,
+            "b": b,
+            "rows": [row for row in rows if row.differs] if only_changed else rows,
+            "differing": sum(row.differs for row in rows),
+            "total": len(rows),
+            "only_changed": only_changed,
         },
     )
 

@@ -26,6 +26,12 @@ else:
     SECRET_KEY = env_str("DJANGO_SECRET_KEY")
 
 ALLOWED_HOSTS = env_list("GANTRY_ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
+# Where jobs reach the portal's API (they get it as GANTRY_API_URL): scheme, host, port.
+GANTRY_PUBLIC_URL = env_str("GANTRY_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
+if not GANTRY_PUBLIC_URL.startswith(("http://", "https://")):
+    raise ImproperlyConfigured(
+        f"GANTRY_PUBLIC_URL must be an http(s) URL, got {GANTRY_PUBLIC_URL!r}"
+    )
 CSRF_TRUSTED_ORIGINS = env_list("GANTRY_CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [

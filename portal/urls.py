@@ -15,6 +15,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include("portal.api_urls")),
     path("notifications/", include("tenants.notification_urls")),
+    path("images/", include("images.urls")),
     path("", include("tenants.urls")),
     path("", include("jobs.urls")),
 ]

@@ -29,7 +29,6 @@ NEXT_MONTH = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
 VISION_MEMBERS = ["alice", "arthur", "tara"]
 
 
-
 def message_80(percent: int, hours: str, month: str = "November 2026") -> str:
     return (
         f"Tenant vision has used {percent} % of its 10 a100-80gb GPU-hour budget for {month} "

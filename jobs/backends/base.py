@@ -40,6 +40,8 @@ class JobSpec:
     checkpoint_dir: str = ""
     resume_step: int | None = None  # set when resuming from a checkpoint
     resume_uri: str = ""
+    # A secret: the job gets it as GANTRY_ATTEMPT_TOKEN; a rendered spec shows "<redacted>".
+    attempt_token: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True, slots=True)

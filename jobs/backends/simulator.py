@@ -22,6 +22,7 @@ from jobs.backends.base import (
     PermanentBackendError,
 )
 from jobs.models import Cluster, SimulatedJob
+from jobs.reproducibility import job_environment
 from jobs.simulation import STARTUP_S, Workload, checkpoint_steps, outcome_at, place
 
 LIVE = ("PENDING", "RUNNING")
@@ -43,7 +44,7 @@ class SimulatorBackend:
                 "cluster": self.cluster.name,
                 "image": spec.image,
                 "command": spec.command,
-                "env": spec.env,
+                "env": job_environment(spec.env, attempt_token=spec.attempt_token, redacted=True),
                 "flavor": spec.flavor,
                 "nodes": spec.nodes,
                 "gpus_per_node": spec.gpus_per_node,

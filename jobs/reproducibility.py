@@ -1,0 +1,232 @@
+"""Pure helpers of the reproducibility record: per-attempt tokens and experiment diffs.
+
+Plain data in, plain data out; no ORM, no settings. The secret is passed in by the caller.
+"""
+
+import base64
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping
+from typing import NamedTuple
+
+ATTEMPT_TOKEN_PREFIX = "gat_"  # noqa: S105 (a prefix, not a password)
+# The variables through which a job learns how to report about itself.
+ATTEMPT_TOKEN_ENV = "GANTRY_ATTEMPT_TOKEN"  # noqa: S105 (a variable name)
+API_URL_ENV = "GANTRY_API_URL"
+RESERVED_ENV = (ATTEMPT_TOKEN_ENV, API_URL_ENV)
+REDACTED = "<redacted>"
+
+# The record's fields in the order a diff shows them. ``env`` and ``params`` expand into one
+# row per key (``env.NAME``, ``params.optimizer.lr``).
+RECORD_FIELDS = (
+    "image",
+    "command",
+    "env",
+    "code_repository",
+    "code_commit",
+    "dataset_uri",
+    "dataset_version",
+    "params",
+    "flavor",
+    "nodes",
+    "gpus_per_node",
+    "priority",
+    "max_runtime_minutes",
+    "max_restarts",
+    "checkpoint_dir",
+    "gantry_version",
+)
+FIELD_LABELS = {
+    "image": "Image",
+    "command": "Command",
+    "code_repository": "Code repository",
+    "code_commit": "Code commit",
+    "dataset_uri": "Dataset URI",
+    "dataset_version": "Dataset version",
+    "flavor": "GPU flavor",
+    "nodes": "Nodes",
+    "gpus_per_node": "GPUs per node",
+    "priority": "Priority",
+    "max_runtime_minutes": "Max runtime (minutes)",
+    "max_restarts": "Max restarts",
+    "checkpoint_dir": "Checkpoint directory",
+    "gantry_version": "Gantry version",
+}
+_EXPANDED_LABELS = {"env": "Environment", "params": "Parameter"}
+
+
+# --- per-attempt tokens ------------------------------------------------------------------
+
+
+def _attempt_mac(*, secret: str, attempt_id: int) -> str:
+    digest = hmac.new(
+        secret.encode(), f"gantry-attempt:{attempt_id}".encode(), hashlib.sha256
+    ).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def attempt_token(*, secret: str, attempt_id: int) -> str:
+    """The token a job uses to report about its own attempt: ``gat_<id>.<HMAC>``.
+
+    Derived from the secret and the id, never stored: anyone holding it can write the
+    runtime report of that one attempt, and of no other.
+    """
+    return (
+        f"{ATTEMPT_TOKEN_PREFIX}{attempt_id}.{_attempt_mac(secret=secret, attempt_id=attempt_id)}"
+    )
+
+
+def attempt_id_from_token(*, secret: str, token: str) -> int | None:
+    """The attempt id a token was issued for, or None if the token is not genuine."""
+    if not token.startswith(ATTEMPT_TOKEN_PREFIX):
+        return None
+    raw_id, dot, mac = token[len(ATTEMPT_TOKEN_PREFIX) :].partition(".")
+    # Only the canonical spelling of an id: no signs, no leading zeros, no other digits.
+    if not dot or not raw_id.isascii() or not raw_id.isdigit() or raw_id != str(int(raw_id)):
+        return None
+    attempt_id = int(raw_id)
+    expected = _attempt_mac(secret=secret, attempt_id=attempt_id)
+    if not hmac.compare_digest(mac.encode(), expected.encode()):
+        return None
+    return attempt_id
+
+
+# --- experiment diff -----------------------------------------------------------------------
+
+
+class DiffRow(NamedTuple):
+    """One field of two records side by side. A value is None when the key is absent."""
+
+    field: str
+    value_a: str | None
+    value_b: str | None
+    differs: bool
+
+    @property
+    def label(self) -> str:
+        section, dot, key = self.field.partition(".")
+        if dot and section in _EXPANDED_LABELS:
+            return f"{_EXPANDED_LABELS[section]} {key}"
+        return FIELD_LABELS.get(self.field, self.field)
+
+
+def flatten_params(params: Mapping, prefix: str = "") -> dict[str, str]:
+    """Nested objects flattened to dotted keys; every leaf as its JSON text, so a string
+    "1" and a number 1 stay apart. An empty object is a leaf ``{}``."""
+    flat: dict[str, str] = {}
+    for key, value in params.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten_params(value, prefix=f"{path}."))
+        else:
+            flat[path] = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return flat
+
+
+def _scalar(value) -> str:
+    return "" if value is None else str(value)
+
+
+def _keyed_rows(name: str, a: Mapping[str, str], b: Mapping[str, str]) -> list[DiffRow]:
+    return [
+        DiffRow(f"{name}.{key}", a.get(key), b.get(key), a.get(key) != b.get(key))
+        for key in sorted(set(a) | set(b))
+    ]
+
+
+def experiment_diff(a: Mapping, b: Mapping) -> list[DiffRow]:
+    """Every field of two records (mappings with the keys of ``RECORD_FIELDS``) side by
+    side; environment variables and parameters key by key, nested parameters dotted."""
+    rows: list[DiffRow] = []
+    for name in RECORD_FIELDS:
+        if name == "env":
+            env_a = {str(k): _scalar(v) for k, v in (a.get("env") or {}).items()}
+            env_b = {str(k): _scalar(v) for k, v in (b.get("env") or {}).items()}
+            rows.extend(_keyed_rows("env", env_a, env_b))
+        elif name == "params":
+            rows.extend(
+                _keyed_rows(
+                    "params",
+                    flatten_params(a.get("params") or {}),
+                    flatten_params(b.get("params") or {}),
+                )
+            )
+        else:
+            value_a, value_b = _scalar(a.get(name)), _scalar(b.get(name))
+            rows.append(DiffRow(name, value_a, value_b, value_a != value_b))
+    return rows
+
+
+# --- what a job gets -------------------------------------------------------------------------
+
+
+def job_environment(env: Mapping[str, str], *, attempt_token: str, redacted: bool) -> dict:
+    """The environment a job runs with: its own variables plus its attempt token. Backends
+    render it with ``redacted=True`` (what is stored and shown) and give the job the real one.
+    """
+    if not attempt_token:
+        return dict(env)
+    return {**env, ATTEMPT_TOKEN_ENV: REDACTED if redacted else attempt_token}
+
+
+# --- runtime report ------------------------------------------------------------------------
+
+# What a job may report about itself, in the order it is shown. Versions are strings;
+# ``framework`` maps a framework's name to its version.
+RUNTIME_VERSION_FIELDS = {
+    "driver_version": "Driver",
+    "cuda_version": "CUDA",
+    "cudnn_version": "cuDNN",
+    "nccl_version": "NCCL",
+    "python_version": "Python",
+}
+RUNTIME_HOST_FIELDS = {"hostname": "Host", "kernel_version": "Kernel"}
+RUNTIME_LIST_FIELDS = ("node_list", "gpu_uuids")
+
+
+def runtime_env_of(report: Mapping) -> dict:
+    """The part of a report kept as the attempt's runtime environment: everything but the
+    node list and GPU UUIDs, which have columns of their own."""
+    return {name: value for name, value in report.items() if name not in RUNTIME_LIST_FIELDS}
+
+
+def runtime_summary(report: Mapping, *, attempt_number: int) -> str:
+    """One line for the run's timeline, e.g. ``Attempt 1 reported driver 550.54.15, CUDA
+    12.4, NCCL 2.21.5, torch 2.4.0 on 2 nodes with 16 GPUs``."""
+    parts = [
+        f"{label} {report[name]}"
+        for name, label in RUNTIME_VERSION_FIELDS.items()
+        if name in report
+    ]
+    parts += [f"{name} {version}" for name, version in sorted(report.get("framework", {}).items())]
+    text = f"Attempt {attempt_number} reported " + (", ".join(parts) or "its runtime")
+    where = []
+    if report.get("node_list"):
+        count = len(report["node_list"])
+        where.append(f"{count} node{'s' if count != 1 else ''}")
+    if report.get("gpu_uuids"):
+        count = len(report["gpu_uuids"])
+        where.append(f"{count} GPU{'s' if count != 1 else ''}")
+    if where:
+        text += " on " + " with ".join(where)
+    return text
+
+
+def runtime_rows(runtime_env: Mapping) -> list[tuple[str, str]]:
+    """A stored runtime environment as (label, value) rows to show, versions first."""
+    rows = [
+        (label, str(runtime_env[name]))
+        for name, label in RUNTIME_VERSION_FIELDS.items()
+        if name in runtime_env
+    ]
+    frameworks = runtime_env.get("framework") or {}
+    if frameworks:
+        listed = ", ".join(f"{name} {version}" for name, version in sorted(frameworks.items()))
+        rows.append(("Frameworks", listed))
+    rows += [
+        (label, str(runtime_env[name]))
+        for name, label in RUNTIME_HOST_FIELDS.items()
+        if name in runtime_env
+    ]
+    return rows
