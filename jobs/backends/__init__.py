@@ -1,6 +1,7 @@
 """Backends, found through a registry by the cluster's ``backend`` kind."""
 
 from collections.abc import Callable
+from importlib import import_module
 
 from jobs.backends.base import (
     Backend,
@@ -15,6 +16,13 @@ from jobs.backends.base import (
 )
 
 _REGISTRY: dict[str, Callable[..., Backend]] = {}
+# Each backend lives in its own module and registers itself when imported; importing on
+# first use keeps a deployment without, say, Kubernetes from loading its client.
+_MODULES = {
+    "simulator": "jobs.backends.simulator",
+    "slurm": "jobs.backends.slurm",
+    "kubernetes": "jobs.backends.kubernetes",
+}
 
 
 def register(kind: str):
@@ -26,9 +34,11 @@ def register(kind: str):
 
 
 def backend_for(cluster) -> Backend:
-    # Imported here so each backend registers itself without a cycle at import time.
-    from jobs.backends import simulator  # noqa: F401
-
+    if cluster.backend not in _REGISTRY and cluster.backend in _MODULES:
+        try:
+            import_module(_MODULES[cluster.backend])
+        except ModuleNotFoundError:
+            pass  # not built yet in this release: reported below as not available
     try:
         factory = _REGISTRY[cluster.backend]
     except KeyError:
