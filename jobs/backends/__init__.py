@@ -35,10 +35,7 @@ def register(kind: str):
 
 def backend_for(cluster) -> Backend:
     if cluster.backend not in _REGISTRY and cluster.backend in _MODULES:
-        try:
-            import_module(_MODULES[cluster.backend])
-        except ModuleNotFoundError:
-            pass  # not built yet in this release: reported below as not available
+        import_module(_MODULES[cluster.backend])
     try:
         factory = _REGISTRY[cluster.backend]
     except KeyError:
