@@ -18,7 +18,7 @@ from bench.db import bench_database_url, ensure_database
 from bench.report import Section
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-BENCHMARKS = ("admission", "cycle", "trace")
+BENCHMARKS = ("admission", "cycle", "trace", "telemetry")
 
 
 def machine() -> str:
@@ -60,6 +60,10 @@ def run(name: str) -> list[Section]:
         from bench import cycle
 
         return cycle.run()
+    if name == "telemetry":
+        from bench import telemetry
+
+        return telemetry.run()
     from bench import trace
 
     return trace.run()

@@ -1,0 +1,339 @@
+"""Per-attempt accounting (design §7): the invariant, precedence, golden scenarios, KPIs."""
+
+from fractions import Fraction
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from telemetry.accounting import (
+    CATEGORIES,
+    WASTE,
+    Accounting,
+    AttemptTimeline,
+    Outcome,
+    ResumedAttempt,
+    ResumedCheckpoint,
+    StepWindow,
+    account,
+    checkpoint_recovery_success,
+    goodput,
+)
+
+T0 = 1_699_999_980  # Unix seconds at the start of a minute
+STARTUP_S = 30  # jobs.simulation.STARTUP_S
+
+
+def busy(gpus: int, minutes: int, activity: float = 0.9) -> dict[str, dict[int, float]]:
+    return {str(gpu): {T0 + 60 * m: activity for m in range(minutes)} for gpu in range(gpus)}
+
+
+def minute_windows(first: int, count: int, **fields) -> list[StepWindow]:
+    return [
+        StepWindow(
+            T0 + first + 60 * i, T0 + first + 60 * (i + 1), steps=60, step_time_s=1.0, **fields
+        )
+        for i in range(count)
+    ]
+
+
+def assert_invariant(accounting: Accounting) -> None:
+    parts = accounting.categories()
+    assert sum(parts.values()) == accounting.allocated
+    assert all(value >= 0 for value in parts.values())
+    whole = accounting.whole_seconds()
+    assert sum(whole[name] for name in CATEGORIES) == whole["allocated"]
+    assert all(whole[name] >= 0 for name in CATEGORIES)
+
+
+# Golden scenarios from the simulator's profiles -----------------------------------------
+
+
+def test_healthy_compute_bound_job_has_goodput_above_90_percent():
+    # 8 GPUs, 30 s startup, 20 one-minute step windows; three 5 s blocking saves.
+    windows = minute_windows(STARTUP_S, 20, data_wait_s=0.6, comm_wait_s=1.2)
+    for index in (4, 9, 14):
+        windows[index] = StepWindow(
+            windows[index].start,
+            windows[index].end,
+            60,
+            1.0,
+            data_wait_s=0.6,
+            comm_wait_s=1.2,
+            checkpoint_s=5,
+        )
+
+    accounting = account(
+        AttemptTimeline(
+            gpus=8,
+            start=T0,
+            end=T0 + 1230,
+            outcome=Outcome.SUCCEEDED,
+            step_windows=windows,
+            activity=busy(8, 21),
+            submitted_at=T0 - 95,
+        )
+    )
+
+    assert accounting.categories() == {
+        "lost": 0,
+        "startup": 8 * 30,
+        "checkpoint": 3 * 8 * 5,
+        "idle": 0,
+        "input_wait": Fraction(96),
+        "comm_wait": Fraction(192),
+        "effective": 9192,
+    }
+    assert accounting.allocated == 9840
+    assert accounting.goodput > Fraction(9, 10)
+    assert accounting.queue_s == 95
+    assert accounting.active_gpu_hours == 0.9 * 8 * 1230 / 3600
+    assert_invariant(accounting)
+
+
+def test_input_bound_job_shows_input_wait_as_its_largest_waste():
+    accounting = account(
+        AttemptTimeline(
+            gpus=4,
+            start=T0,
+            end=T0 + 1230,
+            outcome=Outcome.SUCCEEDED,
+            step_windows=minute_windows(STARTUP_S, 20, data_wait_s=36, comm_wait_s=3),
+            activity=busy(4, 21, activity=0.35),
+        )
+    )
+
+    waste = {name: accounting.categories()[name] for name in WASTE}
+    assert max(waste, key=waste.__getitem__) == "input_wait"
+    assert accounting.input_wait == 4 * 20 * 36
+    assert accounting.comm_wait == 4 * 20 * 3
+    assert_invariant(accounting)
+
+
+def test_crash_after_the_last_checkpoint_loses_the_work_since_that_checkpoint():
+    # The "crash" profile: 1,200 s of work fails at step 720; checkpoints every 300 steps
+    # block for 10 s each, so step 600 is saved at +650 and the crash comes at +770.
+    windows = [
+        StepWindow(T0 + 30, T0 + 330, 300, 1.0, data_wait_s=15),
+        StepWindow(T0 + 340, T0 + 640, 300, 1.0, data_wait_s=15),
+        StepWindow(T0 + 650, T0 + 770, 120, 1.0, data_wait_s=6),
+    ]
+
+    accounting = account(
+        AttemptTimeline(
+            gpus=4,
+            start=T0,
+            end=T0 + 770,
+            outcome=Outcome.FAILED,
+            resumed_checkpoint=ResumedCheckpoint(step=600, saved_at=T0 + 650),
+            step_windows=windows,
+            checkpoint_intervals=[(T0 + 330, T0 + 340), (T0 + 640, T0 + 650)],
+            activity=busy(4, 13),
+        )
+    )
+
+    assert accounting.categories() == {
+        "lost": 4 * 120,
+        "startup": 4 * 30,
+        "checkpoint": 4 * 20,
+        "idle": 0,
+        "input_wait": 4 * 30,
+        "comm_wait": 0,
+        "effective": 2280,
+    }
+    assert_invariant(accounting)
+
+
+def test_failure_without_a_usable_checkpoint_loses_everything_after_startup():
+    accounting = account(
+        AttemptTimeline(
+            gpus=2,
+            start=T0,
+            end=T0 + 630,
+            outcome=Outcome.PREEMPTED,
+            step_windows=minute_windows(STARTUP_S, 10),
+            activity=busy(2, 11),
+        )
+    )
+
+    assert (accounting.lost, accounting.startup, accounting.effective) == (1200, 60, 0)
+
+
+def test_idle_notebook_shows_idle():
+    # One GPU for two hours: 5 active minutes, 100 idle ones, 15 active ones; no SDK.
+    minutes = {T0 + 60 * m: 0.4 for m in range(5)}
+    minutes |= {T0 + 60 * m: 0.0 for m in range(5, 105)}
+    minutes |= {T0 + 60 * m: 0.3 for m in range(105, 120)}
+
+    accounting = account(
+        AttemptTimeline(
+            gpus=1, start=T0, end=T0 + 7200, outcome=Outcome.CANCELLED, activity={"0": minutes}
+        )
+    )
+
+    assert (accounting.idle, accounting.startup, accounting.effective) == (6000, 0, 1200)
+    assert_invariant(accounting)
+
+
+def test_startup_without_sdk_ends_at_the_first_active_minute():
+    minutes = {T0: 0.0, T0 + 60: 0.01, T0 + 120: 0.7, T0 + 180: 0.0}
+
+    accounting = account(
+        AttemptTimeline(
+            gpus=2, start=T0, end=T0 + 240, outcome=Outcome.SUCCEEDED, activity={"0": minutes}
+        )
+    )
+
+    assert (accounting.startup, accounting.idle, accounting.effective) == (240, 60, 180)
+
+
+def test_precedence_checkpoint_over_idle_and_lost_over_everything():
+    windows = minute_windows(0, 3, data_wait_s=30)
+    activity = {"0": {T0: 0.0, T0 + 60: 0.0, T0 + 120: 0.0}}
+
+    accounting = account(
+        AttemptTimeline(
+            gpus=1,
+            start=T0,
+            end=T0 + 180,
+            outcome=Outcome.LOST,
+            resumed_checkpoint=ResumedCheckpoint(step=100, saved_at=T0 + 120),
+            step_windows=windows,
+            checkpoint_intervals=[(T0 + 50, T0 + 70), (T0 + 110, T0 + 150)],
+            activity=activity,
+        )
+    )
+
+    assert accounting.categories() == {
+        "lost": 60,
+        "startup": 0,
+        "checkpoint": 30,
+        "idle": 90,
+        "input_wait": 0,
+        "comm_wait": 0,
+        "effective": 0,
+    }
+
+
+def test_fractional_times_keep_the_invariant_exact_and_round_to_whole_seconds():
+    accounting = account(
+        AttemptTimeline(
+            gpus=3,
+            start=T0 + 0.25,
+            end=T0 + 100.5,
+            outcome=Outcome.SUCCEEDED,
+            step_windows=[
+                StepWindow(T0 + 10.1, T0 + 99.9, 89, 1.0, data_wait_s=7.3, comm_wait_s=2.2)
+            ],
+        )
+    )
+
+    assert accounting.allocated == Fraction(3 * 401, 4)
+    assert_invariant(accounting)
+    assert accounting.whole_seconds()["allocated"] == 301
+
+
+# Properties ----------------------------------------------------------------------------
+
+
+@st.composite
+def timelines(draw, *, with_windows: bool = False):
+    gpus = draw(st.integers(1, 8))
+    start = T0 + draw(st.integers(0, 59))
+    duration = draw(st.integers(0, 900))
+    offset = st.integers(-30, duration + 30)
+
+    def at(seconds: int) -> int:
+        return start + seconds
+
+    windows = []
+    for _ in range(draw(st.integers(1 if with_windows else 0, 6))):
+        begin, length = draw(offset), draw(st.integers(1, 300))
+        windows.append(
+            StepWindow(
+                at(begin),
+                at(begin + length),
+                steps=draw(st.integers(0, 100)),
+                step_time_s=1.0,
+                data_wait_s=draw(st.floats(0, 400)),
+                comm_wait_s=draw(st.floats(0, 400)),
+                checkpoint_s=draw(st.floats(0, 100)),
+            )
+        )
+    checkpoints = [
+        (at(begin), at(begin + draw(st.integers(-5, 60))))
+        for begin in draw(st.lists(offset, max_size=4))
+    ]
+    minutes = range((start - 60) // 60 * 60, start + duration + 60, 60)
+    activity = {
+        str(gpu): draw(
+            st.dictionaries(st.sampled_from(minutes), st.floats(0, 1), max_size=len(minutes))
+        )
+        for gpu in range(gpus)
+    }
+    resumed = draw(st.none() | offset.map(lambda s: ResumedCheckpoint(step=1, saved_at=at(s))))
+    return AttemptTimeline(
+        gpus=gpus,
+        start=start,
+        end=start + duration,
+        outcome=draw(st.sampled_from(list(Outcome))),
+        resumed_checkpoint=resumed,
+        step_windows=windows,
+        checkpoint_intervals=checkpoints,
+        activity=activity,
+        submitted_at=start - draw(st.integers(0, 1000)),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(timelines())
+def test_every_gpu_second_is_in_exactly_one_category(timeline):
+    accounting = account(timeline)
+
+    assert accounting.allocated == timeline.gpus * (timeline.end - timeline.start)
+    assert_invariant(accounting)
+
+
+@settings(max_examples=200, deadline=None)
+@given(timelines(with_windows=True), st.data())
+def test_more_idle_minutes_never_decrease_idle(timeline, data):
+    gpu = data.draw(st.sampled_from(sorted(timeline.activity)))
+    minute = data.draw(st.integers(timeline.start // 60 - 1, timeline.end // 60 + 1)) * 60
+    activity = {key: dict(minutes) for key, minutes in timeline.activity.items()}
+    activity[gpu][minute] = 0.0
+    idler = AttemptTimeline(**{**_fields(timeline), "activity": activity})
+
+    assert account(idler).idle >= account(timeline).idle
+
+
+def _fields(timeline: AttemptTimeline) -> dict:
+    return {name: getattr(timeline, name) for name in AttemptTimeline.__dataclass_fields__}
+
+
+# KPIs ----------------------------------------------------------------------------------
+
+
+def test_goodput_over_attempts_is_effective_over_allocated():
+    healthy = account(AttemptTimeline(gpus=1, start=T0, end=T0 + 100, outcome=Outcome.SUCCEEDED))
+    crashed = account(
+        AttemptTimeline(
+            gpus=1,
+            start=T0,
+            end=T0 + 100,
+            outcome=Outcome.FAILED,
+            step_windows=[StepWindow(T0 + 20, T0 + 100, 80, 1.0)],
+        )
+    )
+
+    assert goodput([healthy, crashed]) == Fraction(100, 200)
+    assert goodput([]) is None
+
+
+def test_checkpoint_recovery_success_counts_resumes_that_progressed():
+    resumed = [
+        ResumedAttempt(restored_step=600, last_step=900),
+        ResumedAttempt(restored_step=600, last_step=600),  # restored, then failed at once
+        ResumedAttempt(restored_step=0, last_step=10),
+    ]
+
+    assert checkpoint_recovery_success(resumed) == Fraction(2, 3)
+    assert checkpoint_recovery_success([]) is None
