@@ -4,4 +4,5 @@ app_name = "api"
 urlpatterns = [
     path("", include("tenants.api_urls")),
     path("", include("jobs.api_urls")),
+    path("", include("telemetry.api_urls")),
 ]

@@ -180,6 +180,14 @@ CELERY_BEAT_SCHEDULE = {
         "task": "jobs.tasks.budget_alerts",
         "schedule": float(GANTRY_BUDGET_CHECK_INTERVAL_S),
     },
+    "simulator-telemetry": {
+        "task": "telemetry.tasks.simulator_telemetry_collect_all",
+        "schedule": 60.0,
+    },
+    "attempt-accounting": {
+        "task": "telemetry.tasks.accounting_compute_pending",
+        "schedule": 60.0,
+    },
 }
 # Fair share: how fast past usage is forgotten when ordering competing borrowers.
 GANTRY_FAIR_SHARE_HALF_LIFE_H = env_int("GANTRY_FAIR_SHARE_HALF_LIFE_H", default=24)

@@ -1,0 +1,104 @@
+"""The job-side SDK's events endpoint: parse, call one service, render.
+
+It takes only the job's per-attempt token (the same authentication as the runtime report),
+which names the one attempt whose events it may write.
+"""
+
+import io
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.parsers import JSONParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from jobs.api import AttemptTokenAuthentication, Conflict, HasAttemptToken
+from jobs.serializers import ErrorSerializer
+from telemetry.models import SOURCE_MAX_LENGTH
+from telemetry.services import (
+    MAX_EVENTS_BODY_BYTES,
+    MAX_EVENTS_PER_BATCH,
+    AttemptClosed,
+    sdk_events_ingest,
+)
+
+
+class PayloadTooLarge(APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = f"The body is larger than {MAX_EVENTS_BODY_BYTES // 1024} KiB."
+    default_code = "payload_too_large"
+
+
+class EventsParser(JSONParser):
+    """JSON of at most ``MAX_EVENTS_BODY_BYTES``: a larger body is refused unread."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        request = (parser_context or {}).get("request")
+        declared = request.META.get("CONTENT_LENGTH") if request is not None else None
+        if declared and declared.isdigit() and int(declared) > MAX_EVENTS_BODY_BYTES:
+            raise PayloadTooLarge()
+        body = stream.read(MAX_EVENTS_BODY_BYTES + 1) if stream is not None else b""
+        if len(body) > MAX_EVENTS_BODY_BYTES:
+            raise PayloadTooLarge()
+        return super().parse(io.BytesIO(body), media_type, parser_context)
+
+
+class EventBatchSerializer(serializers.Serializer):
+    """The envelope; each event is checked by the service, which skips and counts the
+    invalid ones instead of failing the batch."""
+
+    source = serializers.CharField(
+        min_length=1, max_length=SOURCE_MAX_LENGTH, trim_whitespace=False
+    )
+    sdk = serializers.CharField(required=False, allow_blank=True, max_length=200)
+    dropped = serializers.IntegerField(required=False, min_value=0, default=0)
+    rank = serializers.IntegerField(required=False, allow_null=True, min_value=0)
+    events = serializers.ListField(
+        child=serializers.JSONField(),
+        min_length=1,
+        max_length=MAX_EVENTS_PER_BATCH,
+        help_text="ready, step_window, checkpoint_saved, checkpoint_restored (docs/sdk.md)",
+    )
+
+
+class EventBatchResultSerializer(serializers.Serializer):
+    accepted = serializers.IntegerField(help_text="Events stored now")
+    duplicates = serializers.IntegerField(help_text="Events already stored (a resent batch)")
+    rejected = serializers.IntegerField(help_text="Unknown or malformed events, skipped")
+
+
+@extend_schema(tags=["attempts"])
+class AttemptEventsApi(APIView):
+    authentication_classes = [AttemptTokenAuthentication]
+    permission_classes = [HasAttemptToken]
+    parser_classes = [EventsParser]
+
+    @extend_schema(
+        request=EventBatchSerializer,
+        responses={
+            202: EventBatchResultSerializer,
+            400: OpenApiResponse(description="Malformed JSON or envelope."),
+            401: OpenApiResponse(ErrorSerializer, description="No or an invalid attempt token."),
+            409: OpenApiResponse(
+                ErrorSerializer, description="The attempt ended more than an hour ago."
+            ),
+            413: OpenApiResponse(ErrorSerializer, description="The body is over 256 KiB."),
+        },
+    )
+    def post(self, request):
+        """Store a batch of SDK events of the attempt the token was issued for. A resent
+        batch changes nothing: its events come back as duplicates."""
+        if not isinstance(request.data, dict):
+            raise ValidationError({"non_field_errors": ["Expected a JSON object."]})
+        envelope = EventBatchSerializer(data=request.data)
+        envelope.is_valid(raise_exception=True)
+        try:
+            result = sdk_events_ingest(
+                attempt=request.auth,
+                source=envelope.validated_data["source"],
+                events=envelope.validated_data["events"],
+            )
+        except AttemptClosed as exc:
+            raise Conflict(str(exc)) from None
+        return Response(EventBatchResultSerializer(result).data, status=status.HTTP_202_ACCEPTED)

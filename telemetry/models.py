@@ -1,0 +1,149 @@
+"""Telemetry stored per attempt: SDK step windows and events, per-GPU minute rollups, the
+accounting computed from them (design §7), and the count of samples no attempt claimed."""
+
+from django.db import models
+
+from jobs.models import Attempt
+
+SOURCE_MAX_LENGTH = 64
+
+
+class StepWindow(models.Model):
+    """An SDK ``step_window`` event: ``steps`` steps over [start, end) and where the time
+    went. ``(attempt, source, seq)`` is the SDK's de-duplication key."""
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="step_windows")
+    source = models.CharField(max_length=SOURCE_MAX_LENGTH)
+    seq = models.PositiveBigIntegerField()
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    steps = models.PositiveIntegerField()
+    step_time_s = models.FloatField()
+    data_wait_s = models.FloatField(default=0)
+    comm_wait_s = models.FloatField(default=0)
+    checkpoint_s = models.FloatField(default=0)
+    step = models.PositiveBigIntegerField(null=True, blank=True)
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["attempt", "start", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["attempt", "source", "seq"], name="stepwindow_unique_seq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.attempt_id} {self.source}#{self.seq}: {self.steps} steps"
+
+
+class SdkEvent(models.Model):
+    """Any other SDK event (ready, checkpoint saved / restored), stored as sent."""
+
+    class Type(models.TextChoices):
+        READY = "ready", "Ready"
+        CHECKPOINT_SAVED = "checkpoint_saved", "Checkpoint saved"
+        CHECKPOINT_RESTORED = "checkpoint_restored", "Checkpoint restored"
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="sdk_events")
+    source = models.CharField(max_length=SOURCE_MAX_LENGTH)
+    seq = models.PositiveBigIntegerField()
+    type = models.CharField(max_length=32, choices=Type.choices)
+    ts = models.DateTimeField()
+    payload = models.JSONField(default=dict, blank=True)
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["attempt", "ts", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["attempt", "source", "seq"], name="sdkevent_unique_seq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.attempt_id} {self.source}#{self.seq}: {self.type}"
+
+
+class GpuMinute(models.Model):
+    """One GPU of one attempt during one minute: means of the activity gauges (0–1), the
+    minute's largest framebuffer use (MiB), mean power (W) and the samples behind them."""
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="gpu_minutes")
+    host = models.CharField(max_length=255)
+    gpu = models.CharField(max_length=16)
+    minute = models.DateTimeField()
+    activity = models.FloatField(null=True, blank=True)
+    sm_active = models.FloatField(null=True, blank=True)
+    tensor_active = models.FloatField(null=True, blank=True)
+    dram_active = models.FloatField(null=True, blank=True)
+    fb_used = models.FloatField(null=True, blank=True)
+    power = models.FloatField(null=True, blank=True)
+    xid = models.IntegerField(default=0)
+    samples = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["attempt", "host", "gpu", "minute"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["attempt", "host", "gpu", "minute"], name="gpuminute_unique_minute"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.attempt_id} {self.host}/{self.gpu} {self.minute:%Y-%m-%d %H:%M}"
+
+
+class AttemptAccounting(models.Model):
+    """An attempt's allocated GPU-seconds split by design §7, in whole GPU-seconds:
+    ``effective + Σ waste == allocated`` exactly."""
+
+    attempt = models.OneToOneField(Attempt, on_delete=models.CASCADE, related_name="accounting")
+    allocated_gpu_s = models.BigIntegerField()
+    effective_gpu_s = models.BigIntegerField()
+    lost_gpu_s = models.BigIntegerField()
+    startup_gpu_s = models.BigIntegerField()
+    checkpoint_gpu_s = models.BigIntegerField()
+    idle_gpu_s = models.BigIntegerField()
+    input_wait_gpu_s = models.BigIntegerField()
+    comm_wait_gpu_s = models.BigIntegerField()
+    activity_weighted_gpu_s = models.FloatField(help_text="Σ activity × time, GPU-seconds")
+    queue_s = models.FloatField(null=True, blank=True, help_text="Wall seconds, not GPU-seconds")
+    computed_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["attempt"]
+
+    def __str__(self) -> str:
+        return f"accounting of attempt {self.attempt_id}"
+
+    @property
+    def waste_gpu_s(self) -> int:
+        return (
+            self.lost_gpu_s
+            + self.startup_gpu_s
+            + self.checkpoint_gpu_s
+            + self.idle_gpu_s
+            + self.input_wait_gpu_s
+            + self.comm_wait_gpu_s
+        )
+
+
+class UnmappedSamples(models.Model):
+    """Samples of one source in one minute that matched no attempt: counted, never dropped
+    silently, so platform admins can see GPUs used outside Gantry or mapping gaps."""
+
+    minute = models.DateTimeField()
+    source = models.CharField(max_length=200)
+    count = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-minute", "source"]
+        verbose_name_plural = "unmapped samples"
+        constraints = [
+            models.UniqueConstraint(fields=["minute", "source"], name="unmapped_unique_minute"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.count} unmapped samples from {self.source} at {self.minute:%H:%M}"

@@ -1,0 +1,45 @@
+"""Reads of the telemetry app."""
+
+from django.db.models import Exists, OuterRef, Q, QuerySet
+
+from jobs.models import Attempt, AttemptState
+from telemetry.models import AttemptAccounting, GpuMinute, SdkEvent, StepWindow
+
+FINISHED_STATES = (
+    AttemptState.SUCCEEDED,
+    AttemptState.FAILED,
+    AttemptState.PREEMPTED,
+    AttemptState.LOST,
+    AttemptState.CANCELLED,
+)
+
+
+def attempts_pending_accounting(*, limit: int) -> QuerySet[Attempt]:
+    """Finished attempts without accounting, or with data newer than their accounting:
+    step windows, SDK events or GPU minutes received since, a next attempt created since
+    (it decides which checkpoint was resumed, hence the lost time). Oldest first."""
+    computed_at = OuterRef("accounting__computed_at")
+    newer = (
+        Exists(StepWindow.objects.filter(attempt=OuterRef("pk"), received_at__gt=computed_at))
+        | Exists(SdkEvent.objects.filter(attempt=OuterRef("pk"), received_at__gt=computed_at))
+        | Exists(GpuMinute.objects.filter(attempt=OuterRef("pk"), updated_at__gt=computed_at))
+        | Exists(
+            Attempt.objects.filter(
+                run=OuterRef("run"),
+                number=OuterRef("number") + 1,
+                created_at__gt=computed_at,
+            )
+        )
+    )
+    return (
+        Attempt.objects.filter(state__in=FINISHED_STATES, finished_at__isnull=False)
+        .filter(Q(accounting__isnull=True) | newer)
+        .select_related("run")
+        .order_by("finished_at", "pk")[:limit]
+    )
+
+
+def accounting_for_attempts(*, attempt_ids: list[int]) -> dict[int, AttemptAccounting]:
+    return {
+        row.attempt_id: row for row in AttemptAccounting.objects.filter(attempt_id__in=attempt_ids)
+    }

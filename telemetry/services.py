@@ -1,0 +1,376 @@
+"""Writes of the telemetry app: SDK events, simulator telemetry, per-attempt accounting.
+
+Every write is idempotent: SDK events and step windows are keyed by (attempt, source, seq),
+minute rollups by (attempt, host, GPU, minute), accounting by attempt; running a write
+again gives the same rows.
+"""
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from fractions import Fraction
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from jobs.models import Attempt, AttemptState, Checkpoint, Cluster, SimulatedJob
+from jobs.services import RUNTIME_REPORT_GRACE
+from jobs.simulation import Workload
+from telemetry import accounting
+from telemetry.models import (
+    SOURCE_MAX_LENGTH,
+    AttemptAccounting,
+    GpuMinute,
+    SdkEvent,
+    StepWindow,
+    UnmappedSamples,
+)
+from telemetry.selectors import attempts_pending_accounting
+from telemetry.simulated import simulated_telemetry
+
+MAX_EVENTS_PER_BATCH = 500
+MAX_EVENTS_BODY_BYTES = 256 * 1024
+MAX_URI_LENGTH = 2048
+MAX_SEQ = 2**63 - 1
+# Timestamps outside these bounds are a broken clock, not telemetry.
+EARLIEST_TS = datetime(2000, 1, 1, tzinfo=UTC).timestamp()
+LATEST_TS = datetime(2100, 1, 1, tzinfo=UTC).timestamp()
+EVENTS_GRACE = RUNTIME_REPORT_GRACE  # the same rule as the runtime report
+SIMULATOR_SOURCE = "simulator"
+# Simulator attempts that ended longer ago than this are not collected again.
+SIMULATOR_RECENT = timedelta(days=1)
+
+
+class AttemptClosed(Exception):
+    """The attempt ended more than ``EVENTS_GRACE`` ago; its telemetry is settled."""
+
+
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    accepted: int
+    duplicates: int
+    rejected: int
+
+
+# --- SDK events -------------------------------------------------------------------------
+
+
+def _int(value, *, low: int = 0, high: int = MAX_SEQ) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        return None
+    return value
+
+
+def _seconds(value) -> float | None:
+    """A finite, non-negative number of seconds, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def _moment(value) -> datetime | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not math.isfinite(value) or not EARLIEST_TS <= value <= LATEST_TS:
+        return None
+    return datetime.fromtimestamp(value, tz=UTC)
+
+
+def _parse_event(raw, *, attempt: Attempt, source: str) -> tuple[int, StepWindow | SdkEvent] | None:
+    """One event of a batch as an unsaved row, or None when it is unknown or malformed.
+    Unknown fields are ignored: newer SDKs may send more."""
+    if not isinstance(raw, dict):
+        return None
+    seq = _int(raw.get("seq"), low=1)
+    ts = _moment(raw.get("ts"))
+    kind = raw.get("type")
+    if seq is None or ts is None:
+        return None
+    if kind == "step_window":
+        start, end = _moment(raw.get("start")), _moment(raw.get("end"))
+        steps = _int(raw.get("steps"), high=2**31 - 1)
+        numbers = [
+            _seconds(raw.get(name, 0.0))
+            for name in ("step_time_s", "data_wait_s", "comm_wait_s", "checkpoint_s")
+        ]
+        step = raw.get("step")
+        if step is not None:
+            step = _int(step)
+            if step is None:
+                return None
+        if start is None or end is None or start > end or steps is None or None in numbers:
+            return None
+        if "step_time_s" not in raw:
+            return None
+        step_time_s, data_wait_s, comm_wait_s, checkpoint_s = numbers
+        return seq, StepWindow(
+            attempt=attempt,
+            source=source,
+            seq=seq,
+            start=start,
+            end=end,
+            steps=steps,
+            step_time_s=step_time_s,
+            data_wait_s=data_wait_s,
+            comm_wait_s=comm_wait_s,
+            checkpoint_s=checkpoint_s,
+            step=step,
+        )
+    if kind == SdkEvent.Type.READY:
+        payload = {}
+    elif kind in (SdkEvent.Type.CHECKPOINT_SAVED, SdkEvent.Type.CHECKPOINT_RESTORED):
+        step, uri, seconds = _int(raw.get("step")), raw.get("uri"), _seconds(raw.get("seconds"))
+        if step is None or seconds is None:
+            return None
+        # PostgreSQL's jsonb cannot hold U+0000.
+        if not isinstance(uri, str) or not 1 <= len(uri) <= MAX_URI_LENGTH or "\x00" in uri:
+            return None
+        payload = {"step": step, "uri": uri, "seconds": seconds}
+    else:
+        return None
+    return seq, SdkEvent(attempt=attempt, source=source, seq=seq, type=kind, ts=ts, payload=payload)
+
+
+def sdk_events_ingest(
+    *, attempt: Attempt, source: str, events: list, now: datetime | None = None
+) -> IngestResult:
+    """Store one SDK batch of ``attempt``: valid new events are kept, a ``seq`` already
+    stored for (attempt, source) is a duplicate, anything malformed or unknown is rejected.
+    Raises ``AttemptClosed`` more than ``EVENTS_GRACE`` after the attempt ended."""
+    now = now or timezone.now()
+    if not 1 <= len(source) <= SOURCE_MAX_LENGTH:
+        raise ValueError("source must be 1-64 characters")
+    if len(events) > MAX_EVENTS_PER_BATCH:
+        raise ValueError(f"At most {MAX_EVENTS_PER_BATCH} events per batch.")
+    attempt.refresh_from_db(fields=["finished_at"])
+    if attempt.finished_at is not None and now > attempt.finished_at + EVENTS_GRACE:
+        raise AttemptClosed(
+            f"Attempt {attempt.pk} ended at {attempt.finished_at:%Y-%m-%d %H:%M:%S %Z}; events "
+            "are accepted until one hour after an attempt ends."
+        )
+    rejected = 0
+    parsed: dict[int, StepWindow | SdkEvent] = {}
+    repeated = 0
+    for raw in events:
+        row = _parse_event(raw, attempt=attempt, source=source)
+        if row is None:
+            rejected += 1
+        elif row[0] in parsed:
+            repeated += 1  # the same seq twice in one batch: keep the first
+        else:
+            parsed[row[0]] = row[1]
+    with transaction.atomic():
+        stored = set(
+            StepWindow.objects.filter(attempt=attempt, source=source, seq__in=parsed).values_list(
+                "seq", flat=True
+            )
+        ) | set(
+            SdkEvent.objects.filter(attempt=attempt, source=source, seq__in=parsed).values_list(
+                "seq", flat=True
+            )
+        )
+        new = [row for seq, row in parsed.items() if seq not in stored]
+        StepWindow.objects.bulk_create(
+            [row for row in new if isinstance(row, StepWindow)], ignore_conflicts=True
+        )
+        SdkEvent.objects.bulk_create(
+            [row for row in new if isinstance(row, SdkEvent)], ignore_conflicts=True
+        )
+    return IngestResult(
+        accepted=len(new), duplicates=repeated + len(parsed) - len(new), rejected=rejected
+    )
+
+
+def unmapped_samples_record(*, source: str, minute: datetime, count: int) -> None:
+    """Add ``count`` samples of ``source`` that matched no attempt to their minute."""
+    if count <= 0:
+        return
+    minute = minute.astimezone(UTC).replace(second=0, microsecond=0)
+    with transaction.atomic():
+        row, created = UnmappedSamples.objects.get_or_create(
+            minute=minute, source=source[:200], defaults={"count": count}
+        )
+        if not created:
+            UnmappedSamples.objects.filter(pk=row.pk).update(count=F("count") + count)
+
+
+# --- simulator telemetry -------------------------------------------------------------------
+
+
+def simulator_telemetry_collect(*, cluster: Cluster, now: datetime | None = None) -> int:
+    """Write the step windows and GPU minutes that the simulator's running and recently
+    finished jobs imply. Idempotent: windows are only written once complete, minutes are
+    upserted. Returns the number of attempts collected."""
+    now = now or timezone.now()
+    speedup = float(cluster.settings.get("speedup", 1))
+    jobs = {
+        str(job.pk): job
+        for job in SimulatedJob.objects.filter(cluster=cluster, started_at__isnull=False)
+        .exclude(finished_at__lt=now - SIMULATOR_RECENT)
+        .order_by("pk")
+    }
+    attempts = Attempt.objects.filter(cluster=cluster, backend_job_id__in=jobs).only(
+        "pk", "backend_job_id"
+    )
+    collected = 0
+    for attempt in attempts:
+        job = jobs[attempt.backend_job_id]
+        finished = job.finished_at is not None
+        telemetry = simulated_telemetry(
+            Workload(**job.profile["workload"]),
+            started_at=job.started_at,
+            until=job.finished_at if finished else now,
+            finished=finished,
+            speedup=speedup,
+            gpus=[
+                (node, str(gpu)) for node, gpus in sorted(job.allocation.items()) for gpu in gpus
+            ],
+        )
+        with transaction.atomic():
+            StepWindow.objects.bulk_create(
+                [
+                    StepWindow(
+                        attempt_id=attempt.pk,
+                        source=SIMULATOR_SOURCE,
+                        seq=window.seq,
+                        start=window.start,
+                        end=window.end,
+                        steps=window.steps,
+                        step_time_s=window.step_time_s,
+                        data_wait_s=window.data_wait_s,
+                        comm_wait_s=window.comm_wait_s,
+                        step=window.step,
+                    )
+                    for window in telemetry.windows
+                ],
+                ignore_conflicts=True,
+            )
+            GpuMinute.objects.bulk_create(
+                [
+                    GpuMinute(
+                        attempt_id=attempt.pk,
+                        host=minute.host,
+                        gpu=minute.gpu,
+                        minute=minute.minute,
+                        activity=minute.activity,
+                        sm_active=minute.sm_active,
+                        tensor_active=minute.tensor_active,
+                        samples=minute.samples,
+                    )
+                    for minute in telemetry.minutes
+                ],
+                update_conflicts=True,
+                unique_fields=["attempt", "host", "gpu", "minute"],
+                update_fields=["activity", "sm_active", "tensor_active", "samples", "updated_at"],
+            )
+        collected += 1
+    return collected
+
+
+# --- accounting ------------------------------------------------------------------------------
+
+_OUTCOMES = {
+    AttemptState.SUCCEEDED: accounting.Outcome.SUCCEEDED,
+    AttemptState.FAILED: accounting.Outcome.FAILED,
+    AttemptState.PREEMPTED: accounting.Outcome.PREEMPTED,
+    AttemptState.LOST: accounting.Outcome.LOST,
+    AttemptState.CANCELLED: accounting.Outcome.CANCELLED,
+}
+
+
+def _unix(moment: datetime) -> Fraction:
+    """Exact Unix seconds of an aware datetime, microseconds included."""
+    delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
+    return Fraction(delta.days * 86400 + delta.seconds) + Fraction(delta.microseconds, 10**6)
+
+
+def attempt_timeline(*, attempt: Attempt) -> accounting.AttemptTimeline:
+    """The plain-data timeline of a finished attempt, from its rows and its telemetry."""
+    end = attempt.finished_at or timezone.now()
+    start = attempt.started_at or end
+    resumed = None
+    following = (
+        Attempt.objects.filter(run_id=attempt.run_id, number=attempt.number + 1)
+        .select_related("resumed_from")
+        .first()
+    )
+    if following is not None and following.resumed_from is not None:
+        checkpoint = following.resumed_from
+        if checkpoint.attempt_id == attempt.pk:
+            resumed = accounting.ResumedCheckpoint(
+                step=checkpoint.step, saved_at=_unix(checkpoint.saved_at)
+            )
+    windows = [
+        accounting.StepWindow(
+            start=_unix(window.start),
+            end=_unix(window.end),
+            steps=window.steps,
+            step_time_s=window.step_time_s,
+            data_wait_s=window.data_wait_s,
+            comm_wait_s=window.comm_wait_s,
+            checkpoint_s=window.checkpoint_s,
+        )
+        for window in StepWindow.objects.filter(attempt=attempt).order_by("start", "source", "seq")
+    ]
+    blocked: list[tuple[Fraction, Fraction]] = []
+    for event in SdkEvent.objects.filter(
+        attempt=attempt,
+        type__in=(SdkEvent.Type.CHECKPOINT_SAVED, SdkEvent.Type.CHECKPOINT_RESTORED),
+    ):
+        finished_at = _unix(event.ts)
+        blocked.append((finished_at - Fraction(repr(event.payload["seconds"])), finished_at))
+    for saved_at, save_seconds in Checkpoint.objects.filter(
+        attempt=attempt, save_seconds__gt=0
+    ).values_list("saved_at", "save_seconds"):
+        blocked.append((_unix(saved_at) - Fraction(repr(save_seconds)), _unix(saved_at)))
+    activity: dict[str, dict[int, float]] = {}
+    for host, gpu, minute, value in GpuMinute.objects.filter(
+        attempt=attempt, activity__isnull=False
+    ).values_list("host", "gpu", "minute", "activity"):
+        activity.setdefault(f"{host}/{gpu}", {})[int(_unix(minute))] = value
+    # Queue time: a run's first attempt waited from the run's submission, a later one
+    # from its creation at re-admission.
+    queued_since = attempt.run.submitted_at if attempt.number == 1 else attempt.created_at
+    return accounting.AttemptTimeline(
+        gpus=attempt.run.gpus,
+        start=_unix(start),
+        end=_unix(end),
+        outcome=_OUTCOMES.get(attempt.state, accounting.Outcome.FAILED),
+        resumed_checkpoint=resumed,
+        step_windows=windows,
+        checkpoint_intervals=blocked,
+        activity=activity,
+        submitted_at=_unix(queued_since) if attempt.started_at and queued_since else None,
+    )
+
+
+def accounting_compute(*, attempt: Attempt, now: datetime | None = None) -> AttemptAccounting:
+    """Compute the attempt's accounting from its telemetry and store it, replacing the
+    previous result. Recomputing from the same data gives the same values."""
+    now = now or timezone.now()  # taken before reading: later data makes it pending again
+    attempt = Attempt.objects.select_related("run").get(pk=attempt.pk)
+    result = accounting.account(attempt_timeline(attempt=attempt))
+    whole = result.whole_seconds()
+    values = {
+        "allocated_gpu_s": whole["allocated"],
+        "effective_gpu_s": whole["effective"],
+        **{f"{name}_gpu_s": whole[name] for name in accounting.WASTE},
+        "activity_weighted_gpu_s": round(result.active_gpu_hours * 3600, 3),
+        "queue_s": None if result.queue_s is None else round(float(result.queue_s), 3),
+        "computed_at": now,
+    }
+    row, _ = AttemptAccounting.objects.update_or_create(attempt=attempt, defaults=values)
+    return row
+
+
+def accounting_compute_pending(*, limit: int = 200) -> int:
+    """Account finished attempts that have no accounting yet or whose data changed since
+    (new step windows, events or minutes, or a next attempt that may resume from one of
+    their checkpoints). Returns how many were computed."""
+    computed = 0
+    for attempt in attempts_pending_accounting(limit=limit):
+        accounting_compute(attempt=attempt)
+        computed += 1
+    return computed
