@@ -1053,7 +1053,17 @@ def cluster_sync(*, cluster: Cluster) -> int:
         if status is None:
             if attempt.state == AttemptState.SUBMITTING:
                 continue  # the submit task owns it until the backend has the job
-            if attempt.last_seen_at and now - attempt.last_seen_at > grace:
+            if (
+                attempt.run.cancel_requested_at is not None
+                or attempt.run.state == RunState.PREEMPTED
+            ):
+                # We deleted it ourselves (cancel or preemption): gone means done, not lost.
+                status = JobStatus(
+                    state="CANCELLED",
+                    failure_reason="CANCELLED",
+                    message="Deleted from the cluster as requested",
+                )
+            elif attempt.last_seen_at and now - attempt.last_seen_at > grace:
                 status = JobStatus(
                     state="LOST", failure_reason="LOST", message="The backend no longer knows it"
                 )

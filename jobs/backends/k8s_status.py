@@ -1,0 +1,410 @@
+"""What Kubernetes objects say about an attempt, in Gantry's terms. Plain dicts in (as the
+API server sends them), plain data out: no client, no ORM, no I/O.
+
+``job_status(job, pods)`` maps one Job and its pods to a ``JobStatus``, with the failure
+taxonomy of design §4; ``inventory_from_nodes`` turns nodes into capacity per flavor.
+"""
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from jobs.backends.base import InventoryItem, JobStatus
+from jobs.backends.k8s_manifest import (
+    COMPLETION_INDEX_ANNOTATION,
+    CONTAINER,
+    GPU_PRODUCT_LABEL,
+    KUEUE_QUEUE_LABEL,
+    K8sSettings,
+)
+
+IMAGE_PULL_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+)
+PREEMPTION_REASONS = frozenset(
+    {"PreemptionByScheduler", "PreemptionByKubeScheduler", "EvictionByEvictionAPI"}
+)
+NODE_LOSS_REASONS = frozenset({"DeletionByTaintManager", "DeletionByPodGC"})
+NODE_POD_REASONS = frozenset(
+    {"NodeLost", "Shutdown", "NodeShutdown", "Terminated", "UnexpectedAdmissionError"}
+)
+_GPU_OOM = re.compile(
+    r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED"
+    r"|RESOURCE_EXHAUSTED: Out of memory",
+    re.IGNORECASE,
+)
+_GPU_XID = re.compile(
+    r"\bXid\b|uncorrectable ECC|ECC_UNCORRECTABLE|fallen off the bus", re.IGNORECASE
+)
+_NCCL = re.compile(
+    r"NCCL error|nccl(System|Internal|Remote|UnhandledCuda|InvalidUsage)Error|NCCL WARN"
+    r"|ProcessGroupNCCL|Watchdog caught collective operation timeout"
+)
+_POLICY_EXIT = re.compile(r"failed with exit code (\d+)")
+# Which cause explains a failed gang best: what happened to a rank from outside (it was
+# preempted, its node died, its GPU failed) before what it did itself, and specific causes
+# before the NCCL errors and exits of the ranks that lost their peer.
+PRECEDENCE = (
+    "PREEMPTED",
+    "NODE_FAILURE",
+    "GPU_XID",
+    "OOM_GPU",
+    "OOM_HOST",
+    "IMAGE_PULL",
+    "TIMEOUT",
+    "NCCL",
+    "USER_EXIT",
+    "UNKNOWN",
+)
+MAX_MESSAGE = 1000
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def backend_job_id(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+def split_backend_job_id(value: str) -> tuple[str, str] | None:
+    namespace, slash, name = value.partition("/")
+    return (namespace, name) if slash and namespace and name else None
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    reason: str
+    rank: int
+    exit_code: int | None
+    detail: str
+    at: datetime | None
+
+
+def _conditions(obj: dict) -> dict[str, dict]:
+    return {c.get("type", ""): c for c in (obj.get("status") or {}).get("conditions") or []}
+
+
+def _true(conditions: dict[str, dict], kind: str) -> dict | None:
+    condition = conditions.get(kind)
+    return condition if condition and condition.get("status") == "True" else None
+
+
+def pod_rank(pod: dict) -> int:
+    meta = pod.get("metadata") or {}
+    value = (meta.get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION) or (
+        meta.get("labels") or {}
+    ).get(COMPLETION_INDEX_ANNOTATION, "0")
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
+def _container(pod: dict) -> dict:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    for status in statuses:
+        if status.get("name") == CONTAINER:
+            return status
+    return statuses[0] if statuses else {}
+
+
+def _waiting(pod: dict) -> dict:
+    return (_container(pod).get("state") or {}).get("waiting") or {}
+
+
+def _terminated(pod: dict) -> dict:
+    return (_container(pod).get("state") or {}).get("terminated") or {}
+
+
+def _started(pod: dict) -> datetime | None:
+    state = _container(pod).get("state") or {}
+    for key in ("running", "terminated"):
+        if state.get(key, {}).get("startedAt"):
+            return parse_time(state[key]["startedAt"])
+    return None
+
+
+def _clip(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
+
+
+def classify_message(message: str) -> str | None:
+    """A cause recognizable in what a program printed last, whatever its exit code."""
+    if _GPU_OOM.search(message):
+        return "OOM_GPU"
+    if _GPU_XID.search(message):
+        return "GPU_XID"
+    if _NCCL.search(message):
+        return "NCCL"
+    return None
+
+
+def pod_failure(pod: dict) -> Failure | None:
+    """Why one pod failed (or cannot start), in the taxonomy; None if nothing went wrong."""
+    status = pod.get("status") or {}
+    rank = pod_rank(pod)
+    node = (pod.get("spec") or {}).get("nodeName") or "no node"
+    where = f"rank {rank} ({(pod.get('metadata') or {}).get('name', '?')} on {node})"
+    terminated = _terminated(pod)
+    exit_code = terminated.get("exitCode")
+    at = parse_time(terminated.get("finishedAt")) or parse_time(
+        (_true(_conditions(pod), "DisruptionTarget") or {}).get("lastTransitionTime")
+    )
+    disruption = _true(_conditions(pod), "DisruptionTarget")
+    if disruption:
+        why = disruption.get("reason", "")
+        detail = f"{where}: {why}: {disruption.get('message', '')}"
+        if why in NODE_LOSS_REASONS or (
+            why == "TerminationByKubelet" and status.get("reason") != "Evicted"
+        ):
+            return Failure("NODE_FAILURE", rank, exit_code, detail, at)
+        return Failure("PREEMPTED", rank, exit_code, detail, at)
+    pod_reason = status.get("reason", "")
+    if pod_reason in ("Evicted", "Preempting"):
+        detail = f"{where}: {pod_reason}: {status.get('message', '')}"
+        return Failure("PREEMPTED", rank, exit_code, detail, at)
+    if pod_reason in NODE_POD_REASONS:
+        detail = f"{where}: {pod_reason}: {status.get('message', '')}"
+        return Failure("NODE_FAILURE", rank, exit_code, detail, at)
+    if pod_reason == "DeadlineExceeded":
+        return Failure("TIMEOUT", rank, exit_code, f"{where}: {status.get('message', '')}", at)
+    waiting = _waiting(pod)
+    if waiting.get("reason") in IMAGE_PULL_REASONS:
+        detail = f"{where}: {waiting['reason']}: {waiting.get('message', '')}"
+        return Failure("IMAGE_PULL", rank, None, detail, None)
+    if not terminated or (exit_code == 0 and status.get("phase") != "Failed"):
+        return None
+    message = terminated.get("message", "")
+    reason = terminated.get("reason", "")
+    detail = f"{where}: {reason or 'exited'} (exit code {exit_code})"
+    if message:
+        detail += f": {message}"
+    cause = classify_message(message)
+    if cause is None:
+        if reason == "OOMKilled":
+            cause = "OOM_HOST"
+        elif reason == "DeadlineExceeded":
+            cause = "TIMEOUT"
+        elif exit_code:
+            cause = "USER_EXIT"
+        else:
+            cause = "UNKNOWN"
+    return Failure(cause, rank, exit_code, detail, at)
+
+
+def root_cause(failures: Iterable[Failure]) -> Failure | None:
+    far_future = datetime.max.replace(tzinfo=None)
+    ordered = sorted(
+        failures,
+        key=lambda f: (
+            PRECEDENCE.index(f.reason),
+            (f.at.replace(tzinfo=None) if f.at else far_future),
+            f.rank,
+        ),
+    )
+    return ordered[0] if ordered else None
+
+
+def _policy_failure(condition: dict) -> Failure:
+    """What the Job's own condition says when its pods are gone."""
+    message = condition.get("message", "")
+    at = parse_time(condition.get("lastTransitionTime"))
+    if "DisruptionTarget" in message:
+        return Failure("PREEMPTED", 0, None, message, at)
+    match = _POLICY_EXIT.search(message)
+    if match:
+        return Failure("USER_EXIT", 0, int(match.group(1)), message, at)
+    reason = condition.get("reason", "")
+    return Failure("UNKNOWN", 0, None, f"{reason}: {message}".strip(": "), at)
+
+
+def _latest_per_rank(pods: list[dict]) -> dict[int, dict]:
+    latest: dict[int, dict] = {}
+    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp", "")):
+        latest[pod_rank(pod)] = pod
+    return latest
+
+
+def _node_list(pods: list[dict]) -> list[str]:
+    nodes: list[str] = []
+    for _, pod in sorted(_latest_per_rank(pods).items()):
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and node not in nodes:
+            nodes.append(node)
+    return nodes
+
+
+def _pending_message(job: dict, pods: list[dict], ranks: int) -> str:
+    spec = job.get("spec") or {}
+    if spec.get("suspend"):
+        if KUEUE_QUEUE_LABEL in ((job.get("metadata") or {}).get("labels") or {}):
+            return "Suspended: waiting for Kueue to admit it"
+        return "Suspended"
+    running = sum(1 for pod in _latest_per_rank(pods).values() if _started(pod) is not None)
+    for pod in sorted(pods, key=pod_rank):
+        scheduled = _conditions(pod).get("PodScheduled") or {}
+        if scheduled.get("status") == "False":
+            return _clip(
+                f"{running} of {ranks} pods running; rank {pod_rank(pod)} is not scheduled: "
+                f"{scheduled.get('reason', '')}: {scheduled.get('message', '')}"
+            )
+        waiting = _waiting(pod)
+        if waiting.get("reason"):
+            return _clip(
+                f"{running} of {ranks} pods running; rank {pod_rank(pod)}: {waiting['reason']}"
+            )
+    return f"{running} of {ranks} pods running" if pods else "Waiting for its pods"
+
+
+def job_status(job: dict, pods: list[dict]) -> JobStatus:
+    """The attempt's state from its Job and the Job's pods (any order, any number)."""
+    meta = job.get("metadata") or {}
+    spec = job.get("spec") or {}
+    status = job.get("status") or {}
+    conditions = _conditions(job)
+    job_id = backend_job_id(meta.get("namespace", ""), meta.get("name", ""))
+    ranks = int(spec.get("completions") or 1)
+    node_list = _node_list(pods)
+    starts = [s for s in (_started(pod) for pod in _latest_per_rank(pods).values()) if s]
+    started_at = max(starts) if len(starts) >= ranks else None
+    complete = _true(conditions, "Complete")
+    if complete:
+        return JobStatus(
+            state="SUCCEEDED",
+            backend_job_id=job_id,
+            started_at=started_at or (min(starts) if starts else None),
+            finished_at=parse_time(status.get("completionTime"))
+            or parse_time(complete.get("lastTransitionTime")),
+            exit_code=0,
+            message=f"{ranks} of {ranks} pods succeeded",
+            node_list=node_list,
+        )
+    failed = _true(conditions, "Failed") or _true(conditions, "FailureTarget")
+    failures = [f for f in (pod_failure(pod) for pod in pods) if f is not None]
+    if failed and failed.get("reason") == "DeadlineExceeded":
+        cause: Failure | None = Failure("TIMEOUT", 0, None, _clip(failed.get("message", "")), None)
+    elif failed:
+        cause = root_cause(failures) or _policy_failure(failed)
+    else:
+        # Kubernetes keeps retrying a pull that cannot succeed: that attempt has failed.
+        cause = root_cause(f for f in failures if f.reason == "IMAGE_PULL")
+    if cause is not None:
+        finished_at = parse_time((failed or {}).get("lastTransitionTime")) or cause.at
+        return JobStatus(
+            state="PREEMPTED" if cause.reason == "PREEMPTED" else "FAILED",
+            backend_job_id=job_id,
+            started_at=min(starts) if starts else None,
+            finished_at=finished_at,
+            exit_code=cause.exit_code,
+            failure_reason=cause.reason,
+            message=_clip(cause.detail),
+            node_list=node_list,
+        )
+    if meta.get("deletionTimestamp"):
+        return JobStatus(
+            state="CANCELLED",
+            backend_job_id=job_id,
+            started_at=min(starts) if starts else None,
+            finished_at=parse_time(meta["deletionTimestamp"]),
+            failure_reason="CANCELLED",
+            message="Deleted from the cluster",
+            node_list=node_list,
+        )
+    if started_at is not None and not spec.get("suspend"):
+        return JobStatus(
+            state="RUNNING",
+            backend_job_id=job_id,
+            started_at=started_at,
+            message=f"{ranks} of {ranks} pods running",
+            node_list=node_list,
+        )
+    return JobStatus(
+        state="PENDING",
+        backend_job_id=job_id,
+        message=_pending_message(job, pods, ranks),
+        node_list=node_list,
+    )
+
+
+def is_finished(job: dict) -> bool:
+    conditions = _conditions(job)
+    return bool(_true(conditions, "Complete") or _true(conditions, "Failed"))
+
+
+def owner_job(pod: dict) -> str | None:
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == "Job" and ref.get("controller"):
+            return ref.get("name")
+    return None
+
+
+# --- inventory -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    items: list[InventoryItem]
+    # flavor -> topology label -> label value -> schedulable nodes
+    topology: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+
+
+def _schedulable(node: dict) -> bool:
+    if (node.get("spec") or {}).get("unschedulable"):
+        return False
+    return bool(_true(_conditions(node), "Ready"))
+
+
+def inventory_from_nodes(nodes: list[dict], settings: K8sSettings) -> Inventory:
+    """Capacity per flavor from ready, schedulable nodes: a flavor's nodes carry its
+    ``nvidia.com/gpu.product`` (and node selector) and allocate its resource.
+
+    A flavor is reported as N nodes of G GPUs, G being the most common allocatable count
+    (the larger on a tie) and N the nodes allocating at least G: a node with a broken GPU
+    is left out instead of shrinking every node of its flavor.
+    """
+    counts: dict[str, list[int]] = defaultdict(list)
+    topology: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
+    for node in nodes:
+        if not _schedulable(node):
+            continue
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        for slug, flavor in settings.flavors.items():
+            if labels.get(GPU_PRODUCT_LABEL) != flavor.product:
+                continue
+            if any(labels.get(k) != v for k, v in flavor.node_selector.items()):
+                continue
+            try:
+                gpus = int(str(allocatable.get(flavor.resource, "0")))
+            except ValueError:
+                continue
+            if gpus <= 0:
+                continue
+            counts[slug].append(gpus)
+            for key in settings.topology_labels:
+                if key in labels:
+                    topology[slug][key][labels[key]] += 1
+    items = []
+    for slug in sorted(counts):
+        tally = Counter(counts[slug])
+        per_node = max(tally, key=lambda g: (tally[g], g))
+        items.append(
+            InventoryItem(
+                flavor=slug,
+                nodes=sum(1 for g in counts[slug] if g >= per_node),
+                gpus_per_node=per_node,
+            )
+        )
+    return Inventory(
+        items=items,
+        topology={
+            slug: {key: dict(values) for key, values in levels.items()}
+            for slug, levels in topology.items()
+        },
+    )

@@ -1,0 +1,477 @@
+"""The fake API server's storage: objects by resource, namespace and name, one global
+resourceVersion, an event log for watches, label and field selectors, owner-reference
+garbage collection. Thread-safe: every method takes the store's lock."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import itertools
+import re
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+# plural -> (apiVersion, kind, namespaced, group for messages)
+RESOURCES: dict[str, tuple[str, str, bool, str]] = {
+    "namespaces": ("v1", "Namespace", False, ""),
+    "nodes": ("v1", "Node", False, ""),
+    "pods": ("v1", "Pod", True, ""),
+    "services": ("v1", "Service", True, ""),
+    "secrets": ("v1", "Secret", True, ""),
+    "events": ("v1", "Event", True, ""),
+    "jobs": ("batch/v1", "Job", True, "batch"),
+    "podgroups": ("scheduling.volcano.sh/v1beta1", "PodGroup", True, "scheduling.volcano.sh"),
+}
+EVENT_LOG_SIZE = 100_000
+
+
+class ApiError(Exception):
+    """Rendered by the server as a Status object with this code and reason."""
+
+    def __init__(self, code: int, reason: str, message: str, details: dict | None = None):
+        super().__init__(message)
+        self.code, self.reason, self.message, self.details = code, reason, message, details
+
+    def status(self) -> dict:
+        body = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+        if self.details:
+            body["details"] = self.details
+        return body
+
+
+def _qualified(plural: str) -> str:
+    group = RESOURCES[plural][3]
+    return f"{plural}.{group}" if group else plural
+
+
+def not_found(plural: str, name: str) -> ApiError:
+    return ApiError(
+        404,
+        "NotFound",
+        f'{_qualified(plural)} "{name}" not found',
+        {"name": name, "group": RESOURCES[plural][3], "kind": plural},
+    )
+
+
+# --- selectors -------------------------------------------------------------------------------
+
+_SET_TERM = re.compile(r"^\s*(\S+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
+_EQ_TERM = re.compile(r"^\s*([^!=\s]+)\s*(==|=|!=)\s*([^=\s]*)\s*$")
+_EXISTS_TERM = re.compile(r"^\s*(!?)([^!=\s()]+)\s*$")
+
+
+def _split_terms(selector: str) -> list[str]:
+    terms, depth, current = [], 0, []
+    for char in selector:
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        if char == "," and depth == 0:
+            terms.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    terms.append("".join(current))
+    return [t for t in terms if t.strip()]
+
+
+def label_matcher(selector: str | None) -> Callable[[dict], bool]:
+    """=, ==, !=, in, notin, exists and !exists, ANDed; a bad selector is a 400."""
+    if not selector:
+        return lambda labels: True
+    checks: list[Callable[[dict], bool]] = []
+    for term in _split_terms(selector):
+        if match := _SET_TERM.match(term):
+            key, op = match.group(1), match.group(2)
+            values = {v.strip() for v in match.group(3).split(",") if v.strip()}
+            if op == "in":
+                checks.append(lambda lb, k=key, vs=values: lb.get(k) in vs)
+            else:
+                checks.append(lambda lb, k=key, vs=values: lb.get(k) not in vs)
+        elif match := _EQ_TERM.match(term):
+            key, op, value = match.groups()
+            if op == "!=":
+                checks.append(lambda lb, k=key, v=value: lb.get(k) != v)
+            else:
+                checks.append(lambda lb, k=key, v=value: lb.get(k) == v)
+        elif match := _EXISTS_TERM.match(term):
+            negate, key = match.groups()
+            if negate:
+                checks.append(lambda lb, k=key: k not in lb)
+            else:
+                checks.append(lambda lb, k=key: k in lb)
+        else:
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: {term!r}")
+    return lambda labels: all(check(labels) for check in checks)
+
+
+def _path(obj: dict, dotted: str):
+    value = obj
+    for part in dotted.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def field_matcher(selector: str | None) -> Callable[[dict], bool]:
+    if not selector:
+        return lambda obj: True
+    checks = []
+    for term in _split_terms(selector):
+        match = _EQ_TERM.match(term)
+        if not match:
+            raise ApiError(400, "BadRequest", f"invalid field selector: {term!r}")
+        key, op, value = match.groups()
+        if op == "!=":
+            checks.append(lambda o, k=key, v=value: str(_path(o, k) or "") != v)
+        else:
+            checks.append(lambda o, k=key, v=value: str(_path(o, k) or "") == v)
+    return lambda obj: all(check(obj) for check in checks)
+
+
+# --- patches ---------------------------------------------------------------------------------
+
+
+def merge_patch(target: dict, patch: dict) -> dict:
+    """RFC 7386 merge patch; strategic merge patches are applied the same way, which is
+    right for every patch Gantry sends (maps and whole lists)."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            merge_patch(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+    return target
+
+
+def json_patch(target: dict, operations: list) -> dict:
+    for op in operations:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent = target
+        for part in parts[:-1]:
+            parent = parent[int(part)] if isinstance(parent, list) else parent.setdefault(part, {})
+        last = parts[-1]
+        if op["op"] in ("add", "replace"):
+            if isinstance(parent, list):
+                index = len(parent) if last == "-" else int(last)
+                if op["op"] == "add":
+                    parent.insert(index, op["value"])
+                else:
+                    parent[index] = op["value"]
+            else:
+                parent[last] = op["value"]
+        elif op["op"] == "remove":
+            if isinstance(parent, list):
+                parent.pop(int(last))
+            else:
+                parent.pop(last, None)
+        else:
+            raise ApiError(422, "Invalid", f"unsupported JSON patch op {op['op']}")
+    return target
+
+
+# --- the store -------------------------------------------------------------------------------
+
+
+@dataclass
+class WatchEvent:
+    rv: int
+    type: str
+    plural: str
+    namespace: str
+    obj: dict
+
+
+class Clock:
+    """The fake cluster's time: starts at a whole second of real time, moves when told."""
+
+    def __init__(self, start: datetime | None = None):
+        self.now = (start or datetime.now(UTC)).replace(microsecond=0)
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+    def stamp(self, at: datetime | None = None) -> str:
+        return (at or self.now).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Store:
+    def __init__(self, clock: Clock | None = None):
+        self.clock = clock or Clock()
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.objects: dict[str, dict[str, dict[str, dict]]] = {p: {} for p in RESOURCES}
+        self.rv = 1
+        self.events: deque[WatchEvent] = deque(maxlen=EVENT_LOG_SIZE)
+        self._names = itertools.count(1)
+
+    # reads
+
+    def get(self, plural: str, namespace: str, name: str) -> dict:
+        with self.lock:
+            obj = self.objects[plural].get(namespace, {}).get(name)
+            if obj is None:
+                raise not_found(plural, name)
+            return copy.deepcopy(obj)
+
+    def find(self, plural: str, namespace: str, name: str) -> dict | None:
+        """The stored object itself (for the controller, under the lock), or None."""
+        return self.objects[plural].get(namespace, {}).get(name)
+
+    def iter(self, plural: str, namespace: str | None = None) -> Iterator[dict]:
+        buckets = (
+            [self.objects[plural].get(namespace, {})]
+            if namespace is not None
+            else list(self.objects[plural].values())
+        )
+        for bucket in buckets:
+            yield from list(bucket.values())
+
+    def list(
+        self,
+        plural: str,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> tuple[list[dict], str]:
+        labels_ok = label_matcher(label_selector)
+        fields_ok = field_matcher(field_selector)
+        with self.lock:
+            items = [
+                copy.deepcopy(obj)
+                for obj in self.iter(plural, namespace)
+                if labels_ok((obj.get("metadata") or {}).get("labels") or {}) and fields_ok(obj)
+            ]
+            return items, str(self.rv)
+
+    # writes
+
+    def _emit(self, kind: str, plural: str, obj: dict) -> None:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        namespace = obj["metadata"].get("namespace", "")
+        self.events.append(WatchEvent(self.rv, kind, plural, namespace, copy.deepcopy(obj)))
+        self.changed.notify_all()
+
+    def create(self, plural: str, namespace: str, body: dict) -> dict:
+        api_version, kind, namespaced, _ = RESOURCES[plural]
+        with self.lock:
+            obj = copy.deepcopy(body)
+            meta = obj.setdefault("metadata", {})
+            if not meta.get("name"):
+                if not meta.get("generateName"):
+                    raise ApiError(422, "Invalid", f"{kind}: metadata.name: Required value")
+                meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
+            name = meta["name"]
+            if namespaced:
+                if namespace not in self.objects["namespaces"].get("", {}):
+                    raise not_found("namespaces", namespace)
+                meta["namespace"] = namespace
+            else:
+                meta.pop("namespace", None)
+            bucket = self.objects[plural].setdefault(namespace if namespaced else "", {})
+            if name in bucket:
+                raise ApiError(
+                    409,
+                    "AlreadyExists",
+                    f'{_qualified(plural)} "{name}" already exists',
+                    {"name": name, "group": RESOURCES[plural][3], "kind": plural},
+                )
+            obj["apiVersion"], obj["kind"] = api_version, kind
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = self.clock.stamp()
+            meta.setdefault("generation", 1)
+            if plural == "secrets" and "stringData" in obj:
+                data = obj.setdefault("data", {})
+                for key, value in obj.pop("stringData").items():
+                    data[key] = base64.b64encode(str(value).encode()).decode()
+            if plural == "namespaces":
+                obj.setdefault("status", {"phase": "Active"})
+            bucket[name] = obj
+            self._emit("ADDED", plural, obj)
+            return copy.deepcopy(obj)
+
+    def _check_version(self, current: dict, body: dict) -> None:
+        wanted = (body.get("metadata") or {}).get("resourceVersion")
+        if wanted and wanted != current["metadata"]["resourceVersion"]:
+            name = current["metadata"]["name"]
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {current["kind"].lower()}s "{name}": the '
+                "object has been modified; please apply your changes to the latest version "
+                "and try again",
+            )
+
+    def replace(self, plural: str, namespace: str, name: str, body: dict) -> dict:
+        with self.lock:
+            current = self.find(plural, namespace, name)
+            if current is None:
+                raise not_found(plural, name)
+            self._check_version(current, body)
+            obj = copy.deepcopy(body)
+            for key in ("uid", "creationTimestamp", "namespace", "name", "deletionTimestamp"):
+                if key in current["metadata"]:
+                    obj.setdefault("metadata", {})[key] = current["metadata"][key]
+            obj["apiVersion"], obj["kind"] = current["apiVersion"], current["kind"]
+            self.objects[plural][namespace][name] = obj
+            self._emit("MODIFIED", plural, obj)
+            return copy.deepcopy(obj)
+
+    def patch(self, plural: str, namespace: str, name: str, patch, content_type: str) -> dict:
+        with self.lock:
+            current = self.find(plural, namespace, name)
+            if current is None:
+                raise not_found(plural, name)
+            if isinstance(patch, list):
+                if "json-patch" not in content_type:
+                    raise ApiError(415, "UnsupportedMediaType", "a list body needs json-patch")
+                json_patch(current, copy.deepcopy(patch))
+            elif isinstance(patch, dict):
+                self._check_version(current, patch)
+                patch = copy.deepcopy(patch)
+                (patch.get("metadata") or {}).pop("resourceVersion", None)
+                merge_patch(current, patch)
+            else:
+                raise ApiError(400, "BadRequest", "the patch is not a JSON object or list")
+            self._emit("MODIFIED", plural, current)
+            return copy.deepcopy(current)
+
+    def touch(self, plural: str, obj: dict) -> None:
+        """Record a change the controller made to a stored object in place."""
+        with self.lock:
+            self._emit("MODIFIED", plural, obj)
+
+    def dependents(self, uid: str) -> list[tuple[str, dict]]:
+        found = []
+        for plural in RESOURCES:
+            for obj in self.iter(plural):
+                refs = obj["metadata"].get("ownerReferences") or []
+                if any(ref.get("uid") == uid for ref in refs):
+                    found.append((plural, obj))
+        return found
+
+    def remove(self, plural: str, obj: dict) -> None:
+        meta = obj["metadata"]
+        bucket = self.objects[plural].get(meta.get("namespace", ""), {})
+        if bucket.get(meta["name"]) is obj:
+            del bucket[meta["name"]]
+            self._emit("DELETED", plural, obj)
+
+    def delete(self, plural: str, namespace: str, name: str, propagation: str | None) -> dict:
+        """DELETE with propagationPolicy: Foreground keeps the object (deletionTimestamp,
+        finalizer foregroundDeletion) until the controller has removed its dependents;
+        Background removes it and collects its dependents; Orphan leaves them ownerless.
+        Jobs default to Orphan, as on a real API server."""
+        with self.lock:
+            obj = self.find(plural, namespace, name)
+            if obj is None:
+                raise not_found(plural, name)
+            policy = propagation or ("Orphan" if plural == "jobs" else "Background")
+            uid = obj["metadata"]["uid"]
+            dependents = self.dependents(uid)
+            if policy == "Foreground" and dependents:
+                meta = obj["metadata"]
+                if not meta.get("deletionTimestamp"):
+                    meta["deletionTimestamp"] = self.clock.stamp()
+                    meta["finalizers"] = [*meta.get("finalizers", []), "foregroundDeletion"]
+                    self._emit("MODIFIED", plural, obj)
+                for dep_plural, dep in dependents:
+                    self.mark_deleted(dep_plural, dep)
+                return copy.deepcopy(obj)
+            self.remove(plural, obj)
+            if policy == "Orphan":
+                for dep_plural, dep in dependents:
+                    dep["metadata"]["ownerReferences"] = [
+                        r for r in dep["metadata"]["ownerReferences"] if r.get("uid") != uid
+                    ]
+                    self._emit("MODIFIED", dep_plural, dep)
+            else:
+                self.collect_garbage()
+            if plural == "namespaces":
+                for other in RESOURCES:
+                    for item in list(self.objects[other].get(name, {}).values()):
+                        self.remove(other, item)
+            return {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "details": {
+                    "name": name,
+                    "group": RESOURCES[plural][3],
+                    "kind": plural,
+                    "uid": uid,
+                },
+            }
+
+    def mark_deleted(self, plural: str, obj: dict) -> None:
+        """Pods terminate first (the controller removes them on its next step); other
+        objects go at once."""
+        if plural == "pods":
+            if not obj["metadata"].get("deletionTimestamp"):
+                obj["metadata"]["deletionTimestamp"] = self.clock.stamp()
+                self._emit("MODIFIED", plural, obj)
+        else:
+            self.remove(plural, obj)
+            self.collect_garbage()
+
+    def collect_garbage(self) -> None:
+        """Remove what is owned only by objects that no longer exist; finish foreground
+        deletions whose dependents are gone."""
+        with self.lock:
+            while True:
+                uids = {obj["metadata"]["uid"] for p in RESOURCES for obj in self.iter(p)}
+                removed = False
+                for plural in RESOURCES:
+                    for obj in self.iter(plural):
+                        refs = obj["metadata"].get("ownerReferences") or []
+                        if refs and not any(ref.get("uid") in uids for ref in refs):
+                            if plural == "pods" and not obj["metadata"].get("deletionTimestamp"):
+                                self.mark_deleted(plural, obj)
+                            elif plural != "pods":
+                                self.remove(plural, obj)
+                                removed = True
+                        finalizers = obj["metadata"].get("finalizers") or []
+                        if "foregroundDeletion" in finalizers and not self.dependents(
+                            obj["metadata"]["uid"]
+                        ):
+                            self.remove(plural, obj)
+                            removed = True
+                if not removed:
+                    return
+
+    def events_since(self, rv: int) -> list[WatchEvent] | None:
+        """Events after ``rv``; None when ``rv`` is older than the log keeps (410 Gone)."""
+        if self.events and rv < self.events[0].rv - 1:
+            return None
+        return [event for event in self.events if event.rv > rv]
+
+    def next_name(self) -> int:
+        return next(self._names)
+
+    def seed(self, plural: str, obj: dict) -> None:
+        """Put a finished object straight into the store (benchmarks): no checks."""
+        meta = obj["metadata"]
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", self.clock.stamp())
+        self.rv += 1
+        meta["resourceVersion"] = str(self.rv)
+        bucket = self.objects[plural].setdefault(meta.get("namespace", ""), {})
+        bucket[meta["name"]] = obj

@@ -1,0 +1,908 @@
+"""The Kubernetes backend against the fake API server (tests/k8s_fake), spoken to by the
+official client over real HTTP on 127.0.0.1; status mapping and inventory as pure
+functions; and one run's whole life through jobs.services."""
+
+import datetime as dt
+import ipaddress
+import json
+import ssl
+from pathlib import Path
+
+import pytest
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from jobs import services
+from jobs.backends import backend_for
+from jobs.backends.base import JobRef, JobSpec, PermanentBackendError, TransientBackendError
+from jobs.backends.k8s_manifest import parse_settings
+from jobs.backends.k8s_status import inventory_from_nodes, job_status, pod_failure, root_cause
+from jobs.backends.kubernetes import KubernetesBackend
+from jobs.models import Attempt, AttemptState, Cluster, ClusterFlavor, Run, RunState
+from tests.conftest import experiment_input
+from tests.k8s_fake import FakeKubernetes
+
+A100 = "NVIDIA-A100-SXM4-80GB"
+DIGEST = "sha256:" + "a" * 64
+TOKEN = "fake-bearer-token"
+TOKEN_ENV = "GANTRY_TEST_K8S_TOKEN"
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    with FakeKubernetes(token=TOKEN) as fake:
+        yield fake
+
+
+def settings_for(fake: FakeKubernetes, **extra) -> dict:
+    return {
+        "url": fake.url,
+        "token_env": TOKEN_ENV,
+        "timeout_s": 5,
+        "flavors": {
+            "a100-80gb": {"product": A100},
+            "a100-1g.10gb": {"product": A100, "resource": "nvidia.com/mig-1g.10gb"},
+        },
+        **extra,
+    }
+
+
+def backend(fake: FakeKubernetes, **extra) -> KubernetesBackend:
+    cluster = Cluster(name="k8s-test", backend=Cluster.Backend.KUBERNETES)
+    cluster.settings = settings_for(fake, **extra)
+    return KubernetesBackend(cluster)
+
+
+def spec(attempt_id: int = 7, **overrides) -> JobSpec:
+    values = {
+        "name": f"gantry-a{attempt_id}",
+        "attempt_id": attempt_id,
+        "run_id": 3,
+        "tenant": "vision",
+        "project": "detection",
+        "image": f"registry.example.org/ml/pytorch@{DIGEST}",
+        "command": "python train.py",
+        "env": {"LR": "0.1"},
+        "flavor": "a100-80gb",
+        "nodes": 1,
+        "gpus_per_node": 1,
+        "max_runtime_s": 3600,
+        "attempt_token": f"gat_{attempt_id}.secret",
+    }
+    values.update(overrides)
+    return JobSpec(**values)
+
+
+def official_client(fake: FakeKubernetes) -> client.ApiClient:
+    configuration = client.Configuration(host=fake.url)
+    configuration.api_key = {"authorization": TOKEN}
+    configuration.api_key_prefix = {"authorization": "Bearer"}
+    return client.ApiClient(configuration)
+
+
+def run_until(fake, k8s, ref, state, *, steps=20, seconds=10.0):
+    status = None
+    for _ in range(steps):
+        fake.controller.advance(seconds)
+        status = k8s.sync([ref]).get(ref.name)
+        if status is not None and status.state == state:
+            return status
+    raise AssertionError(f"never reached {state}: last {status}")
+
+
+# --- the fake speaks Kubernetes to the unmodified official client ---------------------------
+
+
+def test_official_client_crud_selectors_status_bodies_and_versions(fake):
+    core = client.CoreV1Api(official_client(fake))
+    core.create_namespace({"metadata": {"name": "team-a"}})
+    for name, labels in [
+        ("a", {"tier": "gpu", "gantry.io/attempt": "1"}),
+        ("b", {"tier": "cpu", "gantry.io/attempt": "2"}),
+        ("c", {"tier": "gpu"}),
+    ]:
+        core.create_namespaced_secret(
+            "team-a", client.V1Secret(metadata=client.V1ObjectMeta(name=name, labels=labels))
+        )
+
+    def names(selector):
+        return sorted(
+            s.metadata.name
+            for s in core.list_namespaced_secret("team-a", label_selector=selector).items
+        )
+
+    assert names("tier=gpu") == ["a", "c"]
+    assert names("tier==gpu,gantry.io/attempt") == ["a"]
+    assert names("tier!=gpu") == ["b"]
+    assert names("tier in (cpu, gpu),!gantry.io/attempt") == ["c"]
+    assert names("tier notin (gpu)") == ["b"]
+    assert names("gantry.io/attempt in (2,3)") == ["b"]
+
+    with pytest.raises(ApiException) as missing:
+        core.read_namespaced_secret("nope", "team-a")
+    body = json.loads(missing.value.body)
+    assert (missing.value.status, body["kind"], body["reason"], body["code"]) == (
+        404,
+        "Status",
+        "NotFound",
+        404,
+    )
+    assert body["message"] == 'secrets "nope" not found'
+
+    with pytest.raises(ApiException) as duplicate:
+        core.create_namespaced_secret("team-a", {"metadata": {"name": "a"}})
+    assert json.loads(duplicate.value.body)["reason"] == "AlreadyExists"
+    assert duplicate.value.status == 409
+
+    current = core.read_namespaced_secret("a", "team-a")
+    core.patch_namespaced_secret("a", "team-a", {"metadata": {"labels": {"x": "1"}}})
+    stale = {"metadata": {"name": "a", "resourceVersion": current.metadata.resource_version}}
+    with pytest.raises(ApiException) as conflict:
+        core.replace_namespaced_secret("a", "team-a", stale)
+    assert (conflict.value.status, json.loads(conflict.value.body)["reason"]) == (409, "Conflict")
+
+    with pytest.raises(ApiException) as no_namespace:
+        core.create_namespaced_secret("team-b", {"metadata": {"name": "a"}})
+    assert no_namespace.value.status == 404
+
+
+def test_official_client_reads_typed_jobs_pods_and_events_of_the_controller(fake):
+    k8s = backend(fake)
+    ref = JobRef("gantry-a7", k8s.submit(spec()))
+    fake.controller.advance(1, steps=3)
+    api = official_client(fake)
+    job = client.BatchV1Api(api).read_namespaced_job("gantry-a7", "gantry-vision")
+    assert isinstance(job, client.V1Job)
+    assert job.spec.completion_mode == "Indexed"
+    pods = client.CoreV1Api(api).list_namespaced_pod("gantry-vision").items
+    assert [p.status.phase for p in pods] == ["Running"]
+    events = (
+        client.CoreV1Api(api)
+        .list_namespaced_event(
+            "gantry-vision", field_selector=f"involvedObject.name={pods[0].metadata.name}"
+        )
+        .items
+    )
+    assert [e.reason for e in events] == ["Scheduled", "Started"]
+    assert k8s.sync([ref])["gantry-a7"].state == "RUNNING"
+
+
+def test_watch_streams_changes_and_resumes_from_a_resource_version(fake):
+    api = official_client(fake)
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": "w"}})
+    core.create_namespaced_secret("w", {"metadata": {"name": "one", "labels": {"app": "x"}}})
+    stream = watch.Watch().stream(
+        core.list_namespaced_secret, "w", label_selector="app=x", timeout_seconds=1
+    )
+    first = [(e["type"], e["object"].metadata.name) for e in stream]
+    assert first == [("ADDED", "one")]
+    since = core.list_namespaced_secret("w").metadata.resource_version
+    core.patch_namespaced_secret("one", "w", {"metadata": {"labels": {"app": "x", "v": "2"}}})
+    core.create_namespaced_secret("w", {"metadata": {"name": "other", "labels": {"app": "y"}}})
+    core.delete_namespaced_secret("one", "w")
+    resumed = watch.Watch().stream(
+        core.list_namespaced_secret,
+        "w",
+        label_selector="app=x",
+        resource_version=since,
+        timeout_seconds=1,
+    )
+    assert [(e["type"], e["object"].metadata.name) for e in resumed] == [
+        ("MODIFIED", "one"),
+        ("DELETED", "one"),
+    ]
+
+
+def test_watch_from_a_compacted_version_is_gone(fake):
+    for name in ("early", "earlier"):
+        fake.store.create("namespaces", "", {"metadata": {"name": name}})
+    fake.store.events.clear()  # what etcd compaction does to the history
+    fake.store.create("namespaces", "", {"metadata": {"name": "late"}})
+    core = client.CoreV1Api(official_client(fake))
+    response = core.list_namespaced_secret(
+        "late", watch=True, resource_version="1", timeout_seconds=1, _preload_content=False
+    )
+    event = json.loads(response.data.decode().splitlines()[0])
+    assert (event["type"], event["object"]["code"], event["object"]["reason"]) == (
+        "ERROR",
+        410,
+        "Expired",
+    )
+
+
+def test_requests_without_the_token_are_unauthorized(fake):
+    configuration = client.Configuration(host=fake.url)
+    with pytest.raises(ApiException) as denied:
+        client.CoreV1Api(client.ApiClient(configuration)).list_namespace()
+    assert (denied.value.status, json.loads(denied.value.body)["reason"]) == (401, "Unauthorized")
+
+
+# --- submit: objects, references, idempotence -----------------------------------------------
+
+
+def test_submit_creates_namespace_secret_service_and_job_owned_together(fake):
+    k8s = backend(fake)
+    job_id = k8s.submit(spec(nodes=2, gpus_per_node=8))
+    assert job_id == "gantry-vision/gantry-a7"
+    store = fake.store
+    namespace = store.get("namespaces", "", "gantry-vision")
+    assert namespace["metadata"]["labels"]["gantry.io/tenant"] == "vision"
+    job = store.get("jobs", "gantry-vision", "gantry-a7")
+    secret = store.get("secrets", "gantry-vision", "gantry-a7-token")
+    service = store.get("services", "gantry-vision", "gantry-a7")
+    import base64
+
+    assert base64.b64decode(secret["data"]["GANTRY_ATTEMPT_TOKEN"]).decode() == "gat_7.secret"
+    for owned in (secret, service):
+        assert owned["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["GANTRY_ATTEMPT_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "gantry-a7-token"
+    assert "gat_7.secret" not in json.dumps(job)
+    assert "gat_7.secret" not in k8s.render(spec(nodes=2, gpus_per_node=8))
+
+
+def test_a_redelivered_submit_adopts_the_job_and_creates_nothing(fake):
+    k8s = backend(fake)
+    first = k8s.submit(spec())
+    posts = fake.server.count("POST")
+    assert k8s.submit(spec()) == first
+    assert fake.server.count("POST") == posts  # the second submit only looked it up
+    assert len(fake.store.list("jobs", "gantry-vision")[0]) == 1
+
+
+def test_a_409_on_create_adopts_the_job_another_delivery_created(fake, monkeypatch):
+    k8s = backend(fake)
+    other = backend(fake)
+    other.submit(spec())  # the other delivery got there between our lookup and our create
+    monkeypatch.setattr(KubernetesBackend, "_read_job", _missing_once(KubernetesBackend._read_job))
+    assert k8s.submit(spec()) == "gantry-vision/gantry-a7"
+    assert fake.server.count("POST", r"/jobs$") == 2
+    assert len(fake.store.list("jobs", "gantry-vision")[0]) == 1
+
+
+def _missing_once(read):
+    calls = []
+
+    def fake_read(self, namespace, name):
+        calls.append(name)
+        return None if len(calls) == 1 else read(self, namespace, name)
+
+    return fake_read
+
+
+def test_a_job_of_the_same_name_that_is_not_ours_is_not_adopted(fake):
+    k8s = backend(fake)
+    fake.store.create("namespaces", "", {"metadata": {"name": "gantry-vision"}})
+    foreign = k8s.render(spec(attempt_id=8))  # another attempt's job under our name
+    import yaml
+
+    job = list(yaml.safe_load_all(foreign))[-1]
+    job["metadata"]["name"] = "gantry-a7"
+    fake.store.create("jobs", "gantry-vision", job)
+    with pytest.raises(PermanentBackendError, match="belongs to something else"):
+        k8s.submit(spec())
+
+
+def test_a_missing_namespace_is_permanent_when_gantry_may_not_create_it(fake):
+    k8s = backend(fake, create_namespaces=False)
+    with pytest.raises(PermanentBackendError, match="namespace gantry-vision does not exist"):
+        k8s.submit(spec())
+
+
+def test_a_manifest_the_server_refuses_is_permanent(fake):
+    k8s = backend(fake)
+    fake.server.fail_next(1, status=422, path=r"/jobs$")
+    with pytest.raises(PermanentBackendError, match="refused it \\(422\\)"):
+        k8s.submit(spec())
+
+
+def test_invalid_env_names_never_reach_the_cluster(fake):
+    with pytest.raises(PermanentBackendError, match="not valid"):
+        backend(fake).submit(spec(env={"BAD-NAME": "1"}))
+    assert fake.server.count("POST") == 0
+
+
+# --- sync: batched, mapped to the lifecycle and the taxonomy ---------------------------------
+
+
+def test_a_job_goes_pending_running_succeeded(fake):
+    k8s = backend(fake)
+    ref = JobRef("gantry-a7", k8s.submit(spec(nodes=2, gpus_per_node=8)))
+    fake.controller.set_runtime("gantry-a7", 300)
+    assert k8s.sync([ref])["gantry-a7"].state == "PENDING"
+    fake.controller.advance(1)
+    assert k8s.sync([ref])["gantry-a7"].message == "0 of 2 pods running"
+    running = run_until(fake, k8s, ref, "RUNNING")
+    assert running.node_list == ["fake-node-0", "fake-node-1"]
+    done = run_until(fake, k8s, ref, "SUCCEEDED", steps=40)
+    assert (done.exit_code, done.failure_reason) == (0, "")
+    assert (done.finished_at - running.started_at).total_seconds() >= 300
+
+
+def test_sync_lists_once_per_namespace_whatever_the_number_of_attempts(fake):
+    k8s = backend(fake)
+    refs = []
+    for attempt_id, tenant in enumerate(["vision", "nlp", "audio"] * 4, start=10):
+        refs.append(JobRef(f"gantry-a{attempt_id}", k8s.submit(spec(attempt_id, tenant=tenant))))
+    fake.controller.advance(1, steps=3)
+    fake.server.requests.clear()
+    statuses = k8s.sync(refs)
+    assert set(statuses) == {ref.name for ref in refs}
+    assert {s.state for s in statuses.values()} == {"RUNNING"}
+    lists = [(r.path, r.query.get("labelSelector")) for r in fake.server.requests]
+    assert sorted(lists) == sorted(
+        (f"/{api}/namespaces/gantry-{tenant}/{kind}", "gantry.io/attempt")
+        for tenant in ("vision", "nlp", "audio")
+        for api, kind in (("apis/batch/v1", "jobs"), ("api/v1", "pods"))
+    )
+
+
+def test_sync_leaves_out_jobs_the_cluster_no_longer_has(fake):
+    k8s = backend(fake)
+    ref = JobRef("gantry-a7", k8s.submit(spec()))
+    fake.store.delete("jobs", "gantry-vision", "gantry-a7", "Background")
+    assert k8s.sync([ref, JobRef("gantry-a8", "")]) == {}
+
+
+@pytest.mark.parametrize(
+    ("kind", "options", "state", "reason", "exit_code", "in_message"),
+    [
+        (
+            "oom",
+            {"message": "Memory cgroup out of memory: Killed process 41 (python)"},
+            "FAILED",
+            "OOM_HOST",
+            137,
+            "OOMKilled",
+        ),
+        (
+            "oom",
+            {"message": "RuntimeError: CUDA out of memory."},
+            "FAILED",
+            "OOM_GPU",
+            137,
+            "CUDA out of memory",
+        ),
+        ("oom_gpu", {}, "FAILED", "OOM_GPU", 1, "torch.OutOfMemoryError"),
+        (
+            "exit",
+            {"exit_code": 3, "message": "bad config"},
+            "FAILED",
+            "USER_EXIT",
+            3,
+            "exit code 3",
+        ),
+        ("image_pull", {}, "FAILED", "IMAGE_PULL", None, "ErrImagePull"),
+        ("preempt", {}, "PREEMPTED", "PREEMPTED", 143, "PreemptionByScheduler"),
+        ("evict", {}, "PREEMPTED", "PREEMPTED", 143, "EvictionByEvictionAPI"),
+        ("node_loss", {}, "FAILED", "NODE_FAILURE", 137, "DeletionByTaintManager"),
+        ("deadline", {}, "FAILED", "TIMEOUT", None, "deadline"),
+    ],
+)
+def test_injected_failures_map_to_the_taxonomy(
+    fake, kind, options, state, reason, exit_code, in_message
+):
+    k8s = backend(fake)
+    ref = JobRef("gantry-a7", k8s.submit(spec()))
+    fake.controller.advance(1, steps=2)  # created, scheduled: the pull comes next
+    fake.controller.inject("gantry-a7", kind, **options)
+    status = run_until(fake, k8s, ref, state, seconds=1)
+    assert (status.failure_reason, status.exit_code) == (reason, exit_code)
+    assert in_message in status.message
+    if kind == "image_pull":
+        # Kubernetes would retry the pull forever, holding the GPU: the backend deletes it.
+        fake.controller.advance(1)
+        assert fake.store.list("jobs", "gantry-vision")[0] == []
+
+
+def test_a_lost_rank_explains_the_failure_of_the_whole_gang(fake):
+    k8s = backend(fake)
+    ref = JobRef("gantry-a7", k8s.submit(spec(nodes=4, gpus_per_node=8)))
+    run_until(fake, k8s, ref, "RUNNING", seconds=1)
+    fake.controller.inject("gantry-a7", "node_loss", rank=2)
+    status = run_until(fake, k8s, ref, "FAILED", seconds=1)
+    assert status.failure_reason == "NODE_FAILURE"
+    assert status.message.startswith("rank 2 ")
+
+
+def test_with_disruption_left_to_kubernetes_a_preempted_pod_is_replaced(fake):
+    k8s = backend(fake, disruption_action="Ignore")
+    ref = JobRef("gantry-a7", k8s.submit(spec()))
+    run_until(fake, k8s, ref, "RUNNING", seconds=1)
+    fake.controller.inject("gantry-a7", "preempt")
+    fake.controller.advance(1, steps=4)
+    assert k8s.sync([ref])["gantry-a7"].state == "RUNNING"
+    assert len(fake.controller.pods_of("gantry-vision", "gantry-a7")) == 2
+    assert run_until(fake, k8s, ref, "SUCCEEDED").exit_code == 0
+
+
+def test_kueue_jobs_wait_suspended_until_admitted(fake):
+    k8s = backend(fake, queueing="kueue", kueue_queue="gpu")
+    ref = JobRef("gantry-a7", k8s.submit(spec()))
+    fake.controller.advance(30, steps=3)
+    status = k8s.sync([ref])["gantry-a7"]
+    assert (status.state, status.message) == ("PENDING", "Suspended: waiting for Kueue to admit it")
+    assert fake.store.list("pods", "gantry-vision")[0] == []
+    fake.controller.admit("gantry-vision", "gantry-a7")
+    assert run_until(fake, k8s, ref, "SUCCEEDED").exit_code == 0
+
+
+def test_volcano_pods_are_scheduled_through_their_pod_group(fake):
+    k8s = backend(fake, queueing="volcano")
+    ref = JobRef("gantry-a7", k8s.submit(spec(nodes=2)))
+    group = fake.store.get("podgroups", "gantry-vision", "gantry-a7")
+    assert group["spec"]["minMember"] == 2
+    assert group["metadata"]["ownerReferences"][0]["kind"] == "Job"
+    run_until(fake, k8s, ref, "RUNNING", seconds=1)
+    k8s.cancel(ref)
+    with pytest.raises(Exception, match="not found"):
+        fake.store.get("podgroups", "gantry-vision", "gantry-a7")
+
+
+def test_without_its_pod_group_a_volcano_pod_is_never_scheduled(fake):
+    k8s = backend(fake, queueing="volcano")
+    ref = JobRef("gantry-a7", k8s.submit(spec(nodes=2)))
+    fake.store.delete("podgroups", "gantry-vision", "gantry-a7", "Background")
+    fake.controller.advance(1, steps=3)
+    status = k8s.sync([ref])["gantry-a7"]
+    assert status.state == "PENDING"
+    assert "not scheduled: Unschedulable: pod group 'gantry-a7' not found" in status.message
+
+
+# --- cancel and logs -------------------------------------------------------------------------
+
+
+def test_cancel_deletes_in_the_foreground_with_everything_beside_the_job(fake):
+    k8s = backend(fake)
+    ref = JobRef("gantry-a7", k8s.submit(spec(nodes=2)))
+    run_until(fake, k8s, ref, "RUNNING", seconds=1)
+    fake.server.requests.clear()
+    k8s.cancel(ref)
+    deletes = [(r.path, r.query.get("propagationPolicy")) for r in fake.server.requests]
+    assert deletes[0] == ("/apis/batch/v1/namespaces/gantry-vision/jobs/gantry-a7", "Foreground")
+    assert {path for path, _ in deletes[1:]} == {
+        "/api/v1/namespaces/gantry-vision/services/gantry-a7",
+        "/api/v1/namespaces/gantry-vision/secrets/gantry-a7-token",
+    }
+    status = k8s.sync([ref])["gantry-a7"]
+    assert (status.state, status.failure_reason) == ("CANCELLED", "CANCELLED")
+    fake.controller.advance(1)
+    assert k8s.sync([ref]) == {}
+    k8s.cancel(ref)  # again: already gone is fine
+
+
+def test_logs_of_rank_zero_by_default_and_of_any_rank_on_request(fake):
+    k8s = backend(fake)
+    ref = JobRef("gantry-a7", k8s.submit(spec(nodes=2)))
+    assert k8s.logs(ref, tail=10) == "(no pod of rank 0)"
+    fake.controller.advance(1, steps=2)
+    assert "waiting to start: ContainerCreating" in k8s.logs(ref, tail=10)
+    for _ in range(3):
+        fake.controller.advance(1)
+    assert k8s.logs(ref, tail=10).splitlines() == [
+        "rank 0 of 2 starting on fake-node-0",
+        "step 1",
+        "step 2",
+    ]
+    assert k8s.logs(ref, tail=1, rank=1) == "step 2\n"
+
+
+# --- inventory -------------------------------------------------------------------------------
+
+
+def test_inventory_counts_allocatable_gpus_of_ready_nodes_per_flavor(fake):
+    add = fake.controller.add_node
+    for i in range(3):
+        add(f"a100-{i}", product=A100, gpus=8, labels={"topology.kubernetes.io/zone": f"z{i % 2}"})
+    add("a100-broken", product=A100, gpus=7)  # one GPU failed: left out, not averaged in
+    add("a100-down", product=A100, gpus=8, ready=False)
+    add("a100-cordoned", product=A100, gpus=8, unschedulable=True)
+    add("mig-0", product=A100, gpus=0, extra_allocatable={"nvidia.com/mig-1g.10gb": "7"})
+    add("h100-0", product="NVIDIA-H100-80GB-HBM3", gpus=8)  # no flavor maps to it
+    detail = backend(fake).inventory_detail()
+    assert [(i.flavor, i.nodes, i.gpus_per_node) for i in detail.items] == [
+        ("a100-1g.10gb", 1, 7),
+        ("a100-80gb", 3, 8),
+    ]
+    assert detail.topology["a100-80gb"] == {"topology.kubernetes.io/zone": {"z0": 2, "z1": 1}}
+    assert fake.server.requests[-1].query["labelSelector"] == "nvidia.com/gpu.product"
+
+
+# --- outage and connection errors ------------------------------------------------------------
+
+
+def test_an_outage_is_transient_and_sync_converges_when_the_server_is_back(fake):
+    k8s = backend(fake)
+    ref = JobRef("gantry-a7", k8s.submit(spec()))
+    fake.controller.advance(1, steps=3)
+    port = fake.server.port
+    fake.stop()
+    with pytest.raises(TransientBackendError, match="connection refused"):
+        k8s.sync([ref])
+    with pytest.raises(TransientBackendError, match="connection refused"):
+        k8s.submit(spec(8))
+    fake.controller.advance(120)  # the cluster goes on without us
+    fake.start()
+    assert fake.server.port == port
+    assert k8s.sync([ref])["gantry-a7"].state == "SUCCEEDED"
+
+
+@pytest.mark.parametrize(("status", "words"), [(503, "answered 503"), (429, "answered 429")])
+def test_5xx_and_429_are_transient(fake, status, words):
+    k8s = backend(fake)
+    ref = JobRef("gantry-a7", k8s.submit(spec()))
+    fake.server.fail_next(1, status=status, retry_after=7)
+    with pytest.raises(TransientBackendError, match=f"{words}, retry after 7 s"):
+        k8s.sync([ref])
+    assert k8s.sync([ref])["gantry-a7"].state == "PENDING"
+
+
+def test_test_connection_says_who_we_are(fake):
+    message = backend(fake).test_connection()
+    assert message == (
+        f"Connected to k8s-test: Kubernetes v1.37.0 at {fake.url} as "
+        "system:serviceaccount:gantry:gantry."
+    )
+
+
+def test_test_connection_explains_a_wrong_url_token_or_missing_token(fake, monkeypatch):
+    closed = backend(fake)
+    closed.cluster.settings = {**closed.cluster.settings, "url": "http://127.0.0.1:9"}
+    with pytest.raises(TransientBackendError, match=r"http://127\.0\.0\.1:9: connection refused"):
+        KubernetesBackend(closed.cluster).test_connection()
+    monkeypatch.setenv(TOKEN_ENV, "wrong")
+    with pytest.raises(TransientBackendError, match=f"401 Unauthorized.*{TOKEN_ENV}"):
+        backend(fake).test_connection()
+    monkeypatch.delenv(TOKEN_ENV)
+    with pytest.raises(TransientBackendError, match=f"{TOKEN_ENV} .* is not set on this host"):
+        backend(fake).test_connection()
+
+
+def _certificate(common_name, key, issuer=None, issuer_key=None, *, ca=False):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import NameOID
+
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = dt.datetime.now(dt.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(issuer or name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if not ca:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+    return builder.sign(issuer_key or key, hashes.SHA256())
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> dict[str, Path]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    def pem(cert):
+        return cert.public_bytes(serialization.Encoding.PEM)
+
+    ca_key, other_key, server_key = (ec.generate_private_key(ec.SECP256R1()) for _ in range(3))
+    ca = _certificate("gantry-test-ca", ca_key, ca=True)
+    other_ca = _certificate("someone-else-ca", other_key, ca=True)
+    server = _certificate("127.0.0.1", server_key, ca.subject, ca_key)
+    files = {
+        "ca": tmp_path / "ca.crt",
+        "other_ca": tmp_path / "other-ca.crt",
+        "cert": tmp_path / "server.crt",
+        "key": tmp_path / "server.key",
+    }
+    files["ca"].write_bytes(pem(ca))
+    files["other_ca"].write_bytes(pem(other_ca))
+    files["cert"].write_bytes(pem(server))
+    files["key"].write_bytes(
+        server_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return files
+
+
+def test_tls_with_the_right_ca_connects_and_a_wrong_or_missing_ca_is_explained(
+    tls_files, monkeypatch
+):
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tls_files["cert"], tls_files["key"])
+    with FakeKubernetes(token=TOKEN, ssl_context=context) as tls_fake:
+        good = backend(tls_fake, ca_file=str(tls_files["ca"]))
+        assert good.test_connection().startswith("Connected to k8s-test")
+        wrong = backend(tls_fake, ca_file=str(tls_files["other_ca"]))
+        with pytest.raises(TransientBackendError, match="TLS certificate verification failed"):
+            wrong.test_connection()
+        missing = backend(tls_fake, ca_file=str(tls_files["ca"]) + ".gone")
+        with pytest.raises(TransientBackendError, match=r"CA file .* does not exist"):
+            missing.test_connection()
+
+
+def test_a_kubeconfig_works_and_leaves_the_global_client_configuration_alone(fake, tmp_path):
+    before = client.Configuration.get_default_copy().host
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
+                "users": [{"name": "gantry", "user": {"token": TOKEN}}],
+                "contexts": [{"name": "ctx", "context": {"cluster": "fake", "user": "gantry"}}],
+                "current-context": "ctx",
+            }
+        )
+    )
+    cluster = Cluster(
+        name="k8s-kubeconfig",
+        backend=Cluster.Backend.KUBERNETES,
+        settings={"kubeconfig": str(kubeconfig), "context": "ctx", "flavors": {}},
+    )
+    assert KubernetesBackend(cluster).test_connection().startswith("Connected to k8s-kubeconfig")
+    assert client.Configuration.get_default_copy().host == before
+
+
+# --- pure status mapping: cases the fake does not produce ------------------------------------
+
+
+def _pod(rank, *, terminated=None, conditions=(), reason="", phase="Failed", node="n"):
+    status = {"phase": phase, "conditions": list(conditions)}
+    if reason:
+        status["reason"] = reason
+    if terminated is not None:
+        status["containerStatuses"] = [{"name": "trainer", "state": {"terminated": terminated}}]
+    return {
+        "metadata": {
+            "name": f"j-{rank}-x",
+            "annotations": {"batch.kubernetes.io/job-completion-index": str(rank)},
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {"nodeName": node},
+        "status": status,
+    }
+
+
+def _exit(code, message="", at="2026-01-01T00:10:00Z", reason="Error"):
+    return {
+        "exitCode": code,
+        "reason": reason,
+        "message": message,
+        "startedAt": "2026-01-01T00:00:00Z",
+        "finishedAt": at,
+    }
+
+
+@pytest.mark.parametrize(
+    ("pod", "reason"),
+    [
+        (_pod(0, terminated=_exit(1, "Xid 79: GPU has fallen off the bus")), "GPU_XID"),
+        (_pod(0, terminated=_exit(1, "ncclSystemError: System call failed")), "NCCL"),
+        (_pod(0, terminated=_exit(1, "CUDA error: out of memory")), "OOM_GPU"),
+        (_pod(0, terminated=_exit(137, reason="OOMKilled")), "OOM_HOST"),
+        (_pod(0, terminated=_exit(2)), "USER_EXIT"),
+        (_pod(0, reason="NodeLost"), "NODE_FAILURE"),
+        (_pod(0, reason="Evicted"), "PREEMPTED"),
+        (
+            _pod(
+                0,
+                conditions=[
+                    {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC"}
+                ],
+            ),
+            "NODE_FAILURE",
+        ),
+        (
+            _pod(
+                0,
+                conditions=[
+                    {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}
+                ],
+                reason="Evicted",
+            ),
+            "PREEMPTED",
+        ),
+    ],
+)
+def test_pod_failures_map_to_the_taxonomy(pod, reason):
+    assert pod_failure(pod).reason == reason
+
+
+def test_a_gpu_failure_of_one_rank_outranks_the_nccl_errors_of_its_peers():
+    pods = [
+        _pod(0, terminated=_exit(1, "NCCL error: unhandled system error", "2026-01-01T00:09:00Z")),
+        _pod(1, terminated=_exit(1, "CUDA out of memory", "2026-01-01T00:10:00Z")),
+        _pod(2, terminated=_exit(1, "NCCL WARN timeout", "2026-01-01T00:08:00Z")),
+    ]
+    cause = root_cause(pod_failure(p) for p in pods)
+    assert (cause.reason, cause.rank) == ("OOM_GPU", 1)
+
+
+def test_a_failed_job_whose_pods_are_gone_is_explained_by_its_condition():
+    job = {
+        "metadata": {"name": "j", "namespace": "ns"},
+        "spec": {"completions": 1},
+        "status": {
+            "conditions": [
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": "PodFailurePolicy",
+                    "message": "Container trainer for pod ns/j-0-x failed with exit code 42 "
+                    "matching FailJob rule at index 1",
+                    "lastTransitionTime": "2026-01-01T00:10:00Z",
+                }
+            ]
+        },
+    }
+    status = job_status(job, [])
+    assert (status.state, status.failure_reason, status.exit_code) == ("FAILED", "USER_EXIT", 42)
+
+
+def test_inventory_of_no_nodes_is_empty():
+    settings_ = parse_settings({"url": "https://x", "flavors": {"a": {"product": A100}}})
+    assert inventory_from_nodes([], settings_).items == []
+
+
+# --- through the services ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def k8s_world(world, fake):
+    """The world with its simulator switched off and a Kubernetes cluster on the fake."""
+    Cluster.objects.filter(pk=world.cluster.pk).update(enabled=False)
+    for i in range(2):
+        fake.controller.add_node(f"gpu-{i}", product=A100, gpus=8)
+    cluster = Cluster.objects.create(
+        name="k8s-1", backend=Cluster.Backend.KUBERNETES, settings=settings_for(fake)
+    )
+    services.cluster_refresh_inventory(cluster=cluster)
+    assert list(
+        ClusterFlavor.objects.filter(cluster=cluster).values_list(
+            "flavor__slug", "nodes", "gpus_per_node"
+        )
+    ) == [("a100-80gb", 2, 8)]
+    world.k8s = cluster
+    world.fake = fake
+    return world
+
+
+def _submitted_run(world, **overrides):
+    run = services.run_submit(user=world.researcher_a, data=experiment_input(world, **overrides))
+    services.admission_run_cycle()
+    attempt = Attempt.objects.get(run=run)
+    assert attempt.cluster_id == world.k8s.pk
+    services.attempt_submit(attempt_id=attempt.pk)
+    return run, attempt
+
+
+def _sync(world, seconds=10.0):
+    world.fake.controller.advance(seconds)
+    services.cluster_sync(cluster=world.k8s)
+
+
+def test_a_run_goes_from_queued_to_succeeded_on_kubernetes(k8s_world):
+    world = k8s_world
+    run, attempt = _submitted_run(world)
+    attempt.refresh_from_db()
+    run.refresh_from_db()
+    assert (run.state, attempt.state) == (RunState.PENDING, AttemptState.PENDING)
+    assert attempt.backend_job_id == f"gantry-vision/gantry-a{attempt.pk}"
+    assert f"name: gantry-a{attempt.pk}" in attempt.rendered_spec
+    assert "kind: Job" in attempt.rendered_spec and "<redacted>" in attempt.rendered_spec
+    for _ in range(3):
+        _sync(world, 1)
+    run.refresh_from_db()
+    attempt.refresh_from_db()
+    assert run.state == RunState.RUNNING
+    assert attempt.node_list == ["gpu-0"]
+    for _ in range(8):
+        _sync(world)
+    run.refresh_from_db()
+    attempt.refresh_from_db()
+    assert (run.state, attempt.state, attempt.exit_code) == ("SUCCEEDED", "SUCCEEDED", 0)
+    assert list(run.events.values_list("to_state", flat=True)) == [
+        "QUEUED",
+        "ADMITTED",
+        "SUBMITTING",
+        "PENDING",
+        "RUNNING",
+        "SUCCEEDED",
+    ]
+    assert "rank 0 of 1 starting on gpu-0" in services.run_logs(run=run)
+
+
+def test_a_gpu_oom_on_kubernetes_fails_the_run_with_its_reason(k8s_world):
+    world = k8s_world
+    run, attempt = _submitted_run(world)
+    for _ in range(3):
+        _sync(world, 1)
+    world.fake.controller.inject(attempt.name, "oom_gpu")
+    _sync(world, 1)
+    run.refresh_from_db()
+    attempt.refresh_from_db()
+    assert (run.state, run.failure_reason) == ("FAILED", "OOM_GPU")
+    assert (attempt.state, attempt.failure_reason, attempt.exit_code) == ("FAILED", "OOM_GPU", 1)
+    assert "CUDA out of memory" in attempt.failure_message
+
+
+def test_a_redelivered_submit_task_never_creates_a_second_job(k8s_world):
+    world = k8s_world
+    run, attempt = _submitted_run(world)
+    services.attempt_submit(attempt_id=attempt.pk)
+    # A worker that died after the Job was created but before recording it.
+    Attempt.objects.filter(pk=attempt.pk).update(state=AttemptState.SUBMITTING)
+    Run.objects.filter(pk=run.pk).update(state=RunState.SUBMITTING)
+    services.attempt_submit(attempt_id=attempt.pk)
+    jobs, _ = world.fake.store.list("jobs")
+    assert [j["metadata"]["name"] for j in jobs] == [f"gantry-a{attempt.pk}"]
+    assert world.fake.server.count("POST", r"/jobs$") == 1
+    assert Attempt.objects.get(pk=attempt.pk).state == AttemptState.PENDING
+
+
+def test_an_outage_leaves_runs_unchanged_and_visible_then_converges(k8s_world):
+    world = k8s_world
+    run, attempt = _submitted_run(world)
+    _sync(world, 1)
+    world.fake.stop()
+    world.fake.controller.advance(1, steps=3)
+    with pytest.raises(TransientBackendError):
+        services.cluster_sync(cluster=world.k8s)
+    run.refresh_from_db()
+    attempt.refresh_from_db()
+    assert (run.state, attempt.state) == (RunState.PENDING, AttemptState.PENDING)
+    assert attempt.backend_error.startswith("backend unreachable: cannot reach the Kubernetes")
+    world.fake.start()
+    services.cluster_sync(cluster=world.k8s)
+    run.refresh_from_db()
+    attempt.refresh_from_db()
+    assert (run.state, attempt.backend_error) == (RunState.RUNNING, "")
+
+
+def test_cancelling_a_running_run_deletes_its_job(k8s_world):
+    world = k8s_world
+    run, attempt = _submitted_run(world)
+    for _ in range(3):
+        _sync(world, 1)
+    services.run_cancel(run=run, actor=world.researcher_a)
+    services.attempt_cancel(attempt_id=attempt.pk)
+    run.refresh_from_db()
+    assert run.state == RunState.CANCELLED
+    world.fake.controller.advance(1)
+    assert world.fake.store.list("jobs")[0] == []
+
+
+def test_the_registry_finds_the_backend(k8s_world):
+    assert isinstance(backend_for(k8s_world.k8s), KubernetesBackend)
+
+
+def test_wrong_cluster_settings_fail_no_run_and_say_what_is_wrong():
+    cluster = Cluster(
+        name="k8s-typo",
+        backend=Cluster.Backend.KUBERNETES,
+        settings={"url": "https://k8s.example.org", "tokn_env": "X", "flavors": {}},
+    )
+    k8s = KubernetesBackend(cluster)
+    for call in (
+        k8s.test_connection,
+        k8s.inventory,
+        lambda: k8s.sync([]),
+        lambda: k8s.submit(spec()),
+    ):
+        with pytest.raises(TransientBackendError, match=r"k8s-typo: .*unknown key\(s\) tokn_env"):
+            call()
