@@ -15,6 +15,7 @@ from django.db.models import Prefetch, QuerySet, Sum
 from django.http import Http404
 from django.utils import timezone
 
+from jobs.backends import BackendError, backend_for
 from jobs.models import HOLDING_STATES, Cluster, ClusterFlavor, Run
 from jobs.services import cluster_refresh_inventory, gpu_hours_this_month
 from tenants.models import GpuFlavor, Quota, Tenant
@@ -260,3 +261,21 @@ def cluster_capacity_set(
         _enqueue_admission()
     cluster_refresh_inventory(cluster=cluster)
     return ClusterFlavor.objects.select_related("flavor").get(cluster=cluster, flavor=flavor)
+
+
+def cluster_test_connection(*, cluster: Cluster) -> tuple[bool, str]:
+    """Ask the cluster's backend whether its settings work; (ok, a sentence saying so or why).
+
+    Backends that have a dedicated check (Kubernetes: version + who am I) use it; the others
+    are asked for their inventory, which needs the same connection.
+    """
+    try:
+        backend = backend_for(cluster)
+        check = getattr(backend, "test_connection", None)
+        if check is not None:
+            return True, check()
+        items = backend.inventory()
+    except BackendError as exc:
+        return False, f"{cluster.name}: {exc}"
+    flavors = ", ".join(f"{i.nodes}×{i.gpus_per_node} {i.flavor}" for i in items) or "no GPUs"
+    return True, f"Connected to {cluster.name}: it reports {flavors}."

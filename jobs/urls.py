@@ -17,4 +17,5 @@ urlpatterns = [
     path("quotas/edit/", views.quota_edit, name="quota_edit"),
     path("clusters/", views.cluster_list, name="cluster_list"),
     path("clusters/<slug:name>/capacity/", views.cluster_capacity, name="cluster_capacity"),
+    path("clusters/<slug:name>/test/", views.cluster_test, name="cluster_test"),
 ]

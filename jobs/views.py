@@ -365,6 +365,15 @@ def cluster_list(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
+@require_POST
+def cluster_test(request: HttpRequest, name: str) -> HttpResponse:
+    cluster = capacity.cluster_get_manageable(user=request.user, name=name)
+    ok, message = capacity.cluster_test_connection(cluster=cluster)
+    (messages.success if ok else messages.error)(request, message)
+    return redirect("jobs:cluster_list")
+
+
+@login_required
 @require_http_methods(["GET", "POST"])
 def cluster_capacity(request: HttpRequest, name: str) -> HttpResponse:
     """Edit a simulator cluster's GPUs per flavor; other clusters report theirs."""
