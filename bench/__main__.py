@@ -18,7 +18,7 @@ from bench.db import bench_database_url, ensure_database
 from bench.report import Section
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-BENCHMARKS = ("admission", "cycle", "trace", "telemetry")
+BENCHMARKS = ("admission", "cycle", "trace", "telemetry", "k8s", "slurm")
 
 
 def machine() -> str:
@@ -60,6 +60,14 @@ def run(name: str) -> list[Section]:
         from bench import cycle
 
         return cycle.run()
+    if name == "k8s":
+        from bench import k8s
+
+        return k8s.run()
+    if name == "slurm":
+        from bench import slurm
+
+        return slurm.run()
     if name == "telemetry":
         from bench import telemetry
 

@@ -20,6 +20,7 @@ from images.selectors import image_list_usable
 from images.services import TagResolutionError, tag_resolve
 from jobs import admission, reproducibility
 from jobs.backends import (
+    BackendError,
     JobRef,
     JobSpec,
     JobStatus,
@@ -941,7 +942,9 @@ def attempt_submit(*, attempt_id: int) -> None:
     try:
         job_id = backend.submit(spec)
     except TransientBackendError as exc:
-        Attempt.objects.filter(pk=attempt.pk).update(backend_error=str(exc)[:2000])
+        Attempt.objects.filter(pk=attempt.pk).update(
+            backend_error=f"backend unreachable: {exc}"[:2000]
+        )
         raise
     except PermanentBackendError as exc:
         with transaction.atomic():
@@ -1039,7 +1042,7 @@ def cluster_sync(*, cluster: Cluster) -> int:
     now = timezone.now()
     try:
         statuses = backend.sync([JobRef(a.name, a.backend_job_id) for a in live])
-    except TransientBackendError as exc:
+    except BackendError as exc:
         Cluster.objects.filter(pk=cluster.pk).update(last_error=str(exc)[:2000])
         Attempt.objects.filter(pk__in=[a.pk for a in live]).update(
             backend_error=f"backend unreachable: {exc}"[:2000]

@@ -6,7 +6,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from jobs import budgets, services
-from jobs.backends import TransientBackendError
+from jobs.backends import BackendError, TransientBackendError
 from jobs.models import Cluster
 
 logger = logging.getLogger(__name__)
@@ -43,8 +43,8 @@ def sync_all_clusters() -> None:
         try:
             services.cluster_refresh_inventory(cluster=cluster)
             services.cluster_sync(cluster=cluster)
-        except TransientBackendError as exc:
-            logger.warning("cluster %s unreachable: %s", cluster.name, exc)
+        except BackendError as exc:  # recorded on the cluster; the other clusters go on
+            logger.warning("cluster %s: %s", cluster.name, exc)
     services.attempt_redrive_stuck_submits()
 
 

@@ -1,0 +1,1098 @@
+"""The Slurm backend's pure half: settings, the batch script, and what Slurm prints.
+
+Plain data in and out, no Django and no processes, so it is easy to test and benchmark:
+
+- ``SlurmSettings.parse``: a cluster's settings JSON, checked strictly;
+- ``batch_job``: the batch job for a ``JobSpec`` — the script (with every user value quoted)
+  and the same options as ``#SBATCH`` lines and as slurmrestd job properties;
+- parsers for ``sbatch --parsable``, ``squeue --json`` / REST ``/jobs``, ``sacct -P``,
+  slurmdbd REST ``/jobs``, ``scontrol show node -o`` / REST ``/nodes``;
+- ``job_status``: a Slurm job record mapped to the run lifecycle and the failure taxonomy;
+- ``expand_hostlist``: ``gpu-node[1-2]`` → ``gpu-node1``, ``gpu-node2``;
+- ``quota_commands``: the ``sacctmgr`` commands that mirror tenants' GPU quotas.
+"""
+
+import base64
+import json
+import re
+import shlex
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+from jobs.backends.base import InventoryItem, JobSpec, JobStatus
+
+TRANSPORTS = ("rest", "cli")
+CONTAINER_RUNTIMES = ("pyxis", "apptainer", "none")
+REST_API = "v0.0.38"
+DEFAULT_SIGNAL_BEFORE_S = 300
+DEFAULT_JOB_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# sacct columns the backend reads, in this order (``sacct -P -o …``).
+SACCT_FIELDS = (
+    "JobIDRaw",
+    "JobName",
+    "Comment",
+    "State",
+    "Reason",
+    "ExitCode",
+    "Start",
+    "End",
+    "ElapsedRaw",
+    "AllocTRES",
+    "NodeList",
+    "User",
+)
+
+# Values that go into #SBATCH lines and sacctmgr arguments are never quoted there: they
+# must be plain words. Everything a researcher typed goes into the script body, quoted.
+_WORD = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+:@%=-]{0,127}$")
+_PATH = re.compile(r"^/[A-Za-z0-9_./+@%:=-]{0,1023}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_JOB_ID = re.compile(r"^[0-9]+$")
+
+TERMINAL_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "DEADLINE",
+        "OUT_OF_MEMORY",
+        "NODE_FAIL",
+        "BOOT_FAIL",
+        "PREEMPTED",
+        "REVOKED",
+        "SPECIAL_EXIT",
+    }
+)
+_PENDING_STATES = frozenset(
+    {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
+)
+_RUNNING_STATES = frozenset(
+    {"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING"}
+)
+# Slurm state → (lifecycle state, failure reason) for jobs that ended.
+_FINISHED = {
+    "COMPLETED": ("SUCCEEDED", ""),
+    "FAILED": ("FAILED", "USER_EXIT"),
+    "SPECIAL_EXIT": ("FAILED", "USER_EXIT"),
+    "OUT_OF_MEMORY": ("FAILED", "OOM_HOST"),
+    "NODE_FAIL": ("FAILED", "NODE_FAILURE"),
+    "BOOT_FAIL": ("FAILED", "NODE_FAILURE"),
+    "TIMEOUT": ("FAILED", "TIMEOUT"),
+    "DEADLINE": ("FAILED", "TIMEOUT"),
+    "PREEMPTED": ("PREEMPTED", "PREEMPTED"),
+    "CANCELLED": ("CANCELLED", "CANCELLED"),
+    "REVOKED": ("CANCELLED", "CANCELLED"),
+}
+# Pending reasons of a job Slurm refused at submission (it still gets an id and a record).
+REFUSED_REASONS = frozenset({"BadConstraints"})
+NOTHING_FOUND = 9003  # slurmdbd REST error number for an empty result
+
+
+class SettingsError(ValueError):
+    """The cluster's settings are wrong: an operator must fix them."""
+
+
+class RenderError(ValueError):
+    """The job cannot be expressed for this cluster (unmapped flavor, bad value)."""
+
+
+# --- settings ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FlavorMapping:
+    gres_type: str
+    partition: str = ""
+    qos: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmSettings:
+    """A Slurm cluster's connection settings and site choices (docs/slurm.md)."""
+
+    job_dir: str
+    flavors: Mapping[str, FlavorMapping]
+    transport: str = "rest"
+    rest_url: str = ""
+    rest_user: str = ""
+    rest_token_env: str = ""
+    rest_timeout_s: float = 10.0
+    slurm_conf: str = ""
+    cli_timeout_s: float = 30.0
+    partition: str = ""
+    qos: str = ""
+    container_runtime: str = "pyxis"
+    tasks_per_node: int | str = 1  # an int, or "gpus" for one task per GPU
+    signal_before_s: int = DEFAULT_SIGNAL_BEFORE_S
+    job_path: str = DEFAULT_JOB_PATH
+    log_dir: str = ""  # where this process sees job_dir; empty: job_dir itself
+    submit_users: tuple[str, ...] = ()
+    qos_prefix: str = "gantry-"
+    adopt_window_days: int = 14
+
+    @classmethod
+    def parse(cls, raw: Mapping, *, cluster: str = "") -> "SlurmSettings":
+        """Check every key; unknown keys and wrong types are errors, not silently ignored."""
+        where = f"cluster {cluster}: " if cluster else ""
+
+        def fail(message: str) -> SettingsError:
+            return SettingsError(f"{where}{message}")
+
+        if not isinstance(raw, Mapping):
+            raise fail("settings must be a JSON object")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise fail(f"unknown Slurm setting(s): {', '.join(unknown)}")
+        values: dict = {}
+
+        def text(name: str, pattern: re.Pattern | None = None, *, required: bool = False) -> str:
+            value = raw.get(name, "")
+            if not isinstance(value, str):
+                raise fail(f"setting {name!r} must be a string")
+            if required and not value:
+                raise fail(f"setting {name!r} is required")
+            if value and pattern is not None and not pattern.match(value):
+                raise fail(f"setting {name!r} = {value!r} has characters Slurm options cannot take")
+            return value
+
+        def number(name: str, default, low, high, kind=int):
+            value = raw.get(name, default)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise fail(f"setting {name!r} must be a number")
+            if not low <= value <= high:
+                raise fail(f"setting {name!r} must be between {low} and {high}")
+            return kind(value)
+
+        values["transport"] = text("transport") or "rest"
+        if values["transport"] not in TRANSPORTS:
+            raise fail(f"setting 'transport' must be one of {', '.join(TRANSPORTS)}")
+        values["job_dir"] = text("job_dir", _PATH, required=True)
+        values["log_dir"] = text("log_dir", _PATH)
+        values["slurm_conf"] = text("slurm_conf", _PATH)
+        values["partition"] = text("partition", _WORD)
+        values["qos"] = text("qos", _WORD)
+        values["qos_prefix"] = text("qos_prefix", re.compile(r"^[A-Za-z0-9_.-]{0,32}$"))
+        if "qos_prefix" not in raw:
+            values["qos_prefix"] = "gantry-"
+        values["job_path"] = text("job_path", re.compile(r"^[A-Za-z0-9_./:+@=-]+$"))
+        values["job_path"] = values["job_path"] or DEFAULT_JOB_PATH
+        values["container_runtime"] = text("container_runtime") or "pyxis"
+        if values["container_runtime"] not in CONTAINER_RUNTIMES:
+            raise fail(
+                f"setting 'container_runtime' must be one of {', '.join(CONTAINER_RUNTIMES)}"
+            )
+        values["rest_timeout_s"] = number("rest_timeout_s", 10.0, 0.1, 600, float)
+        values["cli_timeout_s"] = number("cli_timeout_s", 30.0, 0.1, 600, float)
+        values["signal_before_s"] = number(
+            "signal_before_s", DEFAULT_SIGNAL_BEFORE_S, 0, 65535, int
+        )
+        values["adopt_window_days"] = number("adopt_window_days", 14, 1, 3650, int)
+        tasks = raw.get("tasks_per_node", 1)
+        if tasks != "gpus" and (isinstance(tasks, bool) or not isinstance(tasks, int)):
+            raise fail("setting 'tasks_per_node' must be a positive integer or \"gpus\"")
+        if isinstance(tasks, int) and not 1 <= tasks <= 1024:
+            raise fail("setting 'tasks_per_node' must be between 1 and 1024")
+        values["tasks_per_node"] = tasks
+        users = raw.get("submit_users", [])
+        if not isinstance(users, list) or not all(
+            isinstance(u, str) and _WORD.match(u) for u in users
+        ):
+            raise fail("setting 'submit_users' must be a list of user names")
+        values["submit_users"] = tuple(users)
+
+        values["rest_url"] = text("rest_url")
+        values["rest_user"] = text("rest_user", _WORD)
+        values["rest_token_env"] = text("rest_token_env", _ENV_NAME)
+        if values["transport"] == "rest":
+            url = values["rest_url"]
+            if not re.match(r"^https?://[^/\s?#]+(/[^\s?#]*)?$", url):
+                raise fail(
+                    f"setting 'rest_url' = {url!r} is not an http(s) URL of slurmrestd "
+                    "(e.g. http://slurm-head:6820)"
+                )
+            for name in ("rest_user", "rest_token_env"):
+                if not values[name]:
+                    raise fail(f"setting {name!r} is required with transport 'rest'")
+
+        flavors = raw.get("flavors")
+        if not isinstance(flavors, Mapping) or not flavors:
+            raise fail(
+                "setting 'flavors' must map each GPU flavor to its Slurm GPU type, "
+                'e.g. {"a100-80gb": "a100"}'
+            )
+        mapped = {}
+        for flavor, entry in flavors.items():
+            if isinstance(entry, str):
+                entry = {"gres_type": entry}
+            if not isinstance(entry, Mapping) or set(entry) - {"gres_type", "partition", "qos"}:
+                raise fail(
+                    f"flavor {flavor!r}: give the GPU type, or an object with gres_type "
+                    "and optionally partition and qos"
+                )
+            for key in ("gres_type", "partition", "qos"):
+                value = entry.get(key, "")
+                if not isinstance(value, str) or (value and not _WORD.match(value)):
+                    raise fail(f"flavor {flavor!r}: {key} {value!r} is not a plain Slurm name")
+            if not entry.get("gres_type"):
+                raise fail(f"flavor {flavor!r}: gres_type is required")
+            mapped[str(flavor)] = FlavorMapping(
+                gres_type=entry["gres_type"],
+                partition=entry.get("partition", ""),
+                qos=entry.get("qos", ""),
+            )
+        values["flavors"] = mapped
+        return cls(**values)
+
+    @property
+    def logs_at(self) -> str:
+        return self.log_dir or self.job_dir
+
+
+# --- quoting -------------------------------------------------------------------------------
+
+
+def shell_quote(value: str) -> str:
+    """One shell word whose value is exactly ``value``, on one line.
+
+    Printable text is single-quoted (nothing inside is special to the shell). Text with
+    control characters (newlines, CR, tabs, escape) uses bash's ``$'…'`` with every control
+    character, backslash and quote escaped, so the script stays one line per value: sbatch
+    never mistakes part of a value for an ``#SBATCH`` line or a DOS line break.
+    """
+    if "\x00" in value:
+        raise RenderError("values cannot contain NUL characters")
+    if not any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        return shlex.quote(value)
+    escaped = []
+    for char in value:
+        code = ord(char)
+        if char == "\\":
+            escaped.append("\\\\")
+        elif char == "'":
+            escaped.append("\\'")
+        elif code < 0x20 or code == 0x7F:
+            escaped.append(f"\\x{code:02x}")
+        else:
+            escaped.append(char)
+    return "$'" + "".join(escaped) + "'"
+
+
+def _word(value: str, what: str) -> str:
+    if not _WORD.match(value):
+        raise RenderError(f"{what} {value!r} is not a plain Slurm name")
+    return value
+
+
+# --- the batch job -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BatchJob:
+    """One Slurm batch job: its options, the script, and the environment it is submitted
+    with. ``environment`` holds the attempt token; ``script`` never does."""
+
+    name: str
+    comment: str
+    account: str
+    partition: str
+    qos: str
+    nodes: int
+    tasks_per_node: int
+    gres: str  # per node: gpu:TYPE:N
+    time_limit_min: int
+    signal: str  # e.g. B:USR1@300 (CLI) or USR1@300 (REST); empty for none
+    workdir: str
+    output: str  # with %j, Slurm's job id
+    script: str
+    environment: dict[str, str] = field(repr=False)
+
+    def sbatch_options(self) -> list[str]:
+        """The options as sbatch arguments, in the order of the script's #SBATCH lines."""
+        options = [
+            f"--job-name={self.name}",
+            f"--comment={self.comment}",
+            f"--account={self.account}",
+        ]
+        if self.partition:
+            options.append(f"--partition={self.partition}")
+        if self.qos:
+            options.append(f"--qos={self.qos}")
+        options += [
+            f"--nodes={self.nodes}",
+            f"--ntasks-per-node={self.tasks_per_node}",
+            f"--gres={self.gres}",
+            f"--time={self.time_limit_min}",
+        ]
+        if self.signal:
+            options.append(f"--signal={self.signal}")
+        options += ["--no-requeue", f"--chdir={self.workdir}", f"--output={self.output}"]
+        return options
+
+    def rest_submission(self) -> dict:
+        """The body of ``POST /slurm/v0.0.38/job/submit``.
+
+        slurmrestd 22.05 does not read ``#SBATCH`` lines: every option goes in ``job``. It
+        ignores ``requeue: false`` (the cluster default applies) and rejects ``B:`` signals.
+        """
+        job = {
+            "name": self.name,
+            "comment": self.comment,
+            "account": self.account,
+            # A string: 22.05 silently ignores the [min, max] array form.
+            "nodes": str(self.nodes),
+            "tasks_per_node": self.tasks_per_node,
+            "gres": self.gres,
+            "time_limit": self.time_limit_min,
+            "requeue": False,
+            "current_working_directory": self.workdir,
+            "standard_output": self.output,
+            "environment": dict(self.environment),
+        }
+        if self.partition:
+            job["partition"] = self.partition
+        if self.qos:
+            job["qos"] = self.qos
+        if self.signal:
+            job["signal"] = self.signal
+        return {"script": self.script, "job": job}
+
+
+def enroot_image(reference: str) -> str:
+    """``registry/path@sha256:…`` in enroot's syntax, ``registry#path:sha256:…``.
+
+    enroot (which pyxis calls) parses ``[USER@][REGISTRY#]IMAGE[:TAG]``: the ``@`` of a
+    digest reference would be read as a user name, and without ``#`` the first path
+    component is taken as part of a Docker Hub image. A tag may contain ``:``, so
+    ``:sha256:<hex>`` asks the registry for that exact manifest.
+    """
+    repository, at, digest = reference.partition("@")
+    if not at or not digest.startswith("sha256:"):
+        raise RenderError(f"image {reference!r} is not pinned by digest (repository@sha256:…)")
+    first, slash, rest = repository.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return f"{first}#{rest}:{digest}"
+    return f"{repository}:{digest}"
+
+
+def _launcher(spec: JobSpec, settings: SlurmSettings) -> tuple[list[str], str]:
+    """Lines that find the launch programs, and the command line that starts the user's
+    command in every task, up to the command.
+
+    The programs are looked up before the user's variables are exported (a user's PATH is
+    meant for the program, and may not even be valid on the node) and kept read-only.
+    """
+    find = [
+        'readonly gantry_srun="$(command -v srun)"',
+        '[ -n "$gantry_srun" ] || { echo "gantry: srun not found on $(hostname)" >&2; exit 127; }',
+    ]
+    if settings.container_runtime == "pyxis":
+        image = shell_quote(enroot_image(spec.image))
+        return find, f'"$gantry_srun" --container-image={image} /bin/bash -c'
+    if settings.container_runtime == "apptainer":
+        enroot_image(spec.image)  # the same check: pinned by digest
+        find += [
+            'readonly gantry_apptainer="$(command -v apptainer)"',
+            '[ -n "$gantry_apptainer" ] || { echo "gantry: apptainer not found" >&2; exit 127; }',
+        ]
+        image = shell_quote("docker://" + spec.image)
+        return find, f'"$gantry_srun" "$gantry_apptainer" exec --nv {image} /bin/bash -c'
+    return find, '"$gantry_srun" /bin/bash -c'
+
+
+def batch_job(
+    spec: JobSpec,
+    settings: SlurmSettings,
+    *,
+    environment: Mapping[str, str] | None = None,
+) -> BatchJob:
+    """The batch job that runs ``spec`` on the cluster.
+
+    ``environment`` is what the job is submitted with (besides the script's own exports):
+    by default a clean ``PATH`` and the attempt token, never the worker's environment.
+    """
+    mapping = settings.flavors.get(spec.flavor)
+    if mapping is None:
+        raise RenderError(
+            f"this cluster maps no Slurm GPU type for flavor {spec.flavor} "
+            f"(it maps {', '.join(sorted(settings.flavors)) or 'none'})"
+        )
+    if spec.nodes < 1 or spec.gpus_per_node < 1:
+        raise RenderError("a job needs at least one node and one GPU per node")
+    name = _word(spec.name, "job name")
+    account = _word(spec.tenant, "tenant (the Slurm account)")
+    partition = mapping.partition or settings.partition
+    qos = mapping.qos or settings.qos
+    tasks = spec.gpus_per_node if settings.tasks_per_node == "gpus" else settings.tasks_per_node
+    time_limit_min = max(1, -(-spec.max_runtime_s // 60))
+    signal_before = min(settings.signal_before_s, max(0, spec.max_runtime_s // 2))
+    if settings.transport == "cli":
+        # B: signals only the batch shell; its trap decides whether the program hears it.
+        signal = f"B:USR1@{signal_before}"
+    else:
+        # slurmrestd 22.05 rejects B:, and a plain signal reaches every task: a program that
+        # does not handle USR1 would die from it, so only jobs that checkpoint ask for it.
+        signal = f"USR1@{signal_before}" if spec.checkpoint_dir else ""
+
+    for key in spec.env:
+        if not _ENV_NAME.match(key):
+            raise RenderError(f"{key!r} is not a valid environment variable name")
+    job_env = {"PATH": settings.job_path}
+    if spec.attempt_token:
+        job_env["GANTRY_ATTEMPT_TOKEN"] = spec.attempt_token
+    if environment is not None:
+        job_env = {**job_env, **environment}
+    job = BatchJob(
+        name=name,
+        comment=name,
+        account=account,
+        partition=partition,
+        qos=qos,
+        nodes=spec.nodes,
+        tasks_per_node=tasks,
+        gres=f"gpu:{mapping.gres_type}:{spec.gpus_per_node}",
+        time_limit_min=time_limit_min,
+        signal=signal,
+        workdir=settings.job_dir,
+        output=f"{settings.job_dir.rstrip('/')}/{name}-%j.out",
+        script="",
+        environment=job_env,
+    )
+    return replace(job, script=_script(job, spec, settings))
+
+
+def _script(job: BatchJob, spec: JobSpec, settings: SlurmSettings) -> str:
+    lines = ["#!/bin/bash", *(f"#SBATCH {option}" for option in job.sbatch_options())]
+    lines += [
+        f"# Gantry run {int(spec.run_id)}, attempt {int(spec.attempt_id)}.",
+        "# GANTRY_ATTEMPT_TOKEN=<redacted>: it comes with the submit environment, never in",
+        "# this script.",
+    ]
+    if settings.transport == "rest":
+        lines.append("# Submitted through slurmrestd, which takes these options as job properties.")
+    if settings.container_runtime == "none":
+        lines.append("# container_runtime none: the command runs on the node, not in the image.")
+    # This first command ends sbatch's scan for #SBATCH lines before any user value.
+    if spec.checkpoint_dir:
+        lines += [
+            "# Near the time limit: pass USR1 on to the job step, so the program can checkpoint.",
+            "trap 'kill -USR1 \"$gantry_step\" 2>/dev/null' USR1",
+        ]
+    else:
+        lines += [
+            "# No checkpoint directory: the program is not signalled before the time limit.",
+            "trap 'echo \"gantry: the time limit is near\" >&2' USR1",
+        ]
+    find, launch = _launcher(spec, settings)
+    lines += find
+    exports = {**spec.env, "GANTRY_IMAGE": spec.image}
+    if spec.checkpoint_dir:
+        exports["GANTRY_CHECKPOINT_DIR"] = spec.checkpoint_dir
+    lines += [f"export {key}={shell_quote(value)}" for key, value in sorted(exports.items())]
+    lines += [
+        f"{launch} {shell_quote(spec.command)} &",
+        "gantry_step=$!",
+        "# wait returns early when a trapped signal arrives: wait until the step is gone.",
+        'while kill -0 "$gantry_step" 2>/dev/null; do wait "$gantry_step"; done',
+        'wait "$gantry_step"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# --- what Slurm prints ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmJob:
+    """One job as squeue, sacct or slurmrestd describe it."""
+
+    job_id: str
+    name: str
+    state: str  # Slurm's base state: "CANCELLED by 0" → "CANCELLED"
+    comment: str = ""
+    reason: str = ""
+    exit_code: int | None = None
+    signal: int | None = None
+    start: datetime | None = None
+    end: datetime | None = None
+    elapsed_s: int | None = None
+    nodes: tuple[str, ...] = ()
+    gpus: int | None = None  # allocated, from AllocTRES gres/gpu
+    user: str = ""
+    source: str = ""  # squeue, sacct, rest, slurmdb
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def refused(self) -> bool:
+        """Slurm refused it at submission; the record exists only to carry the refusal."""
+        return self.state == "FAILED" and self.reason in REFUSED_REASONS and not self.nodes
+
+
+def parse_sbatch_job_id(stdout: str) -> str:
+    """``sbatch --parsable`` prints ``<id>`` or ``<id>;<cluster>``."""
+    first = stdout.strip().splitlines()[-1] if stdout.strip() else ""
+    job_id = first.split(";", 1)[0].strip()
+    if not _JOB_ID.match(job_id):
+        raise ValueError(f"sbatch printed no job id: {stdout.strip()[:200]!r}")
+    return job_id
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Slurm's compressed host list, expanded: ``gpu-node[1-3,7]``, ``n[01-02]-ib``,
+    ``rack[1-2]-n[1-2]`` (every combination), several comma-separated at the top level."""
+    hostlist = (hostlist or "").strip()
+    if hostlist in ("", "(null)", "None", "None assigned"):
+        return []
+    parts, depth, current = [], 0, []
+    for char in hostlist:
+        if char == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+            continue
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth < 0:
+            raise ValueError(f"unbalanced brackets in host list {hostlist!r}")
+        current.append(char)
+    if depth:
+        raise ValueError(f"unbalanced brackets in host list {hostlist!r}")
+    parts.append("".join(current))
+    hosts: list[str] = []
+    for part in parts:
+        if part:
+            hosts.extend(_expand_one(part))
+    return hosts
+
+
+def _expand_one(pattern: str) -> list[str]:
+    match = re.search(r"\[([^\]]*)\]", pattern)
+    if match is None:
+        return [pattern]
+    prefix, suffix = pattern[: match.start()], pattern[match.end() :]
+    values = []
+    for item in match.group(1).split(","):
+        low, dash, high = item.strip().partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise ValueError(f"bad range {item!r} in host list {pattern!r}")
+        width = len(low)
+        stop = int(high) if dash else int(low)
+        if stop < int(low) or stop - int(low) > 100_000:
+            raise ValueError(f"bad range {item!r} in host list {pattern!r}")
+        values.extend(str(n).zfill(width) for n in range(int(low), stop + 1))
+    return [host for value in values for host in _expand_one(f"{prefix}{value}{suffix}")]
+
+
+def parse_tres(text: str) -> dict[str, str]:
+    """``cpu=2,node=2,gres/gpu=16,gres/gpu:a100=16`` → a dict."""
+    items = {}
+    for part in (text or "").split(","):
+        key, eq, value = part.partition("=")
+        if eq and key:
+            items[key.strip()] = value.strip()
+    return items
+
+
+def gpus_of_tres(text: str) -> int | None:
+    tres = parse_tres(text)
+    if "gres/gpu" in tres:
+        return _count(tres["gres/gpu"])
+    typed = [_count(v) for k, v in tres.items() if k.startswith("gres/gpu:")]
+    return sum(typed) if typed else None
+
+
+def _count(value: str) -> int:
+    # TRES counts may carry a unit suffix (mem=4000M); GPU counts never do, but be lenient.
+    digits = re.match(r"^\d+", value)
+    return int(digits.group()) if digits else 0
+
+
+def _epoch(value) -> datetime | None:
+    if isinstance(value, bool) or value in (None, "", 0):
+        return None
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(value, UTC) if value > 0 else None
+    text = str(value).strip()
+    if text.isdigit():
+        return datetime.fromtimestamp(int(text), UTC) if int(text) > 0 else None
+    return None
+
+
+def _wait_status(status) -> tuple[int | None, int | None]:
+    """squeue/REST ``exit_code`` is a wait(2) status: 768 is exit 3, 15 is SIGTERM."""
+    if isinstance(status, bool) or not isinstance(status, int):
+        return None, None
+    if status & 0x7F:
+        return None, status & 0x7F
+    return (status >> 8) & 0xFF, 0
+
+
+def parse_exit_code(text: str) -> tuple[int | None, int | None]:
+    """sacct's ``ExitCode`` is ``<return code>:<signal>``."""
+    code, colon, sig = (text or "").partition(":")
+    if not code.strip().isdigit():
+        return None, None
+    return int(code), int(sig) if colon and sig.strip().isdigit() else 0
+
+
+def _base_state(state: str) -> str:
+    return (state or "").split(" ", 1)[0].strip().upper()
+
+
+def parse_squeue_json(payload: Mapping, *, source: str = "squeue") -> list[SlurmJob]:
+    """Jobs from ``squeue --json`` or slurmrestd ``GET /slurm/v0.0.38/jobs`` (one shape).
+
+    Raises ValueError with Slurm's words when the answer carries errors and no jobs:
+    ``squeue --json`` exits 0 even when it could not reach slurmctld.
+    """
+    errors = payload.get("errors") or []
+    jobs = payload.get("jobs")
+    if errors and not jobs:
+        raise ValueError(describe_errors(errors))
+    result = []
+    for job in jobs or []:
+        state = _base_state(str(job.get("job_state", "")))
+        code, sig = _wait_status(job.get("exit_code"))
+        start = _epoch(job.get("start_time")) if state not in _PENDING_STATES else None
+        end = _epoch(job.get("end_time")) if state in TERMINAL_STATES else None
+        result.append(
+            SlurmJob(
+                job_id=str(job.get("job_id", "")),
+                name=str(job.get("name") or ""),
+                state=state,
+                comment=str(job.get("comment") or ""),
+                reason=str(job.get("state_reason") or ""),
+                exit_code=code,
+                signal=sig,
+                start=start,
+                end=end,
+                elapsed_s=int((end - start).total_seconds()) if start and end else None,
+                nodes=tuple(expand_hostlist(str(job.get("nodes") or ""))),
+                gpus=gpus_of_tres(str(job.get("tres_alloc_str") or "")),
+                user=str(job.get("user_name") or ""),
+                source=source,
+            )
+        )
+    return result
+
+
+def parse_sacct(text: str) -> list[SlurmJob]:
+    """Rows of ``sacct -X -P -n -o <SACCT_FIELDS>`` with ``SLURM_TIME_FORMAT=%s``.
+
+    ``-P`` separates fields with ``|`` and ends rows with a newline; only the comment (our
+    own name here, or a foreign job's free text) could contain either, so a row whose field
+    count is off is joined back into the comment.
+    """
+    jobs = []
+    n = len(SACCT_FIELDS)
+    for line in (text or "").splitlines():
+        if not line.strip():
+            continue
+        cells = line.split("|")
+        if len(cells) < n:
+            continue
+        if len(cells) > n:  # a "|" inside the comment (field 3)
+            extra = len(cells) - n
+            cells = [*cells[:2], "|".join(cells[2 : 3 + extra]), *cells[3 + extra :]]
+        row = dict(zip(SACCT_FIELDS, cells, strict=True))
+        code, sig = parse_exit_code(row["ExitCode"])
+        start, end = _epoch(row["Start"]), _epoch(row["End"])
+        elapsed = row["ElapsedRaw"].strip()
+        jobs.append(
+            SlurmJob(
+                job_id=row["JobIDRaw"].strip(),
+                name=row["JobName"],
+                state=_base_state(row["State"]),
+                comment=row["Comment"],
+                reason=row["Reason"],
+                exit_code=code,
+                signal=sig,
+                start=start,
+                end=end,
+                elapsed_s=int(elapsed) if elapsed.isdigit() else None,
+                nodes=tuple(expand_hostlist(row["NodeList"])),
+                gpus=gpus_of_tres(row["AllocTRES"]),
+                user=row["User"],
+                source="sacct",
+            )
+        )
+    return jobs
+
+
+def parse_slurmdb_jobs(payload: Mapping) -> list[SlurmJob]:
+    """Jobs from slurmrestd ``GET /slurmdb/v0.0.38/jobs``.
+
+    22.05's JSON reports a job that exited 3 as ``{"status": "SUCCESS", "return_code": 0}``
+    (sacct -P says ``FAILED 3:0``): a failed job's exit code is taken as unknown here.
+    """
+    # 9003 "Nothing found" is how slurmdbd's API answers an empty result.
+    errors = [e for e in payload.get("errors") or [] if error_numbers([e]) != [NOTHING_FOUND]]
+    jobs = payload.get("jobs")
+    if errors and not jobs:
+        raise ValueError(describe_errors(errors))
+    result = []
+    for job in jobs or []:
+        state_field = job.get("state") or {}
+        state = _base_state(str(state_field.get("current", "")))
+        exit_field = job.get("exit_code") or {}
+        code = exit_field.get("return_code") if isinstance(exit_field, Mapping) else None
+        sig_field = exit_field.get("signal") if isinstance(exit_field, Mapping) else None
+        sig = sig_field.get("signal_id") if isinstance(sig_field, Mapping) else None
+        if state != "COMPLETED" and code == 0 and not sig:
+            code = None
+        times = job.get("time") or {}
+        start, end = _epoch(times.get("start")), _epoch(times.get("end"))
+        allocated = (job.get("tres") or {}).get("allocated") or []
+        gpus = next(
+            (
+                int(t.get("count") or 0)
+                for t in allocated
+                if t.get("type") == "gres" and t.get("name") == "gpu"
+            ),
+            None,
+        )
+        comment = job.get("comment") or {}
+        result.append(
+            SlurmJob(
+                job_id=str(job.get("job_id", "")),
+                name=str(job.get("name") or ""),
+                state=state,
+                comment=str((comment.get("job") if isinstance(comment, Mapping) else "") or ""),
+                reason=str(state_field.get("reason") or ""),
+                exit_code=code if isinstance(code, int) else None,
+                signal=sig if isinstance(sig, int) else 0,
+                start=start,
+                end=end,
+                elapsed_s=times.get("elapsed") if isinstance(times.get("elapsed"), int) else None,
+                nodes=tuple(expand_hostlist(str(job.get("nodes") or ""))),
+                gpus=gpus,
+                user=str(job.get("user") or ""),
+                source="slurmdb",
+            )
+        )
+    return result
+
+
+def describe_errors(errors: Iterable) -> str:
+    """Slurm's JSON errors as one line: ``Invalid job id specified (2017)``."""
+    parts = []
+    for error in errors:
+        if not isinstance(error, Mapping):
+            parts.append(str(error))
+            continue
+        text = str(error.get("error") or "error")
+        detail = str(error.get("description") or "")
+        number = error.get("error_number", error.get("error_code"))
+        item = text
+        if detail and detail != text:
+            item += f": {detail}"
+        if number not in (None, ""):
+            item += f" ({number})"
+        parts.append(item)
+    return "; ".join(parts) or "unknown error"
+
+
+def error_numbers(errors: Iterable) -> list[int]:
+    numbers = []
+    for error in errors:
+        if isinstance(error, Mapping):
+            number = error.get("error_number", error.get("error_code"))
+            if isinstance(number, int):
+                numbers.append(number)
+    return numbers
+
+
+# Slurm error numbers that mean "could not talk to a daemon" (slurm_errno.h): generic
+# failures (-1, how slurmrestd reports an unreachable slurmctld), communication errors,
+# slurmctld communication errors, socket errors.
+def is_transient_error_number(number: int) -> bool:
+    return (
+        number == -1
+        or 1000 <= number < 1100
+        or 1800 <= number < 1900
+        or 5000 <= number < 5100
+        or number in (2016, 2047)  # nodes busy; "unable to create job record, try again"
+    )
+
+
+_TRANSIENT_TEXT = re.compile(
+    r"unable to contact slurm controller|socket timed out|zero bytes were transmitted|"
+    r"connection refused|connection timed out|communication connection failure|"
+    r"backup controller|problem talking to the database|slurmdbd|temporarily|try again|"
+    r"unable to establish|no route to host|transport endpoint|not responding|"
+    r"failed while looking for jobs|unable to load",
+    re.IGNORECASE,
+)
+
+
+def is_transient_text(text: str) -> bool:
+    return bool(_TRANSIENT_TEXT.search(text or ""))
+
+
+def slurm_message(stderr: str) -> str:
+    """The meaningful part of a Slurm client's error output."""
+    lines = [line.strip() for line in (stderr or "").splitlines() if line.strip()]
+    picked = [
+        re.sub(
+            r"^(sbatch|squeue|sacct|scancel|scontrol|sacctmgr|sinfo): (error: )?"
+            r"(Batch job submission failed: )?",
+            "",
+            line,
+        )
+        for line in lines
+        if "warning" not in line.lower()
+    ] or lines
+    return " ".join(picked)[:1000]
+
+
+# --- the run lifecycle ---------------------------------------------------------------------
+
+
+def job_status(job: SlurmJob) -> JobStatus:
+    """A Slurm job mapped to the run lifecycle and the failure taxonomy."""
+    nodes = list(job.nodes)
+    where = f" on {', '.join(nodes)}" if nodes else ""
+    gpus = f", {job.gpus} GPUs" if job.gpus else ""
+    if job.state in _PENDING_STATES:
+        reason = f" ({job.reason})" if job.reason and job.reason != "None" else ""
+        return JobStatus(
+            state="PENDING", backend_job_id=job.job_id, message=f"Slurm: {job.state}{reason}"
+        )
+    if job.state in _RUNNING_STATES:
+        return JobStatus(
+            state="RUNNING",
+            backend_job_id=job.job_id,
+            started_at=job.start,
+            node_list=nodes,
+            message=f"Slurm job {job.job_id} {job.state}{where}{gpus}",
+        )
+    state, reason = _FINISHED.get(job.state, ("FAILED", "UNKNOWN"))
+    exit_code = job.exit_code
+    if job.signal:
+        exit_code = 128 + job.signal
+    detail = ""
+    if job.exit_code is not None or job.signal:
+        detail = f", exit code {job.exit_code or 0}:{job.signal or 0}"
+    elif state == "FAILED":
+        detail = ", exit code unknown"
+    if job.state == "FAILED" and job.exit_code == 0 and not job.signal:
+        reason = "UNKNOWN"  # e.g. JobLaunchFailure: the program never ran
+    if job.reason and job.reason not in ("None", "NonZeroExitCode"):
+        detail += f" ({job.reason})"
+    if state == "SUCCEEDED":
+        exit_code = 0
+    return JobStatus(
+        state=state,
+        backend_job_id=job.job_id,
+        started_at=job.start,
+        finished_at=job.end or job.start,
+        exit_code=exit_code,
+        failure_reason=reason,
+        node_list=nodes,
+        message=f"Slurm job {job.job_id} {job.state}{detail}{where}{gpus}",
+    )
+
+
+# --- nodes and inventory -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmNode:
+    name: str
+    state: str  # lower case, flags joined with "+": "idle", "mixed+drain"
+    partitions: tuple[str, ...]
+    gpus: Mapping[str, int]  # GPU type ("" when untyped) → count
+
+
+_UNUSABLE_NODE_STATES = ("down", "drain", "fail", "inval", "not_responding", "future", "unknown")
+
+
+def parse_gres(gres: str) -> dict[str, int]:
+    """``gpu:a100:8(S:0-1),gpu:h100:4`` → ``{"a100": 8, "h100": 4}``; untyped under ``""``."""
+    counts: dict[str, int] = defaultdict(int)
+    for item in re.split(r",(?![^(]*\))", gres or ""):
+        item = re.sub(r"\(.*\)$", "", item.strip())
+        parts = item.split(":")
+        if not parts or parts[0] != "gpu":
+            continue
+        if len(parts) == 2 and parts[1].isdigit():
+            counts[""] += int(parts[1])
+        elif len(parts) >= 3 and parts[-1].isdigit():
+            counts[parts[1]] += int(parts[-1])
+        elif len(parts) == 2:
+            counts[parts[1]] += 1
+    return dict(counts)
+
+
+def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
+    """``scontrol show node -o``: one node per line of ``Key=Value`` pairs."""
+    nodes = []
+    for line in (text or "").splitlines():
+        name = re.search(r"(?:^|\s)NodeName=(\S+)", line)
+        if not name:
+            continue
+        gres = re.search(r"(?:^|\s)Gres=(\S+)", line)
+        state = re.search(r"(?:^|\s)State=(\S+)", line)
+        partitions = re.search(r"(?:^|\s)Partitions=(\S+)", line)
+        nodes.append(
+            SlurmNode(
+                name=name.group(1),
+                state=(state.group(1) if state else "unknown").lower(),
+                partitions=tuple(partitions.group(1).split(",")) if partitions else (),
+                gpus=parse_gres(gres.group(1) if gres else ""),
+            )
+        )
+    return nodes
+
+
+def parse_rest_nodes(payload: Mapping) -> list[SlurmNode]:
+    errors = payload.get("errors") or []
+    if errors and not payload.get("nodes"):
+        raise ValueError(describe_errors(errors))
+    nodes = []
+    for node in payload.get("nodes") or []:
+        state = str(node.get("state") or "unknown").lower()
+        flags = [str(f).lower() for f in node.get("state_flags") or []]
+        nodes.append(
+            SlurmNode(
+                name=str(node.get("name") or ""),
+                state="+".join([state, *flags]),
+                partitions=tuple(node.get("partitions") or ()),
+                gpus=parse_gres(str(node.get("gres") or "")),
+            )
+        )
+    return nodes
+
+
+def node_usable(node: SlurmNode) -> bool:
+    """Up and responding (a trailing ``*``), not down, drained, failed or invalid."""
+    if node.state.endswith("*"):
+        return False
+    return not any(word in node.state for word in _UNUSABLE_NODE_STATES)
+
+
+def inventory_items(nodes: Iterable[SlurmNode], settings: SlurmSettings) -> list[InventoryItem]:
+    """Capacity per flavor: usable nodes with the flavor's GPU type (in its partition, if
+    it names one). Heterogeneous nodes count as the largest node size, and only nodes of
+    that size: a gang is never promised more GPUs per node than a node has."""
+    usable = [node for node in nodes if node_usable(node)]
+    items = []
+    for flavor, mapping in sorted(settings.flavors.items()):
+        partition = mapping.partition or settings.partition
+        counts = [
+            node.gpus.get(mapping.gres_type, 0)
+            for node in usable
+            if not partition or partition in node.partitions
+        ]
+        counts = [c for c in counts if c > 0]
+        if not counts:
+            continue
+        largest = max(counts)
+        items.append(
+            InventoryItem(
+                flavor=flavor, nodes=sum(1 for c in counts if c == largest), gpus_per_node=largest
+            )
+        )
+    return items
+
+
+# --- quotas --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaLimit:
+    """The most GPUs of a flavor a tenant may hold at once (guaranteed + borrow limit)."""
+
+    tenant: str
+    flavor: str
+    gpus: int
+
+
+def quota_commands(
+    quotas: Iterable[QuotaLimit], settings: SlurmSettings, *, users: Iterable[str]
+) -> list[list[str]]:
+    """``sacctmgr -i`` commands that give each tenant an account with a QOS of its own,
+    ``GrpTRES=gres/gpu=<total>,gres/gpu:<type>=<n>`` for every GPU type the cluster maps
+    (0 for a type the tenant has no quota for), as the account's default QOS.
+
+    Adding what already exists fails harmlessly; the ``modify`` commands make the limits
+    exactly these, whatever they were before.
+    """
+    per_tenant: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    types = sorted({m.gres_type for m in settings.flavors.values()})
+    for quota in quotas:
+        mapping = settings.flavors.get(quota.flavor)
+        if mapping is None:
+            continue
+        if quota.gpus < 0:
+            raise RenderError(f"tenant {quota.tenant}: a GPU limit cannot be negative")
+        per_tenant[_word(quota.tenant, "tenant")][mapping.gres_type] += int(quota.gpus)
+    users = [_word(u, "user") for u in users]
+    commands: list[list[str]] = []
+    for tenant, by_type in sorted(per_tenant.items()):
+        qos = _word(f"{settings.qos_prefix}{tenant}", "QOS name")
+        tres = ",".join(
+            [f"gres/gpu={sum(by_type.values())}"]
+            + [f"gres/gpu:{t}={by_type.get(t, 0)}" for t in types]
+        )
+        commands += [
+            ["sacctmgr", "-i", "add", "qos", qos],
+            ["sacctmgr", "-i", "modify", "qos", "where", f"name={qos}", "set", f"GrpTRES={tres}"],
+            ["sacctmgr", "-i", "add", "account", tenant, "Description=gantry tenant"],
+        ]
+        if users:
+            commands.append(["sacctmgr", "-i", "add", "user", ",".join(users), f"account={tenant}"])
+        commands.append(
+            [
+                "sacctmgr",
+                "-i",
+                "modify",
+                "account",
+                "where",
+                f"name={tenant}",
+                "set",
+                f"QOS+={qos}",
+                f"DefaultQOS={qos}",
+            ]
+        )
+        if users:
+            commands.append(
+                [
+                    "sacctmgr",
+                    "-i",
+                    "modify",
+                    "user",
+                    "where",
+                    f"name={','.join(users)}",
+                    f"account={tenant}",
+                    "set",
+                    f"QOS+={qos}",
+                    f"DefaultQOS={qos}",
+                ]
+            )
+    return commands
+
+
+# --- JWT -----------------------------------------------------------------------------------
+
+
+def jwt_claims(token: str) -> dict:
+    """The claims of a JWT, unverified (only slurmctld holds the key). Used to tell a
+    malformed, expired or foreign token apart from an unreachable cluster: slurmrestd
+    answers both with the same "Unspecified error"."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        raise ValueError("not a JWT (expected three dot-separated parts)")
+    padded = parts[1] + "=" * (-len(parts[1]) % 4)
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(padded))
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError("not a JWT (its claims are not base64url JSON)") from None
+    if not isinstance(claims, dict):
+        raise ValueError("not a JWT (its claims are not an object)")
+    return claims
