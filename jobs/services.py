@@ -942,10 +942,19 @@ def attempt_submit(*, attempt_id: int) -> None:
     try:
         job_id = backend.submit(spec)
     except TransientBackendError as exc:
-        Attempt.objects.filter(pk=attempt.pk).update(
-            backend_error=f"backend unreachable: {exc}"[:2000]
+        waited = (timezone.now() - attempt.created_at).total_seconds()
+        if waited <= settings.GANTRY_SUBMIT_GIVE_UP_S:
+            Attempt.objects.filter(pk=attempt.pk).update(
+                backend_error=f"backend unreachable: {exc}"[:2000]
+            )
+            raise
+        # A cluster that never answers (wrong URL, long outage) must not hold a run forever.
+        exc = PermanentBackendError(
+            f"backend unreachable for {waited / 60:.0f} minutes, giving up: {exc}"
         )
-        raise
+        with transaction.atomic():
+            _attempt_fail_submit(attempt, run, exc)
+        return
     except PermanentBackendError as exc:
         with transaction.atomic():
             _attempt_fail_submit(attempt, run, exc)

@@ -195,6 +195,8 @@ GANTRY_FAIR_SHARE_HALF_LIFE_H = env_int("GANTRY_FAIR_SHARE_HALF_LIFE_H", default
 GANTRY_STARVATION_AFTER_S = env_int("GANTRY_STARVATION_AFTER_S", default=1800)
 # How long a live attempt may be missing from its backend before it is declared LOST.
 GANTRY_LOST_GRACE_S = env_int("GANTRY_LOST_GRACE_S", default=120)
+# How long a submit keeps retrying an unreachable backend before the attempt fails.
+GANTRY_SUBMIT_GIVE_UP_S = env_int("GANTRY_SUBMIT_GIVE_UP_S", default=1800)
 
 # E-mail (budget alerts). Embedded mode prints mails to the console instead of sending them.
 _EMAIL_BACKENDS = {

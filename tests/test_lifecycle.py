@@ -352,3 +352,32 @@ def test_preview_says_start_borrow_or_wait_without_changing_anything(world):
         services.admission_preview(
             user=world.researcher_a, tenant="nlp", flavor="h100-80gb", nodes=1, gpus_per_node=1
         )
+
+
+def test_unreachable_backend_is_retried_then_given_up(world, monkeypatch, settings):
+    from jobs.backends import TransientBackendError
+    from jobs.backends.simulator import SimulatorBackend
+
+    def refuse(self, spec):
+        raise TransientBackendError("connection refused by 127.0.0.1:1")
+
+    monkeypatch.setattr(SimulatorBackend, "submit", refuse)
+    settings.GANTRY_SUBMIT_GIVE_UP_S = 600
+    run = submit(world)
+    services.admission_run_cycle()
+    attempt = run.attempts.get()
+    with pytest.raises(TransientBackendError):
+        services.attempt_submit(attempt_id=attempt.pk)
+    attempt.refresh_from_db()
+    run.refresh_from_db()
+    assert (run.state, attempt.state) == ("SUBMITTING", "SUBMITTING")
+    assert attempt.backend_error == "backend unreachable: connection refused by 127.0.0.1:1"
+
+    Attempt.objects.filter(pk=attempt.pk).update(created_at=timezone.now() - timedelta(seconds=601))
+    services.attempt_submit(attempt_id=attempt.pk)
+    attempt.refresh_from_db()
+    run.refresh_from_db()
+    assert (run.state, attempt.state, attempt.failure_reason) == ("FAILED", "FAILED", "UNKNOWN")
+    assert attempt.failure_message == (
+        "backend unreachable for 10 minutes, giving up: connection refused by 127.0.0.1:1"
+    )
