@@ -9,23 +9,12 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from tenants.models import Notification
 from tenants.selectors import notification_list_for_user, notification_unread_count
+from tenants.services import notification_mark_all_read
 
 NOTIFICATIONS_PER_PAGE = 25
-
-
-def notification_mark_all_read(*, user) -> int:
-    """Mark every unread notification of the user read; returns how many changed.
-
-    Lives here rather than in tenants/services.py only until the quota work there lands.
-    """
-    return Notification.objects.filter(user=user, read_at__isnull=True).update(
-        read_at=timezone.now()
-    )
 
 
 @login_required

@@ -14,6 +14,7 @@ from tenants.models import (
     GlobalRole,
     GpuFlavor,
     Membership,
+    Notification,
     Quota,
     Tenant,
 )
@@ -293,3 +294,10 @@ def api_token_create(
 
 def api_token_revoke(*, token: ApiToken) -> None:
     ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def notification_mark_all_read(*, user) -> int:
+    """Mark every unread notification of the user read; returns how many changed."""
+    return Notification.objects.filter(user=user, read_at__isnull=True).update(
+        read_at=timezone.now()
+    )
