@@ -69,6 +69,7 @@ def run(name: str) -> list[Section]:
 
         return slurm.run()
     if name == "telemetry":
+        setup_django()
         from bench import telemetry
 
         return telemetry.run()

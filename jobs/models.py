@@ -220,7 +220,7 @@ class Checkpoint(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
     attempt = models.ForeignKey("Attempt", on_delete=models.CASCADE, related_name="checkpoints")
     step = models.PositiveBigIntegerField()
-    uri = models.CharField(max_length=1000)
+    uri = models.CharField(max_length=2048)  # as long as the SDK accepts
     saved_at = models.DateTimeField()
     save_seconds = models.FloatField(default=0)
 

@@ -21,6 +21,7 @@ from images.services import TagResolutionError, tag_resolve
 from jobs import admission, reproducibility
 from jobs.backends import (
     BackendError,
+    CheckpointReport,
     JobRef,
     JobSpec,
     JobStatus,
@@ -461,9 +462,16 @@ def run_can_cancel(*, user, run: Run) -> bool:
 
 
 @transaction.atomic
-def run_cancel(*, run: Run, actor) -> Run:
-    """Cancel a run: at once if it holds no backend job yet, else through the backend."""
-    if not run_can_cancel(user=actor, run=run):
+def run_cancel(*, run: Run, actor, system_reason: str = "") -> Run:
+    """Cancel a run: at once if it holds no backend job yet, else through the backend.
+
+    Gantry itself cancels (a tenant's idle-GPU policy) with ``actor`` None and a
+    ``system_reason``: that becomes the message of the run's event, and no person's
+    permission is checked.
+    """
+    if (actor is None) != bool(system_reason):
+        raise ValueError("Cancel either as a person (actor) or as Gantry (system_reason).")
+    if actor is not None and not run_can_cancel(user=actor, run=run):
         raise PermissionDenied("Only the submitter, a tenant admin or a platform admin can cancel.")
     run = Run.objects.select_for_update().get(pk=run.pk)
     now = timezone.now()
@@ -473,7 +481,8 @@ def run_cancel(*, run: Run, actor) -> Run:
             to=RunState.CANCELLED,
             expected=(RunState.QUEUED, RunState.ADMITTED, RunState.PREEMPTED),
             reason="CANCELLED",
-            message=f"Cancelled by {actor.get_username()} before it reached the cluster",
+            message=system_reason
+            or f"Cancelled by {actor.get_username()} before it reached the cluster",
             actor=actor,
             finished_at=now,
             cancel_requested_at=now,
@@ -496,7 +505,7 @@ def run_cancel(*, run: Run, actor) -> Run:
                 from_state=run.state,
                 to_state=run.state,
                 reason="CANCEL_REQUESTED",
-                message=f"Cancel requested by {actor.get_username()}",
+                message=system_reason or f"Cancel requested by {actor.get_username()}",
                 actor=actor,
             )
             attempt = run.attempts.order_by("-number").first()
@@ -1085,6 +1094,46 @@ def cluster_sync(*, cluster: Cluster) -> int:
     return changed
 
 
+CHECKPOINT_URI_MAX_LENGTH = Checkpoint._meta.get_field("uri").max_length
+
+
+def checkpoints_record(*, attempt: Attempt, reports: Iterable[CheckpointReport]) -> None:
+    """Record the checkpoints an attempt reported, through its backend's status or the
+    job-side SDK; the latest one is where a requeued run resumes.
+
+    Idempotent on (attempt, step): a step already recorded is left as it is, so reports
+    repeated on every sync or in a resent SDK batch add nothing. A report whose URI is
+    longer than a checkpoint can hold is skipped and logged: resuming from a cut URI fails.
+    """
+    by_step: dict[int, CheckpointReport] = {}
+    for report in reports:
+        if len(report.uri) > CHECKPOINT_URI_MAX_LENGTH:
+            logger.warning(
+                "attempt %s: checkpoint step %s not recorded, its URI has %d characters",
+                attempt.pk,
+                report.step,
+                len(report.uri),
+            )
+            continue
+        by_step.setdefault(report.step, report)
+    if not by_step:
+        return
+    Checkpoint.objects.bulk_create(
+        [
+            Checkpoint(
+                run_id=attempt.run_id,
+                attempt=attempt,
+                step=report.step,
+                uri=report.uri,
+                saved_at=report.saved_at,
+                save_seconds=report.save_seconds,
+            )
+            for report in by_step.values()
+        ],
+        ignore_conflicts=True,  # the first report of a step wins
+    )
+
+
 @transaction.atomic
 def attempt_apply_status(*, attempt: Attempt, status: JobStatus, now) -> int:
     """Apply what the backend reports about one attempt to the attempt and its run."""
@@ -1092,21 +1141,7 @@ def attempt_apply_status(*, attempt: Attempt, status: JobStatus, now) -> int:
     common = {"last_seen_at": now, "backend_error": ""}
     if status.node_list:
         common["node_list"] = status.node_list
-    if status.checkpoints:
-        Checkpoint.objects.bulk_create(
-            [
-                Checkpoint(
-                    run_id=attempt.run_id,
-                    attempt=attempt,
-                    step=report.step,
-                    uri=report.uri,
-                    saved_at=report.saved_at,
-                    save_seconds=report.save_seconds,
-                )
-                for report in status.checkpoints
-            ],
-            ignore_conflicts=True,  # reported again on every sync: keep the first row
-        )
+    checkpoints_record(attempt=attempt, reports=status.checkpoints)
     if status.state == attempt.state or (
         status.state == "PENDING" and attempt.state == AttemptState.SUBMITTING
     ):

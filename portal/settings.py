@@ -167,6 +167,10 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 GANTRY_ADMISSION_INTERVAL_S = env_int("GANTRY_ADMISSION_INTERVAL_S", default=5)
 GANTRY_SYNC_INTERVAL_S = env_int("GANTRY_SYNC_INTERVAL_S", default=3)
 GANTRY_BUDGET_CHECK_INTERVAL_S = env_int("GANTRY_BUDGET_CHECK_INTERVAL_S", default=60)
+GANTRY_TELEMETRY_INTERVAL_S = env_int("GANTRY_TELEMETRY_INTERVAL_S", default=30)
+# Raw telemetry bodies are kept this long after they are rolled up into minutes, so a
+# window can be rolled up again; the minutes themselves are kept for good.
+GANTRY_TELEMETRY_RAW_RETENTION_H = env_int("GANTRY_TELEMETRY_RAW_RETENTION_H", default=48)
 CELERY_BEAT_SCHEDULE = {
     "admission-cycle": {
         "task": "jobs.tasks.admission_cycle",
@@ -180,12 +184,16 @@ CELERY_BEAT_SCHEDULE = {
         "task": "jobs.tasks.budget_alerts",
         "schedule": float(GANTRY_BUDGET_CHECK_INTERVAL_S),
     },
-    "simulator-telemetry": {
-        "task": "telemetry.tasks.simulator_telemetry_collect_all",
-        "schedule": 60.0,
+    "telemetry-collect": {
+        "task": "telemetry.tasks.telemetry_collect_all",
+        "schedule": float(GANTRY_TELEMETRY_INTERVAL_S),
     },
     "attempt-accounting": {
         "task": "telemetry.tasks.accounting_compute_pending",
+        "schedule": 60.0,
+    },
+    "idle-gpu-policy": {
+        "task": "telemetry.tasks.idle_policy_enforce",
         "schedule": 60.0,
     },
 }

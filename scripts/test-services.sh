@@ -2,7 +2,10 @@
 # PostgreSQL and Redis for the test suite and the benchmarks.
 #
 # Also installs Debian's docker-registry when /usr/bin/docker-registry is missing: the registry
-# client's tests start their own registries with it (tests/registry_support.py).
+# client's tests start their own registries with it (tests/registry_support.py). Likewise
+# Debian's prometheus (and promtool) when /usr/bin/prometheus is missing: the telemetry source
+# tests start their own Prometheus (tests/prometheus_support.py). The package's postinst does
+# not start a service where policy-rc.d forbids it or PID 1 is not systemd.
 #
 # Uses the machine's standard servers (PostgreSQL on 127.0.0.1:5432 with trust auth for
 # user postgres, Redis on 127.0.0.1:6379) when they answer. Otherwise it installs the
@@ -276,6 +279,7 @@ start() {
         command -v redis-server >/dev/null || missing+=(redis-server)
     fi
     [[ -x /usr/bin/docker-registry ]] || missing+=(docker-registry)
+    [[ -x /usr/bin/prometheus ]] || missing+=(prometheus)
     install_packages "${missing[@]}"
 
     PSQL=$(command -v psql || printf '%s/psql' "$(pg_bindir)")

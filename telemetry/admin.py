@@ -1,6 +1,14 @@
 from django.contrib import admin
 
-from telemetry.models import AttemptAccounting, GpuMinute, SdkEvent, StepWindow, UnmappedSamples
+from telemetry.models import (
+    AttemptAccounting,
+    ClusterTelemetry,
+    GpuMinute,
+    RawScrape,
+    SdkEvent,
+    StepWindow,
+    UnmappedSamples,
+)
 
 
 @admin.register(StepWindow)
@@ -47,3 +55,15 @@ class AttemptAccountingAdmin(admin.ModelAdmin):
 class UnmappedSamplesAdmin(admin.ModelAdmin):
     list_display = ("minute", "source", "count")
     list_filter = ("source",)
+
+
+@admin.register(RawScrape)
+class RawScrapeAdmin(admin.ModelAdmin):
+    list_display = ("cluster", "origin", "fetched_at", "size", "samples", "rejected")
+    list_filter = ("cluster",)
+    exclude = ("body",)  # compressed bytes: nothing to read in a form
+
+
+@admin.register(ClusterTelemetry)
+class ClusterTelemetryAdmin(admin.ModelAdmin):
+    list_display = ("cluster", "fetched_until", "rolled_up_until", "last_error_at", "updated_at")

@@ -378,6 +378,16 @@ class PodAllocation:
 
 
 @dataclass(frozen=True, slots=True)
+class KubernetesJobAllocation:
+    """Kubernetes: every pod of the Job an attempt created. A Job's pods are named
+    ``<job>-<random>``, or ``<job>-<index>-<random>`` for an Indexed Job."""
+
+    namespace: str
+    job: str
+    attempt_id: AttemptId
+
+
+@dataclass(frozen=True, slots=True)
 class SlurmAllocation:
     """Slurm: the job id dcgm-exporter writes as ``hpc_job``."""
 
@@ -396,7 +406,7 @@ class HostAllocation:
     attempt_id: AttemptId
 
 
-Allocation = PodAllocation | SlurmAllocation | HostAllocation
+Allocation = PodAllocation | KubernetesJobAllocation | SlurmAllocation | HostAllocation
 
 
 class AllocationIndex:
@@ -409,12 +419,15 @@ class AllocationIndex:
     """
 
     def __init__(self, allocations: Iterable[Allocation]) -> None:
-        self._pods: dict[tuple[str, str], AttemptId] = {}
+        self._pods: dict[tuple[str, str], AttemptId | None] = {}
+        self._k8s_jobs: dict[tuple[str, str], AttemptId] = {}
         self._jobs: dict[str, AttemptId] = {}
         self._windows: dict[tuple[str, str], list[tuple[int, float, AttemptId]]] = {}
         for allocation in allocations:
             if isinstance(allocation, PodAllocation):
                 self._pods[(allocation.namespace, allocation.pod)] = allocation.attempt_id
+            elif isinstance(allocation, KubernetesJobAllocation):
+                self._k8s_jobs[(allocation.namespace, allocation.job)] = allocation.attempt_id
             elif isinstance(allocation, SlurmAllocation):
                 self._jobs[allocation.hpc_job] = allocation.attempt_id
             else:
@@ -427,15 +440,30 @@ class AllocationIndex:
             held.sort(key=lambda window: window[0])
             self._starts[key] = [window[0] for window in held]
 
-    def map(self, samples: Iterable[GpuSample]) -> tuple[list[tuple[AttemptId, GpuSample]], int]:
-        """(mapped (attempt, sample) pairs, how many samples mapped to no attempt)."""
+    def _pod_owner(self, namespace: str, pod: str) -> AttemptId | None:
+        """The attempt whose Job owns the pod, remembered per pod (also when none does)."""
+        attempt = None
+        parts = pod.rsplit("-", 2)
+        for job in (parts[0], "-".join(parts[:2])) if len(parts) == 3 else parts[:1]:
+            attempt = self._k8s_jobs.get((namespace, job))
+            if attempt is not None:
+                break
+        self._pods[(namespace, pod)] = attempt
+        return attempt
+
+    def map(
+        self, samples: Iterable[GpuSample], unmapped_out: list[GpuSample] | None = None
+    ) -> tuple[list[tuple[AttemptId, GpuSample]], int]:
+        """(mapped (attempt, sample) pairs, how many samples mapped to no attempt); the
+        unmapped samples themselves are appended to ``unmapped_out`` when given."""
         pods, jobs, windows, starts = self._pods, self._jobs, self._windows, self._starts
         mapped: list[tuple[AttemptId, GpuSample]] = []
         append = mapped.append
         unmapped = 0
         for sample in samples:
             if sample.pod:
-                attempt = pods.get((sample.namespace, sample.pod))
+                key = (sample.namespace, sample.pod)
+                attempt = pods[key] if key in pods else self._pod_owner(*key)
             elif sample.hpc_job:
                 attempt = jobs.get(sample.hpc_job)
             else:
@@ -450,6 +478,8 @@ class AllocationIndex:
                             attempt = candidate
             if attempt is None:
                 unmapped += 1
+                if unmapped_out is not None:
+                    unmapped_out.append(sample)
             else:
                 append((attempt, sample))
         return mapped, unmapped

@@ -3,7 +3,7 @@ accounting computed from them (design §7), and the count of samples no attempt 
 
 from django.db import models
 
-from jobs.models import Attempt
+from jobs.models import Attempt, Cluster
 
 SOURCE_MAX_LENGTH = 64
 
@@ -147,3 +147,51 @@ class UnmappedSamples(models.Model):
 
     def __str__(self) -> str:
         return f"{self.count} unmapped samples from {self.source} at {self.minute:%H:%M}"
+
+
+class RawScrape(models.Model):
+    """One body a telemetry source delivered, as received (zlib-compressed exposition text):
+    the raw samples the minute rollups are computed from, kept for
+    ``GANTRY_TELEMETRY_RAW_RETENTION_H`` hours so a window can be rolled up again."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+")
+    origin = models.CharField(max_length=300)
+    fetched_at = models.DateTimeField()
+    first_sample_at = models.DateTimeField(null=True, blank=True)
+    last_sample_at = models.DateTimeField(null=True, blank=True)
+    body = models.BinaryField()
+    size = models.PositiveIntegerField(help_text="Uncompressed bytes")
+    samples = models.PositiveIntegerField(help_text="Samples of the gauges Gantry keeps")
+    rejected = models.PositiveIntegerField(
+        default=0, help_text="Malformed, non-finite or out-of-range lines"
+    )
+
+    class Meta:
+        ordering = ["cluster", "fetched_at", "id"]
+        indexes = [
+            models.Index(fields=["cluster", "last_sample_at"], name="rawscrape_cluster_last"),
+            models.Index(fields=["fetched_at"], name="rawscrape_fetched"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.origin} at {self.fetched_at:%Y-%m-%d %H:%M:%S}"
+
+
+class ClusterTelemetry(models.Model):
+    """The collector's checkpoint for one cluster: how far its source has been read and how
+    far minute rollups are final. Advanced in the same transaction as the rows it covers,
+    so a crash repeats a window instead of skipping or double-counting it."""
+
+    cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="telemetry")
+    fetched_until = models.DateTimeField(null=True, blank=True)
+    rolled_up_until = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    last_error_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["cluster"]
+        verbose_name_plural = "cluster telemetry"
+
+    def __str__(self) -> str:
+        return f"telemetry of {self.cluster_id}"

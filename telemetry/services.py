@@ -11,20 +11,20 @@ from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
+from jobs.backends import CheckpointReport
 from jobs.models import Attempt, AttemptState, Checkpoint, Cluster, SimulatedJob
-from jobs.services import RUNTIME_REPORT_GRACE
+from jobs.services import RUNTIME_REPORT_GRACE, checkpoints_record
 from jobs.simulation import Workload
 from telemetry import accounting
+from telemetry.collection import telemetry_collect
 from telemetry.models import (
     SOURCE_MAX_LENGTH,
     AttemptAccounting,
     GpuMinute,
     SdkEvent,
     StepWindow,
-    UnmappedSamples,
 )
 from telemetry.selectors import attempts_pending_accounting
 from telemetry.simulated import simulated_telemetry
@@ -138,7 +138,9 @@ def sdk_events_ingest(
 ) -> IngestResult:
     """Store one SDK batch of ``attempt``: valid new events are kept, a ``seq`` already
     stored for (attempt, source) is a duplicate, anything malformed or unknown is rejected.
-    Raises ``AttemptClosed`` more than ``EVENTS_GRACE`` after the attempt ended."""
+    New ``checkpoint_saved`` events are recorded as the run's checkpoints too, which a
+    requeued run resumes from. Raises ``AttemptClosed`` more than ``EVENTS_GRACE`` after the
+    attempt ended."""
     now = now or timezone.now()
     if not 1 <= len(source) <= SOURCE_MAX_LENGTH:
         raise ValueError("source must be 1-64 characters")
@@ -178,31 +180,32 @@ def sdk_events_ingest(
         SdkEvent.objects.bulk_create(
             [row for row in new if isinstance(row, SdkEvent)], ignore_conflicts=True
         )
+        checkpoints_record(
+            attempt=attempt,
+            reports=[
+                CheckpointReport(
+                    step=row.payload["step"],
+                    uri=row.payload["uri"],
+                    saved_at=row.ts,
+                    save_seconds=row.payload["seconds"],
+                )
+                for row in new
+                if isinstance(row, SdkEvent) and row.type == SdkEvent.Type.CHECKPOINT_SAVED
+            ],
+        )
     return IngestResult(
         accepted=len(new), duplicates=repeated + len(parsed) - len(new), rejected=rejected
     )
-
-
-def unmapped_samples_record(*, source: str, minute: datetime, count: int) -> None:
-    """Add ``count`` samples of ``source`` that matched no attempt to their minute."""
-    if count <= 0:
-        return
-    minute = minute.astimezone(UTC).replace(second=0, microsecond=0)
-    with transaction.atomic():
-        row, created = UnmappedSamples.objects.get_or_create(
-            minute=minute, source=source[:200], defaults={"count": count}
-        )
-        if not created:
-            UnmappedSamples.objects.filter(pk=row.pk).update(count=F("count") + count)
 
 
 # --- simulator telemetry -------------------------------------------------------------------
 
 
 def simulator_telemetry_collect(*, cluster: Cluster, now: datetime | None = None) -> int:
-    """Write the step windows and GPU minutes that the simulator's running and recently
-    finished jobs imply. Idempotent: windows are only written once complete, minutes are
-    upserted. Returns the number of attempts collected."""
+    """Write the step windows the simulator's running and recently finished jobs report,
+    as their SDK would, then collect their GPU metrics like any cluster's (exposition text,
+    raw store, minute rollups). Idempotent: windows are only written once complete.
+    Returns the number of attempts whose windows were collected."""
     now = now or timezone.now()
     speedup = float(cluster.settings.get("speedup", 1))
     jobs = {
@@ -228,44 +231,26 @@ def simulator_telemetry_collect(*, cluster: Cluster, now: datetime | None = None
                 (node, str(gpu)) for node, gpus in sorted(job.allocation.items()) for gpu in gpus
             ],
         )
-        with transaction.atomic():
-            StepWindow.objects.bulk_create(
-                [
-                    StepWindow(
-                        attempt_id=attempt.pk,
-                        source=SIMULATOR_SOURCE,
-                        seq=window.seq,
-                        start=window.start,
-                        end=window.end,
-                        steps=window.steps,
-                        step_time_s=window.step_time_s,
-                        data_wait_s=window.data_wait_s,
-                        comm_wait_s=window.comm_wait_s,
-                        step=window.step,
-                    )
-                    for window in telemetry.windows
-                ],
-                ignore_conflicts=True,
-            )
-            GpuMinute.objects.bulk_create(
-                [
-                    GpuMinute(
-                        attempt_id=attempt.pk,
-                        host=minute.host,
-                        gpu=minute.gpu,
-                        minute=minute.minute,
-                        activity=minute.activity,
-                        sm_active=minute.sm_active,
-                        tensor_active=minute.tensor_active,
-                        samples=minute.samples,
-                    )
-                    for minute in telemetry.minutes
-                ],
-                update_conflicts=True,
-                unique_fields=["attempt", "host", "gpu", "minute"],
-                update_fields=["activity", "sm_active", "tensor_active", "samples", "updated_at"],
-            )
+        StepWindow.objects.bulk_create(
+            [
+                StepWindow(
+                    attempt_id=attempt.pk,
+                    source=SIMULATOR_SOURCE,
+                    seq=window.seq,
+                    start=window.start,
+                    end=window.end,
+                    steps=window.steps,
+                    step_time_s=window.step_time_s,
+                    data_wait_s=window.data_wait_s,
+                    comm_wait_s=window.comm_wait_s,
+                    step=window.step,
+                )
+                for window in telemetry.windows
+            ],
+            ignore_conflicts=True,
+        )
         collected += 1
+    telemetry_collect(cluster=cluster, now=now)
     return collected
 
 
@@ -315,15 +300,21 @@ def attempt_timeline(*, attempt: Attempt) -> accounting.AttemptTimeline:
         for window in StepWindow.objects.filter(attempt=attempt).order_by("start", "source", "seq")
     ]
     blocked: list[tuple[Fraction, Fraction]] = []
+    sdk_saved_steps = set()
     for event in SdkEvent.objects.filter(
         attempt=attempt,
         type__in=(SdkEvent.Type.CHECKPOINT_SAVED, SdkEvent.Type.CHECKPOINT_RESTORED),
     ):
         finished_at = _unix(event.ts)
         blocked.append((finished_at - Fraction(repr(event.payload["seconds"])), finished_at))
-    for saved_at, save_seconds in Checkpoint.objects.filter(
-        attempt=attempt, save_seconds__gt=0
-    ).values_list("saved_at", "save_seconds"):
+        if event.type == SdkEvent.Type.CHECKPOINT_SAVED:
+            sdk_saved_steps.add(event.payload["step"])
+    # A save the SDK reported is also a Checkpoint row: count it once, as the SDK timed it.
+    for saved_at, save_seconds in (
+        Checkpoint.objects.filter(attempt=attempt, save_seconds__gt=0)
+        .exclude(step__in=sdk_saved_steps)
+        .values_list("saved_at", "save_seconds")
+    ):
         blocked.append((_unix(saved_at) - Fraction(repr(save_seconds)), _unix(saved_at)))
     activity: dict[str, dict[int, float]] = {}
     for host, gpu, minute, value in GpuMinute.objects.filter(

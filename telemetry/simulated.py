@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from jobs.simulation import STARTUP_S, Workload
+from telemetry.exposition import GR_ENGINE_ACTIVE, SM_ACTIVE, TENSOR_ACTIVE, GpuSample
 
 WINDOW_S = 60  # simulated seconds per step window
 SCRAPE_INTERVAL_S = 15  # how often the pretend exporter is scraped, for the sample count
@@ -148,3 +149,38 @@ def simulated_telemetry(
 def _minute_floor(moment: datetime) -> datetime:
     utc = moment.astimezone(UTC)
     return utc.replace(second=0, microsecond=0)
+
+
+def minute_samples(
+    telemetry: SimulatedTelemetry,
+    *,
+    started_at: datetime,
+    finished_at: datetime | None,
+    since: datetime,
+    until: datetime,
+) -> list[GpuSample]:
+    """What a DCGM exporter scraped every ``SCRAPE_INTERVAL_S`` would have reported for the
+    minutes of ``telemetry`` that were complete by ``until`` and not yet by ``since``: a
+    minute is complete at its end, or at the job's end for the job's last minute. The
+    samples carry timestamps, as a Prometheus query returns them."""
+    samples: list[GpuSample] = []
+    for minute in telemetry.minutes:
+        complete_at = minute.minute + timedelta(seconds=MINUTE)
+        if finished_at is not None:
+            complete_at = min(complete_at, finished_at)
+        if not since <= complete_at < until:
+            continue
+        first_ms = int(max(minute.minute, started_at).timestamp() * 1000)
+        values = {
+            GR_ENGINE_ACTIVE: minute.activity,
+            SM_ACTIVE: minute.sm_active,
+            TENSOR_ACTIVE: minute.tensor_active,
+        }
+        uuid = f"GPU-sim-{minute.host}-{minute.gpu}"
+        for scrape in range(minute.samples):
+            ts = first_ms + scrape * SCRAPE_INTERVAL_S * 1000
+            samples.extend(
+                GpuSample(minute.host, minute.gpu, uuid, metric, value, ts)
+                for metric, value in values.items()
+            )
+    return samples

@@ -5,7 +5,7 @@ import logging
 from celery import shared_task
 
 from jobs.models import Cluster
-from telemetry import services
+from telemetry import collection, policy, services
 
 logger = logging.getLogger(__name__)
 
@@ -18,9 +18,31 @@ def accounting_compute_pending(limit: int = 200) -> None:
 
 
 @shared_task
-def simulator_telemetry_collect_all() -> None:
-    for cluster_id in Cluster.objects.filter(
-        enabled=True, backend=Cluster.Backend.SIMULATOR
-    ).values_list("pk", flat=True):
-        cluster = Cluster.objects.get(pk=cluster_id)
+def telemetry_collect_all() -> None:
+    """Fan out: one task per enabled cluster, so a slow source delays only its cluster."""
+    for cluster_id in Cluster.objects.filter(enabled=True).values_list("pk", flat=True):
+        telemetry_collect.delay(cluster_id)
+
+
+@shared_task
+def telemetry_collect(cluster_id: int) -> None:
+    cluster = Cluster.objects.filter(pk=cluster_id, enabled=True).first()
+    if cluster is None:
+        return
+    if cluster.backend == Cluster.Backend.SIMULATOR:
         services.simulator_telemetry_collect(cluster=cluster)
+    else:
+        collection.telemetry_collect(cluster=cluster)
+
+
+@shared_task
+def idle_policy_enforce() -> None:
+    summary = policy.idle_policy_enforce()
+    if summary.warned or summary.cleared or summary.cancelled:
+        logger.info(
+            "idle-GPU policy: %d running attempts checked, %d warned, %d cleared, %d cancelled",
+            summary.checked,
+            summary.warned,
+            summary.cleared,
+            summary.cancelled,
+        )

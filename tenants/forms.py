@@ -3,7 +3,7 @@
 from django import forms
 from django.core.exceptions import ValidationError
 
-from tenants.models import Quota
+from tenants.models import IDLE_POLICY_MAX_MIN, Quota
 
 
 class ServiceErrorsMixin:
@@ -80,3 +80,20 @@ class FlavorForm(ServiceErrorsMixin, forms.Form):
         super().__init__(*args, **kwargs)
         if editing:
             del self.fields["slug"]
+
+
+class IdlePolicyForm(ServiceErrorsMixin, forms.Form):
+    idle_notify_after_min = forms.IntegerField(
+        required=False,
+        label="Warn after (idle minutes)",
+        widget=_number(min=1, max=IDLE_POLICY_MAX_MIN),
+        help_text="The run's submitter is notified and the run's timeline says so. "
+        "Leave empty for no warning.",
+    )
+    idle_cancel_after_min = forms.IntegerField(
+        required=False,
+        label="Cancel after (idle minutes)",
+        widget=_number(min=1, max=IDLE_POLICY_MAX_MIN),
+        help_text="The run is cancelled; it must be later than the warning. "
+        "Leave empty to never cancel.",
+    )

@@ -2,7 +2,7 @@ import hashlib
 import secrets
 
 from django.conf import settings
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -11,6 +11,8 @@ slug_validator = RegexValidator(
     r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
     "Use 1-63 lowercase letters, digits and dashes, starting and ending with a letter or digit.",
 )
+# The longest idle streak an idle-GPU policy may wait for: a week, in minutes.
+IDLE_POLICY_MAX_MIN = 7 * 24 * 60
 
 
 class GlobalRole(models.TextChoices):
@@ -26,9 +28,41 @@ class Tenant(models.Model):
     cost_center = models.CharField(max_length=64, blank=True)
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Idle-GPU policy, in consecutive idle minutes of a running attempt (telemetry/idle.py);
+    # None turns the step off. Off by default: cancelling is a tenant's decision.
+    idle_notify_after_min = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(IDLE_POLICY_MAX_MIN)],
+        help_text="Warn the submitter after this many idle minutes; empty: never",
+    )
+    idle_cancel_after_min = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(IDLE_POLICY_MAX_MIN)],
+        help_text="Cancel the run after this many idle minutes; empty: never",
+    )
 
     class Meta:
         ordering = ["slug"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(idle_notify_after_min__isnull=True)
+                | Q(idle_notify_after_min__gte=1, idle_notify_after_min__lte=IDLE_POLICY_MAX_MIN),
+                name="tenant_idle_notify_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(idle_cancel_after_min__isnull=True)
+                | Q(idle_cancel_after_min__gte=1, idle_cancel_after_min__lte=IDLE_POLICY_MAX_MIN),
+                name="tenant_idle_cancel_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(idle_notify_after_min__isnull=True)
+                | Q(idle_cancel_after_min__isnull=True)
+                | Q(idle_cancel_after_min__gt=models.F("idle_notify_after_min")),
+                name="tenant_idle_cancel_after_notify",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.slug
@@ -173,6 +207,8 @@ class Notification(models.Model):
     class Kind(models.TextChoices):
         BUDGET_80 = "budget_80", "80 % of a monthly budget used"
         BUDGET_100 = "budget_100", "Monthly budget spent"
+        IDLE_WARNING = "idle_warning", "A run's GPUs are idle"
+        IDLE_CANCELLED = "idle_cancelled", "A run was cancelled for idle GPUs"
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notifications"

@@ -3,12 +3,13 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.contrib.auth.models import Group
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.validators import RegexValidator
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from tenants.models import (
+    IDLE_POLICY_MAX_MIN,
     ApiToken,
     AuditEvent,
     GlobalRole,
@@ -18,6 +19,7 @@ from tenants.models import (
     Quota,
     Tenant,
 )
+from tenants.roles import is_platform_admin, is_tenant_admin
 
 
 def audit_record(
@@ -301,3 +303,89 @@ def notification_mark_all_read(*, user) -> int:
     return Notification.objects.filter(user=user, read_at__isnull=True).update(
         read_at=timezone.now()
     )
+
+
+def notification_create(
+    *, user, tenant: Tenant | None, kind: Notification.Kind, message: str, now: datetime
+) -> Notification:
+    """An in-app message to one user, dated ``now``."""
+    return Notification.objects.create(
+        user=user, tenant=tenant, kind=kind, message=message, created_at=now
+    )
+
+
+IDLE_POLICY_FIELDS = ("idle_notify_after_min", "idle_cancel_after_min")
+
+
+def idle_policy_can_edit(*, user, tenant: Tenant) -> bool:
+    """Tenant admins of ``tenant`` and platform admins set its idle-GPU policy."""
+    return is_platform_admin(user) or is_tenant_admin(user, tenant.pk)
+
+
+def _idle_policy_values(tenant: Tenant) -> dict:
+    return {name: getattr(tenant, name) for name in IDLE_POLICY_FIELDS}
+
+
+@transaction.atomic
+def tenant_idle_policy_update(
+    *,
+    tenant: Tenant,
+    idle_notify_after_min: int | None,
+    idle_cancel_after_min: int | None,
+    actor,
+) -> Tenant:
+    """Set the tenant's idle-GPU policy; audited as "tenant.idle_policy".
+
+    Both values count consecutive idle minutes of a running attempt (telemetry/idle.py):
+    after ``idle_notify_after_min`` its submitter is warned, after ``idle_cancel_after_min``
+    the run is cancelled. None turns a step off. Each is 1 to ``IDLE_POLICY_MAX_MIN``, and
+    cancelling must come later than warning when both are on. Raises PermissionDenied unless
+    the actor administers the tenant or the platform, ValidationError naming every bad
+    field; nothing is written then.
+    """
+    if not idle_policy_can_edit(user=actor, tenant=tenant):
+        raise PermissionDenied(
+            "Only a tenant admin of the tenant or a platform admin can change its idle-GPU policy."
+        )
+    values = {
+        "idle_notify_after_min": idle_notify_after_min,
+        "idle_cancel_after_min": idle_cancel_after_min,
+    }
+    errors: dict[str, list[str]] = {}
+    for name, value in values.items():
+        if value is None:
+            continue
+        if not _is_int(value):
+            errors[name] = ["Enter a whole number of minutes, or leave it empty for off."]
+        elif not 1 <= value <= IDLE_POLICY_MAX_MIN:
+            errors[name] = [
+                f"Between 1 and {IDLE_POLICY_MAX_MIN} minutes (a week), or empty for off."
+            ]
+    if (
+        not errors
+        and idle_notify_after_min is not None
+        and idle_cancel_after_min is not None
+        and idle_cancel_after_min <= idle_notify_after_min
+    ):
+        errors["idle_cancel_after_min"] = [
+            f"Cancel after more idle minutes than the warning ({idle_notify_after_min}), so "
+            "the submitter is warned first."
+        ]
+    if errors:
+        raise ValidationError(errors)
+    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    before = _idle_policy_values(tenant)
+    if before == values:
+        return tenant
+    for name, value in values.items():
+        setattr(tenant, name, value)
+    tenant.save(update_fields=list(IDLE_POLICY_FIELDS))
+    audit_record(
+        actor=actor,
+        action="tenant.idle_policy",
+        target=tenant.slug,
+        tenant=tenant,
+        before=before,
+        after=values,
+    )
+    return tenant

@@ -8,4 +8,5 @@ urlpatterns = [
     path("flavors/new/", views.flavor_create, name="flavor_create"),
     path("flavors/<str:slug>/edit/", views.flavor_edit, name="flavor_edit"),
     path("audit/", views.audit_list, name="audit_list"),
+    path("tenants/<slug:slug>/idle-policy/", views.idle_policy, name="idle_policy"),
 ]

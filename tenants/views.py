@@ -1,4 +1,4 @@
-"""Platform pages of the tenants app: GPU flavors and the audit log.
+"""Pages of the tenants app: GPU flavors, the audit log and each tenant's idle-GPU policy.
 
 Every page starts from a selector that returns 404 to users who may not see it, so the
 pages' existence is no more visible than another tenant's objects.
@@ -8,20 +8,21 @@ import json
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods
 
 from tenants import services
-from tenants.forms import FlavorForm
+from tenants.forms import FlavorForm, IdlePolicyForm
 from tenants.selectors import (
     audit_list_viewable,
     audit_tenant_choices,
     flavor_get_manageable,
     flavor_list_manageable,
     require_platform_admin,
+    tenant_get_viewable,
 )
 
 FLAVORS_PER_PAGE = 50
@@ -93,6 +94,40 @@ def flavor_edit(request: HttpRequest, slug: str) -> HttpResponse:
         "tenants/flavor_form.html",
         {"form": form, "flavor": flavor},
         status=400 if form.errors else 200,
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def idle_policy(request: HttpRequest, slug: str) -> HttpResponse:
+    """The tenant's idle-GPU policy: read by whoever reads the tenant's runs, changed by its
+    tenant admins and platform admins."""
+    tenant = tenant_get_viewable(user=request.user, slug=slug)
+    can_edit = services.idle_policy_can_edit(user=request.user, tenant=tenant)
+    form = None
+    if request.method == "POST":
+        if not can_edit:  # a member: the tenant is no secret to them, so 403 leaks nothing
+            raise PermissionDenied("Only tenant admins and platform admins change this policy.")
+        form = IdlePolicyForm(request.POST)
+        if form.is_valid():
+            try:
+                services.tenant_idle_policy_update(
+                    tenant=tenant, actor=request.user, **form.cleaned_data
+                )
+            except ValidationError as exc:
+                form.add_service_errors(exc)
+            else:
+                messages.success(request, f"Saved the idle-GPU policy of {tenant.slug}.")
+                return redirect("tenants:idle_policy", slug=tenant.slug)
+    elif can_edit:
+        form = IdlePolicyForm(
+            initial={name: getattr(tenant, name) for name in services.IDLE_POLICY_FIELDS}
+        )
+    return render(
+        request,
+        "tenants/idle_policy.html",
+        {"tenant": tenant, "form": form},
+        status=400 if form is not None and form.errors else 200,
     )
 
 

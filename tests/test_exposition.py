@@ -16,10 +16,12 @@ from telemetry.exposition import (
     TENSOR_ACTIVE,
     VALUE_CEILING,
     XID_ERRORS,
+    AllocationIndex,
     BodyTooLarge,
     ExpositionParser,
     GpuSample,
     HostAllocation,
+    KubernetesJobAllocation,
     MinuteRollup,
     PodAllocation,
     SlurmAllocation,
@@ -216,6 +218,28 @@ def test_samples_map_by_pod_by_slurm_job_and_by_host_gpu_and_time():
 
     assert mapped == [(1, by_pod), (2, by_job), (3, by_host), (4, by_host_later)]
     assert unmapped == 3
+
+
+def test_pods_of_a_kubernetes_job_map_to_its_attempt_in_its_namespace_only():
+    index = AllocationIndex(
+        [
+            KubernetesJobAllocation("gantry-vision", "gantry-a12", attempt_id=12),
+            KubernetesJobAllocation("gantry-vision", "gantry-a1", attempt_id=1),
+        ]
+    )
+    indexed = sample(pod="gantry-a12-3-x7k2q", namespace="gantry-vision")
+    plain = sample(pod="gantry-a12-b9z4m", namespace="gantry-vision")
+    other_job = sample(pod="gantry-a1-0-qqqqq", namespace="gantry-vision")
+    other_namespace = sample(pod="gantry-a12-0-x7k2q", namespace="gantry-nlp")
+    lookalike = sample(pod="gantry-a123-0-x7k2q", namespace="gantry-vision")
+    missed: list = []
+
+    mapped, unmapped = index.map(
+        [indexed, plain, other_job, other_namespace, lookalike, indexed], missed
+    )
+
+    assert mapped == [(12, indexed), (12, plain), (1, other_job), (12, indexed)]
+    assert (unmapped, missed) == (2, [other_namespace, lookalike])
 
 
 # Rollups -------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from jobs.simulation import Workload
 from telemetry import services, tasks
 from telemetry.accounting import WASTE, AttemptTimeline, Outcome, account
 from telemetry.accounting import StepWindow as AccountingWindow
-from telemetry.models import AttemptAccounting, GpuMinute, SdkEvent, StepWindow, UnmappedSamples
+from telemetry.models import AttemptAccounting, GpuMinute, SdkEvent, StepWindow
 from telemetry.selectors import attempts_pending_accounting
 from telemetry.simulated import SIGNALS, simulated_telemetry
 from tests.conftest import experiment_input
@@ -494,29 +494,17 @@ def test_simulated_profiles_account_the_same_wherever_the_job_starts_in_a_minute
     assert float(result.comm_wait) == pytest.approx(2 * 1200 * signals.comm_share)
 
 
-def test_beat_tasks_collect_and_account_every_simulator_cluster(world):
+def test_tasks_collect_and_account_a_simulator_cluster(world):
     world.cluster.settings["speedup"] = 1
     world.cluster.save(update_fields=["settings"])
     run = submit(world, env={"GANTRY_SIM_PROFILE": "compute-bound", "GANTRY_SIM_DURATION_S": "120"})
     job_services.admission_run_cycle()
     run_attempt_to_the_end(world, run.attempts.get())
 
-    tasks.simulator_telemetry_collect_all()
+    tasks.telemetry_collect(world.cluster.pk)
     tasks.accounting_compute_pending()
     tasks.accounting_compute_pending()  # redelivered: nothing left to do
 
     row = AttemptAccounting.objects.get()
     assert (row.allocated_gpu_s, row.startup_gpu_s) == (2 * 150, 2 * 30)
     assert StepWindow.objects.count() == 2
-
-
-def test_unmapped_samples_are_counted_per_minute_and_source(db):
-    minute = datetime(2026, 3, 1, 12, 0, 41, tzinfo=UTC)
-
-    services.unmapped_samples_record(source="dcgm:node-7", minute=minute, count=3)
-    services.unmapped_samples_record(source="dcgm:node-7", minute=minute, count=4)
-    services.unmapped_samples_record(source="dcgm:node-7", minute=minute, count=0)
-
-    assert list(UnmappedSamples.objects.values_list("minute", "source", "count")) == [
-        (minute.replace(second=0), "dcgm:node-7", 7)
-    ]

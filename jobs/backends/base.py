@@ -4,6 +4,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+# The key of a cluster's settings that belongs to the telemetry collector (where to read
+# GPU metrics), not to the backend: backends skip it when they check their settings.
+TELEMETRY_SETTINGS_KEY = "telemetry"
+
 
 class BackendError(Exception):
     pass

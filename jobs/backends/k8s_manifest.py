@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from jobs.backends.base import JobSpec, PermanentBackendError
+from jobs.backends.base import TELEMETRY_SETTINGS_KEY, JobSpec, PermanentBackendError
 
 LABEL_PREFIX = "gantry.io/"
 TENANT_LABEL = "gantry.io/tenant"
@@ -141,7 +141,7 @@ def parse_settings(raw: Mapping[str, Any]) -> K8sSettings:
     """Read a cluster's settings JSON; every problem is a PermanentBackendError saying which."""
     if not isinstance(raw, Mapping):
         _fail("settings must be a JSON object")
-    known = set(K8sSettings.__dataclass_fields__)
+    known = set(K8sSettings.__dataclass_fields__) | {TELEMETRY_SETTINGS_KEY}
     unknown = sorted(set(raw) - known)
     if unknown:
         _fail(f"unknown key(s) {', '.join(unknown)}")

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from jobs.backends.base import InventoryItem, JobSpec, JobStatus
+from jobs.backends.base import TELEMETRY_SETTINGS_KEY, InventoryItem, JobSpec, JobStatus
 
 TRANSPORTS = ("rest", "cli")
 CONTAINER_RUNTIMES = ("pyxis", "apptainer", "none")
@@ -143,7 +143,7 @@ class SlurmSettings:
 
         if not isinstance(raw, Mapping):
             raise fail("settings must be a JSON object")
-        known = set(cls.__dataclass_fields__)
+        known = set(cls.__dataclass_fields__) | {TELEMETRY_SETTINGS_KEY}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise fail(f"unknown Slurm setting(s): {', '.join(unknown)}")

@@ -1,0 +1,127 @@
+// Gantry: draws the telemetry charts with the vendored Plotly.js. The series come ready
+// from the server in <script type="application/json"> blocks (Django's json_script): this
+// file only hands them to Plotly, it computes nothing. Every chart has a table beside it.
+"use strict";
+
+(function () {
+  // One colour per accounting category and step-time part, the same on every chart.
+  var COLORS = {
+    effective: "#2e9d5b",
+    lost: "#c2332b",
+    startup: "#b7791f",
+    checkpoint: "#805ad5",
+    idle: "#8792a2",
+    input_wait: "#dd6b20",
+    comm_wait: "#3182ce",
+    compute: "#2e9d5b",
+    data_wait: "#dd6b20",
+    markers: "#805ad5",
+  };
+
+  var CONFIG = {
+    displaylogo: false,
+    responsive: true,
+    modeBarButtonsToRemove: ["lasso2d", "select2d"],
+  };
+
+  function payload(element) {
+    var source = document.getElementById(element.getAttribute("data-chart-source"));
+    return source ? JSON.parse(source.textContent) : null;
+  }
+
+  // Transparent, in the page's font and text colour (light and dark schemes alike).
+  function layout(element, chart) {
+    var style = window.getComputedStyle(element);
+    return {
+      paper_bgcolor: "rgba(0,0,0,0)",
+      plot_bgcolor: "rgba(0,0,0,0)",
+      font: { family: style.fontFamily, color: style.color, size: 12 },
+      margin: { l: 10, r: 10, t: 10, b: 10 },
+      // Above the plot, in the order of the traces (Plotly reverses stacked bars otherwise).
+      legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", traceorder: "normal" },
+      hovermode: "closest",
+      xaxis: { title: { text: chart.x_title || "" }, automargin: true, gridcolor: "rgba(128,128,128,0.2)" },
+      yaxis: { title: { text: chart.y_title || "" }, automargin: true, gridcolor: "rgba(128,128,128,0.2)" },
+    };
+  }
+
+  function barChart(element, chart) {
+    var horizontal = chart.orientation === "h";
+    var value = horizontal ? "%{x}" : "%{y}";
+    var traces = chart.traces.map(function (trace) {
+      return {
+        type: "bar",
+        orientation: horizontal ? "h" : "v",
+        name: trace.name,
+        x: horizontal ? trace.values : chart.categories,
+        y: horizontal ? chart.categories : trace.values,
+        marker: { color: COLORS[trace.key] },
+        hovertemplate: value + " " + chart.unit + "<extra>%{fullData.name}</extra>",
+      };
+    });
+    var shape = layout(element, chart);
+    shape.barmode = "stack";
+    if (horizontal) {
+      shape.yaxis.type = "category";
+      shape.yaxis.autorange = "reversed"; // the first attempt on top, the run last
+    }
+    window.Plotly.newPlot(element, traces, shape, CONFIG);
+  }
+
+  function activityChart(element, chart) {
+    var select = document.getElementById(element.getAttribute("data-metric-select"));
+
+    function traces(metric) {
+      var lines = chart.lines.map(function (line) {
+        return {
+          type: "scatter",
+          mode: "lines",
+          name: line.name,
+          x: line.x,
+          y: line[metric],
+          hovertemplate: "%{y} %<extra>%{fullData.name}</extra>",
+        };
+      });
+      if (chart.markers.x.length) {
+        lines.push({
+          type: "scatter",
+          mode: "markers",
+          name: chart.markers.name,
+          x: chart.markers.x,
+          y: chart.markers.y,
+          text: chart.markers.text,
+          marker: { symbol: "triangle-down", size: 11, color: COLORS.markers },
+          hovertemplate: "%{text}<extra></extra>",
+        });
+      }
+      return lines;
+    }
+
+    var shape = layout(element, chart);
+    shape.yaxis.range = [0, 105];
+    window.Plotly.newPlot(element, traces(select ? select.value : "activity"), shape, CONFIG);
+    if (select) {
+      var controls = select.closest("[hidden]"); // shown only where the chart is drawn
+      if (controls) {
+        controls.hidden = false;
+      }
+      select.addEventListener("change", function () {
+        window.Plotly.react(element, traces(select.value), shape, CONFIG);
+      });
+    }
+  }
+
+  var DRAW = { bar: barChart, activity: activityChart };
+
+  document.addEventListener("DOMContentLoaded", function () {
+    if (!window.Plotly) {
+      return; // the tables carry the same numbers
+    }
+    document.querySelectorAll("[data-chart-source]").forEach(function (element) {
+      var chart = payload(element);
+      if (chart && DRAW[chart.kind]) {
+        DRAW[chart.kind](element, chart);
+      }
+    });
+  });
+})();

@@ -1,0 +1,430 @@
+"""The GPU-metrics collector of one cluster: fetch, store raw, roll up, forget.
+
+1. ``telemetry_fetch`` reads the cluster's source (a DCGM exporter, a Prometheus server, or
+   the simulator) for the interval since the last read and stores every body it gets as a
+   ``RawScrape``; the read position advances in the same transaction.
+2. ``telemetry_roll_up`` turns raw samples into ``GpuMinute`` rows one window of whole
+   minutes at a time: it parses the window's raw bodies, maps samples to attempts (pod,
+   Slurm job, else host + GPU + time), replaces the window's rows and counts the unmapped
+   samples, then advances the cluster's checkpoint, all in one transaction. A crash repeats
+   the window; rolling a window up again gives the same rows.
+3. ``raw_scrapes_expire`` deletes raw bodies past ``GANTRY_TELEMETRY_RAW_RETENTION_H``
+   once they are rolled up.
+"""
+
+import logging
+import zlib
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Min, Q
+from django.utils import timezone
+from psycopg import sql
+
+from jobs.backends import k8s_manifest
+from jobs.backends.base import TELEMETRY_SETTINGS_KEY, PermanentBackendError
+from jobs.models import Attempt, Cluster, ClusterFlavor, SimulatedJob
+from jobs.simulation import Workload
+from telemetry import exposition
+from telemetry.exposition import (
+    Allocation,
+    AllocationIndex,
+    ExpositionParser,
+    HostAllocation,
+    KubernetesJobAllocation,
+    MinuteRollups,
+    SlurmAllocation,
+)
+from telemetry.models import ClusterTelemetry, GpuMinute, RawScrape, UnmappedSamples
+from telemetry.simulated import minute_samples, simulated_telemetry
+from telemetry.sources import Scrape, SourceError, source_from_settings, source_settings_parse
+
+logger = logging.getLogger(__name__)
+
+MINUTE = timedelta(minutes=1)
+# A first read looks this far back; so does the simulator for jobs that ended.
+FIRST_FETCH_LOOKBACK = timedelta(minutes=10)
+SIMULATOR_LOOKBACK = timedelta(days=1)
+# Minutes rolled up per transaction: bounded work, and a crash repeats at most this much.
+WINDOW_MINUTES = 60
+# Samples may name an attempt's pod or Slurm job a little after the attempt was seen to end
+# (the exporter's scrape lag, pod teardown): labelled samples still map for this long.
+LABEL_SLACK = timedelta(minutes=5)
+UNMAPPED_SOURCE_MAX = 200
+
+
+@dataclass(frozen=True, slots=True)
+class FetchSummary:
+    scrapes: int
+    samples: int
+    rejected: int
+    errors: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RollupSummary:
+    windows: int
+    minutes: int  # GpuMinute rows written
+    mapped: int  # samples
+    unmapped: int
+    duplicates: int
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def _moment(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def _minute_floor(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(second=0, microsecond=0)
+
+
+# --- sources ------------------------------------------------------------------------------
+
+
+class SimulatorSource:
+    """The simulator's jobs as a DCGM exporter would have reported them: every minute that
+    was completed in the interval, with its samples' timestamps."""
+
+    name = "simulator"
+
+    def __init__(self, cluster: Cluster, *, clock=timezone.now) -> None:
+        self.cluster = cluster
+        self.clock = clock
+
+    def fetch(self, *, start_ms: int, end_ms: int) -> list[Scrape]:
+        since, until = _moment(start_ms), _moment(end_ms)
+        speedup = float(self.cluster.settings.get("speedup", 1))
+        samples = []
+        for job in SimulatedJob.objects.filter(
+            cluster=self.cluster, started_at__isnull=False, started_at__lt=until
+        ).exclude(finished_at__lt=since):
+            finished_at = job.finished_at if job.finished_at and job.finished_at < until else None
+            telemetry = simulated_telemetry(
+                Workload(**job.profile["workload"]),
+                started_at=job.started_at,
+                until=finished_at or until,
+                finished=finished_at is not None,
+                speedup=speedup,
+                gpus=[
+                    (node, str(gpu))
+                    for node, gpus in sorted(job.allocation.items())
+                    for gpu in gpus
+                ],
+            )
+            samples += minute_samples(
+                telemetry,
+                started_at=job.started_at,
+                finished_at=finished_at,
+                since=since,
+                until=until,
+            )
+        if not samples:
+            return []
+        body = exposition.render(samples).encode()
+        return [Scrape(body=body, at_ms=end_ms, origin=f"simulator:{self.cluster.name}")]
+
+
+def telemetry_source_for(cluster: Cluster):
+    """The cluster's source, or None when it has none configured. Raises ValueError for
+    settings that do not parse."""
+    if cluster.backend == Cluster.Backend.SIMULATOR:
+        return SimulatorSource(cluster)
+    raw = cluster.settings.get(TELEMETRY_SETTINGS_KEY)
+    if raw is None:
+        return None
+    return source_from_settings(source_settings_parse(raw))
+
+
+# --- fetch --------------------------------------------------------------------------------
+
+
+def _state_locked(cluster: Cluster) -> ClusterTelemetry:
+    """The cluster's collector row, locked until the transaction ends: one collector per
+    cluster at a time."""
+    ClusterTelemetry.objects.get_or_create(cluster=cluster)
+    return ClusterTelemetry.objects.select_for_update().get(cluster=cluster)
+
+
+def raw_scrape_build(*, cluster: Cluster, scrape: Scrape, parser: ExpositionParser) -> RawScrape:
+    """The row that keeps one body; parsing it here counts what it holds and bounds its
+    samples' timestamps, so a rollup window reads only the bodies that overlap it."""
+    result = parser.parse(scrape.body, default_ts=scrape.at_ms)
+    stamps = [sample.ts for sample in result.samples]
+    stats = result.stats
+    return RawScrape(
+        cluster=cluster,
+        origin=scrape.origin[:300],
+        fetched_at=_moment(scrape.at_ms),
+        first_sample_at=_moment(min(stamps)) if stamps else None,
+        last_sample_at=_moment(max(stamps)) if stamps else None,
+        body=zlib.compress(scrape.body, 1),
+        size=len(scrape.body),
+        samples=stats.samples,
+        rejected=stats.malformed + stats.non_finite + stats.out_of_range,
+    )
+
+
+def telemetry_fetch(*, cluster: Cluster, source=None, now: datetime | None = None) -> FetchSummary:
+    """Read the cluster's source from where the last read stopped up to ``now`` and keep
+    what it returned. A source error is recorded on the cluster's collector row and read
+    again next time: the read position does not move past data that was not read."""
+    now = now or timezone.now()
+    try:
+        source = source or telemetry_source_for(cluster)
+    except ValueError as exc:
+        _record_error(cluster, f"telemetry settings: {exc}", now)
+        return FetchSummary(0, 0, 0, (str(exc),))
+    if source is None:
+        return FetchSummary(0, 0, 0, ())
+    parser = ExpositionParser()
+    with transaction.atomic():
+        state = _state_locked(cluster)
+        lookback = (
+            SIMULATOR_LOOKBACK if isinstance(source, SimulatorSource) else FIRST_FETCH_LOOKBACK
+        )
+        since = state.fetched_until or now - lookback
+        if since >= now:
+            return FetchSummary(0, 0, 0, ())
+        try:
+            scrapes = source.fetch(start_ms=_ms(since), end_ms=_ms(now))
+        except SourceError as exc:
+            state.last_error, state.last_error_at = str(exc), now
+            state.save(update_fields=["last_error", "last_error_at", "updated_at"])
+            return FetchSummary(0, 0, 0, (str(exc),))
+        errors = tuple(str(failure) for failure in getattr(scrapes, "failures", ()))
+        rows = [
+            raw_scrape_build(cluster=cluster, scrape=scrape, parser=parser) for scrape in scrapes
+        ]
+        RawScrape.objects.bulk_create(rows)
+        state.fetched_until = now
+        state.last_error = "; ".join(errors)[:2000]
+        state.last_error_at = now if errors else state.last_error_at
+        state.save(update_fields=["fetched_until", "last_error", "last_error_at", "updated_at"])
+    return FetchSummary(
+        scrapes=len(rows),
+        samples=sum(row.samples for row in rows),
+        rejected=sum(row.rejected for row in rows),
+        errors=errors,
+    )
+
+
+def _record_error(cluster: Cluster, message: str, now: datetime) -> None:
+    ClusterTelemetry.objects.update_or_create(
+        cluster=cluster, defaults={"last_error": message[:2000], "last_error_at": now}
+    )
+
+
+# --- mapping ------------------------------------------------------------------------------
+
+
+def _k8s_namespace_prefix(cluster: Cluster) -> str:
+    try:
+        return k8s_manifest.parse_settings(cluster.settings).namespace_prefix
+    except PermanentBackendError:
+        return k8s_manifest.K8sSettings.__dataclass_fields__["namespace_prefix"].default
+
+
+def allocations_for(*, cluster: Cluster, start: datetime, end: datetime) -> list[Allocation]:
+    """What each attempt of ``cluster`` held during [start, end), as mapping rules: its
+    Kubernetes Job's pods, its Slurm job id, and the GPUs of its hosts over its lifetime
+    when it held whole nodes (a partial node's GPU indices are known only to the
+    simulator; samples of such GPUs without labels stay unmapped, and counted)."""
+    allocations: list[Allocation] = []
+    if cluster.backend == Cluster.Backend.SIMULATOR:
+        jobs = SimulatedJob.objects.filter(
+            cluster=cluster, started_at__isnull=False, started_at__lt=end
+        ).exclude(finished_at__lt=start)
+        by_job = {str(job.pk): job for job in jobs}
+        for attempt_id, job_id in Attempt.objects.filter(
+            cluster=cluster, backend_job_id__in=by_job
+        ).values_list("pk", "backend_job_id"):
+            job = by_job[job_id]
+            finished = _ms(job.finished_at) if job.finished_at else None
+            allocations += [
+                HostAllocation(node, str(gpu), _ms(job.started_at), finished, attempt_id)
+                for node, gpus in job.allocation.items()
+                for gpu in gpus
+            ]
+        return allocations
+    attempts = (
+        Attempt.objects.filter(cluster=cluster, submitted_at__lt=end)
+        .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=start - LABEL_SLACK))
+        .select_related("run__tenant", "run__experiment")
+    )
+    node_gpus = dict(
+        ClusterFlavor.objects.filter(cluster=cluster).values_list("flavor_id", "gpus_per_node")
+    )
+    prefix = _k8s_namespace_prefix(cluster) if cluster.backend == Cluster.Backend.KUBERNETES else ""
+    for attempt in attempts:
+        run = attempt.run
+        if cluster.backend == Cluster.Backend.KUBERNETES:
+            allocations.append(
+                KubernetesJobAllocation(
+                    namespace=k8s_manifest.namespace_for(run.tenant.slug, prefix=prefix),
+                    job=k8s_manifest.job_name(attempt.name),
+                    attempt_id=attempt.pk,
+                )
+            )
+        elif cluster.backend == Cluster.Backend.SLURM and attempt.backend_job_id:
+            allocations.append(SlurmAllocation(attempt.backend_job_id, attempt.pk))
+        per_node = node_gpus.get(run.flavor_id)
+        if attempt.started_at and attempt.node_list and run.experiment.gpus_per_node == per_node:
+            finished = _ms(attempt.finished_at) if attempt.finished_at else None
+            allocations += [
+                HostAllocation(host, str(gpu), _ms(attempt.started_at), finished, attempt.pk)
+                for host in attempt.node_list
+                for gpu in range(per_node)
+            ]
+    return allocations
+
+
+# --- rollup -------------------------------------------------------------------------------
+
+_GPU_MINUTE_COLUMNS = (
+    "attempt_id", "host", "gpu", "minute", "activity", "sm_active", "tensor_active",
+    "dram_active", "fb_used", "power", "xid", "samples", "updated_at",
+)  # fmt: skip
+
+
+def gpu_minutes_replace(
+    *, cluster: Cluster, start: datetime, end: datetime, rows: list[exposition.MinuteRollup]
+) -> None:
+    """Make ``rows`` the cluster's GPU minutes of [start, end). On PostgreSQL the rows go
+    in with COPY: a window of a large cluster is tens of thousands of rows, every minute."""
+    now = timezone.now()
+    GpuMinute.objects.filter(attempt__cluster=cluster, minute__gte=start, minute__lt=end).delete()
+    values = (
+        (
+            row.attempt_id, row.host, row.gpu, datetime.fromtimestamp(row.minute, tz=UTC),
+            row.activity, row.sm_active, row.tensor_active, row.dram_active, row.fb_used,
+            row.power, row.xid, row.samples, now,
+        )
+        for row in rows
+    )  # fmt: skip
+    if connection.vendor != "postgresql":
+        fields = _GPU_MINUTE_COLUMNS
+        GpuMinute.objects.bulk_create(
+            [GpuMinute(**dict(zip(fields, row, strict=True))) for row in values], batch_size=2000
+        )
+        return
+    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+        sql.Identifier(GpuMinute._meta.db_table),
+        sql.SQL(", ").join(map(sql.Identifier, _GPU_MINUTE_COLUMNS)),
+    )
+    with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
+        for row in values:
+            copy.write_row(row)
+
+
+def _rollup_window(*, cluster: Cluster, start: datetime, end: datetime) -> RollupSummary:
+    """Replace the GpuMinute and UnmappedSamples rows of ``cluster`` for the minutes of
+    [start, end) by what its raw samples say. Runs inside the caller's transaction."""
+    start_ms, end_ms = _ms(start), _ms(end)
+    parser = ExpositionParser()
+    index = AllocationIndex(allocations_for(cluster=cluster, start=start, end=end))
+    rollups = MinuteRollups()
+    unmapped: Counter[tuple[int, str]] = Counter()
+    scrapes = RawScrape.objects.filter(
+        cluster=cluster, first_sample_at__lt=end, last_sample_at__gte=start
+    ).order_by("fetched_at", "pk")
+    for origin, fetched_at, body in scrapes.values_list("origin", "fetched_at", "body").iterator():
+        result = parser.parse(zlib.decompress(body), default_ts=_ms(fetched_at))
+        inside = [sample for sample in result.samples if start_ms <= sample.ts < end_ms]
+        missed: list[exposition.GpuSample] = []
+        mapped, _ = index.map(inside, missed)
+        rollups.add(mapped)
+        for sample in missed:
+            unmapped[(sample.ts // 60_000 * 60, origin)] += 1
+    rows = rollups.rows()
+    gpu_minutes_replace(cluster=cluster, start=start, end=end, rows=rows)
+    prefix = f"{cluster.name} "
+    UnmappedSamples.objects.filter(
+        source__startswith=prefix, minute__gte=start, minute__lt=end
+    ).delete()
+    UnmappedSamples.objects.bulk_create(
+        [
+            UnmappedSamples(
+                minute=datetime.fromtimestamp(minute, tz=UTC),
+                source=(prefix + origin)[:UNMAPPED_SOURCE_MAX],
+                count=count,
+            )
+            for (minute, origin), count in sorted(unmapped.items())
+        ]
+    )
+    return RollupSummary(
+        windows=1,
+        minutes=len(rows),
+        mapped=rollups.stats.samples,
+        unmapped=sum(unmapped.values()),
+        duplicates=rollups.stats.duplicates,
+    )
+
+
+def telemetry_roll_up(*, cluster: Cluster, max_windows: int = 24) -> RollupSummary:
+    """Roll up the cluster's raw samples, oldest window first, up to the last whole minute
+    its source has been read to. Each window commits with the checkpoint that covers it."""
+    windows: list[RollupSummary] = []
+    for _ in range(max_windows):
+        with transaction.atomic():
+            state = _state_locked(cluster)
+            if state.fetched_until is None:
+                break
+            end_of_data = _minute_floor(state.fetched_until)
+            start = state.rolled_up_until
+            if start is None:
+                first = RawScrape.objects.filter(cluster=cluster).aggregate(
+                    first=Min("first_sample_at")
+                )["first"]
+                if first is None:
+                    break
+                start = _minute_floor(first)
+            if start >= end_of_data:
+                break
+            end = min(start + WINDOW_MINUTES * MINUTE, end_of_data)
+            windows.append(_rollup_window(cluster=cluster, start=start, end=end))
+            state.rolled_up_until = end
+            state.save(update_fields=["rolled_up_until", "updated_at"])
+    return RollupSummary(
+        windows=len(windows),
+        minutes=sum(window.minutes for window in windows),
+        mapped=sum(window.mapped for window in windows),
+        unmapped=sum(window.unmapped for window in windows),
+        duplicates=sum(window.duplicates for window in windows),
+    )
+
+
+def raw_scrapes_expire(*, cluster: Cluster, now: datetime | None = None) -> int:
+    """Delete the cluster's raw bodies older than the retention that are rolled up (or hold
+    no samples). Returns how many were deleted."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(hours=settings.GANTRY_TELEMETRY_RAW_RETENTION_H)
+    rolled_up_until = (
+        ClusterTelemetry.objects.filter(cluster=cluster)
+        .values_list("rolled_up_until", flat=True)
+        .first()
+    )
+    settled = Q(last_sample_at__isnull=True)
+    if rolled_up_until is not None:
+        settled |= Q(last_sample_at__lt=rolled_up_until)
+    deleted, _ = (
+        RawScrape.objects.filter(cluster=cluster, fetched_at__lt=cutoff).filter(settled).delete()
+    )
+    return deleted
+
+
+def telemetry_collect(*, cluster: Cluster, now: datetime | None = None) -> RollupSummary:
+    """Fetch, roll up and expire for one cluster: what the beat task runs."""
+    now = now or timezone.now()
+    fetched = telemetry_fetch(cluster=cluster, now=now)
+    for error in fetched.errors:
+        logger.warning("telemetry of cluster %s: %s", cluster.name, error)
+    summary = telemetry_roll_up(cluster=cluster)
+    raw_scrapes_expire(cluster=cluster, now=now)
+    return summary
