@@ -14,6 +14,9 @@ from images.models import Image
 from jobs import services as job_services
 from jobs.models import Attempt, AttemptState, Checkpoint, Cluster, Run, RunEvent, RunState
 from jobs.services import ExperimentInput
+from jobs.simulation import STARTUP_S, Workload
+from telemetry.models import GpuMinute, StepWindow
+from telemetry.simulated import simulated_telemetry
 from tenants import services as tenant_services
 from tenants.models import GlobalRole, GpuFlavor, Membership, Project, Quota, Tenant
 
@@ -158,23 +161,32 @@ def demo_seed(*, speedup: int = 30) -> None:
         values.update(extra)
         return job_services.run_submit(user=people[user], data=ExperimentInput(**values))
 
+    # Finished runs, each with the telemetry of a simulator profile, so the goodput pages
+    # have something to show: a healthy run, an input-bound one, a crash, and so on.
     history = (
-        ("alice", "vision", "detection", "yolo-baseline", pytorch, RunState.SUCCEEDED, 0, 26),
-        ("alice", "vision", "segmentation", "unet-sweep-1", pytorch, RunState.SUCCEEDED, 0, 20),
-        ("bob", "nlp", "llm", "llama-ft-lr3e4", megatron, RunState.FAILED, 1, 12),
-        ("bob", "nlp", "retrieval", "dpr-train", pytorch, RunState.SUCCEEDED, 0, 8),
-        ("carol", "climate", "downscaling", "cordex-emulator", pytorch, RunState.SUCCEEDED, 0, 3),
-    )
+        ("alice", "vision", "detection", "yolo-baseline", pytorch, RunState.SUCCEEDED, 0, 26,
+         "compute-bound"),
+        ("alice", "vision", "segmentation", "unet-sweep-1", pytorch, RunState.SUCCEEDED, 0, 20,
+         "input-bound"),
+        ("tara", "vision", "detection", "notebook-debug", pytorch, RunState.SUCCEEDED, 0, 15,
+         "idle"),
+        ("bob", "nlp", "llm", "llama-ft-lr3e4", megatron, RunState.FAILED, 1, 12, "crash"),
+        ("bob", "nlp", "retrieval", "dpr-train", pytorch, RunState.SUCCEEDED, 0, 8,
+         "comm-bound"),
+        ("carol", "climate", "downscaling", "cordex-emulator", pytorch, RunState.SUCCEEDED, 0, 3,
+         "compute-bound"),
+    )  # fmt: skip
     now = timezone.now()
-    for user, tenant, project, name, image, state, exit_code, days_ago in history:
-        run = request(user, tenant, project, name, image)
-        _record_history(
+    for user, tenant, project, name, image, state, exit_code, days_ago, profile in history:
+        run = request(user, tenant, project, name, image, env={"GANTRY_SIM_PROFILE": profile})
+        attempt = _record_history(
             run=run,
             cluster=cluster,
             state=state,
             exit_code=exit_code,
             submitted=now - timedelta(days=days_ago, hours=3),
         )
+        _record_history_telemetry(attempt=attempt, profile=profile)
 
     preempted = request("bob", "nlp", "retrieval", "colbert-distill", pytorch, gpus_per_node=8)
     _record_preempted_history(run=preempted, cluster=cluster, submitted=now - timedelta(days=5))
@@ -273,7 +285,55 @@ def _record_preempted_history(*, run: Run, cluster: Cluster, submitted) -> None:
         RunEvent.objects.filter(pk=event.pk).update(at=at)
 
 
-def _record_history(*, run: Run, cluster: Cluster, state: str, exit_code: int, submitted) -> None:
+def _record_history_telemetry(*, attempt: Attempt, profile: str) -> None:
+    """The step windows and GPU minutes a job of ``profile`` would have reported over the
+    attempt (the collector's output, written directly: this history never ran)."""
+    gpus = [(node, str(gpu)) for node in attempt.node_list for gpu in range(attempt.run.gpus)]
+    seconds = (attempt.finished_at - attempt.started_at).total_seconds()
+    telemetry = simulated_telemetry(
+        Workload(profile=profile, duration_s=int(seconds) - STARTUP_S),
+        started_at=attempt.started_at,
+        until=attempt.finished_at,
+        finished=True,
+        speedup=1,
+        gpus=gpus,
+    )
+    StepWindow.objects.bulk_create(
+        StepWindow(
+            attempt=attempt,
+            source="demo",
+            seq=window.seq,
+            start=window.start,
+            end=window.end,
+            steps=window.steps,
+            step_time_s=window.step_time_s,
+            data_wait_s=window.data_wait_s,
+            comm_wait_s=window.comm_wait_s,
+            step=window.step,
+        )
+        for window in telemetry.windows
+    )
+    GpuMinute.objects.bulk_create(
+        (
+            GpuMinute(
+                attempt=attempt,
+                host=minute.host,
+                gpu=minute.gpu,
+                minute=minute.minute,
+                activity=minute.activity,
+                sm_active=minute.sm_active,
+                tensor_active=minute.tensor_active,
+                samples=3 * minute.samples,
+            )
+            for minute in telemetry.minutes
+        ),
+        batch_size=2000,
+    )
+
+
+def _record_history(
+    *, run: Run, cluster: Cluster, state: str, exit_code: int, submitted
+) -> Attempt:
     """Turn a freshly queued run into one that ran in the past (demo history only)."""
     admitted = submitted + timedelta(minutes=4)
     started = admitted + timedelta(minutes=2)
@@ -313,3 +373,4 @@ def _record_history(*, run: Run, cluster: Cluster, state: str, exit_code: int, s
             run=run, attempt=attempt, from_state=from_state, to_state=to_state, reason=reason
         )
         RunEvent.objects.filter(pk=event.pk).update(at=at)
+    return attempt

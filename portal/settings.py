@@ -192,6 +192,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "telemetry.tasks.accounting_compute_pending",
         "schedule": 60.0,
     },
+    "daily-usage": {
+        "task": "telemetry.tasks.daily_usage_update",
+        "schedule": 120.0,
+    },
     "idle-gpu-policy": {
         "task": "telemetry.tasks.idle_policy_enforce",
         "schedule": 60.0,

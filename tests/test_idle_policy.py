@@ -588,3 +588,12 @@ def test_invalid_post_shows_the_error_next_to_the_field_and_changes_nothing(clie
     )
     assert idle_values(world.vision) == (None, None)
     assert not AuditEvent.objects.exists()
+
+
+def test_the_quota_page_links_each_tenant_to_its_idle_policy(client, world):
+    client.force_login(world.researcher_a)
+
+    content = client.get(reverse("jobs:quota_list")).content.decode()
+
+    assert f'<a href="{policy_url()}">Vision Lab</a>' in content
+    assert policy_url("nlp") not in content

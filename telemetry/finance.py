@@ -1,0 +1,248 @@
+"""Writes of finance: rate cards, and the DailyUsage rollup from attempt accounting (design
+§8). Prices and splits are computed by the pure ``telemetry.costing``."""
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from decimal import Decimal, InvalidOperation
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from jobs.models import Attempt
+from telemetry import costing
+from telemetry.models import AttemptAccounting, DailyUsage, RateCard, UsageRollupState
+from tenants.models import GpuFlavor
+from tenants.roles import is_finance, is_platform_admin
+from tenants.services import audit_record
+
+MAX_PRICE = Decimal("100000")  # per GPU-hour: a typo guard, far above any real price
+_CURRENCY = re.compile(r"[A-Z]{3}")
+# Accounting committed a little after the time it was computed at is still picked up: the
+# rollup looks this far behind its watermark (rebuilding a day twice is harmless).
+WATERMARK_LAG = timedelta(minutes=10)
+_CATEGORIES = costing.CATEGORIES
+
+
+def rate_card_can_manage(*, user) -> bool:
+    return is_platform_admin(user) or is_finance(user)
+
+
+def rate_cards_for(flavor_ids: Iterable[int]) -> dict[int, list[costing.Rate]]:
+    """Each flavor's cards as plain rates."""
+    rates: dict[int, list[costing.Rate]] = defaultdict(list)
+    for card in RateCard.objects.filter(flavor_id__in=set(flavor_ids)):
+        rates[card.flavor_id].append(
+            costing.Rate(
+                valid_from=costing.midnight(card.valid_from),
+                valid_to=costing.midnight(card.valid_to) if card.valid_to else None,
+                price_per_gpu_hour=card.price_per_gpu_hour,
+            )
+        )
+    return rates
+
+
+def platform_currency() -> str | None:
+    """The currency of the rate cards: one for the whole platform, so every statement
+    adds up in one unit. None before the first card."""
+    return RateCard.objects.order_by("pk").values_list("currency", flat=True).first()
+
+
+def rate_card_add(
+    *, flavor: GpuFlavor, price_per_gpu_hour, currency: str, valid_from: date, actor
+) -> RateCard:
+    """A new price for ``flavor`` from ``valid_from``: it ends the flavor's card before it,
+    so the cards never overlap or leave a gap. Days already rolled up from ``valid_from``
+    on are priced again. Audited as "ratecard.add"."""
+    if not rate_card_can_manage(user=actor):
+        raise PermissionDenied("Only finance and platform admins manage rate cards.")
+    errors: dict[str, list[str]] = {}
+    try:
+        price = Decimal(str(price_per_gpu_hour))
+    except InvalidOperation:
+        price = None
+    if price is None or not price.is_finite():
+        errors["price_per_gpu_hour"] = ["Enter a price such as 2.50."]
+    elif price < 0:
+        errors["price_per_gpu_hour"] = ["A price cannot be negative."]
+    elif price > MAX_PRICE or price.as_tuple().exponent < -4:
+        errors["price_per_gpu_hour"] = [f"Enter at most {MAX_PRICE:,} with up to 4 decimal places."]
+    currency = (currency or "").strip().upper()
+    existing_currency = platform_currency()
+    if not _CURRENCY.fullmatch(currency):
+        errors["currency"] = ["Enter a three-letter ISO 4217 code such as EUR."]
+    elif existing_currency and currency != existing_currency:
+        errors["currency"] = [
+            f"Every rate card is in {existing_currency}: statements add up in one currency."
+        ]
+    with transaction.atomic():
+        # One writer per flavor: the check below and the insert see the same cards.
+        GpuFlavor.objects.select_for_update().get(pk=flavor.pk)
+        latest = RateCard.objects.filter(flavor=flavor).order_by("-valid_from").first()
+        if latest is not None and valid_from <= latest.valid_from:
+            errors["valid_from"] = [
+                f"The current card of {flavor.slug} starts on {latest.valid_from:%Y-%m-%d}; a "
+                "new card must start after it (it then ends the current one)."
+            ]
+        if errors:
+            raise ValidationError(errors)
+        if latest is not None:
+            before = {"valid_to": None}
+            latest.valid_to = valid_from
+            latest.save(update_fields=["valid_to"])
+            audit_record(
+                actor=actor,
+                action="ratecard.end",
+                target=f"{flavor.slug}@{latest.valid_from:%Y-%m-%d}",
+                before=before,
+                after={"valid_to": f"{valid_from:%Y-%m-%d}"},
+            )
+        card = RateCard.objects.create(
+            flavor=flavor,
+            price_per_gpu_hour=price,
+            currency=currency,
+            valid_from=valid_from,
+            created_by=actor,
+        )
+        audit_record(
+            actor=actor,
+            action="ratecard.add",
+            target=f"{flavor.slug}@{valid_from:%Y-%m-%d}",
+            after={"price_per_gpu_hour": str(price), "currency": currency},
+        )
+        _rates_changed(valid_from)
+    return card
+
+
+def _state_locked() -> UsageRollupState:
+    UsageRollupState.objects.get_or_create(pk=1)
+    return UsageRollupState.objects.select_for_update().get(pk=1)
+
+
+def _rates_changed(valid_from: date) -> None:
+    state = _state_locked()
+    if state.rates_changed_from is None or valid_from < state.rates_changed_from:
+        state.rates_changed_from = valid_from
+        state.save(update_fields=["rates_changed_from", "updated_at"])
+
+
+# --- DailyUsage --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RollupSummary:
+    days: int
+    rows: int
+    accounted_until: datetime | None
+
+
+def _days(start: datetime, end: datetime) -> list[date]:
+    first, last = start.date(), end.date()
+    if end > start and end == costing.midnight(last):
+        last -= timedelta(days=1)  # ends at midnight: nothing of that day
+    return [first + timedelta(days=n) for n in range((last - first).days + 1)]
+
+
+def daily_usage_rebuild(*, days: Iterable[date]) -> int:
+    """Replace the DailyUsage rows of ``days`` by what the accounting of every attempt
+    with GPU time on them says. Returns the number of rows written."""
+    days = sorted(set(days))
+    if not days:
+        return 0
+    wanted = set(days)
+    lo, hi = costing.midnight(days[0]), costing.midnight(days[-1] + timedelta(days=1))
+    accounts = (
+        AttemptAccounting.objects.filter(attempt__started_at__lt=hi, attempt__finished_at__gte=lo)
+        .select_related("attempt__run__experiment")
+        .only(
+            *(f"{name}_gpu_s" for name in ("allocated", *_CATEGORIES)),
+            "attempt__started_at",
+            "attempt__finished_at",
+            "attempt__cluster_id",
+            "attempt__run__tenant_id",
+            "attempt__run__flavor_id",
+            "attempt__run__submitted_by_id",
+            "attempt__run__experiment__project_id",
+        )
+        .order_by("pk")
+    )
+    rates = rate_cards_for(GpuFlavor.objects.values_list("pk", flat=True))
+    totals: dict[tuple, list] = {}
+    for account in accounts.iterator(chunk_size=2000):
+        attempt = account.attempt
+        run = attempt.run
+        shares = costing.split_attempt(
+            start=attempt.started_at,
+            end=attempt.finished_at,
+            gpu_seconds={name: getattr(account, f"{name}_gpu_s") for name in _CATEGORIES},
+            rates=rates.get(run.flavor_id, ()),
+        )
+        for share in shares:
+            if share.day not in wanted:
+                continue
+            key = (
+                share.day, run.tenant_id, run.experiment.project_id, run.submitted_by_id,
+                run.flavor_id, attempt.cluster_id,
+            )  # fmt: skip
+            row = totals.get(key)
+            if row is None:
+                row = totals[key] = [0] * (len(_CATEGORIES) + 2) + [Decimal(0), Decimal(0)]
+            for position, name in enumerate(_CATEGORIES):
+                row[position] += share.gpu_seconds[name]
+            row[-4] += share.unpriced_gpu_s
+            row[-3] += 1
+            row[-2] += share.cost
+            row[-1] += share.effective_cost
+    rows = []
+    for (day, tenant, project, user, flavor, cluster), values in sorted(totals.items()):
+        per_category = dict(zip(_CATEGORIES, values[: len(_CATEGORIES)], strict=True))
+        rows.append(
+            DailyUsage(
+                date=day,
+                tenant_id=tenant,
+                project_id=project,
+                user_id=user,
+                flavor_id=flavor,
+                cluster_id=cluster,
+                attempts=values[-3],
+                allocated_gpu_s=sum(per_category.values()),
+                **{f"{name}_gpu_s": value for name, value in per_category.items()},
+                unpriced_gpu_s=values[-4],
+                cost=values[-2],
+                effective_cost=values[-1],
+            )
+        )
+    with transaction.atomic():
+        DailyUsage.objects.filter(date__in=days).delete()
+        DailyUsage.objects.bulk_create(rows, batch_size=2000)
+    return len(rows)
+
+
+def daily_usage_update(*, now: datetime | None = None) -> RollupSummary:
+    """Bring DailyUsage up to date: rebuild the days of attempts whose accounting was
+    computed since the last run, and every day from a changed rate card's start on."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        state = _state_locked()
+        since = state.accounted_until
+        changed = AttemptAccounting.objects.all()
+        if since is not None:
+            changed = changed.filter(computed_at__gt=since - WATERMARK_LAG)
+        newest = changed.aggregate(newest=Max("computed_at"))["newest"]
+        days: set[date] = set()
+        for start, end in Attempt.objects.filter(
+            accounting__in=changed, started_at__isnull=False, finished_at__isnull=False
+        ).values_list("started_at", "finished_at"):
+            days.update(_days(start, end))
+        if state.rates_changed_from is not None:
+            first = state.rates_changed_from
+            days.update(first + timedelta(days=n) for n in range((now.date() - first).days + 1))
+        rows = daily_usage_rebuild(days=days)
+        state.accounted_until = max(filter(None, (since, newest)), default=None)
+        state.rates_changed_from = None
+        state.save(update_fields=["accounted_until", "rates_changed_from", "updated_at"])
+    return RollupSummary(days=len(days), rows=rows, accounted_until=state.accounted_until)
