@@ -15,6 +15,8 @@ from jobs import services as job_services
 from jobs.models import Attempt, AttemptState, Checkpoint, Cluster, Run, RunEvent, RunState
 from jobs.services import ExperimentInput
 from jobs.simulation import STARTUP_S, Workload
+from telemetry import finance
+from telemetry import services as telemetry_services
 from telemetry.models import GpuMinute, StepWindow
 from telemetry.simulated import simulated_telemetry
 from tenants import services as tenant_services
@@ -75,6 +77,16 @@ def demo_seed(*, speedup: int = 30) -> None:
     tenant_services.global_role_grant(user=admin, role=GlobalRole.PLATFORM_ADMIN, actor=admin)
     fiona = User.objects.create_user("fiona", "fiona@gantry.example", DEMO_PASSWORD)
     tenant_services.global_role_grant(user=fiona, role=GlobalRole.FINANCE, actor=admin)
+    # Prices per GPU-hour: a year back, and an A100 price rise on the 1st of this month.
+    today = timezone.now().date()
+    for flavor, price, since in (
+        (a100, "2.10", today - timedelta(days=365)),
+        (h100, "3.90", today - timedelta(days=365)),
+        (a100, "2.40", today.replace(day=1)),
+    ):
+        finance.rate_card_add(
+            flavor=flavor, price_per_gpu_hour=price, currency="EUR", valid_from=since, actor=fiona
+        )
 
     tenants = {}
     # (a100 guaranteed, a100 borrow limit, h100 guaranteed, monthly a100 budget, budget mode)
@@ -205,6 +217,11 @@ def demo_seed(*, speedup: int = 30) -> None:
     request("bob", "nlp", "retrieval", "dpr-sweep", pytorch, env=long_job, gpus_per_node=4)
     request("carol", "climate", "nowcasting", "radar-nowcast", pytorch, gpus_per_node=4)
 
+    # What beat would do within two minutes: account the history and roll it up into daily
+    # usage, so the goodput and finance pages have data from the first page view.
+    telemetry_services.accounting_compute_pending(limit=100)
+    finance.daily_usage_update()
+
 
 def _record_preempted_history(*, run: Run, cluster: Cluster, submitted) -> None:
     """A run that borrowed GPUs, was preempted, and resumed from its checkpoint."""
@@ -250,6 +267,8 @@ def _record_preempted_history(*, run: Run, cluster: Cluster, submitted) -> None:
         (second, second_start, finished),
     ):
         job_services.usage_record_attempt(attempt=attempt, started=start, finished=end)
+    _record_history_telemetry(attempt=first, profile="compute-bound")
+    _record_history_telemetry(attempt=second, profile="compute-bound", resume_step=checkpoint.step)
     Run.objects.filter(pk=run.pk).update(
         state=RunState.SUCCEEDED,
         cluster=cluster,
@@ -285,13 +304,13 @@ def _record_preempted_history(*, run: Run, cluster: Cluster, submitted) -> None:
         RunEvent.objects.filter(pk=event.pk).update(at=at)
 
 
-def _record_history_telemetry(*, attempt: Attempt, profile: str) -> None:
+def _record_history_telemetry(*, attempt: Attempt, profile: str, resume_step: int = 0) -> None:
     """The step windows and GPU minutes a job of ``profile`` would have reported over the
     attempt (the collector's output, written directly: this history never ran)."""
     gpus = [(node, str(gpu)) for node in attempt.node_list for gpu in range(attempt.run.gpus)]
     seconds = (attempt.finished_at - attempt.started_at).total_seconds()
     telemetry = simulated_telemetry(
-        Workload(profile=profile, duration_s=int(seconds) - STARTUP_S),
+        Workload(profile=profile, duration_s=int(seconds) - STARTUP_S, resume_step=resume_step),
         started_at=attempt.started_at,
         until=attempt.finished_at,
         finished=True,

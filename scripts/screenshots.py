@@ -2,7 +2,7 @@
 
 Usage: ``.venv/bin/python scripts/screenshots.py`` (needs Debian's ``chromium`` or
 ``chromium-headless-shell`` and the ``playwright`` package from the dev extras; no browser is
-downloaded). Takes about two minutes: the goodput pages wait for the first accounting.
+downloaded).
 """
 
 import os
@@ -27,7 +27,6 @@ CHROMIUM = next(
     ),
     "/usr/bin/chromium",
 )
-ACCOUNTING_AFTER_S = 75  # beat accounts finished attempts every 60 s
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -68,8 +67,6 @@ def shoot(base: str) -> None:
             page.click("button[type=submit]")
             page.wait_for_load_state()
 
-        started = time.monotonic()
-
         def shots(*pages: tuple[str, str]) -> None:
             for name, path in pages:
                 page.goto(base + path)
@@ -86,8 +83,10 @@ def shoot(base: str) -> None:
             ("images", "/images/"),
             ("experiment", "/experiments/1/"),
         )
-        time.sleep(max(0.0, ACCOUNTING_AFTER_S - (time.monotonic() - started)))
         shots(("run-telemetry", "/runs/2/telemetry/"), ("goodput", "/tenants/vision/goodput/"))
+        login("fiona")
+        month = time.strftime("%Y-%m", time.gmtime())
+        shots(("finance", f"/finance/vision/{month}/"), ("kpis", "/platform/kpis/"))
         login("admin")
         page.goto(base + "/audit/")
         page.screenshot(path=str(OUT / "audit.png"), full_page=False)

@@ -3,7 +3,9 @@ from django.contrib import admin
 from telemetry.models import (
     AttemptAccounting,
     ClusterTelemetry,
+    DailyUsage,
     GpuMinute,
+    RateCard,
     RawScrape,
     SdkEvent,
     StepWindow,
@@ -67,3 +69,43 @@ class RawScrapeAdmin(admin.ModelAdmin):
 @admin.register(ClusterTelemetry)
 class ClusterTelemetryAdmin(admin.ModelAdmin):
     list_display = ("cluster", "fetched_until", "rolled_up_until", "last_error_at", "updated_at")
+
+
+@admin.register(RateCard)
+class RateCardAdmin(admin.ModelAdmin):
+    """Read-only: cards are added through the finance pages, which keep the chain of cards
+    without gaps or overlaps and reprice the days after a change."""
+
+    list_display = ("flavor", "price_per_gpu_hour", "currency", "valid_from", "valid_to")
+    list_filter = ("flavor",)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(DailyUsage)
+class DailyUsageAdmin(admin.ModelAdmin):
+    list_display = (
+        "date",
+        "tenant",
+        "project",
+        "user",
+        "flavor",
+        "cluster",
+        "allocated_gpu_s",
+        "cost",
+    )
+    list_filter = ("tenant", "flavor")
+    date_hierarchy = "date"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

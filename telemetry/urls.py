@@ -1,6 +1,6 @@
 from django.urls import path
 
-from telemetry import views
+from telemetry import kpi_views, views
 
 app_name = "telemetry"
 urlpatterns = [
@@ -8,4 +8,5 @@ urlpatterns = [
     path("goodput/", views.goodput, name="goodput"),
     path("tenants/<slug:slug>/goodput/", views.tenant_goodput, name="tenant_goodput"),
     path("telemetry/unmapped/", views.unmapped_samples, name="unmapped_samples"),
+    path("platform/kpis/", kpi_views.platform_kpis, name="platform_kpis"),
 ]

@@ -1,9 +1,13 @@
 """The demo that `make run` seeds: its finished runs carry telemetry that accounts like the
 simulator profiles they are named after."""
 
+from decimal import Decimal
+
+from django.db.models import Sum
+
 from jobs.models import Run
 from portal.demo import demo_seed
-from telemetry.models import AttemptAccounting
+from telemetry.models import AttemptAccounting, DailyUsage, RateCard
 from telemetry.services import accounting_compute_pending
 
 
@@ -17,7 +21,7 @@ def largest_waste(row: AttemptAccounting) -> str:
 def test_demo_history_accounts_as_its_profiles(db):
     demo_seed(speedup=30)
 
-    accounting_compute_pending(limit=100)
+    assert accounting_compute_pending(limit=100) == 0  # the seed accounted its history
 
     rows = {
         row.attempt.run.experiment.name: row
@@ -39,3 +43,20 @@ def test_demo_history_accounts_as_its_profiles(db):
     assert Run.objects.filter(experiment__name="notebook-debug").get().submitted_by.username == (
         "tara"
     )
+
+
+def test_demo_history_is_priced_and_rolled_up_into_daily_usage(db):
+    demo_seed(speedup=30)
+
+    assert list(RateCard.objects.values_list("flavor__slug", "price_per_gpu_hour", "currency")) == [
+        ("a100-80gb", Decimal("2.1000"), "EUR"),
+        ("a100-80gb", Decimal("2.4000"), "EUR"),
+        ("h100-80gb", Decimal("3.9000"), "EUR"),
+    ]
+    usage = DailyUsage.objects.aggregate(
+        gpu_s=Sum("allocated_gpu_s"), unpriced=Sum("unpriced_gpu_s")
+    )
+    assert usage == {
+        "gpu_s": AttemptAccounting.objects.aggregate(gpu_s=Sum("allocated_gpu_s"))["gpu_s"],
+        "unpriced": 0,
+    }

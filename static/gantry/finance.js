@@ -1,0 +1,83 @@
+// Gantry: draws the finance charts (monthly trend, budget burn-down) with the vendored
+// Plotly.js. The series come ready from the server in <script type="application/json">
+// blocks (Django's json_script): this file only hands them to Plotly, it computes nothing.
+// Every chart has a table beside it with the same numbers.
+"use strict";
+
+(function () {
+  var COLORS = { effective: "#2e9d5b", waste: "#c2332b" };
+  // One colour per flavor on the burn-down: its usage and its budget share it.
+  var PALETTE = ["#2f5bd3", "#dd6b20", "#805ad5", "#2e9d5b", "#b7791f", "#c2332b", "#3182ce"];
+
+  var CONFIG = {
+    displaylogo: false,
+    responsive: true,
+    modeBarButtonsToRemove: ["lasso2d", "select2d"],
+  };
+
+  function payload(element) {
+    var source = document.getElementById(element.getAttribute("data-finance-chart"));
+    return source ? JSON.parse(source.textContent) : null;
+  }
+
+  // Transparent, in the page's font and text colour (light and dark schemes alike).
+  function layout(element, chart) {
+    var style = window.getComputedStyle(element);
+    return {
+      paper_bgcolor: "rgba(0,0,0,0)",
+      plot_bgcolor: "rgba(0,0,0,0)",
+      font: { family: style.fontFamily, color: style.color, size: 12 },
+      margin: { l: 10, r: 10, t: 10, b: 10 },
+      legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", traceorder: "normal" },
+      hovermode: "x unified",
+      xaxis: { title: { text: chart.x_title || "" }, automargin: true, gridcolor: "rgba(128,128,128,0.2)" },
+      yaxis: { title: { text: chart.y_title || "" }, automargin: true, gridcolor: "rgba(128,128,128,0.2)", rangemode: "tozero" },
+    };
+  }
+
+  function barChart(element, chart) {
+    var traces = chart.traces.map(function (trace) {
+      return {
+        type: "bar",
+        name: trace.name,
+        x: chart.categories,
+        y: trace.values,
+        marker: { color: COLORS[trace.key] },
+        hovertemplate: "%{y} " + chart.unit + "<extra>%{fullData.name}</extra>",
+      };
+    });
+    var shape = layout(element, chart);
+    shape.barmode = "stack";
+    shape.xaxis.type = "category";
+    window.Plotly.newPlot(element, traces, shape, CONFIG);
+  }
+
+  function lineChart(element, chart) {
+    var traces = chart.lines.map(function (line) {
+      return {
+        type: "scatter",
+        mode: "lines",
+        name: line.name,
+        x: chart.x,
+        y: line.y,
+        line: { color: PALETTE[line.group % PALETTE.length], dash: line.dash ? "dash" : "solid" },
+        hovertemplate: "%{y} " + chart.unit + "<extra>%{fullData.name}</extra>",
+      };
+    });
+    window.Plotly.newPlot(element, traces, layout(element, chart), CONFIG);
+  }
+
+  var DRAW = { bar: barChart, lines: lineChart };
+
+  document.addEventListener("DOMContentLoaded", function () {
+    if (!window.Plotly) {
+      return; // the tables carry the same numbers
+    }
+    document.querySelectorAll("[data-finance-chart]").forEach(function (element) {
+      var chart = payload(element);
+      if (chart && DRAW[chart.kind]) {
+        DRAW[chart.kind](element, chart);
+      }
+    });
+  });
+})();

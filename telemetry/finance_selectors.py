@@ -1,0 +1,592 @@
+"""Reads of the finance pages and exports (design §8): who may read which tenant's money,
+monthly statements, month-over-month trends, budget burn-down, the attempts behind a
+statement line and the rows of an export.
+
+Every figure comes from ``DailyUsage``, the precomputed per-day rollup of attempt
+accounting: a statement is a handful of grouped queries over one tenant's month, never a
+walk over attempts. GPU time is kept in whole GPU-seconds and money in Decimal cents up to
+the page, so totals add up exactly; hours are Decimal GPU-seconds ÷ 3600.
+"""
+
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
+from datetime import date, datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
+
+from django.db.models import Q, QuerySet, Sum
+from django.db.models.functions import TruncMonth
+from django.http import Http404
+
+from jobs.models import Attempt
+from telemetry import costing
+from telemetry.finance import rate_cards_for
+from telemetry.models import DailyUsage, RateCard, UsageRollupState
+from telemetry.selectors import CATEGORY_LABELS
+from tenants.models import GpuFlavor, Membership, Quota, Tenant
+from tenants.roles import is_finance, is_platform_admin, tenant_roles
+
+SECONDS_PER_HOUR = Decimal(costing.SECONDS_PER_HOUR)
+GPU_HOUR_PLACES = Decimal("0.000001")
+ZERO_MONEY = Decimal("0.00")
+WASTE = costing.CATEGORIES[1:]  # lost, startup, checkpoint, idle, input_wait, comm_wait
+TREND_MONTHS = 12
+EXPORT_CHUNK_ROWS = 2000
+
+
+def gpu_hours(gpu_seconds: int) -> Decimal:
+    """GPU-seconds as GPU-hours, exact to the sixth decimal (half up)."""
+    return (Decimal(gpu_seconds) / SECONDS_PER_HOUR).quantize(GPU_HOUR_PLACES, ROUND_HALF_UP)
+
+
+def month_first_day(day: date) -> date:
+    return day.replace(day=1)
+
+
+def month_after(first_day: date) -> date:
+    if first_day.month == 12:
+        return first_day.replace(year=first_day.year + 1, month=1)
+    return first_day.replace(month=first_day.month + 1)
+
+
+def months_back(first_day: date, count: int) -> date:
+    index = first_day.year * 12 + first_day.month - 1 - count
+    return date(index // 12, index % 12 + 1, 1)
+
+
+# --- who reads what -----------------------------------------------------------------------
+
+
+def finance_sees_all(user) -> bool:
+    """Finance and platform admins read every tenant's statements and export them all."""
+    return is_finance(user) or is_platform_admin(user)
+
+
+def finance_tenant_list(*, user) -> QuerySet[Tenant]:
+    """Tenants whose statements the user may read: every tenant (also inactive ones, whose
+    past months still need statements) for finance and platform admins, the tenants they
+    administer for tenant admins, none for anyone else."""
+    if finance_sees_all(user):
+        return Tenant.objects.order_by("slug")
+    administered = [
+        tenant_id
+        for tenant_id, role in tenant_roles(user).items()
+        if role == Membership.Role.TENANT_ADMIN
+    ]
+    return Tenant.objects.filter(id__in=administered).order_by("slug")
+
+
+def finance_can_read(*, user) -> bool:
+    """Whether any finance page is for the user: the gate that 404s everybody else."""
+    return finance_sees_all(user) or Membership.Role.TENANT_ADMIN in tenant_roles(user).values()
+
+
+def require_finance_reader(user) -> None:
+    if not finance_can_read(user=user):
+        raise Http404("No such page")
+
+
+def finance_tenant_get(*, user, slug: str) -> Tenant:
+    """The tenant, or 404 alike for a missing tenant and one the user may not read."""
+    tenant = finance_tenant_list(user=user).filter(slug=slug).first()
+    if tenant is None:
+        raise Http404("No such tenant")
+    return tenant
+
+
+# --- amounts ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WasteShare:
+    key: str
+    label: str
+    gpu_s: int
+
+    @property
+    def gpu_hours(self) -> Decimal:
+        return gpu_hours(self.gpu_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """GPU-seconds by category and cost of some DailyUsage rows, added up."""
+
+    allocated_gpu_s: int = 0
+    effective_gpu_s: int = 0
+    lost_gpu_s: int = 0
+    startup_gpu_s: int = 0
+    checkpoint_gpu_s: int = 0
+    idle_gpu_s: int = 0
+    input_wait_gpu_s: int = 0
+    comm_wait_gpu_s: int = 0
+    unpriced_gpu_s: int = 0
+    cost: Decimal = ZERO_MONEY
+    effective_cost: Decimal = ZERO_MONEY
+
+    @property
+    def waste_gpu_s(self) -> int:
+        return self.allocated_gpu_s - self.effective_gpu_s
+
+    @property
+    def waste_cost(self) -> Decimal:
+        return self.cost - self.effective_cost
+
+    @property
+    def allocated_hours(self) -> Decimal:
+        return gpu_hours(self.allocated_gpu_s)
+
+    @property
+    def effective_hours(self) -> Decimal:
+        return gpu_hours(self.effective_gpu_s)
+
+    @property
+    def waste_hours(self) -> Decimal:
+        return gpu_hours(self.waste_gpu_s)
+
+    @property
+    def unpriced_hours(self) -> Decimal:
+        return gpu_hours(self.unpriced_gpu_s)
+
+    @property
+    def goodput_percent(self) -> Decimal | None:
+        if not self.allocated_gpu_s:
+            return None
+        return Decimal(self.effective_gpu_s * 100) / Decimal(self.allocated_gpu_s)
+
+    @property
+    def waste_shares(self) -> list[WasteShare]:
+        return [
+            WasteShare(key=name, label=CATEGORY_LABELS[name], gpu_s=getattr(self, f"{name}_gpu_s"))
+            for name in WASTE
+        ]
+
+
+_USAGE_FIELDS = [item.name for item in fields(Usage)]
+# Annotations may not reuse the model's field names.
+_SUMS = {f"sum_{name}": Sum(name) for name in _USAGE_FIELDS}
+
+
+def _usage(row: dict) -> Usage:
+    values = {}
+    for name in _USAGE_FIELDS:
+        value = row[f"sum_{name}"]
+        if name in ("cost", "effective_cost"):
+            values[name] = ZERO_MONEY if value is None else value
+        else:
+            values[name] = value or 0
+    return Usage(**values)
+
+
+# --- statements ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Dimension:
+    """A breakdown of a statement: the DailyUsage columns that name a line and the
+    lookup that finds the attempts behind it."""
+
+    name: str
+    title: str
+    key: str  # DailyUsage lookup of the value the drill-down filters by
+    label: str  # DailyUsage lookup of what the line shows
+    attempt_lookup: str
+
+
+DIMENSIONS = {
+    dimension.name: dimension
+    for dimension in (
+        Dimension("project", "Project", "project__slug", "project__name",
+                  "run__experiment__project__slug"),
+        Dimension("user", "User", "user__username", "user__username",
+                  "run__submitted_by__username"),
+        Dimension("flavor", "Flavor", "flavor__slug", "flavor__name", "run__flavor__slug"),
+        Dimension("cluster", "Cluster", "cluster__name", "cluster__name", "cluster__name"),
+    )
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class StatementLine:
+    dimension: str
+    key: str
+    label: str
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class Statement:
+    tenant: Tenant
+    month: date  # the first day
+    total: Usage
+    breakdowns: dict[str, list[StatementLine]]  # by dimension name, in DIMENSIONS order
+
+    @property
+    def month_end(self) -> date:
+        """The first day after the month."""
+        return month_after(self.month)
+
+    @property
+    def last_day(self) -> date:
+        return self.month_end - timedelta(days=1)
+
+
+def _month_rows(*, tenant: Tenant, month: date) -> QuerySet[DailyUsage]:
+    return DailyUsage.objects.filter(tenant=tenant, date__gte=month, date__lt=month_after(month))
+
+
+def statement_lines(*, tenant: Tenant, month: date, dimension: str) -> list[StatementLine]:
+    """One line per value of ``dimension`` with usage in the month, the costliest first."""
+    spec = DIMENSIONS[dimension]
+    rows = (
+        _month_rows(tenant=tenant, month=month)
+        .values(spec.key, spec.label)
+        .annotate(**_SUMS)
+        .order_by("-sum_cost", "-sum_allocated_gpu_s", spec.key)
+    )
+    return [
+        StatementLine(
+            dimension=dimension, key=row[spec.key], label=row[spec.label], usage=_usage(row)
+        )
+        for row in rows
+    ]
+
+
+def statement_total(*, tenant: Tenant, month: date) -> Usage:
+    return _usage(_month_rows(tenant=tenant, month=month).aggregate(**_SUMS))
+
+
+def statement_month(*, tenant: Tenant, month: date) -> Statement:
+    """The tenant's statement of the month starting ``month``: one query for the totals and
+    one per breakdown."""
+    month = month_first_day(month)
+    return Statement(
+        tenant=tenant,
+        month=month,
+        total=statement_total(tenant=tenant, month=month),
+        breakdowns={
+            name: statement_lines(tenant=tenant, month=month, dimension=name) for name in DIMENSIONS
+        },
+    )
+
+
+def statement_line_total(*, tenant: Tenant, month: date, filters: dict[str, str]) -> Usage:
+    """The usage of the statement lines that match ``filters`` (dimension name → key)."""
+    rows = _month_rows(tenant=tenant, month=month_first_day(month)).filter(
+        **{DIMENSIONS[name].key: value for name, value in filters.items()}
+    )
+    return _usage(rows.aggregate(**_SUMS))
+
+
+@dataclass(frozen=True, slots=True)
+class MonthUsage:
+    month: date
+    usage: Usage
+
+
+def usage_by_month(
+    *, tenant: Tenant, last_month: date, months: int = TREND_MONTHS
+) -> list[MonthUsage]:
+    """The tenant's usage per month over the ``months`` months ending with ``last_month``,
+    months without usage included, oldest first: one grouped query."""
+    last_month = month_first_day(last_month)
+    first = months_back(last_month, months - 1)
+    rows = (
+        DailyUsage.objects.filter(tenant=tenant, date__gte=first, date__lt=month_after(last_month))
+        .annotate(month=TruncMonth("date"))
+        .values("month")
+        .annotate(**_SUMS)
+        .order_by("month")
+    )
+    found = {row["month"]: _usage(row) for row in rows}
+    series, cursor = [], first
+    for _ in range(months):
+        series.append(MonthUsage(month=cursor, usage=found.get(cursor, Usage())))
+        cursor = month_after(cursor)
+    return series
+
+
+# --- budget burn-down ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FlavorBurn:
+    """One flavor's month: cumulative allocated GPU-hours per day against its budget."""
+
+    flavor_slug: str
+    flavor_name: str
+    budget_gpu_hours: int | None
+    budget_mode: str  # the label, or "" without a budget
+    cumulative_hours: list[Decimal | None]  # per day of the month; None after ``as_of``
+    used_gpu_s: int
+
+    @property
+    def used_hours(self) -> Decimal:
+        return gpu_hours(self.used_gpu_s)
+
+    @property
+    def remaining_hours(self) -> Decimal | None:
+        if self.budget_gpu_hours is None:
+            return None
+        return Decimal(self.budget_gpu_hours) - self.used_hours
+
+    @property
+    def used_percent(self) -> Decimal | None:
+        if not self.budget_gpu_hours:
+            return None
+        return self.used_hours * 100 / Decimal(self.budget_gpu_hours)
+
+
+@dataclass(frozen=True)
+class BurnDown:
+    days: list[date]
+    flavors: list[FlavorBurn] = field(default_factory=list)
+
+    @property
+    def budgeted(self) -> list[FlavorBurn]:
+        return [burn for burn in self.flavors if burn.budget_gpu_hours is not None]
+
+    @property
+    def budget_total_hours(self) -> int:
+        """The sum of the tenant's monthly budgets: GPU-hours of every budgeted flavor."""
+        return sum(burn.budget_gpu_hours or 0 for burn in self.budgeted)
+
+    @property
+    def used_in_budgets_hours(self) -> Decimal:
+        return sum((burn.used_hours for burn in self.budgeted), Decimal(0))
+
+
+def budget_burn_down(*, tenant: Tenant, month: date, as_of: date) -> BurnDown:
+    """Per flavor with a monthly budget or usage in the month: allocated GPU-hours added up
+    day by day, up to ``as_of`` (later days have no value yet). One grouped query for the
+    usage and one for the quotas."""
+    month = month_first_day(month)
+    end = month_after(month)
+    days = [month + timedelta(days=n) for n in range((end - month).days)]
+    used: dict[str, dict[date, int]] = defaultdict(dict)
+    names: dict[str, str] = {}
+    rows = (
+        _month_rows(tenant=tenant, month=month)
+        .values("flavor__slug", "flavor__name", "date")
+        .annotate(gpu_s=Sum("allocated_gpu_s"))
+        .order_by("flavor__slug", "date")
+    )
+    for row in rows:
+        used[row["flavor__slug"]][row["date"]] = row["gpu_s"]
+        names[row["flavor__slug"]] = row["flavor__name"]
+    budgets = {}
+    for quota in Quota.objects.filter(
+        tenant=tenant, monthly_gpu_hour_budget__isnull=False
+    ).select_related("flavor"):
+        budgets[quota.flavor.slug] = quota
+        names[quota.flavor.slug] = quota.flavor.name
+    flavors = []
+    for slug in sorted(names):
+        running, cumulative = 0, []
+        for day in days:
+            running += used[slug].get(day, 0)
+            cumulative.append(gpu_hours(running) if day <= as_of else None)
+        quota = budgets.get(slug)
+        flavors.append(
+            FlavorBurn(
+                flavor_slug=slug,
+                flavor_name=names[slug],
+                budget_gpu_hours=quota.monthly_gpu_hour_budget if quota else None,
+                budget_mode=quota.get_budget_mode_display() if quota else "",
+                cumulative_hours=cumulative,
+                used_gpu_s=sum(used[slug].values()),
+            )
+        )
+    return BurnDown(days=days, flavors=flavors)
+
+
+def usage_rolled_up_until() -> datetime | None:
+    """Accounting computed up to this moment is in the statements."""
+    return UsageRollupState.objects.values_list("accounted_until", flat=True).first()
+
+
+# --- drill-down ---------------------------------------------------------------------------
+
+
+# Large texts the drill-down does not show.
+_DRILL_DOWN_DEFERRED = (
+    "rendered_spec",
+    "failure_message",
+    "backend_error",
+    "runtime_env",
+    "node_list",
+    "gpu_uuids",
+    "run__wait_message",
+    "run__experiment__command",
+    "run__experiment__params",
+    "run__experiment__env",
+)
+
+
+def statement_attempts(
+    *, tenant: Tenant, month: date, filters: dict[str, str]
+) -> QuerySet[Attempt]:
+    """The accounted attempts behind the statement lines that ``filters`` (dimension name →
+    key) pick: the tenant's attempts with GPU time in the month, as the rollup cuts them
+    (an attempt over [start, end) counts in the months it overlaps; one of no length, in
+    the month it started). Ordered by start."""
+    month = month_first_day(month)
+    lo, hi = costing.midnight(month), costing.midnight(month_after(month))
+    return (
+        Attempt.objects.filter(
+            run__tenant=tenant,
+            accounting__isnull=False,
+            started_at__lt=hi,
+            finished_at__isnull=False,
+        )
+        .filter(Q(finished_at__gt=lo) | Q(started_at__gte=lo))
+        .filter(**{DIMENSIONS[name].attempt_lookup: value for name, value in filters.items()})
+        .select_related(
+            "accounting",
+            "cluster",
+            "run__flavor",
+            "run__submitted_by",
+            "run__experiment__project",
+        )
+        .defer(*_DRILL_DOWN_DEFERRED)
+        .order_by("started_at", "pk")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptInMonth:
+    """An attempt behind a statement line: its whole accounting, and the part of its GPU
+    time and cost that falls in the month (what the statement counts)."""
+
+    attempt: Attempt
+    month_allocated_gpu_s: int
+    month_cost: Decimal
+    unpriced_gpu_s: int
+
+    @property
+    def month_allocated_hours(self) -> Decimal:
+        return gpu_hours(self.month_allocated_gpu_s)
+
+    @property
+    def allocated_hours(self) -> Decimal:
+        return gpu_hours(self.attempt.accounting.allocated_gpu_s)
+
+    @property
+    def effective_hours(self) -> Decimal:
+        return gpu_hours(self.attempt.accounting.effective_gpu_s)
+
+    @property
+    def waste_hours(self) -> Decimal:
+        return gpu_hours(self.attempt.accounting.waste_gpu_s)
+
+
+def attempts_in_month(*, attempts: list[Attempt], month: date) -> list[AttemptInMonth]:
+    """The month's share of each attempt, cut and priced as the rollup does
+    (``costing.split_attempt``); one query for the rate cards."""
+    month = month_first_day(month)
+    end = month_after(month)
+    rates = rate_cards_for(attempt.run.flavor_id for attempt in attempts)
+    result = []
+    for attempt in attempts:
+        account = attempt.accounting
+        shares = costing.split_attempt(
+            start=attempt.started_at,
+            end=attempt.finished_at,
+            gpu_seconds={name: getattr(account, f"{name}_gpu_s") for name in costing.CATEGORIES},
+            rates=rates.get(attempt.run.flavor_id, ()),
+        )
+        inside = [share for share in shares if month <= share.day < end]
+        result.append(
+            AttemptInMonth(
+                attempt=attempt,
+                month_allocated_gpu_s=sum(share.allocated_gpu_s for share in inside),
+                month_cost=sum((share.cost for share in inside), ZERO_MONEY),
+                unpriced_gpu_s=sum(share.unpriced_gpu_s for share in inside),
+            )
+        )
+    return result
+
+
+# --- rate cards ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FlavorRates:
+    """A flavor's rate cards, the newest first, and the one in force on the day asked."""
+
+    flavor: GpuFlavor
+    cards: list[RateCard]
+    current: RateCard | None
+
+
+def rate_cards_by_flavor(*, today: date) -> list[FlavorRates]:
+    """Every flavor, with or without cards: two queries."""
+    cards: dict[int, list[RateCard]] = defaultdict(list)
+    for card in RateCard.objects.select_related("created_by").order_by("flavor_id", "-valid_from"):
+        cards[card.flavor_id].append(card)
+    result = []
+    for flavor in GpuFlavor.objects.order_by("slug"):
+        history = cards.get(flavor.pk, [])
+        current = next(
+            (
+                card
+                for card in history
+                if card.valid_from <= today and (card.valid_to is None or today < card.valid_to)
+            ),
+            None,
+        )
+        result.append(FlavorRates(flavor=flavor, cards=history, current=current))
+    return result
+
+
+# --- exports ------------------------------------------------------------------------------
+
+EXPORT_COLUMNS = (
+    "date", "tenant", "project", "user", "flavor", "cluster", "attempts",
+    "allocated_gpu_h", "effective_gpu_h", *(f"{name}_gpu_h" for name in WASTE),
+    "unpriced_gpu_h", "cost", "effective_cost", "waste_cost", "currency",
+)  # fmt: skip
+_EXPORT_VALUES = (
+    "date", "tenant__slug", "project__slug", "user__username", "flavor__slug", "cluster__name",
+    "attempts", "allocated_gpu_s", "effective_gpu_s", *(f"{name}_gpu_s" for name in WASTE),
+    "unpriced_gpu_s", "cost", "effective_cost",
+)  # fmt: skip
+_NAME_COLUMNS = 6  # date, tenant, project, user, flavor, cluster
+
+
+def export_rows_count(*, tenant: Tenant | None, first_day: date, last_day: date) -> int:
+    return _export_rows(tenant=tenant, first_day=first_day, last_day=last_day).count()
+
+
+def _export_rows(*, tenant: Tenant | None, first_day: date, last_day: date) -> QuerySet:
+    rows = DailyUsage.objects.filter(date__gte=first_day, date__lte=last_day)
+    if tenant is not None:
+        rows = rows.filter(tenant=tenant)
+    return rows.order_by(
+        "date", "tenant__slug", "project__slug", "user__username", "flavor__slug", "cluster__name"
+    )
+
+
+def export_rows(
+    *, tenant: Tenant | None, first_day: date, last_day: date, currency: str
+) -> Iterator[tuple]:
+    """The DailyUsage rows of [first_day, last_day] (of ``tenant``, or of every tenant),
+    one tuple per row in ``EXPORT_COLUMNS`` order: the date, names as text, GPU-hours as
+    Decimal with six places, money as stored. Read in chunks through a server-side cursor,
+    so memory stays flat however many rows there are."""
+    rows = _export_rows(tenant=tenant, first_day=first_day, last_day=last_day).values_list(
+        *_EXPORT_VALUES
+    )
+    for row in rows.iterator(chunk_size=EXPORT_CHUNK_ROWS):
+        names, attempts = row[:_NAME_COLUMNS], row[_NAME_COLUMNS]
+        seconds = row[_NAME_COLUMNS + 1 : -2]
+        cost, effective_cost = row[-2], row[-1]
+        yield (
+            *names,
+            attempts,
+            *(gpu_hours(value) for value in seconds),
+            cost,
+            effective_cost,
+            cost - effective_cost,
+            currency,
+        )

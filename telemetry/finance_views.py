@@ -1,0 +1,396 @@
+"""Finance pages (design §8): monthly statements per tenant with their breakdowns, trend
+and budget burn-down, the attempts behind a statement line, rate cards, CSV and XLSX
+exports.
+
+Finance and platform admins read every tenant; tenant admins the tenants they administer;
+everybody else gets 404 on every page, and a tenant admin asking for another tenant gets
+the same 404 as for a tenant that does not exist. Thin: parse, call selectors or the
+``rate_card_add`` service, shape plain series for ``json_script``, render.
+"""
+
+import csv
+from collections.abc import Iterable, Iterator
+from datetime import date
+from decimal import Decimal
+from tempfile import SpooledTemporaryFile
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
+from django.http import (
+    FileResponse,
+    HttpRequest,
+    HttpResponse,
+    QueryDict,
+    StreamingHttpResponse,
+)
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods
+from openpyxl import Workbook
+
+from telemetry import finance_selectors as selectors
+from telemetry.finance import platform_currency, rate_card_add, rate_card_can_manage
+from telemetry.finance_forms import ExportForm, RateCardForm, StatementChoiceForm
+from telemetry.finance_selectors import DIMENSIONS, BurnDown, MonthUsage, Statement
+
+DRILL_DOWN_PER_PAGE = 50
+# An XLSX file is a zip that is only complete at its end, so it is built whole before it is
+# sent (in a temporary file that spills to disk above XLSX_SPOOL_BYTES). The cap keeps that
+# bounded: 100 000 rows is years of a large tenant, far below Excel's 1 048 576 rows, and
+# builds in seconds. Above it the export is CSV, which streams in constant memory.
+XLSX_MAX_ROWS = 100_000
+XLSX_SPOOL_BYTES = 8 * 1024 * 1024
+XLSX_CONTENT_TYPE = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+# A spreadsheet runs a cell that starts with one of these as a formula (OWASP "CSV
+# injection"); user names are chosen by people, so such a cell gets a leading apostrophe.
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _today() -> date:
+    """Today in UTC: DailyUsage days and budget months are UTC."""
+    return timezone.now().date()
+
+
+# --- index --------------------------------------------------------------------------------
+
+
+def _export_form(request: HttpRequest, data: QueryDict | None = None) -> ExportForm:
+    today = _today()
+    return ExportForm(
+        data,
+        tenants=selectors.finance_tenant_list(user=request.user),
+        all_tenants=selectors.finance_sees_all(request.user),
+        initial={"from": today.replace(day=1), "to": today},
+    )
+
+
+def _index(
+    request: HttpRequest,
+    *,
+    choice_form: StatementChoiceForm | None = None,
+    export_form: ExportForm | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    tenants = selectors.finance_tenant_list(user=request.user)
+    return render(
+        request,
+        "telemetry/finance_index.html",
+        {
+            "choice_form": choice_form
+            or StatementChoiceForm(tenants=tenants, initial={"month": _today().replace(day=1)}),
+            "export_form": export_form or _export_form(request),
+            "xlsx_max_rows": f"{XLSX_MAX_ROWS:,}",
+        },
+        status=status,
+    )
+
+
+@login_required
+@require_GET
+def index(request: HttpRequest) -> HttpResponse:
+    """Choose a tenant and a month (then go to the statement), or a range to export."""
+    selectors.require_finance_reader(request.user)
+    if "tenant" not in request.GET and "month" not in request.GET:
+        return _index(request)
+    slug = request.GET.get("tenant", "")
+    if slug:
+        selectors.finance_tenant_get(user=request.user, slug=slug)  # 404 for outsiders
+    form = StatementChoiceForm(
+        request.GET, tenants=selectors.finance_tenant_list(user=request.user)
+    )
+    if not form.is_valid():
+        return _index(request, choice_form=form, status=400)
+    return redirect(
+        "finance:statement",
+        tenant_slug=form.cleaned_data["tenant"].slug,
+        month=form.cleaned_data["month"],
+    )
+
+
+# --- statement ----------------------------------------------------------------------------
+
+
+def _hours(value: Decimal) -> float:
+    """For a chart: GPU-hours to the hundredth (the tables carry the exact figures)."""
+    return float(value.quantize(Decimal("0.01")))
+
+
+def _trend_chart(trend: list[MonthUsage], *, money: bool, currency: str | None) -> dict:
+    """Effective and wasted, stacked, per month: GPU-hours, or cost in ``currency``."""
+    if money:
+        effective = [float(item.usage.effective_cost) for item in trend]
+        waste = [float(item.usage.waste_cost) for item in trend]
+        unit = currency or ""
+    else:
+        effective = [_hours(item.usage.effective_hours) for item in trend]
+        waste = [_hours(item.usage.waste_hours) for item in trend]
+        unit = "GPU-hours"
+    return {
+        "kind": "bar",
+        "categories": [f"{item.month:%Y-%m}" for item in trend],
+        "unit": unit,
+        "x_title": "Month (UTC)",
+        "y_title": unit,
+        "traces": [
+            {"key": "effective", "name": "Effective", "values": effective},
+            {"key": "waste", "name": "Wasted", "values": waste},
+        ],
+    }
+
+
+def _burn_chart(burn: BurnDown) -> dict | None:
+    """Per flavor: allocated GPU-hours so far, day by day, and its budget as a dashed line
+    in the same colour."""
+    if not burn.flavors:
+        return None
+    days = [f"{day:%Y-%m-%d}" for day in burn.days]
+    lines = []
+    for group, flavor in enumerate(burn.flavors):
+        lines.append(
+            {
+                "name": f"{flavor.flavor_slug} used",
+                "group": group,
+                "dash": False,
+                "y": [
+                    None if value is None else _hours(value) for value in flavor.cumulative_hours
+                ],
+            }
+        )
+        if flavor.budget_gpu_hours is not None:
+            lines.append(
+                {
+                    "name": f"{flavor.flavor_slug} budget",
+                    "group": group,
+                    "dash": True,
+                    "y": [flavor.budget_gpu_hours] * len(days),
+                }
+            )
+    return {
+        "kind": "lines",
+        "x": days,
+        "unit": "GPU-hours",
+        "x_title": "Day (UTC)",
+        "y_title": "Allocated GPU-hours, cumulative",
+        "lines": lines,
+    }
+
+
+def _export_query(statement: Statement) -> str:
+    return urlencode(
+        {
+            "tenant": statement.tenant.slug,
+            "from": statement.month.isoformat(),
+            "to": statement.last_day.isoformat(),
+        }
+    )
+
+
+@login_required
+@require_GET
+def statement(request: HttpRequest, tenant_slug: str, month: date) -> HttpResponse:
+    """A tenant's month: totals; breakdowns by project, user, flavor and cluster, each line
+    leading to the attempts behind it; the 12-month trend; budget burn-down; exports."""
+    tenant = selectors.finance_tenant_get(user=request.user, slug=tenant_slug)
+    today = _today()
+    report = selectors.statement_month(tenant=tenant, month=month)
+    trend = selectors.usage_by_month(tenant=tenant, last_month=report.month)
+    burn = selectors.budget_burn_down(tenant=tenant, month=report.month, as_of=today)
+    currency = platform_currency()
+    has_trend = any(item.usage.allocated_gpu_s for item in trend)
+    charts = {
+        "trend_hours_chart": _trend_chart(trend, money=False, currency=currency)
+        if has_trend
+        else None,
+        "trend_cost_chart": _trend_chart(trend, money=True, currency=currency)
+        if has_trend and currency
+        else None,
+        "burn_chart": _burn_chart(burn),
+    }
+    return render(
+        request,
+        "telemetry/finance_statement.html",
+        {
+            "tenant": tenant,
+            "statement": report,
+            "total": report.total,
+            "breakdowns": [(DIMENSIONS[name], lines) for name, lines in report.breakdowns.items()],
+            "trend": trend,
+            "burn": burn,
+            "currency": currency,
+            "previous_month": selectors.months_back(report.month, 1),
+            "next_month": report.month_end if report.month_end <= today else None,
+            "rolled_up_until": selectors.usage_rolled_up_until(),
+            "export_query": _export_query(report),
+            "has_charts": any(charts.values()),
+            **charts,
+        },
+    )
+
+
+@login_required
+@require_GET
+def statement_runs(request: HttpRequest, tenant_slug: str, month: date) -> HttpResponse:
+    """The attempts behind a statement line (``?project=``, ``?user=``, ``?flavor=``,
+    ``?cluster=``, combinable; none: the whole statement), with their accounting and the
+    month's share of their GPU time and cost."""
+    tenant = selectors.finance_tenant_get(user=request.user, slug=tenant_slug)
+    filters = {name: request.GET[name] for name in DIMENSIONS if request.GET.get(name)}
+    month = month.replace(day=1)
+    attempts = selectors.statement_attempts(tenant=tenant, month=month, filters=filters)
+    page = Paginator(attempts, DRILL_DOWN_PER_PAGE).get_page(request.GET.get("page"))
+    return render(
+        request,
+        "telemetry/finance_runs.html",
+        {
+            "tenant": tenant,
+            "month": month,
+            "filters": [(DIMENSIONS[name], value) for name, value in filters.items()],
+            "line": selectors.statement_line_total(tenant=tenant, month=month, filters=filters),
+            "page_obj": page,
+            "rows": selectors.attempts_in_month(attempts=list(page.object_list), month=month),
+            "currency": platform_currency(),
+        },
+    )
+
+
+# --- rate cards ---------------------------------------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def rate_cards(request: HttpRequest) -> HttpResponse:
+    """Every flavor's rate cards, current and past; finance and platform admins add one."""
+    selectors.require_finance_reader(request.user)
+    can_manage = rate_card_can_manage(user=request.user)
+    currency = platform_currency()
+    form = None
+    if request.method == "POST":
+        if not can_manage:  # a tenant admin: the page is no secret to them, so 403 leaks nothing
+            raise PermissionDenied("Only finance and platform admins manage rate cards.")
+        form = RateCardForm(request.POST)
+        if form.is_valid():
+            try:
+                card = rate_card_add(actor=request.user, **form.cleaned_data)
+            except ValidationError as exc:
+                form.add_service_errors(exc)
+            else:
+                messages.success(
+                    request,
+                    f"Added the rate card of {card.flavor.slug}: {card.price_per_gpu_hour} "
+                    f"{card.currency} per GPU-hour from {card.valid_from:%Y-%m-%d}.",
+                )
+                return redirect("finance:rate_cards")
+    elif can_manage:
+        form = RateCardForm(initial={"currency": currency or "", "valid_from": _today()})
+    return render(
+        request,
+        "telemetry/finance_rates.html",
+        {
+            "flavors": selectors.rate_cards_by_flavor(today=_today()),
+            "form": form,
+            "currency": currency,
+            "today": _today(),
+        },
+        status=400 if form is not None and form.errors else 200,
+    )
+
+
+# --- exports ------------------------------------------------------------------------------
+
+
+def _cell(value):
+    """Text as a spreadsheet must not run it; everything else as it is."""
+    if isinstance(value, str) and value.startswith(FORMULA_PREFIXES):
+        return "'" + value
+    return value
+
+
+def _export_cells(rows: Iterable[tuple]) -> Iterator[list]:
+    for row in rows:
+        yield [_cell(value) for value in row]
+
+
+class _Echo:
+    """A file-like object that hands back what is written to it: csv.writer formats a row,
+    the generator yields it (the Django streaming-CSV pattern)."""
+
+    def write(self, value: str) -> str:
+        return value
+
+
+def _csv_lines(rows: Iterable[tuple]) -> Iterator[str]:
+    writer = csv.writer(_Echo())
+    yield writer.writerow(selectors.EXPORT_COLUMNS)
+    for cells in _export_cells(rows):
+        yield writer.writerow(cells)
+
+
+def _export_request(request: HttpRequest) -> tuple[ExportForm, dict | None]:
+    """The validated export form and the selector arguments, or None when it is invalid.
+    A tenant the user may not read is a 404 before anything else."""
+    selectors.require_finance_reader(request.user)
+    slug = request.GET.get("tenant", "")
+    if slug:
+        selectors.finance_tenant_get(user=request.user, slug=slug)
+    form = _export_form(request, request.GET)
+    if not form.is_valid():
+        return form, None
+    return form, {
+        "tenant": form.cleaned_data["tenant"],
+        "first_day": form.cleaned_data["from"],
+        "last_day": form.cleaned_data["to"],
+    }
+
+
+def _filename(query: dict, extension: str) -> str:
+    tenant = query["tenant"].slug if query["tenant"] else "all-tenants"
+    return (
+        f"gantry-usage-{tenant}-{query['first_day']:%Y%m%d}-{query['last_day']:%Y%m%d}.{extension}"
+    )
+
+
+@login_required
+@require_GET
+def export_csv(request: HttpRequest) -> HttpResponse:
+    """DailyUsage rows of a range as CSV, streamed row by row: constant memory."""
+    form, query = _export_request(request)
+    if query is None:
+        return _index(request, export_form=form, status=400)
+    rows = selectors.export_rows(**query, currency=platform_currency() or "")
+    response = StreamingHttpResponse(_csv_lines(rows), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{_filename(query, "csv")}"'
+    return response
+
+
+@login_required
+@require_GET
+def export_xlsx(request: HttpRequest) -> HttpResponse:
+    """The same rows as the CSV export in an XLSX workbook, up to ``XLSX_MAX_ROWS``."""
+    form, query = _export_request(request)
+    if query is None:
+        return _index(request, export_form=form, status=400)
+    count = selectors.export_rows_count(**query)
+    if count > XLSX_MAX_ROWS:
+        form.add_error(
+            None,
+            f"The range holds {count:,} rows; an XLSX export holds at most {XLSX_MAX_ROWS:,}. "
+            "Download it as CSV, or choose a shorter range.",
+        )
+        return _index(request, export_form=form, status=400)
+    workbook = Workbook(write_only=True)
+    sheet = workbook.create_sheet("Usage")
+    sheet.append(selectors.EXPORT_COLUMNS)
+    for cells in _export_cells(selectors.export_rows(**query, currency=platform_currency() or "")):
+        sheet.append(cells)
+    buffer = SpooledTemporaryFile(max_size=XLSX_SPOOL_BYTES)  # noqa: SIM115 (FileResponse closes it)
+    workbook.save(buffer)
+    buffer.seek(0)
+    return FileResponse(
+        buffer,
+        as_attachment=True,
+        filename=_filename(query, "xlsx"),
+        content_type=XLSX_CONTENT_TYPE,
+    )
