@@ -6,69 +6,166 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0005_checkpoint_uri_2048'),
-        ('telemetry', '0002_raw_scrapes_and_collector_state'),
-        ('tenants', '0003_tenant_idle_policy'),
+        ("jobs", "0005_checkpoint_uri_2048"),
+        ("telemetry", "0002_raw_scrapes_and_collector_state"),
+        ("tenants", "0003_tenant_idle_policy"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='UsageRollupState',
+            name="UsageRollupState",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('accounted_until', models.DateTimeField(blank=True, null=True)),
-                ('rates_changed_from', models.DateField(blank=True, null=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("accounted_until", models.DateTimeField(blank=True, null=True)),
+                ("rates_changed_from", models.DateField(blank=True, null=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
         ),
         migrations.CreateModel(
-            name='DailyUsage',
+            name="DailyUsage",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('date', models.DateField()),
-                ('attempts', models.PositiveIntegerField(help_text='Attempts with GPU time on this day')),
-                ('allocated_gpu_s', models.BigIntegerField()),
-                ('effective_gpu_s', models.BigIntegerField()),
-                ('lost_gpu_s', models.BigIntegerField()),
-                ('startup_gpu_s', models.BigIntegerField()),
-                ('checkpoint_gpu_s', models.BigIntegerField()),
-                ('idle_gpu_s', models.BigIntegerField()),
-                ('input_wait_gpu_s', models.BigIntegerField()),
-                ('comm_wait_gpu_s', models.BigIntegerField()),
-                ('unpriced_gpu_s', models.BigIntegerField(help_text='GPU-seconds no rate card covered')),
-                ('cost', models.DecimalField(decimal_places=2, max_digits=16)),
-                ('effective_cost', models.DecimalField(decimal_places=2, max_digits=16)),
-                ('cluster', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='jobs.cluster')),
-                ('flavor', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='tenants.gpuflavor')),
-                ('project', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='tenants.project')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='tenants.tenant')),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("date", models.DateField()),
+                (
+                    "attempts",
+                    models.PositiveIntegerField(help_text="Attempts with GPU time on this day"),
+                ),
+                ("allocated_gpu_s", models.BigIntegerField()),
+                ("effective_gpu_s", models.BigIntegerField()),
+                ("lost_gpu_s", models.BigIntegerField()),
+                ("startup_gpu_s", models.BigIntegerField()),
+                ("checkpoint_gpu_s", models.BigIntegerField()),
+                ("idle_gpu_s", models.BigIntegerField()),
+                ("input_wait_gpu_s", models.BigIntegerField()),
+                ("comm_wait_gpu_s", models.BigIntegerField()),
+                (
+                    "unpriced_gpu_s",
+                    models.BigIntegerField(help_text="GPU-seconds no rate card covered"),
+                ),
+                ("cost", models.DecimalField(decimal_places=2, max_digits=16)),
+                ("effective_cost", models.DecimalField(decimal_places=2, max_digits=16)),
+                (
+                    "cluster",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="jobs.cluster",
+                    ),
+                ),
+                (
+                    "flavor",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="tenants.gpuflavor",
+                    ),
+                ),
+                (
+                    "project",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="tenants.project",
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="tenants.tenant",
+                    ),
+                ),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'daily usage',
-                'ordering': ['date', 'tenant', 'project', 'user', 'flavor', 'cluster'],
-                'indexes': [models.Index(fields=['tenant', 'date'], name='dailyusage_tenant_date')],
-                'constraints': [models.UniqueConstraint(fields=('date', 'tenant', 'project', 'user', 'flavor', 'cluster'), name='dailyusage_unique_key')],
+                "verbose_name_plural": "daily usage",
+                "ordering": ["date", "tenant", "project", "user", "flavor", "cluster"],
+                "indexes": [models.Index(fields=["tenant", "date"], name="dailyusage_tenant_date")],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("date", "tenant", "project", "user", "flavor", "cluster"),
+                        name="dailyusage_unique_key",
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='RateCard',
+            name="RateCard",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('price_per_gpu_hour', models.DecimalField(decimal_places=4, max_digits=12)),
-                ('currency', models.CharField(help_text='ISO 4217 code, e.g. EUR', max_length=3)),
-                ('valid_from', models.DateField()),
-                ('valid_to', models.DateField(blank=True, help_text='Exclusive; empty: open-ended', null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('flavor', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='rate_cards', to='tenants.gpuflavor')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("price_per_gpu_hour", models.DecimalField(decimal_places=4, max_digits=12)),
+                ("currency", models.CharField(help_text="ISO 4217 code, e.g. EUR", max_length=3)),
+                ("valid_from", models.DateField()),
+                (
+                    "valid_to",
+                    models.DateField(
+                        blank=True, help_text="Exclusive; empty: open-ended", null=True
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "flavor",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="rate_cards",
+                        to="tenants.gpuflavor",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['flavor', 'valid_from'],
-                'constraints': [models.UniqueConstraint(fields=('flavor', 'valid_from'), name='ratecard_unique_start'), models.CheckConstraint(condition=models.Q(('price_per_gpu_hour__gte', 0)), name='ratecard_price_not_negative'), models.CheckConstraint(condition=models.Q(('valid_to__isnull', True), ('valid_to__gt', models.F('valid_from')), _connector='OR'), name='ratecard_ends_after_it_starts')],
+                "ordering": ["flavor", "valid_from"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("flavor", "valid_from"), name="ratecard_unique_start"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("price_per_gpu_hour__gte", 0)),
+                        name="ratecard_price_not_negative",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("valid_to__isnull", True),
+                            ("valid_to__gt", models.F("valid_from")),
+                            _connector="OR",
+                        ),
+                        name="ratecard_ends_after_it_starts",
+                    ),
+                ],
             },
         ),
     ]
