@@ -1,7 +1,8 @@
 """``make bench``: every benchmark reports Gantry beside a baseline measured in the same run;
 the results go to docs/benchmarks.md with the machine they ran on.
 
-``python -m bench [admission] [cycle] [trace]`` runs some of them and only prints.
+``python -m bench [admission] [cycle] [trace] [telemetry] [k8s] [slurm] [finance]`` runs
+some of them and only prints.
 
 The admission cycle runs against the database ``gantry_bench`` on the server of
 DATABASE_URL (created and migrated here, so the tests' database is never touched), with
@@ -18,7 +19,7 @@ from bench.db import bench_database_url, ensure_database
 from bench.report import Section
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-BENCHMARKS = ("admission", "cycle", "trace", "telemetry", "k8s", "slurm")
+BENCHMARKS = ("admission", "cycle", "trace", "telemetry", "k8s", "slurm", "finance")
 
 
 def machine() -> str:
@@ -73,6 +74,11 @@ def run(name: str) -> list[Section]:
         from bench import telemetry
 
         return telemetry.run()
+    if name == "finance":
+        setup_django()
+        from bench import finance
+
+        return finance.run()
     from bench import trace
 
     return trace.run()

@@ -1,6 +1,14 @@
 from django.contrib import admin
 
-from jobs.models import Attempt, Cluster, ClusterFlavor, Experiment, Run, RunEvent
+from jobs.models import (
+    Attempt,
+    Cluster,
+    ClusterFlavor,
+    Experiment,
+    ExperimentTemplate,
+    Run,
+    RunEvent,
+)
 
 
 class ClusterFlavorInline(admin.TabularInline):
@@ -43,3 +51,11 @@ class RunEventAdmin(admin.ModelAdmin):
     list_display = ["at", "run", "from_state", "to_state", "reason"]
     list_filter = ["reason"]
     raw_id_fields = ["run", "attempt", "actor"]
+
+
+@admin.register(ExperimentTemplate)
+class ExperimentTemplateAdmin(admin.ModelAdmin):
+    list_display = ["name", "tenant", "updated_at"]
+    list_filter = ["tenant"]
+    search_fields = ["name", "description"]
+    raw_id_fields = ["created_by"]

@@ -14,7 +14,7 @@ from django.urls import reverse
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import authentication, status, viewsets
+from rest_framework import authentication, generics, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import (
     APIException,
@@ -29,11 +29,13 @@ from rest_framework.response import Response
 from rest_framework.serializers import as_serializer_error
 from rest_framework.views import APIView
 
+from jobs.capacity import quota_usage_list
 from jobs.models import Attempt, Experiment, Run
 from jobs.selectors import (
     attempt_get_for_token,
     experiment_get_viewable,
     experiment_list_viewable,
+    run_attempts,
     run_get_viewable,
     run_list_viewable,
 )
@@ -52,9 +54,12 @@ from jobs.services import (
     MAX_RUNTIME_REPORT_BYTES,
     attempt_report_runtime,
     run_cancel,
+    run_logs,
     run_rerun,
     run_submit,
 )
+from tenants.models import Quota
+from tenants.selectors import quota_list_viewable
 
 ID = OpenApiParameter("id", OpenApiTypes.INT, OpenApiParameter.PATH)
 NOT_FOUND = OpenApiResponse(ErrorSerializer, description="Missing, or of another tenant.")
@@ -64,6 +69,23 @@ class Conflict(APIException):
     status_code = status.HTTP_409_CONFLICT
     default_detail = "The request conflicts with the current state."
     default_code = "conflict"
+
+
+MAX_LOG_TAIL = 10_000
+
+
+class RunLogsQuerySerializer(serializers.Serializer):
+    tail = serializers.IntegerField(
+        min_value=1, max_value=MAX_LOG_TAIL, default=200, help_text="Last lines to return."
+    )
+
+
+class RunLogsSerializer(serializers.Serializer):
+    run = serializers.IntegerField()
+    attempt = serializers.IntegerField(
+        allow_null=True, help_text="Number of the latest attempt, whose logs these are."
+    )
+    logs = serializers.CharField(allow_blank=True)
 
 
 def _created(request, run: Run) -> Response:
@@ -140,6 +162,24 @@ class RunViewSet(viewsets.GenericViewSet):
             raise Conflict(" ".join(exc.messages)) from None
         run = run_get_viewable(user=request.user, run_id=int(pk))
         return Response(RunDetailSerializer(run).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(
+        parameters=[ID, RunLogsQuerySerializer],
+        responses={200: RunLogsSerializer, 404: NOT_FOUND},
+    )
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk: str):
+        """The last lines of the latest attempt's logs, as its backend keeps them."""
+        query = RunLogsQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        run = run_get_viewable(user=request.user, run_id=int(pk))
+        latest = run_attempts(run=run).last()
+        body = {
+            "run": run.pk,
+            "attempt": latest.number if latest else None,
+            "logs": run_logs(run=run, tail=query.validated_data["tail"]),
+        }
+        return Response(RunLogsSerializer(body).data)
 
 
 @extend_schema(tags=["experiments"])
@@ -292,3 +332,47 @@ class AttemptRuntimeReportApi(APIView):
             "runtime_reported_at": attempt.runtime_reported_at,
         }
         return Response(RuntimeReportResultSerializer(result).data)
+
+
+# --- quotas --------------------------------------------------------------------------------
+
+
+class QuotaFilterSerializer(serializers.Serializer):
+    tenant = serializers.SlugField(max_length=63, required=False, help_text="Tenant slug.")
+
+
+class QuotaUsageSerializer(serializers.Serializer):
+    tenant = serializers.CharField(source="quota.tenant.slug")
+    flavor = serializers.CharField(source="quota.flavor.slug")
+    guaranteed_gpus = serializers.IntegerField(source="quota.guaranteed_gpus")
+    borrow_limit_gpus = serializers.IntegerField(source="quota.borrow_limit_gpus")
+    max_gpus_per_run = serializers.IntegerField(source="quota.max_gpus_per_run", allow_null=True)
+    monthly_gpu_hour_budget = serializers.IntegerField(
+        source="quota.monthly_gpu_hour_budget", allow_null=True
+    )
+    budget_mode = serializers.ChoiceField(
+        source="quota.budget_mode", choices=Quota.BudgetMode.choices
+    )
+    in_use = serializers.IntegerField(help_text="GPUs the tenant's runs hold now.")
+    borrowable = serializers.IntegerField(help_text="GPUs a run could borrow now.")
+    beyond_guarantee = serializers.IntegerField()
+    idle = serializers.IntegerField(help_text="GPUs of the flavor no run holds.")
+    gpu_hours = serializers.FloatField(help_text="GPU hours allocated this month.")
+    budget_left = serializers.FloatField(allow_null=True)
+    burn_percent = serializers.FloatField(allow_null=True)
+
+
+@extend_schema(tags=["quotas"])
+class QuotaListApi(generics.GenericAPIView):
+    serializer_class = QuotaUsageSerializer
+
+    @extend_schema(parameters=[QuotaFilterSerializer], responses=QuotaUsageSerializer(many=True))
+    def get(self, request):
+        """Quotas of every tenant you may read, with what each uses now and this month."""
+        filters = QuotaFilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        quotas = quota_list_viewable(user=request.user)
+        if filters.validated_data.get("tenant"):
+            quotas = quotas.filter(tenant__slug=filters.validated_data["tenant"])
+        usages = quota_usage_list(quotas=self.paginate_queryset(quotas))
+        return self.get_paginated_response(QuotaUsageSerializer(usages, many=True).data)

@@ -2,6 +2,7 @@ from django.urls import path
 from rest_framework.routers import SimpleRouter
 
 from jobs import api
+from jobs.spec_api import ExperimentSpecApi, SpecSchemaApi, SpecSubmitApi, TemplateListApi
 
 router = SimpleRouter()
 router.register("runs", api.RunViewSet, basename="run")
@@ -9,5 +10,14 @@ router.register("experiments", api.ExperimentViewSet, basename="experiment")
 
 urlpatterns = [
     path("attempts/report/", api.AttemptRuntimeReportApi.as_view(), name="attempt-report"),
+    path("quotas/", api.QuotaListApi.as_view(), name="quota-list"),
+    path("specs/", SpecSubmitApi.as_view(), name="spec-submit"),
+    path("spec/schema/", SpecSchemaApi.as_view(), name="spec-schema"),
+    path(
+        "experiments/<int:id>/spec/",
+        ExperimentSpecApi.as_view(),
+        name="experiment-spec",
+    ),
+    path("templates/", TemplateListApi.as_view(), name="template-list"),
     *router.urls,
 ]

@@ -5,7 +5,8 @@ import json
 from django import forms
 from django.core.exceptions import ValidationError
 
-from jobs.models import Experiment
+from jobs import spec
+from jobs.models import Experiment, ExperimentTemplate
 from jobs.services import ExperimentInput
 from tenants.forms import ServiceErrorsMixin
 from tenants.models import GpuFlavor
@@ -161,6 +162,38 @@ class RunSubmitForm(ServiceErrorsMixin, forms.Form):
     def clean_env(self):
         return _parse_json(self.cleaned_data["env"])
 
+    def lock(self, template: ExperimentTemplate) -> None:
+        """Show the template's locked fields read-only, with the template's values (pass
+        them as ``initial``). The browser does not send disabled inputs; a request that
+        does is checked against the template by the service, see ``template_values``."""
+        for name in template.locked:
+            field = self.fields[spec.BY_DOTTED[name].field]
+            field.disabled = True
+            field.help_text = f"Set by template {template.name}."
+
+    def template_values(self) -> dict:
+        """The values to overlay on the template: every editable field, and a locked one
+        only if the request sent it anyway (so the service reports it changed)."""
+        values = {}
+        for name, field in self.fields.items():
+            if name not in spec.BY_FIELD and name != "cloned_from":
+                continue
+            if not field.disabled:
+                values[name] = self.cleaned_data[name]
+            elif name in self.data:
+                values[name] = self._clean_sent(name, field)
+        return values
+
+    def _clean_sent(self, name: str, field: forms.Field):
+        raw = field.widget.value_from_datadict(self.data, self.files, self.add_prefix(name))
+        try:
+            value = field.clean(raw)
+            if name in ("params", "env"):
+                return _parse_json(value)
+        except ValidationError:
+            return raw
+        return value.replace("\r\n", "\n") if name == "command" else value
+
     def experiment_input(self) -> ExperimentInput:
         data = self.cleaned_data
         return ExperimentInput(
@@ -213,6 +246,78 @@ def initial_from_experiment(experiment: Experiment) -> dict:
         "max_runtime_minutes": experiment.max_runtime_minutes,
         "max_restarts": experiment.max_restarts,
         "checkpoint_dir": experiment.checkpoint_dir,
+    }
+
+
+def initial_from_template(template: ExperimentTemplate) -> dict:
+    """Form values that start from a template: its defaults. The page sends the
+    template's id along (``template``), outside the form."""
+    values, _ = spec.template_values_parse(template.values)  # checked when saved
+    initial: dict = dict(values or {})
+    if template.tenant_id is not None:
+        initial["tenant"] = template.tenant.slug
+    for name in ("params", "env"):
+        if name in initial:
+            initial[name] = json.dumps(initial[name], indent=2, sort_keys=True)
+    return initial
+
+
+class TemplateForm(ServiceErrorsMixin, forms.Form):
+    """Types only; ``jobs.services.template_save`` checks values, locks and ranges."""
+
+    tenant = forms.ChoiceField(
+        required=False, help_text="Global templates (platform admins only) serve every tenant."
+    )
+    name = forms.CharField(max_length=63, help_text="Lowercase letters, digits and dashes.")
+    description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+    values = forms.CharField(
+        required=False,
+        initial="{}",
+        widget=forms.Textarea(attrs={"rows": 10, "spellcheck": "false", "class": "mono"}),
+        help_text='Defaults as a partial spec (JSON), e.g. {"image": "…", "resources": '
+        '{"flavor": "a100-80gb", "nodes": 1, "gpus_per_node": 2}}.',
+    )
+    locked = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "class": "mono"}),
+        help_text="Spec fields submissions may not change, one per line, e.g. image or "
+        "resources.flavor.",
+    )
+    ranges = forms.CharField(
+        required=False,
+        initial="{}",
+        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "class": "mono"}),
+        help_text='Allowed ranges (JSON), e.g. {"resources.gpus_per_node": {"min": 1, "max": 4}}.',
+    )
+
+    def __init__(self, *args, tenants=None, allow_global=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        if tenants is None:  # editing: a template stays with its tenant
+            del self.fields["tenant"]
+            return
+        choices = [("", "Global (every tenant)")] if allow_global else []
+        self.fields["tenant"].choices = choices + [
+            (t.slug, f"{t.name} ({t.slug})") for t in tenants
+        ]
+        self.fields["tenant"].required = not allow_global
+
+    def clean_values(self):
+        return _parse_json(self.cleaned_data["values"])
+
+    def clean_ranges(self):
+        return _parse_json(self.cleaned_data["ranges"])
+
+    def clean_locked(self) -> list[str]:
+        return self.cleaned_data["locked"].replace(",", " ").split()
+
+
+def template_initial(template: ExperimentTemplate) -> dict:
+    return {
+        "name": template.name,
+        "description": template.description,
+        "values": json.dumps(template.values, indent=2),
+        "locked": "\n".join(template.locked),
+        "ranges": json.dumps(template.ranges, indent=2),
     }
 
 

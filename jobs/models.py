@@ -401,3 +401,40 @@ class SimulatedJob(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.state})"
+
+
+class ExperimentTemplate(models.Model):
+    """Defaults, locks and ranges a submission starts from (jobs.spec.template_apply).
+
+    ``values`` is a partial spec; ``locked`` lists dotted spec names submissions may not
+    change; ``ranges`` maps dotted integer fields to ``{"min": n, "max": m}``. A template
+    without a tenant is global: platform admins manage it, every tenant may use it.
+    """
+
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, null=True, blank=True, related_name="+"
+    )
+    name = models.SlugField(max_length=63, validators=[slug_validator])
+    description = models.TextField(blank=True)
+    values = models.JSONField(default=dict, blank=True)
+    locked = models.JSONField(default=list, blank=True)
+    ranges = models.JSONField(default=dict, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="template_tenant_name_unique"),
+            models.UniqueConstraint(
+                fields=["name"],
+                condition=Q(tenant__isnull=True),
+                name="template_global_name_unique",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug if self.tenant_id else 'global'}/{self.name}"

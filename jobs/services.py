@@ -12,13 +12,14 @@ from importlib.metadata import PackageNotFoundError, version
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection, transaction
-from django.db.models import Count, F
+from django.db.models import Count, F, Q, QuerySet
+from django.http import Http404
 from django.utils import timezone
 
 from images.models import DIGEST_PATTERN, Image
 from images.selectors import image_list_usable
 from images.services import TagResolutionError, tag_resolve
-from jobs import admission, reproducibility
+from jobs import admission, reproducibility, spec
 from jobs.backends import (
     BackendError,
     CheckpointReport,
@@ -42,6 +43,7 @@ from jobs.models import (
     Cluster,
     ClusterFlavor,
     Experiment,
+    ExperimentTemplate,
     FairShareUsage,
     Run,
     RunEvent,
@@ -49,9 +51,10 @@ from jobs.models import (
     TenantMonthUsage,
 )
 from jobs.selectors import experiment_list_viewable, flavor_node_limits
-from tenants.models import GpuFlavor, Quota, Tenant
-from tenants.roles import is_platform_admin, is_tenant_admin
+from tenants.models import GpuFlavor, Membership, Quota, Tenant, slug_validator
+from tenants.roles import is_platform_admin, is_tenant_admin, tenant_roles
 from tenants.selectors import tenant_list_submittable
+from tenants.services import audit_record
 
 logger = logging.getLogger(__name__)
 
@@ -1413,3 +1416,205 @@ def admission_preview(
         verdict=verdict,
         message=message,
     )
+
+
+# --- experiment templates and specs --------------------------------------------------------
+
+
+def template_list_usable(*, user) -> QuerySet[ExperimentTemplate]:
+    """Templates the user may submit from: global ones and those of their tenants."""
+    return (
+        ExperimentTemplate.objects.filter(
+            Q(tenant__isnull=True) | Q(tenant__in=tenant_list_submittable(user=user))
+        )
+        .select_related("tenant")
+        .order_by(F("tenant__slug").asc(nulls_first=True), "name")
+    )
+
+
+def template_get_usable(*, user, template_id: int) -> ExperimentTemplate:
+    """The template, or 404 alike for a missing one and one of another tenant."""
+    template = template_list_usable(user=user).filter(pk=template_id).first()
+    if template is None:
+        raise Http404("No such template")
+    return template
+
+
+def template_tenants_manageable(*, user) -> QuerySet[Tenant]:
+    """Tenants whose templates the user manages: all for platform admins, else those the
+    user is tenant admin of."""
+    if is_platform_admin(user):
+        return Tenant.objects.filter(active=True).order_by("slug")
+    admin_of = [
+        tenant_id
+        for tenant_id, role in tenant_roles(user).items()
+        if role == Membership.Role.TENANT_ADMIN
+    ]
+    return Tenant.objects.filter(active=True, id__in=admin_of).order_by("slug")
+
+
+def template_can_manage(*, user, tenant: Tenant | None) -> bool:
+    """Global templates are the platform admins'; a tenant's also its tenant admins'."""
+    if is_platform_admin(user):
+        return True
+    return tenant is not None and is_tenant_admin(user, tenant.pk)
+
+
+def template_list_manageable(*, user) -> QuerySet[ExperimentTemplate]:
+    """Templates the user may edit; 404 for users who may manage none (researchers)."""
+    templates = ExperimentTemplate.objects.select_related("tenant").order_by(
+        F("tenant__slug").asc(nulls_first=True), "name"
+    )
+    if is_platform_admin(user):
+        return templates
+    tenants = list(template_tenants_manageable(user=user))
+    if not tenants:
+        raise Http404("No such page")
+    return templates.filter(tenant__in=tenants)
+
+
+def template_get_manageable(*, user, template_id: int) -> ExperimentTemplate:
+    template = template_list_manageable(user=user).filter(pk=template_id).first()
+    if template is None:
+        raise Http404("No such template")
+    return template
+
+
+def _template_state(template: ExperimentTemplate) -> dict:
+    return {
+        "name": template.name,
+        "description": template.description,
+        "values": template.values,
+        "locked": template.locked,
+        "ranges": template.ranges,
+    }
+
+
+@transaction.atomic
+def template_save(
+    *,
+    actor,
+    tenant: Tenant | None,
+    name: str,
+    description: str,
+    values: dict,
+    locked: list,
+    ranges: dict,
+    template: ExperimentTemplate | None = None,
+) -> ExperimentTemplate:
+    """Create a template (``template`` None) or change one; ``tenant`` None is global.
+
+    ``values`` must parse as a partial spec, ``locked`` name known dotted fields that have
+    a value, ``ranges`` bound integer fields with integers, min ≤ max.
+    """
+    if not template_can_manage(user=actor, tenant=tenant) or (
+        template is not None and not template_can_manage(user=actor, tenant=template.tenant)
+    ):
+        raise PermissionDenied("Only platform admins and the tenant's admins manage templates.")
+    errors: dict[str, list[str]] = {}
+    try:
+        slug_validator(name)
+    except ValidationError as exc:
+        errors["name"] = exc.messages
+    parsed, value_errors = spec.template_values_parse(values)
+    for field_name, messages in value_errors.items():
+        prefix = "" if field_name == spec.NON_FIELD else f"{field_name}: "
+        errors.setdefault("values", []).extend(prefix + message for message in messages)
+    if parsed is not None:
+        for field_name, messages in spec.template_rules_check(parsed, locked, ranges).items():
+            errors.setdefault(field_name, []).extend(messages)
+    clash = ExperimentTemplate.objects.filter(tenant=tenant, name=name)
+    if template is not None:
+        clash = clash.exclude(pk=template.pk)
+    if "name" not in errors and clash.exists():
+        errors["name"] = ["A template with this name exists for this tenant."]
+    if errors:
+        raise ValidationError(errors)
+    if template is None:
+        before = None
+        template = ExperimentTemplate(created_by=actor if actor.is_authenticated else None)
+    else:
+        template = ExperimentTemplate.objects.select_for_update().get(pk=template.pk)
+        before = _template_state(template)
+    template.tenant = tenant
+    template.name = name
+    template.description = description
+    template.values = values
+    template.locked = locked
+    template.ranges = ranges
+    template.save()
+    audit_record(
+        actor=actor,
+        action="template.create" if before is None else "template.update",
+        target=f"template {template}",
+        tenant=tenant,
+        before=before,
+        after=_template_state(template),
+    )
+    return template
+
+
+@transaction.atomic
+def template_delete(*, actor, template: ExperimentTemplate) -> None:
+    if not template_can_manage(user=actor, tenant=template.tenant):
+        raise PermissionDenied("Only platform admins and the tenant's admins manage templates.")
+    audit_record(
+        actor=actor,
+        action="template.delete",
+        target=f"template {template}",
+        tenant=template.tenant,
+        before=_template_state(template),
+    )
+    template.delete()
+
+
+def _submit_values(*, user, values: dict) -> Run:
+    """run_submit with ExperimentInput values; its errors by dotted spec name."""
+    try:
+        return run_submit(user=user, data=ExperimentInput(**values))
+    except ValidationError as exc:
+        raise ValidationError(spec.errors_to_spec(exc.message_dict)) from None
+
+
+def template_submit(*, user, template: ExperimentTemplate, values: dict) -> Run:
+    """Submit ``values`` (ExperimentInput fields, those given) on top of the template:
+    its locks and ranges checked, then every rule of run_submit. ValidationError names
+    dotted spec fields; nothing is created on error."""
+    if template.tenant_id is not None and template.tenant.slug != values.get("tenant"):
+        raise ValidationError(
+            {"template": [f"Template {template.name} belongs to tenant {template.tenant.slug}."]}
+        )
+    defaults, _ = spec.template_values_parse(template.values)  # checked when saved
+    merged, errors = spec.template_apply(
+        defaults or {}, template.locked, template.ranges, values, template_name=template.name
+    )
+    if errors:
+        raise ValidationError(errors)
+    return _submit_values(user=user, values=merged)
+
+
+def spec_submit(*, user, document) -> Run:
+    """Submit a spec document: parse it, apply its template (the tenant's own of that name,
+    else a global one), then run_submit. ValidationError names dotted spec fields."""
+    values, errors = spec.spec_parse(document)
+    if values is None:
+        raise ValidationError(errors)
+    name = spec.spec_template_name(document)
+    if name is None:
+        return _submit_values(user=user, values=values)
+    template = (
+        template_list_usable(user=user)
+        .filter(Q(tenant__slug=values["tenant"]) | Q(tenant__isnull=True), name=name)
+        .order_by(F("tenant").asc(nulls_last=True))
+        .first()
+    )
+    if template is None:
+        raise ValidationError(
+            {"template": [f"No template {name} for tenant {values['tenant']}, nor a global one."]}
+        )
+    return template_submit(user=user, template=template, values=values)
+
+
+def experiment_spec(experiment: Experiment) -> dict:
+    """The spec that submits this experiment again, as recorded."""
+    return spec.spec_of(vars(experiment_input_of(experiment)))

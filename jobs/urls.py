@@ -18,4 +18,13 @@ urlpatterns = [
     path("clusters/", views.cluster_list, name="cluster_list"),
     path("clusters/<slug:name>/capacity/", views.cluster_capacity, name="cluster_capacity"),
     path("clusters/<slug:name>/test/", views.cluster_test, name="cluster_test"),
+    path(
+        "experiments/<int:experiment_id>/spec.yaml",
+        views.experiment_spec_download,
+        name="experiment_spec",
+    ),
+    path("templates/", views.template_list, name="template_list"),
+    path("templates/new/", views.template_create, name="template_create"),
+    path("templates/<int:template_id>/", views.template_edit, name="template_edit"),
+    path("templates/<int:template_id>/delete/", views.template_delete, name="template_delete"),
 ]

@@ -7,6 +7,7 @@ objects are 404, exactly like missing ones.
 import json
 from itertools import groupby
 
+import yaml
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
@@ -18,12 +19,15 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from images.selectors import image_list_usable_by_tenants
-from jobs import capacity, services
+from jobs import capacity, services, spec
 from jobs.forms import (
     ClusterCapacityForm,
     RunPreviewForm,
     RunSubmitForm,
+    TemplateForm,
     initial_from_experiment,
+    initial_from_template,
+    template_initial,
 )
 from jobs.models import Cluster, RunState
 from jobs.reproducibility import experiment_diff, runtime_rows
@@ -51,6 +55,8 @@ from tenants.selectors import (
 )
 
 RUNS_PER_PAGE = 25
+TEMPLATES_PER_PAGE = 50
+TEMPLATE_PICKER_SIZE = 100
 QUOTAS_PER_PAGE = 50
 CLUSTERS_PER_PAGE = 25
 PREVIEW_FIELDS = ("tenant", "flavor", "nodes", "gpus_per_node", "priority")
@@ -99,33 +105,62 @@ def run_submit(request: HttpRequest) -> HttpResponse:
         "flavor_limits": flavor_node_limits(),
     }
     source = None
+    sent = request.POST if request.method == "POST" else request.GET
+    template = _template_chosen(request.user, sent.get("template", ""))
+    initial = {"tenant": tenants[0].slug} if len(tenants) == 1 else {}
+    if template is not None:
+        initial |= initial_from_template(template)
     if request.method == "POST":
-        form = RunSubmitForm(request.POST, **choices)
+        form = RunSubmitForm(request.POST, initial=initial, **choices)
+        if template is not None:
+            form.lock(template)
         source_id = request.POST.get("cloned_from", "")
         if source_id.isdigit():
             # Only for the notice above the form; the service decides whether it is allowed.
             source = experiment_list_viewable(user=request.user).filter(pk=source_id).first()
         if form.is_valid():
             try:
-                run = services.run_submit(user=request.user, data=form.experiment_input())
+                if template is None:
+                    run = services.run_submit(user=request.user, data=form.experiment_input())
+                else:
+                    run = services.template_submit(
+                        user=request.user, template=template, values=form.template_values()
+                    )
             except ValidationError as exc:
+                if template is not None:
+                    exc = ValidationError(spec.errors_to_input(exc.message_dict))
                 form.add_service_errors(exc)
             else:
                 messages.success(request, f"Run {run.pk} is queued.")
                 return redirect("jobs:run_detail", run_id=run.pk)
     else:
-        initial = {"tenant": tenants[0].slug} if len(tenants) == 1 else {}
         source_id = request.GET.get("from", "")
         if source_id.isdigit():
             source = experiment_get_viewable(user=request.user, experiment_id=int(source_id))
             initial = initial_from_experiment(source)
         form = RunSubmitForm(initial=initial, **choices)
-    context = {"form": form, "tenants": tenants, "source": source}
+        if template is not None:
+            form.lock(template)
+    context = {
+        "form": form,
+        "tenants": tenants,
+        "source": source,
+        "template": template,
+        "templates": services.template_list_usable(user=request.user)[:TEMPLATE_PICKER_SIZE],
+    }
     if tenants:
         context |= _preview_context(
             request.user, {name: form[name].value() for name in PREVIEW_FIELDS}
         )[0]
     return render(request, "jobs/run_submit.html", context, status=400 if form.errors else 200)
+
+
+def _template_chosen(user, value: str):
+    """The template a submission starts from (``?template=<id>``), or None; 404 for one
+    the user may not use."""
+    if not value:
+        return None
+    return services.template_get_usable(user=user, template_id=_positive_id(value))
 
 
 def _preview_context(user, data) -> tuple[dict, int]:
@@ -226,6 +261,19 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
             "can_rerun": services.experiment_can_rerun(user=request.user, experiment=experiment),
         },
     )
+
+
+@login_required
+@require_GET
+def experiment_spec_download(request: HttpRequest, experiment_id: int) -> HttpResponse:
+    """The experiment's spec as YAML, to edit and submit again (CLI or API)."""
+    experiment = experiment_get_viewable(user=request.user, experiment_id=experiment_id)
+    document = yaml.safe_dump(
+        services.experiment_spec(experiment), sort_keys=False, allow_unicode=True
+    )
+    response = HttpResponse(document, content_type="application/yaml; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="experiment-{experiment.pk}.yaml"'
+    return response
 
 
 @login_required
@@ -410,3 +458,97 @@ def cluster_capacity(request: HttpRequest, name: str) -> HttpResponse:
         {"cluster": cluster, "form": form, "editable": editable},
         status=400 if form.errors else 200,
     )
+
+
+# --- experiment templates ------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def template_list(request: HttpRequest) -> HttpResponse:
+    """Templates the user manages (tenant admins: their tenants'; platform admins: all)."""
+    templates = services.template_list_manageable(user=request.user)
+    page = Paginator(templates, TEMPLATES_PER_PAGE).get_page(request.GET.get("page"))
+    return render(
+        request, "jobs/template_list.html", {"page_obj": page, "templates": page.object_list}
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def template_create(request: HttpRequest) -> HttpResponse:
+    services.template_list_manageable(user=request.user)  # 404 for users who manage none
+    tenants = list(services.template_tenants_manageable(user=request.user))
+    allow_global = is_platform_admin(request.user)
+    choices = {"tenants": tenants, "allow_global": allow_global}
+    if request.method == "POST":
+        form = TemplateForm(request.POST, **choices)
+        if form.is_valid():
+            data = form.cleaned_data
+            tenant = next((t for t in tenants if t.slug == data["tenant"]), None)
+            try:
+                template = services.template_save(
+                    actor=request.user,
+                    tenant=tenant,
+                    name=data["name"],
+                    description=data["description"],
+                    values=data["values"],
+                    locked=data["locked"],
+                    ranges=data["ranges"],
+                )
+            except ValidationError as exc:
+                form.add_service_errors(exc)
+            else:
+                messages.success(request, f"Template {template.name} is saved.")
+                return redirect("jobs:template_list")
+    else:
+        form = TemplateForm(**choices)
+    return render(
+        request,
+        "jobs/template_form.html",
+        {"form": form, "template": None},
+        status=400 if form.errors else 200,
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def template_edit(request: HttpRequest, template_id: int) -> HttpResponse:
+    template = services.template_get_manageable(user=request.user, template_id=template_id)
+    if request.method == "POST":
+        form = TemplateForm(request.POST)
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                services.template_save(
+                    actor=request.user,
+                    tenant=template.tenant,
+                    name=data["name"],
+                    description=data["description"],
+                    values=data["values"],
+                    locked=data["locked"],
+                    ranges=data["ranges"],
+                    template=template,
+                )
+            except ValidationError as exc:
+                form.add_service_errors(exc)
+            else:
+                messages.success(request, f"Template {data['name']} is saved.")
+                return redirect("jobs:template_list")
+    else:
+        form = TemplateForm(initial=template_initial(template))
+    return render(
+        request,
+        "jobs/template_form.html",
+        {"form": form, "template": template},
+        status=400 if form.errors else 200,
+    )
+
+
+@login_required
+@require_POST
+def template_delete(request: HttpRequest, template_id: int) -> HttpResponse:
+    template = services.template_get_manageable(user=request.user, template_id=template_id)
+    services.template_delete(actor=request.user, template=template)
+    messages.success(request, f"Template {template.name} is deleted.")
+    return redirect("jobs:template_list")

@@ -1,9 +1,11 @@
 """One attempt's accounting split into UTC days and priced by the rate cards. Pure.
 
 Finance reports add up rows per day, so every attempt is cut at UTC midnights. The cut
-keeps every total exact: each category's whole GPU-seconds and the attempt's cost in cents
-are handed out to the days by cumulative rounding (the running total is rounded, never the
-parts), so the days of an attempt add up to its accounting to the GPU-second and to the
+keeps every total exact: a day's GPU-seconds are its share of the attempt rounded
+cumulatively (the running total is rounded, never the parts: with whole-second times a day
+gets exactly GPUs × its seconds), the categories are shared out inside each day without
+ever going below zero, and the cost in cents is handed out like the day totals. So the
+days of an attempt add up to its accounting to the GPU-second and to its cost to the
 cent. Cost = allocated GPU-hours × the price valid at each moment: a day that crosses a
 rate change is priced by the time under each rate. Time that no rate card covers is
 counted as unpriced GPU-seconds and costs nothing.
@@ -12,7 +14,7 @@ counted as unpriced GPU-seconds and costs nothing.
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 from fractions import Fraction
 
 CATEGORIES = ("effective", "lost", "startup", "checkpoint", "idle", "input_wait", "comm_wait")
@@ -94,15 +96,50 @@ def split_attempt(
     """The attempt's per-category GPU-seconds (``gpu_seconds``, whole, as accounted) and
     cost, per UTC day of [start, end). ``rates`` are the attempt's flavor's cards, in any
     order, not overlapping."""
+    if start.astimezone(UTC).date() == end.astimezone(UTC).date() and end > start:
+        # Most attempts: inside one day and under one price. Decimal division is exact to
+        # 28 digits and a tie at half a cent is exact in decimal, so this rounds as below.
+        rate = next(
+            (
+                rate
+                for rate in rates
+                if rate.valid_from <= start and (rate.valid_to is None or end <= rate.valid_to)
+            ),
+            None,
+        )
+        if rate is not None:
+            price = rate.price_per_gpu_hour
+            seconds = {name: gpu_seconds.get(name, 0) for name in CATEGORIES}
+            return [
+                DayShare(
+                    day=start.astimezone(UTC).date(),
+                    gpu_seconds=seconds,
+                    unpriced_gpu_s=0,
+                    cost=_cents(sum(seconds.values()) * price / SECONDS_PER_HOUR),
+                    effective_cost=_cents(seconds["effective"] * price / SECONDS_PER_HOUR),
+                )
+            ]
+    return _split(start=start, end=end, gpu_seconds=gpu_seconds, rates=rates)
+
+
+def _cents(amount: Decimal) -> Decimal:
+    return amount.quantize(Decimal("0.01"), rounding=ROUND_HALF_EVEN)
+
+
+def _split(
+    *, start: datetime, end: datetime, gpu_seconds: dict[str, int], rates: Sequence[Rate]
+) -> list[DayShare]:
+    """``split_attempt`` for any attempt, in exact fractions."""
     segments = _day_segments(start, end)
     total_s = _seconds(end - start)
     if total_s == 0:
         cumulative = [Fraction(0)] * (len(segments) - 1) + [Fraction(1)]
     else:
         cumulative = [_seconds(b - start) / total_s for _, _, b in segments]
-    by_category = {
-        name: _spread(gpu_seconds.get(name, 0), cumulative, Fraction(1)) for name in CATEGORIES
-    }
+    if len(segments) == 1:  # most attempts: no cut, and only the price to work out
+        by_category = {name: [gpu_seconds.get(name, 0)] for name in CATEGORIES}
+    else:
+        by_category = _split_days(gpu_seconds, cumulative)
     allocated = [sum(by_category[name][i] for name in CATEGORIES) for i in range(len(segments))]
     # Totals first, from the whole attempt: the time-weighted price and the uncovered share
     # do not depend on how the attempt is cut into days. Then the days get their parts of
@@ -141,6 +178,48 @@ def split_attempt(
         )
         for i, (day, _, _) in enumerate(segments)
     ]
+
+
+def _split_days(gpu_seconds: dict[str, int], cumulative: Sequence[Fraction]) -> dict:
+    """Each category's whole GPU-seconds per day. A day's total is its share of the whole
+    attempt, rounded cumulatively (so with whole-second times it is exactly GPUs × the day's
+    seconds); inside a day, each category gets the floor of what it is still owed by then,
+    and the units left go to the categories owed the most fraction. A category never gets
+    more than it has left, and the last day gets the rest: every category adds up to its
+    total, every part is zero or more."""
+    totals = {name: gpu_seconds.get(name, 0) for name in CATEGORIES}
+    day_totals = _spread(sum(totals.values()), cumulative, Fraction(1))
+    used = dict.fromkeys(CATEGORIES, 0)
+    parts: dict[str, list[int]] = {name: [] for name in CATEGORIES}
+    last = len(cumulative) - 1
+    for day, (share, day_total) in enumerate(zip(cumulative, day_totals, strict=True)):
+        if day == last:
+            take = {name: totals[name] - used[name] for name in CATEGORIES}
+        else:
+            owed = {name: totals[name] * share - used[name] for name in CATEGORIES}
+            take = {
+                name: max(0, min(int(owed[name] // 1), totals[name] - used[name]))
+                for name in CATEGORIES
+            }
+            left = int(day_total) - sum(take.values())
+            # Most owed first; ties in category order. Each pass moves one unit per category.
+            while left:
+                order = sorted(
+                    CATEGORIES, key=lambda name: owed[name] - take[name], reverse=left > 0
+                )
+                for name in order:
+                    if left > 0 and take[name] < totals[name] - used[name]:
+                        take[name] += 1
+                        left -= 1
+                    elif left < 0 and take[name] > 0:
+                        take[name] -= 1
+                        left += 1
+                    if not left:
+                        break
+        for name in CATEGORIES:
+            parts[name].append(take[name])
+            used[name] += take[name]
+    return parts
 
 
 def _round(value, unit: Fraction) -> Fraction:

@@ -155,39 +155,32 @@ def daily_usage_rebuild(*, days: Iterable[date]) -> int:
         return 0
     wanted = set(days)
     lo, hi = costing.midnight(days[0]), costing.midnight(days[-1] + timedelta(days=1))
+    fields = (
+        "attempt__started_at", "attempt__finished_at", "attempt__cluster_id",
+        "attempt__run__tenant_id", "attempt__run__experiment__project_id",
+        "attempt__run__submitted_by_id", "attempt__run__flavor_id",
+        *(f"{name}_gpu_s" for name in _CATEGORIES),
+    )  # fmt: skip
     accounts = (
         AttemptAccounting.objects.filter(attempt__started_at__lt=hi, attempt__finished_at__gte=lo)
-        .select_related("attempt__run__experiment")
-        .only(
-            *(f"{name}_gpu_s" for name in ("allocated", *_CATEGORIES)),
-            "attempt__started_at",
-            "attempt__finished_at",
-            "attempt__cluster_id",
-            "attempt__run__tenant_id",
-            "attempt__run__flavor_id",
-            "attempt__run__submitted_by_id",
-            "attempt__run__experiment__project_id",
-        )
         .order_by("pk")
+        .values_list(*fields)
     )
     rates = rate_cards_for(GpuFlavor.objects.values_list("pk", flat=True))
     totals: dict[tuple, list] = {}
-    for account in accounts.iterator(chunk_size=2000):
-        attempt = account.attempt
-        run = attempt.run
+    for started, finished, cluster, tenant, project, user, flavor, *seconds in accounts.iterator(
+        chunk_size=5000
+    ):
         shares = costing.split_attempt(
-            start=attempt.started_at,
-            end=attempt.finished_at,
-            gpu_seconds={name: getattr(account, f"{name}_gpu_s") for name in _CATEGORIES},
-            rates=rates.get(run.flavor_id, ()),
+            start=started,
+            end=finished,
+            gpu_seconds=dict(zip(_CATEGORIES, seconds, strict=True)),
+            rates=rates.get(flavor, ()),
         )
         for share in shares:
             if share.day not in wanted:
                 continue
-            key = (
-                share.day, run.tenant_id, run.experiment.project_id, run.submitted_by_id,
-                run.flavor_id, attempt.cluster_id,
-            )  # fmt: skip
+            key = (share.day, tenant, project, user, flavor, cluster)
             row = totals.get(key)
             if row is None:
                 row = totals[key] = [0] * (len(_CATEGORIES) + 2) + [Decimal(0), Decimal(0)]

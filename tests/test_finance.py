@@ -66,7 +66,7 @@ def test_time_no_rate_card_covers_is_unpriced_and_free():
 @given(
     start_s=st.integers(0, 3 * 86400),
     length_s=st.integers(0, 4 * 86400),
-    micro=st.integers(0, 999_999),
+    micro=st.sampled_from([0, 0, 1, 250_000, 999_999]),
     gpus=st.integers(1, 64),
     shares=st.lists(st.integers(0, 1000), min_size=len(CATEGORIES), max_size=len(CATEGORIES)),
     change_s=st.integers(0, 6 * 86400),
@@ -100,6 +100,34 @@ def test_the_days_of_an_attempt_add_up_to_its_accounting_exactly(
     assert all(day.cost >= 0 and day.cost.as_tuple().exponent == -2 for day in days)
     assert 0 <= sum(day.unpriced_gpu_s for day in days) <= allocated
     assert [day.day for day in days] == sorted({day.day for day in days})
+    if micro == 0:  # whole seconds: a day holds exactly the GPU-seconds inside it
+        for day in days:
+            inside = min(end, costing.midnight(day.day) + timedelta(days=1)) - max(
+                start, costing.midnight(day.day)
+            )
+            assert day.allocated_gpu_s == gpus * int(inside.total_seconds())
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    start_s=st.integers(0, 80_000),
+    length_s=st.integers(1, 6_000),
+    micro=st.sampled_from([0, 1, 500_000, 999_999]),
+    shares=st.lists(st.integers(0, 1000), min_size=len(CATEGORIES), max_size=len(CATEGORIES)),
+    gpus=st.integers(1, 64),
+    price=st.decimals("0", "99999.9999", places=4),
+)
+def test_the_one_day_one_price_shortcut_prices_exactly_like_fractions(
+    start_s, length_s, micro, shares, gpus, price
+):
+    start = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=start_s, microseconds=micro)
+    end = start + timedelta(seconds=length_s)
+    seconds = dict(zip(CATEGORIES, (gpus * share for share in shares), strict=True))
+    cards = rates((start - timedelta(days=1), None, str(price)))
+
+    fast = split_attempt(start=start, end=end, gpu_seconds=seconds, rates=cards)
+
+    assert fast == costing._split(start=start, end=end, gpu_seconds=seconds, rates=cards)
 
 
 # --- rate cards -------------------------------------------------------------------------------

@@ -225,6 +225,10 @@ def run_to_running(world, run: Run) -> None:
 def test_guarantee_preempts_a_borrowed_run_which_resumes_from_its_checkpoint(
     world, django_capture_on_commit_callbacks
 ):
+    # At 10 simulated seconds per second the next checkpoint (step 900) is 20 s of wall time
+    # away: a slow or busy machine cannot reach it during the test.
+    world.cluster.settings["speedup"] = 10
+    world.cluster.save(update_fields=["settings"])
     Quota.objects.filter(tenant=world.nlp, flavor=world.h100).update(borrow_limit_gpus=8)
     long_job = {"GANTRY_SIM_DURATION_S": "100000", "GANTRY_SIM_CHECKPOINT_EVERY_S": "300"}
     h100 = {"tenant": "nlp", "project": "llm", "flavor": "h100-80gb", "gpus_per_node": 8}
@@ -239,7 +243,7 @@ def test_guarantee_preempts_a_borrowed_run_which_resumes_from_its_checkpoint(
         "RUNNING",
         True,
     )
-    age_simulated_jobs(0.7)  # 700 simulated seconds: checkpoints at steps 300 and 600
+    age_simulated_jobs(70)  # 700 simulated seconds: checkpoints at steps 300 and 600
     services.cluster_sync(cluster=world.cluster)
     assert list(lent.checkpoints.values_list("step", flat=True)) == [300, 600]
 

@@ -1,0 +1,137 @@
+"""REST API for experiment specs and templates: parse, call one service or selector, render.
+
+A spec is submitted as JSON (``POST /specs/``); errors name the spec's dotted fields
+(``resources.gpus_per_node``). The JSON Schema of the spec is served at ``/spec/schema/``
+and published in the OpenAPI document as the ``ExperimentSpec`` component.
+"""
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.urls import reverse
+from drf_spectacular.extensions import OpenApiSerializerExtension
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import generics, serializers, status
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.parsers import JSONParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from jobs import services
+from jobs.models import ExperimentTemplate
+from jobs.selectors import experiment_get_viewable, run_get_viewable
+from jobs.serializers import ErrorSerializer, RunSerializer
+from jobs.spec import SPEC_SCHEMA
+
+NOT_FOUND = OpenApiResponse(ErrorSerializer, description="Missing, or of another tenant.")
+SPEC_ERRORS = OpenApiResponse(
+    description='Dotted spec field → list of messages, e.g. {"resources.nodes": ["…"]}.'
+)
+# JSON Schema keywords that an OpenAPI 3.0 schema object does not know.
+_NOT_OPENAPI_30 = {"$schema", "$id", "const"}
+
+
+class ExperimentSpecSerializer(serializers.Serializer):
+    """Stands for the experiment spec in the OpenAPI document; never used to parse."""
+
+
+def openapi_schema_of(schema):
+    """SPEC_SCHEMA as an OpenAPI 3.0 schema object: ``const`` becomes a one-value enum."""
+    if isinstance(schema, dict):
+        converted = {
+            key: openapi_schema_of(value)
+            for key, value in schema.items()
+            if key not in _NOT_OPENAPI_30
+        }
+        if "const" in schema:
+            converted["enum"] = [schema["const"]]
+        return converted
+    if isinstance(schema, list):
+        return [openapi_schema_of(item) for item in schema]
+    return schema
+
+
+class ExperimentSpecScheme(OpenApiSerializerExtension):
+    target_class = ExperimentSpecSerializer
+
+    def get_name(self, auto_schema, direction):
+        return "ExperimentSpec"
+
+    def map_serializer(self, auto_schema, direction):
+        return openapi_schema_of(SPEC_SCHEMA)
+
+
+@extend_schema(tags=["specs"])
+class SpecSubmitApi(APIView):
+    parser_classes = [JSONParser]
+
+    @extend_schema(
+        request=ExperimentSpecSerializer,
+        responses={201: RunSerializer, 400: SPEC_ERRORS, 403: ErrorSerializer},
+    )
+    def post(self, request):
+        """Submit an experiment spec (version 1). Nothing is created if any field is bad."""
+        try:
+            run = services.spec_submit(user=request.user, document=request.data)
+        except DjangoPermissionDenied as exc:
+            raise PermissionDenied(str(exc)) from None
+        except DjangoValidationError as exc:
+            raise ValidationError(exc.message_dict) from None
+        run = run_get_viewable(user=request.user, run_id=run.pk)
+        location = request.build_absolute_uri(reverse("api:run-detail", args=[run.pk]))
+        return Response(
+            RunSerializer(run).data, status=status.HTTP_201_CREATED, headers={"Location": location}
+        )
+
+
+@extend_schema(tags=["specs"])
+class ExperimentSpecApi(APIView):
+    @extend_schema(responses={200: ExperimentSpecSerializer, 404: NOT_FOUND})
+    def get(self, request, id: int):  # named like the {id} of the other experiment paths
+        """The spec that submits this experiment again, exactly as recorded."""
+        experiment = experiment_get_viewable(user=request.user, experiment_id=id)
+        return Response(services.experiment_spec(experiment))
+
+
+@extend_schema(tags=["specs"])
+class SpecSchemaApi(APIView):
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request):
+        """The JSON Schema (draft 2020-12) of the experiment spec, version 1."""
+        return Response(SPEC_SCHEMA)
+
+
+class TemplateSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True, allow_null=True, help_text="Null for a global template."
+    )
+    values = serializers.DictField(
+        child=serializers.JSONField(), read_only=True, help_text="A partial spec: the defaults."
+    )
+    locked = serializers.ListField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text="Dotted spec fields a submission may not change.",
+    )
+    ranges = serializers.DictField(
+        child=serializers.DictField(child=serializers.IntegerField()),
+        read_only=True,
+        help_text='Dotted integer field → {"min": n, "max": m}.',
+    )
+
+    class Meta:
+        model = ExperimentTemplate
+        fields = ["id", "tenant", "name", "description", "values", "locked", "ranges", "updated_at"]
+        read_only_fields = fields
+
+
+@extend_schema(tags=["specs"])
+class TemplateListApi(generics.ListAPIView):
+    """Templates the user may submit from: those of their tenants, and global ones."""
+
+    serializer_class = TemplateSerializer
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # schema generation has no real user
+            return ExperimentTemplate.objects.none()
+        return services.template_list_usable(user=self.request.user)
