@@ -17,7 +17,7 @@ from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import services
+from jobs import selectors, services
 from jobs.models import ExperimentTemplate
 from jobs.selectors import experiment_get_viewable, run_get_viewable
 from jobs.serializers import ErrorSerializer, RunSerializer
@@ -134,4 +134,4 @@ class TemplateListApi(generics.ListAPIView):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no real user
             return ExperimentTemplate.objects.none()
-        return services.template_list_usable(user=self.request.user)
+        return selectors.template_list_usable(user=self.request.user)

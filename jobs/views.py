@@ -19,7 +19,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from images.selectors import image_list_usable_by_tenants
-from jobs import capacity, services, spec
+from jobs import capacity, selectors, services, spec
 from jobs.forms import (
     ClusterCapacityForm,
     RunPreviewForm,
@@ -146,7 +146,7 @@ def run_submit(request: HttpRequest) -> HttpResponse:
         "tenants": tenants,
         "source": source,
         "template": template,
-        "templates": services.template_list_usable(user=request.user)[:TEMPLATE_PICKER_SIZE],
+        "templates": selectors.template_list_usable(user=request.user)[:TEMPLATE_PICKER_SIZE],
     }
     if tenants:
         context |= _preview_context(
@@ -160,7 +160,7 @@ def _template_chosen(user, value: str):
     the user may not use."""
     if not value:
         return None
-    return services.template_get_usable(user=user, template_id=_positive_id(value))
+    return selectors.template_get_usable(user=user, template_id=_positive_id(value))
 
 
 def _preview_context(user, data) -> tuple[dict, int]:
@@ -467,7 +467,7 @@ def cluster_capacity(request: HttpRequest, name: str) -> HttpResponse:
 @require_GET
 def template_list(request: HttpRequest) -> HttpResponse:
     """Templates the user manages (tenant admins: their tenants'; platform admins: all)."""
-    templates = services.template_list_manageable(user=request.user)
+    templates = selectors.template_list_manageable(user=request.user)
     page = Paginator(templates, TEMPLATES_PER_PAGE).get_page(request.GET.get("page"))
     return render(
         request, "jobs/template_list.html", {"page_obj": page, "templates": page.object_list}
@@ -477,8 +477,8 @@ def template_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def template_create(request: HttpRequest) -> HttpResponse:
-    services.template_list_manageable(user=request.user)  # 404 for users who manage none
-    tenants = list(services.template_tenants_manageable(user=request.user))
+    selectors.template_list_manageable(user=request.user)  # 404 for users who manage none
+    tenants = list(selectors.template_tenants_manageable(user=request.user))
     allow_global = is_platform_admin(request.user)
     choices = {"tenants": tenants, "allow_global": allow_global}
     if request.method == "POST":
@@ -514,7 +514,7 @@ def template_create(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def template_edit(request: HttpRequest, template_id: int) -> HttpResponse:
-    template = services.template_get_manageable(user=request.user, template_id=template_id)
+    template = selectors.template_get_manageable(user=request.user, template_id=template_id)
     if request.method == "POST":
         form = TemplateForm(request.POST)
         if form.is_valid():
@@ -548,7 +548,7 @@ def template_edit(request: HttpRequest, template_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def template_delete(request: HttpRequest, template_id: int) -> HttpResponse:
-    template = services.template_get_manageable(user=request.user, template_id=template_id)
+    template = selectors.template_get_manageable(user=request.user, template_id=template_id)
     services.template_delete(actor=request.user, template=template)
     messages.success(request, f"Template {template.name} is deleted.")
     return redirect("jobs:template_list")
