@@ -214,11 +214,13 @@ def run() -> list[Section]:
             f"{len(bodies):,} dcgm-exporter scrapes ({NODES} nodes × {GPUS} GPUs, "
             f"{len(VALUES)} used and {len(IGNORED)} ignored gauges, every 30 s for "
             f"{SCRAPES * SCRAPE_EVERY_MS // 60_000} minutes; Kubernetes, Slurm and "
-            "unlabelled nodes) through `telemetry.exposition.ingest`. Baseline: a regex "
+            "unlabelled nodes) through `telemetry.exposition.ingest`, the one-pass "
+            "`Ingestor` the collector runs for each window. Baseline: a regex "
             "per line, a label dict per sample, a scan of the allocations per sample "
             "(`bench/telemetry.py`); its rollups are asserted equal. Samples are the kept "
-            "gauge values. Gantry's parser caches label sets: \"fresh\" starts each run empty, "
-            "\"kept\" is the collector's steady state. Best of 3 (Gantry), 1 (baseline)."
+            "gauge values. The parser caches label sets: \"fresh\" starts each run empty, as "
+            "the collector does for each window; \"kept\" hands the same parser to every run. "
+            "Best of 3 (Gantry), 1 (baseline)."
         ),
         columns=[
             "parser", "lines", "samples", "unmapped", "rollup rows", "Gantry",
@@ -238,7 +240,12 @@ def run() -> list[Section]:
                 ratio(baseline, gantry),
             ]
         )
-    section.notes.append("Target ≥ 200,000 samples/s.")
+    fresh_rate = kept / cold
+    verdict = "met" if fresh_rate >= 200_000 else "missed"
+    section.notes.append(
+        f"Target ≥ 200,000 samples/s: {verdict} ({fresh_rate:,.0f} samples/s fresh, the "
+        "collector's case)."
+    )
     return [section, store_section(rows)]
 
 

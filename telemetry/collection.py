@@ -14,7 +14,6 @@
 
 import logging
 import zlib
-from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -31,11 +30,10 @@ from jobs.simulation import Workload
 from telemetry import exposition
 from telemetry.exposition import (
     Allocation,
-    AllocationIndex,
     ExpositionParser,
     HostAllocation,
+    Ingestor,
     KubernetesJobAllocation,
-    MinuteRollups,
     SlurmAllocation,
 )
 from telemetry.models import ClusterTelemetry, GpuMinute, RawScrape, UnmappedSamples
@@ -326,23 +324,18 @@ def gpu_minutes_replace(
 def _rollup_window(*, cluster: Cluster, start: datetime, end: datetime) -> RollupSummary:
     """Replace the GpuMinute and UnmappedSamples rows of ``cluster`` for the minutes of
     [start, end) by what its raw samples say. Runs inside the caller's transaction."""
-    start_ms, end_ms = _ms(start), _ms(end)
-    parser = ExpositionParser()
-    index = AllocationIndex(allocations_for(cluster=cluster, start=start, end=end))
-    rollups = MinuteRollups()
-    unmapped: Counter[tuple[int, str]] = Counter()
+    ingestor = Ingestor(
+        allocations_for(cluster=cluster, start=start, end=end),
+        start_ms=_ms(start),
+        end_ms=_ms(end),
+    )
     scrapes = RawScrape.objects.filter(
         cluster=cluster, first_sample_at__lt=end, last_sample_at__gte=start
     ).order_by("fetched_at", "pk")
     for origin, fetched_at, body in scrapes.values_list("origin", "fetched_at", "body").iterator():
-        result = parser.parse(zlib.decompress(body), default_ts=_ms(fetched_at))
-        inside = [sample for sample in result.samples if start_ms <= sample.ts < end_ms]
-        missed: list[exposition.GpuSample] = []
-        mapped, _ = index.map(inside, missed)
-        rollups.add(mapped)
-        for sample in missed:
-            unmapped[(sample.ts // 60_000 * 60, origin)] += 1
-    rows = rollups.rows()
+        ingestor.feed(zlib.decompress(body), default_ts=_ms(fetched_at), origin=origin)
+    unmapped = ingestor.unmapped
+    rows = ingestor.rows()
     gpu_minutes_replace(cluster=cluster, start=start, end=end, rows=rows)
     prefix = f"{cluster.name} "
     UnmappedSamples.objects.filter(
@@ -361,9 +354,9 @@ def _rollup_window(*, cluster: Cluster, start: datetime, end: datetime) -> Rollu
     return RollupSummary(
         windows=1,
         minutes=len(rows),
-        mapped=rollups.stats.samples,
+        mapped=ingestor.rollups.stats.samples,
         unmapped=sum(unmapped.values()),
-        duplicates=rollups.stats.duplicates,
+        duplicates=ingestor.rollups.stats.duplicates,
     )
 
 

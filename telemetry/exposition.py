@@ -9,7 +9,9 @@ out-of-range value. Timestamps are Unix milliseconds, as in the exposition forma
 
 import math
 import re
+import sys
 from bisect import bisect_right
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -179,6 +181,8 @@ class ExpositionParser:
 
     def __init__(self) -> None:
         self._heads: dict[str, _Head] = {}
+        # A GPU's label set is the same on each of its metrics: parsed once for all.
+        self._label_sets: dict[str, _Series | None] = {}
         self._comments: dict[str, tuple[str, str, str]] = {}
 
     def _head(self, head: str) -> "_Head":
@@ -186,6 +190,7 @@ class ExpositionParser:
         malformed, the value ceiling or None for a metric Gantry does not use)."""
         if len(self._heads) >= _HEAD_CACHE_LIMIT:
             self._heads.clear()
+            self._label_sets.clear()
         brace = head.find("{")
         if brace < 0:
             name, series = head, _NO_LABELS
@@ -193,8 +198,12 @@ class ExpositionParser:
             name, series = head, None
         else:
             name = head[:brace].rstrip(" \t")
-            labels = parse_labels(head[brace + 1 : -1])
-            series = None if labels is None else _series_of(labels)
+            text = head[brace + 1 : -1]
+            if text in self._label_sets:
+                series = self._label_sets[text]
+            else:
+                labels = parse_labels(text)
+                series = self._label_sets[text] = None if labels is None else _series_of(labels)
         if _METRIC_NAME.fullmatch(name) is None:
             series = None
         parsed = self._heads[head] = (name, series, VALUE_CEILING.get(name))
@@ -451,37 +460,51 @@ class AllocationIndex:
         self._pods[(namespace, pod)] = attempt
         return attempt
 
+    def labelled_attempt(self, namespace: str, pod: str, hpc_job: str) -> AttemptId | None:
+        """The attempt of a series labelled with a pod or an ``hpc_job`` (None: not
+        Gantry's). Only for series that carry one of those labels."""
+        if pod:
+            key = (namespace, pod)
+            return self._pods[key] if key in self._pods else self._pod_owner(namespace, pod)
+        return self._jobs.get(hpc_job)
+
+    def attempt_at(self, host: str, gpu: str, ts: int) -> AttemptId | None:
+        """The attempt holding the host's GPU at ``ts`` (Unix ms), for unlabelled series."""
+        return self.window_at(host, gpu, ts)[2]
+
+    def window_at(self, host: str, gpu: str, ts: int) -> tuple[float, float, AttemptId | None]:
+        """(lo, hi, attempt): the attempt holding the host's GPU at ``ts`` (None: no
+        attempt) and the widest [lo, hi) around ``ts`` over which that answer holds."""
+        held_starts = self._starts.get((host, gpu))
+        if held_starts is None:
+            return -math.inf, math.inf, None
+        index = bisect_right(held_starts, ts) - 1
+        following = held_starts[index + 1] if index + 1 < len(held_starts) else math.inf
+        if index < 0:
+            return -math.inf, following, None
+        start, end, attempt = self._windows[(host, gpu)][index]
+        if ts < end:
+            return start, min(end, following), attempt
+        return end, following, None
+
     def map(
         self, samples: Iterable[GpuSample], unmapped_out: list[GpuSample] | None = None
     ) -> tuple[list[tuple[AttemptId, GpuSample]], int]:
         """(mapped (attempt, sample) pairs, how many samples mapped to no attempt); the
         unmapped samples themselves are appended to ``unmapped_out`` when given."""
-        pods, jobs, windows, starts = self._pods, self._jobs, self._windows, self._starts
         mapped: list[tuple[AttemptId, GpuSample]] = []
-        append = mapped.append
         unmapped = 0
         for sample in samples:
-            if sample.pod:
-                key = (sample.namespace, sample.pod)
-                attempt = pods[key] if key in pods else self._pod_owner(*key)
-            elif sample.hpc_job:
-                attempt = jobs.get(sample.hpc_job)
+            if sample.pod or sample.hpc_job:
+                attempt = self.labelled_attempt(sample.namespace, sample.pod, sample.hpc_job)
             else:
-                attempt = None
-                key = (sample.host, sample.gpu)
-                held_starts = starts.get(key)
-                if held_starts is not None:
-                    index = bisect_right(held_starts, sample.ts) - 1
-                    if index >= 0:
-                        _, end, candidate = windows[key][index]
-                        if sample.ts < end:
-                            attempt = candidate
+                attempt = self.attempt_at(sample.host, sample.gpu, sample.ts)
             if attempt is None:
                 unmapped += 1
                 if unmapped_out is not None:
                     unmapped_out.append(sample)
             else:
-                append((attempt, sample))
+                mapped.append((attempt, sample))
         return mapped, unmapped
 
 
@@ -528,7 +551,19 @@ _MEAN_SLOT = {
     DRAM_ACTIVE: 8,
     POWER_USAGE: 10,
 }
-_FB_SLOT, _XID_SLOT, _XID_TS_SLOT, _COUNT_SLOT, _SLOTS = 12, 13, 14, 15, 16
+_FB_SLOT, _XID_SLOT, _XID_TS_SLOT, _COUNT_SLOT = 12, 13, 14, 15
+# Where a kept metric's value goes: its accumulator slot (FB_USED and XID_ERRORS have their
+# own rules) and its number among the kept metrics, part of the duplicate key.
+_METRIC_SLOT = {**_MEAN_SLOT, FB_USED: _FB_SLOT, XID_ERRORS: _XID_SLOT}
+_METRIC_NUMBER = {metric: number for number, metric in enumerate(sorted(KEPT_METRICS))}
+# Keys are ints, not tuples: (minute << 32 | gpu) for an accumulator and
+# (ts << 35 | gpu << 3 | metric) for a seen sample, where gpu numbers an (attempt, host,
+# GPU). Shifting keeps them unique for negative minutes and timestamps too.
+_GPU_BITS, _METRIC_BITS = 32, 3
+
+
+def _new_accumulator() -> list:
+    return [0.0, 0] * 6 + [None, 0, -1, 0]
 
 
 def _mean(acc: list, slot: int) -> float | None:
@@ -541,42 +576,55 @@ class MinuteRollups:
     timestamp is counted and skipped."""
 
     def __init__(self) -> None:
-        self.stats = RollupStats()
-        self._seen: set[tuple] = set()
-        self._accumulators: dict[tuple[AttemptId, str, str, int], list] = {}
+        self.duplicates = 0
+        self._gpu_numbers: dict[tuple[AttemptId, str, str], int] = {}
+        self._gpus: list[tuple[AttemptId, str, str]] = []
+        self._seen: set[int] = set()
+        self._accumulators: dict[int, list] = {}
+
+    def gpu_number(self, attempt: AttemptId, host: str, gpu: str) -> int:
+        """A small int naming an attempt's GPU, the same for the life of this object."""
+        key = (attempt, host, gpu)
+        number = self._gpu_numbers.get(key)
+        if number is None:
+            if len(self._gpus) >= 1 << _GPU_BITS:
+                raise OverflowError("more GPUs than one rollup can number")
+            number = self._gpu_numbers[key] = len(self._gpus)
+            self._gpus.append(key)
+        return number
+
+    def add_value(self, gpu_number: int, metric: str, value: float, ts: int) -> None:
+        """One kept sample of the numbered GPU (``Ingestor.feed`` inlines this)."""
+        seen_key = ts << (_GPU_BITS + _METRIC_BITS) | gpu_number << _METRIC_BITS
+        seen_key |= _METRIC_NUMBER[metric]
+        if seen_key in self._seen:
+            self.duplicates += 1
+            return
+        self._seen.add(seen_key)
+        key = (ts // 60_000) << _GPU_BITS | gpu_number
+        acc = self._accumulators.get(key)
+        if acc is None:
+            acc = self._accumulators[key] = _new_accumulator()
+        _accumulate(acc, _METRIC_SLOT[metric], value, ts)
+
+    @property
+    def stats(self) -> RollupStats:
+        return RollupStats(samples=len(self._seen), duplicates=self.duplicates)
 
     def add(self, mapped: Iterable[tuple[AttemptId, GpuSample]]) -> None:
-        stats, seen, accumulators = self.stats, self._seen, self._accumulators
-        mean_slot = _MEAN_SLOT
         for attempt, sample in mapped:
-            ts = sample.ts
-            before = len(seen)
-            seen.add((attempt, sample.host, sample.gpu, sample.metric, ts))
-            if len(seen) == before:
-                stats.duplicates += 1
-                continue
-            stats.samples += 1
-            key = (attempt, sample.host, sample.gpu, ts // 60_000 * 60)
-            acc = accumulators.get(key)
-            if acc is None:
-                acc = accumulators[key] = [0.0, 0] * 6 + [None, 0, -1, 0]
-            metric = sample.metric
-            value = sample.value
-            slot = mean_slot.get(metric)
-            if slot is not None:
-                acc[slot] += value
-                acc[slot + 1] += 1
-            elif metric == FB_USED:
-                if acc[_FB_SLOT] is None or value > acc[_FB_SLOT]:
-                    acc[_FB_SLOT] = value
-            elif value and ts >= acc[_XID_TS_SLOT]:  # XID_ERRORS: the last non-zero code
-                acc[_XID_SLOT] = int(value)
-                acc[_XID_TS_SLOT] = ts
-            acc[_COUNT_SLOT] += 1
+            self.add_value(
+                self.gpu_number(attempt, sample.host, sample.gpu),
+                sample.metric,
+                sample.value,
+                sample.ts,
+            )
 
     def rows(self) -> list[MinuteRollup]:
         rows = []
-        for (attempt, host, gpu, minute), acc in self._accumulators.items():
+        gpus, mask = self._gpus, (1 << _GPU_BITS) - 1
+        for key, acc in self._accumulators.items():
+            attempt, host, gpu = gpus[key & mask]
             activity = _mean(acc, 0)
             if activity is None:
                 utilization = _mean(acc, 2)
@@ -586,7 +634,7 @@ class MinuteRollups:
                     attempt_id=attempt,
                     host=host,
                     gpu=gpu,
-                    minute=minute,
+                    minute=(key >> _GPU_BITS) * 60,
                     activity=activity,
                     sm_active=_mean(acc, 4),
                     tensor_active=_mean(acc, 6),
@@ -601,6 +649,19 @@ class MinuteRollups:
         return rows
 
 
+def _accumulate(acc: list, slot: int, value: float, ts: int) -> None:
+    if slot < _FB_SLOT:
+        acc[slot] += value
+        acc[slot + 1] += 1
+    elif slot == _FB_SLOT:
+        if acc[_FB_SLOT] is None or value > acc[_FB_SLOT]:
+            acc[_FB_SLOT] = value
+    elif value and ts >= acc[_XID_TS_SLOT]:  # XID_ERRORS: the last non-zero code
+        acc[_XID_SLOT] = int(value)
+        acc[_XID_TS_SLOT] = ts
+    acc[_COUNT_SLOT] += 1
+
+
 def rollup_minutes(
     mapped: Iterable[tuple[AttemptId, GpuSample]],
 ) -> tuple[list[MinuteRollup], RollupStats]:
@@ -610,6 +671,208 @@ def rollup_minutes(
     return rollups.rows(), rollups.stats
 
 
+# Parse + map + roll up in one pass ------------------------------------------------------
+
+# What a sample line's head (name and labels) means to an ``Ingestor``: a metric Gantry
+# does not use, or a kept metric with where its values go.
+_IGNORED = "ignored"
+
+
+# (accumulator slot, metric number, value ceiling, the attempt's GPU number for a
+# labelled series (None: no attempt), and for an unlabelled series, whose attempt depends
+# on the sample's time, a [lo, hi, GPU number] cell remembering the last answer and the
+# span of time it holds for, else None). A tuple: it is unpacked once per sample.
+_Route = tuple[int, int, float, int | None, list | None]
+_LARGEST_FLOAT = sys.float_info.max  # a ceiling that lets every finite value through
+_UNBOUNDED_MS = 1 << 256  # past any timestamp: an open window's bound
+
+
+class Ingestor:
+    """Parse, map and roll up scrapes in one pass: what ``ingest`` and the collector run.
+
+    It gives exactly what ``ExpositionParser.parse`` → ``AllocationIndex.map`` →
+    ``MinuteRollups.add`` give (a property test holds them equal), faster: dcgm-exporter
+    repeats each label set on every scrape, so a line's head is looked up once per
+    ingestor to learn its metric, its GPU and, for pod- and ``hpc_job``-labelled series,
+    its attempt; then its value goes straight into the minute's accumulator, with no
+    sample object in between. Lines it has not seen (and comments it has not cached,
+    blanks with spaces, samples without labels) go through the parser one at a time.
+
+    Samples stamped outside [start_ms, end_ms) are parsed and counted but not rolled up;
+    samples that map to no attempt are counted per (minute, origin) in ``unmapped``.
+    """
+
+    def __init__(
+        self,
+        allocations: Iterable[Allocation],
+        *,
+        parser: ExpositionParser | None = None,
+        start_ms: int | None = None,
+        end_ms: int | None = None,
+    ) -> None:
+        self.parser = parser or ExpositionParser()
+        self.index = AllocationIndex(allocations)
+        self.rollups = MinuteRollups()
+        self.stats = ParseStats()
+        self.unmapped: Counter[tuple[int, str]] = Counter()  # (minute in Unix s, origin)
+        # Ints, not infinities, when open: comparing ints with ints is the fast path.
+        self.start_ms = -_UNBOUNDED_MS if start_ms is None else start_ms
+        self.end_ms = _UNBOUNDED_MS if end_ms is None else end_ms
+        self._routes: dict[str, _Route | str] = {}
+
+    def rows(self) -> list[MinuteRollup]:
+        return self.rollups.rows()
+
+    def feed(self, body: bytes | str, *, default_ts: int, origin: str = "") -> None:
+        """Ingest one scrape; ``default_ts`` (Unix ms) stamps samples without a timestamp.
+        Raises ``BodyTooLarge`` over ``MAX_BODY_BYTES``, nothing else."""
+        size = len(body.encode() if isinstance(body, str) else body)
+        if size > MAX_BODY_BYTES:
+            raise BodyTooLarge(size)
+        lines, undecodable = _split_lines(body)
+        stats = self.stats
+        stats.lines += len(lines) + undecodable
+        stats.malformed += undecodable
+        routes, comments = self._routes, self.parser._comments
+        rollups = self.rollups
+        seen, accumulators = rollups._seen, rollups._accumulators
+        unmapped = self.unmapped
+        start_ms, end_ms = self.start_ms, self.end_ms
+        isfinite = math.isfinite
+        kept = ignored = comment_lines = malformed = non_finite = out_of_range = duplicates = 0
+        for line in lines:
+            # A line's head is its name and labels, up to its last "}" (label values may
+            # hold one); a line without one gets "" here, never a key of ``routes``.
+            head, brace, rest = line.rpartition("}")
+            route = routes.get(head)
+            if route is None and brace:
+                route = self._learn(head)
+            if route is None:
+                if not line:
+                    stats.blanks += 1
+                    continue
+                comment = comments.get(line)
+                if comment is None:
+                    self._feed_line(line, default_ts, origin)
+                elif comment is _MALFORMED_COMMENT:
+                    malformed += 1
+                else:
+                    comment_lines += 1
+                continue
+            if route is _IGNORED:
+                ignored += 1
+                continue
+            rest = rest.split()
+            if len(rest) == 1:
+                ts = default_ts
+            elif len(rest) == 2 and "_" not in rest[1] and rest[1].isascii():
+                try:
+                    ts = int(rest[1])
+                except ValueError:
+                    malformed += 1
+                    continue
+            else:
+                malformed += 1
+                continue
+            text = rest[0]
+            if "_" in text or not text.isascii():  # float() takes 1_0 and non-ASCII digits
+                malformed += 1
+                continue
+            try:
+                value = float(text)
+            except ValueError:
+                malformed += 1
+                continue
+            slot, metric_number, ceiling, number, window = route
+            if not 0 <= value <= ceiling:  # NaN fails every comparison
+                if isfinite(value):
+                    out_of_range += 1
+                else:
+                    non_finite += 1
+                continue
+            kept += 1
+            if not start_ms <= ts < end_ms:
+                continue
+            if window is not None:
+                if not window[0] <= ts < window[1]:
+                    self._window_update(window, ts)
+                number = window[2]
+            if number is None:
+                unmapped[(ts // 60_000 * 60, origin)] += 1
+                continue
+            # MinuteRollups.add_value, inlined: this is the loop every sample goes through.
+            seen_key = ts << 35 | number << 3 | metric_number
+            if seen_key in seen:
+                duplicates += 1
+                continue
+            seen.add(seen_key)
+            key = (ts // 60_000) << 32 | number
+            acc = accumulators.get(key)
+            if acc is None:
+                acc = accumulators[key] = _new_accumulator()
+            if slot < _FB_SLOT:
+                acc[slot] += value
+                acc[slot + 1] += 1
+                acc[_COUNT_SLOT] += 1
+            else:
+                _accumulate(acc, slot, value, ts)
+        rollups.duplicates += duplicates
+        stats.samples += kept
+        stats.ignored += ignored
+        stats.comments += comment_lines
+        stats.malformed += malformed
+        stats.non_finite += non_finite
+        stats.out_of_range += out_of_range
+
+    def _feed_line(self, line: str, default_ts: int, origin: str) -> None:
+        """The slow path: parse one line on its own (a comment seen for the first time, a
+        malformed line, a sample without labels)."""
+        result = self.parser.parse(line, default_ts=default_ts)
+        result.stats.lines = 0  # counted by feed()
+        self.stats.add(result.stats)
+        inside = [s for s in result.samples if self.start_ms <= s.ts < self.end_ms]
+        missed: list[GpuSample] = []
+        mapped, _ = self.index.map(inside, missed)
+        self.rollups.add(mapped)
+        for sample in missed:
+            self.unmapped[(sample.ts // 60_000 * 60, origin)] += 1
+
+    def _learn(self, key: str) -> "_Route | str | None":
+        """The route of a sample line's head (the line before its last ``}``), remembered;
+        None when the line is a comment or its head is malformed (the slow path counts
+        it). The head means what ``ExpositionParser.parse`` makes of it."""
+        head = key.lstrip(" \t") + "}"
+        if head[0] == "#":
+            return None
+        name, series, ceiling = self.parser._heads.get(head) or self.parser._head(head)
+        if series is None:
+            return None
+        if len(self._routes) >= _HEAD_CACHE_LIMIT:
+            self._routes.clear()
+        if ceiling is None:
+            self._routes[key] = _IGNORED
+            return _IGNORED
+        host, gpu, _, pod, namespace, _, hpc_job = series
+        number = window = None
+        if pod or hpc_job:
+            attempt = self.index.labelled_attempt(namespace, pod, hpc_job)
+            if attempt is not None:
+                number = self.rollups.gpu_number(attempt, host, gpu)
+        else:
+            window = [math.inf, -math.inf, None, host, gpu]  # empty span: looked up first
+        ceiling = min(ceiling, _LARGEST_FLOAT)
+        route = (_METRIC_SLOT[name], _METRIC_NUMBER[name], ceiling, number, window)
+        self._routes[key] = route
+        return route
+
+    def _window_update(self, window: list, ts: int) -> None:
+        """Point an unlabelled series' window cell at the answer for ``ts``."""
+        host, gpu = window[3], window[4]
+        lo, hi, attempt = self.index.window_at(host, gpu, ts)
+        number = None if attempt is None else self.rollups.gpu_number(attempt, host, gpu)
+        window[:3] = lo, hi, number
+
+
 def ingest(
     bodies: Iterable[tuple[bytes | str, int]],
     allocations: Iterable[Allocation],
@@ -617,17 +880,8 @@ def ingest(
     parser: ExpositionParser | None = None,
 ) -> tuple[list[MinuteRollup], ParseStats, int, RollupStats]:
     """Parse, map and roll up scrapes given as (body, scrape time in Unix ms); returns the
-    rollups, the summed parse counts, the unmapped sample count and the rollup counts.
-    One scrape at a time: samples do not outlive their scrape."""
-    parser = parser or ExpositionParser()
-    index = AllocationIndex(allocations)
-    rollups = MinuteRollups()
-    totals = ParseStats()
-    unmapped = 0
+    rollups, the summed parse counts, the unmapped sample count and the rollup counts."""
+    ingestor = Ingestor(allocations, parser=parser)
     for body, scraped_at in bodies:
-        result = parser.parse(body, default_ts=scraped_at)
-        totals.add(result.stats)
-        mapped, missed = index.map(result.samples)
-        unmapped += missed
-        rollups.add(mapped)
-    return rollups.rows(), totals, unmapped, rollups.stats
+        ingestor.feed(body, default_ts=scraped_at)
+    return ingestor.rows(), ingestor.stats, ingestor.unmapped.total(), ingestor.rollups.stats

@@ -21,8 +21,11 @@ from telemetry.exposition import (
     ExpositionParser,
     GpuSample,
     HostAllocation,
+    Ingestor,
     KubernetesJobAllocation,
     MinuteRollup,
+    MinuteRollups,
+    ParseStats,
     PodAllocation,
     SlurmAllocation,
     ingest,
@@ -399,3 +402,114 @@ def test_rendered_exposition_round_trips_exactly(samples):
 
     assert result.samples == samples
     assert result.stats.samples == result.stats.lines == len(samples)
+
+
+# The one-pass ingestor gives what parse -> map -> roll up gives --------------------------
+
+EQUIVALENCE_ALLOCATIONS = [
+    PodAllocation("ns", "p1", 1),
+    KubernetesJobAllocation("ns", "job", 2),
+    SlurmAllocation("77", 3),
+    HostAllocation("h", "0", T0, T0 + 90_000, 4),
+    HostAllocation("h", "0", T0 + 90_000, None, 5),
+    HostAllocation("h", "1", T0 + 30_000, T0 + 60_000, 6),
+]
+SERIES_LABELS = st.sampled_from(
+    [
+        'gpu="0",Hostname="h",namespace="ns",pod="p1"',
+        'Hostname="h",gpu="0",pod="p1",namespace="ns"',  # same series, other order
+        'gpu="1",hostname="h",namespace="ns",pod="job-3-xyz"',
+        'gpu="1",Hostname="h",namespace="other",pod="p1"',
+        'gpu="0",Hostname="s",hpc_job="77"',
+        'gpu="0",Hostname="s",hpc_job="78"',
+        'gpu="0",Hostname="h"',
+        'gpu="1",Hostname="h",pod=""',
+        'gpu="2",Hostname="h"',
+        'gpu="0",Hostname="h",gpu="1"',  # duplicate label: malformed
+        'gpu="0",Hostname="h\\q\\"}"',  # escapes and a brace inside a value
+    ]
+)
+METRIC_NAMES = st.sampled_from([*sorted(KEPT_METRICS), "DCGM_FI_DEV_SM_CLOCK", "9bad"])
+VALUE_TEXT = st.sampled_from(["0.25", "1", "97", "0", "-1", "2", "NaN", "+Inf", "1_0", "x", "3"])
+STAMP = st.one_of(
+    st.just(""),
+    st.integers(T0 - 60_000, T0 + 240_000).map(lambda ts: f" {ts}"),
+    st.sampled_from([" 1_0", " x", " 5 6"]),
+)
+
+
+@st.composite
+def sample_lines(draw):
+    padding = draw(st.sampled_from(["", " ", "\t"]))
+    return (
+        f"{padding}{draw(METRIC_NAMES)}{{{draw(SERIES_LABELS)}}} {draw(VALUE_TEXT)}"
+        f"{draw(STAMP)}{padding}"
+    )
+
+
+EXPOSITION_LINES = st.one_of(
+    sample_lines(),
+    st.sampled_from(["", "  ", "# HELP x y", "# TYPE x gauge", "# TYPE x bogus", "x 1", "}"]),
+    HOSTILE_BODY,
+)
+SCRAPES = st.lists(
+    st.tuples(
+        st.lists(EXPOSITION_LINES, max_size=25).map(lambda lines: "\n".join(lines)),
+        st.sampled_from([T0, T0 + 30_000, T0 + 150_000]),
+        st.sampled_from(["a", "b"]),
+    ),
+    max_size=6,
+)
+
+
+def reference_ingest(scrapes, start_ms, end_ms):
+    """parse -> map -> roll up, one sample object at a time: the obvious way."""
+    parser, index, rollups = ExpositionParser(), AllocationIndex(EQUIVALENCE_ALLOCATIONS), None
+    rollups = MinuteRollups()
+    totals, unmapped = ParseStats(), {}
+    for body, at, origin in scrapes:
+        result = parser.parse(body.encode(), default_ts=at)
+        totals.add(result.stats)
+        inside = [s for s in result.samples if start_ms <= s.ts < end_ms]
+        missed = []
+        mapped, _ = index.map(inside, missed)
+        rollups.add(mapped)
+        for missed_sample in missed:
+            key = (missed_sample.ts // 60_000 * 60, origin)
+            unmapped[key] = unmapped.get(key, 0) + 1
+    return rollups.rows(), totals, unmapped, rollups.stats
+
+
+@settings(max_examples=400, deadline=None)
+@given(SCRAPES, st.sampled_from([(None, None), (T0, T0 + 60_000), (T0 + 30_000, T0 + 120_000)]))
+def test_the_one_pass_ingestor_gives_what_parse_map_and_rollup_give(scrapes, window):
+    start_ms, end_ms = window
+    ingestor = Ingestor(EQUIVALENCE_ALLOCATIONS, start_ms=start_ms, end_ms=end_ms)
+    for body, at, origin in scrapes:
+        ingestor.feed(body.encode(), default_ts=at, origin=origin)
+
+    rows, totals, unmapped, rollup_stats = reference_ingest(
+        scrapes, -math.inf if start_ms is None else start_ms, math.inf if end_ms is None else end_ms
+    )
+    assert ingestor.rows() == rows
+    assert ingestor.stats == totals
+    assert dict(ingestor.unmapped) == unmapped
+    assert ingestor.rollups.stats == rollup_stats
+
+
+def test_the_ingestor_learns_each_head_once_and_counts_like_the_parser():
+    body = (
+        "# HELP DCGM_FI_DEV_GPU_UTIL util\n"
+        f"DCGM_FI_DEV_GPU_UTIL{{{LABELS}}} 50\n"
+        f"DCGM_FI_DEV_SM_CLOCK{{{LABELS}}} 1410\n"
+        f"DCGM_FI_DEV_GPU_UTIL{{{LABELS}}} NaN\n"
+        "\n"
+    )
+    ingestor = Ingestor([PodAllocation("team-a", "train-42-0-abcde", 9)])
+    ingestor.feed(body, default_ts=T0)
+    ingestor.feed(body, default_ts=T0 + 30_000)
+
+    assert (ingestor.stats.lines, ingestor.stats.samples, ingestor.stats.ignored) == (10, 2, 2)
+    assert (ingestor.stats.comments, ingestor.stats.non_finite, ingestor.stats.blanks) == (2, 2, 2)
+    assert [(row.attempt_id, row.activity, row.samples) for row in ingestor.rows()] == [(9, 0.5, 2)]
+    assert len(ingestor._routes) == 2  # the GPU_UTIL and SM_CLOCK heads, learned once
