@@ -1,12 +1,15 @@
 """``make bench``: every benchmark reports Gantry beside a baseline measured in the same run;
 the results go to docs/benchmarks.md with the machine they ran on.
 
-``python -m bench [admission] [cycle] [trace] [telemetry] [k8s] [slurm] [finance]`` runs
-some of them and only prints.
+``python -m bench [admission] [cycle] [trace] [telemetry] [k8s] [slurm] [finance] [load]
+[runlist]`` runs some of them and only prints.
 
 The admission cycle runs against the database ``gantry_bench`` on the server of
 DATABASE_URL (created and migrated here, so the tests' database is never touched), with
-Celery on its in-memory broker: tasks enqueued on commit are dropped, not run.
+Celery on its in-memory broker: tasks enqueued on commit are dropped, not run. ``runlist``
+and ``load`` use databases of their own, named after DATABASE_URL's (``<name>_runlist``,
+``<name>_load``); ``load`` also starts gunicorn, a Celery worker and beat on the Redis of
+CELERY_BROKER_URL.
 """
 
 import os
@@ -14,12 +17,23 @@ import platform
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from bench.db import bench_database_url, ensure_database
+from bench.db import bench_database_url, ensure_database, own_database_url
 from bench.report import Section
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-BENCHMARKS = ("admission", "cycle", "trace", "telemetry", "k8s", "slurm", "finance")
+BENCHMARKS = (
+    "admission",
+    "cycle",
+    "trace",
+    "telemetry",
+    "k8s",
+    "slurm",
+    "finance",
+    "load",
+    "runlist",
+)
 
 
 def machine() -> str:
@@ -34,19 +48,39 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
 
 
-def setup_django() -> None:
-    url = bench_database_url(
-        os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gantry")
-    )
+# What `make bench` was given: each benchmark derives its database and broker from these,
+# not from what an earlier benchmark of the same run set.
+GIVEN_DATABASE_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gantry")
+GIVEN_BROKER_URL = os.environ.get("CELERY_BROKER_URL")
+
+
+def setup_django(database_suffix: str = "", *, real_broker: bool = False) -> None:
+    """Django on the benchmarks' database, or with ``database_suffix`` on one of its own
+    named after DATABASE_URL's (a benchmark that seeds a million rows keeps them apart).
+    ``real_broker``: keep CELERY_BROKER_URL, for a benchmark that runs a Celery worker.
+    Called again by a later benchmark of the same run, it moves Django to that database
+    (the processes a benchmark starts read the same environment)."""
+    given = GIVEN_DATABASE_URL
+    url = own_database_url(given, database_suffix) if database_suffix else bench_database_url(given)
     ensure_database(url)
     os.environ["DATABASE_URL"] = url
-    os.environ["CELERY_BROKER_URL"] = "memory://"
+    if not real_broker:
+        os.environ["CELERY_BROKER_URL"] = "memory://"
+    elif GIVEN_BROKER_URL is None:
+        os.environ.pop("CELERY_BROKER_URL", None)
+    else:
+        os.environ["CELERY_BROKER_URL"] = GIVEN_BROKER_URL
     os.environ["GANTRY_DEBUG"] = "0"  # DEBUG would keep every query in memory
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
     import django
+    from django.conf import settings
     from django.core.management import call_command
+    from django.db import connections
 
     django.setup()
+    connections.close_all()
+    # The connection reads this same dict: the next query opens the database named here.
+    settings.DATABASES["default"]["NAME"] = urlsplit(url).path.lstrip("/")
     call_command("migrate", verbosity=0)
 
 
@@ -79,6 +113,16 @@ def run(name: str) -> list[Section]:
         from bench import finance
 
         return finance.run()
+    if name == "runlist":
+        setup_django("_runlist")
+        from bench import runlist
+
+        return runlist.run()
+    if name == "load":
+        setup_django("_load", real_broker=True)
+        from bench import load
+
+        return load.run()
     from bench import trace
 
     return trace.run()

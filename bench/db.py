@@ -18,6 +18,13 @@ def bench_database_url(url: str) -> str:
     return urlunsplit(parts._replace(path=f"/{BENCH_DATABASE}"))
 
 
+def own_database_url(url: str, suffix: str) -> str:
+    """The database named after ``url``'s with ``suffix``: ``gantry`` -> ``gantry_load``."""
+    parts = urlsplit(bench_database_url(url))  # checks it is PostgreSQL
+    name = urlsplit(url).path.lstrip("/") or "gantry"
+    return urlunsplit(parts._replace(path=f"/{name}{suffix}"))
+
+
 def ensure_database(url: str) -> None:
     """Create the database named in ``url`` unless it exists."""
     parts = urlsplit(url)

@@ -1,6 +1,6 @@
 """REST API for the image catalog: the images a user may run, pinned by digest."""
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, serializers
 
 from images.models import Image
@@ -35,7 +35,13 @@ class ImageSerializer(serializers.ModelSerializer):
 class ImageListApi(generics.GenericAPIView):
     serializer_class = ImageSerializer
 
-    @extend_schema(responses=ImageSerializer(many=True))
+    @extend_schema(
+        responses={
+            200: ImageSerializer(many=True),
+            401: OpenApiResponse(description="No credentials, or an invalid token."),
+            404: OpenApiResponse(description="No such page."),
+        }
+    )
     def get(self, request):
         """Approved images you may run: visible to all, or allow-listed for one of your
         tenants."""

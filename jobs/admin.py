@@ -9,53 +9,56 @@ from jobs.models import (
     Run,
     RunEvent,
 )
+from tenants.admin import AuditedAdmin, ReadOnlyAdminMixin
 
 
-class ClusterFlavorInline(admin.TabularInline):
+class ClusterFlavorInline(ReadOnlyAdminMixin, admin.TabularInline):
+    """Capacity comes from the backend's inventory, or the capacity page for simulators."""
+
     model = ClusterFlavor
     extra = 0
 
 
 @admin.register(Cluster)
-class ClusterAdmin(admin.ModelAdmin):
+class ClusterAdmin(AuditedAdmin):
     list_display = ["name", "backend", "enabled", "last_sync_at", "last_error"]
     inlines = [ClusterFlavorInline]
 
 
 @admin.register(Experiment)
-class ExperimentAdmin(admin.ModelAdmin):
+class ExperimentAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """The reproducibility record: never edited."""
+
     list_display = ["id", "name", "tenant", "project", "owner", "flavor", "created_at"]
     list_filter = ["tenant", "flavor"]
     search_fields = ["name", "image_reference", "code_commit"]
-    raw_id_fields = ["owner", "image", "cloned_from"]
 
 
-class AttemptInline(admin.TabularInline):
+class AttemptInline(ReadOnlyAdminMixin, admin.TabularInline):
     model = Attempt
     extra = 0
     fields = ["number", "cluster", "state", "backend_job_id", "failure_reason", "exit_code"]
-    readonly_fields = fields
-    can_delete = False
 
 
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
+class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Runs move through their lifecycle services only (each transition a RunEvent)."""
+
     list_display = ["id", "tenant", "state", "flavor", "gpus", "cluster", "submitted_at"]
     list_filter = ["state", "tenant", "flavor"]
-    raw_id_fields = ["experiment", "submitted_by"]
     inlines = [AttemptInline]
 
 
 @admin.register(RunEvent)
-class RunEventAdmin(admin.ModelAdmin):
+class RunEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["at", "run", "from_state", "to_state", "reason"]
     list_filter = ["reason"]
-    raw_id_fields = ["run", "attempt", "actor"]
 
 
 @admin.register(ExperimentTemplate)
-class ExperimentTemplateAdmin(admin.ModelAdmin):
+class ExperimentTemplateAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Templates change on the template pages, which check and audit them."""
+
     list_display = ["name", "tenant", "updated_at"]
     list_filter = ["tenant"]
     search_fields = ["name", "description"]
-    raw_id_fields = ["created_by"]

@@ -12,8 +12,12 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.urls import reverse
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_serializer,
+)
 from rest_framework import authentication, generics, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import (
@@ -23,10 +27,11 @@ from rest_framework.exceptions import (
     PermissionDenied,
     ValidationError,
 )
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.serializers import as_serializer_error
+from rest_framework.settings import api_settings
+from rest_framework.utils.urls import remove_query_param, replace_query_param
 from rest_framework.views import APIView
 
 from jobs.capacity import quota_usage_list
@@ -38,6 +43,7 @@ from jobs.selectors import (
     run_attempts,
     run_get_viewable,
     run_list_viewable,
+    run_page_viewable,
 )
 from jobs.serializers import (
     ErrorSerializer,
@@ -59,10 +65,17 @@ from jobs.services import (
     run_submit,
 )
 from tenants.models import Quota
+from tenants.parsers import JsonTextParser
 from tenants.selectors import quota_list_viewable
 
-ID = OpenApiParameter("id", OpenApiTypes.INT, OpenApiParameter.PATH)
+# Ids are positive: the routes match digits only, so "-1" is no API path at all.
+ID = OpenApiParameter("id", {"type": "integer", "minimum": 1}, OpenApiParameter.PATH)
 NOT_FOUND = OpenApiResponse(ErrorSerializer, description="Missing, or of another tenant.")
+UNAUTHENTICATED = OpenApiResponse(
+    ErrorSerializer, description="No credentials, or an invalid, expired or revoked token."
+)
+INVALID_QUERY = OpenApiResponse(description="Query parameter name → list of messages.")
+INVALID_PAGE = OpenApiResponse(ErrorSerializer, description="No such page.")
 
 
 class Conflict(APIException):
@@ -98,34 +111,91 @@ def _created(request, run: Run) -> Response:
     )
 
 
+class RunListQuerySerializer(RunFilterSerializer):
+    before = serializers.IntegerField(
+        min_value=1, max_value=2**63 - 1, required=False, help_text="Runs older than this run."
+    )
+    after = serializers.IntegerField(
+        min_value=1, max_value=2**63 - 1, required=False, help_text="Runs newer than this run."
+    )
+
+    def validate(self, attrs):
+        if "page" in self.initial_data:
+            # A client of the old numbered pages would otherwise get the first page forever.
+            raise serializers.ValidationError(
+                {
+                    "page": [
+                        "The run list has no page numbers: follow its next and previous "
+                        "links (before= and after= a run id)."
+                    ]
+                }
+            )
+        if "before" in attrs and "after" in attrs:
+            raise serializers.ValidationError({"after": ["Give before or after, not both."]})
+        return attrs
+
+
+# The page is one object, though it answers a list action (which the schema would make an array).
+@extend_schema_serializer(many=False)
+class RunPageSerializer(serializers.Serializer):
+    next = serializers.URLField(allow_null=True, help_text="The older runs; null on the last page.")
+    previous = serializers.URLField(
+        allow_null=True, help_text="The newer runs; null on the newest page."
+    )
+    results = RunSerializer(many=True)
+
+
+def _page_link(url: str, cursor: str, run_id: int | None) -> str | None:
+    """``url`` paging from ``run_id`` (``before=`` or ``after=`` it), other filters kept."""
+    if run_id is None:
+        return None
+    others = remove_query_param(remove_query_param(url, "before"), "after")
+    return replace_query_param(others, cursor, run_id)
+
+
 @extend_schema(tags=["runs"])
 class RunViewSet(viewsets.GenericViewSet):
     serializer_class = RunSerializer
-    parser_classes = [JSONParser]
+    parser_classes = [JsonTextParser]
     lookup_value_regex = "[0-9]+"
+    pagination_class = None  # the list pages by position itself (run_page_viewable)
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no real user
             return Run.objects.none()
         return run_list_viewable(user=self.request.user)
 
-    @extend_schema(parameters=[RunFilterSerializer], responses=RunSerializer(many=True))
+    @extend_schema(
+        parameters=[RunListQuerySerializer],
+        responses={200: RunPageSerializer, 400: INVALID_QUERY, 401: UNAUTHENTICATED},
+    )
     def list(self, request):
-        filters = RunFilterSerializer(data=request.query_params)
-        filters.is_valid(raise_exception=True)
-        runs = self.get_queryset()
-        if filters.validated_data.get("state"):
-            runs = runs.filter(state__in=filters.validated_data["state"])
-        if filters.validated_data.get("tenant"):
-            runs = runs.filter(tenant__slug=filters.validated_data["tenant"])
-        page = self.paginate_queryset(runs)
-        return self.get_paginated_response(RunSerializer(page, many=True).data)
+        """Runs of every tenant you may read, newest first, a page at a time: follow
+        ``next`` for older runs and ``previous`` for newer ones."""
+        query = RunListQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        page = run_page_viewable(
+            user=request.user,
+            size=api_settings.PAGE_SIZE,
+            states=query.validated_data.get("state", ()),
+            tenant_slug=query.validated_data.get("tenant", ""),
+            before=query.validated_data.get("before"),
+            after=query.validated_data.get("after"),
+        )
+        url = request.build_absolute_uri()
+        body = {
+            "next": _page_link(url, "before", page.older),
+            "previous": _page_link(url, "after", page.newer),
+            "results": RunSerializer(page.runs, many=True).data,
+        }
+        return Response(body)
 
     @extend_schema(
         request=ExperimentInputSerializer,
         responses={
             201: RunDetailSerializer,
             400: OpenApiResponse(description="Field name → list of messages."),
+            401: UNAUTHENTICATED,
         },
     )
     def create(self, request):
@@ -137,7 +207,10 @@ class RunViewSet(viewsets.GenericViewSet):
             raise ValidationError(as_serializer_error(exc)) from None
         return _created(request, run)
 
-    @extend_schema(parameters=[ID], responses={200: RunDetailSerializer, 404: NOT_FOUND})
+    @extend_schema(
+        parameters=[ID],
+        responses={200: RunDetailSerializer, 401: UNAUTHENTICATED, 404: NOT_FOUND},
+    )
     def retrieve(self, request, pk: str):
         run = run_get_viewable(user=request.user, run_id=int(pk))
         return Response(RunDetailSerializer(run).data)
@@ -147,6 +220,7 @@ class RunViewSet(viewsets.GenericViewSet):
         request=None,
         responses={
             202: RunDetailSerializer,
+            401: UNAUTHENTICATED,
             403: OpenApiResponse(ErrorSerializer, description="Not the submitter or an admin."),
             404: NOT_FOUND,
             409: OpenApiResponse(ErrorSerializer, description="The run has already ended."),
@@ -165,7 +239,12 @@ class RunViewSet(viewsets.GenericViewSet):
 
     @extend_schema(
         parameters=[ID, RunLogsQuerySerializer],
-        responses={200: RunLogsSerializer, 404: NOT_FOUND},
+        responses={
+            200: RunLogsSerializer,
+            400: INVALID_QUERY,
+            401: UNAUTHENTICATED,
+            404: NOT_FOUND,
+        },
     )
     @action(detail=True, methods=["get"])
     def logs(self, request, pk: str):
@@ -192,7 +271,15 @@ class ExperimentViewSet(viewsets.GenericViewSet):
             return Experiment.objects.none()
         return experiment_list_viewable(user=self.request.user)
 
-    @extend_schema(parameters=[ExperimentFilterSerializer])
+    @extend_schema(
+        parameters=[ExperimentFilterSerializer],
+        responses={
+            200: ExperimentSerializer(many=True),
+            400: INVALID_QUERY,
+            401: UNAUTHENTICATED,
+            404: INVALID_PAGE,
+        },
+    )
     def list(self, request):
         filters = ExperimentFilterSerializer(data=request.query_params)
         filters.is_valid(raise_exception=True)
@@ -202,7 +289,10 @@ class ExperimentViewSet(viewsets.GenericViewSet):
         page = self.paginate_queryset(experiments)
         return self.get_paginated_response(ExperimentSerializer(page, many=True).data)
 
-    @extend_schema(parameters=[ID], responses={200: ExperimentSerializer, 404: NOT_FOUND})
+    @extend_schema(
+        parameters=[ID],
+        responses={200: ExperimentSerializer, 401: UNAUTHENTICATED, 404: NOT_FOUND},
+    )
     def retrieve(self, request, pk: str):
         experiment = experiment_get_viewable(user=request.user, experiment_id=int(pk))
         return Response(ExperimentSerializer(experiment).data)
@@ -215,6 +305,7 @@ class ExperimentViewSet(viewsets.GenericViewSet):
             400: OpenApiResponse(
                 description="It cannot run again as recorded (e.g. its image is blocked)."
             ),
+            401: UNAUTHENTICATED,
             403: OpenApiResponse(ErrorSerializer, description="Not a member of the tenant."),
             404: NOT_FOUND,
         },
@@ -279,7 +370,7 @@ class HasAttemptToken(BasePermission):
         return isinstance(request.auth, Attempt)
 
 
-class RuntimeReportParser(JSONParser):
+class RuntimeReportParser(JsonTextParser):
     """JSON of at most ``MAX_RUNTIME_REPORT_BYTES``: a larger body is refused unread."""
 
     def parse(self, stream, media_type=None, parser_context=None):
@@ -366,7 +457,15 @@ class QuotaUsageSerializer(serializers.Serializer):
 class QuotaListApi(generics.GenericAPIView):
     serializer_class = QuotaUsageSerializer
 
-    @extend_schema(parameters=[QuotaFilterSerializer], responses=QuotaUsageSerializer(many=True))
+    @extend_schema(
+        parameters=[QuotaFilterSerializer],
+        responses={
+            200: QuotaUsageSerializer(many=True),
+            400: INVALID_QUERY,
+            401: UNAUTHENTICATED,
+            404: INVALID_PAGE,
+        },
+    )
     def get(self, request):
         """Quotas of every tenant you may read, with what each uses now and this month."""
         filters = QuotaFilterSerializer(data=request.query_params)

@@ -9,20 +9,68 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
-from django.db.models import Prefetch, QuerySet, Sum
+from django.db.models import Count, Prefetch, QuerySet, Sum
 from django.http import Http404
 from django.utils import timezone
 
 from jobs.backends import BackendError, backend_for
-from jobs.models import HOLDING_STATES, Cluster, ClusterFlavor, Run
+from jobs.models import HOLDING_STATES, Cluster, ClusterFlavor, Run, RunState
 from jobs.services import cluster_refresh_inventory, gpu_hours_this_month
-from tenants.models import GpuFlavor, Quota, Tenant
-from tenants.selectors import require_platform_admin
+from tenants.models import GpuFlavor, Membership, Quota, Tenant
+from tenants.roles import is_platform_admin, is_tenant_admin
+from tenants.selectors import require_platform_admin, tenant_get_viewable
 from tenants.services import MAX_STORED_INT, audit_record, quota_update
 
 # --- reads -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemberUsage:
+    """A member of a tenant, their role and what their runs of the tenant hold now."""
+
+    membership: Membership
+    gpus_held: int  # by runs admitted, submitting, pending or running
+    runs_holding: int
+    runs_queued: int
+
+
+def member_usage_list(*, tenant: Tenant) -> list[MemberUsage]:
+    """Every member of ``tenant`` (admins first, then by name) with their GPUs in use now;
+    two queries whatever the number of members."""
+    memberships = Membership.objects.filter(tenant=tenant).select_related("user")
+    rows = (
+        Run.objects.filter(tenant=tenant, state__in=(*HOLDING_STATES, RunState.QUEUED))
+        .values("submitted_by", "state")
+        .annotate(runs=Count("id"), gpus=Sum("gpus"))
+    )
+    held: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])  # gpus, holding, queued
+    for row in rows:
+        counts = held[row["submitted_by"]]
+        if row["state"] == RunState.QUEUED:
+            counts[2] += row["runs"]
+        else:
+            counts[0] += row["gpus"]
+            counts[1] += row["runs"]
+    usages = [
+        MemberUsage(membership, *held.get(membership.user_id, (0, 0, 0)))
+        for membership in memberships
+    ]
+    admin_first = {Membership.Role.TENANT_ADMIN: 0}
+    return sorted(
+        usages,
+        key=lambda u: (admin_first.get(u.membership.role, 1), u.membership.user.get_username()),
+    )
+
+
+def tenant_get_members_viewable(*, user, slug: str) -> Tenant:
+    """The tenant whose members ``user`` may list: its tenant admins and platform admins.
+    404 for a tenant the user cannot see; 403 for one they see but do not administer."""
+    tenant = tenant_get_viewable(user=user, slug=slug)
+    if not (is_platform_admin(user) or is_tenant_admin(user, tenant.pk)):
+        raise PermissionDenied("Only the tenant's admins and platform admins see its members.")
+    return tenant
 
 
 def borrowable_gpus(*, guaranteed: int, borrow_limit: int, in_use: int, idle: int) -> int:

@@ -129,6 +129,13 @@ class RunSubmitForm(ServiceErrorsMixin, forms.Form):
     cloned_from = forms.IntegerField(
         required=False, min_value=1, max_value=2**63 - 1, widget=forms.HiddenInput
     )
+    # A one-time key per rendered form: the service queues one run per key and user, so a
+    # double click, the back button or a replayed POST cannot queue a second run.
+    submission_key = forms.UUIDField(
+        required=False,
+        widget=forms.HiddenInput,
+        error_messages={"invalid": "This form is damaged: open the submit page again."},
+    )
 
     def __init__(self, *args, tenants, projects, images, flavor_limits, **kwargs):
         super().__init__(*args, **kwargs)

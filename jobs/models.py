@@ -181,16 +181,27 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # The one-time key of the form that queued the run: the same form sent twice (a double
+    # click, the back button, a replayed POST) finds this run instead of queueing another.
+    submission_key = models.UUIDField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-submitted_at", "-id"]
         indexes = [
             models.Index(fields=["state", "flavor"], name="run_state_flavor"),
             models.Index(fields=["tenant", "-submitted_at"], name="run_tenant_recent"),
-            models.Index(fields=["tenant", "state"], name="run_tenant_state"),
+            # The run list filtered by state, newest first (keyset pages, jobs.selectors).
+            models.Index(
+                fields=["tenant", "state", "-submitted_at", "-id"], name="run_tenant_state_recent"
+            ),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1), name="run_gpus_positive"),
+            models.UniqueConstraint(
+                fields=["submitted_by", "submission_key"],
+                condition=Q(submission_key__isnull=False),
+                name="run_submission_key_once",
+            ),
         ]
 
     def __str__(self) -> str:

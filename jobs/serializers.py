@@ -332,6 +332,8 @@ class RuntimeReportSerializer(serializers.Serializer):
             raise serializers.ValidationError(
                 f"A framework name has 1 to {MAX_REPORT_TEXT} characters."
             )
+        if any("\x00" in name for name in value):  # PostgreSQL's jsonb cannot hold U+0000
+            raise serializers.ValidationError("A framework name must not contain NUL characters.")
         return value
 
 

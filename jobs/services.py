@@ -4,14 +4,15 @@ import json
 import logging
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from importlib.metadata import PackageNotFoundError, version
+from uuid import UUID
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
@@ -20,6 +21,7 @@ from images.selectors import image_list_usable
 from images.services import TagResolutionError, tag_resolve
 from jobs import admission, reproducibility, spec
 from jobs.backends import (
+    MULTI_NODE_ENV,
     BackendError,
     CheckpointReport,
     JobRef,
@@ -107,6 +109,16 @@ def _check(errors: dict[str, list[str]], name: str, ok: bool, message: str) -> b
     return ok
 
 
+def _is_unicode_text(value) -> bool:
+    """Whether every string in a JSON value is Unicode text: an unpaired surrogate (JSON
+    may spell one, ``"\\ud800"``) has no UTF-8 encoding, so PostgreSQL cannot store it."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def experiment_validate(*, user, data: ExperimentInput) -> dict:
     """Check a request against every rule; raise ValidationError naming each bad field."""
     errors: dict[str, list[str]] = {}
@@ -181,12 +193,25 @@ def experiment_validate(*, user, data: ExperimentInput) -> dict:
             size = len(encoded.encode())
             _check(errors, "params", size <= MAX_PARAMS_BYTES, "At most 64 KiB as JSON.")
             _check(errors, "params", "\\u0000" not in encoded, "Must not contain NUL characters.")
+            _check(
+                errors,
+                "params",
+                _is_unicode_text(data.params),
+                "Must not contain unpaired surrogates (\\ud800 to \\udfff).",
+            )
     if _check(errors, "env", isinstance(data.env, dict), "Must be an object of names to strings."):
         for key, value in data.env.items():
             if not ENV_NAME.match(str(key)):
                 _check(errors, "env", False, f"{key!r} is not a valid variable name.")
             elif key in reproducibility.RESERVED_ENV:
                 _check(errors, "env", False, f"{key} is set by Gantry for every job; leave it out.")
+            elif key in MULTI_NODE_ENV and data.nodes > 1:
+                _check(
+                    errors,
+                    "env",
+                    False,
+                    f"{key} is set by Gantry in every task of a multi-node job; leave it out.",
+                )
             elif not isinstance(value, str) or "\x00" in value:
                 _check(errors, "env", False, f"The value of {key} must be a string.")
 
@@ -306,9 +331,49 @@ def _resolve_image(errors, *, tenant, reference: str) -> Image | None:
     return image
 
 
-@transaction.atomic
-def run_submit(*, user, data: ExperimentInput) -> Run:
-    """Record the experiment and queue a run of it; admission picks it up after commit."""
+def run_submitted_with(*, user, submission_key: UUID | None) -> Run | None:
+    """The run this user already queued with this one-time form key, if any."""
+    if submission_key is None:
+        return None
+    return Run.objects.filter(submitted_by=user, submission_key=submission_key).first()
+
+
+def _submit_once(*, user, submission_key: UUID | None, create: Callable[[], Run]) -> Run:
+    """``create()`` unless this user's ``submission_key`` already queued a run: then that run.
+
+    The key is checked before validating, so a replay of a form that was accepted is never
+    refused later (say, once the quota is used). Two requests racing with one key both pass
+    the check; the unique constraint on (submitted_by, submission_key) makes the second insert
+    wait for the first and fail, and the second then answers with the first's run: its
+    savepoint rolls back the experiment it had recorded, so nothing is left behind.
+    """
+    earlier = run_submitted_with(user=user, submission_key=submission_key)
+    if earlier is not None:
+        return earlier
+    try:
+        with transaction.atomic():
+            return create()
+    except IntegrityError:
+        earlier = run_submitted_with(user=user, submission_key=submission_key)
+        if earlier is None:
+            raise
+        return earlier
+
+
+def run_submit(*, user, data: ExperimentInput, submission_key: UUID | None = None) -> Run:
+    """Record the experiment and queue a run of it; admission picks it up after commit.
+
+    With a ``submission_key`` (the submit form's one-time key) a repeated request returns
+    the run the first one queued and records nothing new.
+    """
+    return _submit_once(
+        user=user,
+        submission_key=submission_key,
+        create=lambda: _run_submit_new(user=user, data=data, submission_key=submission_key),
+    )
+
+
+def _run_submit_new(*, user, data: ExperimentInput, submission_key: UUID | None) -> Run:
     resolved = experiment_validate(user=user, data=data)
     image = resolved["image"]
     experiment = Experiment.objects.create(
@@ -335,7 +400,7 @@ def run_submit(*, user, data: ExperimentInput) -> Run:
         cloned_from_id=resolved.get("cloned_from_id"),
         gantry_version=GANTRY_VERSION,
     )
-    return _run_create(experiment=experiment, user=user)
+    return _run_create(experiment=experiment, user=user, submission_key=submission_key)
 
 
 def experiment_can_rerun(*, user, experiment: Experiment) -> bool:
@@ -367,15 +432,25 @@ def experiment_input_of(experiment: Experiment) -> ExperimentInput:
     )
 
 
-@transaction.atomic
-def run_rerun(*, experiment: Experiment, user) -> Run:
+def run_rerun(*, experiment: Experiment, user, submission_key: UUID | None = None) -> Run:
     """Queue a new run of the same experiment record: same image digest, command, code,
     data, params and resources. Every submit rule is checked again (membership, the image
-    still approved and visible to the tenant, a quota that could ever admit it)."""
+    still approved and visible to the tenant, a quota that could ever admit it). A repeated
+    ``submission_key`` returns the run its first request queued."""
     if not experiment_can_rerun(user=user, experiment=experiment):
         raise PermissionDenied(
             f"Only members of tenant {experiment.tenant.slug} can run its experiments."
         )
+    return _submit_once(
+        user=user,
+        submission_key=submission_key,
+        create=lambda: _run_rerun_new(
+            experiment=experiment, user=user, submission_key=submission_key
+        ),
+    )
+
+
+def _run_rerun_new(*, experiment: Experiment, user, submission_key: UUID | None) -> Run:
     image = experiment.image
     if image.status != Image.Status.APPROVED:
         raise ValidationError(
@@ -398,11 +473,17 @@ def run_rerun(*, experiment: Experiment, user) -> Run:
         user=user,
         reason="RERUN",
         message=f"Re-run of experiment {experiment.pk} (exact)",
+        submission_key=submission_key,
     )
 
 
 def _run_create(
-    *, experiment: Experiment, user, reason: str = "SUBMITTED", message: str = "Submitted"
+    *,
+    experiment: Experiment,
+    user,
+    reason: str = "SUBMITTED",
+    message: str = "Submitted",
+    submission_key: UUID | None = None,
 ) -> Run:
     run = Run.objects.create(
         experiment=experiment,
@@ -411,6 +492,7 @@ def _run_create(
         gpus=experiment.total_gpus,
         priority=experiment.priority,
         submitted_by=user,
+        submission_key=submission_key,
     )
     RunEvent.objects.create(
         run=run, to_state=RunState.QUEUED, reason=reason, actor=user, message=message
@@ -422,7 +504,9 @@ def _run_create(
 def _enqueue_admission() -> None:
     from jobs.tasks import admission_cycle
 
-    transaction.on_commit(admission_cycle.delay)
+    # The broker is only a trigger and beat re-drives what a lost message would have done:
+    # a broker that is down must not fail a write that has committed (robust=True logs it).
+    transaction.on_commit(admission_cycle.delay, robust=True)
 
 
 def run_transition(
@@ -474,7 +558,8 @@ def run_cancel(*, run: Run, actor, system_reason: str = "") -> Run:
 
     Gantry itself cancels (a tenant's idle-GPU policy) with ``actor`` None and a
     ``system_reason``: that becomes the message of the run's event, and no person's
-    permission is checked.
+    permission is checked. A person's cancel is audited as "run.cancel" (Gantry's are in
+    the run's timeline only).
     """
     if (actor is None) != bool(system_reason):
         raise ValueError("Cancel either as a person (actor) or as Gantry (system_reason).")
@@ -482,6 +567,7 @@ def run_cancel(*, run: Run, actor, system_reason: str = "") -> Run:
         raise PermissionDenied("Only the submitter, a tenant admin or a platform admin can cancel.")
     run = Run.objects.select_for_update().get(pk=run.pk)
     now = timezone.now()
+    before = {"state": run.state, "cancel_requested": run.cancel_requested_at is not None}
     if run.state in (RunState.QUEUED, RunState.ADMITTED, RunState.PREEMPTED):
         run_transition(
             run=run,
@@ -501,6 +587,7 @@ def run_cancel(*, run: Run, actor, system_reason: str = "") -> Run:
         Attempt.objects.filter(run=run, state=AttemptState.CREATED).update(
             state=AttemptState.CANCELLED, finished_at=now, failure_reason="CANCELLED"
         )
+        _run_cancel_audit(run=run, actor=actor, before=before)
         _enqueue_admission()
         return run
     if run.state in (RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING):
@@ -515,12 +602,26 @@ def run_cancel(*, run: Run, actor, system_reason: str = "") -> Run:
                 message=system_reason or f"Cancel requested by {actor.get_username()}",
                 actor=actor,
             )
+            _run_cancel_audit(run=run, actor=actor, before=before)
             attempt = run.attempts.order_by("-number").first()
             from jobs.tasks import attempt_cancel
 
-            transaction.on_commit(lambda: attempt_cancel.delay(attempt.pk))
+            transaction.on_commit(lambda: attempt_cancel.delay(attempt.pk), robust=True)
         return run
     raise ValidationError({"state": f"The run is already {run.get_state_display().lower()}."})
+
+
+def _run_cancel_audit(*, run: Run, actor, before: dict) -> None:
+    if actor is None:
+        return
+    audit_record(
+        actor=actor,
+        action="run.cancel",
+        target=f"run {run.pk}",
+        tenant=run.tenant,
+        before=before,
+        after={"state": run.state, "cancel_requested": True},
+    )
 
 
 # --- admission -------------------------------------------------------------------------
@@ -835,7 +936,7 @@ def admission_run_cycle(*, now=None) -> AdmissionSummary | None:
         from jobs.tasks import attempt_submit
 
         ids = [a.pk for a in new_attempts]
-        transaction.on_commit(lambda: [attempt_submit.delay(i) for i in ids])
+        transaction.on_commit(lambda: [attempt_submit.delay(i) for i in ids], robust=True)
     return AdmissionSummary(
         admitted=len(new_attempts), preempted=preempted, waiting=len(decisions.waiting)
     )
@@ -860,7 +961,7 @@ def run_preempt(*, run: Run, message: str) -> int:
     from jobs.tasks import attempt_cancel
 
     attempt_id = attempt.pk
-    transaction.on_commit(lambda: attempt_cancel.delay(attempt_id))
+    transaction.on_commit(lambda: attempt_cancel.delay(attempt_id), robust=True)
     return 1
 
 
@@ -931,7 +1032,6 @@ def attempt_submit(*, attempt_id: int) -> None:
     run = attempt.run
     backend = backend_for(attempt.cluster)
     spec = job_spec_for(attempt)
-    accepted = False
     with transaction.atomic():
         if attempt.state == AttemptState.CREATED:
             if not run_transition(
@@ -975,28 +1075,44 @@ def attempt_submit(*, attempt_id: int) -> None:
         with transaction.atomic():
             _attempt_fail_submit(attempt, run, exc)
         return
-    now = timezone.now()
     with transaction.atomic():
-        moved = Attempt.objects.filter(pk=attempt.pk, state=AttemptState.SUBMITTING).update(
-            state=AttemptState.PENDING,
-            backend_job_id=job_id,
-            submitted_at=now,
-            last_seen_at=now,
-            backend_error="",
-        )
-        if moved:
-            accepted = run_transition(
-                run=run,
-                to=RunState.PENDING,
-                expected=(RunState.SUBMITTING,),
-                reason="SUBMITTED",
-                message=f"{attempt.cluster.name} accepted job {job_id}",
-                attempt=attempt,
-            )
+        moved, accepted = _attempt_accept(attempt=attempt, job_id=job_id, now=timezone.now())
     run.refresh_from_db(fields=["state", "cancel_requested_at"])
     if moved and (not accepted or run.cancel_requested_at is not None):
         # Cancelled or preempted while the job was on its way: take it off the cluster too.
         backend.cancel(JobRef(name=attempt.name, backend_job_id=job_id))
+
+
+def _attempt_accept(
+    *, attempt: Attempt, job_id: str, now, found_by_sync: bool = False
+) -> tuple[bool, bool]:
+    """Record that the backend holds the attempt's job: the attempt goes from SUBMITTING to
+    PENDING with the job's id, its run with it. Returns (attempt moved, run moved).
+
+    The submit that created the job records it, or, when that worker died in between, the
+    sync that finds the job (before the re-driven submit would adopt it): the conditional
+    UPDATE lets exactly one of them write the id and the run's event.
+    """
+    moved = Attempt.objects.filter(pk=attempt.pk, state=AttemptState.SUBMITTING).update(
+        state=AttemptState.PENDING,
+        backend_job_id=job_id,
+        submitted_at=now,
+        last_seen_at=now,
+        backend_error="",
+    )
+    if not moved:
+        return False, False
+    attempt.state, attempt.backend_job_id = AttemptState.PENDING, job_id
+    found = " (found by the sync)" if found_by_sync else ""
+    accepted = run_transition(
+        run=attempt.run,
+        to=RunState.PENDING,
+        expected=(RunState.SUBMITTING,),
+        reason="SUBMITTED",
+        message=f"{attempt.cluster.name} accepted job {job_id}{found}",
+        attempt=attempt,
+    )
+    return True, accepted
 
 
 def _attempt_fail_submit(attempt: Attempt, run: Run, exc: PermanentBackendError) -> None:
@@ -1149,11 +1265,18 @@ def attempt_apply_status(*, attempt: Attempt, status: JobStatus, now) -> int:
     if status.node_list:
         common["node_list"] = status.node_list
     checkpoints_record(attempt=attempt, reports=status.checkpoints)
+    adopted = 0
+    if attempt.state == AttemptState.SUBMITTING and status.backend_job_id:
+        # The backend has the job, its submit has not recorded it: the worker died after
+        # creating it. Record it as that submit would have, then apply what it reports.
+        adopted, _ = _attempt_accept(
+            attempt=attempt, job_id=status.backend_job_id, now=now, found_by_sync=True
+        )
     if status.state == attempt.state or (
         status.state == "PENDING" and attempt.state == AttemptState.SUBMITTING
     ):
         Attempt.objects.filter(pk=attempt.pk).update(**common)
-        return 0
+        return int(adopted)
     if status.state == "RUNNING":
         updated = Attempt.objects.filter(
             pk=attempt.pk, state__in=(AttemptState.SUBMITTING, AttemptState.PENDING)
@@ -1168,10 +1291,10 @@ def attempt_apply_status(*, attempt: Attempt, status: JobStatus, now) -> int:
                 attempt=attempt,
                 started_at=run.started_at or status.started_at or now,
             )
-        return updated
+        return int(adopted or updated)
     if status.state == "PENDING":
-        return 0
-    return _attempt_finish(attempt=attempt, status=status, now=now, common=common)
+        return int(adopted)
+    return int(adopted or _attempt_finish(attempt=attempt, status=status, now=now, common=common))
 
 
 def _attempt_finish(*, attempt: Attempt, status: JobStatus, now, common: dict) -> int:
@@ -1302,9 +1425,14 @@ def attempt_report_runtime(*, attempt: Attempt, report: dict, now=None) -> bool:
     return True
 
 
-def run_logs(*, run: Run, tail: int = 200) -> str:
+def _latest_submitted_attempt(run: Run) -> Attempt | None:
     attempt = run.attempts.select_related("cluster").order_by("-number").first()
-    if attempt is None or not attempt.backend_job_id:
+    return attempt if attempt is not None and attempt.backend_job_id else None
+
+
+def run_logs(*, run: Run, tail: int = 200) -> str:
+    attempt = _latest_submitted_attempt(run)
+    if attempt is None:
         return ""
     try:
         return backend_for(attempt.cluster).logs(
@@ -1312,6 +1440,49 @@ def run_logs(*, run: Run, tail: int = 200) -> str:
         )
     except TransientBackendError as exc:
         return f"(logs unavailable: {exc})"
+
+
+def text_tail(text: str, *, max_chars: int) -> tuple[str, bool]:
+    """At most the last ``max_chars`` characters of ``text``, from a line start where the
+    cut leaves one, and whether anything was cut."""
+    if len(text) <= max_chars:
+        return text, False
+    tail = text[-max_chars:]
+    newline = tail.find("\n")
+    if 0 <= newline < len(tail) - 1:
+        tail = tail[newline + 1 :]
+    return tail, True
+
+
+def run_log_tail(*, run: Run, lines: int, max_chars: int) -> tuple[str, bool]:
+    """The end of the latest attempt's log for a page: ``lines`` lines at most, and no more
+    than ``max_chars`` characters however long they are (a multi-MB log must not become a
+    multi-MB page); with whether it was cut to ``max_chars``."""
+    return text_tail(run_logs(run=run, tail=lines), max_chars=max_chars)
+
+
+# Backends that cannot stream a whole log give this many of its last lines for a download.
+LOG_DOWNLOAD_MAX_LINES = 1_000_000
+
+
+def run_log_download(*, run: Run) -> tuple[str, Iterator[bytes]] | None:
+    """The latest attempt's whole log, as a file name and chunks to stream; None while the
+    backend has none. A backend that can (``log_chunks``) streams it from its start; the
+    others give their last LOG_DOWNLOAD_MAX_LINES lines. TransientBackendError propagates."""
+    attempt = _latest_submitted_attempt(run)
+    if attempt is None:
+        return None
+    backend = backend_for(attempt.cluster)
+    ref = JobRef(attempt.name, attempt.backend_job_id)
+    log_chunks = getattr(backend, "log_chunks", None)
+    if log_chunks is not None:
+        chunks = log_chunks(ref)
+    else:
+        text = backend.logs(ref, tail=LOG_DOWNLOAD_MAX_LINES)
+        chunks = iter([text.encode()]) if text else None
+    if chunks is None:
+        return None
+    return f"run-{run.pk}-attempt-{attempt.number}.log", chunks
 
 
 STUCK_SUBMIT_AFTER = timedelta(seconds=30)
@@ -1503,6 +1674,8 @@ def template_save(
 def template_delete(*, actor, template: ExperimentTemplate) -> None:
     if not template_can_manage(user=actor, tenant=template.tenant):
         raise PermissionDenied("Only platform admins and the tenant's admins manage templates.")
+    # The audit records the template as stored, not as the caller last saw it.
+    template = ExperimentTemplate.objects.select_for_update().get(pk=template.pk)
     audit_record(
         actor=actor,
         action="template.delete",
@@ -1513,18 +1686,24 @@ def template_delete(*, actor, template: ExperimentTemplate) -> None:
     template.delete()
 
 
-def _submit_values(*, user, values: dict) -> Run:
+def _submit_values(*, user, values: dict, submission_key: UUID | None = None) -> Run:
     """run_submit with ExperimentInput values; its errors by dotted spec name."""
     try:
-        return run_submit(user=user, data=ExperimentInput(**values))
+        return run_submit(user=user, data=ExperimentInput(**values), submission_key=submission_key)
     except ValidationError as exc:
         raise ValidationError(spec.errors_to_spec(exc.message_dict)) from None
 
 
-def template_submit(*, user, template: ExperimentTemplate, values: dict) -> Run:
+def template_submit(
+    *, user, template: ExperimentTemplate, values: dict, submission_key: UUID | None = None
+) -> Run:
     """Submit ``values`` (ExperimentInput fields, those given) on top of the template:
     its locks and ranges checked, then every rule of run_submit. ValidationError names
-    dotted spec fields; nothing is created on error."""
+    dotted spec fields; nothing is created on error. A repeated ``submission_key`` returns
+    the run its first request queued, before any check."""
+    earlier = run_submitted_with(user=user, submission_key=submission_key)
+    if earlier is not None:
+        return earlier
     if template.tenant_id is not None and template.tenant.slug != values.get("tenant"):
         raise ValidationError(
             {"template": [f"Template {template.name} belongs to tenant {template.tenant.slug}."]}
@@ -1535,7 +1714,7 @@ def template_submit(*, user, template: ExperimentTemplate, values: dict) -> Run:
     )
     if errors:
         raise ValidationError(errors)
-    return _submit_values(user=user, values=merged)
+    return _submit_values(user=user, values=merged, submission_key=submission_key)
 
 
 def spec_submit(*, user, document) -> Run:

@@ -172,6 +172,10 @@ def json_type(value) -> str:
 _EXPECTED = {"string": "a string", "integer": "an integer", "object": "an object"}
 
 
+# PostgreSQL text cannot hold U+0000: a string with it is refused before any lookup by it.
+_NUL_MESSAGE = "Must not contain NUL characters."
+
+
 def _has_type(value, type_: str) -> bool:
     if type_ == "integer":
         return isinstance(value, int) and not isinstance(value, bool)
@@ -217,12 +221,16 @@ def _flatten(
             continue
         if not _has_type(value, spec_field.type):
             _add(errors, name, f"Expected {_EXPECTED[spec_field.type]}, got {json_type(value)}.")
+        elif spec_field.type == "string" and "\x00" in value:
+            _add(errors, name, _NUL_MESSAGE)
         elif name == "env":
             for key, item in value.items():
                 if not isinstance(item, str):
                     _add(
                         errors, name, f"The value of {key} must be a string, not {json_type(item)}."
                     )
+                elif "\x00" in key or "\x00" in item:
+                    _add(errors, name, _NUL_MESSAGE)
     return flat
 
 
@@ -277,6 +285,8 @@ def spec_parse(document) -> tuple[dict[str, Any] | None, dict[str, list[str]]]:
     template = document.get("template")
     if "template" in document and not isinstance(template, str):
         _add(errors, "template", f"Expected a string, got {json_type(template)}.")
+    elif isinstance(template, str) and "\x00" in template:
+        _add(errors, "template", _NUL_MESSAGE)
     if "template" not in document:
         for name, message in _missing(flat, REQUIRED_VALUES).items():
             errors.setdefault(name, []).extend(message)

@@ -13,17 +13,17 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, serializers, status
 from rest_framework.exceptions import PermissionDenied, ValidationError
-from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs import selectors, services
+from jobs.api import ID, INVALID_PAGE, NOT_FOUND, UNAUTHENTICATED
 from jobs.models import ExperimentTemplate
 from jobs.selectors import experiment_get_viewable, run_get_viewable
 from jobs.serializers import ErrorSerializer, RunSerializer
 from jobs.spec import SPEC_SCHEMA
+from tenants.parsers import JsonTextParser
 
-NOT_FOUND = OpenApiResponse(ErrorSerializer, description="Missing, or of another tenant.")
 SPEC_ERRORS = OpenApiResponse(
     description='Dotted spec field → list of messages, e.g. {"resources.nodes": ["…"]}.'
 )
@@ -63,11 +63,16 @@ class ExperimentSpecScheme(OpenApiSerializerExtension):
 
 @extend_schema(tags=["specs"])
 class SpecSubmitApi(APIView):
-    parser_classes = [JSONParser]
+    parser_classes = [JsonTextParser]
 
     @extend_schema(
         request=ExperimentSpecSerializer,
-        responses={201: RunSerializer, 400: SPEC_ERRORS, 403: ErrorSerializer},
+        responses={
+            201: RunSerializer,
+            400: SPEC_ERRORS,
+            401: UNAUTHENTICATED,
+            403: ErrorSerializer,
+        },
     )
     def post(self, request):
         """Submit an experiment spec (version 1). Nothing is created if any field is bad."""
@@ -86,7 +91,10 @@ class SpecSubmitApi(APIView):
 
 @extend_schema(tags=["specs"])
 class ExperimentSpecApi(APIView):
-    @extend_schema(responses={200: ExperimentSpecSerializer, 404: NOT_FOUND})
+    @extend_schema(
+        parameters=[ID],
+        responses={200: ExperimentSpecSerializer, 401: UNAUTHENTICATED, 404: NOT_FOUND},
+    )
     def get(self, request, id: int):  # named like the {id} of the other experiment paths
         """The spec that submits this experiment again, exactly as recorded."""
         experiment = experiment_get_viewable(user=request.user, experiment_id=id)
@@ -95,7 +103,7 @@ class ExperimentSpecApi(APIView):
 
 @extend_schema(tags=["specs"])
 class SpecSchemaApi(APIView):
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, 401: UNAUTHENTICATED})
     def get(self, request):
         """The JSON Schema (draft 2020-12) of the experiment spec, version 1."""
         return Response(SPEC_SCHEMA)
@@ -125,7 +133,10 @@ class TemplateSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-@extend_schema(tags=["specs"])
+@extend_schema(
+    tags=["specs"],
+    responses={200: TemplateSerializer(many=True), 401: UNAUTHENTICATED, 404: INVALID_PAGE},
+)
 class TemplateListApi(generics.ListAPIView):
     """Templates the user may submit from: those of their tenants, and global ones."""
 

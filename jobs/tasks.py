@@ -41,8 +41,10 @@ def attempt_cancel(attempt_id: int) -> None:
 def sync_all_clusters() -> None:
     for cluster in Cluster.objects.filter(enabled=True):
         try:
-            services.cluster_refresh_inventory(cluster=cluster)
+            # The sync first: when the backend is down, it is what records "backend
+            # unreachable" on the cluster and on every live attempt, for their runs' pages.
             services.cluster_sync(cluster=cluster)
+            services.cluster_refresh_inventory(cluster=cluster)
         except BackendError as exc:  # recorded on the cluster; the other clusters go on
             logger.warning("cluster %s: %s", cluster.name, exc)
     services.attempt_redrive_stuck_submits()

@@ -5,14 +5,18 @@ objects are 404, exactly like missing ones.
 """
 
 import json
+import uuid
+from functools import wraps
 from itertools import groupby
 
 import yaml
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import redirect_to_login
+from django.core import signing
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
@@ -20,6 +24,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from images.selectors import image_list_usable_by_tenants
 from jobs import capacity, selectors, services, spec
+from jobs.backends import BackendError
 from jobs.forms import (
     ClusterCapacityForm,
     RunPreviewForm,
@@ -44,23 +49,37 @@ from jobs.selectors import (
     run_list_viewable,
 )
 from tenants.forms import QuotaForm, quota_initial
-from tenants.roles import is_platform_admin
+from tenants.roles import is_platform_admin, is_tenant_admin
 from tenants.selectors import (
     flavor_list_manageable,
     project_list_submittable,
     quota_get_manageable,
+    quota_list_for_tenant,
     quota_list_viewable,
     tenant_list_submittable,
     tenant_list_viewable,
 )
 
 RUNS_PER_PAGE = 25
+# The run list counts matching runs up to here, then says "more than".
+RUN_COUNT_LIMIT = 10_000
+MAX_RUN_ID = 2**63 - 1  # a BigAutoField
 TEMPLATES_PER_PAGE = 50
 TEMPLATE_PICKER_SIZE = 100
 QUOTAS_PER_PAGE = 50
 CLUSTERS_PER_PAGE = 25
 PREVIEW_FIELDS = ("tenant", "flavor", "nodes", "gpus_per_node", "priority")
 LOG_TAIL_LINES = 200
+# However long its lines, the tail on a run page stays small; the whole log is a download.
+LOG_TAIL_MAX_CHARS = 64 * 1024
+# A submit form sent after the session ended waits in the session for the login (bounded:
+# a session row is no place for a large upload).
+DRAFT_SESSION_KEY = "jobs.run_submit.draft"
+DRAFT_MAX_CHARS = 256 * 1024
+# The submit form carries its user's id, signed: a draft kept through a login is shown only
+# to the person who wrote it, not to whoever logs in next on a shared browser.
+DRAFT_OWNER_FIELD = "draft_owner"
+DRAFT_OWNER_SALT = "gantry.jobs.run_submit.draft_owner"
 # Large experiment fields a list never shows.
 _LIST_DEFERRED = ("experiment__command", "experiment__params", "experiment__env")
 
@@ -68,33 +87,95 @@ _LIST_DEFERRED = ("experiment__command", "experiment__params", "experiment__env"
 @login_required
 @require_GET
 def run_list(request: HttpRequest) -> HttpResponse:
-    runs = run_list_viewable(user=request.user).defer(*_LIST_DEFERRED)
     state = request.GET.get("state", "")
     invalid_state = state if state and state not in RunState.values else ""
-    if state and not invalid_state:
-        runs = runs.filter(state=state)
+    if invalid_state:
+        state = ""
     tenant = request.GET.get("tenant", "")
-    if tenant:
-        runs = runs.filter(tenant__slug=tenant)
-    page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    before = _cursor(request.GET.get("before", ""))
+    after = None if before is not None else _cursor(request.GET.get("after", ""))
+    page = selectors.run_page_viewable(
+        user=request.user,
+        size=RUNS_PER_PAGE,
+        states=[state] if state else [],
+        tenant_slug=tenant,
+        before=before,
+        after=after,
+        count_up_to=RUN_COUNT_LIMIT,
+    )
     return render(
         request,
         "jobs/run_list.html",
         {
-            "page_obj": page,
-            "runs": page.object_list,
+            "page": page,
+            "runs": page.runs,
             "RunState": RunState,
             "states": RunState.choices,
-            "state": "" if invalid_state else state,
+            "state": state,
             "invalid_state": invalid_state,
-            "tenants": tenant_list_viewable(user=request.user),
+            "tenants": page.tenants,
             "tenant": tenant,
             "filtered": bool(state or tenant),
+            "paged": before is not None or after is not None,
         },
     )
 
 
-@login_required
+def _cursor(value: str) -> int | None:
+    """A run id to page from; anything else shows the newest runs, as a stale link should."""
+    if not (value.isascii() and value.isdigit()):  # "²" is a digit to isdigit, not to int
+        return None
+    return int(value) if 0 < int(value) <= MAX_RUN_ID else None
+
+
+def _login_required_keeping_draft(view):
+    """``login_required``, except that a form POSTed after the session ended (expired, or
+    logged out elsewhere) is not lost: its fields wait in the new anonymous session, which
+    Django's login keeps, and the next GET of the view after logging in shows them again to
+    check and submit. Nothing is replayed unseen; the form's one-time submission key comes
+    back with the fields, so the run can still be queued only once."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        if request.user.is_authenticated:
+            return view(request, *args, **kwargs)
+        if request.method == "POST":
+            fields = {
+                name: values
+                for name, values in request.POST.lists()
+                if name != "csrfmiddlewaretoken"
+            }
+            if len(json.dumps(fields)) <= DRAFT_MAX_CHARS:
+                request.session[DRAFT_SESSION_KEY] = fields
+                messages.warning(
+                    request,
+                    "Your session ended before the run was submitted. Log in again: "
+                    "your input is kept for you to check and submit.",
+                )
+        return redirect_to_login(request.get_full_path())
+
+    return wrapper
+
+
+def _draft_restored(request: HttpRequest) -> QueryDict | None:
+    """The submit form's fields kept through a login (see above), once, and only for the
+    user who filled them in."""
+    fields = request.session.pop(DRAFT_SESSION_KEY, None) if request.method == "GET" else None
+    if not isinstance(fields, dict):
+        return None
+    owner = (fields.pop(DRAFT_OWNER_FIELD, None) or [""])[0]
+    try:
+        if signing.loads(owner, salt=DRAFT_OWNER_SALT) != request.user.pk:
+            return None
+    except signing.BadSignature:
+        return None
+    data = QueryDict(mutable=True)
+    for name, values in fields.items():
+        data.setlist(name, values)
+    return data
+
+
+@_login_required_keeping_draft
 @require_http_methods(["GET", "POST"])
 def run_submit(request: HttpRequest) -> HttpResponse:
     tenants = list(tenant_list_submittable(user=request.user))
@@ -105,7 +186,8 @@ def run_submit(request: HttpRequest) -> HttpResponse:
         "flavor_limits": flavor_node_limits(),
     }
     source = None
-    sent = request.POST if request.method == "POST" else request.GET
+    restored = _draft_restored(request)
+    sent = request.POST if request.method == "POST" else restored or request.GET
     template = _template_chosen(request.user, sent.get("template", ""))
     initial = {"tenant": tenants[0].slug} if len(tenants) == 1 else {}
     if template is not None:
@@ -119,12 +201,26 @@ def run_submit(request: HttpRequest) -> HttpResponse:
             # Only for the notice above the form; the service decides whether it is allowed.
             source = experiment_list_viewable(user=request.user).filter(pk=source_id).first()
         if form.is_valid():
+            key = form.cleaned_data["submission_key"]
+            earlier = services.run_submitted_with(user=request.user, submission_key=key)
+            if earlier is not None:
+                messages.info(
+                    request,
+                    f"This form was already submitted as run {earlier.pk}: nothing new was "
+                    "queued. Open the submit page again to queue another run.",
+                )
+                return redirect("jobs:run_detail", run_id=earlier.pk)
             try:
                 if template is None:
-                    run = services.run_submit(user=request.user, data=form.experiment_input())
+                    run = services.run_submit(
+                        user=request.user, data=form.experiment_input(), submission_key=key
+                    )
                 else:
                     run = services.template_submit(
-                        user=request.user, template=template, values=form.template_values()
+                        user=request.user,
+                        template=template,
+                        values=form.template_values(),
+                        submission_key=key,
                     )
             except ValidationError as exc:
                 if template is not None:
@@ -133,12 +229,16 @@ def run_submit(request: HttpRequest) -> HttpResponse:
             else:
                 messages.success(request, f"Run {run.pk} is queued.")
                 return redirect("jobs:run_detail", run_id=run.pk)
+    elif restored is not None:
+        form = RunSubmitForm(restored, initial=initial, **choices)
+        if template is not None:
+            form.lock(template)
     else:
         source_id = request.GET.get("from", "")
         if source_id.isdigit():
             source = experiment_get_viewable(user=request.user, experiment_id=int(source_id))
             initial = initial_from_experiment(source)
-        form = RunSubmitForm(initial=initial, **choices)
+        form = RunSubmitForm(initial=initial | {"submission_key": uuid.uuid4()}, **choices)
         if template is not None:
             form.lock(template)
     context = {
@@ -147,12 +247,15 @@ def run_submit(request: HttpRequest) -> HttpResponse:
         "source": source,
         "template": template,
         "templates": selectors.template_list_usable(user=request.user)[:TEMPLATE_PICKER_SIZE],
+        "restored": restored is not None,
+        "draft_owner": signing.dumps(request.user.pk, salt=DRAFT_OWNER_SALT),
     }
     if tenants:
         context |= _preview_context(
             request.user, {name: form[name].value() for name in PREVIEW_FIELDS}
         )[0]
-    return render(request, "jobs/run_submit.html", context, status=400 if form.errors else 200)
+    failed = request.method == "POST" and bool(form.errors)
+    return render(request, "jobs/run_submit.html", context, status=400 if failed else 200)
 
 
 def _template_chosen(user, value: str):
@@ -205,12 +308,16 @@ def _attempt_records(attempts) -> list[tuple]:
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
     run = run_get_viewable(user=request.user, run_id=run_id)
     context = _status_context(request, run)
-    context["logs"] = services.run_logs(run=run, tail=LOG_TAIL_LINES)
+    context["logs"], context["logs_cut"] = services.run_log_tail(
+        run=run, lines=LOG_TAIL_LINES, max_chars=LOG_TAIL_MAX_CHARS
+    )
     context["log_tail_lines"] = LOG_TAIL_LINES
+    context["log_tail_kib"] = LOG_TAIL_MAX_CHARS // 1024
     context["attempt_records"] = _attempt_records(context["attempts"])
     context["can_rerun"] = services.experiment_can_rerun(
         user=request.user, experiment=run.experiment
     )
+    context["submission_key"] = uuid.uuid4()  # of the re-run form
     return render(request, "jobs/run_detail.html", context)
 
 
@@ -221,6 +328,23 @@ def run_status(request: HttpRequest, run_id: int) -> HttpResponse:
     """The live part of the run page, polled by gantry.js until the run is terminal."""
     run = run_get_viewable(user=request.user, run_id=run_id)
     return render(request, "jobs/_run_status.html", _status_context(request, run))
+
+
+@login_required
+@require_GET
+def run_log_download(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The latest attempt's whole log as a file, streamed (it may be gigabytes)."""
+    run = run_get_viewable(user=request.user, run_id=run_id)
+    try:
+        download = services.run_log_download(run=run)
+    except BackendError as exc:
+        return HttpResponse(f"The log is unavailable: {exc}", status=503, content_type="text/plain")
+    if download is None:
+        raise Http404("No log yet: it appears once the cluster has accepted the job.")
+    filename, chunks = download
+    response = StreamingHttpResponse(chunks, content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
 
 
 @login_required
@@ -245,13 +369,19 @@ def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
 def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
     experiment = experiment_get_viewable(user=request.user, experiment_id=experiment_id)
     runs = run_list_viewable(user=request.user).filter(experiment=experiment)
-    attempts = experiment_attempts(experiment=experiment)
+    page = Paginator(runs.defer(*_LIST_DEFERRED), RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    # The attempt records of the runs on this page only: an experiment re-run for months
+    # would otherwise load every attempt it ever had.
+    attempts = experiment_attempts(experiment=experiment).filter(
+        run__in=[run.pk for run in page.object_list]
+    )
     return render(
         request,
         "jobs/experiment_detail.html",
         {
             "experiment": experiment,
-            "runs": runs.defer(*_LIST_DEFERRED),
+            "page_obj": page,
+            "runs": page.object_list,
             "params_json": json.dumps(experiment.params, indent=2, sort_keys=True),
             "env_items": sorted(experiment.env.items()),
             "attempts_by_run": [
@@ -259,6 +389,7 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
                 for run_id, group in groupby(attempts, lambda attempt: attempt.run_id)
             ],
             "can_rerun": services.experiment_can_rerun(user=request.user, experiment=experiment),
+            "submission_key": uuid.uuid4(),  # of the re-run form
         },
     )
 
@@ -281,9 +412,20 @@ def experiment_spec_download(request: HttpRequest, experiment_id: int) -> HttpRe
 def experiment_rerun(request: HttpRequest, experiment_id: int) -> HttpResponse:
     """Queue a new run of the same experiment record, exactly as recorded."""
     experiment = experiment_get_viewable(user=request.user, experiment_id=experiment_id)
+    try:
+        key = (
+            uuid.UUID(request.POST["submission_key"]) if "submission_key" in request.POST else None
+        )
+    except ValueError:
+        messages.error(request, "Not re-run: the form is damaged. Reload the page and try again.")
+        return redirect("jobs:experiment_detail", experiment_id=experiment.pk)
+    earlier = services.run_submitted_with(user=request.user, submission_key=key)
+    if earlier is not None:
+        messages.info(request, f"Already re-run as run {earlier.pk}: nothing new was queued.")
+        return redirect("jobs:run_detail", run_id=earlier.pk)
     # PermissionDenied propagates: the user can read the experiment, so a 403 leaks nothing.
     try:
-        run = services.run_rerun(experiment=experiment, user=request.user)
+        run = services.run_rerun(experiment=experiment, user=request.user, submission_key=key)
     except ValidationError as exc:
         messages.error(request, "Not re-run: " + " ".join(exc.messages))
         return redirect("jobs:experiment_detail", experiment_id=experiment.pk)
@@ -348,6 +490,28 @@ def quota_list(request: HttpRequest) -> HttpResponse:
             "tenant": slug,
             "can_manage": can_manage,
             "flavors": flavor_list_manageable(user=request.user) if can_manage else (),
+            "member_tenants": [
+                t for t in tenants if can_manage or is_tenant_admin(request.user, t.pk)
+            ],
+        },
+    )
+
+
+@login_required
+@require_GET
+def tenant_members(request: HttpRequest, slug: str) -> HttpResponse:
+    """A tenant's members with what their runs hold now, beside the tenant's quota use
+    (for its tenant admins and platform admins)."""
+    tenant = capacity.tenant_get_members_viewable(user=request.user, slug=slug)
+    return render(
+        request,
+        "jobs/tenant_members.html",
+        {
+            "tenant": tenant,
+            "members": capacity.member_usage_list(tenant=tenant),
+            "usages": capacity.quota_usage_list(
+                quotas=list(quota_list_for_tenant(tenant=tenant)), tenant=tenant
+            ),
         },
     )
 

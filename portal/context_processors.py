@@ -1,17 +1,94 @@
+"""The navigation of every page, by role: what the signed-in user may open, in three groups.
+
+One place decides which links a persona sees, so the layout (templates/base.html) only
+draws them. A link is shown only where its page answers the user with something other
+than 404: researchers do not see platform pages, finance does not see the submit form.
+"""
+
+from dataclasses import dataclass
+
+from django.urls import reverse
+
 from tenants.models import Membership
 from tenants.roles import is_finance, is_platform_admin, tenant_roles
 from tenants.selectors import notification_unread_count
+
+
+@dataclass(frozen=True)
+class NavLink:
+    label: str
+    url: str
+    current: bool
+
+
+@dataclass(frozen=True)
+class NavGroup:
+    label: str
+    links: tuple[NavLink, ...]
+
+
+def _link(request, label: str, url_name: str, *, pages: tuple[str, ...] = ()) -> NavLink:
+    """A link that is the current page at its own URL, or on any of ``pages``: view names,
+    or ``app:`` for every page of an app namespace."""
+    url = reverse(url_name)
+    match = getattr(request, "resolver_match", None)
+    current = request.path == url
+    if match is not None and not current:
+        current = match.view_name in pages or f"{match.app_name}:" in pages
+    return NavLink(label, url, current)
+
+
+def navigation_groups(request, *, admin: bool, finance: bool, member: bool, tenant_admin: bool):
+    """The groups of links a user with these roles sees, empty groups left out."""
+    work = [_link(request, "Runs", "jobs:run_list")]
+    if member:
+        work.append(_link(request, "Submit", "jobs:run_submit"))
+    if admin or tenant_admin:
+        work.append(_link(request, "Templates", "jobs:template_list"))
+    work.append(_link(request, "Images", "images:image_list"))
+    work.append(_link(request, "Quotas", "jobs:quota_list"))
+
+    reports = []
+    if member or admin or finance:
+        reports.append(
+            _link(request, "Goodput", "telemetry:goodput", pages=("telemetry:tenant_goodput",))
+        )
+    if admin or finance or tenant_admin:
+        reports.append(_link(request, "Finance", "finance:index", pages=("finance:",)))
+    if admin or finance:
+        reports.append(_link(request, "KPIs", "telemetry:platform_kpis"))
+
+    platform = []
+    if admin:
+        platform += [
+            _link(request, "Clusters", "jobs:cluster_list"),
+            _link(request, "Flavors", "tenants:flavor_list"),
+            _link(request, "Registries", "images:registry_list"),
+            _link(request, "Unmapped", "telemetry:unmapped_samples"),
+        ]
+    if admin or tenant_admin:
+        platform.append(_link(request, "Audit", "tenants:audit_list"))
+    if admin:
+        platform.append(_link(request, "Admin", "admin:index"))
+    groups = (("Work", work), ("Reports", reports), ("Platform", platform))
+    return [NavGroup(label, tuple(links)) for label, links in groups if links]
 
 
 def navigation(request):
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {}
+    admin = is_platform_admin(user)
+    finance = is_finance(user)
+    roles = tenant_roles(user)
+    tenant_admin = Membership.Role.TENANT_ADMIN in roles.values()
     return {
-        "nav_is_platform_admin": is_platform_admin(user),
-        "nav_is_finance": is_finance(user),
-        "nav_can_submit": bool(tenant_roles(user)),
-        "nav_can_audit": is_platform_admin(user)
-        or Membership.Role.TENANT_ADMIN in tenant_roles(user).values(),
+        "nav_groups": navigation_groups(
+            request, admin=admin, finance=finance, member=bool(roles), tenant_admin=tenant_admin
+        ),
+        "nav_is_platform_admin": admin,
+        "nav_is_finance": finance,
+        "nav_can_submit": bool(roles),
+        "nav_can_audit": admin or tenant_admin,
         "nav_unread_notifications": notification_unread_count(user=user),
     }

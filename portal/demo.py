@@ -1,10 +1,24 @@
 """The demo world that ``make run`` seeds: tenants, people, images, a simulated cluster, runs.
 
+It tells a story (tests/test_demo.py holds it to each part):
+
+- three tenants with different quotas: vision (16 guaranteed A100 GPUs, may borrow 8, a hard
+  monthly budget), nlp (8 guaranteed, may borrow 16, no budget), climate (8, no borrowing, a
+  soft budget);
+- live runs placed by the first admission cycle: ``yolo-xl`` of vision waits, and says why
+  (vision's guarantee and borrow limit are used up) and where it stands in the queue;
+  ``dpr-sweep`` of nlp runs on borrowed GPUs, preemptible;
+- history: ``colbert-distill`` borrowed GPUs, was preempted when their owner reclaimed them,
+  and resumed from its checkpoint on a second attempt; ``unet-sweep-1`` was input-bound and
+  its diagnosis says so; a healthy run, an idle notebook, a crash, a communication-bound run;
+- a month of it: runs of last month (priced at the A100 rate before this month's rise) and
+  of this one, accounted and rolled up, so the finance statements of both months have lines.
+
 Seeding is idempotent: a second start finds the demo tenant and only prints the logins.
 """
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, date, datetime, time, timedelta
 
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -217,10 +231,37 @@ def demo_seed(*, speedup: int = 30) -> None:
     request("bob", "nlp", "retrieval", "dpr-sweep", pytorch, env=long_job, gpus_per_node=4)
     request("carol", "climate", "nowcasting", "radar-nowcast", pytorch, gpus_per_node=4)
 
+    # Last month, priced at the A100 rate before this month's rise. Submitted after the live
+    # runs so that run and experiment numbers of the story above stay as the docs show them.
+    last_month = previous_month(now.date())
+    for user, tenant, project, name, image, day, profile in (
+        ("alice", "vision", "detection", "yolo-v0", pytorch, 6, "compute-bound"),
+        ("bob", "nlp", "llm", "llama-ft-lr1e4", megatron, 11, "compute-bound"),
+        ("carol", "climate", "downscaling", "cordex-v0", pytorch, 19, "input-bound"),
+    ):
+        run = request(user, tenant, project, name, image, env={"GANTRY_SIM_PROFILE": profile})
+        attempt = _record_history(
+            run=run,
+            cluster=cluster,
+            state=RunState.SUCCEEDED,
+            exit_code=0,
+            submitted=datetime.combine(last_month.replace(day=day), time(9), tzinfo=UTC),
+        )
+        _record_history_telemetry(attempt=attempt, profile=profile)
+
     # What beat would do within two minutes: account the history and roll it up into daily
     # usage, so the goodput and finance pages have data from the first page view.
     telemetry_services.accounting_compute_pending(limit=100)
     finance.daily_usage_update()
+    # And what the worker does first: place the live runs, so the first page view already
+    # shows who runs, who borrows and who waits, and why. (Their backend submits are queued
+    # for the worker when the seed commits.)
+    job_services.admission_run_cycle(now=now)
+
+
+def previous_month(day: date) -> date:
+    """The first day of the month before ``day``'s."""
+    return (day.replace(day=1) - timedelta(days=1)).replace(day=1)
 
 
 def _record_preempted_history(*, run: Run, cluster: Cluster, submitted) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from portal.env import env_bool, env_int, env_list, env_str, parse_database_url
+from tenants.oidc_roles import GroupRolesError, parse_group_roles
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -53,6 +54,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "portal.security.SecurityHeadersMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -86,6 +88,11 @@ DATABASES = {
         env_str("DATABASE_URL", default=f"sqlite:///{DATA_DIR / 'gantry.sqlite3'}")
     )
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # A restarted PostgreSQL is met by a new connection: workers open one per task, web
+    # requests health-check a kept one (CONN_HEALTH_CHECKS). A server that does not answer
+    # at all must fail the task or request in seconds, not hold it: libpq waits forever.
+    DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = 10
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -96,6 +103,54 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "jobs:run_list"
 LOGOUT_REDIRECT_URL = "login"
+# Password logins are refused for a while after repeated failures (tenants/authentication.py);
+# OpenID Connect logins go through the second backend (tenants/oidc.py).
+AUTHENTICATION_BACKENDS = [
+    "tenants.authentication.ThrottledModelBackend",
+    "tenants.oidc.OidcBackend",
+]
+GANTRY_LOGIN_FAILURE_LIMIT = env_int("GANTRY_LOGIN_FAILURE_LIMIT", default=5)
+# Higher than per username: many honest people can share one address behind a NAT.
+GANTRY_LOGIN_FAILURE_LIMIT_PER_IP = env_int("GANTRY_LOGIN_FAILURE_LIMIT_PER_IP", default=20)
+GANTRY_LOGIN_LOCKOUT_S = env_int("GANTRY_LOGIN_LOCKOUT_S", default=15 * 60)
+# Proxies in front of the portal that append to X-Forwarded-For; 0 trusts REMOTE_ADDR only.
+GANTRY_NUM_PROXIES = env_int("GANTRY_NUM_PROXIES", default=0)
+if min(GANTRY_LOGIN_FAILURE_LIMIT, GANTRY_LOGIN_FAILURE_LIMIT_PER_IP, GANTRY_LOGIN_LOCKOUT_S) < 1:
+    raise ImproperlyConfigured(
+        "GANTRY_LOGIN_FAILURE_LIMIT, GANTRY_LOGIN_FAILURE_LIMIT_PER_IP and GANTRY_LOGIN_LOCKOUT_S "
+        "must be at least 1"
+    )
+if GANTRY_NUM_PROXIES < 0:
+    raise ImproperlyConfigured("GANTRY_NUM_PROXIES must be 0 or more")
+
+# OpenID Connect single sign-on: off unless an issuer is given (docs/security.md).
+# Exactly as the provider spells it in its tokens (a trailing slash matters).
+GANTRY_OIDC_ISSUER = env_str("GANTRY_OIDC_ISSUER", default="")
+GANTRY_OIDC_PROVIDER_NAME = env_str("GANTRY_OIDC_PROVIDER_NAME", default="single sign-on")
+GANTRY_OIDC_GROUPS_CLAIM = env_str("GANTRY_OIDC_GROUPS_CLAIM", default="groups")
+GANTRY_OIDC_USERNAME_CLAIM = env_str("GANTRY_OIDC_USERNAME_CLAIM", default="preferred_username")
+try:
+    GANTRY_OIDC_GROUP_ROLES = parse_group_roles(env_str("GANTRY_OIDC_GROUP_ROLES", default=""))
+except GroupRolesError as error:
+    raise ImproperlyConfigured(f"GANTRY_OIDC_GROUP_ROLES: {error}") from None
+if GANTRY_OIDC_ISSUER:
+    _issuer_schemes = ("https://", "http://") if DEBUG or EMBEDDED else ("https://",)
+    if not GANTRY_OIDC_ISSUER.startswith(_issuer_schemes):
+        raise ImproperlyConfigured(
+            "GANTRY_OIDC_ISSUER must be an https:// URL (http:// only in embedded or debug mode)"
+        )
+    OIDC_RP_CLIENT_ID = env_str("GANTRY_OIDC_CLIENT_ID")
+    OIDC_RP_CLIENT_SECRET = env_str("GANTRY_OIDC_CLIENT_SECRET")
+else:
+    OIDC_RP_CLIENT_ID = OIDC_RP_CLIENT_SECRET = ""
+OIDC_RP_SIGN_ALGO = env_str("GANTRY_OIDC_SIGN_ALGO", default="RS256")
+OIDC_RP_SCOPES = env_str("GANTRY_OIDC_SCOPES", default="openid email profile")
+OIDC_USE_PKCE = True
+OIDC_USE_NONCE = True
+OIDC_TIMEOUT = 10  # seconds, for every call to the provider
+OIDC_VERIFY_SSL = True
+OIDC_STORE_ACCESS_TOKEN = False
+OIDC_STORE_ID_TOKEN = False
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = env_str("GANTRY_TIME_ZONE", default="UTC")
@@ -111,11 +166,48 @@ STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 
+# Production (neither embedded nor debug) is served over HTTPS, usually by a TLS-terminating
+# proxy in front: cookies are sent over HTTPS only and browsers are told to stay on HTTPS.
+PRODUCTION_TLS = not DEBUG and not EMBEDDED
 SESSION_COOKIE_HTTPONLY = True
-SESSION_COOKIE_SECURE = not DEBUG and not EMBEDDED
-CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SESSION_COOKIE_SECURE = PRODUCTION_TLS
+CSRF_COOKIE_SECURE = PRODUCTION_TLS
+# Lax, not Strict: the OpenID Connect provider sends the browser back with a cross-site
+# navigation, which must carry the session that holds the login's state and nonce.
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+# The request header through which the proxy tells that the client used HTTPS, e.g.
+# X-Forwarded-Proto; only set it when the proxy always sets or overwrites that header.
+_proxy_ssl_header = env_str("GANTRY_PROXY_SSL_HEADER", default="")
+if _proxy_ssl_header:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https")
+SECURE_SSL_REDIRECT = env_bool("GANTRY_SSL_REDIRECT", default=False)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]  # container health checks use plain HTTP
+if PRODUCTION_TLS:
+    SECURE_HSTS_SECONDS = env_int("GANTRY_HSTS_SECONDS", default=31_536_000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("GANTRY_HSTS_INCLUDE_SUBDOMAINS", default=True)
+    SECURE_HSTS_PRELOAD = env_bool("GANTRY_HSTS_PRELOAD", default=False)
+# Content-Security-Policy (portal/security.py): scripts from this origin only, so no inline
+# script, no event-handler attribute and no eval.
+# Styles allow 'unsafe-inline' because Plotly adds its stylesheet at run time (and Swagger UI's
+# page has a <style> block); a style cannot run code. blob: images are Plotly's PNG export.
+CONTENT_SECURITY_POLICY = {
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'", "'unsafe-inline'"],
+    "img-src": ["'self'", "blob:"],
+    "font-src": ["'self'"],
+    "connect-src": ["'self'"],
+    "object-src": ["'none'"],
+    "base-uri": ["'self'"],
+    "form-action": ["'self'"],
+    "frame-ancestors": ["'none'"],
+}
+PERMISSIONS_POLICY = "camera=(), microphone=(), geolocation=(), payment=(), usb=()"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -127,6 +219,7 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
+    "NUM_PROXIES": GANTRY_NUM_PROXIES,  # the API's throttles see the client, not the proxy
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Gantry API",
@@ -161,6 +254,14 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Workers and beat ride out a Redis restart by themselves (tests/test_crash_recovery.py):
+# they retry the connection for as long as it takes, also when Redis is not up yet at
+# their start (Celery 6 stops inferring that from broker_connection_retry), instead of
+# exiting after 100 tries. Nothing is lost meanwhile: the database holds the work, and beat
+# re-drives what a lost message would have triggered.
+CELERY_BROKER_CONNECTION_RETRY = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_TASK_ALWAYS_EAGER = env_bool("GANTRY_CELERY_EAGER", default=False)
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 

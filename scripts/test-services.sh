@@ -4,8 +4,10 @@
 # Also installs Debian's docker-registry when /usr/bin/docker-registry is missing: the registry
 # client's tests start their own registries with it (tests/registry_support.py). Likewise
 # Debian's prometheus (and promtool) when /usr/bin/prometheus is missing: the telemetry source
-# tests start their own Prometheus (tests/prometheus_support.py). The package's postinst does
-# not start a service where policy-rc.d forbids it or PID 1 is not systemd.
+# tests start their own Prometheus (tests/prometheus_support.py). Likewise Debian's chromium
+# when /usr/bin/chromium is missing: the browser tests drive it headless through Playwright
+# (tests/browser_support.py; Playwright never downloads a browser of its own). The packages'
+# postinst does not start a service where policy-rc.d forbids it or PID 1 is not systemd.
 #
 # Uses the machine's standard servers (PostgreSQL on 127.0.0.1:5432 with trust auth for
 # user postgres, Redis on 127.0.0.1:6379) when they answer. Otherwise it installs the
@@ -29,6 +31,9 @@
 #   GANTRY_TEST_PRIVATE_REDIS_PORT    first port tried for a throwaway Redis (56379)
 #   GANTRY_TEST_DB_NAME               database name in DATABASE_URL (gantry)
 #   GANTRY_TEST_REDIS_DB              Redis database number in CELERY_BROKER_URL (15)
+#   GANTRY_TEST_SERVICES_TOOLS        1 (default) | 0: leave out the registry, Prometheus and
+#                                     Chromium checks (only PostgreSQL and Redis, e.g. for a test
+#                                     that starts servers of its own to restart them)
 
 if [[ ${BASH_SOURCE[0]} != "$0" ]]; then
     # Sourced: run in a child shell so its strict mode and traps stay out of the caller's.
@@ -52,6 +57,7 @@ PRIVATE_REDIS_PORT=${GANTRY_TEST_PRIVATE_REDIS_PORT:-56379}
 DB_NAME=${GANTRY_TEST_DB_NAME:-gantry}
 REDIS_DB=${GANTRY_TEST_REDIS_DB:-15}
 MODE=${GANTRY_TEST_SERVICES:-auto}
+TOOLS=${GANTRY_TEST_SERVICES_TOOLS:-1}
 STATE_PREFIX=gantry-test-services.
 STATE=""
 
@@ -62,6 +68,7 @@ die() {
 }
 
 case $MODE in auto | standard | throwaway) ;; *) die "GANTRY_TEST_SERVICES must be auto, standard or throwaway, not '$MODE'" ;; esac
+case $TOOLS in 0 | 1) ;; *) die "GANTRY_TEST_SERVICES_TOOLS must be 0 or 1, not '$TOOLS'" ;; esac
 [[ $DB_NAME =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die "GANTRY_TEST_DB_NAME '$DB_NAME' is not a plain identifier"
 
 # shellcheck disable=SC2016 # $0 and $1 are the inner shell's arguments
@@ -278,8 +285,11 @@ start() {
         need_redis=1
         command -v redis-server >/dev/null || missing+=(redis-server)
     fi
-    [[ -x /usr/bin/docker-registry ]] || missing+=(docker-registry)
-    [[ -x /usr/bin/prometheus ]] || missing+=(prometheus)
+    if ((TOOLS)); then
+        [[ -x /usr/bin/docker-registry ]] || missing+=(docker-registry)
+        [[ -x /usr/bin/prometheus ]] || missing+=(prometheus)
+        [[ -x /usr/bin/chromium ]] || missing+=(chromium)
+    fi
     install_packages "${missing[@]}"
 
     PSQL=$(command -v psql || printf '%s/psql' "$(pg_bindir)")

@@ -11,10 +11,14 @@ from telemetry.models import (
     StepWindow,
     UnmappedSamples,
 )
+from tenants.admin import ReadOnlyAdminMixin
+
+# Telemetry is what machines measured and what Gantry computed from it: shown here, never
+# edited by hand (accounting and statements are recomputed from it).
 
 
 @admin.register(StepWindow)
-class StepWindowAdmin(admin.ModelAdmin):
+class StepWindowAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("attempt", "source", "seq", "start", "end", "steps", "step_time_s")
     list_select_related = ("attempt",)
     raw_id_fields = ("attempt",)
@@ -22,7 +26,7 @@ class StepWindowAdmin(admin.ModelAdmin):
 
 
 @admin.register(SdkEvent)
-class SdkEventAdmin(admin.ModelAdmin):
+class SdkEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("attempt", "source", "seq", "type", "ts")
     list_filter = ("type",)
     list_select_related = ("attempt",)
@@ -31,7 +35,7 @@ class SdkEventAdmin(admin.ModelAdmin):
 
 
 @admin.register(GpuMinute)
-class GpuMinuteAdmin(admin.ModelAdmin):
+class GpuMinuteAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("attempt", "host", "gpu", "minute", "activity", "samples")
     list_select_related = ("attempt",)
     raw_id_fields = ("attempt",)
@@ -39,7 +43,7 @@ class GpuMinuteAdmin(admin.ModelAdmin):
 
 
 @admin.register(AttemptAccounting)
-class AttemptAccountingAdmin(admin.ModelAdmin):
+class AttemptAccountingAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = (
         "attempt",
         "allocated_gpu_s",
@@ -54,43 +58,34 @@ class AttemptAccountingAdmin(admin.ModelAdmin):
 
 
 @admin.register(UnmappedSamples)
-class UnmappedSamplesAdmin(admin.ModelAdmin):
+class UnmappedSamplesAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("minute", "source", "count")
     list_filter = ("source",)
 
 
 @admin.register(RawScrape)
-class RawScrapeAdmin(admin.ModelAdmin):
+class RawScrapeAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("cluster", "origin", "fetched_at", "size", "samples", "rejected")
     list_filter = ("cluster",)
-    exclude = ("body",)  # compressed bytes: nothing to read in a form
+    exclude = ("body",)  # compressed bytes: nothing to read
 
 
 @admin.register(ClusterTelemetry)
-class ClusterTelemetryAdmin(admin.ModelAdmin):
+class ClusterTelemetryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("cluster", "fetched_until", "rolled_up_until", "last_error_at", "updated_at")
 
 
 @admin.register(RateCard)
-class RateCardAdmin(admin.ModelAdmin):
-    """Read-only: cards are added through the finance pages, which keep the chain of cards
-    without gaps or overlaps and reprice the days after a change."""
+class RateCardAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Cards are added through the finance pages, which keep the chain of cards without gaps
+    or overlaps, reprice the days after a change and audit it."""
 
     list_display = ("flavor", "price_per_gpu_hour", "currency", "valid_from", "valid_to")
     list_filter = ("flavor",)
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(DailyUsage)
-class DailyUsageAdmin(admin.ModelAdmin):
+class DailyUsageAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = (
         "date",
         "tenant",
@@ -103,9 +98,3 @@ class DailyUsageAdmin(admin.ModelAdmin):
     )
     list_filter = ("tenant", "flavor")
     date_hierarchy = "date"
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False

@@ -9,7 +9,6 @@ import io
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, ValidationError
-from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -22,6 +21,7 @@ from telemetry.services import (
     AttemptClosed,
     sdk_events_ingest,
 )
+from tenants.parsers import JsonTextParser
 
 
 class PayloadTooLarge(APIException):
@@ -30,7 +30,7 @@ class PayloadTooLarge(APIException):
     default_code = "payload_too_large"
 
 
-class EventsParser(JSONParser):
+class EventsParser(JsonTextParser):
     """JSON of at most ``MAX_EVENTS_BODY_BYTES``: a larger body is refused unread."""
 
     def parse(self, stream, media_type=None, parser_context=None):

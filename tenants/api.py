@@ -1,5 +1,6 @@
 """API tokens: exchange a username and password for a token, revoke the token in use."""
 
+import hashlib
 from collections.abc import Mapping
 from datetime import timedelta
 
@@ -8,16 +9,16 @@ from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
-from rest_framework.exceptions import ValidationError
-from rest_framework.parsers import JSONParser
+from rest_framework.exceptions import Throttled, ValidationError
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 from rest_framework.views import APIView
 
-from tenants.authentication import ApiTokenAuthentication
+from tenants.authentication import ApiTokenAuthentication, client_ip, login_lockout
 from tenants.models import ApiToken
+from tenants.parsers import JsonTextParser
 from tenants.services import api_token_create, api_token_revoke
 
 DEFAULT_TOKEN_DAYS = 90
@@ -64,10 +65,10 @@ class TokenCreateThrottle(SimpleRateThrottle):
     def get_cache_key(self, request, view):
         data = request.data if isinstance(request.data, Mapping) else {}
         username = str(data.get("username", ""))[:150].lower()
-        return self.cache_format % {
-            "scope": self.scope,
-            "ident": f"{self.get_ident(request)}:{username}",
-        }
+        # Hashed: a username may hold spaces and control characters, which some cache
+        # backends (memcached) refuse in a key.
+        who = hashlib.sha256(f"{self.get_ident(request)}:{username}".encode()).hexdigest()
+        return self.cache_format % {"scope": self.scope, "ident": who}
 
 
 @extend_schema(tags=["tokens"])
@@ -75,7 +76,7 @@ class TokenCreateApi(APIView):
     authentication_classes: list = []
     permission_classes = [AllowAny]
     throttle_classes = [TokenCreateThrottle]
-    parser_classes = [JSONParser]
+    parser_classes = [JsonTextParser]
 
     @extend_schema(
         request=TokenCreateRequestSerializer,
@@ -90,6 +91,9 @@ class TokenCreateApi(APIView):
         serializer = TokenCreateRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
+        lockout = login_lockout(username=data["username"], ip_address=client_ip(request))
+        if lockout is not None:
+            raise Throttled(wait=lockout.retry_after_s, detail=lockout.message)
         user = authenticate(request, username=data["username"], password=data["password"])
         if user is None:
             raise ValidationError(
@@ -112,7 +116,10 @@ class TokenRevokeApi(APIView):
 
     @extend_schema(
         request=None,
-        responses={204: OpenApiResponse(description="Revoked; the token no longer works.")},
+        responses={
+            204: OpenApiResponse(description="Revoked; the token no longer works."),
+            401: OpenApiResponse(description="No token, or an invalid, expired or revoked one."),
+        },
     )
     def delete(self, request):
         api_token_revoke(token=request.auth)

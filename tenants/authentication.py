@@ -1,7 +1,29 @@
+"""How people prove who they are: API tokens, and password logins with a lockout.
+
+Password logins (the login page, Django admin's, the token endpoint of the API) all go through
+``ThrottledModelBackend``: after ``GANTRY_LOGIN_FAILURE_LIMIT`` failures for one username, or
+``GANTRY_LOGIN_FAILURE_LIMIT_PER_IP`` from one client address, within
+``GANTRY_LOGIN_LOCKOUT_S`` seconds, further attempts are refused (even with the right
+password) until the oldest of those failures leaves the window. The failures are rows in the
+database, so every web worker counts the same ones. A successful login clears the failures of
+its username; the address's count only expires, so a person with an account of their own
+cannot reset the count of the address they guess from.
+"""
+
+import ipaddress
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.contrib.auth.backends import ModelBackend
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
-from tenants.models import ApiToken
+from tenants.models import ApiToken, LoginFailure
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):
@@ -34,3 +56,113 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request):
         return 'Bearer realm="api"'
+
+
+@dataclass(frozen=True)
+class Lockout:
+    """Why password logins are refused right now, and for how long."""
+
+    retry_after_s: int
+    by_address: bool  # False: too many failures for the username
+
+    @property
+    def message(self) -> str:
+        minutes = max(1, math.ceil(self.retry_after_s / 60))
+        whom = "from your network address" if self.by_address else "for this username"
+        return (
+            f"Too many failed logins {whom}. Logins are refused for {minutes} more "
+            f"minute{'s' if minutes != 1 else ''}, even with the right password."
+        )
+
+
+def client_ip(request) -> str | None:
+    """The address of the client, seen through ``GANTRY_NUM_PROXIES`` trusted proxies.
+
+    Behind N proxies the client is the N-th address from the right of X-Forwarded-For (each
+    proxy appends the address it received the request from); anything further left was
+    written by the client and is not trusted. None when the value is not an IP address.
+    """
+    meta = request.META
+    address = meta.get("REMOTE_ADDR", "")
+    proxies = settings.GANTRY_NUM_PROXIES
+    forwarded = meta.get("HTTP_X_FORWARDED_FOR", "")
+    if proxies > 0 and forwarded:
+        hops = [hop.strip() for hop in forwarded.split(",")]
+        address = hops[-min(proxies, len(hops))]
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return None
+
+
+def _normalized(username: str) -> str:
+    return username.strip().lower()[: LoginFailure._meta.get_field("username").max_length]
+
+
+def _window_start(now: datetime) -> datetime:
+    return now - timedelta(seconds=settings.GANTRY_LOGIN_LOCKOUT_S)
+
+
+def _retry_after(failures: Q, *, limit: int, now: datetime) -> int | None:
+    """Seconds until fewer than ``limit`` of the matching failures are inside the window."""
+    times = list(
+        LoginFailure.objects.filter(failures, at__gt=_window_start(now))
+        .order_by("-at")
+        .values_list("at", flat=True)[:limit]
+    )
+    if len(times) < limit:
+        return None
+    return max(1, math.ceil((times[-1] - _window_start(now)).total_seconds()))
+
+
+def login_lockout(*, username: str, ip_address: str | None, now: datetime | None = None):
+    """The Lockout in force for a login as ``username`` from ``ip_address``, or None."""
+    now = now or timezone.now()
+    retry_after = _retry_after(
+        Q(username=_normalized(username)), limit=settings.GANTRY_LOGIN_FAILURE_LIMIT, now=now
+    )
+    if retry_after is not None:
+        return Lockout(retry_after_s=retry_after, by_address=False)
+    if ip_address is not None:
+        retry_after = _retry_after(
+            Q(ip_address=ip_address), limit=settings.GANTRY_LOGIN_FAILURE_LIMIT_PER_IP, now=now
+        )
+        if retry_after is not None:
+            return Lockout(retry_after_s=retry_after, by_address=True)
+    return None
+
+
+def login_failure_record(
+    *, username: str, ip_address: str | None, now: datetime | None = None
+) -> None:
+    """Count one failed login; failures that left the window are dropped on the way."""
+    now = now or timezone.now()
+    LoginFailure.objects.filter(at__lte=_window_start(now)).delete()
+    LoginFailure.objects.create(username=_normalized(username), ip_address=ip_address, at=now)
+
+
+def login_failures_clear(*, username: str) -> None:
+    LoginFailure.objects.filter(username=_normalized(username)).delete()
+
+
+class ThrottledModelBackend(ModelBackend):
+    """Django's username and password check, refused while a Lockout is in force.
+
+    Raising PermissionDenied makes ``django.contrib.auth.authenticate`` stop at once (no
+    other backend is asked) and return None, so every caller refuses the login.
+    """
+
+    def authenticate(self, request, username=None, password=None, **kwargs):
+        if username is None:
+            username = kwargs.get(User.USERNAME_FIELD)
+        if username is None or password is None:
+            return None  # not a password login (e.g. OpenID Connect's callback)
+        ip_address = client_ip(request) if request is not None else None
+        if login_lockout(username=username, ip_address=ip_address) is not None:
+            raise PermissionDenied("login locked out")
+        user = super().authenticate(request, username=username, password=password, **kwargs)
+        if user is None:
+            login_failure_record(username=username, ip_address=ip_address)
+        else:
+            login_failures_clear(username=username)
+        return user

@@ -153,24 +153,77 @@ class Quota(models.Model):
         return f"{self.tenant.slug}:{self.flavor.slug} guaranteed={self.guaranteed_gpus}"
 
 
+class AuditLogAppendOnly(Exception):
+    """Somebody tried to change or remove a row of the audit log."""
+
+    def __init__(self, operation: str) -> None:
+        super().__init__(
+            f"The audit log is append-only: AuditEvent rows cannot be {operation}. Record a "
+            "new event instead (tenants.services.audit_record)."
+        )
+
+
+class AuditEventQuerySet(models.QuerySet):
+    """Reads and inserts only: every bulk way the ORM has to change or remove rows raises."""
+
+    def update(self, **kwargs):
+        raise AuditLogAppendOnly("updated")
+
+    def bulk_update(self, objs, fields, batch_size=None):
+        raise AuditLogAppendOnly("updated")
+
+    def delete(self):
+        raise AuditLogAppendOnly("deleted")
+
+    def _raw_delete(self, using):  # what Django's deletion collector calls for fast deletes
+        raise AuditLogAppendOnly("deleted")
+
+
 class AuditEvent(models.Model):
-    """Append-only record of a change made by a person."""
+    """Append-only record of a change made by a person: who, when, what, before and after.
+
+    Append-only twice over: the ORM refuses to update or delete a row (``save`` of a stored
+    event, ``delete``, ``QuerySet.update``/``delete``), and on PostgreSQL a trigger refuses
+    UPDATE and DELETE from anybody (migration 0005).
+
+    The actor and the tenant are PROTECTed, not SET_NULL: nulling them out would be an
+    UPDATE of the log that erases who made a change, the one thing the log is for. A user
+    or tenant that appears in the log is deactivated (``is_active``, ``active``) instead of
+    deleted; deleting one raises ProtectedError, which says so, rather than failing
+    silently in the trigger or leaving events without their actor.
+    """
 
     actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.PROTECT, related_name="+"
     )
-    tenant = models.ForeignKey(Tenant, null=True, on_delete=models.SET_NULL, related_name="+")
+    tenant = models.ForeignKey(Tenant, null=True, on_delete=models.PROTECT, related_name="+")
     action = models.CharField(max_length=64)
     target = models.CharField(max_length=200)
     before = models.JSONField(null=True, blank=True)
     after = models.JSONField(null=True, blank=True)
     at = models.DateTimeField(auto_now_add=True, db_index=True)
 
+    objects = AuditEventQuerySet.as_manager()
+
     class Meta:
         ordering = ["-at", "-id"]
+        # Django reaches related rows through the base manager (deletion, related lookups):
+        # the guarded one there too.
+        base_manager_name = "objects"
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.target}"
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding:
+            raise AuditLogAppendOnly("updated")
+        # Always an INSERT: with a primary key given, Django would otherwise try an UPDATE
+        # of the row that has it first.
+        kwargs["force_insert"] = True
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise AuditLogAppendOnly("deleted")
 
 
 class ApiToken(models.Model):
@@ -231,3 +284,48 @@ class Notification(models.Model):
     @property
     def is_unread(self) -> bool:
         return self.read_at is None
+
+
+class LoginFailure(models.Model):
+    """One failed password login, kept while it counts towards a lockout.
+
+    In the database rather than in process memory so every web worker sees the same counts
+    (tenants/authentication.py reads and prunes them).
+    """
+
+    username = models.CharField(max_length=150, help_text="As typed, lower-cased")
+    ip_address = models.GenericIPAddressField(null=True, blank=True)
+    at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["username", "at"], name="loginfailure_username_at"),
+            models.Index(fields=["ip_address", "at"], name="loginfailure_ip_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.username} from {self.ip_address} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class ExternalIdentity(models.Model):
+    """Links a user to the subject an OpenID Connect provider knows them by (tenants/oidc.py).
+
+    The subject, not the e-mail or the user name, identifies a person at a provider: those
+    can change or be chosen by the person, the subject cannot.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="external_identities"
+    )
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_login_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["issuer", "subject"], name="identity_unique_subject"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} = {self.subject} at {self.issuer}"

@@ -1,7 +1,16 @@
 from django.db.models import QuerySet
 from django.http import Http404
 
-from tenants.models import AuditEvent, GpuFlavor, Membership, Notification, Project, Quota, Tenant
+from tenants.models import (
+    ApiToken,
+    AuditEvent,
+    GpuFlavor,
+    Membership,
+    Notification,
+    Project,
+    Quota,
+    Tenant,
+)
 from tenants.roles import is_platform_admin, sees_all_tenants, tenant_roles
 
 
@@ -122,3 +131,16 @@ def audit_tenant_choices(*, user) -> QuerySet[Tenant]:
     if tenant_ids is None:
         return Tenant.objects.order_by("slug")
     return Tenant.objects.filter(id__in=tenant_ids).order_by("slug")
+
+
+def api_token_list_own(*, user) -> QuerySet[ApiToken]:
+    """The user's own API tokens, newest first; nobody else's are ever reachable."""
+    return ApiToken.objects.filter(user=user).order_by("-created_at", "-id")
+
+
+def api_token_get_own(*, user, token_id: int) -> ApiToken:
+    """One of the user's own tokens; 404 alike for a missing token and another user's."""
+    token = api_token_list_own(user=user).filter(pk=token_id).first()
+    if token is None:
+        raise Http404("No such token")
+    return token

@@ -1,11 +1,13 @@
+import json
 from collections.abc import Collection
 from datetime import datetime
 from decimal import Decimal
 
 from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import RegexValidator
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
 from tenants.models import (
@@ -36,6 +38,49 @@ def audit_record(
         tenant=tenant,
         action=action,
         target=target,
+        before=before,
+        after=after,
+    )
+
+
+def audit_snapshot(instance: models.Model, *, exclude: Collection[str] = ()) -> dict:
+    """What the audit log records of a model instance: every concrete field (a foreign key
+    as its id) and many-to-many field (the related objects' names, sorted), as JSON.
+    ``exclude`` names fields that must never be recorded, such as password hashes."""
+    values = {}
+    for field in (*instance._meta.concrete_fields, *instance._meta.many_to_many):
+        if field.name in exclude:
+            continue
+        if field.many_to_many:
+            values[field.name] = sorted(
+                str(related) for related in getattr(instance, field.name).all()
+            )
+        else:
+            values[field.attname] = field.value_from_object(instance)
+    return json.loads(json.dumps(values, cls=DjangoJSONEncoder))
+
+
+def audit_model_change(
+    *, actor, instance: models.Model, verb: str, before: dict | None, after: dict | None
+) -> AuditEvent | None:
+    """Record a change made with a generic editor (Django admin) as "<model>.<verb>"
+    ("membership.update", "cluster.delete"), with ``audit_snapshot``s before and after;
+    None when an update changed nothing.
+
+    The event is filed under the instance's tenant (a tenant's own changes under itself),
+    except when that tenant is the thing being deleted: the log outlives it.
+    """
+    if verb == "update" and before == after:
+        return None
+    tenant = instance if isinstance(instance, Tenant) else getattr(instance, "tenant", None)
+    if not isinstance(tenant, Tenant) or (verb == "delete" and tenant is instance):
+        tenant = None
+    target = f"{instance._meta.model_name} {instance}"
+    return audit_record(
+        actor=actor,
+        action=f"{instance._meta.model_name}.{verb}",
+        target=target[: AuditEvent._meta.get_field("target").max_length],
+        tenant=tenant,
         before=before,
         after=after,
     )
@@ -282,20 +327,50 @@ def flavor_update(
 def api_token_create(
     *, user, name: str = "api", expires_at: datetime | None = None
 ) -> tuple[ApiToken, str]:
-    """Create a token; returns the row and the secret, which is never stored or shown again."""
+    """Create a token; returns the row and the secret, which is never stored or shown again.
+
+    Audited as "token.create" by its owner (who proved it with a password or a session):
+    name, prefix and expiry only, never the secret or its hash.
+    """
     secret = ApiToken.new_secret()
-    token = ApiToken.objects.create(
-        user=user,
-        name=name,
-        prefix=secret[4 : 4 + ApiToken.PREFIX_LENGTH],
-        key_hash=ApiToken.hash_secret(secret),
-        expires_at=expires_at,
-    )
+    with transaction.atomic():
+        token = ApiToken.objects.create(
+            user=user,
+            name=name,
+            prefix=secret[4 : 4 + ApiToken.PREFIX_LENGTH],
+            key_hash=ApiToken.hash_secret(secret),
+            expires_at=expires_at,
+        )
+        audit_record(
+            actor=user,
+            action="token.create",
+            target=_token_target(token),
+            after={
+                "name": token.name,
+                "prefix": token.prefix,
+                "expires_at": None if expires_at is None else expires_at.isoformat(),
+            },
+        )
     return token, secret
 
 
+def _token_target(token: ApiToken) -> str:
+    return f"token {token.prefix}… of {token.user.get_username()}"
+
+
+@transaction.atomic
 def api_token_revoke(*, token: ApiToken) -> None:
-    ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    """Revoke a token (again: nothing happens); audited as "token.revoke" by its owner, the
+    only one who can revoke it (with the token itself, or on their account page)."""
+    now = timezone.now()
+    if ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=now):
+        audit_record(
+            actor=token.user,
+            action="token.revoke",
+            target=_token_target(token),
+            before={"revoked_at": None},
+            after={"revoked_at": now.isoformat()},
+        )
 
 
 def notification_mark_all_read(*, user) -> int:

@@ -143,7 +143,8 @@ def test_token_create_is_throttled_per_client_and_username(world):
     wrong = {"username": "alice", "password": "guess"}
     statuses = [client.post(TOKENS, wrong, format="json").status_code for _ in range(11)]
 
-    assert statuses == [400] * 10 + [429]
+    # The login lockout (5 failures per username, tenants/authentication.py) comes first.
+    assert statuses == [400] * 5 + [429] * 6
     right = {"username": "alice", "password": PASSWORD}
     assert client.post(TOKENS, right, format="json").status_code == 429
     other_user = {"username": "bob", "password": PASSWORD}
@@ -460,7 +461,7 @@ def test_list_shows_only_runs_of_the_users_tenants_newest_first(world, runs):
     response = client_for(world.researcher_a).get(RUNS)
 
     assert response.status_code == 200
-    assert response.json()["count"] == 2
+    assert (response.json()["next"], response.json()["previous"]) == (None, None)
     assert ids(response) == [runs["cancelled"].pk, runs["queued"].pk]
     first = response.json()["results"][1]
     assert first["experiment_name"] == "queued"
@@ -507,19 +508,38 @@ def test_list_filters_by_tenant_within_what_the_user_may_see(world, runs):
     assert ids(finance.get(RUNS, {"tenant": "nlp"})) == [runs["nlp"].pk]
 
 
-def test_list_is_paginated(world):
-    for i in range(52):
-        submit(world, world.researcher_a, name=f"run-{i}")
+def test_list_pages_by_older_and_newer_links(world):
+    runs = [submit(world, world.researcher_a, name=f"run-{i}") for i in range(52)]
     client = client_for(world.researcher_a)
 
-    first = client.get(RUNS).json()
-    second = client.get(RUNS, {"page": 2}).json()
+    first = client.get(RUNS, {"state": "QUEUED"}).json()
+    second = client.get(first["next"]).json()
+    back = client.get(second["previous"]).json()
 
-    assert first["count"] == 52
     assert len(first["results"]) == 50
-    assert first["next"] == "http://testserver/api/v1/runs/?page=2"
+    assert first["previous"] is None
+    assert first["next"] == f"http://testserver/api/v1/runs/?before={runs[2].pk}&state=QUEUED"
     assert [r["experiment_name"] for r in second["results"]] == ["run-1", "run-0"]
     assert second["next"] is None
+    assert second["previous"] == f"http://testserver/api/v1/runs/?after={runs[1].pk}&state=QUEUED"
+    assert back == first
+
+
+def test_list_refuses_page_numbers_and_two_cursors(world):
+    client = client_for(world.researcher_a)
+
+    numbered = client.get(RUNS, {"page": 2})
+    both = client.get(RUNS, {"before": 5, "after": 3})
+
+    assert numbered.status_code == 400
+    assert numbered.json() == {
+        "page": [
+            "The run list has no page numbers: follow its next and previous links "
+            "(before= and after= a run id)."
+        ]
+    }
+    assert both.status_code == 400
+    assert both.json() == {"after": ["Give before or after, not both."]}
 
 
 def test_lists_use_a_fixed_number_of_queries(world, django_assert_num_queries):
@@ -528,13 +548,14 @@ def test_lists_use_a_fixed_number_of_queries(world, django_assert_num_queries):
         submit(world, world.researcher_a)
     admission_run_cycle()  # some runs get a cluster, which the list shows
 
-    # token, its last_used_at, global roles, memberships, count, page
-    with django_assert_num_queries(6):
+    # token, its last_used_at, global roles, memberships, then tenants, page and its
+    # submitters for runs, count and page for experiments
+    with django_assert_num_queries(7):
         runs_page = client.get(RUNS)
     with django_assert_num_queries(6):
         experiments_page = client.get(EXPERIMENTS)
 
-    assert runs_page.json()["count"] == experiments_page.json()["count"] == 11
+    assert len(runs_page.json()["results"]) == experiments_page.json()["count"] == 11
     assert {r["cluster"] for r in runs_page.json()["results"]} == {"sim-1", None}
 
 

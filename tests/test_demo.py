@@ -1,14 +1,38 @@
-"""The demo that `make run` seeds: its finished runs carry telemetry that accounts like the
-simulator profiles they are named after."""
+"""The demo that `make run` seeds tells its story, part by part (portal/demo.py): tenants with
+different quotas, a run that waits and says why, a borrowed run, a run preempted and resumed
+from its checkpoint, an input-bound run whose diagnosis says so, and a month of history that
+the finance statements of last month and this one are made of."""
 
+from datetime import timedelta
 from decimal import Decimal
 
-from django.db.models import Sum
+import pytest
+from django.db import transaction
+from django.db.models import Max, Min, Sum
+from django.utils import timezone
 
-from jobs.models import Run
-from portal.demo import demo_seed
+from jobs.models import Attempt, Run
+from portal.demo import demo_seed, previous_month
+from telemetry import finance_selectors, selectors
 from telemetry.models import AttemptAccounting, DailyUsage, RateCard
 from telemetry.services import accounting_compute_pending
+from tenants.models import Quota, Tenant
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(scope="module")
+def demo(django_db_setup, django_db_blocker):
+    """Seeded once for the module, rolled back at its end; each test reads it inside its own
+    savepoint (the ``db`` fixture), so what one test might change the next does not see."""
+    with django_db_blocker.unblock(), transaction.atomic():
+        demo_seed(speedup=30)
+        yield
+        transaction.set_rollback(True)
+
+
+def run_named(name: str) -> Run:
+    return Run.objects.select_related("experiment").get(experiment__name=name)
 
 
 def largest_waste(row: AttemptAccounting) -> str:
@@ -18,36 +42,145 @@ def largest_waste(row: AttemptAccounting) -> str:
     )
 
 
-def test_demo_history_accounts_as_its_profiles(db):
-    demo_seed(speedup=30)
+def test_tenants_have_different_quotas(demo):
+    quotas = Quota.objects.order_by("tenant__slug", "flavor__slug").values_list(
+        "tenant__slug",
+        "flavor__slug",
+        "guaranteed_gpus",
+        "borrow_limit_gpus",
+        "monthly_gpu_hour_budget",
+        "budget_mode",
+    )
+    assert list(quotas) == [
+        ("climate", "a100-80gb", 8, 0, 400, "soft"),
+        ("climate", "h100-80gb", 0, 0, None, "hard"),
+        ("nlp", "a100-80gb", 8, 16, None, "hard"),
+        ("nlp", "h100-80gb", 16, 0, None, "hard"),
+        ("vision", "a100-80gb", 16, 8, 5000, "hard"),
+        ("vision", "h100-80gb", 8, 0, None, "hard"),
+    ]
 
+
+def test_one_live_run_waits_and_says_why_and_where_it_stands(demo):
+    waiting = Run.objects.filter(state="QUEUED")
+
+    assert [run.experiment.name for run in waiting] == ["yolo-xl"]
+    run = waiting.get()
+    assert run.get_wait_reason_display() == "Borrow limit reached"
+    assert run.wait_message == (
+        "tenant vision uses 16 of 16 guaranteed + 8 borrowable a100-80gb GPUs; this run needs 16"
+    )
+    assert run.queue_position == 1
+
+
+def test_the_other_live_runs_are_placed_one_of_them_on_borrowed_gpus(demo):
+    live = Run.objects.exclude(state__in=["SUCCEEDED", "FAILED", "QUEUED"])
+    placed = {run.experiment.name: (run.state, run.borrowed) for run in live}
+
+    assert placed == {
+        "yolo-large": ("ADMITTED", False),
+        "unet-sweep-2": ("ADMITTED", False),
+        "llama-pretrain": ("ADMITTED", False),
+        "dpr-index": ("ADMITTED", False),
+        "dpr-sweep": ("ADMITTED", True),
+        "radar-nowcast": ("ADMITTED", False),
+    }
+    borrowed = run_named("dpr-sweep")
+    assert borrowed.events.order_by("at", "id").last().message == (
+        "Admitted to sim-east: 4 a100-80gb GPUs borrowing idle GPUs (preemptible)"
+    )
+    assert borrowed.attempts.get().number == 1  # created by admission, for the worker to submit
+
+
+def test_a_borrowed_run_was_preempted_and_resumed_from_its_checkpoint(demo):
+    run = run_named("colbert-distill")
+    first, second = Attempt.objects.filter(run=run).order_by("number")
+
+    assert (run.state, run.borrowed) == ("SUCCEEDED", True)
+    assert (first.state, first.failure_reason, first.resumed_from) == (
+        "PREEMPTED",
+        "PREEMPTED",
+        None,
+    )
+    assert (second.state, second.resumed_from.attempt, second.resumed_from.step) == (
+        "SUCCEEDED",
+        first,
+        7200,
+    )
+    assert list(run.events.order_by("at", "id").values_list("reason", flat=True)) == [
+        "SUBMITTED",
+        "ADMITTED",
+        "STARTED",
+        "PREEMPTED",
+        "REQUEUED",
+        "ADMITTED",
+        "STARTED",
+        "SUCCEEDED",
+    ]
+    assert largest_waste(first.accounting) == "lost"  # its work after the checkpoint
+
+
+def test_the_input_bound_run_is_diagnosed_as_input_bound(demo):
+    run = run_named("unet-sweep-1")
+    telemetry = selectors.run_telemetry(
+        run=run, attempts=list(run.attempts.all()), now=timezone.now()
+    )
+
+    [attempt] = telemetry.attempts
+    assert [(finding.code, finding.text) for finding in attempt.findings] == [
+        (
+            "input_bound",
+            "Input-bound: shard the dataset, add DataLoader workers, use local NVMe cache. "
+            "The GPUs waited for data 60 % of the step time (24.0 GPU-hours).",
+        )
+    ]
+
+
+def test_the_history_spans_a_month_and_accounts_as_its_profiles(demo):
     assert accounting_compute_pending(limit=100) == 0  # the seed accounted its history
 
     rows = {
         row.attempt.run.experiment.name: row
         for row in AttemptAccounting.objects.select_related("attempt__run__experiment")
     }
-    assert AttemptAccounting.objects.count() == 8  # six runs, and one preempted and resumed
+    assert AttemptAccounting.objects.count() == 11  # nine runs, and one preempted and resumed
     assert sorted(rows) == [
-        "colbert-distill", "cordex-emulator", "dpr-train", "llama-ft-lr3e4", "notebook-debug",
-        "unet-sweep-1", "yolo-baseline",
+        "colbert-distill", "cordex-emulator", "cordex-v0", "dpr-train", "llama-ft-lr1e4",
+        "llama-ft-lr3e4", "notebook-debug", "unet-sweep-1", "yolo-baseline", "yolo-v0",
     ]  # fmt: skip
     for row in AttemptAccounting.objects.all():
         assert row.effective_gpu_s + row.waste_gpu_s == row.allocated_gpu_s
     assert largest_waste(rows["unet-sweep-1"]) == "input_wait"
+    assert largest_waste(rows["cordex-v0"]) == "input_wait"
     assert largest_waste(rows["dpr-train"]) == "comm_wait"
     assert largest_waste(rows["llama-ft-lr3e4"]) == "lost"
     assert rows["notebook-debug"].idle_gpu_s == rows["notebook-debug"].allocated_gpu_s
     healthy = rows["yolo-baseline"]
     assert healthy.effective_gpu_s / healthy.allocated_gpu_s > 0.9
-    assert Run.objects.filter(experiment__name="notebook-debug").get().submitted_by.username == (
-        "tara"
+    assert run_named("notebook-debug").submitted_by.username == "tara"
+    span = Attempt.objects.filter(accounting__isnull=False).aggregate(
+        first=Min("started_at"), last=Max("finished_at")
     )
+    assert span["last"] - span["first"] >= timedelta(days=22)
 
 
-def test_demo_history_is_priced_and_rolled_up_into_daily_usage(db):
-    demo_seed(speedup=30)
+def test_last_months_statement_has_the_runs_of_last_month_at_last_months_price(demo):
+    vision = Tenant.objects.get(slug="vision")
+    month = previous_month(timezone.now().date())
 
+    statement = finance_selectors.statement_month(tenant=vision, month=month)
+    attempts = finance_selectors.statement_attempts(tenant=vision, month=month, filters={})
+    shares = {
+        share.attempt.run.experiment.name: share
+        for share in finance_selectors.attempts_in_month(attempts=list(attempts), month=month)
+    }
+
+    assert statement.total.allocated_gpu_s >= 8 * 5 * 3600
+    yolo = shares["yolo-v0"]  # 8 A100 GPUs for 5 hours at 2.10 EUR
+    assert (yolo.month_allocated_gpu_s, yolo.month_cost) == (144_000, Decimal("84.00"))
+
+
+def test_the_history_is_priced_and_rolled_up_into_daily_usage(demo):
     assert list(RateCard.objects.values_list("flavor__slug", "price_per_gpu_hour", "currency")) == [
         ("a100-80gb", Decimal("2.1000"), "EUR"),
         ("a100-80gb", Decimal("2.4000"), "EUR"),

@@ -143,7 +143,7 @@ VISION_ROWS = {
         "25 % 25.0 of 100 GPU-hours (25 %) Soft: runs start and are flagged",
     ],
     "vision:h100-80gb": [
-        "",
+        "Vision Lab",  # repeated for screen readers only (visually hidden)
         "h100-80gb",
         "8",
         "0",
@@ -165,7 +165,7 @@ NLP_ROWS = {
         "No budget · 0.0 GPU-hours used",
     ],
     "nlp:h100-80gb": [
-        "",
+        "NLP Group",
         "h100-80gb",
         "8",
         "0",

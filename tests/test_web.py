@@ -111,7 +111,10 @@ def test_layout_shows_user_and_admin_link_only_to_platform_admins(client, world)
     client.force_login(world.platform_admin)
     admin_page = client.get(reverse("jobs:run_list")).content.decode()
 
-    assert '<span class="account-name" title="Signed in">alice</span>' in researcher_page
+    assert (
+        '<a class="account-name" href="/accounts/" title="Your account: password and API tokens">'
+        "alice</a>"
+    ) in researcher_page
     assert 'href="/admin/"' not in researcher_page
     assert '<a href="/admin/">Admin</a>' in admin_page
 
@@ -251,19 +254,25 @@ def test_empty_run_list_says_what_to_do_next(client, world):
     assert '<a href="/runs/new/">Submit an experiment</a> to start one.' in content
 
 
-def test_run_list_is_paginated_by_25_keeping_the_filters(client, world):
+def test_run_list_pages_by_25_older_and_newer_keeping_the_filters(client, world):
     runs = [submit(world, name=f"sweep-{i}") for i in range(27)]
+    newest_first = [run.pk for run in reversed(runs)]
     client.force_login(world.researcher_a)
 
     first = client.get(reverse("jobs:run_list"), {"state": "QUEUED"})
-    second = client.get(reverse("jobs:run_list"), {"state": "QUEUED", "page": "2"})
+    second = client.get(reverse("jobs:run_list"), {"state": "QUEUED", "before": newest_first[24]})
+    back = client.get(reverse("jobs:run_list"), {"state": "QUEUED", "after": newest_first[25]})
 
-    newest_first = [run.pk for run in reversed(runs)]
     assert listed_run_ids(first) == newest_first[:25]
     assert listed_run_ids(second) == newest_first[25:]
-    assert 'href="?state=QUEUED&amp;page=2" rel="next"' in first.content.decode()
-    assert 'href="?state=QUEUED&amp;page=1" rel="prev"' in second.content.decode()
-    assert "Page 2 of 2 · 27 runs" in second.content.decode()
+    assert listed_run_ids(back) == newest_first[:25]
+    older = f'href="?state=QUEUED&amp;before={newest_first[24]}" rel="next">Older →</a>'
+    assert older in first.content.decode()
+    assert 'rel="prev"' not in first.content.decode()
+    newer = f'href="?state=QUEUED&amp;after={newest_first[25]}" rel="prev">← Newer</a>'
+    assert newer in second.content.decode()
+    assert 'rel="next"' not in second.content.decode()
+    assert "<span>27 runs</span>" in second.content.decode()
 
 
 def test_run_list_uses_a_fixed_number_of_queries(client, world, django_assert_max_num_queries):
@@ -274,7 +283,7 @@ def test_run_list_uses_a_fixed_number_of_queries(client, world, django_assert_ma
     for i in range(29):
         submit(world, name=f"many-{i}", user=world.researcher_a2)
 
-    with django_assert_max_num_queries(8), CaptureQueriesContext(connection) as many_runs:
+    with django_assert_max_num_queries(9), CaptureQueriesContext(connection) as many_runs:
         response = client.get(reverse("jobs:run_list"))
 
     assert len(response.context["runs"]) == 25
@@ -695,3 +704,25 @@ def test_cancel_is_post_only(client, world):
     assert response.status_code == 405
     run.refresh_from_db()
     assert run.state == RunState.QUEUED
+
+
+@pytest.mark.parametrize(
+    ("next_user", "restored"), [("researcher_a", True), ("researcher_a2", False)]
+)
+def test_a_form_kept_through_a_login_is_shown_only_to_the_user_who_wrote_it(
+    client, world, next_user, restored
+):
+    client.force_login(world.researcher_a)
+    page = client.get(reverse("jobs:run_submit"))
+    owner = re.search(r'name="draft_owner" value="([^"]+)"', page.content.decode()).group(1)
+    client.logout()  # the session ends while the form is open
+
+    sent = client.post(reverse("jobs:run_submit"), form_data(world) | {"draft_owner": owner})
+    client.force_login(getattr(world, next_user))
+    shown = client.get(reverse("jobs:run_submit"))
+
+    assert sent.status_code == 302
+    assert sent.url.startswith(reverse("login"))
+    assert shown.context["restored"] is restored
+    assert ('value="resnet-web"' in shown.content.decode()) is restored
+    assert Run.objects.count() == 0

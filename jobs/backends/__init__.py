@@ -4,6 +4,7 @@ from collections.abc import Callable
 from importlib import import_module
 
 from jobs.backends.base import (
+    MULTI_NODE_ENV,
     Backend,
     BackendError,
     CheckpointReport,
@@ -46,6 +47,7 @@ def backend_for(cluster) -> Backend:
 
 
 __all__ = [
+    "MULTI_NODE_ENV",
     "Backend",
     "BackendError",
     "CheckpointReport",

@@ -7,6 +7,9 @@ from typing import Protocol
 # The key of a cluster's settings that belongs to the telemetry collector (where to read
 # GPU metrics), not to the backend: backends skip it when they check their settings.
 TELEMETRY_SETTINGS_KEY = "telemetry"
+# What Gantry sets in every task of a multi-node job (torch.distributed's rendezvous): such
+# a job's own environment may not set them too.
+MULTI_NODE_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
 
 
 class BackendError(Exception):

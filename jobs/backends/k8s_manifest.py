@@ -19,7 +19,12 @@ from typing import Any
 
 import yaml
 
-from jobs.backends.base import TELEMETRY_SETTINGS_KEY, JobSpec, PermanentBackendError
+from jobs.backends.base import (
+    MULTI_NODE_ENV,
+    TELEMETRY_SETTINGS_KEY,
+    JobSpec,
+    PermanentBackendError,
+)
 
 LABEL_PREFIX = "gantry.io/"
 TENANT_LABEL = "gantry.io/tenant"
@@ -38,7 +43,7 @@ VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 CONTAINER = "trainer"
 TOKEN_ENV = "GANTRY_ATTEMPT_TOKEN"  # noqa: S105 (a variable name)
 REDACTED = "<redacted>"
-RANK_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+RANK_ENV = MULTI_NODE_ENV
 
 # Job names leave room for the pod hostname ``<job>-<index>`` (a DNS label of at most 63)
 # and for the ``-token`` suffix of the Secret.

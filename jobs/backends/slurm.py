@@ -15,7 +15,7 @@ import pwd
 import shutil
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from contextlib import suppress
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -550,6 +550,24 @@ class SlurmBackend:
             return f"(cannot read {path}: {exc.strerror})"
         lines = data.decode("utf-8", errors="replace").splitlines()
         return "\n".join(lines[-tail:]) if tail > 0 else ""
+
+    def log_chunks(self, ref: JobRef) -> Iterator[bytes] | None:
+        """The job's whole output file in chunks, for a download (``logs`` reads only its
+        end); None while there is none to read."""
+        if not ref.backend_job_id:
+            return None
+        path = Path(self.settings.logs_at) / f"{ref.name}-{ref.backend_job_id}.out"
+        try:
+            handle = path.open("rb")
+        except OSError:
+            return None
+
+        def chunks() -> Iterator[bytes]:
+            with handle:
+                while chunk := handle.read(LOG_READ_BYTES):
+                    yield chunk
+
+        return chunks()
 
     def inventory(self) -> list[InventoryItem]:
         return inventory_items(self.transport.nodes(), self.settings)

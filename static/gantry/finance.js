@@ -15,6 +15,22 @@
     modeBarButtonsToRemove: ["lasso2d", "select2d"],
   };
 
+  // Charts are rendered busy, with a "Loading chart…" placeholder, while Plotly loads.
+  function settle(element, message) {
+    var status = element.querySelector(".chart-status");
+    if (message && status) {
+      status.textContent = message;
+    } else if (status) {
+      status.remove();
+    }
+    element.setAttribute("aria-busy", "false");
+  }
+
+  function plot(element, traces, shape) {
+    settle(element);
+    return window.Plotly.newPlot(element, traces, shape, CONFIG);
+  }
+
   function payload(element) {
     var source = document.getElementById(element.getAttribute("data-finance-chart"));
     return source ? JSON.parse(source.textContent) : null;
@@ -29,6 +45,7 @@
       font: { family: style.fontFamily, color: style.color, size: 12 },
       margin: { l: 10, r: 10, t: 10, b: 10 },
       legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", traceorder: "normal" },
+      showlegend: true, // also for one series: the legend names what the colour means
       hovermode: "x unified",
       xaxis: { title: { text: chart.x_title || "" }, automargin: true, gridcolor: "rgba(128,128,128,0.2)" },
       yaxis: { title: { text: chart.y_title || "" }, automargin: true, gridcolor: "rgba(128,128,128,0.2)", rangemode: "tozero" },
@@ -49,7 +66,7 @@
     var shape = layout(element, chart);
     shape.barmode = "stack";
     shape.xaxis.type = "category";
-    window.Plotly.newPlot(element, traces, shape, CONFIG);
+    plot(element, traces, shape);
   }
 
   function lineChart(element, chart) {
@@ -64,16 +81,20 @@
         hovertemplate: "%{y} " + chart.unit + "<extra>%{fullData.name}</extra>",
       };
     });
-    window.Plotly.newPlot(element, traces, layout(element, chart), CONFIG);
+    plot(element, traces, layout(element, chart));
   }
 
   var DRAW = { bar: barChart, lines: lineChart };
 
   document.addEventListener("DOMContentLoaded", function () {
+    var charts = document.querySelectorAll("[data-finance-chart]");
     if (!window.Plotly) {
-      return; // the tables carry the same numbers
+      charts.forEach(function (element) {
+        settle(element, "The chart could not be drawn; the table holds the same numbers.");
+      });
+      return;
     }
-    document.querySelectorAll("[data-finance-chart]").forEach(function (element) {
+    charts.forEach(function (element) {
       var chart = payload(element);
       if (chart && DRAW[chart.kind]) {
         DRAW[chart.kind](element, chart);

@@ -2,6 +2,118 @@
 "use strict";
 
 (function () {
+  document.documentElement.classList.replace("no-js", "js");
+
+  // Timestamps: the server writes <time datetime="ISO 8601 with offset">its text in UTC</time>.
+  // Shown in the browser's time zone in the shape of the server's text (a date; a date and a
+  // minute; a date and a second), the server's UTC text kept as the title. A relative text
+  // ("3 hours ago") stays and gets the local time as its title.
+  var TIME_SHAPES = [
+    { pattern: /^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}/, minute: true, second: true },
+    { pattern: /^\d{4}-\d{2}-\d{2} \d{2}:\d{2}/, minute: true, second: false },
+    { pattern: /^\d{4}-\d{2}-\d{2}$/, minute: false, second: false },
+  ];
+  var LOCAL_TIME = new Intl.DateTimeFormat("en-GB", {
+    year: "numeric",
+    month: "2-digit",
+    day: "2-digit",
+    hour: "2-digit",
+    minute: "2-digit",
+    second: "2-digit",
+    hourCycle: "h23",
+    timeZoneName: "short",
+  });
+
+  function localText(moment, shape) {
+    var p = {};
+    LOCAL_TIME.formatToParts(moment).forEach(function (part) {
+      p[part.type] = part.value;
+    });
+    var text = p.year + "-" + p.month + "-" + p.day;
+    if (shape.minute) {
+      text += " " + p.hour + ":" + p.minute + (shape.second ? ":" + p.second : "");
+      text += " " + p.timeZoneName;
+    }
+    return text;
+  }
+
+  function localizeTimes(root) {
+    root.querySelectorAll("time[datetime]:not([data-localized])").forEach(function (element) {
+      var value = element.getAttribute("datetime");
+      var moment = new Date(value);
+      if (value.indexOf("T") === -1 || isNaN(moment.getTime())) {
+        return; // a calendar date (a UTC day or month of finance) is the same everywhere
+      }
+      var original = element.textContent.trim();
+      var shape = TIME_SHAPES.find(function (candidate) {
+        return candidate.pattern.test(original);
+      });
+      if (shape) {
+        element.textContent = localText(moment, shape);
+        element.title = original;
+      } else {
+        element.title = localText(moment, TIME_SHAPES[0]);
+      }
+      element.setAttribute("data-localized", "");
+    });
+  }
+
+  // Exports are fetched in the background, so the page can say that the file is being
+  // prepared, then saved under the server's file name. An answer that is no file (a 400 with
+  // the form's errors) is shown by loading the same URL as a page.
+  function fileName(response) {
+    var header = response.headers.get("Content-Disposition") || "";
+    var match = /filename="?([^";]+)"?/.exec(header);
+    return match ? match[1] : null;
+  }
+
+  function download(url, trigger, status) {
+    if (trigger.getAttribute("aria-busy") === "true") {
+      return;
+    }
+    function show(busy, message) {
+      if (busy) {
+        trigger.setAttribute("aria-busy", "true");
+        trigger.setAttribute("aria-disabled", "true");
+      } else {
+        trigger.removeAttribute("aria-busy");
+        trigger.removeAttribute("aria-disabled");
+      }
+      if (status) {
+        status.textContent = message;
+      }
+    }
+    show(true, "Preparing the file…");
+    fetch(url, { credentials: "same-origin" })
+      .then(function (response) {
+        var name = fileName(response);
+        if (!response.ok || !name) {
+          window.location.assign(url);
+          return null;
+        }
+        return response.blob().then(function (blob) {
+          var link = document.createElement("a");
+          link.href = URL.createObjectURL(blob);
+          link.download = name;
+          document.body.appendChild(link);
+          link.click();
+          link.remove();
+          window.setTimeout(function () {
+            URL.revokeObjectURL(link.href);
+          }, 60000);
+          show(false, "Downloaded " + name + ".");
+        });
+      })
+      .catch(function () {
+        show(false, "The download failed: check the connection and try again.");
+      });
+  }
+
+  function downloadStatus(element) {
+    var id = element.getAttribute("data-download-status");
+    return id ? document.getElementById(id) : null;
+  }
+
   // Replace a container's content with a server-rendered fragment, periodically, until the
   // fragment marks itself terminal with [data-terminal].
   function poll(container) {
@@ -48,6 +160,7 @@
           if (withoutToken(html) !== shown) {
             shown = withoutToken(html);
             container.innerHTML = html;
+            localizeTimes(container);
           }
           if (!container.querySelector("[data-terminal]")) {
             schedule(interval);
@@ -148,7 +261,37 @@
     form.addEventListener("change", changed);
   }
 
+  // A form's one-time submission key is kept in its history entry when it is sent. Going
+  // back to that entry may fetch the page anew, with a new key, while the browser restores
+  // the typed values: putting the sent key back makes a second submit of the same form
+  // land on the run it already queued instead of queueing another.
+  function rememberSubmissionKey(form) {
+    var key = form.elements.namedItem("submission_key");
+    if (form.hasAttribute("data-submit-once") && key && key.value) {
+      var state = Object.assign({}, window.history.state, { submissionKey: key.value });
+      window.history.replaceState(state, "");
+    }
+  }
+
+  function restoreSubmissionKey() {
+    var sent = window.history.state && window.history.state.submissionKey;
+    if (sent) {
+      document.querySelectorAll("form[data-submit-once]").forEach(function (form) {
+        var key = form.elements.namedItem("submission_key");
+        if (key) {
+          key.value = sent;
+        }
+      });
+    }
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
+    restoreSubmissionKey();
+    // A log tail is read from its end: show its last lines first.
+    document.querySelectorAll("pre.logs").forEach(function (log) {
+      log.scrollTop = log.scrollHeight;
+    });
+    localizeTimes(document);
     document.querySelectorAll("[data-poll-url]").forEach(poll);
     document.querySelectorAll("[data-preview-url]").forEach(preview);
     document.querySelectorAll("select[data-filter-by]").forEach(filterProjects);
@@ -159,12 +302,59 @@
       });
     });
 
-    // Confirmation for destructive forms; delegated so it also covers polled fragments.
+    // Confirmation for destructive forms, then the busy state; delegated so it also covers
+    // polled fragments. Every form sends one request: a second click while the first is on
+    // its way is dropped, and its submit button shows that the answer is coming. (Forms
+    // marked [data-submit-once] are also deduped by the server, with a one-time key per
+    // form.) The button is not disabled: a disabled submitter would drop its name and value
+    // from the request. Export forms ([data-download]) fetch their file instead.
     document.addEventListener("submit", function (event) {
       var form = event.target;
       var question = form.getAttribute && form.getAttribute("data-confirm");
       if (question && !window.confirm(question)) {
         event.preventDefault();
+        return;
+      }
+      if (form.hasAttribute("data-download")) {
+        event.preventDefault();
+        var submitter = event.submitter || form.querySelector("button");
+        var action = (event.submitter && event.submitter.getAttribute("formaction")) || form.action;
+        var query = new URLSearchParams(new FormData(form)).toString();
+        download(action + "?" + query, submitter, downloadStatus(form));
+        return;
+      }
+      if (form.hasAttribute("data-submitting")) {
+        event.preventDefault();
+        return;
+      }
+      form.setAttribute("data-submitting", "");
+      form.setAttribute("aria-busy", "true");
+      rememberSubmissionKey(form);
+      var button = event.submitter || form.querySelector("button[type=submit]");
+      if (button) {
+        button.setAttribute("aria-busy", "true");
+        button.setAttribute("aria-disabled", "true");
+      }
+    });
+    // A page restored by the back button can be submitted again (the server then answers
+    // with the run the form already queued).
+    window.addEventListener("pageshow", function () {
+      document.querySelectorAll("form[data-submitting]").forEach(function (form) {
+        form.removeAttribute("data-submitting");
+        form.removeAttribute("aria-busy");
+        form.querySelectorAll("[aria-busy]").forEach(function (button) {
+          button.removeAttribute("aria-busy");
+          button.removeAttribute("aria-disabled");
+        });
+      });
+      restoreSubmissionKey();
+    });
+
+    document.addEventListener("click", function (event) {
+      var link = event.target.closest && event.target.closest("a[data-export]");
+      if (link && event.button === 0 && !event.ctrlKey && !event.metaKey && !event.shiftKey) {
+        event.preventDefault();
+        download(link.href, link, downloadStatus(link));
       }
     });
   });

@@ -12,6 +12,22 @@
     modeBarButtonsToRemove: ["lasso2d", "select2d"],
   };
 
+  // Charts are rendered busy, with a "Loading chart…" placeholder, while Plotly loads.
+  function settle(element, message) {
+    var status = element.querySelector(".chart-status");
+    if (message && status) {
+      status.textContent = message;
+    } else if (status) {
+      status.remove();
+    }
+    element.setAttribute("aria-busy", "false");
+  }
+
+  function plot(element, traces, shape) {
+    settle(element);
+    return window.Plotly.newPlot(element, traces, shape, CONFIG);
+  }
+
   function payload(element) {
     var source = document.getElementById(element.getAttribute("data-kpi-chart"));
     return source ? JSON.parse(source.textContent) : null;
@@ -58,14 +74,18 @@
         hovertemplate: value + " " + chart.unit + "<extra>%{fullData.name}</extra>",
       };
     });
-    window.Plotly.newPlot(element, traces, layout(element, chart), CONFIG);
+    plot(element, traces, layout(element, chart));
   }
 
   document.addEventListener("DOMContentLoaded", function () {
+    var charts = document.querySelectorAll("[data-kpi-chart]");
     if (!window.Plotly) {
-      return; // the tables carry the same numbers
+      charts.forEach(function (element) {
+        settle(element, "The chart could not be drawn; the table holds the same numbers.");
+      });
+      return;
     }
-    document.querySelectorAll("[data-kpi-chart]").forEach(function (element) {
+    charts.forEach(function (element) {
       var chart = payload(element);
       if (chart) {
         draw(element, chart);

@@ -24,6 +24,22 @@
     modeBarButtonsToRemove: ["lasso2d", "select2d"],
   };
 
+  // Charts are rendered busy, with a "Loading chart…" placeholder, while Plotly loads.
+  function settle(element, message) {
+    var status = element.querySelector(".chart-status");
+    if (message && status) {
+      status.textContent = message;
+    } else if (status) {
+      status.remove();
+    }
+    element.setAttribute("aria-busy", "false");
+  }
+
+  function plot(element, traces, shape) {
+    settle(element);
+    return window.Plotly.newPlot(element, traces, shape, CONFIG);
+  }
+
   function payload(element) {
     var source = document.getElementById(element.getAttribute("data-chart-source"));
     return source ? JSON.parse(source.textContent) : null;
@@ -39,6 +55,7 @@
       margin: { l: 10, r: 10, t: 10, b: 10 },
       // Above the plot, in the order of the traces (Plotly reverses stacked bars otherwise).
       legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", traceorder: "normal" },
+      showlegend: true, // also for one series: the legend names what the colour means
       hovermode: "closest",
       xaxis: { title: { text: chart.x_title || "" }, automargin: true, gridcolor: "rgba(128,128,128,0.2)" },
       yaxis: { title: { text: chart.y_title || "" }, automargin: true, gridcolor: "rgba(128,128,128,0.2)" },
@@ -65,7 +82,7 @@
       shape.yaxis.type = "category";
       shape.yaxis.autorange = "reversed"; // the first attempt on top, the run last
     }
-    window.Plotly.newPlot(element, traces, shape, CONFIG);
+    plot(element, traces, shape);
   }
 
   function activityChart(element, chart) {
@@ -99,7 +116,7 @@
 
     var shape = layout(element, chart);
     shape.yaxis.range = [0, 105];
-    window.Plotly.newPlot(element, traces(select ? select.value : "activity"), shape, CONFIG);
+    plot(element, traces(select ? select.value : "activity"), shape);
     if (select) {
       var controls = select.closest("[hidden]"); // shown only where the chart is drawn
       if (controls) {
@@ -114,10 +131,14 @@
   var DRAW = { bar: barChart, activity: activityChart };
 
   document.addEventListener("DOMContentLoaded", function () {
+    var charts = document.querySelectorAll("[data-chart-source]");
     if (!window.Plotly) {
-      return; // the tables carry the same numbers
+      charts.forEach(function (element) {
+        settle(element, "The chart could not be drawn; the table holds the same numbers.");
+      });
+      return;
     }
-    document.querySelectorAll("[data-chart-source]").forEach(function (element) {
+    charts.forEach(function (element) {
       var chart = payload(element);
       if (chart && DRAW[chart.kind]) {
         DRAW[chart.kind](element, chart);

@@ -1,0 +1,552 @@
+"""The portal under load (issue 10, acceptance 6): 100 people at once for 60 seconds.
+
+The stack as production runs it (docker-compose.yml): gunicorn with 3 workers in front of
+PostgreSQL, a Celery worker and beat on Redis running admission every second, and the
+simulator cluster, so that submitted runs are really admitted, started and finished. Its
+database is ``<DATABASE_URL's name>_load``, emptied and seeded here: 4 tenants with a
+guarantee and a borrow limit on two flavors that fill a 96-GPU cluster exactly, 13
+researchers (password and API token) and a tenant admin each, and 20,000 finished runs of
+history. Settings are the tests' (``tests.settings``) with DEBUG off; they differ from
+production only in the development secret key, plain HTTP (no HTTPS redirect, no secure-only
+cookies) and a fast password hasher, so that 100 logins do not cost a minute of CPU.
+
+Locust (``bench/locustfile.py``) drives it over HTTP on 127.0.0.1, ``--users 100
+--spawn-rate 20 --run-time 60s``: 40 researchers' scripts submit runs and list and read
+them with a token, 50 researchers and 10 tenant admins log in and browse the run list (and
+older pages), run pages, quotas and run telemetry, 2 to 8 s apart, and 2 health probes ask
+``/healthz`` every second. Checked: no 5xx answer (gunicorn's access log, besides Locust's
+count) and no over-admission, sampled every 2 s during the run and after it: for every
+cluster and flavor, GPUs held by runs (admitted to running) at most its capacity; for every
+tenant and flavor, at most guarantee + borrow limit.
+
+Baseline, in the same run and before the load: one client alone doing each kind of
+request in turn without pause for 20 s. Its times are what each request costs the portal
+with nobody else around; the difference under load is queueing for the 3 workers and the
+machine's 2 cores.
+"""
+
+import csv
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import make_password
+from django.db import connection
+from django.db.models import Count, Max, Sum
+
+from bench.cpu import cpu_seconds
+from bench.cycle import truncate, vacuum
+from bench.report import Section
+from bench.runlist import seed_history
+from images.models import Image
+from jobs.capacity import held_gpus_by_pool
+from jobs.models import HOLDING_STATES, Cluster, ClusterFlavor, Run, RunEvent
+from jobs.services import cluster_refresh_inventory
+from tenants.models import GpuFlavor, Membership, Project, Quota, Tenant
+from tenants.services import api_token_create
+
+ROOT = Path(__file__).resolve().parent.parent
+USERS, SPAWN_RATE, DURATION_S = 100, 20, 60
+BASELINE_S = 20
+WARM_UP_S = 5
+SAMPLE_EVERY_S = 2
+TENANTS = ("vision", "nlp", "speech", "robotics")
+RESEARCHERS = 13  # per tenant, each with a password and an API token
+HISTORY_RUNS = 20_000
+POOLS = {"a100-80gb": (8, 8), "h100-80gb": (4, 8)}  # flavor: nodes, GPUs per node
+QUOTA = {"a100-80gb": (16, 16), "h100-80gb": (8, 8)}  # flavor: guaranteed, borrow limit
+PASSWORD = "load-bench-password"  # noqa: S105 (a throwaway account of a throwaway database)
+LOAD_CLASSES = ("ApiResearcher", "BrowserResearcher", "TenantAdmin", "HealthProbe")
+
+
+# --- the world ------------------------------------------------------------------------------
+
+
+def seed(directory: Path) -> Path:
+    """Tenants, quotas, the cluster, people and history; returns the credentials file the
+    Locust users read."""
+    truncate()
+    flavors = [GpuFlavor.objects.create(slug=slug, name=slug, memory_gb=80) for slug in POOLS]
+    cluster = Cluster.objects.create(
+        name="sim-load",
+        backend=Cluster.Backend.SIMULATOR,
+        settings={
+            "speedup": 60,
+            "pools": [
+                {"flavor": slug, "nodes": nodes, "gpus_per_node": gpus}
+                for slug, (nodes, gpus) in POOLS.items()
+            ],
+        },
+    )
+    cluster_refresh_inventory(cluster=cluster)
+    image = Image.objects.create(
+        repository="registry.example.org/load/train",
+        digest="sha256:" + "1" * 64,
+        status=Image.Status.APPROVED,
+    )
+    tenants = Tenant.objects.bulk_create([Tenant(slug=slug, name=slug) for slug in TENANTS])
+    projects = Project.objects.bulk_create(
+        [Project(tenant=t, slug=slug, name=slug) for t in tenants for slug in ("train", "eval")]
+    )
+    Quota.objects.bulk_create(
+        [
+            Quota(
+                tenant=t,
+                flavor=f,
+                guaranteed_gpus=QUOTA[f.slug][0],
+                borrow_limit_gpus=QUOTA[f.slug][1],
+            )
+            for t in tenants
+            for f in flavors
+        ]
+    )
+    user_model = get_user_model()
+    password = make_password(PASSWORD)
+    researchers = user_model.objects.bulk_create(
+        [
+            user_model(username=f"{t.slug}-{n:02d}", password=password)
+            for t in tenants
+            for n in range(RESEARCHERS)
+        ]
+    )
+    admins = user_model.objects.bulk_create(
+        [user_model(username=f"{t.slug}-admin", password=password) for t in tenants]
+    )
+    Membership.objects.bulk_create(
+        [Membership(user=u, tenant=tenants[i // RESEARCHERS]) for i, u in enumerate(researchers)]
+        + [
+            Membership(user=u, tenant=t, role=Membership.Role.TENANT_ADMIN)
+            for u, t in zip(admins, tenants, strict=True)
+        ]
+    )
+    seed_history(
+        runs=HISTORY_RUNS,
+        live=0,
+        tenants=tenants,
+        projects=projects,
+        users=researchers,
+        flavors=flavors,
+        clusters=[cluster],
+        image=image,
+        span=timedelta(days=90),
+    )
+    vacuum()
+    api = [
+        {
+            "token": api_token_create(user=user, name="load")[1],
+            "tenant": tenants[index // RESEARCHERS].slug,
+            "project": "train",
+            "image": image.reference,
+            "flavors": list(POOLS),
+        }
+        for index, user in enumerate(researchers)
+    ]
+    people = {
+        "api": api,
+        # The browsing researchers start half-way through the list: other people than
+        # the first scripts, as far as there are enough.
+        "browser": [
+            {"username": u.username, "password": PASSWORD}
+            for u in researchers[len(researchers) // 2 :] + researchers[: len(researchers) // 2]
+        ],
+        "admin": [{"username": u.username, "password": PASSWORD} for u in admins],
+    }
+    path = directory / "people.json"  # in a directory only we may read (mkdtemp)
+    path.write_text(json.dumps(people))
+    return path
+
+
+# --- the processes --------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(args: list[str], env: dict, log: Path) -> subprocess.Popen:
+    with log.open("ab") as out:
+        return subprocess.Popen(  # noqa: S603 (our own fixed commands)
+            args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM, then after 15 s SIGKILL to its process group (it started its own)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def wait_ready(base: str, process: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"gunicorn exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"{base}/readyz", timeout=5) as response:  # noqa: S310
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("gunicorn did not become ready in time")
+
+
+@dataclass
+class Kind:
+    name: str
+    requests: int
+    failures: int
+    p50_ms: float | None
+    p95_ms: float | None
+    per_second: float
+
+
+def locust(
+    base: str, people: Path, directory: Path, label: str, *, users: int, seconds: int, classes
+) -> tuple[subprocess.Popen, Path]:
+    """Start Locust headless; returns the process and the prefix of the CSV files it
+    writes when it ends."""
+    prefix = directory / label
+    args = [
+        sys.executable, "-m", "locust", "-f", str(ROOT / "bench" / "locustfile.py"),
+        "--headless", "--host", base, "--users", str(users),
+        "--spawn-rate", str(min(users, SPAWN_RATE)), "--run-time", f"{seconds}s",
+        "--stop-timeout", "5", "--csv", str(prefix), "--only-summary", "--loglevel", "WARNING",
+        *classes,
+    ]  # fmt: skip
+    env = os.environ | {"GANTRY_LOAD_USERS": str(people)}
+    process = start(args, env, directory / f"{label}.log")
+    return process, prefix
+
+
+def read_stats(prefix: Path) -> tuple[dict[str, Kind], dict[str, int]]:
+    """Locust's statistics per request name (and "Aggregated"), and its failures by
+    request name and message."""
+
+    def number(value: str) -> float | None:
+        return None if value in ("", "N/A") else float(value)
+
+    kinds = {}
+    with Path(f"{prefix}_stats.csv").open() as stats:
+        for row in csv.DictReader(stats):
+            kinds[row["Name"]] = Kind(
+                name=row["Name"],
+                requests=int(row["Request Count"]),
+                failures=int(row["Failure Count"]),
+                p50_ms=number(row["50%"]),
+                p95_ms=number(row["95%"]),
+                per_second=float(row["Requests/s"]),
+            )
+    failures: dict[str, int] = {}
+    with Path(f"{prefix}_failures.csv").open() as rows:
+        for row in csv.DictReader(rows):
+            key = f"{row['Name']}: {row['Error']}"
+            failures[key] = failures.get(key, 0) + int(row["Occurrences"])
+    return kinds, failures
+
+
+def database_cpu() -> dict[int, float]:
+    """CPU seconds of each PostgreSQL backend serving this database now (the server runs
+    on this machine): the portal's connections live on (CONN_MAX_AGE), so the difference
+    over the load is the database's share of the work."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        )
+        return {pid: cpu_seconds(pid) for (pid,) in cursor.fetchall()}
+
+
+def server_errors(access_log: Path) -> int:
+    """5xx answers in gunicorn's access log (format: status first)."""
+    return sum(1 for line in access_log.read_text().splitlines() if line[:1] == "5")
+
+
+# --- admission checks -----------------------------------------------------------------------
+
+
+@dataclass
+class Admission:
+    samples: int = 0
+    violations: list[str] = field(default_factory=list)
+    peak_held: int = 0
+
+
+def check_admission(admission: Admission) -> None:
+    """GPUs held per cluster and flavor within capacity, per tenant and flavor within
+    guarantee + borrow limit (design §5), as the database says right now."""
+    capacity = {
+        (cf.cluster_id, cf.flavor_id): cf.capacity_gpus for cf in ClusterFlavor.objects.all()
+    }
+    ceiling = {
+        (q.tenant_id, q.flavor_id): q.guaranteed_gpus + q.borrow_limit_gpus
+        for q in Quota.objects.all()
+    }
+    per_pool = held_gpus_by_pool(clusters=list(Cluster.objects.all()))
+    per_tenant = (
+        Run.objects.filter(state__in=HOLDING_STATES)
+        .values_list("tenant_id", "flavor_id")
+        .annotate(gpus=Sum("gpus"))
+    )
+    admission.samples += 1
+    admission.peak_held = max(admission.peak_held, sum(per_pool.values()))
+    for pool, gpus in per_pool.items():
+        if gpus > capacity.get(pool, 0):
+            admission.violations.append(f"pool {pool} holds {gpus} of {capacity.get(pool, 0)}")
+    for tenant_id, flavor_id, gpus in per_tenant:
+        limit = ceiling.get((tenant_id, flavor_id), 0)
+        if gpus > limit:
+            admission.violations.append(f"tenant {tenant_id} holds {gpus} > {limit} GPUs")
+
+
+def run_outcomes(first_run_id: int) -> dict[str, int]:
+    """What became of the runs submitted during the benchmark."""
+    runs = Run.objects.filter(pk__gt=first_run_id)
+    events = dict(
+        RunEvent.objects.filter(run__in=runs)
+        .values_list("to_state")
+        .annotate(n=Count("run_id", distinct=True))
+    )
+    return {
+        "submitted": runs.count(),
+        "admitted": events.get("ADMITTED", 0),
+        "started": events.get("RUNNING", 0),
+        "succeeded": events.get("SUCCEEDED", 0),
+        "preempted": events.get("PREEMPTED", 0),
+    }
+
+
+# --- the benchmark --------------------------------------------------------------------------
+
+
+def run() -> list[Section]:
+    directory = Path(tempfile.mkdtemp(prefix="gantry-load-"))
+    people = seed(directory)
+    first_run_id = Run.objects.aggregate(last=Max("id"))["last"]
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = os.environ | {
+        # The environment's, not settings': an earlier benchmark of the same run set up
+        # Django with the in-memory broker, which no other process can reach.
+        "CELERY_BROKER_URL": os.environ.get("CELERY_BROKER_URL", settings.CELERY_BROKER_URL),
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "GANTRY_DEBUG": "0",
+        "GANTRY_DATA_DIR": str(directory),
+        "GANTRY_LOG_LEVEL": "WARNING",
+        "GANTRY_ADMISSION_INTERVAL_S": "1",
+        "GANTRY_SYNC_INTERVAL_S": "1",
+    }
+    access_log = directory / "access.log"
+    connection.close()  # the children get their own; this one waits idle otherwise
+    processes = []
+    try:
+        web = start(
+            [
+                sys.executable, "-m", "gunicorn", "portal.wsgi:application",
+                "--bind", f"127.0.0.1:{port}", "--workers", "3", "--timeout", "60",
+                "--access-logfile", str(access_log), "--access-logformat", "%(s)s %(m)s %(U)s",
+            ],
+            env,
+            directory / "gunicorn.log",
+        )  # fmt: skip
+        processes.append(web)
+        worker = start(
+            [
+                sys.executable, "-m", "celery", "-A", "portal", "worker", "--loglevel", "WARNING",
+                "--concurrency", "2", "--without-mingle", "--without-gossip",
+            ],
+            env,
+            directory / "celery.log",
+        )  # fmt: skip
+        beat = start(
+            [
+                sys.executable, "-m", "celery", "-A", "portal", "beat", "--loglevel", "WARNING",
+                "--schedule", str(directory / "beat-schedule"),
+            ],
+            env,
+            directory / "celery.log",
+        )  # fmt: skip
+        processes += [worker, beat]
+        wait_ready(base, web)
+        # Every gunicorn worker loads views and templates on its first requests.
+        process, _ = locust(
+            base, people, directory, "warm-up", users=3, seconds=WARM_UP_S,
+            classes=["SequentialClient"],
+        )  # fmt: skip
+        processes.append(process)
+        process.wait()
+
+        sys.stderr.write(f"bench: load: one client alone for {BASELINE_S} s…\n")
+        process, prefix = locust(
+            base, people, directory, "baseline", users=1, seconds=BASELINE_S,
+            classes=["SequentialClient"],
+        )  # fmt: skip
+        processes.append(process)
+        process.wait()
+        baseline, baseline_failures = read_stats(prefix)
+
+        sys.stderr.write(f"bench: load: {USERS} people for {DURATION_S} s…\n")
+        admission = Admission()
+        started = time.monotonic()
+        cpu_before = {name: cpu_seconds(p.pid) for name, p in (("web", web), ("celery", worker))}
+        database_before = database_cpu()
+        process, prefix = locust(
+            base, people, directory, "load", users=USERS, seconds=DURATION_S,
+            classes=LOAD_CLASSES,
+        )  # fmt: skip
+        processes.append(process)
+        while process.poll() is None:
+            cpu = {name: cpu_seconds(p.pid) for name, p in (("web", web), ("celery", worker))}
+            database = database_cpu()
+            check_admission(admission)
+            time.sleep(SAMPLE_EVERY_S)
+        load_seconds = time.monotonic() - started
+        # As last sampled while Locust ran: afterwards the workers' CPU is no longer the load's.
+        cpu_used = {name: cpu[name] - cpu_before[name] for name in cpu}
+        cpu_used["database"] = sum(
+            seconds - database_before.get(pid, 0.0) for pid, seconds in database.items()
+        )
+        loaded, failures = read_stats(prefix)
+        # Afterwards: a few more admission cycles with runs ending and the queue draining.
+        for _ in range(3):
+            time.sleep(SAMPLE_EVERY_S)
+            check_admission(admission)
+        outcomes = run_outcomes(first_run_id)
+        alive = {
+            name: p.poll() is None
+            for name, p in (("gunicorn", web), ("worker", worker), ("beat", beat))
+        }
+    finally:
+        for started_process in reversed(processes):
+            stop(started_process)
+        people.unlink()  # API tokens; the logs stay if something went wrong
+        connection.close()
+    result = Result(
+        baseline=baseline,
+        loaded=loaded,
+        failures=failures | {f"alone, {key}": n for key, n in baseline_failures.items()},
+        errors_5xx=server_errors(access_log),
+        admission=admission,
+        outcomes=outcomes,
+        alive=alive,
+        seconds=load_seconds,
+        cpu=cpu_used,
+    )
+    section = report(result)
+    problems = result.problems()
+    if problems:
+        sys.stderr.write(section.markdown())
+        raise AssertionError(f"load: {'; '.join(problems)} (logs in {directory})")
+    shutil.rmtree(directory)
+    return [section]
+
+
+@dataclass
+class Result:
+    baseline: dict[str, Kind]
+    loaded: dict[str, Kind]
+    failures: dict[str, int]
+    errors_5xx: int
+    admission: Admission
+    outcomes: dict[str, int]
+    alive: dict[str, bool]
+    seconds: float
+    cpu: dict[str, float]  # CPU seconds of the gunicorn ("web"), Celery and database work
+
+    def problems(self) -> list[str]:
+        problems = [f"{name} died" for name, alive in self.alive.items() if not alive]
+        if self.errors_5xx:
+            problems.append(f"{self.errors_5xx} answers were 5xx")
+        problems += self.admission.violations
+        if not self.outcomes["started"]:
+            problems.append("no submitted run started: admission or the worker did not run")
+        return problems
+
+
+def milliseconds(value: float | None) -> str:
+    return "–" if value is None else f"{value:,.0f} ms"
+
+
+def report(result: Result) -> Section:
+    section = Section(
+        title=f"Load: {USERS} people for {DURATION_S} s",
+        intro=(
+            "gunicorn (3 workers, as in docker-compose.yml) on PostgreSQL, a Celery worker "
+            "and beat running admission every second, the simulator cluster (96 GPUs, 60× "
+            f"sped up); Locust on 127.0.0.1, `--users {USERS} --spawn-rate {SPAWN_RATE} "
+            f"--run-time {DURATION_S}s`: 40 researchers' scripts submit and read runs with API "
+            "tokens, 50 researchers and 10 tenant admins of 4 tenants log in and browse, 2 to "
+            "8 s apart, and 2 probes ask `/healthz` every second (`bench/load.py`, "
+            "`bench/locustfile.py`). Baseline, in the same run before the load: one client "
+            f"alone doing each kind of request in turn without pause for {BASELINE_S} s, what "
+            "a request costs with nobody else around. Times are Locust's (whole milliseconds, "
+            "coarser above 100 ms)."
+        ),
+        columns=["request", "requests", "failed", "p50", "p95", "per second", "alone: p50",
+                 "alone: p95"],
+    )  # fmt: skip
+    names = [*sorted(name for name in result.loaded if name != "Aggregated"), "Aggregated"]
+    for name in names:
+        kind = result.loaded[name]
+        alone = result.baseline.get(name)
+        section.rows.append(
+            [
+                "all requests" if name == "Aggregated" else name,
+                f"{kind.requests:,}",
+                f"{kind.failures:,}",
+                milliseconds(kind.p50_ms),
+                milliseconds(kind.p95_ms),
+                f"{kind.per_second:,.1f}",
+                milliseconds(alone.p50_ms if alone else None),
+                milliseconds(alone.p95_ms if alone else None),
+            ]
+        )
+    admission = result.admission
+    outcomes = result.outcomes
+    requests = max(1, result.loaded["Aggregated"].requests)
+    section.notes += [
+        f"5xx answers: {result.errors_5xx} (gunicorn's access log). Failed requests by "
+        "message: "
+        + (", ".join(f"{key} ×{n}" for key, n in sorted(result.failures.items())) or "none")
+        + ".",
+        f"Admission checked {admission.samples} times during and after the load: "
+        + (
+            "no pool held more GPUs than its capacity and no tenant more than its guarantee "
+            "+ borrow limit"
+            if not admission.violations
+            else "; ".join(admission.violations)
+        )
+        + f"; at most {admission.peak_held} of 96 GPUs held at once.",
+        f"Runs submitted during the benchmark: {outcomes['submitted']:,}; admitted "
+        f"{outcomes['admitted']:,}, started {outcomes['started']:,}, succeeded "
+        f"{outcomes['succeeded']:,}, preempted {outcomes['preempted']:,} by the end.",
+        f"CPU used during the load: gunicorn's workers {result.cpu['web']:,.1f} s, "
+        f"{1000 * result.cpu['web'] / requests:,.0f} ms a request; PostgreSQL "
+        f"{result.cpu['database']:,.1f} s ({1000 * result.cpu['database'] / requests:,.0f} ms "
+        f"a request, Celery's queries included); Celery's worker {result.cpu['celery']:,.1f} s.",
+        f"One client alone managed {result.baseline['Aggregated'].per_second:,.1f} requests/s.",
+        f"Throughput: {result.loaded['Aggregated'].per_second:,.1f} requests/s over "
+        f"{result.seconds:,.0f} s. Load average of the machine at the end: "
+        + " / ".join(f"{value:.1f}" for value in os.getloadavg())
+        + " (1 / 5 / 15 min; other work shares its 2 cores).",
+    ]
+    return section

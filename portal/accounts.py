@@ -1,0 +1,89 @@
+"""The person's own account: logging in (with the lockout), password, API tokens."""
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.forms import AuthenticationForm
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse_lazy
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from tenants.authentication import Lockout, client_ip, login_lockout
+from tenants.oidc import oidc_enabled
+from tenants.selectors import api_token_get_own, api_token_list_own
+from tenants.services import api_token_revoke
+
+
+class LockoutAwareAuthenticationForm(AuthenticationForm):
+    """Says plainly that logins are locked out rather than "wrong password"."""
+
+    lockout: Lockout | None = None
+
+    def clean(self):
+        username = self.cleaned_data.get("username")
+        if username is not None and self.request is not None:
+            self.lockout = login_lockout(username=username, ip_address=client_ip(self.request))
+            if self.lockout is not None:
+                raise ValidationError(self.lockout.message, code="locked")
+        return super().clean()
+
+
+class LoginView(auth_views.LoginView):
+    """Django's login page; 429 with Retry-After while logins are locked out."""
+
+    form_class = LockoutAwareAuthenticationForm
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        context["oidc_enabled"] = oidc_enabled()
+        context["oidc_provider_name"] = settings.GANTRY_OIDC_PROVIDER_NAME
+        return context
+
+    def form_invalid(self, form):
+        response = super().form_invalid(form)
+        if form.lockout is not None:
+            response.status_code = 429
+            response["Retry-After"] = str(form.lockout.retry_after_s)
+        return response
+
+
+class PasswordChangeView(auth_views.PasswordChangeView):
+    """Changing the password logs out every other session of the user (Django compares each
+    session's hash of the password); this one is kept by ``update_session_auth_hash``."""
+
+    success_url = reverse_lazy("account")
+
+    def form_valid(self, form):
+        response = super().form_valid(form)
+        messages.success(
+            self.request, "Password changed. Your other sessions have been logged out."
+        )
+        return response
+
+
+@login_required
+@require_GET
+def account(request: HttpRequest) -> HttpResponse:
+    return render(
+        request,
+        "registration/account.html",
+        {
+            "tokens": api_token_list_own(user=request.user),
+            "has_password": request.user.has_usable_password(),
+            "oidc_provider_name": settings.GANTRY_OIDC_PROVIDER_NAME,
+            "now": timezone.now(),
+        },
+    )
+
+
+@login_required
+@require_POST
+def api_token_revoke_own(request: HttpRequest, token_id: int) -> HttpResponse:
+    token = api_token_get_own(user=request.user, token_id=token_id)
+    api_token_revoke(token=token)
+    messages.success(request, f"Revoked the token {token.name} ({token.prefix}…).")
+    return redirect("account")
