@@ -106,7 +106,7 @@ def demo_seed(*, speedup: int = 30) -> None:
     # (a100 guaranteed, a100 borrow limit, h100 guaranteed, monthly a100 budget, budget mode)
     for slug, name, projects, (a100_g, a100_b, h100_g, budget, mode) in (
         ("vision", "Vision Lab", ("detection", "segmentation"), (16, 8, 8, 5000, "hard")),
-        ("nlp", "NLP Group", ("llm", "retrieval"), (8, 16, 16, None, "hard")),
+        ("nlp", "NLP Group", ("llm", "retrieval"), (8, 16, 8, None, "hard")),
         ("climate", "Climate Modeling", ("downscaling", "nowcasting"), (8, 0, 0, 400, "soft")),
     ):
         tenant = Tenant.objects.create(slug=slug, name=name, cost_center=f"CC-{slug.upper()}")
@@ -224,9 +224,8 @@ def demo_seed(*, speedup: int = 30) -> None:
     request("alice", "vision", "detection", "yolo-large", pytorch, env=long_job)
     request("alice", "vision", "segmentation", "unet-sweep-2", pytorch, env=long_job)
     request("alice", "vision", "detection", "yolo-xl", pytorch, env=long_job, nodes=2)
-    request(
-        "bob", "nlp", "llm", "llama-pretrain", megatron, env=long_job, flavor="h100-80gb", nodes=2
-    )
+    # One H100 node: the other is vision's guarantee, free for a first submit of the demo.
+    request("bob", "nlp", "llm", "llama-pretrain", megatron, env=long_job, flavor="h100-80gb")
     request("bob", "nlp", "retrieval", "dpr-index", pytorch, env=long_job)
     request("bob", "nlp", "retrieval", "dpr-sweep", pytorch, env=long_job, gpus_per_node=4)
     request("carol", "climate", "nowcasting", "radar-nowcast", pytorch, gpus_per_node=4)

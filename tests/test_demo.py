@@ -55,7 +55,7 @@ def test_tenants_have_different_quotas(demo):
         ("climate", "a100-80gb", 8, 0, 400, "soft"),
         ("climate", "h100-80gb", 0, 0, None, "hard"),
         ("nlp", "a100-80gb", 8, 16, None, "hard"),
-        ("nlp", "h100-80gb", 16, 0, None, "hard"),
+        ("nlp", "h100-80gb", 8, 0, None, "hard"),
         ("vision", "a100-80gb", 16, 8, 5000, "hard"),
         ("vision", "h100-80gb", 8, 0, None, "hard"),
     ]
