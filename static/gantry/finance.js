@@ -9,27 +9,9 @@
   // One colour per flavor on the burn-down: its usage and its budget share it.
   var PALETTE = ["#2f5bd3", "#dd6b20", "#805ad5", "#2e9d5b", "#b7791f", "#c2332b", "#3182ce"];
 
-  var CONFIG = {
-    displaylogo: false,
-    responsive: true,
-    modeBarButtonsToRemove: ["lasso2d", "select2d"],
-  };
-
-  // Charts are rendered busy, with a "Loading chart…" placeholder, while Plotly loads.
-  function settle(element, message) {
-    var status = element.querySelector(".chart-status");
-    if (message && status) {
-      status.textContent = message;
-    } else if (status) {
-      status.remove();
-    }
-    element.setAttribute("aria-busy", "false");
-  }
-
-  function plot(element, traces, shape) {
-    settle(element);
-    return window.Plotly.newPlot(element, traces, shape, CONFIG);
-  }
+  var shared = window.GantryCharts; // from gantry.js, loaded first
+  var settle = shared.settle;
+  var plot = shared.plot;
 
   function payload(element) {
     var source = document.getElementById(element.getAttribute("data-finance-chart"));

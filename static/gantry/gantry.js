@@ -1,6 +1,33 @@
 // Gantry: small progressive enhancements. Every page works without this file.
 "use strict";
 
+// What the chart scripts (telemetry.js, finance.js, kpis.js) share; they load after this file.
+window.GantryCharts = (function () {
+  var config = {
+    displaylogo: false,
+    responsive: true,
+    modeBarButtonsToRemove: ["lasso2d", "select2d"],
+  };
+
+  // Charts are rendered busy, with a "Loading chart…" placeholder, while Plotly loads.
+  function settle(element, message) {
+    var status = element.querySelector(".chart-status");
+    if (message && status) {
+      status.textContent = message;
+    } else if (status) {
+      status.remove();
+    }
+    element.setAttribute("aria-busy", "false");
+  }
+
+  function plot(element, traces, shape) {
+    settle(element);
+    return window.Plotly.newPlot(element, traces, shape, config);
+  }
+
+  return { config: config, settle: settle, plot: plot };
+})();
+
 (function () {
   document.documentElement.classList.replace("no-js", "js");
 

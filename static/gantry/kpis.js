@@ -6,27 +6,9 @@
 (function () {
   var COLORS = ["#3182ce", "#dd6b20", "#2e9d5b", "#805ad5"];
 
-  var CONFIG = {
-    displaylogo: false,
-    responsive: true,
-    modeBarButtonsToRemove: ["lasso2d", "select2d"],
-  };
-
-  // Charts are rendered busy, with a "Loading chart…" placeholder, while Plotly loads.
-  function settle(element, message) {
-    var status = element.querySelector(".chart-status");
-    if (message && status) {
-      status.textContent = message;
-    } else if (status) {
-      status.remove();
-    }
-    element.setAttribute("aria-busy", "false");
-  }
-
-  function plot(element, traces, shape) {
-    settle(element);
-    return window.Plotly.newPlot(element, traces, shape, CONFIG);
-  }
+  var shared = window.GantryCharts; // from gantry.js, loaded first
+  var settle = shared.settle;
+  var plot = shared.plot;
 
   function payload(element) {
     var source = document.getElementById(element.getAttribute("data-kpi-chart"));
