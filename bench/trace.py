@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.report import Section
-from jobs.admission import HeldRun, Pool, QueuedRun, Quota, Snapshot, decide
+from jobs.admission import (
+    HeldRun,
+    Pool,
+    QueuedRun,
+    Quota,
+    Snapshot,
+    decide,
+    fair_share_decayed,
+)
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba-gpu-v2023"
 NODES_CSV = "openb_node_list_gpu_node.csv"
@@ -235,9 +243,13 @@ class Gantry(Simulation):
         """Fair-share usage decays and grows as jobs.services.fair_share_update has it."""
         elapsed = now - self.now
         if elapsed > 0:
-            decay = 0.5 ** (elapsed / FAIR_SHARE_HALF_LIFE_S)
             for key in self.quotas:
-                self.decayed[key] = self.decayed[key] * decay + self.holding[key] * elapsed
+                self.decayed[key] = fair_share_decayed(
+                    self.decayed[key],
+                    gpus_held=self.holding[key],
+                    elapsed_s=elapsed,
+                    half_life_s=FAIR_SHARE_HALF_LIFE_S,
+                )
         self.now = now
 
     def start(self, task_id: int, cluster: str, *, borrowed: bool) -> None:

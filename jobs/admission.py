@@ -26,6 +26,7 @@ The result is deterministic: the same snapshot always gives the same decisions.
 """
 
 import heapq
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -464,3 +465,15 @@ def decide(snapshot: Snapshot) -> Decisions:
         waiting=tuple(waiting),
         reservations=tuple(reservations),
     )
+
+
+def fair_share_decayed(
+    usage: float, *, gpus_held: int, elapsed_s: float, half_life_s: float
+) -> float:
+    """Usage ``elapsed_s`` later: the old usage decayed, plus the GPUs held meanwhile, each
+    second of it decayed by its own age (the integral, not a sum over cycles). So one update
+    over an interval equals any number of updates over its parts: the value does not depend
+    on how often admission runs, nor on a midnight or a month end between two cycles."""
+    time_constant = half_life_s / math.log(2)
+    kept = math.exp(-elapsed_s / time_constant)
+    return usage * kept + gpus_held * time_constant * -math.expm1(-elapsed_s / time_constant)

@@ -784,7 +784,7 @@ def usage_record_attempt(*, attempt: Attempt, started, finished) -> None:
 
 
 def fair_share_update(*, held: tuple[admission.HeldRun, ...], now) -> None:
-    """Decay every tenant's usage by the time since the last update and add what it holds."""
+    """Decay every tenant's usage by the time since the last update and add what it held."""
     half_life_s = settings.GANTRY_FAIR_SHARE_HALF_LIFE_H * 3600
     holding: dict[tuple[str, str], int] = defaultdict(int)
     for run in held:
@@ -795,9 +795,12 @@ def fair_share_update(*, held: tuple[admission.HeldRun, ...], now) -> None:
     }
     changed = []
     for key, row in rows.items():
-        elapsed = max(0.0, (now - row.updated_at).total_seconds())
-        decay = 0.5 ** (elapsed / half_life_s)
-        row.decayed_gpu_seconds = row.decayed_gpu_seconds * decay + holding.get(key, 0) * elapsed
+        row.decayed_gpu_seconds = admission.fair_share_decayed(
+            row.decayed_gpu_seconds,
+            gpus_held=holding.get(key, 0),
+            elapsed_s=max(0.0, (now - row.updated_at).total_seconds()),
+            half_life_s=half_life_s,
+        )
         row.updated_at = now
         changed.append(row)
     _update_rows(

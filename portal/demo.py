@@ -11,8 +11,14 @@ It tells a story (tests/test_demo.py holds it to each part):
 - history: ``colbert-distill`` borrowed GPUs, was preempted when their owner reclaimed them,
   and resumed from its checkpoint on a second attempt; ``unet-sweep-1`` was input-bound and
   its diagnosis says so; a healthy run, an idle notebook, a crash, a communication-bound run;
-- a month of it: runs of last month (priced at the A100 rate before this month's rise) and
-  of this one, accounted and rolled up, so the finance statements of both months have lines.
+- a month of it, accounted and rolled up: three runs on fixed days of the last closed month
+  (priced at the A100 rate before this month's rise), so finance's landing statement has
+  lines whatever today's date is, and the profile runs above a few days to weeks back, so
+  the goodput pages have data in their default 30 days.
+
+Dates are consistent on any day: the demo's world (tenants, people, images, the cluster) is
+dated before its oldest run, each experiment is created when its first run was submitted,
+and each attempt when its run was admitted.
 
 Seeding is idempotent: a second start finds the demo tenant and only prints the logins.
 """
@@ -26,7 +32,16 @@ from django.utils import timezone
 
 from images.models import Image
 from jobs import services as job_services
-from jobs.models import Attempt, AttemptState, Checkpoint, Cluster, Run, RunEvent, RunState
+from jobs.models import (
+    Attempt,
+    AttemptState,
+    Checkpoint,
+    Cluster,
+    Experiment,
+    Run,
+    RunEvent,
+    RunState,
+)
 from jobs.services import ExperimentInput
 from jobs.simulation import STARTUP_S, Workload
 from telemetry import finance
@@ -248,6 +263,8 @@ def demo_seed(*, speedup: int = 30) -> None:
         )
         _record_history_telemetry(attempt=attempt, profile=profile)
 
+    _date_the_world_before(_oldest_submit() - timedelta(days=1))
+
     # What beat would do within two minutes: account the history and roll it up into daily
     # usage, so the goodput and finance pages have data from the first page view.
     telemetry_services.accounting_compute_pending(limit=100)
@@ -255,7 +272,19 @@ def demo_seed(*, speedup: int = 30) -> None:
     # And what the worker does first: place the live runs, so the first page view already
     # shows who runs, who borrows and who waits, and why. (Their backend submits are queued
     # for the worker when the seed commits.)
-    job_services.admission_run_cycle(now=now)
+    job_services.admission_run_cycle(now=timezone.now())  # after the live runs' submits
+
+
+def _oldest_submit() -> datetime:
+    return Run.objects.order_by("submitted_at").values_list("submitted_at", flat=True)[0]
+
+
+def _date_the_world_before(moment: datetime) -> None:
+    """The demo's world existed before its history: tenants, people, images and the
+    cluster are dated ``moment``. (Audit rows are append-only: they keep the seed's time.)"""
+    Tenant.objects.update(created_at=moment)
+    User.objects.update(date_joined=moment)
+    Image.objects.update(created_at=moment)
 
 
 def previous_month(day: date) -> date:
@@ -318,7 +347,9 @@ def _record_preempted_history(*, run: Run, cluster: Cluster, submitted) -> None:
         finished_at=finished,
         borrowed=True,
     )
-    RunEvent.objects.filter(run=run).update(at=submitted)
+    _date_the_records(
+        run=run, submitted=submitted, attempts={first: first_start, second: second_start}
+    )
     for at, attempt, from_state, to_state, reason, message in (
         (first_start, first, "QUEUED", "ADMITTED", "ADMITTED",
          "Admitted to sim-east: 8 a100-80gb GPUs borrowing idle GPUs (preemptible)"),
@@ -422,7 +453,7 @@ def _record_history(
         failure_reason="USER_EXIT" if failed else "",
     )
     job_services.usage_record_attempt(attempt=attempt, started=started, finished=finished)
-    RunEvent.objects.filter(run=run).update(at=submitted)
+    _date_the_records(run=run, submitted=submitted, attempts={attempt: admitted})
     for at, from_state, to_state, reason in (
         (admitted, RunState.QUEUED, RunState.ADMITTED, "ADMITTED"),
         (started, RunState.PENDING, RunState.RUNNING, "STARTED"),
@@ -433,3 +464,12 @@ def _record_history(
         )
         RunEvent.objects.filter(pk=event.pk).update(at=at)
     return attempt
+
+
+def _date_the_records(*, run: Run, submitted: datetime, attempts: dict[Attempt, datetime]) -> None:
+    """A history run's own records carry its dates, not the seed's: the experiment was
+    created and the run submitted at ``submitted``, each attempt created when admitted."""
+    Experiment.objects.filter(pk=run.experiment_id).update(created_at=submitted)
+    RunEvent.objects.filter(run=run).update(at=submitted)
+    for attempt, created in attempts.items():
+        Attempt.objects.filter(pk=attempt.pk).update(created_at=created)

@@ -16,6 +16,7 @@ from datetime import date
 from django import forms
 from django.db.models import QuerySet
 
+from telemetry.finance_selectors import EARLIEST_MONTH, LATEST_MONTH, month_is_statable
 from tenants.forms import ServiceErrorsMixin
 from tenants.models import GpuFlavor, Tenant
 
@@ -34,7 +35,13 @@ class MonthField(forms.Field):
     its first day."""
 
     widget = forms.TextInput(attrs={"type": "month", "placeholder": "YYYY-MM"})
-    default_error_messages = {"invalid": "Enter a month as YYYY-MM, e.g. 2025-03."}
+    default_error_messages = {
+        "invalid": "Enter a month as YYYY-MM, e.g. 2025-03.",
+        "out_of_range": (
+            f"Statements cover {EARLIEST_MONTH:%Y-%m} to {LATEST_MONTH:%Y-%m}: choose a month "
+            "in that range."
+        ),
+    }
 
     def to_python(self, value) -> date | None:
         if value in self.empty_values:
@@ -44,7 +51,10 @@ class MonthField(forms.Field):
         match = _MONTH.fullmatch(str(value).strip())
         if match is None:
             raise forms.ValidationError(self.error_messages["invalid"], code="invalid")
-        return date(int(match["year"]), int(match["month"]), 1)
+        year, month = int(match["year"]), int(match["month"])
+        if not year or not month_is_statable(date(year, month, 1)):
+            raise forms.ValidationError(self.error_messages["out_of_range"], code="out_of_range")
+        return date(year, month, 1)
 
     def prepare_value(self, value):
         return f"{value:%Y-%m}" if isinstance(value, date) else value

@@ -54,6 +54,23 @@ def months_back(first_day: date, count: int) -> date:
     return date(index // 12, index % 12 + 1, 1)
 
 
+# The months a statement can be asked for. A statement page reaches TREND_MONTHS back and a
+# month forward, so both ends stay inside what ``date`` can represent; GPU time before the
+# Unix epoch does not exist.
+EARLIEST_MONTH = date(1970, 1, 1)
+LATEST_MONTH = date(9998, 12, 1)
+
+
+def month_is_statable(first_day: date) -> bool:
+    return EARLIEST_MONTH <= first_day <= LATEST_MONTH
+
+
+def last_closed_month(today: date) -> date:
+    """The first day of the month before ``today``'s: the latest month that is over, the one
+    finance reviews."""
+    return months_back(month_first_day(today), 1)
+
+
 # --- who reads what -----------------------------------------------------------------------
 
 
@@ -276,6 +293,39 @@ def statement_line_total(*, tenant: Tenant, month: date, filters: dict[str, str]
         **{DIMENSIONS[name].key: value for name, value in filters.items()}
     )
     return _usage(rows.aggregate(**_SUMS))
+
+
+@dataclass(frozen=True, slots=True)
+class TenantMonths:
+    """A tenant's totals of the last closed month and of the month so far."""
+
+    tenant: Tenant
+    closed: Usage
+    to_date: Usage
+
+
+def tenant_month_overview(
+    *, tenants: QuerySet[Tenant], closed_month: date, current_month: date
+) -> list[TenantMonths]:
+    """Per tenant (in ``tenants``' order), its usage of ``closed_month`` and of
+    ``current_month``: one grouped query."""
+    rows = (
+        DailyUsage.objects.filter(
+            tenant__in=tenants, date__gte=closed_month, date__lt=month_after(current_month)
+        )
+        .annotate(month=TruncMonth("date"))
+        .values("tenant_id", "month")
+        .annotate(**_SUMS)
+    )
+    found = {(row["tenant_id"], row["month"]): _usage(row) for row in rows}
+    return [
+        TenantMonths(
+            tenant=tenant,
+            closed=found.get((tenant.pk, closed_month), Usage()),
+            to_date=found.get((tenant.pk, current_month), Usage()),
+        )
+        for tenant in tenants
+    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@ from datetime import date
 from django.urls import path, register_converter
 
 from telemetry import finance_views as views
+from telemetry.finance_selectors import month_is_statable
 
 
 class MonthConverter:
@@ -11,8 +12,12 @@ class MonthConverter:
     regex = r"[0-9]{4}-(?:0[1-9]|1[0-2])"
 
     def to_python(self, value: str) -> date:
+        """A month outside the statable range does not match (404), like month 13."""
         year, month = value.split("-")
-        return date(int(year), int(month), 1)
+        first_day = date(int(year), int(month), 1) if int(year) else None
+        if first_day is None or not month_is_statable(first_day):
+            raise ValueError(f"no statement for {value}")
+        return first_day
 
     def to_url(self, value: date) -> str:
         return f"{value:%Y-%m}"

@@ -10,7 +10,7 @@ the same 404 as for a tenant that does not exist. Thin: parse, call selectors or
 
 import csv
 from collections.abc import Iterable, Iterator
-from datetime import date
+from datetime import date, timedelta
 from decimal import Decimal
 from tempfile import SpooledTemporaryFile
 from urllib.parse import urlencode
@@ -58,12 +58,12 @@ def _today() -> date:
 
 
 def _export_form(request: HttpRequest, data: QueryDict | None = None) -> ExportForm:
-    today = _today()
+    closed = selectors.last_closed_month(_today())
     return ExportForm(
         data,
         tenants=selectors.finance_tenant_list(user=request.user),
         all_tenants=selectors.finance_sees_all(request.user),
-        initial={"from": today.replace(day=1), "to": today},
+        initial={"from": closed, "to": selectors.month_after(closed) - timedelta(days=1)},
     )
 
 
@@ -75,12 +75,20 @@ def _index(
     status: int = 200,
 ) -> HttpResponse:
     tenants = selectors.finance_tenant_list(user=request.user)
+    current = _today().replace(day=1)
+    closed = selectors.last_closed_month(current)
     return render(
         request,
         "telemetry/finance_index.html",
         {
+            "closed_month": closed,
+            "current_month": current,
+            "overview": selectors.tenant_month_overview(
+                tenants=tenants, closed_month=closed, current_month=current
+            ),
+            "currency": platform_currency(),
             "choice_form": choice_form
-            or StatementChoiceForm(tenants=tenants, initial={"month": _today().replace(day=1)}),
+            or StatementChoiceForm(tenants=tenants, initial={"month": closed}),
             "export_form": export_form or _export_form(request),
             "xlsx_max_rows": f"{XLSX_MAX_ROWS:,}",
         },
@@ -91,7 +99,8 @@ def _index(
 @login_required
 @require_GET
 def index(request: HttpRequest) -> HttpResponse:
-    """Choose a tenant and a month (then go to the statement), or a range to export."""
+    """Every tenant's last closed month (what finance reviews) and month to date, each a
+    link to its statement; choose another tenant and month, or a range to export."""
     selectors.require_finance_reader(request.user)
     if "tenant" not in request.GET and "month" not in request.GET:
         return _index(request)
@@ -222,6 +231,7 @@ def statement(request: HttpRequest, tenant_slug: str, month: date) -> HttpRespon
             "currency": currency,
             "previous_month": selectors.months_back(report.month, 1),
             "next_month": report.month_end if report.month_end <= today else None,
+            "month_open": report.month <= today < report.month_end,
             "rolled_up_until": selectors.usage_rolled_up_until(),
             "export_query": _export_query(report),
             "has_charts": any(charts.values()),

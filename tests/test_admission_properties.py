@@ -22,6 +22,7 @@ from jobs.admission import (
     Snapshot,
     Wait,
     decide,
+    fair_share_decayed,
     queue_order,
 )
 
@@ -728,3 +729,46 @@ def test_two_starving_borrowers_never_hold_the_same_gpus():
         "tenant y uses 0 of 0 guaranteed a100 GPUs; this run would borrow 8 and the clusters "
         "have 0 idle GPUs to lend"
     )
+
+
+# --- fair-share decay ---------------------------------------------------------------------------
+
+
+@given(
+    usage=st.floats(min_value=0, max_value=1e12),
+    gpus=st.integers(min_value=0, max_value=10_000),
+    first=st.floats(min_value=0, max_value=90 * 86400),
+    second=st.floats(min_value=0, max_value=90 * 86400),
+    half_life=st.floats(min_value=60, max_value=30 * 86400),
+)
+def test_fair_share_decay_does_not_depend_on_how_often_cycles_run(
+    usage, gpus, first, second, half_life
+):
+    """One update over an interval equals two over its parts: no cadence, midnight or month
+    end between cycles changes a tenant's decayed usage."""
+    once = fair_share_decayed(
+        usage, gpus_held=gpus, elapsed_s=first + second, half_life_s=half_life
+    )
+    parts = fair_share_decayed(
+        fair_share_decayed(usage, gpus_held=gpus, elapsed_s=first, half_life_s=half_life),
+        gpus_held=gpus,
+        elapsed_s=second,
+        half_life_s=half_life,
+    )
+    assert math.isclose(once, parts, rel_tol=1e-9, abs_tol=1e-6)
+
+
+def test_fair_share_decay_halves_old_usage_each_half_life_and_saturates_while_held():
+    day = 86400.0
+    assert fair_share_decayed(1000.0, gpus_held=0, elapsed_s=day, half_life_s=day) == 500.0
+    assert fair_share_decayed(1000.0, gpus_held=0, elapsed_s=0.0, half_life_s=day) == 1000.0
+    # Held GPUs for one half-life: tau * (1 - 1/2) GPU-seconds each, tau = half-life / ln 2.
+    assert math.isclose(
+        fair_share_decayed(0.0, gpus_held=8, elapsed_s=day, half_life_s=day),
+        8 * day / math.log(2) / 2,
+        rel_tol=1e-12,
+    )
+    # Held for ever: the usage tends to GPUs * tau, never beyond it.
+    limit = 8 * day / math.log(2)
+    held_long = fair_share_decayed(0.0, gpus_held=8, elapsed_s=100 * day, half_life_s=day)
+    assert math.isclose(held_long, limit, rel_tol=1e-12) and held_long <= limit

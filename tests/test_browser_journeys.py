@@ -16,9 +16,11 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import time_machine
 from django.contrib.auth.models import User
 from django.contrib.sessions.models import Session
 from django.db import connection
@@ -31,10 +33,11 @@ from jobs.models import Attempt, AttemptState, Cluster, Experiment, Run, RunStat
 from portal.celery import app as celery_app
 from portal.demo import DEMO_PASSWORD, demo_seed
 from telemetry import services as telemetry_services
-from telemetry.finance_selectors import statement_month
+from telemetry.finance_selectors import last_closed_month, statement_month
 from tenants.models import AuditEvent, Quota, Tenant
 from tests.browser_support import login, screenshot
 from tests.conftest import DIGEST_A, experiment_input
+from tests.test_demo import DEMO_INSTANTS
 from tests.test_finance_pages import HEADER as FINANCE_CSV_HEADER
 from tests.test_finance_pages import MARCH_ROWS, march  # noqa: F401 - march is a fixture
 from tests.test_lifecycle import run_to_running
@@ -381,11 +384,31 @@ def test_finance_opens_a_statement_drills_down_and_exports_csv(world, persona_pa
 # --- the README's pictures --------------------------------------------------------------------
 
 
+# The demo's journey whenever the suite runs (the README's pictures come from that one), and
+# at the fixed instants of tests/test_demo.py that the calendar makes hard. The clock stands
+# still at a fixed instant, so the whole journey sees one date.
+@pytest.fixture(params=list(DEMO_INSTANTS))
+def demo_instant(request) -> Iterator[str]:
+    instant = DEMO_INSTANTS[request.param]
+    if instant is None:
+        yield request.param
+        return
+    with time_machine.travel(instant, tick=False):
+        yield request.param
+
+
 @pytest.mark.django_db(transaction=True, reset_sequences=True)  # ids as in a fresh demo
-def test_readme_pages_on_the_demo(persona_page, tmp_path):
+def test_readme_pages_on_the_demo(demo_instant, persona_page, tmp_path):
     """The README's screenshots, from the `make run` demo: each page as its persona sees it,
     with a fact from the database checked on it. GANTRY_SCREENSHOTS=1 writes them to
-    docs/screenshots."""
+    docs/screenshots (from the journey at the real time)."""
+
+    def picture(page: Page, name: str) -> None:
+        if demo_instant == "now":
+            screenshot(page, name, tmp_path, readme=True)
+        else:
+            screenshot(page, f"{name}-{demo_instant}", tmp_path)
+
     demo_seed()
     # What the first admission and sync cycles of `make run` do: place the live runs.
     services.admission_run_cycle()
@@ -406,10 +429,10 @@ def test_readme_pages_on_the_demo(persona_page, tmp_path):
     page.goto("/")
     expect(page.locator(f"a[href='/runs/{waiting.pk}/']").first).to_be_visible()
     expect(page.locator("main")).to_contain_text(waiting.get_wait_reason_display())
-    screenshot(page, "runs", tmp_path, readme=True)
+    picture(page, "runs")
     page.goto(f"/runs/{waiting.pk}/")
     expect(page.locator(".live .wait")).to_contain_text(waiting.wait_message)
-    screenshot(page, "run-waiting", tmp_path, readme=True)
+    picture(page, "run-waiting")
     page.goto("/runs/new/")
     expect(page.locator("#id_tenant")).to_have_value("vision")
     page.select_option("#id_project", "detection")
@@ -423,42 +446,65 @@ def test_readme_pages_on_the_demo(persona_page, tmp_path):
     )
     expect(page.locator("[data-verdict]")).to_have_attribute("data-verdict", preview.verdict)
     expect(page.locator(".preview-message")).to_have_text(preview.message)
-    screenshot(page, "submit", tmp_path, readme=True)
+    picture(page, "submit")
     page.goto("/quotas/")
     expect(page.locator("tr[data-quota='vision:a100-80gb'] td").nth(1)).to_have_text("16")
-    screenshot(page, "quotas", tmp_path, readme=True)
+    picture(page, "quotas")
     page.goto("/images/")
     for image in Image.objects.filter(status=Image.Status.APPROVED, visible_to_all=True):
         expect(page.locator("main")).to_contain_text(image.repository)
-    screenshot(page, "images", tmp_path, readme=True)
+    picture(page, "images")
     page.goto(f"/experiments/{experiment.pk}/")
     expect(page.locator("h1")).to_have_text(experiment.name)
     expect(page.locator("main")).to_contain_text(experiment.code_commit)
-    screenshot(page, "experiment", tmp_path, readme=True)
+    picture(page, "experiment")
     page.goto(f"/runs/{finished.pk}/telemetry/")
     goodput = 100 * accounting.effective_gpu_s / accounting.allocated_gpu_s
     expect(page.locator("[data-kpi=goodput]")).to_have_text(f"{goodput:.1f} %")
     expect(page.locator("#waste-chart")).to_have_attribute("aria-busy", "false")
-    screenshot(page, "run-telemetry", tmp_path, readme=True)
+    picture(page, "run-telemetry")
     page.goto("/tenants/vision/goodput/")
     expect(page.locator("h1")).to_have_text("Goodput · Vision Lab (vision)")
-    screenshot(page, "goodput", tmp_path, readme=True)
+    picture(page, "goodput")
 
+    # Finance reviews the last closed month, which always holds the demo's runs of that month;
+    # the month to date is one click away, as full as the hour allows.
     page = persona_page(people["fiona"], DEMO_PASSWORD)
-    month = timezone.now().date().replace(day=1)
-    statement = statement_month(tenant=Tenant.objects.get(slug="vision"), month=month)
-    page.goto(f"/finance/vision/{month:%Y-%m}/")
+    vision = Tenant.objects.get(slug="vision")
+    current = timezone.now().date().replace(day=1)
+    closed = last_closed_month(current)
+    statement = statement_month(tenant=vision, month=closed)
+    to_date = statement_month(tenant=vision, month=current)
+    assert statement.total.allocated_gpu_s >= 8 * 5 * 3600  # yolo-v0, at least
+    if demo_instant == "first-hour-of-a-month":
+        assert to_date.total.allocated_gpu_s == 0
+    if demo_instant == "last-minute-of-a-month":
+        assert to_date.total.allocated_gpu_s > 0
+    page.goto("/finance/")
+    review = page.locator("tr[data-tenant=vision]")
+    expect(page.locator("#review-title")).to_have_text(f"{closed:%B %Y}, the last closed month")
+    expect(review.locator("td").nth(1)).to_have_text(f"{statement.total.cost:.2f} EUR")
+    expect(review.locator("td").nth(2)).to_have_text(f"{to_date.total.cost:.2f} EUR")
+    review.locator("a[data-statement=closed]").click()
+    expect(page).to_have_url(re.compile(f"/finance/vision/{closed:%Y-%m}/$"))
     expect(page.locator("[data-kpi=cost]")).to_have_text(f"{statement.total.cost:.2f} EUR")
-    screenshot(page, "finance", tmp_path, readme=True)
+    picture(page, "finance")
+    page.locator("a[rel=next]").click()
+    expect(page).to_have_url(re.compile(f"/finance/vision/{current:%Y-%m}/$"))
+    expect(page.locator(".page-lead")).to_contain_text("The month so far: it is still open")
+    if to_date.total.allocated_gpu_s:
+        expect(page.locator("[data-kpi=cost]")).to_have_text(f"{to_date.total.cost:.2f} EUR")
+    else:
+        expect(page.locator("section.empty h2")).to_have_text(f"No GPU time in {current:%B %Y}")
     page.goto("/platform/kpis/")
     expect(page.locator("h1")).to_have_text("Platform KPIs")
-    screenshot(page, "kpis", tmp_path, readme=True)
+    picture(page, "kpis")
 
     page = persona_page(people["admin"], DEMO_PASSWORD)
     page.goto("/audit/")
     latest = AuditEvent.objects.order_by("-at", "-pk").first()
     expect(page.locator("main")).to_contain_text(latest.action)
-    screenshot(page, "audit", tmp_path, readme=True)
+    picture(page, "audit")
 
 
 # --- bad input -------------------------------------------------------------------------------

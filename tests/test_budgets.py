@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import time_machine
 from django.conf import settings as django_settings
 from django.db import connection, transaction
 from django.template.loader import render_to_string
@@ -304,10 +305,10 @@ def test_two_checks_racing_notify_once(budget, mailoutbox, monkeypatch):
 # --- the task and its schedule ------------------------------------------------------------------
 
 
-def test_the_task_checks_now_and_beat_runs_it_every_minute(budget, mailoutbox, monkeypatch):
+def test_the_task_checks_now_and_beat_runs_it_every_minute(budget, mailoutbox):
     use(attempt_for(budget), 8.5)
-    monkeypatch.setattr(timezone, "now", lambda: NOW)
-    tasks.budget_alerts()
+    with time_machine.travel(NOW, tick=False):
+        tasks.budget_alerts()
     assert [a[3] for a in alerts()] == [80]
     assert django_settings.CELERY_BEAT_SCHEDULE["budget-alerts"] == {
         "task": "jobs.tasks.budget_alerts",

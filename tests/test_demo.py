@@ -3,14 +3,18 @@ different quotas, a run that waits and says why, a borrowed run, a run preempted
 from its checkpoint, an input-bound run whose diagnosis says so, and a month of history that
 the finance statements of last month and this one are made of."""
 
-from datetime import timedelta
+import contextlib
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+import time_machine
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Max, Min, Sum
 from django.utils import timezone
 
+from images.models import Image
 from jobs.models import Attempt, Run
 from portal.demo import demo_seed, previous_month
 from telemetry import finance_selectors, selectors
@@ -21,14 +25,28 @@ from tenants.models import Quota, Tenant
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(scope="module")
-def demo(django_db_setup, django_db_blocker):
-    """Seeded once for the module, rolled back at its end; each test reads it inside its own
-    savepoint (the ``db`` fixture), so what one test might change the next does not see."""
-    with django_db_blocker.unblock(), transaction.atomic():
-        demo_seed(speedup=30)
-        yield
-        transaction.set_rollback(True)
+# The story holds whenever it is told: now, in the first hour of a month (and of a year),
+# and in the last minute of a month. At a fixed instant the clock stands still.
+DEMO_INSTANTS = {
+    "now": None,
+    "first-hour-of-a-month": datetime(2027, 1, 1, 0, 20, tzinfo=UTC),
+    "last-minute-of-a-month": datetime(2027, 2, 28, 23, 59, 30, tzinfo=UTC),
+}
+
+
+@pytest.fixture(scope="module", params=list(DEMO_INSTANTS))
+def demo(request, django_db_setup, django_db_blocker):
+    """Seeded once per instant for the module, rolled back at its end; each test reads it
+    inside its own savepoint (the ``db`` fixture), so what one test might change the next
+    does not see."""
+    instant = DEMO_INSTANTS[request.param]
+    with contextlib.ExitStack() as stack:
+        if instant is not None:
+            stack.enter_context(time_machine.travel(instant, tick=False))
+        with django_db_blocker.unblock(), transaction.atomic():
+            demo_seed(speedup=30)
+            yield request.param
+            transaction.set_rollback(True)
 
 
 def run_named(name: str) -> Run:
@@ -193,3 +211,49 @@ def test_the_history_is_priced_and_rolled_up_into_daily_usage(demo):
         "gpu_s": AttemptAccounting.objects.aggregate(gpu_s=Sum("allocated_gpu_s"))["gpu_s"],
         "unpriced": 0,
     }
+
+
+def test_every_record_is_dated_in_the_order_things_happened(demo):
+    """Nothing is created after what follows from it, and nothing lies in the future."""
+    now = timezone.now()
+    founded = Tenant.objects.aggregate(last=Max("created_at"))["last"]
+    joined = User.objects.aggregate(last=Max("date_joined"))["last"]
+    published = Image.objects.aggregate(last=Max("created_at"))["last"]
+    for run in Run.objects.select_related("experiment", "submitted_by"):
+        created = run.experiment.created_at
+        assert max(founded, joined, published) <= created <= run.submitted_at <= now, run
+        # admitted_at is the latest admission, started_at the first start: a resumed run
+        # was admitted again after it first started.
+        for moments in (
+            [run.submitted_at, run.admitted_at, run.finished_at],
+            [run.submitted_at, run.started_at, run.finished_at],
+        ):
+            known = [moment for moment in moments if moment is not None]
+            assert known == sorted(known), run
+        for attempt in run.attempts.all():
+            assert run.submitted_at <= attempt.created_at <= now, attempt
+            if attempt.started_at is not None:
+                assert attempt.created_at <= attempt.started_at <= now, attempt
+            if attempt.finished_at is not None:
+                assert attempt.started_at <= attempt.finished_at <= now, attempt
+        events = list(run.events.order_by("id").values_list("at", flat=True))
+        assert events == sorted(events), run  # recorded in the order they happened
+        assert run.submitted_at <= events[0] and events[-1] <= now, run
+
+
+def test_the_last_closed_month_has_a_run_of_every_tenant_whatever_the_day(demo):
+    """What finance reviews first is never empty: each tenant ran in the last closed month."""
+    month = previous_month(timezone.now().date())
+    fixed = {"vision": "yolo-v0", "nlp": "llama-ft-lr1e4", "climate": "cordex-v0"}
+
+    for slug, name in fixed.items():
+        statement = finance_selectors.statement_month(
+            tenant=Tenant.objects.get(slug=slug), month=month
+        )
+        attempts = finance_selectors.statement_attempts(
+            tenant=statement.tenant, month=month, filters={}
+        )
+        names = {attempt.run.experiment.name for attempt in attempts}
+        assert name in names, (slug, names)
+        assert statement.total.allocated_gpu_s >= 8 * 5 * 3600
+        assert statement.total.unpriced_gpu_s == 0

@@ -25,6 +25,7 @@ from decimal import Decimal
 from urllib.parse import urlencode
 
 import pytest
+import time_machine
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -476,6 +477,63 @@ def test_index_lists_only_administered_tenants_for_a_tenant_admin(client, world)
 def test_index_with_a_bad_month_is_400(client, world):
     response = get(client, world.finance, "/finance/?tenant=vision&month=2025-13", status=400)
     assert "Enter a month as YYYY-MM, e.g. 2025-03." in response.content.decode()
+
+
+@pytest.mark.parametrize(
+    "month", ["9999-12", "9999-01", "0000-01", "0001-06", "1969-12", "2025-13", "2025-00"]
+)
+def test_index_with_a_month_outside_the_statable_range_is_400(client, world, month):
+    response = get(client, world.finance, f"/finance/?tenant=vision&month={month}", status=400)
+    content = response.content.decode()
+    if month.endswith(("-13", "-00")):
+        assert "Enter a month as YYYY-MM, e.g. 2025-03." in content
+    else:
+        assert "Statements cover 1970-01 to 9998-12: choose a month in that range." in content
+
+
+@pytest.mark.parametrize(
+    "month", ["9999-12", "0000-01", "0001-01", "1969-12", "2025-13", "2025-00"]
+)
+@pytest.mark.parametrize("page", ["", "runs/"])
+def test_a_statement_of_a_month_outside_the_calendar_is_404(client, world, month, page):
+    get(client, world.finance, f"/finance/vision/{month}/{page}", status=404)
+
+
+def test_the_statable_range_has_its_pages_at_both_ends(client, world):
+    for url in ("/finance/vision/1970-01/", "/finance/vision/9998-12/runs/"):
+        get(client, world.finance, url)
+
+
+@time_machine.travel(datetime(2025, 4, 1, 0, 20, tzinfo=UTC), tick=False)
+def test_the_index_leads_with_the_last_closed_month_and_links_the_month_to_date(
+    client, world, march
+):
+    """In the first hour of April, finance reviews March: each tenant's March totals, a
+    link to its statement, and April so far one click away; the forms default to March."""
+    content = get(client, world.finance, "/finance/").content.decode()
+
+    assert "March 2025, the last closed month" in content
+    assert table_rows(content, "review") == [
+        ["NLP Group (nlp)", "2.00", "5.00 EUR", "0.00 EUR"],
+        ["Vision Lab (vision)", "18.00", "40.00 EUR", "0.00 EUR"],
+    ]
+    assert 'href="/finance/vision/2025-03/" data-statement="closed"' in content
+    assert 'href="/finance/vision/2025-04/" data-statement="to-date"' in content
+    assert 'name="month" value="2025-03"' in content
+    assert 'name="from" value="2025-03-01"' in content
+    assert 'name="to" value="2025-03-31"' in content
+
+
+@time_machine.travel(datetime(2025, 4, 1, 0, 20, tzinfo=UTC), tick=False)
+def test_the_closed_month_leads_to_the_open_one_which_says_it_is_open(client, world, march):
+    closed = get(client, world.finance, STATEMENT_URL).content.decode()
+    assert 'href="/finance/vision/2025-04/" rel="next"' in closed
+    assert "The month so far" not in closed
+
+    open_month = get(client, world.finance, "/finance/vision/2025-04/").content.decode()
+    assert "The month so far: it is still open" in open_month
+    assert "No GPU time in April 2025" in open_month
+    assert 'rel="next"' not in open_month
 
 
 # --- drill-down ------------------------------------------------------------------------------

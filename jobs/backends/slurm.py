@@ -14,7 +14,6 @@ import os
 import pwd
 import shutil
 import subprocess
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import suppress
 from dataclasses import replace
@@ -23,6 +22,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import requests
+from django.utils import timezone
 
 from jobs.backends import register
 from jobs.backends.base import (
@@ -254,7 +254,7 @@ class RestTransport:
         except ValueError as exc:
             raise PermanentBackendError(f"the token in {name} is {exc}") from None
         expires = claims.get("exp")
-        if isinstance(expires, int | float) and expires < time.time():
+        if isinstance(expires, int | float) and expires < timezone.now().timestamp():
             when = datetime.fromtimestamp(expires, UTC).strftime("%Y-%m-%d %H:%M UTC")
             raise PermanentBackendError(
                 f"the slurmrestd token in {name} expired at {when}: mint a new one "
@@ -356,7 +356,7 @@ class RestTransport:
         # The list separator must be sent as %2C: 22.05 answers a literal comma with 400.
         query = "job_name=" + quote(",".join(names), safe="")
         if since_days:
-            since = datetime.now(UTC) - timedelta(days=since_days)
+            since = timezone.now() - timedelta(days=since_days)
             query += f"&submit_time={since:%Y-%m-%d}"
         try:
             _, payload = self.request("GET", f"/slurmdb/{REST_API}/jobs?{query}")
