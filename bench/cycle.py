@@ -1,8 +1,8 @@
 """The full admission cycle on PostgreSQL, the acceptance target of issue 3 (point 9).
 
-``jobs.services.admission_run_cycle()`` — snapshot, fair-share update, decision, preemption,
-admission writes, wait reasons — on the platform of bench.workload seeded into the
-``gantry_bench`` database, with 10,000 and then 100,000 queued runs.
+``jobs.services.admission_cycle.admission_run_cycle()`` — snapshot, fair-share update,
+decision, preemption, admission writes, wait reasons — on the platform of bench.workload
+seeded into the ``gantry_bench`` database, with 10,000 and then 100,000 queued runs.
 
 Baseline: the naive admitter of bench.naive with ``DbLedger``, which asks the database for
 every number it needs, per run: the quota row, the tenant's usage (an aggregate), the
@@ -52,13 +52,9 @@ from jobs.models import (
     TenantMonthUsage,
     WaitReason,
 )
-from jobs.services import (
-    admission_run_cycle,
-    admission_snapshot,
-    gpu_hours_this_month,
-    run_preempt,
-    run_transition,
-)
+from jobs.selectors.queue import admission_snapshot, gpu_hours_this_month
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.lifecycle import run_preempt, run_transition
 from tenants.models import GpuFlavor, Project, Quota, Tenant
 
 CYCLES = {10_000: (5, 5), 100_000: (3, 1)}  # queued runs: idle and busy cycles measured
@@ -561,7 +557,8 @@ def run() -> list[Section]:
     section = Section(
         title="Admission cycle on PostgreSQL (issue 3, point 9)",
         intro=(
-            "One `jobs.services.admission_run_cycle()`: 100 tenants, 4 flavors, 10 simulator "
+            "One `jobs.services.admission_cycle.admission_run_cycle()`: 100 tenants, 4 flavors, "
+            "10 simulator "
             "clusters × 4 flavors × 25 nodes × 8 GPUs (1,000 nodes, 8,000 GPUs), 85 % held "
             "by about 1,070 running runs (the borrowed ones preemptible), a quota for every "
             "tenant and flavor (some with hard or soft budgets), database `gantry_bench`. "

@@ -51,9 +51,9 @@ from bench.cycle import truncate, vacuum
 from bench.report import Section
 from bench.runlist import seed_history
 from images.models import Image
-from jobs.capacity import held_gpus_by_pool
 from jobs.models import HOLDING_STATES, Cluster, ClusterFlavor, Run, RunEvent
-from jobs.services import cluster_refresh_inventory
+from jobs.services.backend_sync import cluster_refresh_inventory
+from jobs.services.capacity import held_gpus_by_pool
 from tenants.models import GpuFlavor, Membership, Project, Quota, Tenant
 from tenants.services import api_token_create
 

@@ -43,8 +43,8 @@ from bench.cpu import cpu_seconds
 from bench.cycle import QueryCounter, truncate, vacuum
 from bench.report import Section, ms, ratio, timed
 from images.models import Image
-from jobs import selectors
 from jobs.models import Cluster, ClusterFlavor, Experiment, Run
+from jobs.selectors.runs import _RUN_LIST_DEFERRED, run_list_viewable, run_page_viewable
 from jobs.views import RUN_COUNT_LIMIT, RUNS_PER_PAGE
 from tenants.models import GlobalRole, GpuFlavor, Membership, Project, Tenant
 from tenants.services import api_token_create
@@ -311,14 +311,14 @@ def measure(fn: Callable[[], object], *, repeat: int, warm_up: int) -> Timing:
 
 
 def visible_count(user) -> int:
-    return selectors.run_list_viewable(user=user).count()
+    return run_list_viewable(user=user).count()
 
 
 def deep_page(user, size: int) -> tuple[int, int]:
     """(page number, id of the run just above that page) for the page half-way down."""
     number = visible_count(user) // 2 // size + 1
     above = (
-        selectors.run_list_viewable(user=user)
+        run_list_viewable(user=user)
         .order_by("-submitted_at", "-id")
         .values_list("pk", flat=True)[(number - 1) * size - 1]
     )
@@ -327,13 +327,13 @@ def deep_page(user, size: int) -> tuple[int, int]:
 
 def naive_page(user, number: int, size: int) -> list[int]:
     """The page as the list made it before: Paginator over the scoped queryset."""
-    runs = selectors.run_list_viewable(user=user).defer(*selectors._RUN_LIST_DEFERRED)
+    runs = run_list_viewable(user=user).defer(*_RUN_LIST_DEFERRED)
     page = Paginator(runs, size).page(number)
     return [run.pk for run in page.object_list]
 
 
 def keyset_page(user, before: int | None, size: int, count: bool) -> list[int]:
-    page = selectors.run_page_viewable(
+    page = run_page_viewable(
         user=user, size=size, before=before, count_up_to=RUN_COUNT_LIMIT if count else None
     )
     return [run.pk for run in page.runs]

@@ -240,7 +240,7 @@ class Gantry(Simulation):
         self.decayed: dict[tuple[str, str], float] = defaultdict(float)
 
     def advance(self, now: float) -> None:
-        """Fair-share usage decays and grows as jobs.services.fair_share_update has it."""
+        """Fair-share usage decays and grows as jobs.services.usage.fair_share_update has it."""
         elapsed = now - self.now
         if elapsed > 0:
             for key in self.quotas:

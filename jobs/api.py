@@ -34,12 +34,11 @@ from rest_framework.settings import api_settings
 from rest_framework.utils.urls import remove_query_param, replace_query_param
 from rest_framework.views import APIView
 
-from jobs.capacity import quota_usage_list
 from jobs.models import Attempt, Experiment, Run
-from jobs.selectors import (
+from jobs.selectors.experiments import experiment_get_viewable, experiment_list_viewable
+from jobs.selectors.logs import run_logs
+from jobs.selectors.runs import (
     attempt_get_for_token,
-    experiment_get_viewable,
-    experiment_list_viewable,
     run_attempts,
     run_get_viewable,
     run_list_viewable,
@@ -56,14 +55,10 @@ from jobs.serializers import (
     RuntimeReportResultSerializer,
     RuntimeReportSerializer,
 )
-from jobs.services import (
-    MAX_RUNTIME_REPORT_BYTES,
-    attempt_report_runtime,
-    run_cancel,
-    run_logs,
-    run_rerun,
-    run_submit,
-)
+from jobs.services.backend_sync import MAX_RUNTIME_REPORT_BYTES, attempt_report_runtime
+from jobs.services.capacity import quota_usage_list
+from jobs.services.lifecycle import run_cancel
+from jobs.services.submission import run_rerun, run_submit
 from tenants.models import Quota
 from tenants.parsers import JsonTextParser
 from tenants.selectors import quota_list_viewable

@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError
 
 from jobs import spec
 from jobs.models import Experiment, ExperimentTemplate
-from jobs.services import ExperimentInput
+from jobs.services.submission import ExperimentInput
 from tenants.forms import ServiceErrorsMixin
 from tenants.models import GpuFlavor
 

@@ -16,8 +16,8 @@ from jobs.models import (
     RunState,
     WaitReason,
 )
-from jobs.selectors import run_attempts, run_events
-from jobs.services import MAX_ID, ExperimentInput
+from jobs.selectors.runs import run_attempts, run_events
+from jobs.services.submission import MAX_ID, ExperimentInput
 
 _INPUT_DEFAULTS = {
     f.name: f.default_factory if f.default is dataclasses.MISSING else f.default

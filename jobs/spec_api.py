@@ -16,11 +16,13 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import selectors, services
 from jobs.api import ID, INVALID_PAGE, NOT_FOUND, UNAUTHENTICATED
 from jobs.models import ExperimentTemplate
-from jobs.selectors import experiment_get_viewable, run_get_viewable
+from jobs.selectors.experiments import experiment_get_viewable
+from jobs.selectors.runs import run_get_viewable
+from jobs.selectors.templates import template_list_usable
 from jobs.serializers import ErrorSerializer, RunSerializer
+from jobs.services.specs import experiment_spec, spec_submit
 from jobs.spec import SPEC_SCHEMA
 from tenants.parsers import JsonTextParser
 
@@ -77,7 +79,7 @@ class SpecSubmitApi(APIView):
     def post(self, request):
         """Submit an experiment spec (version 1). Nothing is created if any field is bad."""
         try:
-            run = services.spec_submit(user=request.user, document=request.data)
+            run = spec_submit(user=request.user, document=request.data)
         except DjangoPermissionDenied as exc:
             raise PermissionDenied(str(exc)) from None
         except DjangoValidationError as exc:
@@ -98,7 +100,7 @@ class ExperimentSpecApi(APIView):
     def get(self, request, id: int):  # named like the {id} of the other experiment paths
         """The spec that submits this experiment again, exactly as recorded."""
         experiment = experiment_get_viewable(user=request.user, experiment_id=id)
-        return Response(services.experiment_spec(experiment))
+        return Response(experiment_spec(experiment))
 
 
 @extend_schema(tags=["specs"])
@@ -145,4 +147,4 @@ class TemplateListApi(generics.ListAPIView):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no real user
             return ExperimentTemplate.objects.none()
-        return selectors.template_list_usable(user=self.request.user)
+        return template_list_usable(user=self.request.user)

@@ -5,16 +5,17 @@ import logging
 from celery import shared_task
 from django.utils import timezone
 
-from jobs import budgets, services
 from jobs.backends import BackendError, TransientBackendError
 from jobs.models import Cluster
+from jobs.services import backend_submit, backend_sync, budgets
+from jobs.services.admission_cycle import admission_run_cycle
 
 logger = logging.getLogger(__name__)
 
 
 @shared_task
 def admission_cycle() -> None:
-    summary = services.admission_run_cycle()
+    summary = admission_run_cycle()
     if summary is not None and summary.admitted:
         logger.info("admission: %d admitted, %d waiting", summary.admitted, summary.waiting)
 
@@ -29,12 +30,12 @@ def admission_cycle() -> None:
 def attempt_submit(self, attempt_id: int) -> None:
     # Unbounded retries are safe: the sync cycle re-drives stuck submits too, and a submit
     # that reaches the backend twice adopts the first job.
-    services.attempt_submit(attempt_id=attempt_id)
+    backend_submit.attempt_submit(attempt_id=attempt_id)
 
 
 @shared_task(autoretry_for=(TransientBackendError,), retry_backoff=2, max_retries=8)
 def attempt_cancel(attempt_id: int) -> None:
-    services.attempt_cancel(attempt_id=attempt_id)
+    backend_sync.attempt_cancel(attempt_id=attempt_id)
 
 
 @shared_task
@@ -43,11 +44,11 @@ def sync_all_clusters() -> None:
         try:
             # The sync first: when the backend is down, it is what records "backend
             # unreachable" on the cluster and on every live attempt, for their runs' pages.
-            services.cluster_sync(cluster=cluster)
-            services.cluster_refresh_inventory(cluster=cluster)
+            backend_sync.cluster_sync(cluster=cluster)
+            backend_sync.cluster_refresh_inventory(cluster=cluster)
         except BackendError as exc:  # recorded on the cluster; the other clusters go on
             logger.warning("cluster %s: %s", cluster.name, exc)
-    services.attempt_redrive_stuck_submits()
+    backend_submit.attempt_redrive_stuck_submits()
 
 
 @shared_task

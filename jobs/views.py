@@ -23,7 +23,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from images.selectors import image_list_usable_by_tenants
-from jobs import capacity, selectors, services, spec
+from jobs import spec
 from jobs.backends import BackendError
 from jobs.forms import (
     ClusterCapacityForm,
@@ -36,18 +36,37 @@ from jobs.forms import (
 )
 from jobs.models import Cluster, RunState
 from jobs.reproducibility import experiment_diff, runtime_rows
-from jobs.selectors import (
+from jobs.selectors import logs
+from jobs.selectors.experiments import (
     experiment_attempts,
     experiment_get_viewable,
     experiment_list_viewable,
     experiment_pair_get_viewable,
     experiment_record,
-    flavor_node_limits,
+)
+from jobs.selectors.logs import run_log_tail
+from jobs.selectors.queue import admission_preview, flavor_node_limits
+from jobs.selectors.runs import (
     run_attempts,
     run_events,
     run_get_viewable,
     run_list_viewable,
+    run_page_viewable,
+    run_submitted_with,
 )
+from jobs.selectors.templates import (
+    template_get_manageable,
+    template_get_usable,
+    template_list_manageable,
+    template_list_usable,
+    template_tenants_manageable,
+)
+from jobs.services import capacity, lifecycle, submission
+from jobs.services import templates as template_services
+from jobs.services.lifecycle import run_can_cancel
+from jobs.services.specs import experiment_spec
+from jobs.services.submission import MAX_ID, experiment_can_rerun, run_rerun
+from jobs.services.templates import template_save, template_submit
 from tenants.forms import QuotaForm, quota_initial
 from tenants.roles import is_platform_admin, is_tenant_admin
 from tenants.selectors import (
@@ -94,7 +113,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
     tenant = request.GET.get("tenant", "")
     before = _cursor(request.GET.get("before", ""))
     after = None if before is not None else _cursor(request.GET.get("after", ""))
-    page = selectors.run_page_viewable(
+    page = run_page_viewable(
         user=request.user,
         size=RUNS_PER_PAGE,
         states=[state] if state else [],
@@ -202,7 +221,7 @@ def run_submit(request: HttpRequest) -> HttpResponse:
             source = experiment_list_viewable(user=request.user).filter(pk=source_id).first()
         if form.is_valid():
             key = form.cleaned_data["submission_key"]
-            earlier = services.run_submitted_with(user=request.user, submission_key=key)
+            earlier = run_submitted_with(user=request.user, submission_key=key)
             if earlier is not None:
                 messages.info(
                     request,
@@ -212,11 +231,11 @@ def run_submit(request: HttpRequest) -> HttpResponse:
                 return redirect("jobs:run_detail", run_id=earlier.pk)
             try:
                 if template is None:
-                    run = services.run_submit(
+                    run = submission.run_submit(
                         user=request.user, data=form.experiment_input(), submission_key=key
                     )
                 else:
-                    run = services.template_submit(
+                    run = template_submit(
                         user=request.user,
                         template=template,
                         values=form.template_values(),
@@ -246,7 +265,7 @@ def run_submit(request: HttpRequest) -> HttpResponse:
         "tenants": tenants,
         "source": source,
         "template": template,
-        "templates": selectors.template_list_usable(user=request.user)[:TEMPLATE_PICKER_SIZE],
+        "templates": template_list_usable(user=request.user)[:TEMPLATE_PICKER_SIZE],
         "restored": restored is not None,
         "draft_owner": signing.dumps(request.user.pk, salt=DRAFT_OWNER_SALT),
     }
@@ -263,7 +282,7 @@ def _template_chosen(user, value: str):
     the user may not use."""
     if not value:
         return None
-    return selectors.template_get_usable(user=user, template_id=_positive_id(value))
+    return template_get_usable(user=user, template_id=_positive_id(value))
 
 
 def _preview_context(user, data) -> tuple[dict, int]:
@@ -273,7 +292,7 @@ def _preview_context(user, data) -> tuple[dict, int]:
         problems = [message for errors in form.errors.values() for message in errors]
         return {"preview": None, "preview_problems": problems}, 400
     try:
-        preview = services.admission_preview(user=user, **form.cleaned_data)
+        preview = admission_preview(user=user, **form.cleaned_data)
     except ValidationError as exc:
         return {"preview": None, "preview_problems": exc.messages}, 400
     return {"preview": preview, "preview_problems": []}, 200
@@ -294,7 +313,7 @@ def _status_context(request: HttpRequest, run) -> dict:
         "run": run,
         "events": run_events(run=run),
         "attempts": run_attempts(run=run),
-        "can_cancel": not run.is_terminal and services.run_can_cancel(user=request.user, run=run),
+        "can_cancel": not run.is_terminal and run_can_cancel(user=request.user, run=run),
     }
 
 
@@ -308,15 +327,13 @@ def _attempt_records(attempts) -> list[tuple]:
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
     run = run_get_viewable(user=request.user, run_id=run_id)
     context = _status_context(request, run)
-    context["logs"], context["logs_cut"] = services.run_log_tail(
+    context["logs"], context["logs_cut"] = run_log_tail(
         run=run, lines=LOG_TAIL_LINES, max_chars=LOG_TAIL_MAX_CHARS
     )
     context["log_tail_lines"] = LOG_TAIL_LINES
     context["log_tail_kib"] = LOG_TAIL_MAX_CHARS // 1024
     context["attempt_records"] = _attempt_records(context["attempts"])
-    context["can_rerun"] = services.experiment_can_rerun(
-        user=request.user, experiment=run.experiment
-    )
+    context["can_rerun"] = experiment_can_rerun(user=request.user, experiment=run.experiment)
     context["submission_key"] = uuid.uuid4()  # of the re-run form
     return render(request, "jobs/run_detail.html", context)
 
@@ -336,7 +353,7 @@ def run_log_download(request: HttpRequest, run_id: int) -> HttpResponse:
     """The latest attempt's whole log as a file, streamed (it may be gigabytes)."""
     run = run_get_viewable(user=request.user, run_id=run_id)
     try:
-        download = services.run_log_download(run=run)
+        download = logs.run_log_download(run=run)
     except BackendError as exc:
         return HttpResponse(f"The log is unavailable: {exc}", status=503, content_type="text/plain")
     if download is None:
@@ -353,7 +370,7 @@ def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
     run = run_get_viewable(user=request.user, run_id=run_id)
     # PermissionDenied propagates: the user can see the run, so a 403 leaks nothing.
     try:
-        run = services.run_cancel(run=run, actor=request.user)
+        run = lifecycle.run_cancel(run=run, actor=request.user)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     else:
@@ -388,7 +405,7 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
                 (run_id, _attempt_records(group))
                 for run_id, group in groupby(attempts, lambda attempt: attempt.run_id)
             ],
-            "can_rerun": services.experiment_can_rerun(user=request.user, experiment=experiment),
+            "can_rerun": experiment_can_rerun(user=request.user, experiment=experiment),
             "submission_key": uuid.uuid4(),  # of the re-run form
         },
     )
@@ -399,9 +416,7 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
 def experiment_spec_download(request: HttpRequest, experiment_id: int) -> HttpResponse:
     """The experiment's spec as YAML, to edit and submit again (CLI or API)."""
     experiment = experiment_get_viewable(user=request.user, experiment_id=experiment_id)
-    document = yaml.safe_dump(
-        services.experiment_spec(experiment), sort_keys=False, allow_unicode=True
-    )
+    document = yaml.safe_dump(experiment_spec(experiment), sort_keys=False, allow_unicode=True)
     response = HttpResponse(document, content_type="application/yaml; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="experiment-{experiment.pk}.yaml"'
     return response
@@ -419,13 +434,13 @@ def experiment_rerun(request: HttpRequest, experiment_id: int) -> HttpResponse:
     except ValueError:
         messages.error(request, "Not re-run: the form is damaged. Reload the page and try again.")
         return redirect("jobs:experiment_detail", experiment_id=experiment.pk)
-    earlier = services.run_submitted_with(user=request.user, submission_key=key)
+    earlier = run_submitted_with(user=request.user, submission_key=key)
     if earlier is not None:
         messages.info(request, f"Already re-run as run {earlier.pk}: nothing new was queued.")
         return redirect("jobs:run_detail", run_id=earlier.pk)
     # PermissionDenied propagates: the user can read the experiment, so a 403 leaks nothing.
     try:
-        run = services.run_rerun(experiment=experiment, user=request.user, submission_key=key)
+        run = run_rerun(experiment=experiment, user=request.user, submission_key=key)
     except ValidationError as exc:
         messages.error(request, "Not re-run: " + " ".join(exc.messages))
         return redirect("jobs:experiment_detail", experiment_id=experiment.pk)
@@ -434,7 +449,7 @@ def experiment_rerun(request: HttpRequest, experiment_id: int) -> HttpResponse:
 
 
 def _positive_id(value: str) -> int:
-    if not value.isascii() or not value.isdigit() or not 1 <= int(value) <= services.MAX_ID:
+    if not value.isascii() or not value.isdigit() or not 1 <= int(value) <= MAX_ID:
         raise Http404("No such experiment")
     return int(value)
 
@@ -631,7 +646,7 @@ def cluster_capacity(request: HttpRequest, name: str) -> HttpResponse:
 @require_GET
 def template_list(request: HttpRequest) -> HttpResponse:
     """Templates the user manages (tenant admins: their tenants'; platform admins: all)."""
-    templates = selectors.template_list_manageable(user=request.user)
+    templates = template_list_manageable(user=request.user)
     page = Paginator(templates, TEMPLATES_PER_PAGE).get_page(request.GET.get("page"))
     return render(
         request, "jobs/template_list.html", {"page_obj": page, "templates": page.object_list}
@@ -641,8 +656,8 @@ def template_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def template_create(request: HttpRequest) -> HttpResponse:
-    selectors.template_list_manageable(user=request.user)  # 404 for users who manage none
-    tenants = list(selectors.template_tenants_manageable(user=request.user))
+    template_list_manageable(user=request.user)  # 404 for users who manage none
+    tenants = list(template_tenants_manageable(user=request.user))
     allow_global = is_platform_admin(request.user)
     choices = {"tenants": tenants, "allow_global": allow_global}
     if request.method == "POST":
@@ -651,7 +666,7 @@ def template_create(request: HttpRequest) -> HttpResponse:
             data = form.cleaned_data
             tenant = next((t for t in tenants if t.slug == data["tenant"]), None)
             try:
-                template = services.template_save(
+                template = template_save(
                     actor=request.user,
                     tenant=tenant,
                     name=data["name"],
@@ -678,13 +693,13 @@ def template_create(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def template_edit(request: HttpRequest, template_id: int) -> HttpResponse:
-    template = selectors.template_get_manageable(user=request.user, template_id=template_id)
+    template = template_get_manageable(user=request.user, template_id=template_id)
     if request.method == "POST":
         form = TemplateForm(request.POST)
         if form.is_valid():
             data = form.cleaned_data
             try:
-                services.template_save(
+                template_save(
                     actor=request.user,
                     tenant=template.tenant,
                     name=data["name"],
@@ -712,7 +727,7 @@ def template_edit(request: HttpRequest, template_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def template_delete(request: HttpRequest, template_id: int) -> HttpResponse:
-    template = selectors.template_get_manageable(user=request.user, template_id=template_id)
-    services.template_delete(actor=request.user, template=template)
+    template = template_get_manageable(user=request.user, template_id=template_id)
+    template_services.template_delete(actor=request.user, template=template)
     messages.success(request, f"Template {template.name} is deleted.")
     return redirect("jobs:template_list")

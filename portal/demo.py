@@ -31,7 +31,6 @@ from django.db import transaction
 from django.utils import timezone
 
 from images.models import Image
-from jobs import services as job_services
 from jobs.models import (
     Attempt,
     AttemptState,
@@ -42,7 +41,10 @@ from jobs.models import (
     RunEvent,
     RunState,
 )
-from jobs.services import ExperimentInput
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.backend_sync import cluster_refresh_inventory
+from jobs.services.submission import ExperimentInput, run_submit
+from jobs.services.usage import usage_record_attempt
 from jobs.simulation import STARTUP_S, Workload
 from telemetry import finance
 from telemetry import services as telemetry_services
@@ -100,7 +102,7 @@ def demo_seed(*, speedup: int = 30) -> None:
             ],
         },
     )
-    job_services.cluster_refresh_inventory(cluster=cluster)
+    cluster_refresh_inventory(cluster=cluster)
 
     admin = User.objects.create_superuser("admin", "admin@gantry.example", DEMO_PASSWORD)
     tenant_services.global_role_grant(user=admin, role=GlobalRole.PLATFORM_ADMIN, actor=admin)
@@ -200,7 +202,7 @@ def demo_seed(*, speedup: int = 30) -> None:
             "params": {"lr": 3e-4, "batch_size": 512, "epochs": 90},
         }
         values.update(extra)
-        return job_services.run_submit(user=people[user], data=ExperimentInput(**values))
+        return run_submit(user=people[user], data=ExperimentInput(**values))
 
     # Finished runs, each with the telemetry of a simulator profile, so the goodput pages
     # have something to show: a healthy run, an input-bound one, a crash, and so on.
@@ -272,7 +274,7 @@ def demo_seed(*, speedup: int = 30) -> None:
     # And what the worker does first: place the live runs, so the first page view already
     # shows who runs, who borrows and who waits, and why. (Their backend submits are queued
     # for the worker when the seed commits.)
-    job_services.admission_run_cycle(now=timezone.now())  # after the live runs' submits
+    admission_run_cycle(now=timezone.now())  # after the live runs' submits
 
 
 def _oldest_submit() -> datetime:
@@ -335,7 +337,7 @@ def _record_preempted_history(*, run: Run, cluster: Cluster, submitted) -> None:
         (first, first_start, preempted_at),
         (second, second_start, finished),
     ):
-        job_services.usage_record_attempt(attempt=attempt, started=start, finished=end)
+        usage_record_attempt(attempt=attempt, started=start, finished=end)
     _record_history_telemetry(attempt=first, profile="compute-bound")
     _record_history_telemetry(attempt=second, profile="compute-bound", resume_step=checkpoint.step)
     Run.objects.filter(pk=run.pk).update(
@@ -452,7 +454,7 @@ def _record_history(
         finished_at=finished,
         failure_reason="USER_EXIT" if failed else "",
     )
-    job_services.usage_record_attempt(attempt=attempt, started=started, finished=finished)
+    usage_record_attempt(attempt=attempt, started=started, finished=finished)
     _date_the_records(run=run, submitted=submitted, attempts={attempt: admitted})
     for at, from_state, to_state, reason in (
         (admitted, RunState.QUEUED, RunState.ADMITTED, "ADMITTED"),

@@ -16,7 +16,7 @@ from django.db.models.functions import DenseRank
 from django.utils import timezone
 
 from jobs.models import Attempt, AttemptState, Run, RunEvent, RunState
-from jobs.services import run_cancel
+from jobs.services.lifecycle import run_cancel
 from telemetry.accounting import IDLE_THRESHOLD
 from telemetry.idle import IdleAction, IdleStreak, idle_action, idle_streak
 from telemetry.models import GpuMinute

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from jobs.backends import CheckpointReport
 from jobs.models import Attempt, AttemptState, Checkpoint, Cluster, SimulatedJob
-from jobs.services import RUNTIME_REPORT_GRACE, checkpoints_record
+from jobs.services.backend_sync import RUNTIME_REPORT_GRACE, checkpoints_record
 from jobs.simulation import Workload
 from telemetry import accounting
 from telemetry.collection import telemetry_collect

@@ -18,7 +18,7 @@ from django.utils import timezone
 from django.utils.html import escape
 from django.views.decorators.http import require_GET
 
-from jobs.selectors import run_attempts, run_get_viewable
+from jobs.selectors.runs import run_attempts, run_get_viewable
 from telemetry import selectors
 from telemetry.selectors import (
     CATEGORY_LABELS,

@@ -7,7 +7,8 @@ from django.contrib.auth.models import Group, User
 
 from images.models import Image
 from jobs.models import Cluster
-from jobs.services import ExperimentInput, cluster_refresh_inventory
+from jobs.services.backend_sync import cluster_refresh_inventory
+from jobs.services.submission import ExperimentInput
 from tenants.models import GlobalRole, GpuFlavor, Membership, Project, Quota, Tenant
 
 DIGEST_A = "sha256:" + "a" * 64

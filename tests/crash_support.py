@@ -267,11 +267,14 @@ def install_kill_points(directory: Path) -> None:
     """In a worker (before its pool forks): route submits through the kill points."""
     from celery.signals import task_postrun, task_prerun
 
-    from jobs import services
+    from jobs.services import backend_submit, backend_sync
 
     points = KillPoints(directory)
-    backend_for = services.backend_for
-    services.backend_for = lambda cluster: _BackendWithKillPoints(backend_for(cluster), points)
+    for module in (backend_submit, backend_sync):
+        real = module.backend_for
+        module.backend_for = lambda cluster, real=real: _BackendWithKillPoints(
+            real(cluster), points
+        )
 
     def is_submit(sender) -> bool:
         return getattr(sender, "name", "") == "jobs.tasks.attempt_submit"
@@ -814,7 +817,7 @@ def _seed() -> None:
 
     from images.models import Image
     from jobs.models import Cluster
-    from jobs.services import cluster_refresh_inventory
+    from jobs.services.backend_sync import cluster_refresh_inventory
     from tenants.models import GpuFlavor, Membership, Project, Quota, Tenant
 
     flavor = GpuFlavor.objects.create(slug=CLIENT_FLAVOR, name="NVIDIA H100 80GB", memory_gb=80)
@@ -846,7 +849,7 @@ def _client(runs: int, progress: Path, interval: float, give_up_s: float) -> Non
     from django.db import close_old_connections, connection
 
     from jobs.models import Experiment
-    from jobs.services import ExperimentInput, run_submit
+    from jobs.services.submission import ExperimentInput, run_submit
 
     retries, found_recorded, errors = 0, 0, {}
 

@@ -21,9 +21,9 @@ from django.contrib.auth.models import User
 from django.template.loader import render_to_string
 from django.urls import reverse
 
-from jobs import services as job_services
 from jobs.forms import RunSubmitForm
 from jobs.models import Run, RunEvent
+from jobs.services.submission import run_submit
 from portal.demo import DEMO_PASSWORD, demo_seed
 from tenants.models import Notification, Tenant
 from tests.browser_support import VIEWPORT, login
@@ -154,7 +154,7 @@ def test_main_pages_have_no_serious_or_critical_violations(browser, live_server,
 def test_keyboard_skips_to_the_content_and_times_show_in_the_readers_zone(
     browser, live_server, world
 ):
-    run = job_services.run_submit(user=world.researcher_a, data=experiment_input(world))
+    run = run_submit(user=world.researcher_a, data=experiment_input(world))
     RunEvent.objects.filter(run=run).update(at=datetime(2025, 1, 15, 12, 0, tzinfo=UTC))
     context = browser.new_context(
         base_url=live_server.url, viewport=VIEWPORT, timezone_id="Europe/Berlin"

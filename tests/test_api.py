@@ -11,13 +11,10 @@ from rest_framework.test import APIClient
 
 from jobs.models import Attempt, Experiment, Run, RunState
 from jobs.serializers import ExperimentInputSerializer
-from jobs.services import (
-    ExperimentInput,
-    admission_run_cycle,
-    attempt_submit,
-    run_cancel,
-    run_submit,
-)
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.backend_submit import attempt_submit
+from jobs.services.lifecycle import run_cancel
+from jobs.services.submission import ExperimentInput, run_submit
 from tenants.models import ApiToken
 from tenants.services import api_token_create, api_token_revoke
 from tests.conftest import COMMIT, PASSWORD, experiment_input

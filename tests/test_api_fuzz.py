@@ -44,9 +44,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from jobs import services
 from jobs.models import Attempt, ExperimentTemplate, Run
 from jobs.reproducibility import attempt_token
+from jobs.services.submission import run_submit
 from tenants.api import TokenCreateThrottle
 from tenants.services import api_token_create
 from tests.conftest import COMMIT, PASSWORD, experiment_input
@@ -592,7 +592,7 @@ def test_runtime_report_with_nul_in_a_framework_name_is_400(world):
 def test_params_with_an_unpaired_surrogate_are_refused_by_the_submit_service(world):
     """The API's parser refuses such a body; a form's JSON reaches the service as parsed."""
     with pytest.raises(ValidationError) as refused:
-        services.run_submit(
+        run_submit(
             user=world.researcher_a,
             data=experiment_input(world, params={"lr": 0.1, "note": "\ud800"}),
         )

@@ -21,9 +21,14 @@ from django.utils import timezone
 
 from images import services as image_services
 from images.models import Image
-from jobs import capacity
-from jobs import services as job_services
 from jobs.models import Run, RunState
+from jobs.services import capacity
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.backend_submit import attempt_submit
+from jobs.services.backend_sync import cluster_sync
+from jobs.services.lifecycle import run_cancel
+from jobs.services.submission import run_submit
+from jobs.services.templates import template_delete, template_save
 from telemetry.finance import rate_card_add
 from tenants import services
 from tenants.models import (
@@ -319,7 +324,7 @@ def test_registry_creation_edit_and_recheck_are_recorded(world):
 def test_cancelling_a_queued_run_is_recorded(world):
     run = submit(world)
 
-    job_services.run_cancel(run=run, actor=world.researcher_a)
+    run_cancel(run=run, actor=world.researcher_a)
 
     assert recorded(event_of("run.cancel")) == (
         world.researcher_a,
@@ -332,12 +337,12 @@ def test_cancelling_a_queued_run_is_recorded(world):
 
 def test_a_cancel_request_for_a_running_run_is_recorded_once(world):
     run = submit(world)
-    job_services.admission_run_cycle()
-    job_services.attempt_submit(attempt_id=run.attempts.get().pk)
-    job_services.cluster_sync(cluster=world.cluster)
+    admission_run_cycle()
+    attempt_submit(attempt_id=run.attempts.get().pk)
+    cluster_sync(cluster=world.cluster)
 
-    job_services.run_cancel(run=run, actor=world.tenant_admin_a)
-    job_services.run_cancel(run=run, actor=world.tenant_admin_a)  # already requested
+    run_cancel(run=run, actor=world.tenant_admin_a)
+    run_cancel(run=run, actor=world.tenant_admin_a)  # already requested
 
     assert recorded(event_of("run.cancel")) == (
         world.tenant_admin_a,
@@ -351,7 +356,7 @@ def test_a_cancel_request_for_a_running_run_is_recorded_once(world):
 def test_gantry_cancelling_a_run_is_not_a_person_s_change(world):
     run = submit(world)
 
-    job_services.run_cancel(run=run, actor=None, system_reason="Idle GPUs for 60 minutes")
+    run_cancel(run=run, actor=None, system_reason="Idle GPUs for 60 minutes")
 
     assert Run.objects.get(pk=run.pk).state == RunState.CANCELLED
     assert not AuditEvent.objects.filter(action="run.cancel").exists()
@@ -360,14 +365,14 @@ def test_gantry_cancelling_a_run_is_not_a_person_s_change(world):
 def test_template_creation_edit_and_deletion_are_recorded(world):
     values = {"resources": {"flavor": "a100-80gb", "gpus_per_node": 1}}
     state = {"name": "small", "description": "", "values": values, "locked": [], "ranges": {}}
-    template = job_services.template_save(actor=world.tenant_admin_a, tenant=world.vision, **state)
-    job_services.template_save(
+    template = template_save(actor=world.tenant_admin_a, tenant=world.vision, **state)
+    template_save(
         actor=world.tenant_admin_a,
         tenant=world.vision,
         template=template,
         **(state | {"locked": ["resources.flavor"]}),
     )
-    job_services.template_delete(actor=world.platform_admin, template=template)
+    template_delete(actor=world.platform_admin, template=template)
 
     edited = state | {"locked": ["resources.flavor"]}
     tara, paul = world.tenant_admin_a, world.platform_admin
@@ -619,7 +624,7 @@ def test_what_gantry_pages_change_is_read_only_in_the_admin(world, superuser_cli
     """Even a superuser cannot change these here: they change through services that check
     and audit them. The page shows the object; posting a change is refused, changing
     nothing."""
-    template = job_services.template_save(
+    template = template_save(
         actor=world.platform_admin,
         tenant=None,
         name="global",
@@ -780,7 +785,7 @@ def test_a_refused_token_request_creates_and_records_nothing(world):
 def test_submitting_is_in_the_run_timeline_not_the_audit_log(world):
     """A submission is its own record (experiment, run and its QUEUED event with the actor
     and time); the audit log is for changes to settings and to other people's work."""
-    run = job_services.run_submit(user=world.researcher_a, data=experiment_input(world))
+    run = run_submit(user=world.researcher_a, data=experiment_input(world))
 
     assert list(run.events.values_list("to_state", "actor")) == [("QUEUED", world.researcher_a.pk)]
     assert not AuditEvent.objects.exists()

@@ -50,9 +50,14 @@ from django.utils import timezone
 
 from images.models import Image
 from images.services import registry_create
-from jobs import services
 from jobs.models import Attempt, Experiment, ExperimentTemplate, Run
 from jobs.reproducibility import attempt_token
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.backend_submit import attempt_submit
+from jobs.services.backend_sync import cluster_sync
+from jobs.services.specs import experiment_spec
+from jobs.services.submission import experiment_input_of, run_submit
+from jobs.services.templates import template_save
 from tenants.models import Notification
 from tenants.services import api_token_create, notification_create
 from tests.conftest import COMMIT, PASSWORD, experiment_input
@@ -225,12 +230,12 @@ class Call:
 @pytest.fixture
 def objects(world) -> Objects:
     alice = world.researcher_a
-    run = services.run_submit(user=alice, data=experiment_input(world, name=EXPERIMENT_NAME))
-    services.admission_run_cycle()
+    run = run_submit(user=alice, data=experiment_input(world, name=EXPERIMENT_NAME))
+    admission_run_cycle()
     attempt = Attempt.objects.get(run=run)
-    services.attempt_submit(attempt_id=attempt.pk)
-    services.cluster_sync(cluster=world.cluster)  # placed: the run is RUNNING
-    template = services.template_save(
+    attempt_submit(attempt_id=attempt.pk)
+    cluster_sync(cluster=world.cluster)  # placed: the run is RUNNING
+    template = template_save(
         actor=world.tenant_admin_a,
         tenant=world.vision,
         name=TEMPLATE_NAME,
@@ -399,8 +404,8 @@ def bodies(objects: Objects) -> dict[str, dict]:
             "new_password1": new_password,
             "new_password2": new_password,
         },
-        "api:spec-submit": services.experiment_spec(experiment),
-        "api:run-list": asdict(services.experiment_input_of(experiment)),
+        "api:spec-submit": experiment_spec(experiment),
+        "api:run-list": asdict(experiment_input_of(experiment)),
         "api:attempt-report": {"driver_version": "550.54.15"},
         "api:attempt-events": {"source": "rank-0", "events": [{"type": "ready"}]},
         "images:image_import": {"registry": "matrix", "reference": "vision/new:1.0"},

@@ -9,11 +9,8 @@ asserts what the pages show and saves full-page screenshots (tests/browser_suppo
 
 import csv
 import io
-import os
 import re
-import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,19 +20,26 @@ import pytest
 import time_machine
 from django.contrib.auth.models import User
 from django.contrib.sessions.models import Session
-from django.db import connection
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
 from images.models import Image
-from jobs import services
 from jobs.models import Attempt, AttemptState, Cluster, Experiment, Run, RunState
+from jobs.selectors.logs import text_tail
+from jobs.selectors.queue import admission_preview
+from jobs.selectors.runs import run_submitted_with
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.backend_submit import attempt_submit
+from jobs.services.backend_sync import cluster_sync
+from jobs.services.submission import run_rerun, run_submit
+from jobs.services.templates import template_save, template_submit
 from portal.celery import app as celery_app
 from portal.demo import DEMO_PASSWORD, demo_seed
 from telemetry import services as telemetry_services
 from telemetry.finance_selectors import last_closed_month, statement_month
 from tenants.models import AuditEvent, Quota, Tenant
 from tests.browser_support import login, screenshot
+from tests.celery_support import celery_env, start_worker_and_beat, stop_process
 from tests.conftest import DIGEST_A, experiment_input
 from tests.test_demo import DEMO_INSTANTS
 from tests.test_finance_pages import HEADER as FINANCE_CSV_HEADER
@@ -55,17 +59,7 @@ RUN_FOR_S = "8000"
 
 
 def submit(world, user, **overrides) -> Run:
-    return services.run_submit(user=user, data=experiment_input(world, **overrides))
-
-
-def stop_process(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    return run_submit(user=user, data=experiment_input(world, **overrides))
 
 
 @pytest.fixture
@@ -78,28 +72,8 @@ def celery_starter(live_server, tmp_path):
     log = (tmp_path / "celery.log").open("w")
 
     def start() -> None:
-        db = connection.settings_dict
-        env = os.environ | {
-            "DATABASE_URL": (
-                f"postgres://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
-            ),
-            "GANTRY_DATA_DIR": str(tmp_path),
-            "GANTRY_ADMISSION_INTERVAL_S": "1",
-            "GANTRY_SYNC_INTERVAL_S": "1",
-            "GANTRY_TELEMETRY_INTERVAL_S": "1",
-            "DJANGO_SETTINGS_MODULE": "tests.settings",
-        }
-        env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        common = {"env": env, "cwd": ROOT, "start_new_session": True, "stdout": log,
-                  "stderr": subprocess.STDOUT}  # fmt: skip
-        started.append(subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "portal", "worker", "--loglevel", "INFO",
-             "--concurrency", "2", "--without-mingle", "--without-gossip"], **common,
-        ))  # fmt: skip
-        started.append(subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "portal", "beat", "--loglevel", "INFO",
-             "--schedule", str(tmp_path / "beat-schedule")], **common,
-        ))  # fmt: skip
+        env = celery_env(tmp_path, GANTRY_TELEMETRY_INTERVAL_S="1")
+        started.extend(start_worker_and_beat(tmp_path, env, log))
 
     yield start
     for process in reversed(started):
@@ -123,7 +97,7 @@ def still_same_document(page: Page) -> bool:
 
 
 def make_template(world, **values):
-    return services.template_save(
+    return template_save(
         actor=world.tenant_admin_a,
         tenant=world.vision,
         name="pytorch-1node",
@@ -275,7 +249,7 @@ def test_tenant_admin_sees_members_and_quota_use_and_cancels_a_members_run(
     running = submit(world, world.researcher_a, name="alice-running")
     run_to_running(world, running)
     queued = submit(world, world.researcher_a2, name="arthur-wide", nodes=2, gpus_per_node=8)
-    services.admission_run_cycle()
+    admission_run_cycle()
     running.refresh_from_db()
     queued.refresh_from_db()
     assert (running.state, queued.state, queued.wait_reason) == ("RUNNING", "QUEUED", "QUOTA")
@@ -411,11 +385,11 @@ def test_readme_pages_on_the_demo(demo_instant, persona_page, tmp_path):
 
     demo_seed()
     # What the first admission and sync cycles of `make run` do: place the live runs.
-    services.admission_run_cycle()
+    admission_run_cycle()
     for attempt in Attempt.objects.filter(state=AttemptState.CREATED):
-        services.attempt_submit(attempt_id=attempt.pk)
+        attempt_submit(attempt_id=attempt.pk)
     for cluster in Cluster.objects.all():
-        services.cluster_sync(cluster=cluster)
+        cluster_sync(cluster=cluster)
     people = {user.username: user for user in User.objects.all()}
     waiting = Run.objects.filter(tenant__slug="vision", state=RunState.QUEUED).first()
     assert waiting is not None and waiting.wait_reason, "the demo has a waiting vision run"
@@ -441,7 +415,7 @@ def test_readme_pages_on_the_demo(demo_instant, persona_page, tmp_path):
     page.fill("#id_command", experiment.command)
     page.select_option("#id_flavor", "a100-80gb")
     page.fill("#id_gpus_per_node", "8")
-    preview = services.admission_preview(
+    preview = admission_preview(
         user=people["alice"], tenant="vision", flavor="a100-80gb", nodes=1, gpus_per_node=8
     )
     expect(page.locator("[data-verdict]")).to_have_attribute("data-verdict", preview.verdict)
@@ -702,12 +676,10 @@ def test_a_multi_megabyte_log_keeps_the_run_page_small_and_downloads_whole(
 @pytest.mark.django_db
 def test_a_replayed_submission_key_returns_the_first_run_even_once_it_would_be_refused(world):
     key = uuid.uuid4()
-    first = services.run_submit(
-        user=world.researcher_a, data=experiment_input(world), submission_key=key
-    )
+    first = run_submit(user=world.researcher_a, data=experiment_input(world), submission_key=key)
     Quota.objects.filter(tenant=world.vision, flavor=world.a100).delete()  # now refused
 
-    again = services.run_submit(
+    again = run_submit(
         user=world.researcher_a, data=experiment_input(world, name="changed"), submission_key=key
     )
 
@@ -719,16 +691,12 @@ def test_a_replayed_submission_key_returns_the_first_run_even_once_it_would_be_r
 @pytest.mark.django_db
 def test_submission_keys_are_per_user(world):
     key = uuid.uuid4()
-    alices = services.run_submit(
-        user=world.researcher_a, data=experiment_input(world), submission_key=key
-    )
-    arthurs = services.run_submit(
-        user=world.researcher_a2, data=experiment_input(world), submission_key=key
-    )
+    alices = run_submit(user=world.researcher_a, data=experiment_input(world), submission_key=key)
+    arthurs = run_submit(user=world.researcher_a2, data=experiment_input(world), submission_key=key)
 
     assert alices != arthurs
-    assert services.run_submitted_with(user=world.researcher_a2, submission_key=key) == arthurs
-    assert services.run_submitted_with(user=world.researcher_b, submission_key=key) is None
+    assert run_submitted_with(user=world.researcher_a2, submission_key=key) == arthurs
+    assert run_submitted_with(user=world.researcher_b, submission_key=key) is None
 
 
 @pytest.mark.django_db
@@ -736,20 +704,20 @@ def test_template_submits_and_reruns_with_one_key_queue_once(world):
     template = make_template(world)
     values = {"tenant": "vision", "project": "detection", "name": "from-template"}
     key = uuid.uuid4()
-    first = services.template_submit(
+    first = template_submit(
         user=world.researcher_a, template=template, values=values, submission_key=key
     )
     assert (
-        services.template_submit(
+        template_submit(
             user=world.researcher_a, template=template, values=values, submission_key=key
         )
         == first
     )
     rerun_key = uuid.uuid4()
-    rerun = services.run_rerun(
+    rerun = run_rerun(
         experiment=first.experiment, user=world.researcher_a, submission_key=rerun_key
     )
-    again = services.run_rerun(
+    again = run_rerun(
         experiment=first.experiment, user=world.researcher_a, submission_key=rerun_key
     )
 
@@ -781,7 +749,7 @@ def test_a_damaged_submission_key_is_a_clear_error_and_queues_nothing(client, wo
     assert "This form is damaged: open the submit page again." in response.content.decode()
     assert Run.objects.count() == 0
 
-    experiment = services.run_submit(user=world.researcher_a, data=experiment_input(world))
+    experiment = run_submit(user=world.researcher_a, data=experiment_input(world))
     response = client.post(
         f"/experiments/{experiment.experiment_id}/rerun/", {"submission_key": "not-a-key"}
     )
@@ -799,7 +767,7 @@ def test_a_damaged_submission_key_is_a_clear_error_and_queues_nothing(client, wo
 
 @pytest.mark.django_db
 def test_a_log_tail_is_cut_at_a_line_start_and_says_so():
-    assert services.text_tail("short\nlog", max_chars=64) == ("short\nlog", False)
-    assert services.text_tail("aaaa\nbbbb\ncccc", max_chars=7) == ("cccc", True)
+    assert text_tail("short\nlog", max_chars=64) == ("short\nlog", False)
+    assert text_tail("aaaa\nbbbb\ncccc", max_chars=7) == ("cccc", True)
     # One line longer than the limit keeps its end.
-    assert services.text_tail("x" * 10, max_chars=4) == ("xxxx", True)
+    assert text_tail("x" * 10, max_chars=4) == ("xxxx", True)

@@ -18,8 +18,12 @@ from django.test import Client, RequestFactory
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs import budgets, services, tasks
+from jobs import tasks
 from jobs.models import Attempt, BudgetAlert
+from jobs.services import budgets
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.submission import run_submit
+from jobs.services.usage import usage_record_attempt
 from tenants.models import Notification, Quota
 from tenants.selectors import notification_unread_count
 from tests.conftest import experiment_input
@@ -57,10 +61,8 @@ def budget(world):
 
 def attempt_for(world, user=None, **overrides) -> Attempt:
     """An attempt made the way every attempt is: submitted, then admitted (2 GPUs)."""
-    run = services.run_submit(
-        user=user or world.researcher_a, data=experiment_input(world, **overrides)
-    )
-    services.admission_run_cycle()
+    run = run_submit(user=user or world.researcher_a, data=experiment_input(world, **overrides))
+    admission_run_cycle()
     return run.attempts.get()
 
 
@@ -68,7 +70,7 @@ def use(attempt: Attempt, gpu_hours: float, *, now: datetime = NOW) -> None:
     """Record ``gpu_hours`` of finished work of the attempt's run, ending an hour before now."""
     finished = now - timedelta(hours=1)
     started = finished - timedelta(hours=gpu_hours / attempt.run.gpus)
-    services.usage_record_attempt(attempt=attempt, started=started, finished=finished)
+    usage_record_attempt(attempt=attempt, started=started, finished=finished)
 
 
 def check(callbacks_fixture, now: datetime = NOW) -> int:

@@ -22,8 +22,12 @@ from django.utils import timezone
 
 from gantry_cli.client import Client
 from gantry_cli.main import main
-from jobs import services
 from jobs.models import Attempt, AttemptState, Experiment, Run, RunState, SimulatedJob
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.backend_submit import attempt_submit
+from jobs.services.backend_sync import cluster_sync
+from jobs.services.lifecycle import run_cancel
+from jobs.services.submission import run_submit
 from tenants.models import ApiToken
 from tests.conftest import COMMIT, PASSWORD, experiment_input
 
@@ -100,9 +104,7 @@ def alice(cli, server):
 
 
 def submit(world, user=None, **overrides) -> Run:
-    return services.run_submit(
-        user=user or world.researcher_a, data=experiment_input(world, **overrides)
-    )
+    return run_submit(user=user or world.researcher_a, data=experiment_input(world, **overrides))
 
 
 def spec_file(tmp_path: Path, world, **overrides) -> Path:
@@ -137,14 +139,14 @@ def simulator_steps(world):
 
     def submit_attempts() -> None:
         for attempt in Attempt.objects.filter(state=AttemptState.CREATED):
-            services.attempt_submit(attempt_id=attempt.pk)
+            attempt_submit(attempt_id=attempt.pk)
 
     steps = [
-        services.admission_run_cycle,
+        admission_run_cycle,
         submit_attempts,
-        lambda: services.cluster_sync(cluster=world.cluster),
+        lambda: cluster_sync(cluster=world.cluster),
         age_simulated_jobs,
-        lambda: services.cluster_sync(cluster=world.cluster),
+        lambda: cluster_sync(cluster=world.cluster),
     ]
 
     def step() -> None:
@@ -370,7 +372,7 @@ def test_wait_on_a_failed_run_exits_1_with_the_reason(cli, alice, world, tmp_pat
 def test_ls_and_show_json_give_exact_ids_and_states(cli, alice, world):
     first = submit(world)
     second = submit(world, name="second")
-    services.run_cancel(run=first, actor=world.researcher_a)
+    run_cancel(run=first, actor=world.researcher_a)
     submit(world, user=world.researcher_b, tenant="nlp", project="llm")  # another tenant
 
     runs = cli.json("ls")
@@ -421,7 +423,7 @@ def test_ls_prints_an_aligned_table(cli, alice, world):
 def test_show_explains_why_a_run_waits(cli, alice, world):
     submit(world, nodes=2, gpus_per_node=8, name="big")
     waiting = submit(world, nodes=1, gpus_per_node=8, name="small")
-    services.admission_run_cycle()
+    admission_run_cycle()
     waiting.refresh_from_db()
 
     code, out, err = cli("show", str(waiting.pk))
@@ -501,7 +503,7 @@ def test_cancel_a_queued_run(cli, alice, world):
 
 def test_cancel_of_a_finished_run_is_exit_1(cli, alice, world):
     run = submit(world)
-    services.run_cancel(run=run, actor=world.researcher_a)
+    run_cancel(run=run, actor=world.researcher_a)
 
     code, _out, err = cli("cancel", str(run.pk))
 
@@ -540,7 +542,7 @@ def test_spec_prints_yaml_that_submits_again(cli, alice, world, tmp_path):
 
 def test_quota_json_lists_the_users_tenants_quotas(cli, alice, world):
     submit(world)
-    services.admission_run_cycle()  # the run now holds 2 A100 GPUs
+    admission_run_cycle()  # the run now holds 2 A100 GPUs
 
     quotas = cli.json("quota")
 

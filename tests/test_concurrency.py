@@ -14,8 +14,11 @@ import pytest
 from django.db import connection, connections
 from django.db.models import Count, Sum
 
-from jobs import services
+from jobs import admission
 from jobs.models import HOLDING_STATES, Attempt, ClusterFlavor, Run, RunEvent, RunState
+from jobs.services import admission_cycle
+from jobs.services.admission_cycle import AdmissionSummary, admission_run_cycle
+from jobs.services.submission import run_submit
 from portal.celery import app as celery_app
 from tenants.models import Quota
 from tests.conftest import experiment_input
@@ -39,16 +42,16 @@ class SlowDecide:
 def slow_decide(monkeypatch) -> SlowDecide:
     """Make every admission decision slower, deterministically. It widens the window in
     which two admitters could overlap, so a missing lock shows as over-admission rather
-    than depending on luck. (services calls ``admission.decide`` through the module.)"""
+    than depending on luck. (the cycle calls ``admission.decide`` through the module.)"""
     slow = SlowDecide(delay=0.02)
-    real_decide = services.admission.decide
+    real_decide = admission.decide
 
     def decide(snapshot):
         slow.calls.append(threading.get_ident())
         time.sleep(slow.delay)
         return real_decide(snapshot)
 
-    monkeypatch.setattr(services.admission, "decide", decide)
+    monkeypatch.setattr(admission, "decide", decide)
     return slow
 
 
@@ -140,7 +143,7 @@ def submitter(world, index: int):
 
     def submit():
         time.sleep(WAVE_S * (index % WAVES))  # a stream of waves while admitters run
-        return services.run_submit(user=user, data=data).pk
+        return run_submit(user=user, data=data).pk
 
     return submit
 
@@ -151,7 +154,7 @@ def admitter(done: threading.Event, capacity: dict, ceiling: dict):
     def loop():
         summaries = []
         while not done.is_set():
-            summaries.append(services.admission_run_cycle())
+            summaries.append(admission_run_cycle())
             assert_within_limits(capacity, ceiling)
         return summaries
 
@@ -178,11 +181,11 @@ def submit_while_admitting(world) -> list:
         [submit_then_signal(submitter(world, index)) for index in range(SUBMITTERS)]
         + [admitter(done, capacity, ceiling) for _ in range(ADMITTERS)]
     )
-    final = services.admission_run_cycle()
+    final = admission_run_cycle()
     assert final is not None  # nobody else holds the lock now
     assert_within_limits(capacity, ceiling)
     # The final cycle left nothing that could still start.
-    assert services.admission_run_cycle().admitted == 0
+    assert admission_run_cycle().admitted == 0
     return [s for loop in results[SUBMITTERS:] for s in loop] + [final]
 
 
@@ -216,13 +219,13 @@ def test_fifty_concurrent_submitters_with_borrowing_and_reclaim(
     Quota.objects.filter(flavor=world.a100).update(borrow_limit_gpus=8)
     Quota.objects.filter(flavor=world.h100).update(borrow_limit_gpus=4)
     for index in range(3):
-        services.run_submit(
+        run_submit(
             user=world.researcher_b,
             data=experiment_input(
                 world, tenant="nlp", project="llm", gpus_per_node=8, name=f"early-{index}"
             ),
         )
-    assert services.admission_run_cycle().admitted == 3
+    assert admission_run_cycle().admitted == 3
     assert Run.objects.filter(tenant=world.nlp, borrowed=True).count() == 1
 
     summaries = submit_while_admitting(world)
@@ -255,7 +258,7 @@ def test_fifty_concurrent_submitters_with_borrowing_and_reclaim(
 
 def test_two_admitters_started_at_once_never_both_admit(transactional_db, world, monkeypatch):
     runs = [
-        services.run_submit(
+        run_submit(
             user=world.researcher_a,
             data=experiment_input(world, gpus_per_node=gpus, name=f"slow-{gpus}"),
         )
@@ -265,7 +268,7 @@ def test_two_admitters_started_at_once_never_both_admit(transactional_db, world,
     # two cycles overlap whatever the scheduling.
     lock_results: list[bool] = []
     both_tried = threading.Event()
-    real_lock, real_decide = services._admission_lock, services.admission.decide
+    real_lock, real_decide = admission_cycle.admission_lock, admission.decide
 
     def lock() -> bool:
         taken = real_lock()
@@ -278,14 +281,14 @@ def test_two_admitters_started_at_once_never_both_admit(transactional_db, world,
         assert both_tried.wait(timeout=30)
         return real_decide(snapshot)
 
-    monkeypatch.setattr(services, "_admission_lock", lock)
-    monkeypatch.setattr(services.admission, "decide", decide)
+    monkeypatch.setattr(admission_cycle, "admission_lock", lock)
+    monkeypatch.setattr(admission, "decide", decide)
 
-    results = in_threads([services.admission_run_cycle, services.admission_run_cycle])
+    results = in_threads([admission_run_cycle, admission_run_cycle])
 
     assert sorted(lock_results) == [False, True]
     assert sorted(results, key=lambda r: r is None) == [
-        services.AdmissionSummary(admitted=3, preempted=0, waiting=0),
+        AdmissionSummary(admitted=3, preempted=0, waiting=0),
         None,
     ]
     for run in runs:

@@ -28,10 +28,14 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
 from kubernetes import client
 
-from jobs import services, tasks
+from jobs import tasks
 from jobs.backends import TransientBackendError
 from jobs.backends.simulator import SimulatorBackend
 from jobs.models import Attempt, AttemptState, Cluster, Run, RunEvent, RunState, SimulatedJob
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.backend_submit import attempt_submit
+from jobs.services.backend_sync import cluster_refresh_inventory, cluster_sync
+from jobs.services.submission import run_submit
 from portal.celery import app as celery_app
 from tests.conftest import experiment_input
 from tests.crash_support import (
@@ -94,8 +98,8 @@ class WorkerKilled(BaseException):
 
 
 def _submit_admitted(world, **overrides) -> Attempt:
-    run = services.run_submit(user=world.researcher_a, data=experiment_input(world, **overrides))
-    services.admission_run_cycle()
+    run = run_submit(user=world.researcher_a, data=experiment_input(world, **overrides))
+    admission_run_cycle()
     return run.attempts.get()
 
 
@@ -111,7 +115,7 @@ def _killed_after_the_backend_call(world, monkeypatch) -> Attempt:
     with monkeypatch.context() as patched:
         patched.setattr(SimulatorBackend, "submit", create_then_die)
         with pytest.raises(WorkerKilled):
-            services.attempt_submit(attempt_id=attempt.pk)
+            attempt_submit(attempt_id=attempt.pk)
     attempt.refresh_from_db()
     assert (attempt.state, attempt.backend_job_id) == (AttemptState.SUBMITTING, "")
     return attempt
@@ -121,7 +125,7 @@ def test_a_job_the_sync_finds_running_before_its_submit_recorded_it_is_recorded(
     attempt = _killed_after_the_backend_call(world, monkeypatch)
     job = SimulatedJob.objects.get(name=attempt.name)
 
-    services.cluster_sync(cluster=world.cluster)  # places the job: it runs
+    cluster_sync(cluster=world.cluster)  # places the job: it runs
 
     attempt.refresh_from_db()
     assert (attempt.state, attempt.backend_job_id) == (AttemptState.RUNNING, str(job.pk))
@@ -132,7 +136,7 @@ def test_a_job_the_sync_finds_running_before_its_submit_recorded_it_is_recorded(
         ("RUNNING", "Running on sim-1-a100-80gb-00"),
     ]
     # The redelivered submit finds the work done: no second job, no second event.
-    services.attempt_submit(attempt_id=attempt.pk)
+    attempt_submit(attempt_id=attempt.pk)
     assert SimulatedJob.objects.filter(name=attempt.name).count() == 1
     assert transitions(attempt.run_id) == EXPECTED_TIMELINE[:-1]
 
@@ -162,7 +166,7 @@ def test_a_job_the_sync_finds_waiting_is_recorded_once(world, monkeypatch):
         started_at=timezone.now(),
     )
     for _ in range(2):
-        services.cluster_sync(cluster=world.cluster)
+        cluster_sync(cluster=world.cluster)
     attempt.refresh_from_db()
     job = SimulatedJob.objects.get(name=attempt.name)
     assert (attempt.state, attempt.backend_job_id, job.state) == ("PENDING", str(job.pk), "PENDING")
@@ -178,19 +182,19 @@ def test_a_broker_outage_does_not_fail_a_submit_that_was_recorded(
     monkeypatch.setattr(tasks.admission_cycle, "delay", broker_down)
     monkeypatch.setattr(tasks.attempt_submit, "delay", broker_down)
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
-        run = services.run_submit(user=world.researcher_a, data=experiment_input(world))
+        run = run_submit(user=world.researcher_a, data=experiment_input(world))
     assert len(callbacks) == 1
     assert Run.objects.get(pk=run.pk).state == RunState.QUEUED
     # Beat's admission cycle picks it up; its submit message is lost too, and re-driven.
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
-        services.admission_run_cycle()
+        admission_run_cycle()
     assert len(callbacks) == 1
     assert Attempt.objects.get(run=run).state == AttemptState.CREATED
 
 
 def test_the_sync_reports_an_unreachable_backend_on_every_live_attempt(world, monkeypatch):
     attempt = _submit_admitted(world)
-    services.attempt_submit(attempt_id=attempt.pk)
+    attempt_submit(attempt_id=attempt.pk)
 
     def unreachable(self, *args, **kwargs):
         raise TransientBackendError("connection refused by 127.0.0.1:1")
@@ -264,7 +268,7 @@ def k8s_cluster(fake: FakeKubernetes) -> Cluster:
             "ttl_seconds_after_finished": 30 * 86400,  # keep finished Jobs to count them
         },
     )
-    services.cluster_refresh_inventory(cluster=cluster)
+    cluster_refresh_inventory(cluster=cluster)
     return cluster
 
 
@@ -311,7 +315,7 @@ def _next_run(world, index: int) -> Run:
     tenant = {} if index // 2 % 2 == 0 else NLP
     user = world.researcher_a if not tenant else world.researcher_b
     data = experiment_input(world, name=run_name(index), **backend, **tenant)
-    return services.run_submit(user=user, data=data)
+    return run_submit(user=user, data=data)
 
 
 @pytest.mark.integration
@@ -323,7 +327,7 @@ def test_kill_9_of_the_worker_during_submits_leaves_one_job_per_attempt(
     # The simulator offers only H100s here, Kubernetes only A100s.
     world.cluster.settings["pools"] = [{"flavor": "h100-80gb", "nodes": 2, "gpus_per_node": 8}]
     world.cluster.save(update_fields=["settings"])
-    services.cluster_refresh_inventory(cluster=world.cluster)
+    cluster_refresh_inventory(cluster=world.cluster)
     k8s = k8s_cluster(fake_k8s)
     switch = KillSwitch(tmp_path / "kill-points")
     # Submits trigger the admission cycle themselves; beat's runs of it are only a backstop.
@@ -479,7 +483,7 @@ def test_kill_9_of_the_worker_during_submits_leaves_one_job_per_attempt(
 
 def _k8s_run(world, index: int) -> Run:
     data = experiment_input(world, name=f"outage-{index}", **K8S_A100)
-    return services.run_submit(user=world.researcher_a, data=data)
+    return run_submit(user=world.researcher_a, data=data)
 
 
 @pytest.mark.integration

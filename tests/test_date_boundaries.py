@@ -18,9 +18,14 @@ import time_machine
 from django.urls import reverse
 from django.utils.html import strip_tags
 
-from jobs import budgets, services
 from jobs.backends import JobStatus
 from jobs.models import Attempt, BudgetAlert, FairShareUsage, RunEvent, TenantMonthUsage
+from jobs.selectors.queue import gpu_hours_this_month
+from jobs.services import budgets
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.backend_submit import attempt_submit
+from jobs.services.backend_sync import attempt_apply_status
+from jobs.services.submission import run_submit
 from telemetry import finance, finance_selectors, kpi_selectors
 from telemetry.kpi_selectors import KpiScope
 from telemetry.kpis import Ratio
@@ -54,14 +59,12 @@ def start(world, *, at: datetime, submitted: datetime | None = None, **overrides
     ``at``."""
     submitted = submitted or at - timedelta(minutes=5)
     with time_machine.travel(submitted, tick=False):
-        run = services.run_submit(
-            user=world.researcher_a, data=experiment_input(world, **overrides)
-        )
-        services.admission_run_cycle(now=submitted)
-        services.attempt_submit(attempt_id=run.attempts.get().pk)
+        run = run_submit(user=world.researcher_a, data=experiment_input(world, **overrides))
+        admission_run_cycle(now=submitted)
+        attempt_submit(attempt_id=run.attempts.get().pk)
     attempt = run.attempts.get()
     with time_machine.travel(at, tick=False):
-        services.attempt_apply_status(
+        attempt_apply_status(
             attempt=attempt_of(attempt.pk), status=JobStatus(state="RUNNING", started_at=at), now=at
         )
     return attempt_of(attempt.pk)
@@ -88,7 +91,7 @@ def report_first_step(attempt: Attempt) -> None:
 
 def finish(attempt: Attempt, *, at: datetime) -> Attempt:
     with time_machine.travel(at, tick=False):
-        services.attempt_apply_status(
+        attempt_apply_status(
             attempt=attempt_of(attempt.pk),
             status=JobStatus(state="SUCCEEDED", finished_at=at),
             now=at,
@@ -286,7 +289,7 @@ def assert_every_figure(client, world, attempt, *, days, statements, months, bud
     assert ledger() == [("vision", "a100-80gb", month, seconds) for month, seconds in months]
     for month, seconds in months:  # each month's budget sees that month's share only
         mid_month = utc(month.year, month.month, 15, 12)
-        assert services.gpu_hours_this_month(now=mid_month) == {KEY: seconds / 3600}
+        assert gpu_hours_this_month(now=mid_month) == {KEY: seconds / 3600}
     with time_machine.travel(end + timedelta(hours=1), tick=False):
         row = quota_row(client, world.researcher_a, "vision:a100-80gb")
     assert row[-1] == f"{budget_now} Hard: runs wait when the budget is spent"
@@ -382,7 +385,7 @@ def test_the_budget_month_restarts_at_its_first_second_and_counts_a_running_atte
     # When the month's GPU-hours are read at the last and the first second of a month, and
     # half an hour into April
     used = [
-        services.gpu_hours_this_month(now=moment)
+        gpu_hours_this_month(now=moment)
         for moment in (last_second, first_second, utc(2026, 4, 1, 0, 30))
     ]
 
@@ -408,7 +411,7 @@ def test_the_budget_month_restarts_at_its_first_second_and_counts_a_running_atte
         ("vision", "a100-80gb", date(2026, 3, 1), 8 * 3600 + GPUS * 2 * 3600.0),
         ("vision", "a100-80gb", date(2026, 4, 1), GPUS * 3600.0),
     ]
-    assert services.gpu_hours_this_month(now=utc(2026, 4, 1, 1)) == {KEY: 2.0}
+    assert gpu_hours_this_month(now=utc(2026, 4, 1, 1)) == {KEY: 2.0}
 
 
 def budget_message(percent: int, hours: str, month: str) -> str:
@@ -513,7 +516,7 @@ def test_fair_share_decays_across_the_month_boundary_as_across_any_other_second(
 
     # When admission cycles run just before and after midnight, or once after it
     for moment in cycles:
-        services.admission_run_cycle(now=moment)
+        admission_run_cycle(now=moment)
 
     # Then the value is the same either way: half a half-life and one second of decay, and
     # no monthly reset
@@ -545,9 +548,9 @@ def test_held_gpus_add_to_fair_share_across_the_month_boundary_as_on_any_night(
     )
 
     # When admission cycles run at 23:59:59 and at 00:00:01
-    services.admission_run_cycle(now=midnight - timedelta(seconds=1))
+    admission_run_cycle(now=midnight - timedelta(seconds=1))
     before_midnight = fair_share_of(world, world.vision)[0]
-    services.admission_run_cycle(now=midnight + timedelta(seconds=1))
+    admission_run_cycle(now=midnight + timedelta(seconds=1))
 
     # Then the usage is the exact integral of the decayed GPUs held (docs/admission.md): the
     # same value as one update over the whole 12 h 1 s, whatever lies between the cycles
@@ -677,7 +680,7 @@ def test_a_spent_hard_budget_holds_a_run_until_the_first_cycle_of_the_next_month
     ran(budgeted, start_at=utc(2026, 3, 31, 8), end_at=utc(2026, 3, 31, 10))
     start(budgeted, at=utc(2026, 3, 31, 18))
     with time_machine.travel(utc(2026, 3, 31, 23), tick=False):
-        run = services.run_submit(user=budgeted.researcher_a, data=experiment_input(budgeted))
+        run = run_submit(user=budgeted.researcher_a, data=experiment_input(budgeted))
 
     # When admission cycles run at 23:59:59.8 and .9 on 31 March and at 00:00:00.1 and .2 on
     # 1 April
@@ -689,7 +692,7 @@ def test_a_spent_hard_budget_holds_a_run_until_the_first_cycle_of_the_next_month
         utc(2026, 4, 1, 0, 0, 0, 200000),
     ):
         with time_machine.travel(moment, tick=False):
-            services.admission_run_cycle(now=moment)
+            admission_run_cycle(now=moment)
         run.refresh_from_db()
         seen.append((run.state, run.wait_reason, run.wait_message, run.admitted_at))
 

@@ -32,8 +32,8 @@ from django.urls import reverse
 from django.utils.html import strip_tags
 from openpyxl import load_workbook
 
-from jobs import services
 from jobs.models import Attempt, AttemptState, Cluster, Run
+from jobs.services.submission import run_submit
 from telemetry import costing, finance_views
 from telemetry.finance import daily_usage_update, rate_card_add, rate_cards_for
 from telemetry.finance_selectors import EXPORT_COLUMNS, statement_month
@@ -53,7 +53,7 @@ STATEMENT_URL = "/finance/vision/2025-03/"
 
 
 def submit(world, user, **overrides) -> Run:
-    return services.run_submit(user=user, data=experiment_input(world, **overrides))
+    return run_submit(user=user, data=experiment_input(world, **overrides))
 
 
 def ran(

@@ -20,9 +20,9 @@ import pytest
 from django.db.models import Sum
 from django.utils import timezone
 
-from jobs import services
 from jobs.backends.slurm_script import gpus_of_tres
 from jobs.models import Attempt, RunState
+from jobs.services.backend_submit import attempt_submit
 from telemetry import finance_selectors
 from telemetry.costing import SECONDS_PER_HOUR
 from telemetry.finance import daily_usage_update, rate_card_add
@@ -80,7 +80,7 @@ def test_a_months_gpu_hours_equal_sacct(slurm_world, monkeypatch):
     runs, attempts = [], []
     for overrides in JOBS:
         run, attempt = cluster_tests.submit_and_admit(world, **overrides)
-        services.attempt_submit(attempt_id=attempt.pk)
+        attempt_submit(attempt_id=attempt.pk)
         runs.append(run)
         attempts.append(attempt)
     cluster_tests.sync_until(world, runs, {RunState.SUCCEEDED, RunState.FAILED}, timeout=120)

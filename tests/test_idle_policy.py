@@ -7,8 +7,9 @@ import pytest
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.urls import reverse
 
-from jobs import services as job_services
 from jobs.models import Run, RunEvent, RunState
+from jobs.services.backend_sync import attempt_cancel
+from jobs.services.lifecycle import run_cancel
 from telemetry import tasks
 from telemetry.accounting import IDLE_THRESHOLD
 from telemetry.idle import IdleAction, IdleStreak, idle_action, idle_streak
@@ -306,7 +307,7 @@ def test_run_idle_for_the_cancel_threshold_is_cancelled_once_through_the_backend
         "vision: its GPUs were idle for 30 minutes (below 5 % activity)."
     )
 
-    job_services.attempt_cancel(attempt_id=run.attempts.get().pk)  # what the task does
+    attempt_cancel(attempt_id=run.attempts.get().pk)  # what the task does
     run.refresh_from_db()
     busy.refresh_from_db()
     assert (run.state, run.failure_reason) == (RunState.CANCELLED, "CANCELLED")
@@ -362,10 +363,10 @@ def test_gantry_cancels_without_an_actor_only_with_a_reason(world):
     run = submit(world)
 
     with pytest.raises(ValueError):
-        job_services.run_cancel(run=run, actor=None)
+        run_cancel(run=run, actor=None)
     with pytest.raises(ValueError):
-        job_services.run_cancel(run=run, actor=world.researcher_a, system_reason="because")
-    job_services.run_cancel(run=run, actor=None, system_reason="Cancelled by a policy")
+        run_cancel(run=run, actor=world.researcher_a, system_reason="because")
+    run_cancel(run=run, actor=None, system_reason="Cancelled by a policy")
 
     run.refresh_from_db()
     event = RunEvent.objects.get(run=run, to_state="CANCELLED")

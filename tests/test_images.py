@@ -17,7 +17,7 @@ from django.urls import reverse
 from images import services
 from images.models import Image, Registry
 from jobs.models import Experiment, Run
-from jobs.services import run_submit
+from jobs.services.submission import run_submit
 from tenants.models import AuditEvent
 from tests.conftest import experiment_input
 from tests.registry_support import (

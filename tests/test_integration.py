@@ -4,83 +4,46 @@ default exactly as ``make run`` starts it (SQLite, filesystem broker, gunicorn).
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
-from django.db import connection
 
-from jobs import services
 from jobs.models import RunState, SimulatedJob
+from jobs.services.submission import run_submit
 from portal.celery import app as celery_app
+from tests.celery_support import (
+    celery_env,
+    free_port,
+    start_worker_and_beat,
+    stop_process,
+    wait_for,
+)
 from tests.conftest import experiment_input
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration
 
 
-def wait_for(predicate, *, timeout: float, interval: float = 0.25, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
 @pytest.fixture
 def celery_processes(transactional_db, tmp_path):
     """A real worker and beat, on the test's Redis database and the test PostgreSQL database."""
     celery_app.control.purge()
-    settings = connection.settings_dict
-    env = os.environ | {
-        "DATABASE_URL": (
-            f"postgres://{settings['USER']}@{settings['HOST']}:{settings['PORT'] or 5432}/"
-            f"{settings['NAME']}"
-        ),
-        "GANTRY_DATA_DIR": str(tmp_path),
-        "GANTRY_ADMISSION_INTERVAL_S": "1",
-        "GANTRY_SYNC_INTERVAL_S": "1",
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-    }
-    common = {"env": env, "cwd": ROOT, "start_new_session": True}
     log = (tmp_path / "celery.log").open("w")
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "portal", "worker", "--loglevel", "INFO",
-         "--concurrency", "2", "--without-mingle", "--without-gossip"],
-        stdout=log, stderr=subprocess.STDOUT, **common,
-    )  # fmt: skip
-    beat = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "portal", "beat", "--loglevel", "INFO",
-         "--schedule", str(tmp_path / "beat-schedule")],
-        stdout=log, stderr=subprocess.STDOUT, **common,
-    )  # fmt: skip
+    worker, beat = start_worker_and_beat(tmp_path, celery_env(tmp_path), log)
     yield worker, beat
-    stop(beat)
-    stop(worker)
+    stop_process(beat)
+    stop_process(worker)
     log.close()
 
 
 def test_worker_and_beat_take_a_run_from_queued_to_succeeded(world, celery_processes):
     worker, beat = celery_processes
     # run_submit commits, and its on_commit hook puts the admission task on Redis.
-    run = services.run_submit(
+    run = run_submit(
         user=world.researcher_a,
         data=experiment_input(world, env={"GANTRY_SIM_DURATION_S": "60"}),
     )
@@ -100,12 +63,6 @@ def test_worker_and_beat_take_a_run_from_queued_to_succeeded(world, celery_proce
 
 
 # --- the embedded default ---------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def http(method: str, url: str, *, token: str | None = None, body: dict | None = None):

@@ -12,13 +12,18 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from jobs import services
 from jobs.backends import backend_for
 from jobs.backends.base import JobRef, JobSpec, PermanentBackendError, TransientBackendError
 from jobs.backends.k8s_manifest import parse_settings
 from jobs.backends.k8s_status import inventory_from_nodes, job_status, pod_failure, root_cause
 from jobs.backends.kubernetes import KubernetesBackend
 from jobs.models import Attempt, AttemptState, Cluster, ClusterFlavor, Run, RunState
+from jobs.selectors.logs import run_logs
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.backend_submit import attempt_submit
+from jobs.services.backend_sync import attempt_cancel, cluster_refresh_inventory, cluster_sync
+from jobs.services.lifecycle import run_cancel
+from jobs.services.submission import run_submit
 from tests.conftest import experiment_input
 from tests.k8s_fake import FakeKubernetes
 
@@ -771,7 +776,7 @@ def k8s_world(world, fake):
     cluster = Cluster.objects.create(
         name="k8s-1", backend=Cluster.Backend.KUBERNETES, settings=settings_for(fake)
     )
-    services.cluster_refresh_inventory(cluster=cluster)
+    cluster_refresh_inventory(cluster=cluster)
     assert list(
         ClusterFlavor.objects.filter(cluster=cluster).values_list(
             "flavor__slug", "nodes", "gpus_per_node"
@@ -783,17 +788,17 @@ def k8s_world(world, fake):
 
 
 def _submitted_run(world, **overrides):
-    run = services.run_submit(user=world.researcher_a, data=experiment_input(world, **overrides))
-    services.admission_run_cycle()
+    run = run_submit(user=world.researcher_a, data=experiment_input(world, **overrides))
+    admission_run_cycle()
     attempt = Attempt.objects.get(run=run)
     assert attempt.cluster_id == world.k8s.pk
-    services.attempt_submit(attempt_id=attempt.pk)
+    attempt_submit(attempt_id=attempt.pk)
     return run, attempt
 
 
 def _sync(world, seconds=10.0):
     world.fake.controller.advance(seconds)
-    services.cluster_sync(cluster=world.k8s)
+    cluster_sync(cluster=world.k8s)
 
 
 def test_a_run_goes_from_queued_to_succeeded_on_kubernetes(k8s_world):
@@ -824,7 +829,7 @@ def test_a_run_goes_from_queued_to_succeeded_on_kubernetes(k8s_world):
         "RUNNING",
         "SUCCEEDED",
     ]
-    assert "rank 0 of 1 starting on gpu-0" in services.run_logs(run=run)
+    assert "rank 0 of 1 starting on gpu-0" in run_logs(run=run)
 
 
 def test_a_gpu_oom_on_kubernetes_fails_the_run_with_its_reason(k8s_world):
@@ -844,11 +849,11 @@ def test_a_gpu_oom_on_kubernetes_fails_the_run_with_its_reason(k8s_world):
 def test_a_redelivered_submit_task_never_creates_a_second_job(k8s_world):
     world = k8s_world
     run, attempt = _submitted_run(world)
-    services.attempt_submit(attempt_id=attempt.pk)
+    attempt_submit(attempt_id=attempt.pk)
     # A worker that died after the Job was created but before recording it.
     Attempt.objects.filter(pk=attempt.pk).update(state=AttemptState.SUBMITTING)
     Run.objects.filter(pk=run.pk).update(state=RunState.SUBMITTING)
-    services.attempt_submit(attempt_id=attempt.pk)
+    attempt_submit(attempt_id=attempt.pk)
     jobs, _ = world.fake.store.list("jobs")
     assert [j["metadata"]["name"] for j in jobs] == [f"gantry-a{attempt.pk}"]
     assert world.fake.server.count("POST", r"/jobs$") == 1
@@ -862,13 +867,13 @@ def test_an_outage_leaves_runs_unchanged_and_visible_then_converges(k8s_world):
     world.fake.stop()
     world.fake.controller.advance(1, steps=3)
     with pytest.raises(TransientBackendError):
-        services.cluster_sync(cluster=world.k8s)
+        cluster_sync(cluster=world.k8s)
     run.refresh_from_db()
     attempt.refresh_from_db()
     assert (run.state, attempt.state) == (RunState.PENDING, AttemptState.PENDING)
     assert attempt.backend_error.startswith("backend unreachable: cannot reach the Kubernetes")
     world.fake.start()
-    services.cluster_sync(cluster=world.k8s)
+    cluster_sync(cluster=world.k8s)
     run.refresh_from_db()
     attempt.refresh_from_db()
     assert (run.state, attempt.backend_error) == (RunState.RUNNING, "")
@@ -879,8 +884,8 @@ def test_cancelling_a_running_run_deletes_its_job(k8s_world):
     run, attempt = _submitted_run(world)
     for _ in range(3):
         _sync(world, 1)
-    services.run_cancel(run=run, actor=world.researcher_a)
-    services.attempt_cancel(attempt_id=attempt.pk)
+    run_cancel(run=run, actor=world.researcher_a)
+    attempt_cancel(attempt_id=attempt.pk)
     run.refresh_from_db()
     assert run.state == RunState.CANCELLED
     world.fake.controller.advance(1)

@@ -6,17 +6,21 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from jobs import services
 from jobs.calendar import month_start
 from jobs.models import Attempt, AttemptState, Experiment, Run, RunEvent, RunState, SimulatedJob
+from jobs.selectors.queue import admission_preview, gpu_hours_this_month
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.backend_submit import attempt_submit
+from jobs.services.backend_sync import attempt_cancel, cluster_sync
+from jobs.services.lifecycle import run_cancel
+from jobs.services.submission import run_submit
+from jobs.services.usage import usage_record_attempt
 from tenants.models import Quota
 from tests.conftest import experiment_input
 
 
 def submit(world, user=None, **overrides) -> Run:
-    return services.run_submit(
-        user=user or world.researcher_a, data=experiment_input(world, **overrides)
-    )
+    return run_submit(user=user or world.researcher_a, data=experiment_input(world, **overrides))
 
 
 def age_simulated_jobs(seconds: float) -> None:
@@ -36,25 +40,25 @@ def test_submit_records_experiment_and_queues_a_run(world):
 
 def test_run_goes_from_queued_to_succeeded_on_the_simulator(world):
     run = submit(world)
-    summary = services.admission_run_cycle()
+    summary = admission_run_cycle()
     assert (summary.admitted, summary.preempted, summary.waiting) == (1, 0, 0)
     attempt = Attempt.objects.get(run=run)
     assert (attempt.number, attempt.state, attempt.cluster_id) == (1, "CREATED", world.cluster.pk)
 
-    services.attempt_submit(attempt_id=attempt.pk)
+    attempt_submit(attempt_id=attempt.pk)
     attempt.refresh_from_db()
     run.refresh_from_db()
     assert (run.state, attempt.state) == (RunState.PENDING, AttemptState.PENDING)
     assert '"image": "registry.example.org/ml/pytorch@sha256:' in attempt.rendered_spec
 
-    services.cluster_sync(cluster=world.cluster)  # places the job on virtual nodes
+    cluster_sync(cluster=world.cluster)  # places the job on virtual nodes
     run.refresh_from_db()
     attempt.refresh_from_db()
     assert run.state == RunState.RUNNING
     assert attempt.node_list == ["sim-1-a100-80gb-00"]
 
     age_simulated_jobs(1)  # 1 s real = 1000 s simulated > 30 s startup + 600 s of work
-    services.cluster_sync(cluster=world.cluster)
+    cluster_sync(cluster=world.cluster)
     run.refresh_from_db()
     attempt.refresh_from_db()
     assert (run.state, attempt.state, attempt.exit_code) == ("SUCCEEDED", "SUCCEEDED", 0)
@@ -70,14 +74,14 @@ def test_run_goes_from_queued_to_succeeded_on_the_simulator(world):
 
 def test_redelivered_submit_creates_no_second_simulated_job(world):
     run = submit(world)
-    services.admission_run_cycle()
+    admission_run_cycle()
     attempt = Attempt.objects.get(run=run)
-    services.attempt_submit(attempt_id=attempt.pk)
-    services.attempt_submit(attempt_id=attempt.pk)
+    attempt_submit(attempt_id=attempt.pk)
+    attempt_submit(attempt_id=attempt.pk)
     # A worker that died after claiming the attempt: the state is SUBMITTING again.
     Attempt.objects.filter(pk=attempt.pk).update(state=AttemptState.SUBMITTING)
     Run.objects.filter(pk=run.pk).update(state=RunState.SUBMITTING)
-    services.attempt_submit(attempt_id=attempt.pk)
+    attempt_submit(attempt_id=attempt.pk)
     assert SimulatedJob.objects.filter(name=f"gantry-a{attempt.pk}").count() == 1
     assert SimulatedJob.objects.count() == 1
     assert Attempt.objects.get(pk=attempt.pk).state == AttemptState.PENDING
@@ -85,11 +89,11 @@ def test_redelivered_submit_creates_no_second_simulated_job(world):
 
 def test_failing_workload_fails_with_exit_code_and_reason(world):
     run = submit(world, env={"GANTRY_SIM_PROFILE": "crash", "GANTRY_SIM_DURATION_S": "100"})
-    services.admission_run_cycle()
-    services.attempt_submit(attempt_id=run.attempts.get().pk)
-    services.cluster_sync(cluster=world.cluster)
+    admission_run_cycle()
+    attempt_submit(attempt_id=run.attempts.get().pk)
+    cluster_sync(cluster=world.cluster)
     age_simulated_jobs(1)
-    services.cluster_sync(cluster=world.cluster)
+    cluster_sync(cluster=world.cluster)
     run.refresh_from_db()
     attempt = run.attempts.get()
     assert (run.state, run.failure_reason) == ("FAILED", "USER_EXIT")
@@ -98,14 +102,14 @@ def test_failing_workload_fails_with_exit_code_and_reason(world):
 
 def test_failed_run_with_restarts_left_is_requeued_with_a_new_attempt(world):
     run = submit(world, env={"GANTRY_SIM_PROFILE": "oom"}, max_restarts=1)
-    services.admission_run_cycle()
-    services.attempt_submit(attempt_id=run.attempts.get().pk)
-    services.cluster_sync(cluster=world.cluster)
+    admission_run_cycle()
+    attempt_submit(attempt_id=run.attempts.get().pk)
+    cluster_sync(cluster=world.cluster)
     age_simulated_jobs(10)
-    services.cluster_sync(cluster=world.cluster)
+    cluster_sync(cluster=world.cluster)
     run.refresh_from_db()
     assert (run.state, run.restarts) == (RunState.QUEUED, 1)
-    services.admission_run_cycle()
+    admission_run_cycle()
     assert list(run.attempts.values_list("number", "state")) == [(1, "FAILED"), (2, "CREATED")]
 
 
@@ -113,7 +117,7 @@ def test_admission_respects_guarantee_and_explains_the_wait(world):
     first = submit(world, nodes=2, gpus_per_node=8)  # 16 = vision's whole a100 guarantee
     second = submit(world, gpus_per_node=1)
     other = submit(world, user=world.researcher_b, tenant="nlp", project="llm", gpus_per_node=8)
-    summary = services.admission_run_cycle()
+    summary = admission_run_cycle()
     assert (summary.admitted, summary.preempted, summary.waiting) == (2, 0, 1)
     first.refresh_from_db()
     second.refresh_from_db()
@@ -128,24 +132,24 @@ def test_admission_respects_guarantee_and_explains_the_wait(world):
 
 def test_cancel_queued_run_is_immediate_and_recorded(world):
     run = submit(world)
-    services.run_cancel(run=run, actor=world.researcher_a)
+    run_cancel(run=run, actor=world.researcher_a)
     run.refresh_from_db()
     assert (run.state, run.failure_reason) == ("CANCELLED", "CANCELLED")
     assert RunEvent.objects.filter(run=run, to_state="CANCELLED").get().actor == world.researcher_a
-    assert services.admission_run_cycle().admitted == 0
+    assert admission_run_cycle().admitted == 0
 
 
 def test_cancel_running_run_goes_through_the_backend(world, django_capture_on_commit_callbacks):
     run = submit(world)
-    services.admission_run_cycle()
-    services.attempt_submit(attempt_id=run.attempts.get().pk)
-    services.cluster_sync(cluster=world.cluster)
+    admission_run_cycle()
+    attempt_submit(attempt_id=run.attempts.get().pk)
+    cluster_sync(cluster=world.cluster)
     run.refresh_from_db()
     assert run.state == "RUNNING"
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        services.run_cancel(run=run, actor=world.tenant_admin_a)
+        run_cancel(run=run, actor=world.tenant_admin_a)
     assert len(callbacks) == 1
-    services.attempt_cancel(attempt_id=run.attempts.get().pk)
+    attempt_cancel(attempt_id=run.attempts.get().pk)
     run.refresh_from_db()
     assert run.state == RunState.CANCELLED
     assert SimulatedJob.objects.get().state == "CANCELLED"
@@ -153,27 +157,27 @@ def test_cancel_running_run_goes_through_the_backend(world, django_capture_on_co
 
 def test_cancel_of_a_finished_run_is_refused_and_changes_nothing(world):
     run = submit(world)
-    services.run_cancel(run=run, actor=world.researcher_a)
+    run_cancel(run=run, actor=world.researcher_a)
     events = RunEvent.objects.count()
     with pytest.raises(ValidationError):
-        services.run_cancel(run=run, actor=world.researcher_a)
+        run_cancel(run=run, actor=world.researcher_a)
     assert RunEvent.objects.count() == events
 
 
 def test_lost_after_grace_when_backend_forgets_the_job(world, settings):
     settings.GANTRY_LOST_GRACE_S = 60
     run = submit(world)
-    services.admission_run_cycle()
+    admission_run_cycle()
     attempt = run.attempts.get()
-    services.attempt_submit(attempt_id=attempt.pk)
+    attempt_submit(attempt_id=attempt.pk)
     SimulatedJob.objects.all().delete()
-    services.cluster_sync(cluster=world.cluster)
+    cluster_sync(cluster=world.cluster)
     run.refresh_from_db()
     assert run.state == RunState.PENDING  # within the grace period nothing happens
     Attempt.objects.filter(pk=attempt.pk).update(
         last_seen_at=timezone.now() - timedelta(seconds=61)
     )
-    services.cluster_sync(cluster=world.cluster)
+    cluster_sync(cluster=world.cluster)
     run.refresh_from_db()
     assert (run.state, run.failure_reason) == ("FAILED", "LOST")
 
@@ -216,10 +220,10 @@ def test_bad_input_names_the_field_and_saves_nothing(world, overrides, field):
 
 def run_to_running(world, run: Run) -> None:
     """Admit, submit and place everything queued (``run`` among it)."""
-    services.admission_run_cycle()
+    admission_run_cycle()
     for attempt in Attempt.objects.filter(state=AttemptState.CREATED):
-        services.attempt_submit(attempt_id=attempt.pk)
-    services.cluster_sync(cluster=world.cluster)
+        attempt_submit(attempt_id=attempt.pk)
+    cluster_sync(cluster=world.cluster)
 
 
 def test_guarantee_preempts_a_borrowed_run_which_resumes_from_its_checkpoint(
@@ -244,12 +248,12 @@ def test_guarantee_preempts_a_borrowed_run_which_resumes_from_its_checkpoint(
         True,
     )
     age_simulated_jobs(70)  # 700 simulated seconds: checkpoints at steps 300 and 600
-    services.cluster_sync(cluster=world.cluster)
+    cluster_sync(cluster=world.cluster)
     assert list(lent.checkpoints.values_list("step", flat=True)) == [300, 600]
 
     reclaimer = submit(world, flavor="h100-80gb", gpus_per_node=8)
     with django_capture_on_commit_callbacks(execute=False):
-        summary = services.admission_run_cycle()
+        summary = admission_run_cycle()
     assert (summary.admitted, summary.preempted) == (1, 1)
     lent.refresh_from_db()
     assert lent.state == RunState.PREEMPTED
@@ -259,7 +263,7 @@ def test_guarantee_preempts_a_borrowed_run_which_resumes_from_its_checkpoint(
         f"{reclaimer.pk}; this run had borrowed 8"
     )
 
-    services.attempt_cancel(attempt_id=lent.attempts.get().pk)  # what the queued task does
+    attempt_cancel(attempt_id=lent.attempts.get().pk)  # what the queued task does
     lent.refresh_from_db()
     first = lent.attempts.get()
     assert (lent.state, first.state, first.failure_reason) == ("QUEUED", "PREEMPTED", "PREEMPTED")
@@ -269,12 +273,12 @@ def test_guarantee_preempts_a_borrowed_run_which_resumes_from_its_checkpoint(
     assert SimulatedJob.objects.get(name=first.name).state == "CANCELLED"
 
     # The reclaimer finishes; the preempted run is admitted again and resumes at step 600.
-    services.run_cancel(run=reclaimer, actor=world.researcher_a)
+    run_cancel(run=reclaimer, actor=world.researcher_a)
     with django_capture_on_commit_callbacks(execute=False):
-        services.admission_run_cycle()
+        admission_run_cycle()
     second = lent.attempts.get(number=2)
     assert second.resumed_from.step == 600
-    services.attempt_submit(attempt_id=second.pk)
+    attempt_submit(attempt_id=second.pk)
     spec = SimulatedJob.objects.get(name=second.name)
     assert spec.profile["workload"]["resume_step"] == 600
     assert '"GANTRY_RESUME_STEP": "600"' in Attempt.objects.get(pk=second.pk).rendered_spec
@@ -311,9 +315,9 @@ def test_budget_counts_finished_attempts_and_prorates_running_ones(world):
     Attempt.objects.filter(pk=finished.pk).update(
         state=AttemptState.SUCCEEDED, started_at=begun, finished_at=ended
     )
-    services.usage_record_attempt(attempt=finished, started=begun, finished=ended)
-    assert services.gpu_hours_this_month(now=now) == {("vision", "a100-80gb"): 2 * 3 + 2 * 1}
-    previous = services.gpu_hours_this_month(now=month_start(now) - timedelta(seconds=1))
+    usage_record_attempt(attempt=finished, started=begun, finished=ended)
+    assert gpu_hours_this_month(now=now) == {("vision", "a100-80gb"): 2 * 3 + 2 * 1}
+    previous = gpu_hours_this_month(now=month_start(now) - timedelta(seconds=1))
     assert previous == {("vision", "a100-80gb"): 2 * 48}
 
 
@@ -321,7 +325,7 @@ def test_preview_says_start_borrow_or_wait_without_changing_anything(world):
     Quota.objects.filter(tenant=world.vision, flavor=world.h100).update(
         borrow_limit_gpus=8, monthly_gpu_hour_budget=100
     )
-    preview = services.admission_preview(
+    preview = admission_preview(
         user=world.researcher_a, tenant="vision", flavor="h100-80gb", nodes=1, gpus_per_node=8
     )
     assert (preview.verdict, preview.guaranteed, preview.in_use, preview.idle) == (
@@ -334,7 +338,7 @@ def test_preview_says_start_borrow_or_wait_without_changing_anything(world):
     assert preview.message == "Would start now on sim-1, within the tenant's guarantee"
 
     run_to_running(world, submit(world, flavor="h100-80gb", gpus_per_node=8))
-    preview = services.admission_preview(
+    preview = admission_preview(
         user=world.researcher_a, tenant="vision", flavor="h100-80gb", nodes=1, gpus_per_node=8
     )
     assert (preview.verdict, preview.in_use, preview.idle, preview.borrowable) == (
@@ -343,7 +347,7 @@ def test_preview_says_start_borrow_or_wait_without_changing_anything(world):
         8,
         8,
     )
-    preview = services.admission_preview(
+    preview = admission_preview(
         user=world.researcher_a, tenant="vision", flavor="h100-80gb", nodes=2, gpus_per_node=8
     )
     assert preview.verdict == "wait"
@@ -353,7 +357,7 @@ def test_preview_says_start_borrow_or_wait_without_changing_anything(world):
     )
     assert Run.objects.count() == 1
     with pytest.raises(ValidationError):
-        services.admission_preview(
+        admission_preview(
             user=world.researcher_a, tenant="nlp", flavor="h100-80gb", nodes=1, gpus_per_node=1
         )
 
@@ -368,17 +372,17 @@ def test_unreachable_backend_is_retried_then_given_up(world, monkeypatch, settin
     monkeypatch.setattr(SimulatorBackend, "submit", refuse)
     settings.GANTRY_SUBMIT_GIVE_UP_S = 600
     run = submit(world)
-    services.admission_run_cycle()
+    admission_run_cycle()
     attempt = run.attempts.get()
     with pytest.raises(TransientBackendError):
-        services.attempt_submit(attempt_id=attempt.pk)
+        attempt_submit(attempt_id=attempt.pk)
     attempt.refresh_from_db()
     run.refresh_from_db()
     assert (run.state, attempt.state) == ("SUBMITTING", "SUBMITTING")
     assert attempt.backend_error == "backend unreachable: connection refused by 127.0.0.1:1"
 
     Attempt.objects.filter(pk=attempt.pk).update(created_at=timezone.now() - timedelta(seconds=601))
-    services.attempt_submit(attempt_id=attempt.pk)
+    attempt_submit(attempt_id=attempt.pk)
     attempt.refresh_from_db()
     run.refresh_from_db()
     assert (run.state, attempt.state, attempt.failure_reason) == ("FAILED", "FAILED", "UNKNOWN")

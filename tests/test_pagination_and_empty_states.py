@@ -19,8 +19,8 @@ from django.utils import timezone
 
 from images.models import Image, Registry
 from images.selectors import image_list_browsable
-from jobs import services as job_services
 from jobs.models import Attempt, AttemptState, Cluster, ExperimentTemplate, Run
+from jobs.services.submission import run_submit
 from telemetry.models import AttemptAccounting, UnmappedSamples
 from tenants.models import AuditEvent, GpuFlavor, Notification, Quota, Tenant
 from tests.conftest import DIGEST_A, World, experiment_input
@@ -40,7 +40,7 @@ def this_month() -> date:
 
 def make_runs(world: World, count: int) -> None:
     """``count`` runs of one experiment of alice's (vision)."""
-    first = job_services.run_submit(user=world.researcher_a, data=experiment_input(world))
+    first = run_submit(user=world.researcher_a, data=experiment_input(world))
     Run.objects.bulk_create(
         Run(
             experiment=first.experiment,
@@ -137,7 +137,7 @@ def make_unmapped(world: World, count: int) -> None:
 
 def make_accounted_attempts(world: World, count: int) -> None:
     """``count`` accounted one-hour attempts of one run of vision, all in this month."""
-    run = job_services.run_submit(user=world.researcher_a, data=experiment_input(world))
+    run = run_submit(user=world.researcher_a, data=experiment_input(world))
     start = datetime.combine(this_month(), datetime.min.time(), tzinfo=UTC) + timedelta(hours=1)
     attempts = Attempt.objects.bulk_create(
         Attempt(

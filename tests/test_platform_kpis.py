@@ -18,7 +18,6 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import strip_tags
 
-from jobs import services
 from jobs.models import (
     Attempt,
     AttemptState,
@@ -29,6 +28,7 @@ from jobs.models import (
     Run,
     RunState,
 )
+from jobs.services.submission import run_submit
 from telemetry import diagnosis, kpis
 from telemetry.accounting import WASTE
 from telemetry.kpi_forms import EMPTY_RANGE, INVERTED_RANGE, KPI_MAX_RANGE_DAYS
@@ -51,8 +51,8 @@ DATA_TABLES = ("jobs_attempt", "jobs_run", "telemetry_", "jobs_clusterflavor")
 @pytest.fixture
 def experiments(world) -> dict[str, Experiment]:
     """One experiment per tenant (its submission leaves a queued run that counts nowhere)."""
-    vision = services.run_submit(user=world.researcher_a, data=experiment_input(world))
-    nlp = services.run_submit(
+    vision = run_submit(user=world.researcher_a, data=experiment_input(world))
+    nlp = run_submit(
         user=world.researcher_b,
         data=experiment_input(world, tenant="nlp", project="llm", name="llm"),
     )

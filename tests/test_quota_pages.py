@@ -12,7 +12,6 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
-from jobs import services
 from jobs.calendar import month_start
 from jobs.models import (
     Attempt,
@@ -24,6 +23,11 @@ from jobs.models import (
     TenantMonthUsage,
     WaitReason,
 )
+from jobs.selectors.queue import admission_snapshot
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.backend_submit import attempt_submit
+from jobs.services.backend_sync import cluster_sync
+from jobs.services.submission import run_submit
 from tenants.models import AuditEvent, GpuFlavor, Quota, Tenant
 from tenants.services import audit_record, flavor_create, quota_set, quota_update
 from tests.conftest import experiment_input, make_user
@@ -37,9 +41,7 @@ PERSONAS = ["researcher_a", "researcher_a2", "researcher_b", "tenant_admin_a", "
 
 
 def submit(world, user=None, **overrides) -> Run:
-    return services.run_submit(
-        user=user or world.researcher_a, data=experiment_input(world, **overrides)
-    )
+    return run_submit(user=user or world.researcher_a, data=experiment_input(world, **overrides))
 
 
 def submit_nlp(world, **overrides) -> Run:
@@ -49,10 +51,10 @@ def submit_nlp(world, **overrides) -> Run:
 
 def run_everything(world) -> None:
     """Admit, submit and place everything queued, as the workers would."""
-    services.admission_run_cycle()
+    admission_run_cycle()
     for attempt in Attempt.objects.filter(state=AttemptState.CREATED):
-        services.attempt_submit(attempt_id=attempt.pk)
-    services.cluster_sync(cluster=world.cluster)
+        attempt_submit(attempt_id=attempt.pk)
+    cluster_sync(cluster=world.cluster)
 
 
 def quota_values(tenant, flavor) -> dict | None:
@@ -758,7 +760,7 @@ def test_platform_admin_changes_simulator_capacity_and_admission_uses_it(client,
     assert messages_of(client.get(response.url)) == [
         "sim-1 now has 2 × 4 a100-80gb GPUs (8 in all)."
     ]
-    snapshot, _ = services.admission_snapshot()
+    snapshot, _ = admission_snapshot()
     assert {(p.flavor, p.capacity) for p in snapshot.pools} == {("a100-80gb", 8), ("h100-80gb", 16)}
     with pytest.raises(ValidationError) as excinfo:
         submit(world, gpus_per_node=8)

@@ -29,7 +29,6 @@ from django.core.exceptions import ValidationError
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from jobs import services
 from jobs.backends.base import JobSpec, PermanentBackendError
 from jobs.backends.k8s_manifest import (
     ATTEMPT_LABEL,
@@ -42,7 +41,8 @@ from jobs.backends.k8s_manifest import (
 )
 from jobs.backends.slurm_script import RenderError, SlurmSettings, batch_job, enroot_image
 from jobs.models import Attempt
-from jobs.services import ExperimentInput
+from jobs.services.backend_submit import job_spec_for
+from jobs.services.submission import ExperimentInput, run_submit
 from tests.conftest import experiment_input
 from tests.test_k8s_manifest import BASE_SETTINGS, DNS_1035, K8S_VERSIONS, LABEL_VALUE, validate
 
@@ -476,7 +476,7 @@ def test_what_the_submit_accepts_renders_everywhere_and_what_it_refuses_names_th
     values = data.draw(requests(str(sandbox.canary)), label="request")
 
     try:
-        run = services.run_submit(user=world.researcher_a, data=experiment_input(world, **values))
+        run = run_submit(user=world.researcher_a, data=experiment_input(world, **values))
     except ValidationError as refused:
         event("refused")
         assert set(refused.message_dict) <= INPUT_FIELDS
@@ -484,7 +484,7 @@ def test_what_the_submit_accepts_renders_everywhere_and_what_it_refuses_names_th
         return
     event("accepted")
     attempt = Attempt.objects.create(run=run, number=1, cluster=world.cluster)
-    spec = services.job_spec_for(attempt)
+    spec = job_spec_for(attempt)
 
     for transport, runtime in (("cli", "pyxis"), ("rest", "apptainer"), ("cli", "none")):
         job = batch_job(spec, slurm_settings(transport=transport, runtime=runtime))
@@ -503,7 +503,7 @@ def test_rendezvous_variables_of_a_multi_node_job_are_refused_at_submit(world, n
     request = experiment_input(world, nodes=2, gpus_per_node=8, env={name: "0"})
 
     with pytest.raises(ValidationError) as refused:
-        services.run_submit(user=world.researcher_a, data=request)
+        run_submit(user=world.researcher_a, data=request)
 
     assert refused.value.message_dict == {
         "env": [f"{name} is set by Gantry in every task of a multi-node job; leave it out."]
@@ -512,10 +512,8 @@ def test_rendezvous_variables_of_a_multi_node_job_are_refused_at_submit(world, n
 
 
 def test_a_single_node_job_may_set_its_own_rank(world):
-    run = services.run_submit(
-        user=world.researcher_a, data=experiment_input(world, env={"RANK": "0"})
-    )
-    spec = services.job_spec_for(Attempt.objects.create(run=run, number=1, cluster=world.cluster))
+    run = run_submit(user=world.researcher_a, data=experiment_input(world, env={"RANK": "0"}))
+    spec = job_spec_for(Attempt.objects.create(run=run, number=1, cluster=world.cluster))
 
     job = render(spec, K8S_SETTINGS)[-1]
 

@@ -14,7 +14,6 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from images.models import Image
-from jobs import services
 from jobs.models import Attempt, Experiment, Run, RunEvent, RunState
 from jobs.reproducibility import (
     DiffRow,
@@ -23,7 +22,13 @@ from jobs.reproducibility import (
     experiment_diff,
     flatten_params,
 )
-from jobs.selectors import experiment_record
+from jobs.selectors.experiments import experiment_record
+from jobs.selectors.logs import run_logs
+from jobs.selectors.runs import attempt_get_for_work
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.backend_submit import attempt_submit, job_spec_for
+from jobs.services.backend_sync import cluster_sync
+from jobs.services.submission import run_rerun, run_submit
 from tenants.models import Membership, Quota
 from tenants.services import api_token_create
 from tests.conftest import COMMIT, experiment_input
@@ -50,9 +55,7 @@ FULL_REPORT = {
 
 
 def submit(world, user=None, **overrides) -> Run:
-    return services.run_submit(
-        user=user or world.researcher_a, data=experiment_input(world, **overrides)
-    )
+    return run_submit(user=user or world.researcher_a, data=experiment_input(world, **overrides))
 
 
 def api_client(user) -> APIClient:
@@ -71,15 +74,15 @@ def job_client(token: str) -> APIClient:
 def submitted_attempt(world, **overrides) -> Attempt:
     """An attempt admitted and handed to the simulator: what a job holds a token for."""
     run = submit(world, **overrides)
-    services.admission_run_cycle()
+    admission_run_cycle()
     attempt = Attempt.objects.get(run=run)
-    services.attempt_submit(attempt_id=attempt.pk)
+    attempt_submit(attempt_id=attempt.pk)
     attempt.refresh_from_db()
     return attempt
 
 
 def token_of(attempt: Attempt) -> str:
-    return services.job_spec_for(services._attempt_for_work(attempt.pk)).attempt_token
+    return job_spec_for(attempt_get_for_work(attempt.pk)).attempt_token
 
 
 def rerun_url(experiment_id: int) -> str:
@@ -163,7 +166,7 @@ def test_rerun_queues_a_second_run_of_the_same_experiment_record(world):
     experiment = first.experiment
     record_before = experiment_record(experiment)
 
-    second = services.run_rerun(experiment=experiment, user=world.researcher_a2)
+    second = run_rerun(experiment=experiment, user=world.researcher_a2)
 
     assert Experiment.objects.count() == 1
     assert list(experiment.runs.order_by("pk")) == [first, second]
@@ -188,9 +191,7 @@ def test_rerun_of_a_blocked_image_is_refused_and_creates_nothing(world):
     before = counts()
 
     with pytest.raises(ValidationError) as caught:
-        services.run_rerun(
-            experiment=Experiment.objects.get(pk=run.experiment_id), user=run.submitted_by
-        )
+        run_rerun(experiment=Experiment.objects.get(pk=run.experiment_id), user=run.submitted_by)
 
     assert caught.value.message_dict == {
         "image": [
@@ -207,9 +208,7 @@ def test_rerun_of_an_image_no_longer_visible_to_the_tenant_is_refused(world):
     before = counts()
 
     with pytest.raises(ValidationError) as caught:
-        services.run_rerun(
-            experiment=Experiment.objects.get(pk=run.experiment_id), user=run.submitted_by
-        )
+        run_rerun(experiment=Experiment.objects.get(pk=run.experiment_id), user=run.submitted_by)
 
     assert caught.value.message_dict == {
         "image": [
@@ -226,7 +225,7 @@ def test_rerun_that_the_quota_could_never_admit_is_refused(world):
     before = counts()
 
     with pytest.raises(ValidationError) as caught:
-        services.run_rerun(experiment=run.experiment, user=world.researcher_a)
+        run_rerun(experiment=run.experiment, user=world.researcher_a)
 
     assert caught.value.message_dict == {
         "gpus_per_node": [
@@ -243,7 +242,7 @@ def test_readers_without_membership_may_not_rerun(world, persona):
     before = counts()
 
     with pytest.raises(PermissionDenied) as caught:
-        services.run_rerun(experiment=run.experiment, user=getattr(world, persona))
+        run_rerun(experiment=run.experiment, user=getattr(world, persona))
 
     assert str(caught.value) == "Only members of tenant vision can run its experiments."
     assert counts() == before
@@ -605,7 +604,7 @@ def test_the_job_gets_its_token_and_the_api_url_but_the_stored_spec_is_redacted(
     settings.GANTRY_PUBLIC_URL = "https://gantry.example.org"
     attempt = submitted_attempt(world)
 
-    spec = services.job_spec_for(services._attempt_for_work(attempt.pk))
+    spec = job_spec_for(attempt_get_for_work(attempt.pk))
 
     assert spec.attempt_token == attempt_token(secret=settings.SECRET_KEY, attempt_id=attempt.pk)
     assert spec.env == {
@@ -894,10 +893,10 @@ def test_experiment_page_uses_a_fixed_number_of_queries(
     run = submit(world)
     client.force_login(world.researcher_a)
     for _ in range(3):
-        services.run_rerun(experiment=run.experiment, user=world.researcher_a)
-    services.admission_run_cycle()
+        run_rerun(experiment=run.experiment, user=world.researcher_a)
+    admission_run_cycle()
     for attempt in Attempt.objects.all():
-        services.attempt_submit(attempt_id=attempt.pk)
+        attempt_submit(attempt_id=attempt.pk)
     assert Attempt.objects.count() == 4
     url = reverse("jobs:experiment_detail", args=[run.experiment_id])
 
@@ -916,9 +915,9 @@ def test_the_token_appears_nowhere_in_the_database_or_the_logs(client, world, ca
     caplog.set_level(logging.DEBUG)
     attempt = submitted_attempt(world)
     token = token_of(attempt)
-    services.cluster_sync(cluster=world.cluster)
+    cluster_sync(cluster=world.cluster)
     job_client(token).post(REPORT_URL, FULL_REPORT, format="json")
-    services.run_rerun(experiment=attempt.run.experiment, user=world.researcher_a)
+    run_rerun(experiment=attempt.run.experiment, user=world.researcher_a)
     client.force_login(world.researcher_a)
     pages = [
         client.get(reverse("jobs:run_detail", args=[attempt.run_id])).content.decode(),
@@ -942,6 +941,6 @@ def test_the_token_appears_nowhere_in_the_database_or_the_logs(client, world, ca
     mac = token.partition(".")[2]
     assert mac not in dump.getvalue()
     assert mac not in caplog.text
-    assert mac not in services.run_logs(run=attempt.run)
+    assert mac not in run_logs(run=attempt.run)
     for page in pages:
         assert mac not in page

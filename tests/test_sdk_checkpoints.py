@@ -9,10 +9,13 @@ from django.conf import settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from jobs import services as job_services
 from jobs.backends import CheckpointReport
 from jobs.models import Attempt, AttemptState, Checkpoint, Run, RunState
 from jobs.reproducibility import attempt_token
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.backend_submit import attempt_submit
+from jobs.services.backend_sync import attempt_cancel, checkpoints_record
+from jobs.services.lifecycle import run_preempt
 from telemetry import services
 from tests.test_lifecycle import run_to_running, submit
 
@@ -83,7 +86,7 @@ def test_the_longest_uri_the_sdk_accepts_fits_a_checkpoint_and_a_longer_report_i
     longest = "s3://" + "x" * 2043
 
     result = post_events(attempt, saved(1, 10, ts, uri=longest))
-    job_services.checkpoints_record(
+    checkpoints_record(
         attempt=attempt,
         reports=[CheckpointReport(step=20, uri=longest + "x", saved_at=timezone.now())],
     )
@@ -95,11 +98,11 @@ def test_the_longest_uri_the_sdk_accepts_fits_a_checkpoint_and_a_longer_report_i
 def test_checkpoints_record_keeps_the_first_report_of_a_step(world):
     attempt = running_attempt(world)
     at = timezone.now().replace(microsecond=0)
-    job_services.checkpoints_record(
+    checkpoints_record(
         attempt=attempt, reports=[CheckpointReport(step=5, uri="s3://first", saved_at=at)]
     )
 
-    job_services.checkpoints_record(
+    checkpoints_record(
         attempt=attempt,
         reports=[
             CheckpointReport(step=5, uri="s3://second", saved_at=at, save_seconds=9.0),
@@ -107,7 +110,7 @@ def test_checkpoints_record_keeps_the_first_report_of_a_step(world):
             CheckpointReport(step=6, uri="s3://six-again", saved_at=at, save_seconds=2.0),
         ],
     )
-    job_services.checkpoints_record(attempt=attempt, reports=[])
+    checkpoints_record(attempt=attempt, reports=[])
 
     assert checkpoints(attempt.run) == [(1, 5, "s3://first", at, 0.0), (1, 6, "s3://six", at, 1.0)]
 
@@ -121,8 +124,8 @@ def test_preempted_run_resumes_from_the_checkpoint_the_sdk_reported(
     post_events(first, saved(1, 1000, t0 - 60), saved(2, 2000, t0 - 5, uri="s3://ckpt/2000"))
 
     with django_capture_on_commit_callbacks(execute=False):
-        assert job_services.run_preempt(run=run, message="reclaimed for a test") == 1
-    job_services.attempt_cancel(attempt_id=first.pk)  # what the queued task does
+        assert run_preempt(run=run, message="reclaimed for a test") == 1
+    attempt_cancel(attempt_id=first.pk)  # what the queued task does
     run.refresh_from_db()
     first.refresh_from_db()
 
@@ -131,12 +134,12 @@ def test_preempted_run_resumes_from_the_checkpoint_the_sdk_reported(
         "Back in the queue after preemption; it will resume from checkpoint step 2000"
     )
     with django_capture_on_commit_callbacks(execute=False):
-        job_services.admission_run_cycle()
+        admission_run_cycle()
     second = run.attempts.get(number=2)
     assert (second.resumed_from.step, second.resumed_from.uri) == (2000, "s3://ckpt/2000")
     assert second.resumed_from.attempt_id == first.pk
 
-    job_services.attempt_submit(attempt_id=second.pk)
+    attempt_submit(attempt_id=second.pk)
     spec = Attempt.objects.get(pk=second.pk).rendered_spec
     assert '"GANTRY_RESUME_FROM": "s3://ckpt/2000"' in spec
     assert '"GANTRY_RESUME_STEP": "2000"' in spec
@@ -144,7 +147,7 @@ def test_preempted_run_resumes_from_the_checkpoint_the_sdk_reported(
 
 def finished_attempt(world) -> tuple[Attempt, datetime]:
     run = submit(world)
-    job_services.admission_run_cycle()
+    admission_run_cycle()
     attempt = run.attempts.get()
     start = timezone.now().replace(microsecond=0) - timedelta(minutes=30)
     Attempt.objects.filter(pk=attempt.pk).update(
@@ -183,7 +186,7 @@ def test_a_checkpoint_the_sdk_reported_is_counted_once_in_the_accounting(world):
 def test_a_save_the_backend_recorded_first_is_still_counted_once_as_the_sdk_timed_it(world):
     attempt, start = finished_attempt(world)
     t0 = start.timestamp()
-    job_services.checkpoints_record(
+    checkpoints_record(
         attempt=attempt,
         reports=[
             CheckpointReport(

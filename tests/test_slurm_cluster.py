@@ -26,11 +26,15 @@ import pytest
 from django.db import connection
 from django.db.models import Sum
 
-from jobs import services
 from jobs.backends import JobRef, JobSpec, PermanentBackendError, TransientBackendError
 from jobs.backends.slurm import QuotaLimit, SlurmBackend, mirror_quotas
 from jobs.backends.slurm_script import batch_job, gpus_of_tres
 from jobs.models import Attempt, Cluster, Run, RunState, TenantMonthUsage
+from jobs.selectors.logs import run_logs
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.backend_submit import attempt_submit
+from jobs.services.backend_sync import cluster_refresh_inventory, cluster_sync
+from jobs.services.submission import run_submit
 from tests.conftest import experiment_input
 
 # Every test is a database test, so that pytest-django keeps them in this file's order (it
@@ -531,7 +535,7 @@ def slurm_world(world, slurm_env, accounts, unique_attempt_ids):
     world.slurm = Cluster.objects.create(
         name="slurm-test", backend=Cluster.Backend.SLURM, settings=settings
     )
-    services.cluster_refresh_inventory(cluster=world.slurm)
+    cluster_refresh_inventory(cluster=world.slurm)
     assert [(f.flavor.slug, f.nodes, f.gpus_per_node) for f in world.slurm.flavors.all()] == [
         ("a100-80gb", 2, 8)
     ]
@@ -539,8 +543,8 @@ def slurm_world(world, slurm_env, accounts, unique_attempt_ids):
 
 
 def submit_and_admit(world, **overrides) -> tuple[Run, Attempt]:
-    run = services.run_submit(user=world.researcher_a, data=experiment_input(world, **overrides))
-    services.admission_run_cycle()
+    run = run_submit(user=world.researcher_a, data=experiment_input(world, **overrides))
+    admission_run_cycle()
     attempt = Attempt.objects.get(run=run)
     assert attempt.cluster_id == world.slurm.pk
     return run, attempt
@@ -549,7 +553,7 @@ def submit_and_admit(world, **overrides) -> tuple[Run, Attempt]:
 def sync_until(world, runs: list[Run], states, *, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        services.cluster_sync(cluster=world.slurm)
+        cluster_sync(cluster=world.slurm)
         if all(Run.objects.get(pk=r.pk).state in states for r in runs):
             return
         time.sleep(0.5)
@@ -570,7 +574,7 @@ def test_services_take_a_run_from_queued_to_succeeded_on_slurm(slurm_world):
     )
     world.slurm.refresh_from_db()
     run, attempt = submit_and_admit(world, command="echo started; sleep 3; echo finished")
-    services.attempt_submit(attempt_id=attempt.pk)
+    attempt_submit(attempt_id=attempt.pk)
     attempt.refresh_from_db()
     assert (attempt.state, Run.objects.get(pk=run.pk).state) == ("PENDING", RunState.PENDING)
     assert f"#SBATCH --job-name={attempt.name}" in attempt.rendered_spec
@@ -590,7 +594,7 @@ def test_services_take_a_run_from_queued_to_succeeded_on_slurm(slurm_world):
         "SUCCEEDED",
     ]
     assert len(attempt.node_list) == 1
-    assert services.run_logs(run=run).splitlines()[-2:] == ["started", "finished"]
+    assert run_logs(run=run).splitlines()[-2:] == ["started", "finished"]
     row = sacct_row(attempt.backend_job_id)
     slurm_gpu_seconds = gpus_of_tres(row["AllocTRES"]) * int(row["ElapsedRaw"])
     assert slurm_gpu_seconds >= 2 * 3
@@ -603,16 +607,16 @@ def test_services_take_a_run_from_queued_to_succeeded_on_slurm(slurm_world):
 def test_outage_leaves_runs_in_place_and_converges_without_loss_or_duplicates(slurm_world):
     world = slurm_world
     running, running_attempt = submit_and_admit(world, command="sleep 8")
-    services.attempt_submit(attempt_id=running_attempt.pk)
+    attempt_submit(attempt_id=running_attempt.pk)
     waiting, waiting_attempt = submit_and_admit(world, command="sleep 2")
 
     stopped = run_script("down", "slurmctld")
     assert stopped.returncode == 0, stopped.stderr
     try:
         with pytest.raises(TransientBackendError, match="Unable to contact slurm controller"):
-            services.attempt_submit(attempt_id=waiting_attempt.pk)
+            attempt_submit(attempt_id=waiting_attempt.pk)
         with pytest.raises(TransientBackendError, match="could not load jobs from slurmctld"):
-            services.cluster_sync(cluster=world.slurm)
+            cluster_sync(cluster=world.slurm)
     finally:
         restarted = run_script("up")
     assert restarted.returncode == 0, restarted.stderr
@@ -627,7 +631,7 @@ def test_outage_leaves_runs_in_place_and_converges_without_loss_or_duplicates(sl
         )
     assert "could not load jobs" in Cluster.objects.get(pk=world.slurm.pk).last_error
 
-    services.attempt_submit(attempt_id=waiting_attempt.pk)  # what the task's retry does
+    attempt_submit(attempt_id=waiting_attempt.pk)  # what the task's retry does
     sync_until(world, [running, waiting], {RunState.SUCCEEDED, RunState.FAILED})
     total = 0
     for run, attempt in ((running, running_attempt), (waiting, waiting_attempt)):
@@ -648,10 +652,10 @@ def test_outage_leaves_runs_in_place_and_converges_without_loss_or_duplicates(sl
     assert run_script("down", "slurmrestd").returncode == 0
     try:
         with pytest.raises(TransientBackendError, match=r"unreachable \(connection refused\)"):
-            services.attempt_submit(attempt_id=rest_attempt.pk)
+            attempt_submit(attempt_id=rest_attempt.pk)
     finally:
         assert run_script("up").returncode == 0
-    services.attempt_submit(attempt_id=rest_attempt.pk)
+    attempt_submit(attempt_id=rest_attempt.pk)
     sync_until(world, [rest_run], {RunState.SUCCEEDED, RunState.FAILED})
     rest_attempt.refresh_from_db()
     assert Run.objects.get(pk=rest_run.pk).state == RunState.SUCCEEDED
@@ -666,7 +670,7 @@ def test_a_refused_job_fails_the_attempt_with_slurms_message(slurm_world):
     )
     world.slurm.refresh_from_db()
     run, attempt = submit_and_admit(world)
-    services.attempt_submit(attempt_id=attempt.pk)
+    attempt_submit(attempt_id=attempt.pk)
     run.refresh_from_db()
     attempt.refresh_from_db()
     assert (run.state, run.failure_reason, attempt.state) == ("FAILED", "UNKNOWN", "FAILED")

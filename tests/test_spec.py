@@ -10,7 +10,8 @@ from rest_framework.test import APIClient
 
 from jobs import spec
 from jobs.models import Experiment, Run
-from jobs.services import experiment_spec, run_submit
+from jobs.services.specs import experiment_spec
+from jobs.services.submission import run_submit
 from tenants.services import api_token_create
 from tests.conftest import COMMIT, DIGEST_A, experiment_input
 

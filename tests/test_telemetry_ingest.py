@@ -8,9 +8,12 @@ from django.conf import settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from jobs import services as job_services
 from jobs.models import Attempt, AttemptState, Run, SimulatedJob
 from jobs.reproducibility import attempt_token
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.backend_submit import attempt_submit
+from jobs.services.backend_sync import cluster_sync
+from jobs.services.submission import run_submit
 from jobs.simulation import Workload
 from telemetry import services, tasks
 from telemetry.accounting import WASTE, AttemptTimeline, Outcome, account
@@ -26,14 +29,12 @@ SOURCE = "3f0c9a1e5b7d4c2a9e8f6b1d2c3a4e5f"
 
 
 def submit(world, **overrides):
-    return job_services.run_submit(
-        user=world.researcher_a, data=experiment_input(world, **overrides)
-    )
+    return run_submit(user=world.researcher_a, data=experiment_input(world, **overrides))
 
 
 def admitted_attempt(world, **overrides) -> Attempt:
     run = submit(world, **overrides)
-    job_services.admission_run_cycle()
+    admission_run_cycle()
     return run.attempts.get()
 
 
@@ -320,10 +321,10 @@ def age_running_jobs(seconds: float) -> None:
 
 
 def run_attempt_to_the_end(world, attempt: Attempt) -> None:
-    job_services.attempt_submit(attempt_id=attempt.pk)
-    job_services.cluster_sync(cluster=world.cluster)  # placed: running
+    attempt_submit(attempt_id=attempt.pk)
+    cluster_sync(cluster=world.cluster)  # placed: running
     age_running_jobs(3 * 3600)
-    job_services.cluster_sync(cluster=world.cluster)  # finished as the profile says
+    cluster_sync(cluster=world.cluster)  # finished as the profile says
 
 
 def simulate(world, profile: str, *, max_restarts: int = 0, **env) -> list[Attempt]:
@@ -336,7 +337,7 @@ def simulate(world, profile: str, *, max_restarts: int = 0, **env) -> list[Attem
         max_restarts=max_restarts,
     )
     while True:
-        job_services.admission_run_cycle()
+        admission_run_cycle()
         attempt = run.attempts.filter(state=AttemptState.CREATED).first()
         if attempt is None:
             break
@@ -431,10 +432,10 @@ def test_running_job_reports_only_complete_windows(world):
     run = submit(
         world, env={"GANTRY_SIM_PROFILE": "compute-bound", "GANTRY_SIM_DURATION_S": "1200"}
     )
-    job_services.admission_run_cycle()
+    admission_run_cycle()
     attempt = run.attempts.get()
-    job_services.attempt_submit(attempt_id=attempt.pk)
-    job_services.cluster_sync(cluster=world.cluster)
+    attempt_submit(attempt_id=attempt.pk)
+    cluster_sync(cluster=world.cluster)
     age_running_jobs(30 + 150)  # startup, two full windows and half of the third
 
     services.simulator_telemetry_collect(cluster=world.cluster)
@@ -498,7 +499,7 @@ def test_tasks_collect_and_account_a_simulator_cluster(world):
     world.cluster.settings["speedup"] = 1
     world.cluster.save(update_fields=["settings"])
     run = submit(world, env={"GANTRY_SIM_PROFILE": "compute-bound", "GANTRY_SIM_DURATION_S": "120"})
-    job_services.admission_run_cycle()
+    admission_run_cycle()
     run_attempt_to_the_end(world, run.attempts.get())
 
     tasks.telemetry_collect(world.cluster.pk)

@@ -15,8 +15,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import strip_tags
 
-from jobs import services
 from jobs.models import Attempt, AttemptState, Checkpoint, Run
+from jobs.services.submission import run_submit
 from telemetry import selectors
 from telemetry.accounting import WASTE
 from telemetry.models import AttemptAccounting, GpuMinute, SdkEvent, StepWindow, UnmappedSamples
@@ -31,9 +31,7 @@ TELEMETRY_JS = "/static/gantry/telemetry.js"
 
 
 def submit(world, user=None, **overrides) -> Run:
-    return services.run_submit(
-        user=user or world.researcher_a, data=experiment_input(world, **overrides)
-    )
+    return run_submit(user=user or world.researcher_a, data=experiment_input(world, **overrides))
 
 
 def attempt_of(

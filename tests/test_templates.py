@@ -7,7 +7,9 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.urls import reverse
 
 from jobs.models import Experiment, ExperimentTemplate, Run
-from jobs.services import experiment_spec, run_submit, template_save
+from jobs.services.specs import experiment_spec
+from jobs.services.submission import run_submit
+from jobs.services.templates import template_save
 from tenants.models import AuditEvent, Membership
 from tests.conftest import DIGEST_A, experiment_input, make_user
 from tests.test_spec import SPECS, client_for, counts

@@ -10,7 +10,8 @@ from django.urls import reverse
 from django.utils.html import escape
 
 from jobs.models import Experiment, Run, RunEvent, RunState
-from jobs.services import run_cancel, run_submit
+from jobs.services.lifecycle import run_cancel
+from jobs.services.submission import run_submit
 from tests.conftest import COMMIT, PASSWORD, experiment_input
 
 pytestmark = pytest.mark.django_db

@@ -1,15 +1,21 @@
+"""Reads of runs and attempts, scoped to what the user may see."""
+
 from collections.abc import Collection
 from dataclasses import dataclass
+from uuid import UUID
 
 from django.conf import settings
-from django.db.models import F, Q, QuerySet, Subquery
+from django.db.models import Q, QuerySet, Subquery
 from django.http import Http404
 
-from jobs.models import Attempt, ClusterFlavor, Experiment, ExperimentTemplate, Run, RunEvent
+from jobs.models import (
+    Attempt,
+    Run,
+    RunEvent,
+)
 from jobs.reproducibility import attempt_id_from_token
-from tenants.models import Membership, Tenant
-from tenants.roles import is_platform_admin, is_tenant_admin, tenant_roles
-from tenants.selectors import tenant_list_submittable, tenant_list_viewable
+from tenants.models import Tenant
+from tenants.selectors import tenant_list_viewable
 
 
 def run_list_viewable(*, user) -> QuerySet[Run]:
@@ -136,60 +142,6 @@ def run_get_viewable(*, user, run_id: int) -> Run:
     return run
 
 
-def experiment_list_viewable(*, user) -> QuerySet[Experiment]:
-    return Experiment.objects.filter(tenant__in=tenant_list_viewable(user=user)).select_related(
-        "tenant", "project", "owner", "flavor", "image"
-    )
-
-
-def experiment_get_viewable(*, user, experiment_id: int) -> Experiment:
-    experiment = experiment_list_viewable(user=user).filter(pk=experiment_id).first()
-    if experiment is None:
-        raise Http404("No such experiment")
-    return experiment
-
-
-def experiment_pair_get_viewable(*, user, a_id: int, b_id: int) -> tuple[Experiment, Experiment]:
-    """Two experiments to compare: both readable by the user and of the same tenant, else
-    404 alike for a missing one, another tenant's one, and a pair across tenants."""
-    a = experiment_get_viewable(user=user, experiment_id=a_id)
-    b = experiment_get_viewable(user=user, experiment_id=b_id)
-    if a.tenant_id != b.tenant_id:
-        raise Http404("No such experiment")
-    return a, b
-
-
-def experiment_record(experiment: Experiment) -> dict:
-    """The reproducibility record as plain data, the input of ``experiment_diff``."""
-    return {
-        "image": experiment.image_reference,
-        "command": experiment.command,
-        "env": experiment.env,
-        "code_repository": experiment.code_repository,
-        "code_commit": experiment.code_commit,
-        "dataset_uri": experiment.dataset_uri,
-        "dataset_version": experiment.dataset_version,
-        "params": experiment.params,
-        "flavor": experiment.flavor.slug,
-        "nodes": experiment.nodes,
-        "gpus_per_node": experiment.gpus_per_node,
-        "priority": experiment.priority,
-        "max_runtime_minutes": experiment.max_runtime_minutes,
-        "max_restarts": experiment.max_restarts,
-        "checkpoint_dir": experiment.checkpoint_dir,
-        "gantry_version": experiment.gantry_version,
-    }
-
-
-def experiment_attempts(*, experiment: Experiment) -> QuerySet[Attempt]:
-    """Every attempt of every run of the experiment, in one query, run by run."""
-    return (
-        Attempt.objects.filter(run__experiment=experiment)
-        .select_related("cluster")
-        .order_by("-run_id", "number")
-    )
-
-
 def attempt_get_for_token(*, token: str) -> Attempt | None:
     """The attempt a per-attempt token was issued for; None for anything not genuine.
     Tokens made with a retired key (``SECRET_KEY_FALLBACKS``) still work, so rotating the
@@ -209,75 +161,18 @@ def run_attempts(*, run: Run) -> QuerySet[Attempt]:
     return run.attempts.select_related("cluster").order_by("number")
 
 
-def flavor_node_limits() -> dict[str, tuple[int, int]]:
-    """flavor slug -> (largest node count, largest GPUs per node) over enabled clusters."""
-    limits: dict[str, tuple[int, int]] = {}
-    rows = ClusterFlavor.objects.filter(cluster__enabled=True).values_list(
-        "flavor__slug", "nodes", "gpus_per_node"
-    )
-    for slug, nodes, gpus_per_node in rows:
-        max_nodes, max_gpus = limits.get(slug, (0, 0))
-        limits[slug] = (max(max_nodes, nodes), max(max_gpus, gpus_per_node))
-    return limits
+def run_submitted_with(*, user, submission_key: UUID | None) -> Run | None:
+    """The run this user already queued with this one-time form key, if any."""
+    if submission_key is None:
+        return None
+    return Run.objects.filter(submitted_by=user, submission_key=submission_key).first()
 
 
-# --- experiment templates ----------------------------------------------------------------
-
-
-def template_list_usable(*, user) -> QuerySet[ExperimentTemplate]:
-    """Templates the user may submit from: global ones and those of their tenants."""
-    return (
-        ExperimentTemplate.objects.filter(
-            Q(tenant__isnull=True) | Q(tenant__in=tenant_list_submittable(user=user))
-        )
-        .select_related("tenant")
-        .order_by(F("tenant__slug").asc(nulls_first=True), "name")
-    )
-
-
-def template_get_usable(*, user, template_id: int) -> ExperimentTemplate:
-    """The template, or 404 alike for a missing one and one of another tenant."""
-    template = template_list_usable(user=user).filter(pk=template_id).first()
-    if template is None:
-        raise Http404("No such template")
-    return template
-
-
-def template_tenants_manageable(*, user) -> QuerySet[Tenant]:
-    """Tenants whose templates the user manages: all for platform admins, else those the
-    user is tenant admin of."""
-    if is_platform_admin(user):
-        return Tenant.objects.filter(active=True).order_by("slug")
-    admin_of = [
-        tenant_id
-        for tenant_id, role in tenant_roles(user).items()
-        if role == Membership.Role.TENANT_ADMIN
-    ]
-    return Tenant.objects.filter(active=True, id__in=admin_of).order_by("slug")
-
-
-def template_can_manage(*, user, tenant: Tenant | None) -> bool:
-    """Global templates are the platform admins'; a tenant's also its tenant admins'."""
-    if is_platform_admin(user):
-        return True
-    return tenant is not None and is_tenant_admin(user, tenant.pk)
-
-
-def template_list_manageable(*, user) -> QuerySet[ExperimentTemplate]:
-    """Templates the user may edit; 404 for users who may manage none (researchers)."""
-    templates = ExperimentTemplate.objects.select_related("tenant").order_by(
-        F("tenant__slug").asc(nulls_first=True), "name"
-    )
-    if is_platform_admin(user):
-        return templates
-    tenants = list(template_tenants_manageable(user=user))
-    if not tenants:
-        raise Http404("No such page")
-    return templates.filter(tenant__in=tenants)
-
-
-def template_get_manageable(*, user, template_id: int) -> ExperimentTemplate:
-    template = template_list_manageable(user=user).filter(pk=template_id).first()
-    if template is None:
-        raise Http404("No such template")
-    return template
+def attempt_get_for_work(attempt_id: int) -> Attempt:
+    return Attempt.objects.select_related(
+        "cluster",
+        "resumed_from",
+        "run__tenant",
+        "run__experiment__project",
+        "run__experiment__flavor",
+    ).get(pk=attempt_id)

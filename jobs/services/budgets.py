@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 
 from jobs.calendar import month_start
 from jobs.models import BudgetAlert
-from jobs.services import gpu_hours_this_month
+from jobs.selectors.queue import gpu_hours_this_month
 from tenants.models import Membership, Notification, Quota
 
 logger = logging.getLogger(__name__)

@@ -16,8 +16,10 @@ from django.http import Http404
 from django.utils import timezone
 
 from jobs.backends import BackendError, backend_for
+from jobs.enqueue import admission_cycle_enqueue
 from jobs.models import HOLDING_STATES, Cluster, ClusterFlavor, Run, RunState
-from jobs.services import cluster_refresh_inventory, gpu_hours_this_month
+from jobs.selectors.queue import gpu_hours_this_month
+from jobs.services.backend_sync import cluster_refresh_inventory
 from tenants.models import GpuFlavor, Membership, Quota, Tenant
 from tenants.roles import is_platform_admin, is_tenant_admin
 from tenants.selectors import require_platform_admin, tenant_get_viewable
@@ -216,12 +218,6 @@ class QuotaChange:
         return max(0, self.in_use - self.quota.guaranteed_gpus)
 
 
-def _enqueue_admission() -> None:
-    from jobs.tasks import admission_cycle
-
-    transaction.on_commit(admission_cycle.delay)
-
-
 @transaction.atomic
 def quota_update_checked(
     *,
@@ -254,7 +250,7 @@ def quota_update_checked(
         actor=actor,
     )
     in_use = _held_gpus(flavor_ids=[flavor.pk]).get((tenant.pk, flavor.pk), 0)
-    _enqueue_admission()
+    admission_cycle_enqueue()
     return QuotaChange(quota=quota, in_use=in_use)
 
 
@@ -306,7 +302,7 @@ def cluster_capacity_set(
             before=before,
             after=after,
         )
-        _enqueue_admission()
+        admission_cycle_enqueue()
     cluster_refresh_inventory(cluster=cluster)
     return ClusterFlavor.objects.select_related("flavor").get(cluster=cluster, flavor=flavor)
 

@@ -1,0 +1,153 @@
+"""Submitting attempts to their cluster's backend, exactly once."""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from jobs import reproducibility
+from jobs.backends import (
+    JobRef,
+    JobSpec,
+    PermanentBackendError,
+    TransientBackendError,
+    backend_for,
+)
+from jobs.enqueue import admission_cycle_enqueue, attempt_submit_enqueue
+from jobs.models import (
+    Attempt,
+    AttemptState,
+    Run,
+    RunState,
+)
+from jobs.selectors.runs import attempt_get_for_work
+from jobs.services.lifecycle import attempt_accept, run_transition
+
+
+def job_spec_for(attempt: Attempt) -> JobSpec:
+    experiment = attempt.run.experiment
+    env = {str(k): str(v) for k, v in experiment.env.items()}
+    checkpoint = attempt.resumed_from
+    if checkpoint is not None:
+        # How a job learns where to resume: the same two variables on every backend.
+        env |= {"GANTRY_RESUME_FROM": checkpoint.uri, "GANTRY_RESUME_STEP": str(checkpoint.step)}
+    # Where the job reports its runtime, with the token the backend passes it separately.
+    env[reproducibility.API_URL_ENV] = f"{settings.GANTRY_PUBLIC_URL}/api/v1"
+    return JobSpec(
+        name=attempt.name,
+        attempt_id=attempt.pk,
+        run_id=attempt.run_id,
+        tenant=attempt.run.tenant.slug,
+        project=experiment.project.slug,
+        image=experiment.image_reference,
+        command=experiment.command,
+        env=env,
+        flavor=experiment.flavor.slug,
+        nodes=experiment.nodes,
+        gpus_per_node=experiment.gpus_per_node,
+        max_runtime_s=experiment.max_runtime_minutes * 60,
+        checkpoint_dir=experiment.checkpoint_dir,
+        resume_step=checkpoint.step if checkpoint else None,
+        resume_uri=checkpoint.uri if checkpoint else "",
+        attempt_token=reproducibility.attempt_token(
+            secret=settings.SECRET_KEY, attempt_id=attempt.pk
+        ),
+    )
+
+
+def attempt_submit(*, attempt_id: int) -> None:
+    """Send an admitted attempt to its backend. Safe to call again for the same attempt:
+    the backend adopts the job already named after the attempt."""
+    attempt = attempt_get_for_work(attempt_id)
+    run = attempt.run
+    backend = backend_for(attempt.cluster)
+    spec = job_spec_for(attempt)
+    with transaction.atomic():
+        if attempt.state == AttemptState.CREATED:
+            if not run_transition(
+                run=run,
+                to=RunState.SUBMITTING,
+                expected=(RunState.ADMITTED,),
+                reason="SUBMITTING",
+                message=f"Submitting to {attempt.cluster.name}",
+                attempt=attempt,
+            ):
+                return  # cancelled (or otherwise moved on) before we got to it
+            try:
+                rendered = backend.render(spec)
+            except PermanentBackendError as exc:
+                rendered = ""
+                _attempt_fail_submit(attempt, run, exc)
+                return
+            Attempt.objects.filter(pk=attempt.pk, state=AttemptState.CREATED).update(
+                state=AttemptState.SUBMITTING, rendered_spec=rendered
+            )
+            attempt.state = AttemptState.SUBMITTING
+        elif attempt.state != AttemptState.SUBMITTING:
+            return  # already submitted: a redelivered task has nothing to do
+    try:
+        job_id = backend.submit(spec)
+    except TransientBackendError as exc:
+        waited = (timezone.now() - attempt.created_at).total_seconds()
+        if waited <= settings.GANTRY_SUBMIT_GIVE_UP_S:
+            Attempt.objects.filter(pk=attempt.pk).update(
+                backend_error=f"backend unreachable: {exc}"[:2000]
+            )
+            raise
+        # A cluster that never answers (wrong URL, long outage) must not hold a run forever.
+        exc = PermanentBackendError(
+            f"backend unreachable for {waited / 60:.0f} minutes, giving up: {exc}"
+        )
+        with transaction.atomic():
+            _attempt_fail_submit(attempt, run, exc)
+        return
+    except PermanentBackendError as exc:
+        with transaction.atomic():
+            _attempt_fail_submit(attempt, run, exc)
+        return
+    with transaction.atomic():
+        moved, accepted = attempt_accept(attempt=attempt, job_id=job_id, now=timezone.now())
+    run.refresh_from_db(fields=["state", "cancel_requested_at"])
+    if moved and (not accepted or run.cancel_requested_at is not None):
+        # Cancelled or preempted while the job was on its way: take it off the cluster too.
+        backend.cancel(JobRef(name=attempt.name, backend_job_id=job_id))
+
+
+def _attempt_fail_submit(attempt: Attempt, run: Run, exc: PermanentBackendError) -> None:
+    now = timezone.now()
+    Attempt.objects.filter(pk=attempt.pk).update(
+        state=AttemptState.FAILED,
+        finished_at=now,
+        failure_reason=exc.failure_reason,
+        failure_message=str(exc)[:2000],
+    )
+    run_transition(
+        run=run,
+        to=RunState.FAILED,
+        expected=(RunState.SUBMITTING, RunState.ADMITTED),
+        reason=exc.failure_reason,
+        message=f"The cluster refused the job: {exc}",
+        attempt=attempt,
+        finished_at=now,
+        failure_reason=exc.failure_reason,
+    )
+    admission_cycle_enqueue()
+
+
+STUCK_SUBMIT_AFTER = timedelta(seconds=30)
+
+
+def attempt_redrive_stuck_submits() -> int:
+    """Re-enqueue submits whose task was lost (broker restart, worker killed). Harmless if
+    the task is merely slow: a second submit adopts the first job."""
+    cutoff = timezone.now() - STUCK_SUBMIT_AFTER
+    ids = list(
+        Attempt.objects.filter(
+            state__in=(AttemptState.CREATED, AttemptState.SUBMITTING),
+            created_at__lt=cutoff,
+            run__state__in=(RunState.ADMITTED, RunState.SUBMITTING, RunState.PREEMPTED),
+        ).values_list("pk", flat=True)
+    )
+    attempt_submit_enqueue(ids)
+    return len(ids)

@@ -1,0 +1,198 @@
+"""Run and attempt state transitions: the one way a state changes, cancels and preemptions."""
+
+from collections.abc import Iterable
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.enqueue import admission_cycle_enqueue, attempt_cancel_enqueue
+from jobs.models import (
+    Attempt,
+    AttemptState,
+    Run,
+    RunEvent,
+    RunState,
+)
+from tenants.roles import is_platform_admin, is_tenant_admin
+from tenants.services import audit_record
+
+
+def run_transition(
+    *,
+    run: Run,
+    to: RunState,
+    expected: Iterable[RunState],
+    reason: str,
+    message: str = "",
+    actor=None,
+    attempt: Attempt | None = None,
+    **fields,
+) -> bool:
+    """Move a run to ``to`` only if it is still in one of ``expected``; record the event.
+
+    The conditional UPDATE is the claim: of two workers acting on the same run, one wins.
+    """
+    expected = tuple(expected)
+    updated = Run.objects.filter(pk=run.pk, state__in=expected).update(state=to, **fields)
+    if not updated:
+        return False
+    from_state = run.state if run.state in expected else ""
+    RunEvent.objects.create(
+        run=run,
+        attempt=attempt,
+        from_state=from_state,
+        to_state=to,
+        reason=reason,
+        message=message,
+        actor=actor,
+    )
+    run.state = to
+    for name, value in fields.items():
+        setattr(run, name, value)
+    return True
+
+
+def run_can_cancel(*, user, run: Run) -> bool:
+    return (
+        run.submitted_by_id == user.pk
+        or is_tenant_admin(user, run.tenant_id)
+        or is_platform_admin(user)
+    )
+
+
+@transaction.atomic
+def run_cancel(*, run: Run, actor, system_reason: str = "") -> Run:
+    """Cancel a run: at once if it holds no backend job yet, else through the backend.
+
+    Gantry itself cancels (a tenant's idle-GPU policy) with ``actor`` None and a
+    ``system_reason``: that becomes the message of the run's event, and no person's
+    permission is checked. A person's cancel is audited as "run.cancel" (Gantry's are in
+    the run's timeline only).
+    """
+    if (actor is None) != bool(system_reason):
+        raise ValueError("Cancel either as a person (actor) or as Gantry (system_reason).")
+    if actor is not None and not run_can_cancel(user=actor, run=run):
+        raise PermissionDenied("Only the submitter, a tenant admin or a platform admin can cancel.")
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    now = timezone.now()
+    before = {"state": run.state, "cancel_requested": run.cancel_requested_at is not None}
+    if run.state in (RunState.QUEUED, RunState.ADMITTED, RunState.PREEMPTED):
+        run_transition(
+            run=run,
+            to=RunState.CANCELLED,
+            expected=(RunState.QUEUED, RunState.ADMITTED, RunState.PREEMPTED),
+            reason="CANCELLED",
+            message=system_reason
+            or f"Cancelled by {actor.get_username()} before it reached the cluster",
+            actor=actor,
+            finished_at=now,
+            cancel_requested_at=now,
+            failure_reason="CANCELLED",
+            wait_reason="",
+            wait_message="",
+            queue_position=None,
+        )
+        Attempt.objects.filter(run=run, state=AttemptState.CREATED).update(
+            state=AttemptState.CANCELLED, finished_at=now, failure_reason="CANCELLED"
+        )
+        _run_cancel_audit(run=run, actor=actor, before=before)
+        admission_cycle_enqueue()
+        return run
+    if run.state in (RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING):
+        if run.cancel_requested_at is None:
+            Run.objects.filter(pk=run.pk).update(cancel_requested_at=now)
+            run.cancel_requested_at = now
+            RunEvent.objects.create(
+                run=run,
+                from_state=run.state,
+                to_state=run.state,
+                reason="CANCEL_REQUESTED",
+                message=system_reason or f"Cancel requested by {actor.get_username()}",
+                actor=actor,
+            )
+            _run_cancel_audit(run=run, actor=actor, before=before)
+            attempt_cancel_enqueue(run.attempts.order_by("-number").first().pk)
+        return run
+    raise ValidationError({"state": f"The run is already {run.get_state_display().lower()}."})
+
+
+def _run_cancel_audit(*, run: Run, actor, before: dict) -> None:
+    if actor is None:
+        return
+    audit_record(
+        actor=actor,
+        action="run.cancel",
+        target=f"run {run.pk}",
+        tenant=run.tenant,
+        before=before,
+        after={"state": run.state, "cancel_requested": True},
+    )
+
+
+def run_preempt(*, run: Run, message: str) -> int:
+    """Take a borrowed run off its GPUs. It is requeued once its backend job is gone and
+    resumes from its latest checkpoint when admitted again."""
+    holding = (RunState.ADMITTED, RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING)
+    if not run_transition(
+        run=run, to=RunState.PREEMPTED, expected=holding, reason="PREEMPTED", message=message
+    ):
+        return 0
+    attempt = run.attempts.order_by("-number").first()
+    if attempt is None or attempt.state == AttemptState.CREATED:
+        if attempt is not None:
+            Attempt.objects.filter(pk=attempt.pk).update(
+                state=AttemptState.PREEMPTED, finished_at=timezone.now(), failure_reason="PREEMPTED"
+            )
+        run_requeue_after_preemption(run=run, attempt=attempt)
+        return 1
+    attempt_cancel_enqueue(attempt.pk)
+    return 1
+
+
+def run_requeue_after_preemption(*, run: Run, attempt: Attempt | None) -> None:
+    checkpoint = run.checkpoints.order_by("-step").first()
+    resume = f"; it will resume from checkpoint step {checkpoint.step}" if checkpoint else ""
+    run_transition(
+        run=run,
+        to=RunState.QUEUED,
+        expected=(RunState.PREEMPTED,),
+        reason="REQUEUED",
+        message=f"Back in the queue after preemption{resume}",
+        attempt=attempt,
+        cluster=None,
+        borrowed=False,
+    )
+    admission_cycle_enqueue()
+
+
+def attempt_accept(
+    *, attempt: Attempt, job_id: str, now, found_by_sync: bool = False
+) -> tuple[bool, bool]:
+    """Record that the backend holds the attempt's job: the attempt goes from SUBMITTING to
+    PENDING with the job's id, its run with it. Returns (attempt moved, run moved).
+
+    The submit that created the job records it, or, when that worker died in between, the
+    sync that finds the job (before the re-driven submit would adopt it): the conditional
+    UPDATE lets exactly one of them write the id and the run's event.
+    """
+    moved = Attempt.objects.filter(pk=attempt.pk, state=AttemptState.SUBMITTING).update(
+        state=AttemptState.PENDING,
+        backend_job_id=job_id,
+        submitted_at=now,
+        last_seen_at=now,
+        backend_error="",
+    )
+    if not moved:
+        return False, False
+    attempt.state, attempt.backend_job_id = AttemptState.PENDING, job_id
+    found = " (found by the sync)" if found_by_sync else ""
+    accepted = run_transition(
+        run=attempt.run,
+        to=RunState.PENDING,
+        expected=(RunState.SUBMITTING,),
+        reason="SUBMITTED",
+        message=f"{attempt.cluster.name} accepted job {job_id}{found}",
+        attempt=attempt,
+    )
+    return True, accepted

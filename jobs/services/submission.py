@@ -1,0 +1,471 @@
+"""Submitting experiments: validation, idempotent submits, re-runs."""
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from uuid import UUID
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from images.models import DIGEST_PATTERN, Image
+from images.selectors import image_list_usable
+from images.services import TagResolutionError, tag_resolve
+from jobs import reproducibility, spec
+from jobs.backends import (
+    MULTI_NODE_ENV,
+)
+from jobs.enqueue import admission_cycle_enqueue
+from jobs.models import (
+    COMMIT_PATTERN,
+    MAX_COMMAND_BYTES,
+    MAX_PARAMS_BYTES,
+    ClusterFlavor,
+    Experiment,
+    Run,
+    RunEvent,
+    RunState,
+)
+from jobs.selectors.experiments import experiment_list_viewable
+from jobs.selectors.queue import flavor_node_limits
+from jobs.selectors.runs import run_submitted_with
+from tenants.models import GpuFlavor, Quota
+from tenants.selectors import tenant_list_submittable
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+MAX_ID = 2**63 - 1  # ids are bigint: anything larger can only be a mistake
+
+
+try:
+    GANTRY_VERSION = version("gantry")
+except PackageNotFoundError:  # running from a checkout that was never installed
+    GANTRY_VERSION = "0+unknown"
+
+
+@dataclass
+class ExperimentInput:
+    """What a researcher asks for, as parsed by a form, the API or a spec file."""
+
+    tenant: str
+    project: str
+    image: str  # repository@sha256:<64 hex>, or repository:tag (resolved at submit)
+    command: str
+    flavor: str
+    nodes: int
+    gpus_per_node: int
+    name: str = ""
+    code_repository: str = ""
+    code_commit: str = ""
+    dataset_uri: str = ""
+    dataset_version: str = ""
+    params: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+    priority: int = 50
+    max_runtime_minutes: int = 24 * 60
+    max_restarts: int = 0
+    checkpoint_dir: str = ""
+    cloned_from: int | None = None  # id of the experiment this one was cloned from
+
+
+def _check(errors: dict[str, list[str]], name: str, ok: bool, message: str) -> bool:
+    if not ok:
+        errors.setdefault(name, []).append(message)
+    return ok
+
+
+def _is_unicode_text(value) -> bool:
+    """Whether every string in a JSON value is Unicode text: an unpaired surrogate (JSON
+    may spell one, ``"\\ud800"``) has no UTF-8 encoding, so PostgreSQL cannot store it."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def experiment_validate(*, user, data: ExperimentInput) -> dict:
+    """Check a request against every rule; raise ValidationError naming each bad field."""
+    errors: dict[str, list[str]] = {}
+    resolved: dict = {}
+
+    tenant = tenant_list_submittable(user=user).filter(slug=data.tenant).first()
+    if _check(errors, "tenant", tenant is not None, "Unknown tenant, or you are not a member."):
+        resolved["tenant"] = tenant
+        project = tenant.projects.filter(slug=data.project).first()
+        if _check(errors, "project", project is not None, "Unknown project for this tenant."):
+            resolved["project"] = project
+        resolved["image"] = _resolve_image(errors, tenant=tenant, reference=data.image)
+        if data.cloned_from is not None:
+            resolved["cloned_from_id"] = _check_cloned_from(
+                errors, user=user, tenant=tenant, experiment_id=data.cloned_from
+            )
+
+    flavor = GpuFlavor.objects.filter(slug=data.flavor).first()
+    limits = flavor_node_limits()
+    if _check(errors, "flavor", flavor is not None, "Unknown GPU flavor.") and _check(
+        errors, "flavor", data.flavor in limits, "No enabled cluster offers this GPU flavor."
+    ):
+        resolved["flavor"] = flavor
+        max_nodes, max_gpus = limits[data.flavor]
+        if _check(errors, "nodes", data.nodes >= 1, "Must be at least 1.") and _check(
+            errors, "nodes", data.nodes <= max_nodes, f"At most {max_nodes} nodes of {data.flavor}."
+        ):
+            pass
+        if _check(errors, "gpus_per_node", data.gpus_per_node >= 1, "Must be at least 1."):
+            _check(
+                errors,
+                "gpus_per_node",
+                data.gpus_per_node <= max_gpus,
+                f"A {data.flavor} node has at most {max_gpus} GPUs.",
+            )
+        if tenant is not None and "nodes" not in errors and "gpus_per_node" not in errors:
+            _check_quota_allows(errors, tenant=tenant, flavor=flavor, data=data)
+        if "nodes" not in errors and "gpus_per_node" not in errors:
+            fits = ClusterFlavor.objects.filter(
+                cluster__enabled=True,
+                flavor=flavor,
+                nodes__gte=data.nodes,
+                gpus_per_node__gte=data.gpus_per_node,
+            ).exists()
+            _check(
+                errors,
+                "nodes",
+                fits,
+                f"No single cluster has {data.nodes} nodes with {data.gpus_per_node} "
+                f"{data.flavor} GPUs each.",
+            )
+    else:
+        _check(errors, "nodes", data.nodes >= 1, "Must be at least 1.")
+        _check(errors, "gpus_per_node", data.gpus_per_node >= 1, "Must be at least 1.")
+
+    command = data.command or ""
+    _check(errors, "command", command.strip() != "", "A command is required.")
+    _check(
+        errors,
+        "command",
+        len(command.encode()) <= MAX_COMMAND_BYTES,
+        f"At most {MAX_COMMAND_BYTES // 1024} KiB.",
+    )
+    _check(errors, "command", "\x00" not in command, "Must not contain NUL characters.")
+
+    if _check(errors, "params", isinstance(data.params, dict), "Must be a JSON object."):
+        try:
+            encoded = json.dumps(data.params, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError):
+            _check(errors, "params", False, "Only JSON values; NaN and Infinity are not JSON.")
+        else:
+            size = len(encoded.encode())
+            _check(errors, "params", size <= MAX_PARAMS_BYTES, "At most 64 KiB as JSON.")
+            _check(errors, "params", "\\u0000" not in encoded, "Must not contain NUL characters.")
+            _check(
+                errors,
+                "params",
+                _is_unicode_text(data.params),
+                "Must not contain unpaired surrogates (\\ud800 to \\udfff).",
+            )
+    if _check(errors, "env", isinstance(data.env, dict), "Must be an object of names to strings."):
+        for key, value in data.env.items():
+            if not ENV_NAME.match(str(key)):
+                _check(errors, "env", False, f"{key!r} is not a valid variable name.")
+            elif key in reproducibility.RESERVED_ENV:
+                _check(errors, "env", False, f"{key} is set by Gantry for every job; leave it out.")
+            elif key in MULTI_NODE_ENV and data.nodes > 1:
+                _check(
+                    errors,
+                    "env",
+                    False,
+                    f"{key} is set by Gantry in every task of a multi-node job; leave it out.",
+                )
+            elif not isinstance(value, str) or "\x00" in value:
+                _check(errors, "env", False, f"The value of {key} must be a string.")
+
+    if data.code_repository or data.code_commit:
+        _check(
+            errors,
+            "code_commit",
+            re.fullmatch(COMMIT_PATTERN, data.code_commit or "") is not None,
+            "A commit is 40 lowercase hex characters.",
+        )
+        _check(errors, "code_repository", bool(data.code_repository), "Required with a commit.")
+    _check(errors, "priority", 0 <= data.priority <= 100, "Between 0 and 100.")
+    _check(
+        errors,
+        "max_runtime_minutes",
+        1 <= data.max_runtime_minutes <= 30 * 24 * 60,
+        "Between 1 minute and 30 days.",
+    )
+    _check(errors, "max_restarts", 0 <= data.max_restarts <= 20, "Between 0 and 20.")
+    for name in ("name", "code_repository", "dataset_uri", "dataset_version", "checkpoint_dir"):
+        limit = Experiment._meta.get_field(name).max_length
+        value = getattr(data, name) or ""
+        _check(errors, name, len(value) <= limit, f"At most {limit} characters.")
+        _check(errors, name, "\x00" not in value, "Must not contain NUL characters.")
+    if errors:
+        raise ValidationError(errors)
+    return resolved
+
+
+def _check_quota_allows(errors, *, tenant, flavor, data: ExperimentInput) -> None:
+    """Refuse at submit what the tenant's quota could never admit."""
+    gpus = data.nodes * data.gpus_per_node
+    quota = Quota.objects.filter(tenant=tenant, flavor=flavor).first()
+    ceiling = 0 if quota is None else quota.guaranteed_gpus + quota.borrow_limit_gpus
+    if not _check(
+        errors, "flavor", ceiling > 0, f"Tenant {tenant.slug} has no quota for {flavor.slug}."
+    ):
+        return
+    if quota.max_gpus_per_run is not None and gpus > quota.max_gpus_per_run:
+        _check(
+            errors,
+            "gpus_per_node",
+            False,
+            f"This run asks for {gpus} GPUs; tenant {tenant.slug} may use at most "
+            f"{quota.max_gpus_per_run} {flavor.slug} GPUs per run.",
+        )
+        return
+    _check(
+        errors,
+        "gpus_per_node",
+        gpus <= ceiling,
+        f"This run asks for {gpus} GPUs and could never start: tenant {tenant.slug} may hold "
+        f"at most {ceiling} {flavor.slug} GPUs ({quota.guaranteed_gpus} guaranteed + "
+        f"{quota.borrow_limit_gpus} borrowed).",
+    )
+
+
+def _check_cloned_from(errors, *, user, tenant, experiment_id) -> int | None:
+    """A clone's source must be an experiment of the same tenant that the user can read;
+    anything else gets the same answer, so the check reveals nothing."""
+    found = (
+        isinstance(experiment_id, int)
+        and 1 <= experiment_id <= MAX_ID
+        and experiment_list_viewable(user=user).filter(pk=experiment_id, tenant=tenant).exists()
+    )
+    _check(
+        errors,
+        "cloned_from",
+        found,
+        f"Experiment {experiment_id} is not an experiment of tenant {tenant.slug} you can read.",
+    )
+    return experiment_id if found else None
+
+
+def _resolve_image(errors, *, tenant, reference: str) -> Image | None:
+    """The approved image visible to the tenant that ``reference`` names, pinned by digest.
+
+    ``repository@sha256:…`` is looked up as given. ``repository:tag`` is accepted only to be
+    resolved: the registry of the repository's host says which digest the tag points to now,
+    and that digest must be an approved image; the experiment records the digest. Resolving
+    calls the registry inside run_submit's transaction, so each request has a short timeout
+    (images.services.SUBMIT_TIMEOUT_S); a registry that does not answer fails the submit.
+    """
+    reference = (reference or "").strip()
+    repository, at, digest = reference.partition("@")
+    if not at:
+        repository, colon, tag = reference.rpartition(":")
+        if not colon or not repository or "/" in tag:
+            _check(
+                errors,
+                "image",
+                False,
+                "Pin the image by digest (repository@sha256:<64 hex>) or name a tag to "
+                "resolve (repository:tag).",
+            )
+            return None
+        try:
+            digest = tag_resolve(repository=repository, tag=tag)
+        except TagResolutionError as exc:
+            _check(errors, "image", False, str(exc))
+            return None
+        image = (
+            image_list_usable(tenant=tenant).filter(repository=repository, digest=digest).first()
+        )
+        _check(
+            errors,
+            "image",
+            image is not None,
+            f"This tag resolves to {digest}, which is not approved for this tenant.",
+        )
+        return image
+    if not re.fullmatch(DIGEST_PATTERN, digest):
+        _check(errors, "image", False, "Invalid digest: expected sha256: and 64 lowercase hex.")
+        return None
+    image = image_list_usable(tenant=tenant).filter(repository=repository, digest=digest).first()
+    _check(errors, "image", image is not None, "This image is not approved for this tenant.")
+    return image
+
+
+def _submit_once(*, user, submission_key: UUID | None, create: Callable[[], Run]) -> Run:
+    """``create()`` unless this user's ``submission_key`` already queued a run: then that run.
+
+    The key is checked before validating, so a replay of a form that was accepted is never
+    refused later (say, once the quota is used). Two requests racing with one key both pass
+    the check; the unique constraint on (submitted_by, submission_key) makes the second insert
+    wait for the first and fail, and the second then answers with the first's run: its
+    savepoint rolls back the experiment it had recorded, so nothing is left behind.
+    """
+    earlier = run_submitted_with(user=user, submission_key=submission_key)
+    if earlier is not None:
+        return earlier
+    try:
+        with transaction.atomic():
+            return create()
+    except IntegrityError:
+        earlier = run_submitted_with(user=user, submission_key=submission_key)
+        if earlier is None:
+            raise
+        return earlier
+
+
+def run_submit(*, user, data: ExperimentInput, submission_key: UUID | None = None) -> Run:
+    """Record the experiment and queue a run of it; admission picks it up after commit.
+
+    With a ``submission_key`` (the submit form's one-time key) a repeated request returns
+    the run the first one queued and records nothing new.
+    """
+    return _submit_once(
+        user=user,
+        submission_key=submission_key,
+        create=lambda: _run_submit_new(user=user, data=data, submission_key=submission_key),
+    )
+
+
+def _run_submit_new(*, user, data: ExperimentInput, submission_key: UUID | None) -> Run:
+    resolved = experiment_validate(user=user, data=data)
+    image = resolved["image"]
+    experiment = Experiment.objects.create(
+        tenant=resolved["tenant"],
+        project=resolved["project"],
+        owner=user,
+        name=data.name or f"{resolved['project'].slug}-{timezone.now():%Y%m%d-%H%M%S}",
+        image=image,
+        image_reference=image.reference,
+        command=data.command,
+        env=data.env,
+        code_repository=data.code_repository,
+        code_commit=data.code_commit,
+        dataset_uri=data.dataset_uri,
+        dataset_version=data.dataset_version,
+        params=data.params,
+        flavor=resolved["flavor"],
+        nodes=data.nodes,
+        gpus_per_node=data.gpus_per_node,
+        priority=data.priority,
+        max_runtime_minutes=data.max_runtime_minutes,
+        max_restarts=data.max_restarts,
+        checkpoint_dir=data.checkpoint_dir,
+        cloned_from_id=resolved.get("cloned_from_id"),
+        gantry_version=GANTRY_VERSION,
+    )
+    return _run_create(experiment=experiment, user=user, submission_key=submission_key)
+
+
+def experiment_can_rerun(*, user, experiment: Experiment) -> bool:
+    """Re-running spends the tenant's quota: membership is required, like submitting."""
+    return tenant_list_submittable(user=user).filter(pk=experiment.tenant_id).exists()
+
+
+def experiment_input_of(experiment: Experiment) -> ExperimentInput:
+    """The request that would record this experiment again, as it was recorded."""
+    return ExperimentInput(
+        tenant=experiment.tenant.slug,
+        project=experiment.project.slug,
+        image=experiment.image_reference,
+        command=experiment.command,
+        flavor=experiment.flavor.slug,
+        nodes=experiment.nodes,
+        gpus_per_node=experiment.gpus_per_node,
+        name=experiment.name,
+        code_repository=experiment.code_repository,
+        code_commit=experiment.code_commit,
+        dataset_uri=experiment.dataset_uri,
+        dataset_version=experiment.dataset_version,
+        params=experiment.params,
+        env=experiment.env,
+        priority=experiment.priority,
+        max_runtime_minutes=experiment.max_runtime_minutes,
+        max_restarts=experiment.max_restarts,
+        checkpoint_dir=experiment.checkpoint_dir,
+    )
+
+
+def run_rerun(*, experiment: Experiment, user, submission_key: UUID | None = None) -> Run:
+    """Queue a new run of the same experiment record: same image digest, command, code,
+    data, params and resources. Every submit rule is checked again (membership, the image
+    still approved and visible to the tenant, a quota that could ever admit it). A repeated
+    ``submission_key`` returns the run its first request queued."""
+    if not experiment_can_rerun(user=user, experiment=experiment):
+        raise PermissionDenied(
+            f"Only members of tenant {experiment.tenant.slug} can run its experiments."
+        )
+    return _submit_once(
+        user=user,
+        submission_key=submission_key,
+        create=lambda: _run_rerun_new(
+            experiment=experiment, user=user, submission_key=submission_key
+        ),
+    )
+
+
+def _run_rerun_new(*, experiment: Experiment, user, submission_key: UUID | None) -> Run:
+    image = experiment.image
+    if image.status != Image.Status.APPROVED:
+        raise ValidationError(
+            {
+                "image": f"The image {experiment.image_reference} is "
+                f"{image.get_status_display().lower()}, so this experiment cannot run again "
+                "exactly. Clone and edit it to choose another image."
+            }
+        )
+    if not image_list_usable(tenant=experiment.tenant).filter(pk=image.pk).exists():
+        raise ValidationError(
+            {
+                "image": f"The image {experiment.image_reference} is no longer available to "
+                f"tenant {experiment.tenant.slug}. Clone and edit it to choose another image."
+            }
+        )
+    experiment_validate(user=user, data=experiment_input_of(experiment))
+    return _run_create(
+        experiment=experiment,
+        user=user,
+        reason="RERUN",
+        message=f"Re-run of experiment {experiment.pk} (exact)",
+        submission_key=submission_key,
+    )
+
+
+def _run_create(
+    *,
+    experiment: Experiment,
+    user,
+    reason: str = "SUBMITTED",
+    message: str = "Submitted",
+    submission_key: UUID | None = None,
+) -> Run:
+    run = Run.objects.create(
+        experiment=experiment,
+        tenant=experiment.tenant,
+        flavor=experiment.flavor,
+        gpus=experiment.total_gpus,
+        priority=experiment.priority,
+        submitted_by=user,
+        submission_key=submission_key,
+    )
+    RunEvent.objects.create(
+        run=run, to_state=RunState.QUEUED, reason=reason, actor=user, message=message
+    )
+    admission_cycle_enqueue()
+    return run
+
+
+def run_submit_values(*, user, values: dict, submission_key: UUID | None = None) -> Run:
+    """run_submit with ExperimentInput values; its errors by dotted spec name."""
+    try:
+        return run_submit(user=user, data=ExperimentInput(**values), submission_key=submission_key)
+    except ValidationError as exc:
+        raise ValidationError(spec.errors_to_spec(exc.message_dict)) from None

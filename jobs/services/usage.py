@@ -1,0 +1,72 @@
+"""What tenants have used: the monthly ledger and decayed fair-share usage."""
+
+from collections import defaultdict
+
+from django.conf import settings
+from django.db.models import F
+
+from jobs import admission
+from jobs.calendar import split_by_month
+from jobs.models import (
+    Attempt,
+    FairShareUsage,
+    TenantMonthUsage,
+)
+from jobs.services.bulk import rows_update
+from tenants.models import GpuFlavor, Tenant
+
+
+def usage_record_attempt(*, attempt: Attempt, started, finished) -> None:
+    """Add a finished attempt's allocated GPU-seconds to the monthly ledger (split by month)."""
+    if started is None or finished is None or finished <= started:
+        return
+    run = attempt.run
+    for month, seconds in split_by_month(started, finished):
+        row, _ = TenantMonthUsage.objects.get_or_create(
+            tenant_id=run.tenant_id, flavor_id=run.flavor_id, month=month
+        )
+        TenantMonthUsage.objects.filter(pk=row.pk).update(
+            gpu_seconds=F("gpu_seconds") + seconds * run.gpus
+        )
+
+
+def fair_share_update(*, held: tuple[admission.HeldRun, ...], now) -> None:
+    """Decay every tenant's usage by the time since the last update and add what it held."""
+    half_life_s = settings.GANTRY_FAIR_SHARE_HALF_LIFE_H * 3600
+    holding: dict[tuple[str, str], int] = defaultdict(int)
+    for run in held:
+        holding[(run.tenant, run.flavor)] += run.gpus
+    rows = {
+        (row.tenant.slug, row.flavor.slug): row
+        for row in FairShareUsage.objects.select_related("tenant", "flavor")
+    }
+    changed = []
+    for key, row in rows.items():
+        row.decayed_gpu_seconds = admission.fair_share_decayed(
+            row.decayed_gpu_seconds,
+            gpus_held=holding.get(key, 0),
+            elapsed_s=max(0.0, (now - row.updated_at).total_seconds()),
+            half_life_s=half_life_s,
+        )
+        row.updated_at = now
+        changed.append(row)
+    rows_update(
+        FairShareUsage,
+        ["decayed_gpu_seconds", "updated_at"],
+        [(row.pk, row.decayed_gpu_seconds, row.updated_at) for row in changed],
+    )
+    missing = [key for key in holding if key not in rows]
+    if missing:
+        tenants = dict(
+            Tenant.objects.filter(slug__in={t for t, _ in missing}).values_list("slug", "id")
+        )
+        flavors = dict(
+            GpuFlavor.objects.filter(slug__in={f for _, f in missing}).values_list("slug", "id")
+        )
+        FairShareUsage.objects.bulk_create(
+            [
+                FairShareUsage(tenant_id=tenants[t], flavor_id=flavors[f], updated_at=now)
+                for t, f in missing
+            ],
+            ignore_conflicts=True,
+        )
