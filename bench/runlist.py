@@ -43,8 +43,9 @@ from bench.cpu import cpu_seconds
 from bench.cycle import QueryCounter, truncate, vacuum
 from bench.report import Section, ms, ratio, timed
 from images.models import Image
+from jobs.access import run_list_viewable
 from jobs.models import Cluster, ClusterFlavor, Experiment, Run
-from jobs.selectors.runs import _RUN_LIST_DEFERRED, run_list_viewable, run_page_viewable
+from jobs.selectors.runs import RUN_LIST_DEFERRED, run_page_viewable
 from jobs.views import RUN_COUNT_LIMIT, RUNS_PER_PAGE
 from tenants.models import GlobalRole, GpuFlavor, Membership, Project, Tenant
 from tenants.services import api_token_create
@@ -327,7 +328,7 @@ def deep_page(user, size: int) -> tuple[int, int]:
 
 def naive_page(user, number: int, size: int) -> list[int]:
     """The page as the list made it before: Paginator over the scoped queryset."""
-    runs = run_list_viewable(user=user).defer(*_RUN_LIST_DEFERRED)
+    runs = run_list_viewable(user=user).defer(*RUN_LIST_DEFERRED)
     page = Paginator(runs, size).page(number)
     return [run.pk for run in page.object_list]
 

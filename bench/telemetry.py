@@ -298,7 +298,7 @@ def store_section(rollups) -> Section:
     from django.db import connection, transaction
     from psycopg import sql
 
-    from telemetry.collection import _GPU_MINUTE_COLUMNS, gpu_minutes_replace
+    from telemetry.collection import GPU_MINUTE_COLUMNS, gpu_minutes_replace
     from telemetry.models import GpuMinute
 
     cluster, attempt_ids = seed_attempts(NODES)
@@ -320,7 +320,7 @@ def store_section(rollups) -> Section:
     ]  # fmt: skip
     table = GpuMinute._meta.db_table
     copy_statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
-        sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, _GPU_MINUTE_COLUMNS))
+        sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, GPU_MINUTE_COLUMNS))
     )
 
     def empty() -> None:

@@ -3,9 +3,9 @@
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, serializers
 
+from images.access import image_list_usable_by_tenants
 from images.models import Image
-from images.selectors import image_list_usable_by_tenants
-from tenants.selectors import tenant_list_submittable
+from tenants.access import tenant_list_submittable
 
 
 class ImageSerializer(serializers.ModelSerializer):

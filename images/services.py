@@ -41,7 +41,7 @@ from images.registry import (
     validate_tag,
 )
 from tenants.models import Tenant, slug_validator
-from tenants.services import audit_record
+from tenants.services import audit_record, audit_snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -144,10 +144,6 @@ def _registry_errors(
     return errors, host
 
 
-def _registry_values(registry: Registry) -> dict:
-    return {name: getattr(registry, name) for name in REGISTRY_AUDITED_FIELDS}
-
-
 def _normalized_url(url: str, host: str) -> str:
     return f"{urlsplit(url.strip()).scheme}://{host}"
 
@@ -208,7 +204,7 @@ def registry_create(
         actor=actor,
         action="registry.create",
         target=name,
-        after={"name": name, **_registry_values(registry)},
+        after={"name": name, **audit_snapshot(registry, only=REGISTRY_AUDITED_FIELDS)},
     )
     return registry
 
@@ -249,7 +245,7 @@ def registry_update(
             errors.setdefault("url", []).append("Another registry has this host already.")
     if errors:
         raise ValidationError(errors)
-    before = _registry_values(registry)
+    before = audit_snapshot(registry, only=REGISTRY_AUDITED_FIELDS)
     registry.url = _normalized_url(url, host)
     registry.host = host
     registry.auth_kind = auth_kind
@@ -258,7 +254,7 @@ def registry_update(
     registry.ca_bundle_path = ca_bundle_path
     registry.timeout_s = timeout_s
     registry.enabled = enabled
-    after = _registry_values(registry)
+    after = audit_snapshot(registry, only=REGISTRY_AUDITED_FIELDS)
     if after != before:
         registry.save(update_fields=["host", *REGISTRY_AUDITED_FIELDS])
         audit_record(

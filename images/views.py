@@ -15,18 +15,13 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from images import services
+from images.access import image_list_browsable, registry_list_manageable
 from images.forms import ImageImportForm, ImageVisibilityForm, RegistryForm, registry_initial
 from images.models import Image, Registry
 from images.registry import RegistryError
-from images.selectors import (
-    image_get_manageable,
-    image_get_viewable,
-    image_list_browsable,
-    registry_get_manageable,
-    registry_list_manageable,
-)
-from tenants.roles import is_platform_admin
-from tenants.selectors import require_platform_admin
+from images.selectors import image_get_manageable, image_get_viewable, registry_get_manageable
+from tenants.access import is_platform_admin, require_platform_admin
+from tenants.http import form_page, or_404
 
 IMAGES_PER_PAGE = 25
 REGISTRIES_PER_PAGE = 50
@@ -58,7 +53,7 @@ def image_list(request: HttpRequest) -> HttpResponse:
             "manages": manages,
             "statuses": Image.Status.choices,
             "status": status,
-            "registries": registry_list_manageable(user=request.user) if manages else [],
+            "registries": or_404(registry_list_manageable, user=request.user) if manages else [],
             "registry": registry,
             "query": query,
             "filtered": bool(status or registry or query),
@@ -69,7 +64,7 @@ def image_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def image_detail(request: HttpRequest, image_id: int) -> HttpResponse:
-    image = image_get_viewable(user=request.user, image_id=image_id)
+    image = or_404(image_get_viewable, user=request.user, image_id=image_id)
     return render(request, "images/image_detail.html", _detail_context(request, image))
 
 
@@ -95,35 +90,35 @@ def _detail_context(request: HttpRequest, image: Image, **extra) -> dict:
 @login_required
 @require_http_methods(["GET", "POST"])
 def image_import(request: HttpRequest) -> HttpResponse:
-    require_platform_admin(request.user)
-    if request.method == "POST":
-        form = ImageImportForm(request.POST)
-        if form.is_valid():
-            try:
-                image, created = services.image_import(actor=request.user, **form.cleaned_data)
-            except ValidationError as exc:
-                form.add_service_errors(exc)
-            else:
-                if created:
-                    messages.success(request, f"Imported {image}: pending review.")
-                else:
-                    messages.info(
-                        request,
-                        f"{image} is in the catalog already ({image.get_status_display()}); "
-                        "its details were refreshed.",
-                    )
-                return redirect("images:image_detail", image_id=image.pk)
-    else:
-        form = ImageImportForm(initial={"registry": request.GET.get("registry", "")})
-    return render(
-        request, "images/image_import.html", {"form": form}, status=400 if form.errors else 200
+    or_404(require_platform_admin, request.user)
+
+    def done(result) -> HttpResponse:
+        image, created = result
+        if created:
+            messages.success(request, f"Imported {image}: pending review.")
+        else:
+            messages.info(
+                request,
+                f"{image} is in the catalog already ({image.get_status_display()}); "
+                "its details were refreshed.",
+            )
+        return redirect("images:image_detail", image_id=image.pk)
+
+    return form_page(
+        request,
+        ImageImportForm(request.POST)
+        if request.method == "POST"
+        else ImageImportForm(initial={"registry": request.GET.get("registry", "")}),
+        save=lambda data: services.image_import(actor=request.user, **data),
+        done=done,
+        template="images/image_import.html",
     )
 
 
 @login_required
 @require_POST
 def image_status(request: HttpRequest, image_id: int) -> HttpResponse:
-    image = image_get_manageable(user=request.user, image_id=image_id)
+    image = or_404(image_get_manageable, user=request.user, image_id=image_id)
     try:
         image = services.image_set_status(
             image=image, status=request.POST.get("status", ""), actor=request.user
@@ -138,7 +133,7 @@ def image_status(request: HttpRequest, image_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def image_visibility(request: HttpRequest, image_id: int) -> HttpResponse:
-    image = image_get_manageable(user=request.user, image_id=image_id)
+    image = or_404(image_get_manageable, user=request.user, image_id=image_id)
     form = ImageVisibilityForm(request.POST)
     if form.is_valid():
         try:
@@ -155,7 +150,7 @@ def image_visibility(request: HttpRequest, image_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def image_recheck(request: HttpRequest, image_id: int) -> HttpResponse:
-    image = image_get_manageable(user=request.user, image_id=image_id)
+    image = or_404(image_get_manageable, user=request.user, image_id=image_id)
     try:
         image = services.image_recheck(image=image, actor=request.user)
     except ValidationError as exc:
@@ -169,7 +164,7 @@ def image_recheck(request: HttpRequest, image_id: int) -> HttpResponse:
 @login_required
 @require_GET
 def registry_list(request: HttpRequest) -> HttpResponse:
-    registries = registry_list_manageable(user=request.user)
+    registries = or_404(registry_list_manageable, user=request.user)
     page = Paginator(registries, REGISTRIES_PER_PAGE).get_page(request.GET.get("page"))
     return render(
         request,
@@ -184,54 +179,45 @@ def registry_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def registry_create(request: HttpRequest) -> HttpResponse:
-    require_platform_admin(request.user)
-    if request.method == "POST":
-        form = RegistryForm(request.POST)
-        if form.is_valid():
-            try:
-                registry = services.registry_create(actor=request.user, **form.cleaned_data)
-            except ValidationError as exc:
-                form.add_service_errors(exc)
-            else:
-                messages.success(request, f"Registered {registry.name}.")
-                return redirect("images:registry_edit", name=registry.name)
-    else:
-        form = RegistryForm(initial=registry_initial(None))
-    return render(
+    or_404(require_platform_admin, request.user)
+
+    def done(registry) -> HttpResponse:
+        messages.success(request, f"Registered {registry.name}.")
+        return redirect("images:registry_edit", name=registry.name)
+
+    return form_page(
         request,
-        "images/registry_form.html",
-        {"form": form, "registry": None},
-        status=400 if form.errors else 200,
+        RegistryForm(request.POST)
+        if request.method == "POST"
+        else RegistryForm(initial=registry_initial(None)),
+        save=lambda data: services.registry_create(actor=request.user, **data),
+        done=done,
+        template="images/registry_form.html",
+        context={"registry": None},
     )
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def registry_edit(request: HttpRequest, name: str) -> HttpResponse:
-    registry = registry_get_manageable(user=request.user, name=name)
-    if request.method == "POST":
-        form = RegistryForm(request.POST, editing=True)
-        if form.is_valid():
-            try:
-                registry = services.registry_update(
-                    registry=registry, actor=request.user, **form.cleaned_data
-                )
-            except ValidationError as exc:
-                form.add_service_errors(exc)
-            else:
-                messages.success(request, f"Saved {registry.name}.")
-                return redirect("images:registry_edit", name=registry.name)
-    else:
-        form = RegistryForm(editing=True, initial=registry_initial(registry))
-    return render(
+    registry = or_404(registry_get_manageable, user=request.user, name=name)
+
+    def done(saved) -> HttpResponse:
+        messages.success(request, f"Saved {saved.name}.")
+        return redirect("images:registry_edit", name=saved.name)
+
+    return form_page(
         request,
-        "images/registry_form.html",
-        {
-            "form": form,
+        RegistryForm(request.POST, editing=True)
+        if request.method == "POST"
+        else RegistryForm(editing=True, initial=registry_initial(registry)),
+        save=lambda data: services.registry_update(registry=registry, actor=request.user, **data),
+        done=done,
+        template="images/registry_form.html",
+        context={
             "registry": registry,
             "secret_is_set": services.registry_secret_is_set(registry),
         },
-        status=400 if form.errors else 200,
     )
 
 
@@ -239,7 +225,7 @@ def registry_edit(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 def registry_test(request: HttpRequest, name: str) -> HttpResponse:
     """Call the registry's /v2/ with its saved settings: do the URL and credentials work?"""
-    registry: Registry = registry_get_manageable(user=request.user, name=name)
+    registry: Registry = or_404(registry_get_manageable, user=request.user, name=name)
     try:
         messages.success(request, services.registry_test_connection(registry=registry))
     except RegistryError as exc:

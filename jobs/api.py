@@ -34,14 +34,14 @@ from rest_framework.settings import api_settings
 from rest_framework.utils.urls import remove_query_param, replace_query_param
 from rest_framework.views import APIView
 
+from jobs.access import experiment_list_viewable, run_list_viewable
 from jobs.models import Attempt, Experiment, Run
-from jobs.selectors.experiments import experiment_get_viewable, experiment_list_viewable
+from jobs.selectors.experiments import experiment_get_viewable
 from jobs.selectors.logs import run_logs
 from jobs.selectors.runs import (
     attempt_get_for_token,
     run_attempts,
     run_get_viewable,
-    run_list_viewable,
     run_page_viewable,
 )
 from jobs.serializers import (
@@ -59,6 +59,7 @@ from jobs.services.backend_sync import MAX_RUNTIME_REPORT_BYTES, attempt_report_
 from jobs.services.capacity import quota_usage_list
 from jobs.services.lifecycle import run_cancel
 from jobs.services.submission import run_rerun, run_submit
+from tenants.http import or_404
 from tenants.models import Quota
 from tenants.parsers import JsonTextParser
 from tenants.selectors import quota_list_viewable
@@ -97,7 +98,7 @@ class RunLogsSerializer(serializers.Serializer):
 
 
 def _created(request, run: Run) -> Response:
-    run = run_get_viewable(user=request.user, run_id=run.pk)
+    run = or_404(run_get_viewable, user=request.user, run_id=run.pk)
     location = request.build_absolute_uri(reverse("api:run-detail", args=[run.pk]))
     return Response(
         RunDetailSerializer(run).data,
@@ -207,7 +208,7 @@ class RunViewSet(viewsets.GenericViewSet):
         responses={200: RunDetailSerializer, 401: UNAUTHENTICATED, 404: NOT_FOUND},
     )
     def retrieve(self, request, pk: str):
-        run = run_get_viewable(user=request.user, run_id=int(pk))
+        run = or_404(run_get_viewable, user=request.user, run_id=int(pk))
         return Response(RunDetailSerializer(run).data)
 
     @extend_schema(
@@ -224,12 +225,12 @@ class RunViewSet(viewsets.GenericViewSet):
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk: str):
         """Cancel at once if the run has not reached a cluster, else through the backend."""
-        run = run_get_viewable(user=request.user, run_id=int(pk))
+        run = or_404(run_get_viewable, user=request.user, run_id=int(pk))
         try:
             run_cancel(run=run, actor=request.user)
         except DjangoValidationError as exc:
             raise Conflict(" ".join(exc.messages)) from None
-        run = run_get_viewable(user=request.user, run_id=int(pk))
+        run = or_404(run_get_viewable, user=request.user, run_id=int(pk))
         return Response(RunDetailSerializer(run).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(
@@ -246,7 +247,7 @@ class RunViewSet(viewsets.GenericViewSet):
         """The last lines of the latest attempt's logs, as its backend keeps them."""
         query = RunLogsQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
-        run = run_get_viewable(user=request.user, run_id=int(pk))
+        run = or_404(run_get_viewable, user=request.user, run_id=int(pk))
         latest = run_attempts(run=run).last()
         body = {
             "run": run.pk,
@@ -289,7 +290,7 @@ class ExperimentViewSet(viewsets.GenericViewSet):
         responses={200: ExperimentSerializer, 401: UNAUTHENTICATED, 404: NOT_FOUND},
     )
     def retrieve(self, request, pk: str):
-        experiment = experiment_get_viewable(user=request.user, experiment_id=int(pk))
+        experiment = or_404(experiment_get_viewable, user=request.user, experiment_id=int(pk))
         return Response(ExperimentSerializer(experiment).data)
 
     @extend_schema(
@@ -308,7 +309,7 @@ class ExperimentViewSet(viewsets.GenericViewSet):
     @action(detail=True, methods=["post"])
     def rerun(self, request, pk: str):
         """Queue a new run of the same experiment record, exactly as recorded."""
-        experiment = experiment_get_viewable(user=request.user, experiment_id=int(pk))
+        experiment = or_404(experiment_get_viewable, user=request.user, experiment_id=int(pk))
         try:
             run = run_rerun(experiment=experiment, user=request.user)
         except DjangoPermissionDenied as exc:
@@ -365,6 +366,21 @@ class HasAttemptToken(BasePermission):
         return isinstance(request.auth, Attempt)
 
 
+class AttemptTokenApi(APIView):
+    """The base of every endpoint a job calls with its attempt token: ``request.auth`` is
+    the attempt the token was issued for."""
+
+    authentication_classes = [AttemptTokenAuthentication]
+    permission_classes = [HasAttemptToken]
+
+
+# The answers every attempt-token endpoint shares, for its OpenAPI schema.
+ATTEMPT_TOKEN_RESPONSES = {
+    401: OpenApiResponse(ErrorSerializer, description="No or an invalid attempt token."),
+    409: OpenApiResponse(ErrorSerializer, description="The attempt ended more than an hour ago."),
+}
+
+
 class RuntimeReportParser(JsonTextParser):
     """JSON of at most ``MAX_RUNTIME_REPORT_BYTES``: a larger body is refused unread."""
 
@@ -376,9 +392,7 @@ class RuntimeReportParser(JsonTextParser):
 
 
 @extend_schema(tags=["attempts"])
-class AttemptRuntimeReportApi(APIView):
-    authentication_classes = [AttemptTokenAuthentication]
-    permission_classes = [HasAttemptToken]
+class AttemptRuntimeReportApi(AttemptTokenApi):
     parser_classes = [RuntimeReportParser]
 
     @extend_schema(
@@ -386,10 +400,7 @@ class AttemptRuntimeReportApi(APIView):
         responses={
             200: RuntimeReportResultSerializer,
             400: OpenApiResponse(description="Field name → list of messages."),
-            401: OpenApiResponse(ErrorSerializer, description="No or an invalid attempt token."),
-            409: OpenApiResponse(
-                ErrorSerializer, description="The attempt ended more than an hour ago."
-            ),
+            **ATTEMPT_TOKEN_RESPONSES,
         },
     )
     def post(self, request):

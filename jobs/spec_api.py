@@ -16,14 +16,15 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from jobs.access import template_list_usable
 from jobs.api import ID, INVALID_PAGE, NOT_FOUND, UNAUTHENTICATED
 from jobs.models import ExperimentTemplate
 from jobs.selectors.experiments import experiment_get_viewable
 from jobs.selectors.runs import run_get_viewable
-from jobs.selectors.templates import template_list_usable
 from jobs.serializers import ErrorSerializer, RunSerializer
 from jobs.services.specs import experiment_spec, spec_submit
 from jobs.spec import SPEC_SCHEMA
+from tenants.http import or_404
 from tenants.parsers import JsonTextParser
 
 SPEC_ERRORS = OpenApiResponse(
@@ -84,7 +85,7 @@ class SpecSubmitApi(APIView):
             raise PermissionDenied(str(exc)) from None
         except DjangoValidationError as exc:
             raise ValidationError(exc.message_dict) from None
-        run = run_get_viewable(user=request.user, run_id=run.pk)
+        run = or_404(run_get_viewable, user=request.user, run_id=run.pk)
         location = request.build_absolute_uri(reverse("api:run-detail", args=[run.pk]))
         return Response(
             RunSerializer(run).data, status=status.HTTP_201_CREATED, headers={"Location": location}
@@ -99,7 +100,7 @@ class ExperimentSpecApi(APIView):
     )
     def get(self, request, id: int):  # named like the {id} of the other experiment paths
         """The spec that submits this experiment again, exactly as recorded."""
-        experiment = experiment_get_viewable(user=request.user, experiment_id=id)
+        experiment = or_404(experiment_get_viewable, user=request.user, experiment_id=id)
         return Response(experiment_spec(experiment))
 
 

@@ -22,8 +22,17 @@ from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from images.selectors import image_list_usable_by_tenants
+from images.access import image_list_usable_by_tenants
 from jobs import spec
+from jobs.access import (
+    experiment_can_rerun,
+    experiment_list_viewable,
+    run_can_cancel,
+    run_list_viewable,
+    template_list_manageable,
+    template_list_usable,
+    template_tenants_manageable,
+)
 from jobs.backends import BackendError
 from jobs.forms import (
     ClusterCapacityForm,
@@ -40,7 +49,6 @@ from jobs.selectors import logs
 from jobs.selectors.experiments import (
     experiment_attempts,
     experiment_get_viewable,
-    experiment_list_viewable,
     experiment_pair_get_viewable,
     experiment_record,
 )
@@ -50,33 +58,29 @@ from jobs.selectors.runs import (
     run_attempts,
     run_events,
     run_get_viewable,
-    run_list_viewable,
     run_page_viewable,
     run_submitted_with,
 )
-from jobs.selectors.templates import (
-    template_get_manageable,
-    template_get_usable,
-    template_list_manageable,
-    template_list_usable,
-    template_tenants_manageable,
-)
+from jobs.selectors.templates import template_get_manageable, template_get_usable
 from jobs.services import capacity, lifecycle, submission
 from jobs.services import templates as template_services
-from jobs.services.lifecycle import run_can_cancel
 from jobs.services.specs import experiment_spec
-from jobs.services.submission import MAX_ID, experiment_can_rerun, run_rerun
+from jobs.services.submission import MAX_ID, run_rerun
 from jobs.services.templates import template_save, template_submit
+from tenants.access import (
+    is_platform_admin,
+    is_tenant_admin,
+    tenant_list_submittable,
+    tenant_list_viewable,
+)
 from tenants.forms import QuotaForm, quota_initial
-from tenants.roles import is_platform_admin, is_tenant_admin
+from tenants.http import form_page, or_404
 from tenants.selectors import (
     flavor_list_manageable,
     project_list_submittable,
     quota_get_manageable,
     quota_list_for_tenant,
     quota_list_viewable,
-    tenant_list_submittable,
-    tenant_list_viewable,
 )
 
 RUNS_PER_PAGE = 25
@@ -255,7 +259,9 @@ def run_submit(request: HttpRequest) -> HttpResponse:
     else:
         source_id = request.GET.get("from", "")
         if source_id.isdigit():
-            source = experiment_get_viewable(user=request.user, experiment_id=int(source_id))
+            source = or_404(
+                experiment_get_viewable, user=request.user, experiment_id=int(source_id)
+            )
             initial = initial_from_experiment(source)
         form = RunSubmitForm(initial=initial | {"submission_key": uuid.uuid4()}, **choices)
         if template is not None:
@@ -282,7 +288,7 @@ def _template_chosen(user, value: str):
     the user may not use."""
     if not value:
         return None
-    return template_get_usable(user=user, template_id=_positive_id(value))
+    return or_404(template_get_usable, user=user, template_id=_positive_id(value))
 
 
 def _preview_context(user, data) -> tuple[dict, int]:
@@ -325,7 +331,7 @@ def _attempt_records(attempts) -> list[tuple]:
 @login_required
 @require_GET
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = run_get_viewable(user=request.user, run_id=run_id)
+    run = or_404(run_get_viewable, user=request.user, run_id=run_id)
     context = _status_context(request, run)
     context["logs"], context["logs_cut"] = run_log_tail(
         run=run, lines=LOG_TAIL_LINES, max_chars=LOG_TAIL_MAX_CHARS
@@ -343,7 +349,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_GET
 def run_status(request: HttpRequest, run_id: int) -> HttpResponse:
     """The live part of the run page, polled by gantry.js until the run is terminal."""
-    run = run_get_viewable(user=request.user, run_id=run_id)
+    run = or_404(run_get_viewable, user=request.user, run_id=run_id)
     return render(request, "jobs/_run_status.html", _status_context(request, run))
 
 
@@ -351,7 +357,7 @@ def run_status(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_GET
 def run_log_download(request: HttpRequest, run_id: int) -> HttpResponse:
     """The latest attempt's whole log as a file, streamed (it may be gigabytes)."""
-    run = run_get_viewable(user=request.user, run_id=run_id)
+    run = or_404(run_get_viewable, user=request.user, run_id=run_id)
     try:
         download = logs.run_log_download(run=run)
     except BackendError as exc:
@@ -367,7 +373,7 @@ def run_log_download(request: HttpRequest, run_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = run_get_viewable(user=request.user, run_id=run_id)
+    run = or_404(run_get_viewable, user=request.user, run_id=run_id)
     # PermissionDenied propagates: the user can see the run, so a 403 leaks nothing.
     try:
         run = lifecycle.run_cancel(run=run, actor=request.user)
@@ -384,7 +390,7 @@ def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
 @login_required
 @require_GET
 def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
-    experiment = experiment_get_viewable(user=request.user, experiment_id=experiment_id)
+    experiment = or_404(experiment_get_viewable, user=request.user, experiment_id=experiment_id)
     runs = run_list_viewable(user=request.user).filter(experiment=experiment)
     page = Paginator(runs.defer(*_LIST_DEFERRED), RUNS_PER_PAGE).get_page(request.GET.get("page"))
     # The attempt records of the runs on this page only: an experiment re-run for months
@@ -415,7 +421,7 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
 @require_GET
 def experiment_spec_download(request: HttpRequest, experiment_id: int) -> HttpResponse:
     """The experiment's spec as YAML, to edit and submit again (CLI or API)."""
-    experiment = experiment_get_viewable(user=request.user, experiment_id=experiment_id)
+    experiment = or_404(experiment_get_viewable, user=request.user, experiment_id=experiment_id)
     document = yaml.safe_dump(experiment_spec(experiment), sort_keys=False, allow_unicode=True)
     response = HttpResponse(document, content_type="application/yaml; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="experiment-{experiment.pk}.yaml"'
@@ -426,7 +432,7 @@ def experiment_spec_download(request: HttpRequest, experiment_id: int) -> HttpRe
 @require_POST
 def experiment_rerun(request: HttpRequest, experiment_id: int) -> HttpResponse:
     """Queue a new run of the same experiment record, exactly as recorded."""
-    experiment = experiment_get_viewable(user=request.user, experiment_id=experiment_id)
+    experiment = or_404(experiment_get_viewable, user=request.user, experiment_id=experiment_id)
     try:
         key = (
             uuid.UUID(request.POST["submission_key"]) if "submission_key" in request.POST else None
@@ -459,7 +465,8 @@ def _positive_id(value: str) -> int:
 def experiment_compare(request: HttpRequest) -> HttpResponse:
     """Two experiments of one tenant side by side (``?a=&b=``), every differing field
     highlighted; ``only=changed`` leaves out the fields that are the same."""
-    a, b = experiment_pair_get_viewable(
+    a, b = or_404(
+        experiment_pair_get_viewable,
         user=request.user,
         a_id=_positive_id(request.GET.get("a", "")),
         b_id=_positive_id(request.GET.get("b", "")),
@@ -504,7 +511,7 @@ def quota_list(request: HttpRequest) -> HttpResponse:
             "tenants": tenants,
             "tenant": slug,
             "can_manage": can_manage,
-            "flavors": flavor_list_manageable(user=request.user) if can_manage else (),
+            "flavors": or_404(flavor_list_manageable, user=request.user) if can_manage else (),
             "member_tenants": [
                 t for t in tenants if can_manage or is_tenant_admin(request.user, t.pk)
             ],
@@ -517,7 +524,7 @@ def quota_list(request: HttpRequest) -> HttpResponse:
 def tenant_members(request: HttpRequest, slug: str) -> HttpResponse:
     """A tenant's members with what their runs hold now, beside the tenant's quota use
     (for its tenant admins and platform admins)."""
-    tenant = capacity.tenant_get_members_viewable(user=request.user, slug=slug)
+    tenant = or_404(capacity.tenant_get_members_viewable, user=request.user, slug=slug)
     return render(
         request,
         "jobs/tenant_members.html",
@@ -535,7 +542,8 @@ def tenant_members(request: HttpRequest, slug: str) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def quota_edit(request: HttpRequest) -> HttpResponse:
     """Create or change the quota of ``?tenant=`` for ``?flavor=`` (platform admins)."""
-    tenant, flavor, quota = quota_get_manageable(
+    tenant, flavor, quota = or_404(
+        quota_get_manageable,
         user=request.user,
         tenant_slug=request.GET.get("tenant", ""),
         flavor_slug=request.GET.get("flavor", ""),
@@ -574,7 +582,7 @@ def quota_edit(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def cluster_list(request: HttpRequest) -> HttpResponse:
-    clusters = capacity.cluster_list_manageable(user=request.user)
+    clusters = or_404(capacity.cluster_list_manageable, user=request.user)
     page = Paginator(clusters, CLUSTERS_PER_PAGE).get_page(request.GET.get("page"))
     held = capacity.held_gpus_by_pool(clusters=page.object_list)
     rows = [
@@ -594,7 +602,7 @@ def cluster_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def cluster_test(request: HttpRequest, name: str) -> HttpResponse:
-    cluster = capacity.cluster_get_manageable(user=request.user, name=name)
+    cluster = or_404(capacity.cluster_get_manageable, user=request.user, name=name)
     ok, message = capacity.cluster_test_connection(cluster=cluster)
     (messages.success if ok else messages.error)(request, message)
     return redirect("jobs:cluster_list")
@@ -604,7 +612,7 @@ def cluster_test(request: HttpRequest, name: str) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def cluster_capacity(request: HttpRequest, name: str) -> HttpResponse:
     """Edit a simulator cluster's GPUs per flavor; other clusters report theirs."""
-    cluster = capacity.cluster_get_manageable(user=request.user, name=name)
+    cluster = or_404(capacity.cluster_get_manageable, user=request.user, name=name)
     editable = cluster.backend == Cluster.Backend.SIMULATOR
     if request.method == "POST":
         form = ClusterCapacityForm(request.POST)
@@ -646,7 +654,7 @@ def cluster_capacity(request: HttpRequest, name: str) -> HttpResponse:
 @require_GET
 def template_list(request: HttpRequest) -> HttpResponse:
     """Templates the user manages (tenant admins: their tenants'; platform admins: all)."""
-    templates = template_list_manageable(user=request.user)
+    templates = or_404(template_list_manageable, user=request.user)
     page = Paginator(templates, TEMPLATES_PER_PAGE).get_page(request.GET.get("page"))
     return render(
         request, "jobs/template_list.html", {"page_obj": page, "templates": page.object_list}
@@ -656,78 +664,64 @@ def template_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def template_create(request: HttpRequest) -> HttpResponse:
-    template_list_manageable(user=request.user)  # 404 for users who manage none
+    or_404(template_list_manageable, user=request.user)  # 404 for users who manage none
     tenants = list(template_tenants_manageable(user=request.user))
-    allow_global = is_platform_admin(request.user)
-    choices = {"tenants": tenants, "allow_global": allow_global}
-    if request.method == "POST":
-        form = TemplateForm(request.POST, **choices)
-        if form.is_valid():
-            data = form.cleaned_data
-            tenant = next((t for t in tenants if t.slug == data["tenant"]), None)
-            try:
-                template = template_save(
-                    actor=request.user,
-                    tenant=tenant,
-                    name=data["name"],
-                    description=data["description"],
-                    values=data["values"],
-                    locked=data["locked"],
-                    ranges=data["ranges"],
-                )
-            except ValidationError as exc:
-                form.add_service_errors(exc)
-            else:
-                messages.success(request, f"Template {template.name} is saved.")
-                return redirect("jobs:template_list")
-    else:
-        form = TemplateForm(**choices)
-    return render(
+    choices = {"tenants": tenants, "allow_global": is_platform_admin(request.user)}
+
+    def save(data: dict):
+        tenant = next((t for t in tenants if t.slug == data["tenant"]), None)
+        return template_save(actor=request.user, tenant=tenant, **_template_fields(data))
+
+    def done(template) -> HttpResponse:
+        messages.success(request, f"Template {template.name} is saved.")
+        return redirect("jobs:template_list")
+
+    return form_page(
         request,
-        "jobs/template_form.html",
-        {"form": form, "template": None},
-        status=400 if form.errors else 200,
+        TemplateForm(request.POST, **choices)
+        if request.method == "POST"
+        else TemplateForm(**choices),
+        save=save,
+        done=done,
+        template="jobs/template_form.html",
+        context={"template": None},
     )
+
+
+def _template_fields(data: dict) -> dict:
+    return {name: data[name] for name in ("name", "description", "values", "locked", "ranges")}
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def template_edit(request: HttpRequest, template_id: int) -> HttpResponse:
-    template = template_get_manageable(user=request.user, template_id=template_id)
-    if request.method == "POST":
-        form = TemplateForm(request.POST)
-        if form.is_valid():
-            data = form.cleaned_data
-            try:
-                template_save(
-                    actor=request.user,
-                    tenant=template.tenant,
-                    name=data["name"],
-                    description=data["description"],
-                    values=data["values"],
-                    locked=data["locked"],
-                    ranges=data["ranges"],
-                    template=template,
-                )
-            except ValidationError as exc:
-                form.add_service_errors(exc)
-            else:
-                messages.success(request, f"Template {data['name']} is saved.")
-                return redirect("jobs:template_list")
-    else:
-        form = TemplateForm(initial=template_initial(template))
-    return render(
+    template = or_404(template_get_manageable, user=request.user, template_id=template_id)
+
+    def save(data: dict):
+        return template_save(
+            actor=request.user, tenant=template.tenant, template=template, **_template_fields(data)
+        )
+
+    def done(saved) -> HttpResponse:
+        messages.success(request, f"Template {saved.name} is saved.")
+        return redirect("jobs:template_list")
+
+    return form_page(
         request,
-        "jobs/template_form.html",
-        {"form": form, "template": template},
-        status=400 if form.errors else 200,
+        TemplateForm(request.POST)
+        if request.method == "POST"
+        else TemplateForm(initial=template_initial(template)),
+        save=save,
+        done=done,
+        template="jobs/template_form.html",
+        context={"template": template},
     )
 
 
 @login_required
 @require_POST
 def template_delete(request: HttpRequest, template_id: int) -> HttpResponse:
-    template = template_get_manageable(user=request.user, template_id=template_id)
+    template = or_404(template_get_manageable, user=request.user, template_id=template_id)
     template_services.template_delete(actor=request.user, template=template)
     messages.success(request, f"Template {template.name} is deleted.")
     return redirect("jobs:template_list")

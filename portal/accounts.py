@@ -13,6 +13,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from tenants.authentication import Lockout, client_ip, login_lockout
+from tenants.http import or_404
 from tenants.oidc import oidc_enabled
 from tenants.selectors import api_token_get_own, api_token_list_own
 from tenants.services import api_token_revoke
@@ -83,7 +84,7 @@ def account(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def api_token_revoke_own(request: HttpRequest, token_id: int) -> HttpResponse:
-    token = api_token_get_own(user=request.user, token_id=token_id)
+    token = or_404(api_token_get_own, user=request.user, token_id=token_id)
     api_token_revoke(token=token)
     messages.success(request, f"Revoked the token {token.name} ({token.prefix}…).")
     return redirect("account")

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from django.urls import reverse
 
+from tenants.access import is_finance, is_platform_admin, tenant_roles
 from tenants.models import Membership
-from tenants.roles import is_finance, is_platform_admin, tenant_roles
 from tenants.selectors import notification_unread_count
 
 

@@ -48,7 +48,7 @@ from jobs.services.usage import usage_record_attempt
 from jobs.simulation import STARTUP_S, Workload
 from telemetry import finance
 from telemetry import services as telemetry_services
-from telemetry.models import GpuMinute, StepWindow
+from telemetry.models import GpuMinute
 from telemetry.simulated import simulated_telemetry
 from tenants import services as tenant_services
 from tenants.models import GlobalRole, GpuFlavor, Membership, Project, Quota, Tenant
@@ -390,20 +390,8 @@ def _record_history_telemetry(*, attempt: Attempt, profile: str, resume_step: in
         speedup=1,
         gpus=gpus,
     )
-    StepWindow.objects.bulk_create(
-        StepWindow(
-            attempt=attempt,
-            source="demo",
-            seq=window.seq,
-            start=window.start,
-            end=window.end,
-            steps=window.steps,
-            step_time_s=window.step_time_s,
-            data_wait_s=window.data_wait_s,
-            comm_wait_s=window.comm_wait_s,
-            step=window.step,
-        )
-        for window in telemetry.windows
+    telemetry_services.simulated_windows_store(
+        attempt_id=attempt.pk, source="demo", windows=telemetry.windows
     )
     GpuMinute.objects.bulk_create(
         (

@@ -10,9 +10,8 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from jobs.api import AttemptTokenAuthentication, Conflict, HasAttemptToken
+from jobs.api import ATTEMPT_TOKEN_RESPONSES, AttemptTokenApi, Conflict
 from jobs.serializers import ErrorSerializer
 from telemetry.models import SOURCE_MAX_LENGTH
 from telemetry.services import (
@@ -69,9 +68,7 @@ class EventBatchResultSerializer(serializers.Serializer):
 
 
 @extend_schema(tags=["attempts"])
-class AttemptEventsApi(APIView):
-    authentication_classes = [AttemptTokenAuthentication]
-    permission_classes = [HasAttemptToken]
+class AttemptEventsApi(AttemptTokenApi):
     parser_classes = [EventsParser]
 
     @extend_schema(
@@ -79,10 +76,7 @@ class AttemptEventsApi(APIView):
         responses={
             202: EventBatchResultSerializer,
             400: OpenApiResponse(description="Malformed JSON or envelope."),
-            401: OpenApiResponse(ErrorSerializer, description="No or an invalid attempt token."),
-            409: OpenApiResponse(
-                ErrorSerializer, description="The attempt ended more than an hour ago."
-            ),
+            **ATTEMPT_TOKEN_RESPONSES,
             413: OpenApiResponse(ErrorSerializer, description="The body is over 256 KiB."),
         },
     )

@@ -285,7 +285,7 @@ def allocations_for(*, cluster: Cluster, start: datetime, end: datetime) -> list
 
 # --- rollup -------------------------------------------------------------------------------
 
-_GPU_MINUTE_COLUMNS = (
+GPU_MINUTE_COLUMNS = (
     "attempt_id", "host", "gpu", "minute", "activity", "sm_active", "tensor_active",
     "dram_active", "fb_used", "power", "xid", "samples", "updated_at",
 )  # fmt: skip
@@ -307,14 +307,14 @@ def gpu_minutes_replace(
         for row in rows
     )  # fmt: skip
     if connection.vendor != "postgresql":
-        fields = _GPU_MINUTE_COLUMNS
+        fields = GPU_MINUTE_COLUMNS
         GpuMinute.objects.bulk_create(
             [GpuMinute(**dict(zip(fields, row, strict=True))) for row in values], batch_size=2000
         )
         return
     statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
         sql.Identifier(GpuMinute._meta.db_table),
-        sql.SQL(", ").join(map(sql.Identifier, _GPU_MINUTE_COLUMNS)),
+        sql.SQL(", ").join(map(sql.Identifier, GPU_MINUTE_COLUMNS)),
     )
     with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
         for row in values:

@@ -16,8 +16,8 @@ from django.utils import timezone
 from jobs.models import Attempt
 from telemetry import costing
 from telemetry.models import AttemptAccounting, DailyUsage, RateCard, UsageRollupState
+from tenants.access import is_finance, is_platform_admin
 from tenants.models import GpuFlavor
-from tenants.roles import is_finance, is_platform_admin
 from tenants.services import audit_record
 
 MAX_PRICE = Decimal("100000")  # per GPU-hour: a typo guard, far above any real price

@@ -23,8 +23,8 @@ from telemetry import costing
 from telemetry.finance import rate_cards_for
 from telemetry.models import DailyUsage, RateCard, UsageRollupState
 from telemetry.selectors import CATEGORY_LABELS
+from tenants.access import is_finance, is_platform_admin, tenant_roles
 from tenants.models import GpuFlavor, Membership, Quota, Tenant
-from tenants.roles import is_finance, is_platform_admin, tenant_roles
 
 SECONDS_PER_HOUR = Decimal(costing.SECONDS_PER_HOUR)
 GPU_HOUR_PLACES = Decimal("0.000001")

@@ -16,7 +16,7 @@ from telemetry import kpi_selectors
 from telemetry.accounting import IDLE_THRESHOLD
 from telemetry.kpi_forms import KPI_MAX_RANGE_DAYS, KpiFilterForm, kpi_filter_data
 from telemetry.kpi_selectors import KpiScope, PlatformKpis
-from tenants.roles import is_finance, is_platform_admin
+from tenants.access import is_finance, is_platform_admin
 
 TEMPLATE = "telemetry/platform_kpis.html"
 SECONDS_PER_MINUTE = 60

@@ -6,6 +6,7 @@ again gives the same rows.
 """
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
@@ -231,27 +232,35 @@ def simulator_telemetry_collect(*, cluster: Cluster, now: datetime | None = None
                 (node, str(gpu)) for node, gpus in sorted(job.allocation.items()) for gpu in gpus
             ],
         )
-        StepWindow.objects.bulk_create(
-            [
-                StepWindow(
-                    attempt_id=attempt.pk,
-                    source=SIMULATOR_SOURCE,
-                    seq=window.seq,
-                    start=window.start,
-                    end=window.end,
-                    steps=window.steps,
-                    step_time_s=window.step_time_s,
-                    data_wait_s=window.data_wait_s,
-                    comm_wait_s=window.comm_wait_s,
-                    step=window.step,
-                )
-                for window in telemetry.windows
-            ],
-            ignore_conflicts=True,
+        simulated_windows_store(
+            attempt_id=attempt.pk, source=SIMULATOR_SOURCE, windows=telemetry.windows
         )
         collected += 1
     telemetry_collect(cluster=cluster, now=now)
     return collected
+
+
+def simulated_windows_store(*, attempt_id: int, source: str, windows: Iterable) -> None:
+    """The step windows a simulated job reported (``telemetry.simulated``), stored as the SDK's
+    would be; a window already stored (same attempt, source and seq) is left as it is."""
+    StepWindow.objects.bulk_create(
+        [
+            StepWindow(
+                attempt_id=attempt_id,
+                source=source,
+                seq=window.seq,
+                start=window.start,
+                end=window.end,
+                steps=window.steps,
+                step_time_s=window.step_time_s,
+                data_wait_s=window.data_wait_s,
+                comm_wait_s=window.comm_wait_s,
+                step=window.step,
+            )
+            for window in windows
+        ],
+        ignore_conflicts=True,
+    )
 
 
 # --- accounting ------------------------------------------------------------------------------

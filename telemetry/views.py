@@ -28,7 +28,9 @@ from telemetry.selectors import (
     GpuSeconds,
     RunTelemetry,
 )
-from tenants.selectors import require_platform_admin, tenant_get_viewable, tenant_list_viewable
+from tenants.access import require_platform_admin, tenant_list_viewable
+from tenants.http import or_404
+from tenants.selectors import tenant_get_viewable
 
 GOODPUT_DAYS = (7, 30, 90)
 DEFAULT_GOODPUT_DAYS = 30
@@ -190,7 +192,7 @@ def run_telemetry(request: HttpRequest, run_id: int) -> HttpResponse:
     Accounting is the stored one, computed once an attempt has ended: while an attempt runs,
     whether its work will count as lost depends on how it ends, so a live figure could only
     mislead; the activity and step charts are live instead."""
-    run = run_get_viewable(user=request.user, run_id=run_id)
+    run = or_404(run_get_viewable, user=request.user, run_id=run_id)
     attempts = list(run_attempts(run=run))
     telemetry = selectors.run_telemetry(run=run, attempts=attempts, now=timezone.now())
     columns, rows = _waste_table(telemetry)
@@ -236,7 +238,7 @@ def goodput(request: HttpRequest) -> HttpResponse:
     """The goodput page of ``?tenant=`` or of the user's first tenant."""
     slug = request.GET.get("tenant", "")
     if slug:
-        tenant = tenant_get_viewable(user=request.user, slug=slug)
+        tenant = or_404(tenant_get_viewable, user=request.user, slug=slug)
     else:
         tenant = tenant_list_viewable(user=request.user).order_by("slug").first()
         if tenant is None:
@@ -251,7 +253,7 @@ def goodput(request: HttpRequest) -> HttpResponse:
 def tenant_goodput(request: HttpRequest, slug: str) -> HttpResponse:
     """Goodput and waste of the tenant's attempts that finished in the last ``?days=``,
     per day or week (``?by=``), per user and per project."""
-    tenant = tenant_get_viewable(user=request.user, slug=slug)
+    tenant = or_404(tenant_get_viewable, user=request.user, slug=slug)
     days, period = _goodput_query(request)
     today = timezone.localdate()
     since = _day_start(today - timedelta(days=days - 1))
@@ -294,7 +296,7 @@ def tenant_goodput(request: HttpRequest, slug: str) -> HttpResponse:
 @require_GET
 def unmapped_samples(request: HttpRequest) -> HttpResponse:
     """Samples no attempt claimed, per source (platform admins only)."""
-    require_platform_admin(request.user)
+    or_404(require_platform_admin, request.user)
     page = Paginator(selectors.unmapped_samples_recent(), UNMAPPED_PER_PAGE).get_page(
         request.GET.get("page")
     )

@@ -308,7 +308,7 @@ def oidc_roles_apply(*, user: User, groups: list[str]) -> None:
             before=before,
             after=after,
         )
-    # tenants.roles caches roles on the user object for the request.
+    # tenants.access caches roles on the user object for the request.
     for cached in ("_gantry_global_roles", "_gantry_tenant_roles"):
         user.__dict__.pop(cached, None)
 

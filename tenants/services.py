@@ -10,6 +10,7 @@ from django.core.validators import RegexValidator
 from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
+from tenants.access import idle_policy_can_edit
 from tenants.models import (
     IDLE_POLICY_MAX_MIN,
     ApiToken,
@@ -21,7 +22,6 @@ from tenants.models import (
     Quota,
     Tenant,
 )
-from tenants.roles import is_platform_admin, is_tenant_admin
 
 
 def audit_record(
@@ -43,20 +43,34 @@ def audit_record(
     )
 
 
-def audit_snapshot(instance: models.Model, *, exclude: Collection[str] = ()) -> dict:
-    """What the audit log records of a model instance: every concrete field (a foreign key
-    as its id) and many-to-many field (the related objects' names, sorted), as JSON.
-    ``exclude`` names fields that must never be recorded, such as password hashes."""
+def audit_snapshot(
+    instance: models.Model,
+    *,
+    only: Collection[str] | None = None,
+    exclude: Collection[str] = (),
+) -> dict:
+    """What the audit log records of a model instance, as JSON: every concrete field (a
+    foreign key as its id) and many-to-many field (the related objects' names, sorted), or
+    the fields ``only`` names. A decimal is its exact string at the field's places (JSON
+    has no decimals). ``exclude`` names fields that must never be recorded, such as
+    password hashes."""
     values = {}
-    for field in (*instance._meta.concrete_fields, *instance._meta.many_to_many):
+    fields = (*instance._meta.concrete_fields, *instance._meta.many_to_many)
+    if only is not None:
+        by_name = {field.name: field for field in fields}
+        fields = tuple(by_name[name] for name in only)
+    for field in fields:
         if field.name in exclude:
             continue
         if field.many_to_many:
             values[field.name] = sorted(
                 str(related) for related in getattr(instance, field.name).all()
             )
-        else:
-            values[field.attname] = field.value_from_object(instance)
+            continue
+        value = field.value_from_object(instance)
+        if isinstance(field, models.DecimalField) and value is not None:
+            value = str(Decimal(value).quantize(Decimal(1).scaleb(-field.decimal_places)))
+        values[field.attname] = value
     return json.loads(json.dumps(values, cls=DjangoJSONEncoder))
 
 
@@ -145,10 +159,6 @@ def _check_int(
         errors.setdefault(name, []).append(f"At most {MAX_STORED_INT}.")
 
 
-def _quota_values(quota: Quota) -> dict:
-    return {name: getattr(quota, name) for name in QUOTA_FIELDS}
-
-
 @transaction.atomic
 def quota_update(
     *,
@@ -203,7 +213,7 @@ def quota_update(
         raise ValidationError(errors)
 
     quota = Quota.objects.select_for_update().filter(tenant=tenant, flavor=flavor).first()
-    before = None if quota is None else _quota_values(quota)
+    before = None if quota is None else audit_snapshot(quota, only=QUOTA_FIELDS)
     if before == values:
         return quota
     if quota is None:
@@ -227,7 +237,7 @@ def quota_update(
 def quota_set(*, tenant: Tenant, flavor: GpuFlavor, guaranteed_gpus: int, actor) -> Quota:
     """Change only the guarantee, keeping the rest of the quota (defaults for a new one)."""
     quota = Quota.objects.select_for_update().filter(tenant=tenant, flavor=flavor).first()
-    current = _quota_values(quota or Quota())
+    current = {name: getattr(quota or Quota(), name) for name in QUOTA_FIELDS}
     current["guaranteed_gpus"] = guaranteed_gpus
     return quota_update(tenant=tenant, flavor=flavor, offered_flavors=None, actor=actor, **current)
 
@@ -261,15 +271,6 @@ def _flavor_errors(*, name: str, memory_gb: int, gpu_fraction) -> dict[str, list
     return errors
 
 
-def _flavor_values(flavor: GpuFlavor) -> dict:
-    # JSON has no decimals: the fraction is audited as its exact string.
-    return {
-        "name": flavor.name,
-        "memory_gb": flavor.memory_gb,
-        "gpu_fraction": str(Decimal(flavor.gpu_fraction).quantize(_FRACTION_QUANTUM)),
-    }
-
-
 @transaction.atomic
 def flavor_create(
     *, slug: str, name: str, memory_gb: int, gpu_fraction: Decimal, actor
@@ -296,7 +297,7 @@ def flavor_create(
         actor=actor,
         action="flavor.create",
         target=slug,
-        after={"slug": slug, **_flavor_values(flavor)},
+        after={"slug": slug, **audit_snapshot(flavor, only=FLAVOR_FIELDS)},
     )
     return flavor
 
@@ -313,9 +314,9 @@ def flavor_update(
     if errors:
         raise ValidationError(errors)
     flavor = GpuFlavor.objects.select_for_update().get(pk=flavor.pk)
-    before = _flavor_values(flavor)
+    before = audit_snapshot(flavor, only=FLAVOR_FIELDS)
     flavor.name, flavor.memory_gb, flavor.gpu_fraction = name.strip(), memory_gb, gpu_fraction
-    after = _flavor_values(flavor)
+    after = audit_snapshot(flavor, only=FLAVOR_FIELDS)
     if after != before:
         flavor.save(update_fields=list(FLAVOR_FIELDS))
         audit_record(
@@ -392,15 +393,6 @@ def notification_create(
 IDLE_POLICY_FIELDS = ("idle_notify_after_min", "idle_cancel_after_min")
 
 
-def idle_policy_can_edit(*, user, tenant: Tenant) -> bool:
-    """Tenant admins of ``tenant`` and platform admins set its idle-GPU policy."""
-    return is_platform_admin(user) or is_tenant_admin(user, tenant.pk)
-
-
-def _idle_policy_values(tenant: Tenant) -> dict:
-    return {name: getattr(tenant, name) for name in IDLE_POLICY_FIELDS}
-
-
 @transaction.atomic
 def tenant_idle_policy_update(
     *,
@@ -449,7 +441,7 @@ def tenant_idle_policy_update(
     if errors:
         raise ValidationError(errors)
     tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
-    before = _idle_policy_values(tenant)
+    before = audit_snapshot(tenant, only=IDLE_POLICY_FIELDS)
     if before == values:
         return tenant
     for name, value in values.items():

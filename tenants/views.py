@@ -15,13 +15,14 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods
 
 from tenants import services
+from tenants.access import idle_policy_can_edit, require_platform_admin
 from tenants.forms import FlavorForm, IdlePolicyForm
+from tenants.http import form_page, or_404
 from tenants.selectors import (
     audit_list_viewable,
     audit_tenant_choices,
     flavor_get_manageable,
     flavor_list_manageable,
-    require_platform_admin,
     tenant_get_viewable,
 )
 
@@ -33,7 +34,7 @@ ABSENT = "—"
 @login_required
 @require_GET
 def flavor_list(request: HttpRequest) -> HttpResponse:
-    flavors = flavor_list_manageable(user=request.user)
+    flavors = or_404(flavor_list_manageable, user=request.user)
     page = Paginator(flavors, FLAVORS_PER_PAGE).get_page(request.GET.get("page"))
     return render(
         request, "tenants/flavor_list.html", {"page_obj": page, "flavors": page.object_list}
@@ -43,57 +44,43 @@ def flavor_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def flavor_create(request: HttpRequest) -> HttpResponse:
-    require_platform_admin(request.user)
-    if request.method == "POST":
-        form = FlavorForm(request.POST)
-        if form.is_valid():
-            try:
-                flavor = services.flavor_create(actor=request.user, **form.cleaned_data)
-            except ValidationError as exc:
-                form.add_service_errors(exc)
-            else:
-                messages.success(request, f"Created the GPU flavor {flavor.slug}.")
-                return redirect("tenants:flavor_list")
-    else:
-        form = FlavorForm(initial={"gpu_fraction": 1})
-    return render(
+    or_404(require_platform_admin, request.user)
+
+    def done(flavor) -> HttpResponse:
+        messages.success(request, f"Created the GPU flavor {flavor.slug}.")
+        return redirect("tenants:flavor_list")
+
+    return form_page(
         request,
-        "tenants/flavor_form.html",
-        {"form": form, "flavor": None},
-        status=400 if form.errors else 200,
+        FlavorForm(request.POST)
+        if request.method == "POST"
+        else FlavorForm(initial={"gpu_fraction": 1}),
+        save=lambda data: services.flavor_create(actor=request.user, **data),
+        done=done,
+        template="tenants/flavor_form.html",
+        context={"flavor": None},
     )
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def flavor_edit(request: HttpRequest, slug: str) -> HttpResponse:
-    flavor = flavor_get_manageable(user=request.user, slug=slug)
-    if request.method == "POST":
-        form = FlavorForm(request.POST, editing=True)
-        if form.is_valid():
-            try:
-                flavor = services.flavor_update(
-                    flavor=flavor, actor=request.user, **form.cleaned_data
-                )
-            except ValidationError as exc:
-                form.add_service_errors(exc)
-            else:
-                messages.success(request, f"Saved the GPU flavor {flavor.slug}.")
-                return redirect("tenants:flavor_list")
-    else:
-        form = FlavorForm(
-            editing=True,
-            initial={
-                "name": flavor.name,
-                "memory_gb": flavor.memory_gb,
-                "gpu_fraction": flavor.gpu_fraction,
-            },
-        )
-    return render(
+    flavor = or_404(flavor_get_manageable, user=request.user, slug=slug)
+
+    def done(saved) -> HttpResponse:
+        messages.success(request, f"Saved the GPU flavor {saved.slug}.")
+        return redirect("tenants:flavor_list")
+
+    initial = {name: getattr(flavor, name) for name in ("name", "memory_gb", "gpu_fraction")}
+    return form_page(
         request,
-        "tenants/flavor_form.html",
-        {"form": form, "flavor": flavor},
-        status=400 if form.errors else 200,
+        FlavorForm(request.POST, editing=True)
+        if request.method == "POST"
+        else FlavorForm(editing=True, initial=initial),
+        save=lambda data: services.flavor_update(flavor=flavor, actor=request.user, **data),
+        done=done,
+        template="tenants/flavor_form.html",
+        context={"flavor": flavor},
     )
 
 
@@ -102,8 +89,8 @@ def flavor_edit(request: HttpRequest, slug: str) -> HttpResponse:
 def idle_policy(request: HttpRequest, slug: str) -> HttpResponse:
     """The tenant's idle-GPU policy: read by whoever reads the tenant's runs, changed by its
     tenant admins and platform admins."""
-    tenant = tenant_get_viewable(user=request.user, slug=slug)
-    can_edit = services.idle_policy_can_edit(user=request.user, tenant=tenant)
+    tenant = or_404(tenant_get_viewable, user=request.user, slug=slug)
+    can_edit = idle_policy_can_edit(user=request.user, tenant=tenant)
     form = None
     if request.method == "POST":
         if not can_edit:  # a member: the tenant is no secret to them, so 403 leaks nothing
@@ -135,7 +122,7 @@ def idle_policy(request: HttpRequest, slug: str) -> HttpResponse:
 @require_GET
 def audit_list(request: HttpRequest) -> HttpResponse:
     """Who changed what: all of it for platform admins, their tenants' for tenant admins."""
-    events = audit_list_viewable(user=request.user)
+    events = or_404(audit_list_viewable, user=request.user)
     actions = list(events.order_by("action").values_list("action", flat=True).distinct())
     action = request.GET.get("action", "")
     tenant = request.GET.get("tenant", "")

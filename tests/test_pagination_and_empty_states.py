@@ -17,8 +17,8 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 from django.utils import timezone
 
+from images.access import image_list_browsable
 from images.models import Image, Registry
-from images.selectors import image_list_browsable
 from jobs.models import Attempt, AttemptState, Cluster, ExperimentTemplate, Run
 from jobs.services.submission import run_submit
 from telemetry.models import AttemptAccounting, UnmappedSamples

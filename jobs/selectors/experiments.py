@@ -1,32 +1,22 @@
 """Reads of experiments, scoped to what the user may see."""
 
 from django.db.models import QuerySet
-from django.http import Http404
 
+from jobs.access import experiment_list_viewable
 from jobs.models import Attempt, Experiment
-from tenants.selectors import tenant_list_viewable
-
-
-def experiment_list_viewable(*, user) -> QuerySet[Experiment]:
-    return Experiment.objects.filter(tenant__in=tenant_list_viewable(user=user)).select_related(
-        "tenant", "project", "owner", "flavor", "image"
-    )
 
 
 def experiment_get_viewable(*, user, experiment_id: int) -> Experiment:
-    experiment = experiment_list_viewable(user=user).filter(pk=experiment_id).first()
-    if experiment is None:
-        raise Http404("No such experiment")
-    return experiment
+    return experiment_list_viewable(user=user).get(pk=experiment_id)
 
 
 def experiment_pair_get_viewable(*, user, a_id: int, b_id: int) -> tuple[Experiment, Experiment]:
     """Two experiments to compare: both readable by the user and of the same tenant, else
-    404 alike for a missing one, another tenant's one, and a pair across tenants."""
+    DoesNotExist alike for a missing one, another tenant's one, and a pair across tenants."""
     a = experiment_get_viewable(user=user, experiment_id=a_id)
     b = experiment_get_viewable(user=user, experiment_id=b_id)
     if a.tenant_id != b.tenant_id:
-        raise Http404("No such experiment")
+        raise Experiment.DoesNotExist("No such experiment")
     return a, b
 
 

@@ -20,8 +20,8 @@ from jobs.models import (
     RunState,
     TenantMonthUsage,
 )
+from tenants.access import tenant_list_submittable
 from tenants.models import GpuFlavor, Quota
-from tenants.selectors import tenant_list_submittable
 
 
 def flavor_node_limits() -> dict[str, tuple[int, int]]:

@@ -6,27 +6,19 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db.models import Q, QuerySet, Subquery
-from django.http import Http404
 
+from jobs.access import run_list_viewable
 from jobs.models import (
     Attempt,
     Run,
     RunEvent,
 )
 from jobs.reproducibility import attempt_id_from_token
+from tenants.access import tenant_list_viewable
 from tenants.models import Tenant
-from tenants.selectors import tenant_list_viewable
-
-
-def run_list_viewable(*, user) -> QuerySet[Run]:
-    """Runs of every tenant the user may read; the start of every run list."""
-    return Run.objects.filter(tenant__in=tenant_list_viewable(user=user)).select_related(
-        "tenant", "flavor", "cluster", "submitted_by", "experiment__project"
-    )
-
 
 # Large experiment fields no run list shows.
-_RUN_LIST_DEFERRED = ("experiment__command", "experiment__params", "experiment__env")
+RUN_LIST_DEFERRED = ("experiment__command", "experiment__params", "experiment__env")
 
 
 @dataclass(frozen=True)
@@ -87,7 +79,7 @@ def run_page_viewable(
     listed = (
         runs.select_related("experiment__project", "flavor", "cluster")
         .prefetch_related("submitted_by")
-        .defer(*_RUN_LIST_DEFERRED)
+        .defer(*RUN_LIST_DEFERRED)
     )
     newest_first = ("-submitted_at", "-id")
     if before is None and after is None:
@@ -135,11 +127,8 @@ def run_page_viewable(
 
 
 def run_get_viewable(*, user, run_id: int) -> Run:
-    """The run, or 404 alike for a missing run and another tenant's run."""
-    run = run_list_viewable(user=user).select_related("experiment__image").filter(pk=run_id).first()
-    if run is None:
-        raise Http404("No such run")
-    return run
+    """The run, or DoesNotExist alike for a missing run and another tenant's run."""
+    return run_list_viewable(user=user).select_related("experiment__image").get(pk=run_id)
 
 
 def attempt_get_for_token(*, token: str) -> Attempt | None:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import Count, Prefetch, QuerySet, Sum
-from django.http import Http404
 from django.utils import timezone
 
 from jobs.backends import BackendError, backend_for
@@ -20,9 +19,9 @@ from jobs.enqueue import admission_cycle_enqueue
 from jobs.models import HOLDING_STATES, Cluster, ClusterFlavor, Run, RunState
 from jobs.selectors.queue import gpu_hours_this_month
 from jobs.services.backend_sync import cluster_refresh_inventory
+from tenants.access import is_platform_admin, is_tenant_admin, require_platform_admin
 from tenants.models import GpuFlavor, Membership, Quota, Tenant
-from tenants.roles import is_platform_admin, is_tenant_admin
-from tenants.selectors import require_platform_admin, tenant_get_viewable
+from tenants.selectors import tenant_get_viewable
 from tenants.services import MAX_STORED_INT, audit_record, quota_update
 
 # --- reads -------------------------------------------------------------------------------
@@ -68,7 +67,7 @@ def member_usage_list(*, tenant: Tenant) -> list[MemberUsage]:
 
 def tenant_get_members_viewable(*, user, slug: str) -> Tenant:
     """The tenant whose members ``user`` may list: its tenant admins and platform admins.
-    404 for a tenant the user cannot see; 403 for one they see but do not administer."""
+    DoesNotExist for a tenant the user cannot see; 403 for one they see but do not administer."""
     tenant = tenant_get_viewable(user=user, slug=slug)
     if not (is_platform_admin(user) or is_tenant_admin(user, tenant.pk)):
         raise PermissionDenied("Only the tenant's admins and platform admins see its members.")
@@ -177,7 +176,7 @@ def offered_flavor_slugs() -> frozenset[str]:
 
 
 def cluster_list_manageable(*, user) -> QuerySet[Cluster]:
-    """Every cluster with its capacity per flavor: platform admins only, else 404."""
+    """Every cluster with its capacity per flavor: platform admins only, else NotVisible."""
     require_platform_admin(user)
     return Cluster.objects.order_by("name").prefetch_related(
         Prefetch(
@@ -188,10 +187,7 @@ def cluster_list_manageable(*, user) -> QuerySet[Cluster]:
 
 
 def cluster_get_manageable(*, user, name: str) -> Cluster:
-    cluster = cluster_list_manageable(user=user).filter(name=name).first()
-    if cluster is None:
-        raise Http404("No such cluster")
-    return cluster
+    return cluster_list_manageable(user=user).get(name=name)
 
 
 def held_gpus_by_pool(*, clusters: Sequence[Cluster]) -> dict[tuple[int, int], int]:

@@ -6,6 +6,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from jobs.access import run_can_cancel
 from jobs.enqueue import admission_cycle_enqueue, attempt_cancel_enqueue
 from jobs.models import (
     Attempt,
@@ -14,7 +15,6 @@ from jobs.models import (
     RunEvent,
     RunState,
 )
-from tenants.roles import is_platform_admin, is_tenant_admin
 from tenants.services import audit_record
 
 
@@ -51,14 +51,6 @@ def run_transition(
     for name, value in fields.items():
         setattr(run, name, value)
     return True
-
-
-def run_can_cancel(*, user, run: Run) -> bool:
-    return (
-        run.submitted_by_id == user.pk
-        or is_tenant_admin(user, run.tenant_id)
-        or is_platform_admin(user)
-    )
 
 
 @transaction.atomic

@@ -4,11 +4,11 @@ from django.core.exceptions import ValidationError
 from django.db.models import F, Q
 
 from jobs import spec
+from jobs.access import template_list_usable
 from jobs.models import (
     Experiment,
     Run,
 )
-from jobs.selectors.templates import template_list_usable
 from jobs.services.submission import experiment_input_of, run_submit_values
 from jobs.services.templates import template_submit
 

@@ -11,10 +11,11 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from images.access import image_list_usable
 from images.models import DIGEST_PATTERN, Image
-from images.selectors import image_list_usable
 from images.services import TagResolutionError, tag_resolve
 from jobs import reproducibility, spec
+from jobs.access import experiment_can_rerun, experiment_list_viewable
 from jobs.backends import (
     MULTI_NODE_ENV,
 )
@@ -29,11 +30,10 @@ from jobs.models import (
     RunEvent,
     RunState,
 )
-from jobs.selectors.experiments import experiment_list_viewable
 from jobs.selectors.queue import flavor_node_limits
 from jobs.selectors.runs import run_submitted_with
+from tenants.access import tenant_list_submittable
 from tenants.models import GpuFlavor, Quota
-from tenants.selectors import tenant_list_submittable
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
@@ -363,11 +363,6 @@ def _run_submit_new(*, user, data: ExperimentInput, submission_key: UUID | None)
         gantry_version=GANTRY_VERSION,
     )
     return _run_create(experiment=experiment, user=user, submission_key=submission_key)
-
-
-def experiment_can_rerun(*, user, experiment: Experiment) -> bool:
-    """Re-running spends the tenant's quota: membership is required, like submitting."""
-    return tenant_list_submittable(user=user).filter(pk=experiment.tenant_id).exists()
 
 
 def experiment_input_of(experiment: Experiment) -> ExperimentInput:

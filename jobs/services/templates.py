@@ -6,25 +6,17 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 
 from jobs import spec
+from jobs.access import template_can_manage
 from jobs.models import (
     ExperimentTemplate,
     Run,
 )
 from jobs.selectors.runs import run_submitted_with
-from jobs.selectors.templates import template_can_manage
 from jobs.services.submission import run_submit_values
 from tenants.models import Tenant, slug_validator
-from tenants.services import audit_record
+from tenants.services import audit_record, audit_snapshot
 
-
-def _template_state(template: ExperimentTemplate) -> dict:
-    return {
-        "name": template.name,
-        "description": template.description,
-        "values": template.values,
-        "locked": template.locked,
-        "ranges": template.ranges,
-    }
+TEMPLATE_AUDITED_FIELDS = ("name", "description", "values", "locked", "ranges")
 
 
 @transaction.atomic
@@ -72,7 +64,7 @@ def template_save(
         template = ExperimentTemplate(created_by=actor if actor.is_authenticated else None)
     else:
         template = ExperimentTemplate.objects.select_for_update().get(pk=template.pk)
-        before = _template_state(template)
+        before = audit_snapshot(template, only=TEMPLATE_AUDITED_FIELDS)
     template.tenant = tenant
     template.name = name
     template.description = description
@@ -86,7 +78,7 @@ def template_save(
         target=f"template {template}",
         tenant=tenant,
         before=before,
-        after=_template_state(template),
+        after=audit_snapshot(template, only=TEMPLATE_AUDITED_FIELDS),
     )
     return template
 
@@ -102,7 +94,7 @@ def template_delete(*, actor, template: ExperimentTemplate) -> None:
         action="template.delete",
         target=f"template {template}",
         tenant=template.tenant,
-        before=_template_state(template),
+        before=audit_snapshot(template, only=TEMPLATE_AUDITED_FIELDS),
     )
     template.delete()
 

@@ -18,20 +18,13 @@
     return source ? JSON.parse(source.textContent) : null;
   }
 
-  // Transparent, in the page's font and text colour (light and dark schemes alike).
   function layout(element, chart) {
-    var style = window.getComputedStyle(element);
-    return {
-      paper_bgcolor: "rgba(0,0,0,0)",
-      plot_bgcolor: "rgba(0,0,0,0)",
-      font: { family: style.fontFamily, color: style.color, size: 12 },
-      margin: { l: 10, r: 10, t: 10, b: 10 },
-      legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", traceorder: "normal" },
+    return shared.layout(element, {
       showlegend: true, // also for one series: the legend names what the colour means
       hovermode: "x unified",
-      xaxis: { title: { text: chart.x_title || "" }, automargin: true, gridcolor: "rgba(128,128,128,0.2)" },
-      yaxis: { title: { text: chart.y_title || "" }, automargin: true, gridcolor: "rgba(128,128,128,0.2)", rangemode: "tozero" },
-    };
+      xaxis: shared.axis(chart.x_title),
+      yaxis: shared.axis(chart.y_title, { rangemode: "tozero" }),
+    });
   }
 
   function barChart(element, chart) {

@@ -25,7 +25,29 @@ window.GantryCharts = (function () {
     return window.Plotly.newPlot(element, traces, shape, config);
   }
 
-  return { config: config, settle: settle, plot: plot };
+  var GRID = "rgba(128,128,128,0.2)";
+
+  // The layout every chart starts from: transparent, in the page's font and text colour
+  // (light and dark schemes alike), the legend above the plot in the order of the traces
+  // (Plotly reverses stacked bars otherwise). ``extra`` adds to it or overrides it.
+  function layout(element, extra) {
+    var style = window.getComputedStyle(element);
+    var shape = {
+      paper_bgcolor: "rgba(0,0,0,0)",
+      plot_bgcolor: "rgba(0,0,0,0)",
+      font: { family: style.fontFamily, color: style.color, size: 12 },
+      margin: { l: 10, r: 10, t: 10, b: 10 },
+      legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", traceorder: "normal" },
+    };
+    return Object.assign(shape, extra || {});
+  }
+
+  // An axis with a grid and a title (none when ``title`` is empty).
+  function axis(title, extra) {
+    return Object.assign({ title: { text: title || "" }, automargin: true, gridcolor: GRID }, extra || {});
+  }
+
+  return { config: config, settle: settle, plot: plot, layout: layout, axis: axis };
 })();
 
 (function () {

@@ -15,26 +15,21 @@
     return source ? JSON.parse(source.textContent) : null;
   }
 
-  // Transparent, in the page's font and text colour (light and dark schemes alike).
   function layout(element, chart) {
-    var style = window.getComputedStyle(element);
     var horizontal = chart.orientation === "h";
-    var categoryAxis = { type: "category", automargin: true };
-    var valueAxis = { automargin: true, gridcolor: "rgba(128,128,128,0.2)", rangemode: "tozero" };
-    var shape = {
-      paper_bgcolor: "rgba(0,0,0,0)",
-      plot_bgcolor: "rgba(0,0,0,0)",
-      font: { family: style.fontFamily, color: style.color, size: 12 },
-      margin: { l: 10, r: 10, t: 10, b: 10 },
-      legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", traceorder: "normal" },
+    function categoryAxis(title) {
+      return { title: { text: title || "" }, type: "category", automargin: true };
+    }
+    function valueAxis(title) {
+      return shared.axis(title, { rangemode: "tozero" });
+    }
+    var shape = shared.layout(element, {
       hovermode: "closest",
       barmode: "group",
       showlegend: chart.traces.length > 1,
-      xaxis: horizontal ? valueAxis : categoryAxis,
-      yaxis: horizontal ? categoryAxis : valueAxis,
-    };
-    shape.xaxis.title = { text: chart.x_title || "" };
-    shape.yaxis.title = { text: chart.y_title || "" };
+      xaxis: horizontal ? valueAxis(chart.x_title) : categoryAxis(chart.x_title),
+      yaxis: horizontal ? categoryAxis(chart.y_title) : valueAxis(chart.y_title),
+    });
     if (horizontal) {
       shape.yaxis.autorange = "reversed"; // in the table's order, top to bottom
     }

@@ -1,0 +1,94 @@
+"""Who may see and do what with experiments, runs and templates: jobs' one access module,
+used by views, the API, templates and the services that check before they act.
+
+Restricted querysets (``*_list_viewable``, ``*_list_usable``, ``*_list_manageable``) are
+where every scoped list and lookup starts, in the spirit of NetBox's ``restrict()``;
+predicates (``*_can_*``) answer for one object. Built on ``tenants.access``.
+"""
+
+from django.db.models import F, Q, QuerySet
+
+from jobs.models import (
+    Experiment,
+    ExperimentTemplate,
+    Run,
+)
+from tenants.access import (
+    NotVisible,
+    is_platform_admin,
+    is_tenant_admin,
+    tenant_list_submittable,
+    tenant_list_viewable,
+    tenant_roles,
+)
+from tenants.models import Membership, Tenant
+
+
+def run_list_viewable(*, user) -> QuerySet[Run]:
+    """Runs of every tenant the user may read; the start of every run list."""
+    return Run.objects.filter(tenant__in=tenant_list_viewable(user=user)).select_related(
+        "tenant", "flavor", "cluster", "submitted_by", "experiment__project"
+    )
+
+
+def experiment_list_viewable(*, user) -> QuerySet[Experiment]:
+    return Experiment.objects.filter(tenant__in=tenant_list_viewable(user=user)).select_related(
+        "tenant", "project", "owner", "flavor", "image"
+    )
+
+
+def template_list_usable(*, user) -> QuerySet[ExperimentTemplate]:
+    """Templates the user may submit from: global ones and those of their tenants."""
+    return (
+        ExperimentTemplate.objects.filter(
+            Q(tenant__isnull=True) | Q(tenant__in=tenant_list_submittable(user=user))
+        )
+        .select_related("tenant")
+        .order_by(F("tenant__slug").asc(nulls_first=True), "name")
+    )
+
+
+def template_tenants_manageable(*, user) -> QuerySet[Tenant]:
+    """Tenants whose templates the user manages: all for platform admins, else those the
+    user is tenant admin of."""
+    if is_platform_admin(user):
+        return Tenant.objects.filter(active=True).order_by("slug")
+    admin_of = [
+        tenant_id
+        for tenant_id, role in tenant_roles(user).items()
+        if role == Membership.Role.TENANT_ADMIN
+    ]
+    return Tenant.objects.filter(active=True, id__in=admin_of).order_by("slug")
+
+
+def template_can_manage(*, user, tenant: Tenant | None) -> bool:
+    """Global templates are the platform admins'; a tenant's also its tenant admins'."""
+    if is_platform_admin(user):
+        return True
+    return tenant is not None and is_tenant_admin(user, tenant.pk)
+
+
+def template_list_manageable(*, user) -> QuerySet[ExperimentTemplate]:
+    """Templates the user may edit; NotVisible for users who may manage none (researchers)."""
+    templates = ExperimentTemplate.objects.select_related("tenant").order_by(
+        F("tenant__slug").asc(nulls_first=True), "name"
+    )
+    if is_platform_admin(user):
+        return templates
+    tenants = list(template_tenants_manageable(user=user))
+    if not tenants:
+        raise NotVisible("No such page")
+    return templates.filter(tenant__in=tenants)
+
+
+def run_can_cancel(*, user, run: Run) -> bool:
+    return (
+        run.submitted_by_id == user.pk
+        or is_tenant_admin(user, run.tenant_id)
+        or is_platform_admin(user)
+    )
+
+
+def experiment_can_rerun(*, user, experiment: Experiment) -> bool:
+    """Re-running spends the tenant's quota: membership is required, like submitting."""
+    return tenant_list_submittable(user=user).filter(pk=experiment.tenant_id).exists()

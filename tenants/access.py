@@ -1,0 +1,105 @@
+"""Who may see and do what in tenants: the one access module of the app, used by views,
+the API and templates (other apps' access modules build on it).
+
+Global roles come from groups, tenant roles from memberships (both cached on the user for
+the request). Restricted querysets (``*_list_viewable``, ``*_list_submittable``) are where
+every scoped list and lookup starts, in the spirit of NetBox's ``restrict()``; predicates
+(``*_can_*``, ``is_*``) answer for one user. A lookup outside the restricted querysets
+raises the model's ``DoesNotExist``, alike for a missing object and a hidden one; the web
+and API edges turn it into 404 (``tenants.http.or_404``).
+"""
+
+from django.core.exceptions import ObjectDoesNotExist
+from django.db.models import QuerySet
+
+from tenants.models import (
+    GlobalRole,
+    Membership,
+    Tenant,
+)
+
+
+class NotVisible(ObjectDoesNotExist):
+    """What the user may not see: a page or an object outside their restricted querysets.
+    It is a DoesNotExist, so the edges answer it exactly like a missing object (404)."""
+
+
+def global_roles(user) -> frozenset[str]:
+    if not user.is_authenticated:
+        return frozenset()
+    cached = getattr(user, "_gantry_global_roles", None)
+    if cached is None:
+        names = set(user.groups.values_list("name", flat=True))
+        if user.is_superuser:
+            names.add(GlobalRole.PLATFORM_ADMIN)
+        cached = frozenset(names & set(GlobalRole.values))
+        user._gantry_global_roles = cached
+    return cached
+
+
+def is_platform_admin(user) -> bool:
+    return GlobalRole.PLATFORM_ADMIN in global_roles(user)
+
+
+def is_finance(user) -> bool:
+    return GlobalRole.FINANCE in global_roles(user)
+
+
+def sees_all_tenants(user) -> bool:
+    """Platform admins and finance read every tenant's runs (finance drills down to runs)."""
+    return bool(global_roles(user))
+
+
+def tenant_roles(user) -> dict[int, str]:
+    """tenant id -> membership role, cached on the user object for the request."""
+    if not user.is_authenticated:
+        return {}
+    cached = getattr(user, "_gantry_tenant_roles", None)
+    if cached is None:
+        cached = dict(
+            Membership.objects.filter(user=user, tenant__active=True).values_list(
+                "tenant_id", "role"
+            )
+        )
+        user._gantry_tenant_roles = cached
+    return cached
+
+
+def is_tenant_admin(user, tenant_id: int) -> bool:
+    return tenant_roles(user).get(tenant_id) == Membership.Role.TENANT_ADMIN
+
+
+def tenant_list_viewable(*, user) -> QuerySet[Tenant]:
+    """Tenants whose runs and experiments the user may read."""
+    if sees_all_tenants(user):
+        return Tenant.objects.filter(active=True)
+    return Tenant.objects.filter(active=True, id__in=tenant_roles(user).keys())
+
+
+def tenant_list_submittable(*, user) -> QuerySet[Tenant]:
+    """Tenants the user may submit to: membership is required, global roles are not enough."""
+    return Tenant.objects.filter(active=True, id__in=tenant_roles(user).keys())
+
+
+def require_platform_admin(user) -> None:
+    """The gate of every platform page: NotVisible (a 404 at the edge) for everyone else,
+    so the page stays unseen."""
+    if not is_platform_admin(user):
+        raise NotVisible("No such page")
+
+
+def audit_tenant_ids(*, user) -> frozenset[int] | None:
+    """Tenants whose audit log the user reads: None for all (platform admins), else the
+    tenants the user administers (possibly none)."""
+    if is_platform_admin(user):
+        return None
+    return frozenset(
+        tenant_id
+        for tenant_id, role in tenant_roles(user).items()
+        if role == Membership.Role.TENANT_ADMIN
+    )
+
+
+def idle_policy_can_edit(*, user, tenant: Tenant) -> bool:
+    """Tenant admins of ``tenant`` and platform admins set its idle-GPU policy."""
+    return is_platform_admin(user) or is_tenant_admin(user, tenant.pk)
