@@ -488,7 +488,7 @@ def _transport_error(exc: requests.RequestException, host: str, timeout: float) 
 
 def _read_limited(response: requests.Response, limit: int, what: str, host: str) -> bytes:
     declared = response.headers.get("Content-Length", "")
-    if declared.isdigit() and int(declared) > limit:
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
         response.close()
         raise RegistryError(f"{what} is larger than {limit} bytes")
     chunks: list[bytes] = []

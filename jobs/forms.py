@@ -10,6 +10,7 @@ from jobs.models import Experiment, ExperimentTemplate
 from jobs.services.submission import ExperimentInput
 from tenants.forms import ServiceErrorsMixin
 from tenants.models import GpuFlavor
+from tenants.parsers import MAX_JSON_DEPTH, TOO_DEEP, json_depth
 
 # Lengths of the columns the free-text fields are stored in, so an overlong value is a form
 # error instead of a database error.
@@ -29,8 +30,12 @@ def _parse_json(text: str):
         return {}
     try:
         value = json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise ValidationError(TOO_DEEP) from None
+    except ValueError as exc:
         raise ValidationError(f"Not valid JSON: {exc}") from None
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise ValidationError(TOO_DEEP)
     if "\\u0000" in json.dumps(value):
         raise ValidationError("Must not contain NUL characters.")
     return value

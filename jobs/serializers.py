@@ -17,7 +17,8 @@ from jobs.models import (
     WaitReason,
 )
 from jobs.selectors.runs import run_attempts, run_events
-from jobs.services.submission import MAX_ID, ExperimentInput
+from jobs.services.submission import ExperimentInput
+from tenants.models import MAX_ID
 
 _INPUT_DEFAULTS = {
     f.name: f.default_factory if f.default is dataclasses.MISSING else f.default

@@ -65,7 +65,7 @@ from jobs.selectors.templates import template_get_manageable, template_get_usabl
 from jobs.services import capacity, lifecycle, submission
 from jobs.services import templates as template_services
 from jobs.services.specs import experiment_spec
-from jobs.services.submission import MAX_ID, run_rerun
+from jobs.services.submission import run_rerun
 from jobs.services.templates import template_save, template_submit
 from tenants.access import (
     is_platform_admin,
@@ -74,7 +74,7 @@ from tenants.access import (
     tenant_list_viewable,
 )
 from tenants.forms import QuotaForm, quota_initial
-from tenants.http import form_page, or_404
+from tenants.http import ascii_id, form_page, or_404
 from tenants.selectors import (
     flavor_list_manageable,
     project_list_submittable,
@@ -146,9 +146,8 @@ def run_list(request: HttpRequest) -> HttpResponse:
 
 def _cursor(value: str) -> int | None:
     """A run id to page from; anything else shows the newest runs, as a stale link should."""
-    if not (value.isascii() and value.isdigit()):  # "²" is a digit to isdigit, not to int
-        return None
-    return int(value) if 0 < int(value) <= MAX_RUN_ID else None
+    run_id = ascii_id(value)
+    return run_id if run_id is not None and run_id <= MAX_RUN_ID else None
 
 
 def _login_required_keeping_draft(view):
@@ -219,8 +218,8 @@ def run_submit(request: HttpRequest) -> HttpResponse:
         form = RunSubmitForm(request.POST, initial=initial, **choices)
         if template is not None:
             form.lock(template)
-        source_id = request.POST.get("cloned_from", "")
-        if source_id.isdigit():
+        source_id = ascii_id(request.POST.get("cloned_from"))
+        if source_id is not None:
             # Only for the notice above the form; the service decides whether it is allowed.
             source = experiment_list_viewable(user=request.user).filter(pk=source_id).first()
         if form.is_valid():
@@ -257,11 +256,11 @@ def run_submit(request: HttpRequest) -> HttpResponse:
         if template is not None:
             form.lock(template)
     else:
-        source_id = request.GET.get("from", "")
-        if source_id.isdigit():
-            source = or_404(
-                experiment_get_viewable, user=request.user, experiment_id=int(source_id)
-            )
+        if "from" in request.GET:
+            source_id = ascii_id(request.GET["from"])
+            if source_id is None:
+                raise Http404("No such experiment")
+            source = or_404(experiment_get_viewable, user=request.user, experiment_id=source_id)
             initial = initial_from_experiment(source)
         form = RunSubmitForm(initial=initial | {"submission_key": uuid.uuid4()}, **choices)
         if template is not None:
@@ -455,9 +454,10 @@ def experiment_rerun(request: HttpRequest, experiment_id: int) -> HttpResponse:
 
 
 def _positive_id(value: str) -> int:
-    if not value.isascii() or not value.isdigit() or not 1 <= int(value) <= MAX_ID:
+    experiment_id = ascii_id(value)
+    if experiment_id is None:
         raise Http404("No such experiment")
-    return int(value)
+    return experiment_id
 
 
 @login_required

@@ -35,7 +35,12 @@ class EventsParser(JsonTextParser):
     def parse(self, stream, media_type=None, parser_context=None):
         request = (parser_context or {}).get("request")
         declared = request.META.get("CONTENT_LENGTH") if request is not None else None
-        if declared and declared.isdigit() and int(declared) > MAX_EVENTS_BODY_BYTES:
+        if (
+            declared
+            and declared.isascii()
+            and declared.isdigit()
+            and int(declared) > MAX_EVENTS_BODY_BYTES
+        ):
             raise PayloadTooLarge()
         body = stream.read(MAX_EVENTS_BODY_BYTES + 1) if stream is not None else b""
         if len(body) > MAX_EVENTS_BODY_BYTES:

@@ -174,7 +174,7 @@ def _get(
         raise _Failed(f"could not connect: {_reason(exc)}") from None
     with response:
         declared = response.headers.get("Content-Length", "")
-        if declared.isdigit() and int(declared) > limit:
+        if declared.isascii() and declared.isdigit() and int(declared) > limit:
             raise _OverLimit(str(BodyTooLarge(int(declared), limit)))
         raw = response.raw
         read = getattr(raw, "read1", raw.read)  # read1: at most one wait for the network

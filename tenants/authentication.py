@@ -29,11 +29,12 @@ from tenants.models import ApiToken, LoginFailure
 class ApiTokenAuthentication(authentication.BaseAuthentication):
     """``Authorization: Bearer gty_…`` (``Token`` is accepted too). Only hashes are stored."""
 
-    keywords = ("bearer", "token")
+    keywords = (b"bearer", b"token")
 
     def authenticate(self, request):
+        # Compared as bytes: a scheme that is not UTF-8 is simply not ours (no decode error).
         header = authentication.get_authorization_header(request).split()
-        if not header or header[0].lower().decode() not in self.keywords:
+        if not header or header[0].lower() not in self.keywords:
             return None
         if len(header) != 2:
             raise exceptions.AuthenticationFailed("Malformed Authorization header.")

@@ -7,6 +7,9 @@ outsiders get the same 404 as for what does not exist, and nothing below the edg
 about HTTP.
 
 ``form_page`` is the one create/edit page: a form, a service that saves, a redirect.
+
+``ascii_id`` reads an id from a URL or a form: ASCII digits only (``str.isdigit`` also
+takes "²", which ``int`` refuses), within a bigint.
 """
 
 from collections.abc import Callable, Mapping
@@ -17,6 +20,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from tenants.forms import ServiceErrorsMixin
+from tenants.models import MAX_ID
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -57,3 +61,11 @@ def form_page(
         {"form": form, **(context or {})},
         status=400 if form.errors else 200,
     )
+
+
+def ascii_id(text: str | None) -> int | None:
+    """``text`` as an id (1 to ``MAX_ID``, ASCII digits only), else None."""
+    if not text or not text.isascii() or not text.isdigit() or len(text) > 19:
+        return None
+    value = int(text)
+    return value if 1 <= value <= MAX_ID else None

@@ -14,6 +14,9 @@ slug_validator = RegexValidator(
 # The longest idle streak an idle-GPU policy may wait for: a week, in minutes.
 IDLE_POLICY_MAX_MIN = 7 * 24 * 60
 
+# Ids are bigint: anything larger can only be a mistake (and would make PostgreSQL fail).
+MAX_ID = 2**63 - 1
+
 
 class GlobalRole(models.TextChoices):
     """Roles that span tenants; held as Django groups of the same name."""

@@ -33,12 +33,9 @@ from jobs.models import (
 from jobs.selectors.queue import flavor_node_limits
 from jobs.selectors.runs import run_submitted_with
 from tenants.access import tenant_list_submittable
-from tenants.models import GpuFlavor, Quota
+from tenants.models import MAX_ID, GpuFlavor, Quota
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-
-
-MAX_ID = 2**63 - 1  # ids are bigint: anything larger can only be a mistake
 
 
 try:

@@ -1,0 +1,146 @@
+"""Where a gang can start: nodes whose GPUs are free together, in the tightest topology
+domain (pure: plain data in and out).
+
+A cluster's nodes of one flavor each report their GPUs, the GPUs free as the backend sees
+them (jobs Gantry did not submit included), whether they take work (drained, cordoned,
+NotReady nodes do not) and their topology path from the widest domain to the tightest,
+for example ``("block-a", "leaf-2")``; the node itself is the last, implicit level. A gang
+of ``nodes`` × ``gpus_per_node`` is placeable only on that many distinct schedulable
+nodes with ``gpus_per_node`` free each, all inside one domain at the level it requires.
+
+Among the placements there are, ``place`` takes:
+
+1. the tightest domain: one node for a one-node run, else the deepest level at which some
+   domain holds enough nodes (one leaf switch before one block before the whole cluster);
+2. within that level, the domain and nodes that leave the least behind: the chosen nodes'
+   free GPUs after placing fewest first (best fit: small runs pack onto partly used nodes,
+   so whole nodes stay free for gangs), then the domain with the fewest free GPUs (whole
+   free domains stay free for larger gangs), then names, so the answer never depends on
+   the order the nodes came in.
+
+``explain`` says in plain words why a gang cannot be placed, with the numbers.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    gpus: int  # of the flavor, on this node
+    free: int  # free as the backend sees them
+    schedulable: bool = True
+    path: tuple[str, ...] = ()  # topology domains, widest first; the node is implicit
+    reason: str = ""  # why it is not schedulable, in the backend's words
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    nodes: int
+    gpus_per_node: int
+    # The gang must lie inside one domain at this depth of the path (1: the first level,
+    # e.g. a block; 2: a leaf switch, ...); None: anywhere in the cluster.
+    required_level: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    nodes: tuple[str, ...]  # sorted by name
+    domain: tuple[str, ...]  # the tightest domain holding them all; () is the whole cluster
+    single_node: bool  # all on one node (tighter than any domain)
+
+
+def _fits(node: Node, gpus_per_node: int) -> bool:
+    return node.schedulable and node.free >= gpus_per_node and gpus_per_node <= node.gpus
+
+
+def _best_fit(candidates: Iterable[Node], count: int, gpus_per_node: int) -> list[Node]:
+    """The ``count`` nodes that leave the fewest GPUs free after placing (ties by name)."""
+    return sorted(candidates, key=lambda n: (n.free - gpus_per_node, n.name))[:count]
+
+
+def place(nodes: Sequence[Node], gang: Gang) -> Placement | None:
+    """The placement of ``gang`` on ``nodes`` (see the module's rules), or None."""
+    if gang.nodes < 1 or gang.gpus_per_node < 1:
+        return None
+    candidates = [node for node in nodes if _fits(node, gang.gpus_per_node)]
+    if len(candidates) < gang.nodes:
+        return None
+    if gang.nodes == 1:  # one node is tighter than any domain
+        if gang.required_level is not None:
+            candidates = [node for node in candidates if len(node.path) >= gang.required_level]
+        if not candidates:
+            return None
+        [node] = _best_fit(candidates, 1, gang.gpus_per_node)
+        return Placement(nodes=(node.name,), domain=node.path, single_node=True)
+
+    deepest = max(len(node.path) for node in candidates)
+    shallowest = 0 if gang.required_level is None else gang.required_level
+    for level in range(deepest, shallowest - 1, -1):
+        domains: dict[tuple[str, ...], list[Node]] = defaultdict(list)
+        for node in candidates:
+            if len(node.path) >= level:
+                domains[node.path[:level]].append(node)
+        domain_free: dict[tuple[str, ...], int] = defaultdict(int)
+        for node in nodes:
+            if node.schedulable and len(node.path) >= level:
+                domain_free[node.path[:level]] += node.free
+        options = []
+        for domain, members in domains.items():
+            if len(members) < gang.nodes:
+                continue
+            chosen = _best_fit(members, gang.nodes, gang.gpus_per_node)
+            left = sum(node.free - gang.gpus_per_node for node in chosen)
+            options.append((left, domain_free[domain], domain, chosen))
+        if options:
+            left, _, domain, chosen = min(options, key=lambda o: (o[0], o[1], o[2]))
+            return Placement(
+                nodes=tuple(sorted(node.name for node in chosen)),
+                domain=domain,
+                single_node=False,
+            )
+    return None
+
+
+def largest_gang(nodes: Sequence[Node], gpus_per_node: int) -> int:
+    """How many nodes a gang of ``gpus_per_node`` per node could span now, anywhere."""
+    return sum(1 for node in nodes if _fits(node, gpus_per_node))
+
+
+def explain(nodes: Sequence[Node], gang: Gang, *, flavor: str, levels: Sequence[str] = ()) -> str:
+    """Why ``gang`` cannot be placed now, with the numbers people need: what it needs,
+    what is free and where, which nodes take no work. ``levels`` names the topology levels
+    (e.g. ``("block", "leaf switch")``)."""
+    need = (
+        f"needs {gang.gpus_per_node} {flavor} GPUs on one node"
+        if gang.nodes == 1
+        else f"needs {gang.nodes} nodes × {gang.gpus_per_node} {flavor} GPUs"
+    )
+    if gang.required_level is not None and gang.nodes > 1:
+        name = (
+            levels[gang.required_level - 1]
+            if 0 < gang.required_level <= len(levels)
+            else f"level-{gang.required_level} domain"
+        )
+        need += f" in one {name}"
+    working = [node for node in nodes if node.schedulable]
+    free = sum(node.free for node in working)
+    parts = [need]
+    if working:
+        most = max(node.free for node in working)
+        per_node = ", ".join(f"{node.free}" for node in sorted(working, key=lambda n: n.name))
+        names = sorted(node.name for node in working)
+        span = names[0] if len(names) == 1 else f"{names[0]}…{names[-1]}"
+        parts.append(
+            f"{free} {flavor} GPUs are free, at most {most} on any node ({span}: {per_node})"
+        )
+    else:
+        parts.append(f"no {flavor} node takes work now")
+    for node in sorted(nodes, key=lambda n: n.name):
+        if not node.schedulable:
+            parts.append(f"node {node.name} is {node.reason or 'not schedulable'}")
+    return "; ".join(parts)
