@@ -29,9 +29,9 @@ from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import attempt_apply_status
 from jobs.services.submission import run_submit
-from telemetry import kpi_selectors
-from telemetry.kpi_selectors import KpiScope
-from telemetry.kpis import Ratio
+from telemetry.kpis import selectors as kpi_selectors
+from telemetry.kpis.metrics import Ratio
+from telemetry.kpis.selectors import KpiScope
 from telemetry.services import accounting_compute_pending, sdk_events_ingest
 from tenants.models import Notification, Quota
 from tests.conftest import experiment_input

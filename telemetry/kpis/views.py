@@ -12,10 +12,10 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from telemetry import kpi_selectors
 from telemetry.accounting import IDLE_THRESHOLD
-from telemetry.kpi_forms import KPI_MAX_RANGE_DAYS, KpiFilterForm, kpi_filter_data
-from telemetry.kpi_selectors import KpiScope, PlatformKpis
+from telemetry.kpis import selectors
+from telemetry.kpis.forms import KPI_MAX_RANGE_DAYS, KpiFilterForm, kpi_filter_data
+from telemetry.kpis.selectors import KpiScope, PlatformKpis
 from tenants.roles import is_finance, is_platform_admin
 
 TEMPLATE = "telemetry/platform_kpis.html"
@@ -92,7 +92,7 @@ def platform_kpis(request: HttpRequest) -> HttpResponse:
         flavor_id=filters["flavor"].pk if filters["flavor"] else None,
         cluster_id=filters["cluster"].pk if filters["cluster"] else None,
     )
-    kpis = kpi_selectors.platform_kpis(scope=scope)
+    kpis = selectors.platform_kpis(scope=scope)
     group_tables = [("Tenant", "tenant", kpis.by_tenant), ("Flavor", "flavor", kpis.by_flavor)]
     charts = {"queue_chart": _queue_chart(kpis), "allocation_chart": _allocation_chart(kpis)}
     return render(
