@@ -6,7 +6,7 @@ users each, 2 flavors, 2 clusters — with their ``AttemptAccounting`` (every ca
 ``effective + Σ waste == allocated``), and rate cards that change on 1 July. The bulk rows
 are written by PostgreSQL itself (``INSERT … SELECT`` over ``generate_series``, the random
 draws are hashes of the row ids, so every run seeds the same data); ``DailyUsage`` is then
-filled by the real ``telemetry.finance.daily_usage_rebuild``, one month at a time.
+filled by the real ``finance.services.daily_usage_rebuild``, one month at a time.
 
 Measured, each beside a baseline in the same run:
 - the monthly statement page (``GET /finance/<tenant>/<yyyy>-<mm>/`` through Django's test
@@ -46,12 +46,14 @@ from psycopg import sql
 
 from bench.cycle import QueryCounter, truncate, vacuum
 from bench.report import Section, best_of, ms, ratio, timed
+from finance import selectors as finance_selectors
+from finance.costing import CATEGORIES
+from finance.models import DailyUsage
+from finance.selectors import platform_currency
+from finance.services import daily_usage_rebuild, rate_card_add
 from images.models import Image
 from jobs.models import Attempt, Cluster, ClusterFlavor, Experiment, Run
-from telemetry import finance_selectors
-from telemetry.costing import CATEGORIES
-from telemetry.finance import daily_usage_rebuild, platform_currency, rate_card_add
-from telemetry.models import AttemptAccounting, DailyUsage
+from telemetry.models import AttemptAccounting
 from tenants.models import GlobalRole, GpuFlavor, Project, Tenant
 
 YEAR = 2025
@@ -686,7 +688,7 @@ def data_section(world, rebuild_s, rebuilt, workers, tenants_checked) -> Section
             "5 minutes to 3 days (log-uniform), 1 to 16 GPUs, every accounting category "
             "filled; a new price for each flavor from 1 July. Seeded by PostgreSQL "
             "(`INSERT … SELECT` over `generate_series`, `bench/finance.py`). DailyUsage: the "
-            "real `telemetry.finance.daily_usage_rebuild`, one call per month, "
+            "real `finance.services.daily_usage_rebuild`, one call per month, "
             f"{workers} months at a time in forked processes."
         ),
         columns=["step", "rows", "time", "per attempt"],
@@ -774,7 +776,7 @@ def export_section(exported: list[Exported]) -> Section:
             "`GET /finance/export.csv?tenant=&from=…&to=…` (every tenant, from 1 January "
             "until the range holds enough rows), the response's `streaming_content` read "
             "as a client would, keeping nothing; peak Python memory by tracemalloc over the "
-            "whole request. Baseline: the same rows (`finance_selectors.export_rows`) read "
+            "whole request. Baseline: the same rows (`finance.selectors.export_rows`) read "
             "into a list and written into one CSV string; both CSVs are asserted "
             "byte-identical. Times: best of 2, without tracemalloc."
         ),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from django.urls import reverse
 
+from finance.access import finance_can_read
 from tenants.access import is_finance, is_platform_admin, tenant_roles
 from tenants.models import Membership
 from tenants.selectors import notification_unread_count
@@ -38,8 +39,11 @@ def _link(request, label: str, url_name: str, *, pages: tuple[str, ...] = ()) ->
     return NavLink(label, url, current)
 
 
-def navigation_groups(request, *, admin: bool, finance: bool, member: bool, tenant_admin: bool):
-    """The groups of links a user with these roles sees, empty groups left out."""
+def navigation_groups(
+    request, *, admin: bool, finance: bool, finance_reader: bool, member: bool, tenant_admin: bool
+):
+    """The groups of links a user with these roles sees, empty groups left out.
+    ``finance_reader``: the finance pages answer the user (``finance.access``)."""
     work = [_link(request, "Runs", "jobs:run_list")]
     if member:
         work.append(_link(request, "Submit", "jobs:run_submit"))
@@ -53,7 +57,7 @@ def navigation_groups(request, *, admin: bool, finance: bool, member: bool, tena
         reports.append(
             _link(request, "Goodput", "telemetry:goodput", pages=("telemetry:tenant_goodput",))
         )
-    if admin or finance or tenant_admin:
+    if finance_reader:
         reports.append(_link(request, "Finance", "finance:index", pages=("finance:",)))
     if admin or finance:
         reports.append(_link(request, "KPIs", "telemetry:platform_kpis"))
@@ -84,7 +88,12 @@ def navigation(request):
     tenant_admin = Membership.Role.TENANT_ADMIN in roles.values()
     return {
         "nav_groups": navigation_groups(
-            request, admin=admin, finance=finance, member=bool(roles), tenant_admin=tenant_admin
+            request,
+            admin=admin,
+            finance=finance,
+            finance_reader=finance_can_read(user=user),
+            member=bool(roles),
+            tenant_admin=tenant_admin,
         ),
         "nav_is_platform_admin": admin,
         "nav_is_finance": finance,

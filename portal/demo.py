@@ -30,6 +30,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
+from finance import services as finance_services
 from images.models import Image
 from jobs.models import (
     Attempt,
@@ -46,7 +47,6 @@ from jobs.services.backend_sync import cluster_refresh_inventory
 from jobs.services.submission import ExperimentInput, run_submit
 from jobs.services.usage import usage_record_attempt
 from jobs.simulation import STARTUP_S, Workload
-from telemetry import finance
 from telemetry import services as telemetry_services
 from telemetry.models import GpuMinute
 from telemetry.simulated import simulated_telemetry
@@ -115,7 +115,7 @@ def demo_seed(*, speedup: int = 30) -> None:
         (h100, "3.90", today - timedelta(days=365)),
         (a100, "2.40", today.replace(day=1)),
     ):
-        finance.rate_card_add(
+        finance_services.rate_card_add(
             flavor=flavor, price_per_gpu_hour=price, currency="EUR", valid_from=since, actor=fiona
         )
 
@@ -270,7 +270,7 @@ def demo_seed(*, speedup: int = 30) -> None:
     # What beat would do within two minutes: account the history and roll it up into daily
     # usage, so the goodput and finance pages have data from the first page view.
     telemetry_services.accounting_compute_pending(limit=100)
-    finance.daily_usage_update()
+    finance_services.daily_usage_update()
     # And what the worker does first: place the live runs, so the first page view already
     # shows who runs, who borrows and who waits, and why. (Their backend submits are queued
     # for the worker when the seed commits.)

@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "images",
     "jobs",
     "telemetry",
+    "finance",
     "portal",
 ]
 
@@ -294,7 +295,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 60.0,
     },
     "daily-usage": {
-        "task": "telemetry.tasks.daily_usage_update",
+        "task": "finance.tasks.daily_usage_update",
         "schedule": 120.0,
     },
     "idle-gpu-policy": {

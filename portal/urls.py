@@ -34,7 +34,7 @@ urlpatterns = [
     path("api/v1/", include("portal.api_urls")),
     path("notifications/", include("tenants.notification_urls")),
     path("images/", include("images.urls")),
-    path("finance/", include("telemetry.finance_urls")),
+    path("finance/", include("finance.urls")),
     path("", include("telemetry.urls")),
     path("", include("tenants.urls")),
     path("", include("jobs.urls")),

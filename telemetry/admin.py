@@ -3,9 +3,7 @@ from django.contrib import admin
 from telemetry.models import (
     AttemptAccounting,
     ClusterTelemetry,
-    DailyUsage,
     GpuMinute,
-    RateCard,
     RawScrape,
     SdkEvent,
     StepWindow,
@@ -73,28 +71,3 @@ class RawScrapeAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 @admin.register(ClusterTelemetry)
 class ClusterTelemetryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("cluster", "fetched_until", "rolled_up_until", "last_error_at", "updated_at")
-
-
-@admin.register(RateCard)
-class RateCardAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    """Cards are added through the finance pages, which keep the chain of cards without gaps
-    or overlaps, reprice the days after a change and audit it."""
-
-    list_display = ("flavor", "price_per_gpu_hour", "currency", "valid_from", "valid_to")
-    list_filter = ("flavor",)
-
-
-@admin.register(DailyUsage)
-class DailyUsageAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = (
-        "date",
-        "tenant",
-        "project",
-        "user",
-        "flavor",
-        "cluster",
-        "allocated_gpu_s",
-        "cost",
-    )
-    list_filter = ("tenant", "flavor")
-    date_hierarchy = "date"

@@ -5,7 +5,7 @@ import logging
 from celery import shared_task
 
 from jobs.models import Cluster
-from telemetry import collection, finance, policy, services
+from telemetry import collection, policy, services
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +46,3 @@ def idle_policy_enforce() -> None:
             summary.cleared,
             summary.cancelled,
         )
-
-
-@shared_task
-def daily_usage_update() -> None:
-    summary = finance.daily_usage_update()
-    if summary.days:
-        logger.info("daily usage: %d days rebuilt, %d rows", summary.days, summary.rows)

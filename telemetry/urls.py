@@ -1,6 +1,7 @@
 from django.urls import path
 
-from telemetry import kpi_views, views
+from telemetry import views
+from telemetry.kpis import views as kpi_views
 
 app_name = "telemetry"
 urlpatterns = [

@@ -19,6 +19,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from finance.services import rate_card_add
 from images import services as image_services
 from images.models import Image
 from jobs.models import Run, RunState
@@ -29,7 +30,6 @@ from jobs.services.backend_sync import cluster_sync
 from jobs.services.lifecycle import run_cancel
 from jobs.services.submission import run_submit
 from jobs.services.templates import template_delete, template_save
-from telemetry.finance import rate_card_add
 from tenants import services
 from tenants.models import (
     ApiToken,

@@ -23,6 +23,7 @@ from django.contrib.sessions.models import Session
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
+from finance.selectors import last_closed_month, statement_month
 from images.models import Image
 from jobs.models import Attempt, AttemptState, Cluster, Experiment, Run, RunState
 from jobs.selectors.logs import text_tail
@@ -36,7 +37,6 @@ from jobs.services.templates import template_save, template_submit
 from portal.celery import app as celery_app
 from portal.demo import DEMO_PASSWORD, demo_seed
 from telemetry import services as telemetry_services
-from telemetry.finance_selectors import last_closed_month, statement_month
 from tenants.models import AuditEvent, Quota, Tenant
 from tests.browser_support import login, screenshot
 from tests.celery_support import celery_env, start_worker_and_beat, stop_process

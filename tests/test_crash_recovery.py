@@ -583,7 +583,7 @@ def test_an_unreachable_backend_is_reported_and_converges_with_one_job_per_attem
 RESTART_RUNS = 30
 IN_FLIGHT_S = 3.0  # how long a submit holds its message across the Redis restart
 CRASH_SUPPORT = [sys.executable, "-m", "tests.crash_support"]
-ROLLUPS = ("telemetry.tasks.accounting_compute_pending", "telemetry.tasks.daily_usage_update")
+ROLLUPS = ("telemetry.tasks.accounting_compute_pending", "finance.tasks.daily_usage_update")
 
 
 def _rows(servers: ThrowawayServices, sql: str) -> list[tuple]:

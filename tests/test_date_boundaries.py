@@ -18,6 +18,9 @@ import time_machine
 from django.urls import reverse
 from django.utils.html import strip_tags
 
+from finance import selectors as finance_selectors
+from finance import services as finance_services
+from finance.models import DailyUsage
 from jobs.backends import JobStatus
 from jobs.models import Attempt, BudgetAlert, FairShareUsage, RunEvent, TenantMonthUsage
 from jobs.selectors.queue import gpu_hours_this_month
@@ -26,10 +29,9 @@ from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import attempt_apply_status
 from jobs.services.submission import run_submit
-from telemetry import finance, finance_selectors, kpi_selectors
-from telemetry.kpi_selectors import KpiScope
-from telemetry.kpis import Ratio
-from telemetry.models import DailyUsage
+from telemetry.kpis import selectors as kpi_selectors
+from telemetry.kpis.metrics import Ratio
+from telemetry.kpis.selectors import KpiScope
 from telemetry.services import accounting_compute_pending, sdk_events_ingest
 from tenants.models import Notification, Quota
 from tests.conftest import experiment_input
@@ -108,11 +110,11 @@ def roll_up(*, at: datetime) -> None:
     """The workers' periodic accounting and DailyUsage rollup, run at ``at``."""
     with time_machine.travel(at, tick=False):
         accounting_compute_pending()
-        finance.daily_usage_update(now=at)
+        finance_services.daily_usage_update(now=at)
 
 
 def price(world, amount: str, *, valid_from: date) -> None:
-    finance.rate_card_add(
+    finance_services.rate_card_add(
         flavor=world.a100,
         price_per_gpu_hour=amount,
         currency="EUR",

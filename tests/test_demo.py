@@ -14,11 +14,13 @@ from django.db import transaction
 from django.db.models import Max, Min, Sum
 from django.utils import timezone
 
+from finance import selectors as finance_selectors
+from finance.models import DailyUsage, RateCard
 from images.models import Image
 from jobs.models import Attempt, Run
 from portal.demo import demo_seed, previous_month
-from telemetry import finance_selectors, selectors
-from telemetry.models import AttemptAccounting, DailyUsage, RateCard
+from telemetry import selectors
+from telemetry.models import AttemptAccounting
 from telemetry.services import accounting_compute_pending
 from tenants.models import Quota, Tenant
 

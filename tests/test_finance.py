@@ -8,10 +8,11 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from finance import costing, selectors, services
+from finance.costing import CATEGORIES, Rate, attempt_cost, split_attempt
+from finance.models import DailyUsage, RateCard, UsageRollupState
 from jobs.models import Attempt, AttemptState
-from telemetry import costing, finance
-from telemetry.costing import CATEGORIES, Rate, attempt_cost, split_attempt
-from telemetry.models import AttemptAccounting, DailyUsage, RateCard, UsageRollupState
+from telemetry.models import AttemptAccounting
 from tenants.models import AuditEvent
 from tests.test_lifecycle import submit
 
@@ -134,7 +135,7 @@ def test_the_one_day_one_price_shortcut_prices_exactly_like_fractions(
 
 
 def test_a_new_rate_card_ends_the_current_one_and_both_are_audited(world):
-    first = finance.rate_card_add(
+    first = services.rate_card_add(
         flavor=world.a100,
         price_per_gpu_hour="2.50",
         currency="eur",
@@ -142,7 +143,7 @@ def test_a_new_rate_card_ends_the_current_one_and_both_are_audited(world):
         actor=world.finance,
     )
 
-    second = finance.rate_card_add(
+    second = services.rate_card_add(
         flavor=world.a100,
         price_per_gpu_hour="3",
         currency="EUR",
@@ -187,7 +188,7 @@ def test_a_new_rate_card_ends_the_current_one_and_both_are_audited(world):
 def test_a_bad_rate_card_is_refused_with_a_clear_error_and_changes_nothing(
     world, values, field, message
 ):
-    finance.rate_card_add(
+    services.rate_card_add(
         flavor=world.a100,
         price_per_gpu_hour="2.50",
         currency="EUR",
@@ -197,7 +198,7 @@ def test_a_bad_rate_card_is_refused_with_a_clear_error_and_changes_nothing(
     before = (list(RateCard.objects.values()), AuditEvent.objects.count())
 
     with pytest.raises(ValidationError) as error:
-        finance.rate_card_add(
+        services.rate_card_add(
             flavor=world.a100,
             actor=world.finance,
             **{"price_per_gpu_hour": "3", "currency": "EUR", "valid_from": date(2026, 2, 1)}
@@ -210,7 +211,7 @@ def test_a_bad_rate_card_is_refused_with_a_clear_error_and_changes_nothing(
 
 def test_only_finance_and_platform_admins_manage_rate_cards(world):
     with pytest.raises(PermissionDenied):
-        finance.rate_card_add(
+        services.rate_card_add(
             flavor=world.a100,
             price_per_gpu_hour="1",
             currency="EUR",
@@ -262,14 +263,14 @@ def usage_rows() -> list[tuple]:
 
 
 def test_daily_usage_reconciles_with_attempt_accounting_to_the_second_and_the_cent(world):
-    finance.rate_card_add(
+    services.rate_card_add(
         flavor=world.a100,
         price_per_gpu_hour="2.50",
         currency="EUR",
         valid_from=date(2026, 1, 1),
         actor=world.finance,
     )
-    finance.rate_card_add(
+    services.rate_card_add(
         flavor=world.a100,
         price_per_gpu_hour="3.00",
         currency="EUR",
@@ -282,7 +283,7 @@ def test_daily_usage_reconciles_with_attempt_accounting_to_the_second_and_the_ce
         finished(world, start=MARCH_2 + timedelta(hours=3), hours=0.5, input_wait=100),
     ]
 
-    summary = finance.daily_usage_update(now=MARCH_2 + timedelta(days=1))
+    summary = services.daily_usage_update(now=MARCH_2 + timedelta(days=1))
 
     # New rate cards reprice every day from the first card's start (Jan 1 to Mar 3).
     assert (summary.days, summary.rows) == (62, 3)
@@ -296,7 +297,7 @@ def test_daily_usage_reconciles_with_attempt_accounting_to_the_second_and_the_ce
     assert sum(DailyUsage.objects.values_list("allocated_gpu_s", flat=True)) == sum(
         AttemptAccounting.objects.values_list("allocated_gpu_s", flat=True)
     )
-    cards = finance.rate_cards_for([world.a100.pk])[world.a100.pk]
+    cards = selectors.rate_cards_for([world.a100.pk])[world.a100.pk]
     assert sum(DailyUsage.objects.values_list("cost", flat=True)) == sum(
         costing.attempt_cost(
             start=a.started_at,
@@ -309,7 +310,7 @@ def test_daily_usage_reconciles_with_attempt_accounting_to_the_second_and_the_ce
 
 
 def test_rebuilding_a_day_gives_identical_rows_and_a_new_price_reprices_the_days_after_it(world):
-    finance.rate_card_add(
+    services.rate_card_add(
         flavor=world.a100,
         price_per_gpu_hour="2.00",
         currency="EUR",
@@ -317,24 +318,24 @@ def test_rebuilding_a_day_gives_identical_rows_and_a_new_price_reprices_the_days
         actor=world.finance,
     )
     finished(world, start=T0, hours=12)
-    finance.daily_usage_update(now=MARCH_2)
+    services.daily_usage_update(now=MARCH_2)
     rows = usage_rows()
 
-    finance.daily_usage_rebuild(days=[date(2026, 3, 1), date(2026, 3, 2)])
-    again = finance.daily_usage_update(now=MARCH_2)
+    services.daily_usage_rebuild(days=[date(2026, 3, 1), date(2026, 3, 2)])
+    again = services.daily_usage_update(now=MARCH_2)
 
     assert usage_rows() == rows
     assert [row[-2] for row in rows] == [Decimal("24.00"), Decimal("24.00")]
     assert again.days == 2  # the accounting computed within the watermark lag is redone
 
-    finance.rate_card_add(
+    services.rate_card_add(
         flavor=world.a100,
         price_per_gpu_hour="4.00",
         currency="EUR",
         valid_from=date(2026, 3, 2),
         actor=world.finance,
     )
-    finance.daily_usage_update(now=MARCH_2 + timedelta(hours=12))
+    services.daily_usage_update(now=MARCH_2 + timedelta(hours=12))
 
     assert [row[-2] for row in usage_rows()] == [Decimal("24.00"), Decimal("48.00")]
     assert UsageRollupState.objects.get().rates_changed_from is None

@@ -32,12 +32,14 @@ from django.urls import reverse
 from django.utils.html import strip_tags
 from openpyxl import load_workbook
 
+from finance import costing
+from finance import views as finance_views
+from finance.models import DailyUsage, RateCard
+from finance.selectors import EXPORT_COLUMNS, rate_cards_for, statement_month
+from finance.services import daily_usage_update, rate_card_add
 from jobs.models import Attempt, AttemptState, Cluster, Run
 from jobs.services.submission import run_submit
-from telemetry import costing, finance_views
-from telemetry.finance import daily_usage_update, rate_card_add, rate_cards_for
-from telemetry.finance_selectors import EXPORT_COLUMNS, statement_month
-from telemetry.models import AttemptAccounting, DailyUsage, RateCard
+from telemetry.models import AttemptAccounting
 from tenants.models import AuditEvent, Membership, Project, Quota
 from tests.conftest import experiment_input, make_user
 

@@ -20,13 +20,14 @@ import pytest
 from django.db.models import Sum
 from django.utils import timezone
 
+from finance import selectors as finance_selectors
+from finance.costing import SECONDS_PER_HOUR
+from finance.models import DailyUsage
+from finance.services import daily_usage_update, rate_card_add
 from jobs.backends.slurm_script import gpus_of_tres
 from jobs.models import Attempt, RunState
 from jobs.services.backend_submit import attempt_submit
-from telemetry import finance_selectors
-from telemetry.costing import SECONDS_PER_HOUR
-from telemetry.finance import daily_usage_update, rate_card_add
-from telemetry.models import AttemptAccounting, DailyUsage
+from telemetry.models import AttemptAccounting
 from telemetry.services import accounting_compute_pending
 from tests import test_slurm_cluster as cluster_tests
 

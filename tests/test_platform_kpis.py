@@ -29,10 +29,11 @@ from jobs.models import (
     RunState,
 )
 from jobs.services.submission import run_submit
-from telemetry import diagnosis, kpis
+from telemetry import diagnosis
 from telemetry.accounting import WASTE
-from telemetry.kpi_forms import EMPTY_RANGE, INVERTED_RANGE, KPI_MAX_RANGE_DAYS
-from telemetry.kpis import Distribution, Ratio
+from telemetry.kpis import metrics
+from telemetry.kpis.forms import EMPTY_RANGE, INVERTED_RANGE, KPI_MAX_RANGE_DAYS
+from telemetry.kpis.metrics import Distribution, Ratio
 from telemetry.models import AttemptAccounting, GpuMinute, StepWindow
 from tests.conftest import experiment_input
 
@@ -215,33 +216,33 @@ def errors(content: str) -> list[str]:
 def test_percentiles_are_by_nearest_rank():
     values = [900, 60, 300, 120]  # any order
 
-    assert kpis.percentile(values, 50) == 120  # rank ⌈0.5 · 4⌉ = 2
-    assert kpis.percentile(values, 95) == 900  # rank ⌈0.95 · 4⌉ = 4
-    assert kpis.percentile(values, 25) == 60
-    assert kpis.percentile(values, 26) == 120
-    assert kpis.percentile(values, 100) == 900
-    assert kpis.distribution(values) == Distribution(count=4, p50=120, p95=900)
+    assert metrics.percentile(values, 50) == 120  # rank ⌈0.5 · 4⌉ = 2
+    assert metrics.percentile(values, 95) == 900  # rank ⌈0.95 · 4⌉ = 4
+    assert metrics.percentile(values, 25) == 60
+    assert metrics.percentile(values, 26) == 120
+    assert metrics.percentile(values, 100) == 900
+    assert metrics.distribution(values) == Distribution(count=4, p50=120, p95=900)
 
 
 def test_percentile_ranks_are_exact_where_floats_are_not():
     # 0.95 * 20 is 18.999… in binary floating point; the rank must be 19, not 18 or 20.
     values = list(range(1, 21))
 
-    assert kpis.percentile(values, 95) == 19
-    assert kpis.percentile(list(range(1, 101)), 95) == 95
-    assert kpis.percentile(list(range(1, 101)), 50) == 50
+    assert metrics.percentile(values, 95) == 19
+    assert metrics.percentile(list(range(1, 101)), 95) == 95
+    assert metrics.percentile(list(range(1, 101)), 50) == 50
 
 
 def test_percentiles_of_one_value_and_of_none():
-    assert kpis.distribution([42.5]) == Distribution(count=1, p50=42.5, p95=42.5)
-    assert kpis.distribution([]) == Distribution(count=0, p50=None, p95=None)
-    assert kpis.percentile([], 50) is None
+    assert metrics.distribution([42.5]) == Distribution(count=1, p50=42.5, p95=42.5)
+    assert metrics.distribution([]) == Distribution(count=0, p50=None, p95=None)
+    assert metrics.percentile([], 50) is None
 
 
 @pytest.mark.parametrize("percent", [0, 101, -5])
 def test_percentile_rejects_percents_outside_1_to_100(percent):
     with pytest.raises(ValueError, match="percent must be 1–100"):
-        kpis.percentile([1, 2, 3], percent)
+        metrics.percentile([1, 2, 3], percent)
 
 
 def test_ratios_add_and_read_as_percent():
@@ -256,9 +257,9 @@ def test_spans_across_a_dst_change_count_real_seconds():
     since = datetime(2025, 3, 30, tzinfo=berlin)  # clocks go forward at 02:00
     until = datetime(2025, 3, 31, tzinfo=berlin)
 
-    assert kpis.span_seconds(since, until) == 23 * 3600
-    assert kpis.span_seconds(since, datetime(2025, 3, 30, 1, tzinfo=UTC)) == 2 * 3600
-    assert kpis.span_seconds(until, since) == 0
+    assert metrics.span_seconds(since, until) == 23 * 3600
+    assert metrics.span_seconds(since, datetime(2025, 3, 30, 1, tzinfo=UTC)) == 2 * 3600
+    assert metrics.span_seconds(until, since) == 0
 
 
 # --- the KPIs, exactly ---------------------------------------------------------------------------

@@ -1,6 +1,5 @@
 """Forms of the finance pages: they parse input only. Which tenants a user may read comes
-from ``telemetry.finance_selectors``; every rule of a rate card from
-``telemetry.finance.rate_card_add``.
+from ``finance.access``; every rule of a rate card from ``finance.services.rate_card_add``.
 
 An export covers the days ``from`` through ``to``, both included (UTC days, as DailyUsage
 counts them). A range is rejected when it is
@@ -16,7 +15,7 @@ from datetime import date
 from django import forms
 from django.db.models import QuerySet
 
-from telemetry.finance_selectors import EARLIEST_MONTH, LATEST_MONTH, month_is_statable
+from finance.selectors import EARLIEST_MONTH, LATEST_MONTH, month_is_statable
 from tenants.forms import ServiceErrorsMixin
 from tenants.models import GpuFlavor, Tenant
 

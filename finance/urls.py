@@ -2,8 +2,8 @@ from datetime import date
 
 from django.urls import path, register_converter
 
-from telemetry import finance_views as views
-from telemetry.finance_selectors import month_is_statable
+from finance import views
+from finance.selectors import month_is_statable
 
 
 class MonthConverter:

@@ -1,8 +1,7 @@
 """Writes of finance: rate cards, and the DailyUsage rollup from attempt accounting (design
-§8). Prices and splits are computed by the pure ``telemetry.costing``."""
+§8). Prices and splits are computed by the pure ``finance.costing``."""
 
 import re
-from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
@@ -13,10 +12,12 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from finance import costing
+from finance.access import rate_card_can_manage
+from finance.models import DailyUsage, RateCard, UsageRollupState
+from finance.selectors import platform_currency, rate_cards_for
 from jobs.models import Attempt
-from telemetry import costing
-from telemetry.models import AttemptAccounting, DailyUsage, RateCard, UsageRollupState
-from tenants.access import is_finance, is_platform_admin
+from telemetry.models import AttemptAccounting
 from tenants.models import GpuFlavor
 from tenants.services import audit_record
 
@@ -26,30 +27,6 @@ _CURRENCY = re.compile(r"[A-Z]{3}")
 # rollup looks this far behind its watermark (rebuilding a day twice is harmless).
 WATERMARK_LAG = timedelta(minutes=10)
 _CATEGORIES = costing.CATEGORIES
-
-
-def rate_card_can_manage(*, user) -> bool:
-    return is_platform_admin(user) or is_finance(user)
-
-
-def rate_cards_for(flavor_ids: Iterable[int]) -> dict[int, list[costing.Rate]]:
-    """Each flavor's cards as plain rates."""
-    rates: dict[int, list[costing.Rate]] = defaultdict(list)
-    for card in RateCard.objects.filter(flavor_id__in=set(flavor_ids)):
-        rates[card.flavor_id].append(
-            costing.Rate(
-                valid_from=costing.midnight(card.valid_from),
-                valid_to=costing.midnight(card.valid_to) if card.valid_to else None,
-                price_per_gpu_hour=card.price_per_gpu_hour,
-            )
-        )
-    return rates
-
-
-def platform_currency() -> str | None:
-    """The currency of the rate cards: one for the whole platform, so every statement
-    adds up in one unit. None before the first card."""
-    return RateCard.objects.order_by("pk").values_list("currency", flat=True).first()
 
 
 def rate_card_add(

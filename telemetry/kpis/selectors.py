@@ -3,7 +3,7 @@ failure reasons, checkpoint recovery, goodput and cluster allocation over a rang
 
 Seven queries whatever the number of rows. Counts and sums are grouped in SQL; the wall
 times behind percentiles come back as seconds the database computed (``SecondsBetween``) and
-are ranked by ``telemetry.kpis`` in one pass for the total, every tenant and every flavor.
+are ranked by ``telemetry.kpis.metrics`` in one pass for the total, every tenant and every flavor.
 PostgreSQL's percentile_cont would need a query per grouping and has no SQLite counterpart;
 this way both databases give the same answer (10,000 attempts: about 0.3 s on either).
 Platform-wide: the caller checks access.
@@ -32,9 +32,10 @@ from django.db.models.functions import Coalesce, Greatest, Least
 
 from jobs.models import Attempt, AttemptState, ClusterFlavor, Run, RunState
 from jobs.models import FailureReason as FailureReasonChoice
-from telemetry import diagnosis, kpis
+from telemetry import diagnosis
 from telemetry.accounting import IDLE_THRESHOLD
-from telemetry.kpis import Distribution, Ratio
+from telemetry.kpis import metrics
+from telemetry.kpis.metrics import Distribution, Ratio
 from telemetry.models import AttemptAccounting, GpuMinute, StepWindow
 from telemetry.selectors import FINISHED_STATES, SECONDS_PER_HOUR, duration_text
 
@@ -81,7 +82,7 @@ class WallTimes:
 
     @classmethod
     def of(cls, seconds: list[float]) -> "WallTimes":
-        return cls(kpis.distribution(seconds))
+        return cls(metrics.distribution(seconds))
 
     @property
     def count(self) -> int:
@@ -380,7 +381,7 @@ def _allocation(scope: KpiScope) -> tuple[list[Allocation], Ratio, float]:
     """Allocated GPU-seconds inside the range (up to now) per cluster and flavor, against
     the current capacity of every cluster flavor over the same time."""
     until = min(scope.until, scope.now)
-    range_s = kpis.span_seconds(scope.since, until)
+    range_s = metrics.span_seconds(scope.since, until)
     allocated: dict[tuple[str, str], float] = {}
     if range_s:
         # Each attempt's GPUs times its [start, end) clipped to [since, until), the end being

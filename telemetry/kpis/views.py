@@ -12,20 +12,14 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from telemetry import kpi_selectors
+from telemetry.access import kpi_can_read
 from telemetry.accounting import IDLE_THRESHOLD
-from telemetry.kpi_forms import KPI_MAX_RANGE_DAYS, KpiFilterForm, kpi_filter_data
-from telemetry.kpi_selectors import KpiScope, PlatformKpis
-from tenants.access import is_finance, is_platform_admin
+from telemetry.kpis import selectors
+from telemetry.kpis.forms import KPI_MAX_RANGE_DAYS, KpiFilterForm, kpi_filter_data
+from telemetry.kpis.selectors import KpiScope, PlatformKpis
 
 TEMPLATE = "telemetry/platform_kpis.html"
 SECONDS_PER_MINUTE = 60
-
-
-def require_kpi_reader(user) -> None:
-    """The gate of the KPI page: platform admins and finance; 404 for everyone else."""
-    if not (is_platform_admin(user) or is_finance(user)):
-        raise Http404("No such page")
 
 
 def _minutes(seconds: float | None) -> float | None:
@@ -78,7 +72,8 @@ def _allocation_chart(kpis: PlatformKpis) -> dict | None:
 def platform_kpis(request: HttpRequest) -> HttpResponse:
     """The KPIs of ``?from=`` through ``?to=`` (dates, both included; the last 30 days by
     default), optionally of one ``?tenant=``, ``?flavor=`` and ``?cluster=``."""
-    require_kpi_reader(request.user)
+    if not kpi_can_read(user=request.user):
+        raise Http404("No such page")
     form = KpiFilterForm(data=kpi_filter_data(request.GET, today=timezone.localdate()))
     context = {"form": form, "max_days": KPI_MAX_RANGE_DAYS}
     if not form.is_valid():
@@ -92,7 +87,7 @@ def platform_kpis(request: HttpRequest) -> HttpResponse:
         flavor_id=filters["flavor"].pk if filters["flavor"] else None,
         cluster_id=filters["cluster"].pk if filters["cluster"] else None,
     )
-    kpis = kpi_selectors.platform_kpis(scope=scope)
+    kpis = selectors.platform_kpis(scope=scope)
     group_tables = [("Tenant", "tenant", kpis.by_tenant), ("Flavor", "flavor", kpis.by_flavor)]
     charts = {"queue_chart": _queue_chart(kpis), "allocation_chart": _allocation_chart(kpis)}
     return render(

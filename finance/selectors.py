@@ -1,6 +1,6 @@
-"""Reads of the finance pages and exports (design §8): who may read which tenant's money,
-monthly statements, month-over-month trends, budget burn-down, the attempts behind a
-statement line and the rows of an export.
+"""Reads of the finance pages and exports (design §8): the rate cards, monthly statements,
+month-over-month trends, budget burn-down, the attempts behind a statement line and the rows
+of an export. Who may read which tenant is ``finance.access``.
 
 Every figure comes from ``DailyUsage``, the precomputed per-day rollup of attempt
 accounting: a statement is a handful of grouped queries over one tenant's month, never a
@@ -9,22 +9,19 @@ the page, so totals add up exactly; hours are Decimal GPU-seconds ÷ 3600.
 """
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from datetime import date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.db.models import Q, QuerySet, Sum
 from django.db.models.functions import TruncMonth
-from django.http import Http404
 
+from finance import costing
+from finance.models import DailyUsage, RateCard, UsageRollupState
 from jobs.models import Attempt
-from telemetry import costing
-from telemetry.finance import rate_cards_for
-from telemetry.models import DailyUsage, RateCard, UsageRollupState
 from telemetry.selectors import CATEGORY_LABELS
-from tenants.access import is_finance, is_platform_admin, tenant_roles
-from tenants.models import GpuFlavor, Membership, Quota, Tenant
+from tenants.models import GpuFlavor, Quota, Tenant
 
 SECONDS_PER_HOUR = Decimal(costing.SECONDS_PER_HOUR)
 GPU_HOUR_PLACES = Decimal("0.000001")
@@ -69,46 +66,6 @@ def last_closed_month(today: date) -> date:
     """The first day of the month before ``today``'s: the latest month that is over, the one
     finance reviews."""
     return months_back(month_first_day(today), 1)
-
-
-# --- who reads what -----------------------------------------------------------------------
-
-
-def finance_sees_all(user) -> bool:
-    """Finance and platform admins read every tenant's statements and export them all."""
-    return is_finance(user) or is_platform_admin(user)
-
-
-def finance_tenant_list(*, user) -> QuerySet[Tenant]:
-    """Tenants whose statements the user may read: every tenant (also inactive ones, whose
-    past months still need statements) for finance and platform admins, the tenants they
-    administer for tenant admins, none for anyone else."""
-    if finance_sees_all(user):
-        return Tenant.objects.order_by("slug")
-    administered = [
-        tenant_id
-        for tenant_id, role in tenant_roles(user).items()
-        if role == Membership.Role.TENANT_ADMIN
-    ]
-    return Tenant.objects.filter(id__in=administered).order_by("slug")
-
-
-def finance_can_read(*, user) -> bool:
-    """Whether any finance page is for the user: the gate that 404s everybody else."""
-    return finance_sees_all(user) or Membership.Role.TENANT_ADMIN in tenant_roles(user).values()
-
-
-def require_finance_reader(user) -> None:
-    if not finance_can_read(user=user):
-        raise Http404("No such page")
-
-
-def finance_tenant_get(*, user, slug: str) -> Tenant:
-    """The tenant, or 404 alike for a missing tenant and one the user may not read."""
-    tenant = finance_tenant_list(user=user).filter(slug=slug).first()
-    if tenant is None:
-        raise Http404("No such tenant")
-    return tenant
 
 
 # --- amounts ------------------------------------------------------------------------------
@@ -558,6 +515,26 @@ def attempts_in_month(*, attempts: list[Attempt], month: date) -> list[AttemptIn
 
 
 # --- rate cards ---------------------------------------------------------------------------
+
+
+def rate_cards_for(flavor_ids: Iterable[int]) -> dict[int, list[costing.Rate]]:
+    """Each flavor's cards as plain rates."""
+    rates: dict[int, list[costing.Rate]] = defaultdict(list)
+    for card in RateCard.objects.filter(flavor_id__in=set(flavor_ids)):
+        rates[card.flavor_id].append(
+            costing.Rate(
+                valid_from=costing.midnight(card.valid_from),
+                valid_to=costing.midnight(card.valid_to) if card.valid_to else None,
+                price_per_gpu_hour=card.price_per_gpu_hour,
+            )
+        )
+    return rates
+
+
+def platform_currency() -> str | None:
+    """The currency of the rate cards: one for the whole platform, so every statement
+    adds up in one unit. None before the first card."""
+    return RateCard.objects.order_by("pk").values_list("currency", flat=True).first()
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The filters of the platform KPI page: a range of whole days and an optional tenant,
 flavor and cluster. It parses and validates input only; the numbers come from
-``telemetry.kpi_selectors``.
+``telemetry.kpis.selectors``.
 
 The range is the days ``from`` through ``to``, both included, in the portal's time zone:
 ``from == to`` is one day. Without either parameter it is the last ``DEFAULT_RANGE_DAYS``

@@ -4,8 +4,8 @@ exports.
 
 Finance and platform admins read every tenant; tenant admins the tenants they administer;
 everybody else gets 404 on every page, and a tenant admin asking for another tenant gets
-the same 404 as for a tenant that does not exist. Thin: parse, call selectors or the
-``rate_card_add`` service, shape plain series for ``json_script``, render.
+the same 404 as for a tenant that does not exist (``finance.access``). Thin: parse, call
+selectors or the ``rate_card_add`` service, shape plain series for ``json_script``, render.
 """
 
 import csv
@@ -31,10 +31,12 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 from openpyxl import Workbook
 
-from telemetry import finance_selectors as selectors
-from telemetry.finance import platform_currency, rate_card_add, rate_card_can_manage
-from telemetry.finance_forms import ExportForm, RateCardForm, StatementChoiceForm
-from telemetry.finance_selectors import DIMENSIONS, BurnDown, MonthUsage, Statement
+from finance import access, selectors
+from finance.access import rate_card_can_manage
+from finance.forms import ExportForm, RateCardForm, StatementChoiceForm
+from finance.selectors import DIMENSIONS, BurnDown, MonthUsage, Statement, platform_currency
+from finance.services import rate_card_add
+from tenants.http import or_404
 
 DRILL_DOWN_PER_PAGE = 50
 # An XLSX file is a zip that is only complete at its end, so it is built whole before it is
@@ -61,8 +63,8 @@ def _export_form(request: HttpRequest, data: QueryDict | None = None) -> ExportF
     closed = selectors.last_closed_month(_today())
     return ExportForm(
         data,
-        tenants=selectors.finance_tenant_list(user=request.user),
-        all_tenants=selectors.finance_sees_all(request.user),
+        tenants=access.finance_tenant_list(user=request.user),
+        all_tenants=access.finance_sees_all(request.user),
         initial={"from": closed, "to": selectors.month_after(closed) - timedelta(days=1)},
     )
 
@@ -74,12 +76,12 @@ def _index(
     export_form: ExportForm | None = None,
     status: int = 200,
 ) -> HttpResponse:
-    tenants = selectors.finance_tenant_list(user=request.user)
+    tenants = access.finance_tenant_list(user=request.user)
     current = _today().replace(day=1)
     closed = selectors.last_closed_month(current)
     return render(
         request,
-        "telemetry/finance_index.html",
+        "finance/index.html",
         {
             "closed_month": closed,
             "current_month": current,
@@ -101,15 +103,13 @@ def _index(
 def index(request: HttpRequest) -> HttpResponse:
     """Every tenant's last closed month (what finance reviews) and month to date, each a
     link to its statement; choose another tenant and month, or a range to export."""
-    selectors.require_finance_reader(request.user)
+    or_404(access.require_finance_reader, request.user)
     if "tenant" not in request.GET and "month" not in request.GET:
         return _index(request)
     slug = request.GET.get("tenant", "")
     if slug:
-        selectors.finance_tenant_get(user=request.user, slug=slug)  # 404 for outsiders
-    form = StatementChoiceForm(
-        request.GET, tenants=selectors.finance_tenant_list(user=request.user)
-    )
+        or_404(access.finance_tenant_get, user=request.user, slug=slug)  # 404 for outsiders
+    form = StatementChoiceForm(request.GET, tenants=access.finance_tenant_list(user=request.user))
     if not form.is_valid():
         return _index(request, choice_form=form, status=400)
     return redirect(
@@ -202,7 +202,7 @@ def _export_query(statement: Statement) -> str:
 def statement(request: HttpRequest, tenant_slug: str, month: date) -> HttpResponse:
     """A tenant's month: totals; breakdowns by project, user, flavor and cluster, each line
     leading to the attempts behind it; the 12-month trend; budget burn-down; exports."""
-    tenant = selectors.finance_tenant_get(user=request.user, slug=tenant_slug)
+    tenant = or_404(access.finance_tenant_get, user=request.user, slug=tenant_slug)
     today = _today()
     report = selectors.statement_month(tenant=tenant, month=month)
     trend = selectors.usage_by_month(tenant=tenant, last_month=report.month)
@@ -220,7 +220,7 @@ def statement(request: HttpRequest, tenant_slug: str, month: date) -> HttpRespon
     }
     return render(
         request,
-        "telemetry/finance_statement.html",
+        "finance/statement.html",
         {
             "tenant": tenant,
             "statement": report,
@@ -246,14 +246,14 @@ def statement_runs(request: HttpRequest, tenant_slug: str, month: date) -> HttpR
     """The attempts behind a statement line (``?project=``, ``?user=``, ``?flavor=``,
     ``?cluster=``, combinable; none: the whole statement), with their accounting and the
     month's share of their GPU time and cost."""
-    tenant = selectors.finance_tenant_get(user=request.user, slug=tenant_slug)
+    tenant = or_404(access.finance_tenant_get, user=request.user, slug=tenant_slug)
     filters = {name: request.GET[name] for name in DIMENSIONS if request.GET.get(name)}
     month = month.replace(day=1)
     attempts = selectors.statement_attempts(tenant=tenant, month=month, filters=filters)
     page = Paginator(attempts, DRILL_DOWN_PER_PAGE).get_page(request.GET.get("page"))
     return render(
         request,
-        "telemetry/finance_runs.html",
+        "finance/runs.html",
         {
             "tenant": tenant,
             "month": month,
@@ -273,7 +273,7 @@ def statement_runs(request: HttpRequest, tenant_slug: str, month: date) -> HttpR
 @require_http_methods(["GET", "POST"])
 def rate_cards(request: HttpRequest) -> HttpResponse:
     """Every flavor's rate cards, current and past; finance and platform admins add one."""
-    selectors.require_finance_reader(request.user)
+    or_404(access.require_finance_reader, request.user)
     can_manage = rate_card_can_manage(user=request.user)
     currency = platform_currency()
     form = None
@@ -297,7 +297,7 @@ def rate_cards(request: HttpRequest) -> HttpResponse:
         form = RateCardForm(initial={"currency": currency or "", "valid_from": _today()})
     return render(
         request,
-        "telemetry/finance_rates.html",
+        "finance/rates.html",
         {
             "flavors": selectors.rate_cards_by_flavor(today=_today()),
             "form": form,
@@ -341,10 +341,10 @@ def _csv_lines(rows: Iterable[tuple]) -> Iterator[str]:
 def _export_request(request: HttpRequest) -> tuple[ExportForm, dict | None]:
     """The validated export form and the selector arguments, or None when it is invalid.
     A tenant the user may not read is a 404 before anything else."""
-    selectors.require_finance_reader(request.user)
+    or_404(access.require_finance_reader, request.user)
     slug = request.GET.get("tenant", "")
     if slug:
-        selectors.finance_tenant_get(user=request.user, slug=slug)
+        or_404(access.finance_tenant_get, user=request.user, slug=slug)
     form = _export_form(request, request.GET)
     if not form.is_valid():
         return form, None

@@ -1,0 +1,10 @@
+"""Who may read telemetry's platform-wide pages: telemetry's one access module. Per-tenant
+telemetry (goodput, run telemetry) follows the tenant's and the run's visibility
+(``tenants.access``, ``jobs.access``)."""
+
+from tenants.access import is_finance, is_platform_admin
+
+
+def kpi_can_read(*, user) -> bool:
+    """The platform KPIs: platform admins and finance."""
+    return is_platform_admin(user) or is_finance(user)
