@@ -42,6 +42,7 @@ from images.registry import (
 )
 from tenants.models import Tenant, slug_validator
 from tenants.services import audit_record, audit_snapshot
+from tenants.types import UserLike
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ def registry_create(
     ca_bundle_path: str = "",
     timeout_s: int = 10,
     enabled: bool = True,
-    actor,
+    actor: UserLike,
 ) -> Registry:
     """Register a registry; audited as "registry.create". Raises ValidationError by field."""
     errors, host = _registry_errors(
@@ -220,7 +221,7 @@ def registry_update(
     ca_bundle_path: str = "",
     timeout_s: int = 10,
     enabled: bool = True,
-    actor,
+    actor: UserLike,
 ) -> Registry:
     """Change a registry's settings; audited as "registry.update".
 
@@ -461,7 +462,7 @@ def _described(resolved: ResolvedImage) -> dict:
 
 
 def image_import(
-    *, registry: Registry, reference: str, actor, description: str = ""
+    *, registry: Registry, reference: str, actor: UserLike, description: str = ""
 ) -> tuple[Image, bool]:
     """Import `path:tag` or `path@sha256:…` from the registry, pending review.
 
@@ -539,7 +540,7 @@ def image_import(
 
 
 @transaction.atomic
-def image_set_status(*, image: Image, status: str, actor) -> Image:
+def image_set_status(*, image: Image, status: str, actor: UserLike) -> Image:
     """Approve or block an image; audited as "image.status" when it changes.
 
     An image whose digest the last re-check found missing cannot be approved.
@@ -575,7 +576,7 @@ def _visibility(image: Image) -> dict:
 
 @transaction.atomic
 def image_set_visibility(
-    *, image: Image, visible_to_all: bool, allowed_tenants: Collection[Tenant], actor
+    *, image: Image, visible_to_all: bool, allowed_tenants: Collection[Tenant], actor: UserLike
 ) -> Image:
     """Show the image to every tenant, or to the allow-listed ones only.
 
@@ -639,7 +640,7 @@ def _check_against_registry(image: Image, registry: Registry, path: str) -> tupl
     return Image.CheckStatus.OK, f"tag {image.tag} still points to {image.digest}"
 
 
-def image_recheck(*, image: Image, actor) -> Image:
+def image_recheck(*, image: Image, actor: UserLike) -> Image:
     """Ask the registry again whether the digest exists and where the tag points now.
 
     The stored digest never changes; the outcome goes to `check_status` (ok, moved, missing,

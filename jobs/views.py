@@ -82,6 +82,7 @@ from tenants.selectors import (
     quota_list_for_tenant,
     quota_list_viewable,
 )
+from tenants.types import UserLike
 
 RUNS_PER_PAGE = 25
 # The run list counts matching runs up to here, then says "more than".
@@ -283,7 +284,7 @@ def run_submit(request: HttpRequest) -> HttpResponse:
     return render(request, "jobs/run_submit.html", context, status=400 if failed else 200)
 
 
-def _template_chosen(user, value: str):
+def _template_chosen(user: UserLike, value: str):
     """The template a submission starts from (``?template=<id>``), or None; 404 for one
     the user may not use."""
     if not value:
@@ -291,7 +292,7 @@ def _template_chosen(user, value: str):
     return or_404(template_get_usable, user=user, template_id=_positive_id(value))
 
 
-def _preview_context(user, data) -> tuple[dict, int]:
+def _preview_context(user: UserLike, data) -> tuple[dict, int]:
     """The preview panel's context and status: 400 when the values cannot be previewed."""
     form = RunPreviewForm(data)
     if not form.is_valid():

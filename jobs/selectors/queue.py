@@ -22,6 +22,7 @@ from jobs.models import (
 )
 from tenants.access import tenant_list_submittable
 from tenants.models import GpuFlavor, Quota
+from tenants.types import UserLike
 
 
 def flavor_node_limits() -> dict[str, tuple[int, int]]:
@@ -192,7 +193,7 @@ class AdmissionPreview:
 
 
 def admission_preview(
-    *, user, tenant: str, flavor: str, nodes: int, gpus_per_node: int, priority: int = 50
+    *, user: UserLike, tenant: str, flavor: str, nodes: int, gpus_per_node: int, priority: int = 50
 ) -> AdmissionPreview:
     """Run admission on the current snapshot plus this hypothetical run, changing nothing."""
     tenant_obj = tenant_list_submittable(user=user).filter(slug=tenant).first()

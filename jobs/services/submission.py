@@ -34,6 +34,7 @@ from jobs.selectors.queue import flavor_node_limits
 from jobs.selectors.runs import run_submitted_with
 from tenants.access import tenant_list_submittable
 from tenants.models import GpuFlavor, Quota
+from tenants.types import UserLike, signed_in
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
@@ -88,7 +89,7 @@ def _is_unicode_text(value) -> bool:
     return True
 
 
-def experiment_validate(*, user, data: ExperimentInput) -> dict:
+def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
     """Check a request against every rule; raise ValidationError naming each bad field."""
     errors: dict[str, list[str]] = {}
     resolved: dict = {}
@@ -238,7 +239,7 @@ def _check_quota_allows(errors, *, tenant, flavor, data: ExperimentInput) -> Non
     )
 
 
-def _check_cloned_from(errors, *, user, tenant, experiment_id) -> int | None:
+def _check_cloned_from(errors, *, user: UserLike, tenant, experiment_id) -> int | None:
     """A clone's source must be an experiment of the same tenant that the user can read;
     anything else gets the same answer, so the check reveals nothing."""
     found = (
@@ -300,7 +301,7 @@ def _resolve_image(errors, *, tenant, reference: str) -> Image | None:
     return image
 
 
-def _submit_once(*, user, submission_key: UUID | None, create: Callable[[], Run]) -> Run:
+def _submit_once(*, user: UserLike, submission_key: UUID | None, create: Callable[[], Run]) -> Run:
     """``create()`` unless this user's ``submission_key`` already queued a run: then that run.
 
     The key is checked before validating, so a replay of a form that was accepted is never
@@ -322,7 +323,7 @@ def _submit_once(*, user, submission_key: UUID | None, create: Callable[[], Run]
         return earlier
 
 
-def run_submit(*, user, data: ExperimentInput, submission_key: UUID | None = None) -> Run:
+def run_submit(*, user: UserLike, data: ExperimentInput, submission_key: UUID | None = None) -> Run:
     """Record the experiment and queue a run of it; admission picks it up after commit.
 
     With a ``submission_key`` (the submit form's one-time key) a repeated request returns
@@ -335,13 +336,13 @@ def run_submit(*, user, data: ExperimentInput, submission_key: UUID | None = Non
     )
 
 
-def _run_submit_new(*, user, data: ExperimentInput, submission_key: UUID | None) -> Run:
+def _run_submit_new(*, user: UserLike, data: ExperimentInput, submission_key: UUID | None) -> Run:
     resolved = experiment_validate(user=user, data=data)
     image = resolved["image"]
     experiment = Experiment.objects.create(
         tenant=resolved["tenant"],
         project=resolved["project"],
-        owner=user,
+        owner=signed_in(user),
         name=data.name or f"{resolved['project'].slug}-{timezone.now():%Y%m%d-%H%M%S}",
         image=image,
         image_reference=image.reference,
@@ -389,7 +390,7 @@ def experiment_input_of(experiment: Experiment) -> ExperimentInput:
     )
 
 
-def run_rerun(*, experiment: Experiment, user, submission_key: UUID | None = None) -> Run:
+def run_rerun(*, experiment: Experiment, user: UserLike, submission_key: UUID | None = None) -> Run:
     """Queue a new run of the same experiment record: same image digest, command, code,
     data, params and resources. Every submit rule is checked again (membership, the image
     still approved and visible to the tenant, a quota that could ever admit it). A repeated
@@ -407,7 +408,7 @@ def run_rerun(*, experiment: Experiment, user, submission_key: UUID | None = Non
     )
 
 
-def _run_rerun_new(*, experiment: Experiment, user, submission_key: UUID | None) -> Run:
+def _run_rerun_new(*, experiment: Experiment, user: UserLike, submission_key: UUID | None) -> Run:
     image = experiment.image
     if image.status != Image.Status.APPROVED:
         raise ValidationError(
@@ -437,28 +438,29 @@ def _run_rerun_new(*, experiment: Experiment, user, submission_key: UUID | None)
 def _run_create(
     *,
     experiment: Experiment,
-    user,
+    user: UserLike,
     reason: str = "SUBMITTED",
     message: str = "Submitted",
     submission_key: UUID | None = None,
 ) -> Run:
+    submitter = signed_in(user)
     run = Run.objects.create(
         experiment=experiment,
         tenant=experiment.tenant,
         flavor=experiment.flavor,
         gpus=experiment.total_gpus,
         priority=experiment.priority,
-        submitted_by=user,
+        submitted_by=submitter,
         submission_key=submission_key,
     )
     RunEvent.objects.create(
-        run=run, to_state=RunState.QUEUED, reason=reason, actor=user, message=message
+        run=run, to_state=RunState.QUEUED, reason=reason, actor=submitter, message=message
     )
     admission_cycle_enqueue()
     return run
 
 
-def run_submit_values(*, user, values: dict, submission_key: UUID | None = None) -> Run:
+def run_submit_values(*, user: UserLike, values: dict, submission_key: UUID | None = None) -> Run:
     """run_submit with ExperimentInput values; its errors by dotted spec name."""
     try:
         return run_submit(user=user, data=ExperimentInput(**values), submission_key=submission_key)
