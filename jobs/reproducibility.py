@@ -59,10 +59,10 @@ _EXPANDED_LABELS = {"env": "Environment", "params": "Parameter"}
 # --- per-attempt tokens ------------------------------------------------------------------
 
 
-def _attempt_mac(*, secret: str, attempt_id: int) -> str:
-    digest = hmac.new(
-        secret.encode(), f"gantry-attempt:{attempt_id}".encode(), hashlib.sha256
-    ).digest()
+def _attempt_mac(*, secret: str | bytes, attempt_id: int) -> str:
+    # Django's keys are strings or bytes (SECRET_KEY_FALLBACKS is typed either way).
+    key = secret.encode() if isinstance(secret, str) else secret
+    digest = hmac.new(key, f"gantry-attempt:{attempt_id}".encode(), hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
@@ -77,7 +77,7 @@ def attempt_token(*, secret: str, attempt_id: int) -> str:
     )
 
 
-def attempt_id_from_token(*, secret: str, token: str) -> int | None:
+def attempt_id_from_token(*, secret: str | bytes, token: str) -> int | None:
     """The attempt id a token was issued for, or None if the token is not genuine."""
     if not token.startswith(ATTEMPT_TOKEN_PREFIX):
         return None

@@ -17,6 +17,7 @@ from django.core import signing
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
@@ -356,7 +357,7 @@ def run_status(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
-def run_log_download(request: HttpRequest, run_id: int) -> HttpResponse:
+def run_log_download(request: HttpRequest, run_id: int) -> HttpResponseBase:
     """The latest attempt's whole log as a file, streamed (it may be gigabytes)."""
     run = or_404(run_get_viewable, user=request.user, run_id=run_id)
     try:

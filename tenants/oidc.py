@@ -36,7 +36,7 @@ from mozilla_django_oidc.views import (
     OIDCAuthenticationRequestView,
 )
 
-from tenants.models import ExternalIdentity, Membership, Tenant
+from tenants.models import ExternalIdentity, Membership, Tenant, max_length_of
 from tenants.oidc_roles import plan_roles
 from tenants.services import audit_record
 
@@ -196,7 +196,7 @@ def _username(claims: dict) -> str:
         UnicodeUsernameValidator()(username)
     except ValidationError:
         raise OidcLoginRefused(f"{username!r} cannot be a Gantry user name.") from None
-    if len(username) > User._meta.get_field("username").max_length:
+    if len(username) > max_length_of(User, "username"):
         raise OidcLoginRefused(f"{username!r} is too long for a Gantry user name.")
     return username
 

@@ -21,6 +21,7 @@ from tenants.models import (
     Notification,
     Quota,
     Tenant,
+    max_length_of,
 )
 from tenants.types import UserLike, signed_in
 
@@ -94,7 +95,7 @@ def audit_model_change(
     return audit_record(
         actor=actor,
         action=f"{instance._meta.model_name}.{verb}",
-        target=target[: AuditEvent._meta.get_field("target").max_length],
+        target=target[: max_length_of(AuditEvent, "target")],
         tenant=tenant,
         before=before,
         after=after,
@@ -255,7 +256,7 @@ _FRACTION_QUANTUM = Decimal("0.0001")
 
 def _flavor_errors(*, name: str, memory_gb: int, gpu_fraction) -> dict[str, list[str]]:
     errors: dict[str, list[str]] = {}
-    limit = GpuFlavor._meta.get_field("name").max_length
+    limit = max_length_of(GpuFlavor, "name")
     if not isinstance(name, str) or not name.strip():
         errors["name"] = ["A name is required."]
     elif len(name) > limit or "\x00" in name:

@@ -1,7 +1,9 @@
 """Reads for admission: its snapshot, this month's usage, the submit preview."""
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -37,7 +39,7 @@ def flavor_node_limits() -> dict[str, tuple[int, int]]:
     return limits
 
 
-def _quota_of(row: dict) -> admission.Quota:
+def _quota_of(row: Mapping[str, Any]) -> admission.Quota:
     return admission.Quota(
         guaranteed=row["guaranteed_gpus"],
         borrow_limit=row["borrow_limit_gpus"],
@@ -156,6 +158,7 @@ def gpu_hours_this_month(*, now, tenant=None) -> dict[tuple[str, str], float]:
     for tenant_slug, flavor, gpus, started in live.values_list(
         "run__tenant__slug", "run__flavor__slug", "run__gpus", "started_at"
     ):
+        assert started is not None  # filtered on started_at__isnull=False
         seconds[(tenant_slug, flavor)] += gpus * max(
             0.0, (now - max(started, month)).total_seconds()
         )

@@ -89,6 +89,7 @@ def run_page_viewable(
         rows = rows[:size]
     else:
         cursor = before if before is not None else after
+        assert cursor is not None  # one of them is given on this branch
         readable = Run.objects.filter(pk=cursor, tenant_id__in=[t.pk for t in tenants])
         at = Subquery(readable.order_by().values("submitted_at"))
         # (submitted_at, id) beyond the cursor's: the bound on submitted_at alone is what an

@@ -36,7 +36,7 @@ from jobs.services.lifecycle import (
     run_transition,
 )
 from jobs.services.usage import usage_record_attempt
-from tenants.models import GpuFlavor
+from tenants.models import GpuFlavor, max_length_of
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def cluster_sync(*, cluster: Cluster) -> int:
     return changed
 
 
-CHECKPOINT_URI_MAX_LENGTH = Checkpoint._meta.get_field("uri").max_length
+CHECKPOINT_URI_MAX_LENGTH = max_length_of(Checkpoint, "uri")
 
 
 def checkpoints_record(*, attempt: Attempt, reports: Iterable[CheckpointReport]) -> None:

@@ -59,7 +59,7 @@ def member_usage_list(*, tenant: Tenant) -> list[MemberUsage]:
         MemberUsage(membership, *held.get(membership.user_id, (0, 0, 0)))
         for membership in memberships
     ]
-    admin_first = {Membership.Role.TENANT_ADMIN: 0}
+    admin_first: dict[str, int] = {Membership.Role.TENANT_ADMIN: 0}
     return sorted(
         usages,
         key=lambda u: (admin_first.get(u.membership.role, 1), u.membership.user.get_username()),
@@ -191,7 +191,7 @@ def cluster_get_manageable(*, user: UserLike, name: str) -> Cluster:
     return cluster_list_manageable(user=user).get(name=name)
 
 
-def held_gpus_by_pool(*, clusters: Sequence[Cluster]) -> dict[tuple[int, int], int]:
+def held_gpus_by_pool(*, clusters: Iterable[Cluster]) -> dict[tuple[int, int], int]:
     """(cluster id, flavor id) -> GPUs held by runs on it, in one aggregate query."""
     rows = (
         Run.objects.filter(state__in=HOLDING_STATES, cluster__in=list(clusters))

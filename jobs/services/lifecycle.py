@@ -109,7 +109,9 @@ def run_cancel(*, run: Run, actor: UserLike | None, system_reason: str = "") -> 
                 actor=None if actor is None else signed_in(actor),
             )
             _run_cancel_audit(run=run, actor=actor, before=before)
-            attempt_cancel_enqueue(run.attempts.order_by("-number").first().pk)
+            latest = run.attempts.order_by("-number").first()
+            assert latest is not None  # a run that was submitted has an attempt
+            attempt_cancel_enqueue(latest.pk)
         return run
     raise ValidationError({"state": f"The run is already {run.get_state_display().lower()}."})
 

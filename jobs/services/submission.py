@@ -33,7 +33,7 @@ from jobs.models import (
 from jobs.selectors.queue import flavor_node_limits
 from jobs.selectors.runs import run_submitted_with
 from tenants.access import tenant_list_submittable
-from tenants.models import GpuFlavor, Quota
+from tenants.models import GpuFlavor, Quota, max_length_of
 from tenants.types import UserLike, signed_in
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -95,7 +95,8 @@ def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
     resolved: dict = {}
 
     tenant = tenant_list_submittable(user=user).filter(slug=data.tenant).first()
-    if _check(errors, "tenant", tenant is not None, "Unknown tenant, or you are not a member."):
+    known = _check(errors, "tenant", tenant is not None, "Unknown tenant, or you are not a member.")
+    if known and tenant is not None:
         resolved["tenant"] = tenant
         project = tenant.projects.filter(slug=data.project).first()
         if _check(errors, "project", project is not None, "Unknown project for this tenant."):
@@ -202,7 +203,7 @@ def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
     )
     _check(errors, "max_restarts", 0 <= data.max_restarts <= 20, "Between 0 and 20.")
     for name in ("name", "code_repository", "dataset_uri", "dataset_version", "checkpoint_dir"):
-        limit = Experiment._meta.get_field(name).max_length
+        limit = max_length_of(Experiment, name)
         value = getattr(data, name) or ""
         _check(errors, name, len(value) <= limit, f"At most {limit} characters.")
         _check(errors, name, "\x00" not in value, "Must not contain NUL characters.")
@@ -216,8 +217,11 @@ def _check_quota_allows(errors, *, tenant, flavor, data: ExperimentInput) -> Non
     gpus = data.nodes * data.gpus_per_node
     quota = Quota.objects.filter(tenant=tenant, flavor=flavor).first()
     ceiling = 0 if quota is None else quota.guaranteed_gpus + quota.borrow_limit_gpus
-    if not _check(
-        errors, "flavor", ceiling > 0, f"Tenant {tenant.slug} has no quota for {flavor.slug}."
+    if (
+        not _check(
+            errors, "flavor", ceiling > 0, f"Tenant {tenant.slug} has no quota for {flavor.slug}."
+        )
+        or quota is None  # no quota: no ceiling either, refused just above
     ):
         return
     if quota.max_gpus_per_run is not None and gpus > quota.max_gpus_per_run:

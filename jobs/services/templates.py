@@ -114,7 +114,7 @@ def template_submit(
     earlier = run_submitted_with(user=user, submission_key=submission_key)
     if earlier is not None:
         return earlier
-    if template.tenant_id is not None and template.tenant.slug != values.get("tenant"):
+    if template.tenant is not None and template.tenant.slug != values.get("tenant"):
         raise ValidationError(
             {"template": [f"Template {template.name} belongs to tenant {template.tenant.slug}."]}
         )
