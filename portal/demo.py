@@ -191,7 +191,7 @@ def demo_seed(*, speedup: int = 30) -> None:
     def request(
         username: str, tenant: str, project: str, name: str, image: Image, **extra: Any
     ) -> Run:
-        values = {
+        values: dict[str, Any] = {
             "tenant": tenant,
             "project": project,
             "image": image.reference,
@@ -390,6 +390,7 @@ def _record_history_telemetry(*, attempt: Attempt, profile: str, resume_step: in
     """The step windows and GPU minutes a job of ``profile`` would have reported over the
     attempt (the collector's output, written directly: this history never ran)."""
     gpus = [(node, str(gpu)) for node in attempt.node_list for gpu in range(attempt.run.gpus)]
+    assert attempt.started_at is not None and attempt.finished_at is not None  # a past attempt
     seconds = (attempt.finished_at - attempt.started_at).total_seconds()
     telemetry = simulated_telemetry(
         Workload(profile=profile, duration_s=int(seconds) - STARTUP_S, resume_step=resume_step),

@@ -286,18 +286,18 @@ def oidc_roles_apply(*, user: User, groups: list[str]) -> None:
     }
     for slug, tenant in sorted(tenants.items()):
         membership = memberships.get(tenant.pk)
-        role = plan.memberships.get(slug)
+        tenant_role = plan.memberships.get(slug)
         before = None if membership is None else {"role": membership.role}
-        if role is None and membership is not None:
+        if tenant_role is None and membership is not None:
             membership.delete()
             action, after = "membership.remove", {"source": SOURCE}
-        elif role is not None and membership is None:
-            Membership.objects.create(user=user, tenant=tenant, role=role)
-            action, after = "membership.set", {"role": role, "source": SOURCE}
-        elif role is not None and membership.role != role:
-            membership.role = role
+        elif tenant_role is not None and membership is None:
+            Membership.objects.create(user=user, tenant=tenant, role=tenant_role)
+            action, after = "membership.set", {"role": tenant_role, "source": SOURCE}
+        elif tenant_role is not None and membership is not None and membership.role != tenant_role:
+            membership.role = tenant_role
             membership.save(update_fields=["role"])
-            action, after = "membership.set", {"role": role, "source": SOURCE}
+            action, after = "membership.set", {"role": tenant_role, "source": SOURCE}
         else:
             continue
         audit_record(

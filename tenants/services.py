@@ -216,7 +216,7 @@ def quota_update(
 
     quota = Quota.objects.select_for_update().filter(tenant=tenant, flavor=flavor).first()
     before = None if quota is None else audit_snapshot(quota, only=QUOTA_FIELDS)
-    if before == values:
+    if quota is not None and before == values:
         return quota
     if quota is None:
         quota = Quota.objects.create(tenant=tenant, flavor=flavor, **values)

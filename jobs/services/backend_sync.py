@@ -4,6 +4,7 @@ import json
 import logging
 from collections.abc import Iterable
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -319,7 +320,7 @@ def attempt_report_runtime(*, attempt: Attempt, report: dict, now=None) -> bool:
                 "until one hour after an attempt ends."
             }
         )
-    changes = {"runtime_env": reproducibility.runtime_env_of(report)}
+    changes: dict[str, Any] = {"runtime_env": reproducibility.runtime_env_of(report)}
     for name in ("node_list", "gpu_uuids"):
         if name in report:
             changes[name] = list(report[name])

@@ -76,8 +76,11 @@ def run_cancel(*, run: Run, actor: UserLike | None, system_reason: str = "") -> 
             to=RunState.CANCELLED,
             expected=(RunState.QUEUED, RunState.ADMITTED, RunState.PREEMPTED),
             reason="CANCELLED",
-            message=system_reason
-            or f"Cancelled by {actor.get_username()} before it reached the cluster",
+            message=(
+                system_reason
+                if actor is None
+                else f"Cancelled by {actor.get_username()} before it reached the cluster"
+            ),
             actor=actor,
             finished_at=now,
             cancel_requested_at=now,
