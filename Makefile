@@ -16,7 +16,8 @@ BENCH_ARGS ?=
 
 help:
 	@echo "make run        the embedded portal on http://127.0.0.1:8000 (SQLite, Celery, simulator, demo data)"
-	@echo "make lint       ruff, ruff format --check, manage.py check, makemigrations --check, lint-imports"
+	@echo "make lint       ruff, ruff format --check, manage.py check, makemigrations --check, lint-imports,"
+	@echo "                mypy (django-stubs, drf-stubs; strict on the pure modules)"
 	@echo "make test       lint, then pytest against PostgreSQL and Redis (scripts/test-services.sh)"
 	@echo "                PYTEST_ARGS='-k admission' passes arguments to pytest"
 	@echo "make bench      the benchmarks (python -m bench) against the same services"
@@ -42,13 +43,15 @@ lint: venv
 	@failed=(); \
 	data_dir=$$(mktemp -d); \
 	trap 'rm -rf "$$data_dir"' EXIT; \
-	django=(env -u DATABASE_URL -u CELERY_BROKER_URL GANTRY_EMBEDDED=1 GANTRY_DATA_DIR="$$data_dir" $(PY) manage.py); \
+	embedded=(env -u DATABASE_URL -u CELERY_BROKER_URL GANTRY_EMBEDDED=1 GANTRY_DATA_DIR="$$data_dir"); \
+	django=("$${embedded[@]}" $(PY) manage.py); \
 	step() { echo "+ $$*"; "$$@" || failed+=("$$*"); }; \
 	step $(VENV)/bin/ruff check .; \
 	step $(VENV)/bin/ruff format --check .; \
 	step "$${django[@]}" check; \
 	step "$${django[@]}" makemigrations --check --dry-run; \
 	step $(VENV)/bin/lint-imports; \
+	step "$${embedded[@]}" $(VENV)/bin/mypy; \
 	if (( $${#failed[@]} )); then printf 'lint: FAILED: %s\n' "$${failed[@]}" >&2; exit 1; fi
 
 test: venv lint

@@ -12,14 +12,15 @@ from django.db.models import QuerySet
 
 from tenants.access import NotVisible, is_finance, is_platform_admin, tenant_roles
 from tenants.models import Membership, Tenant
+from tenants.types import UserLike
 
 
-def finance_sees_all(user) -> bool:
+def finance_sees_all(user: UserLike) -> bool:
     """Finance and platform admins read every tenant's statements and export them all."""
     return is_finance(user) or is_platform_admin(user)
 
 
-def finance_tenant_list(*, user) -> QuerySet[Tenant]:
+def finance_tenant_list(*, user: UserLike) -> QuerySet[Tenant]:
     """Tenants whose statements the user may read: every tenant (also inactive ones, whose
     past months still need statements) for finance and platform admins, the tenants they
     administer for tenant admins, none for anyone else."""
@@ -33,20 +34,20 @@ def finance_tenant_list(*, user) -> QuerySet[Tenant]:
     return Tenant.objects.filter(id__in=administered).order_by("slug")
 
 
-def finance_can_read(*, user) -> bool:
+def finance_can_read(*, user: UserLike) -> bool:
     """Whether any finance page is for the user: the gate that 404s everybody else."""
     return finance_sees_all(user) or Membership.Role.TENANT_ADMIN in tenant_roles(user).values()
 
 
-def require_finance_reader(user) -> None:
+def require_finance_reader(user: UserLike) -> None:
     if not finance_can_read(user=user):
         raise NotVisible("No such page")
 
 
-def finance_tenant_get(*, user, slug: str) -> Tenant:
+def finance_tenant_get(*, user: UserLike, slug: str) -> Tenant:
     """The tenant, or DoesNotExist alike for a missing tenant and one the user may not read."""
     return finance_tenant_list(user=user).get(slug=slug)
 
 
-def rate_card_can_manage(*, user) -> bool:
+def rate_card_can_manage(*, user: UserLike) -> bool:
     return is_platform_admin(user) or is_finance(user)

@@ -52,10 +52,13 @@ def _seconds(delta: timedelta) -> Fraction:
     return Fraction(delta.days * 86400 + delta.seconds) + Fraction(delta.microseconds, 10**6)
 
 
-def _spread(total: int | Fraction, cumulative: Sequence[Fraction], unit: Fraction) -> list:
+def _spread(
+    total: int | Fraction, cumulative: Sequence[Fraction], unit: Fraction
+) -> list[Fraction]:
     """``total`` handed out over parts whose cumulative shares are ``cumulative`` (ending at
     1), in whole ``unit``s: each part is the difference of rounded running totals."""
-    parts, previous = [], 0
+    parts: list[Fraction] = []
+    previous = Fraction(0)
     for share in cumulative:
         running = _round(Fraction(total) * share, unit)
         parts.append(running - previous)
@@ -180,7 +183,9 @@ def _split(
     ]
 
 
-def _split_days(gpu_seconds: dict[str, int], cumulative: Sequence[Fraction]) -> dict:
+def _split_days(
+    gpu_seconds: dict[str, int], cumulative: Sequence[Fraction]
+) -> dict[str, list[int]]:
     """Each category's whole GPU-seconds per day. A day's total is its share of the whole
     attempt, rounded cumulatively (so with whole-second times it is exactly GPUs × the day's
     seconds); inside a day, each category gets the floor of what it is still owed by then,
@@ -222,11 +227,13 @@ def _split_days(gpu_seconds: dict[str, int], cumulative: Sequence[Fraction]) -> 
     return parts
 
 
-def _round(value, unit: Fraction) -> Fraction:
+def _round(value: int | Fraction, unit: Fraction) -> Fraction:
     return round(Fraction(value) / unit) * unit
 
 
-def _share_out(total: Fraction, weights: Sequence, unit: Fraction) -> list[Fraction]:
+def _share_out(
+    total: Fraction, weights: Sequence[int | Fraction], unit: Fraction
+) -> list[Fraction]:
     """``total`` (whole ``unit``s) handed out in proportion to ``weights`` by cumulative
     rounding; all to the last part when every weight is zero."""
     weight_sum = sum(weights, Fraction(0))

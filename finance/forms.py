@@ -11,6 +11,7 @@ counts them). A range is rejected when it is
 
 import re
 from datetime import date
+from typing import Any
 
 from django import forms
 from django.db.models import QuerySet
@@ -80,7 +81,8 @@ class StatementChoiceForm(forms.Form):
     month = MonthField(label="Month")
 
     def __init__(self, *args, tenants: QuerySet, **kwargs) -> None:
-        super().__init__(*args, auto_id="statement-%s", **kwargs)
+        kwargs.setdefault("auto_id", "statement-%s")
+        super().__init__(*args, **kwargs)
         self.fields = {"tenant": _tenant_field(tenants, required=True), **self.fields}
         self.fields["tenant"].label = "Tenant"
 
@@ -90,7 +92,8 @@ class ExportForm(forms.Form):
     admins, every tenant)."""
 
     def __init__(self, *args, tenants: QuerySet, all_tenants: bool, **kwargs) -> None:
-        super().__init__(*args, auto_id="export-%s", **kwargs)
+        kwargs.setdefault("auto_id", "export-%s")
+        super().__init__(*args, **kwargs)
         date_widget = forms.DateInput(attrs={"type": "date"}, format="%Y-%m-%d")
         # "from" is a Python keyword, so the range fields cannot be class attributes.
         self.fields = {
@@ -100,8 +103,8 @@ class ExportForm(forms.Form):
         }
         self.fields["tenant"].label = "Tenant"
 
-    def clean(self) -> dict:
-        cleaned = super().clean()
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
         if "from" in self.errors or "to" in self.errors:
             return cleaned  # not a date: said next to the field
         first, last = cleaned.get("from"), cleaned.get("to")

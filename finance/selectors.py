@@ -9,10 +9,11 @@ the page, so totals add up exactly; hours are Decimal GPU-seconds ÷ 3600.
 """
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
 
 from django.db.models import Q, QuerySet, Sum
 from django.db.models.functions import TruncMonth
@@ -141,8 +142,8 @@ _USAGE_FIELDS = [item.name for item in fields(Usage)]
 _SUMS = {f"sum_{name}": Sum(name) for name in _USAGE_FIELDS}
 
 
-def _usage(row: dict) -> Usage:
-    values = {}
+def _usage(row: Mapping[str, Any]) -> Usage:
+    values: dict[str, Any] = {}
     for name in _USAGE_FIELDS:
         value = row[f"sum_{name}"]
         if name in ("cost", "effective_cost"):
@@ -393,13 +394,13 @@ def budget_burn_down(*, tenant: Tenant, month: date, as_of: date) -> BurnDown:
         for day in days:
             running += used[slug].get(day, 0)
             cumulative.append(gpu_hours(running) if day <= as_of else None)
-        quota = budgets.get(slug)
+        budget = budgets.get(slug)
         flavors.append(
             FlavorBurn(
                 flavor_slug=slug,
                 flavor_name=names[slug],
-                budget_gpu_hours=quota.monthly_gpu_hour_budget if quota else None,
-                budget_mode=quota.get_budget_mode_display() if quota else "",
+                budget_gpu_hours=budget.monthly_gpu_hour_budget if budget else None,
+                budget_mode=budget.get_budget_mode_display() if budget else "",
                 cumulative_hours=cumulative,
                 used_gpu_s=sum(used[slug].values()),
             )
@@ -496,6 +497,8 @@ def attempts_in_month(*, attempts: list[Attempt], month: date) -> list[AttemptIn
     result = []
     for attempt in attempts:
         account = attempt.accounting
+        # Only ended attempts have accounting: both times are known.
+        assert attempt.started_at is not None and attempt.finished_at is not None
         shares = costing.split_attempt(
             start=attempt.started_at,
             end=attempt.finished_at,

@@ -20,6 +20,7 @@ from jobs.models import Attempt
 from telemetry.models import AttemptAccounting
 from tenants.models import GpuFlavor
 from tenants.services import audit_record
+from tenants.types import UserLike, signed_in
 
 MAX_PRICE = Decimal("100000")  # per GPU-hour: a typo guard, far above any real price
 _CURRENCY = re.compile(r"[A-Z]{3}")
@@ -29,8 +30,19 @@ WATERMARK_LAG = timedelta(minutes=10)
 _CATEGORIES = costing.CATEGORIES
 
 
+def _places(price: Decimal) -> int:
+    """Decimal places of a finite price."""
+    exponent = price.as_tuple().exponent
+    return max(0, -exponent) if isinstance(exponent, int) else 0
+
+
 def rate_card_add(
-    *, flavor: GpuFlavor, price_per_gpu_hour, currency: str, valid_from: date, actor
+    *,
+    flavor: GpuFlavor,
+    price_per_gpu_hour: object,
+    currency: str,
+    valid_from: date,
+    actor: UserLike,
 ) -> RateCard:
     """A new price for ``flavor`` from ``valid_from``: it ends the flavor's card before it,
     so the cards never overlap or leave a gap. Days already rolled up from ``valid_from``
@@ -46,7 +58,7 @@ def rate_card_add(
         errors["price_per_gpu_hour"] = ["Enter a price such as 2.50."]
     elif price < 0:
         errors["price_per_gpu_hour"] = ["A price cannot be negative."]
-    elif price > MAX_PRICE or price.as_tuple().exponent < -4:
+    elif price > MAX_PRICE or _places(price) > 4:
         errors["price_per_gpu_hour"] = [f"Enter at most {MAX_PRICE:,} with up to 4 decimal places."]
     currency = (currency or "").strip().upper()
     existing_currency = platform_currency()
@@ -65,7 +77,7 @@ def rate_card_add(
                 f"The current card of {flavor.slug} starts on {latest.valid_from:%Y-%m-%d}; a "
                 "new card must start after it (it then ends the current one)."
             ]
-        if errors:
+        if errors or price is None:  # an unparsable price is among the errors
             raise ValidationError(errors)
         if latest is not None:
             before = {"valid_to": None}
@@ -83,7 +95,7 @@ def rate_card_add(
             price_per_gpu_hour=price,
             currency=currency,
             valid_from=valid_from,
-            created_by=actor,
+            created_by=signed_in(actor),
         )
         audit_record(
             actor=actor,
@@ -207,7 +219,8 @@ def daily_usage_update(*, now: datetime | None = None) -> RollupSummary:
         for start, end in Attempt.objects.filter(
             accounting__in=changed, started_at__isnull=False, finished_at__isnull=False
         ).values_list("started_at", "finished_at"):
-            days.update(_days(start, end))
+            if start is not None and end is not None:  # filtered so; said for the checker
+                days.update(_days(start, end))
         if state.rates_changed_from is not None:
             first = state.rates_changed_from
             days.update(first + timedelta(days=n) for n in range((now.date() - first).days + 1))

@@ -26,6 +26,7 @@ from django.http import (
     QueryDict,
     StreamingHttpResponse,
 )
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
@@ -364,7 +365,7 @@ def _filename(query: dict, extension: str) -> str:
 
 @login_required
 @require_GET
-def export_csv(request: HttpRequest) -> HttpResponse:
+def export_csv(request: HttpRequest) -> HttpResponseBase:
     """DailyUsage rows of a range as CSV, streamed row by row: constant memory."""
     form, query = _export_request(request)
     if query is None:
@@ -377,7 +378,7 @@ def export_csv(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def export_xlsx(request: HttpRequest) -> HttpResponse:
+def export_xlsx(request: HttpRequest) -> HttpResponseBase:
     """The same rows as the CSV export in an XLSX workbook, up to ``XLSX_MAX_ROWS``."""
     form, query = _export_request(request)
     if query is None:

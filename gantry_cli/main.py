@@ -329,11 +329,11 @@ def cmd_show(ctx: Context) -> int:
         print(table(headers, rows))
     if run["events"]:
         print()
-        rows = [
+        event_rows = [
             (when(e["at"]), e["from_state"], e["to_state"], e["reason"], e["message"])
             for e in run["events"]
         ]
-        print(table(("AT", "FROM", "TO", "REASON", "MESSAGE"), rows))
+        print(table(("AT", "FROM", "TO", "REASON", "MESSAGE"), event_rows))
     return EXIT_OK
 
 

@@ -9,6 +9,7 @@ from django.db.models import Q, QuerySet
 from images.models import Image, Registry
 from tenants.access import is_platform_admin, require_platform_admin, tenant_list_submittable
 from tenants.models import Tenant
+from tenants.types import UserLike
 
 
 def image_list_usable(*, tenant: Tenant) -> QuerySet[Image]:
@@ -28,7 +29,7 @@ def image_list_usable_by_tenants(*, tenants) -> QuerySet[Image]:
     )
 
 
-def image_list_browsable(*, user) -> QuerySet[Image]:
+def image_list_browsable(*, user: UserLike) -> QuerySet[Image]:
     """The catalog as the user may read it: everything for platform admins; for everyone
     else the approved images visible to all or allow-listed for one of their tenants."""
     images = Image.objects.select_related("registry")
@@ -42,6 +43,6 @@ def image_list_browsable(*, user) -> QuerySet[Image]:
     )
 
 
-def registry_list_manageable(*, user) -> QuerySet[Registry]:
+def registry_list_manageable(*, user: UserLike) -> QuerySet[Registry]:
     require_platform_admin(user)
     return Registry.objects.all()

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 import requests
@@ -207,7 +207,7 @@ class RegistryClient:
     def close(self) -> None:
         self._session.close()
 
-    def __enter__(self) -> RegistryClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(

@@ -1,18 +1,19 @@
 from images.access import image_list_browsable, registry_list_manageable
 from images.models import Image, Registry
 from tenants.access import require_platform_admin
+from tenants.types import UserLike
 
 
-def image_get_viewable(*, user, image_id: int) -> Image:
+def image_get_viewable(*, user: UserLike, image_id: int) -> Image:
     """An image of the catalog the user may read; DoesNotExist alike for missing and hidden ones."""
     return image_list_browsable(user=user).get(pk=image_id)
 
 
-def image_get_manageable(*, user, image_id: int) -> Image:
+def image_get_manageable(*, user: UserLike, image_id: int) -> Image:
     """An image a platform admin may change; NotVisible for everyone else."""
     require_platform_admin(user)
     return image_get_viewable(user=user, image_id=image_id)
 
 
-def registry_get_manageable(*, user, name: str) -> Registry:
+def registry_get_manageable(*, user: UserLike, name: str) -> Registry:
     return registry_list_manageable(user=user).get(name=name)

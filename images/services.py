@@ -40,8 +40,9 @@ from images.registry import (
     validate_repository,
     validate_tag,
 )
-from tenants.models import Tenant, slug_validator
+from tenants.models import Tenant, max_length_of, slug_validator
 from tenants.services import audit_record, audit_snapshot
+from tenants.types import UserLike
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ def _registry_errors(
     """Errors by field, and the URL's host ("" when the URL is bad)."""
     errors: dict[str, list[str]] = {}
     host = ""
-    if not isinstance(url, str) or len(url) > Registry._meta.get_field("url").max_length:
+    if not isinstance(url, str) or len(url) > max_length_of(Registry, "url"):
         errors["url"] = ["A URL of at most 255 characters."]
     else:
         try:
@@ -106,7 +107,7 @@ def _registry_errors(
             errors["url"] = [str(exc)]
     if auth_kind not in Registry.AuthKind.values:
         errors["auth_kind"] = [f"Choose one of: {', '.join(Registry.AuthKind.values)}."]
-    if len(username) > Registry._meta.get_field("username").max_length or "\x00" in username:
+    if len(username) > max_length_of(Registry, "username") or "\x00" in username:
         errors["username"] = ["At most 150 characters."]
     if password_secret_ref and not re.fullmatch(SECRET_REF_PATTERN, password_secret_ref):
         errors["password_secret_ref"] = [
@@ -131,7 +132,7 @@ def _registry_errors(
         )
     if ca_bundle_path and (
         not os.path.isabs(ca_bundle_path)
-        or len(ca_bundle_path) > Registry._meta.get_field("ca_bundle_path").max_length
+        or len(ca_bundle_path) > max_length_of(Registry, "ca_bundle_path")
         or not os.path.isfile(ca_bundle_path)
     ):
         errors["ca_bundle_path"] = ["An absolute path to a PEM file that exists on this host."]
@@ -159,7 +160,7 @@ def registry_create(
     ca_bundle_path: str = "",
     timeout_s: int = 10,
     enabled: bool = True,
-    actor,
+    actor: UserLike,
 ) -> Registry:
     """Register a registry; audited as "registry.create". Raises ValidationError by field."""
     errors, host = _registry_errors(
@@ -220,7 +221,7 @@ def registry_update(
     ca_bundle_path: str = "",
     timeout_s: int = 10,
     enabled: bool = True,
-    actor,
+    actor: UserLike,
 ) -> Registry:
     """Change a registry's settings; audited as "registry.update".
 
@@ -461,7 +462,7 @@ def _described(resolved: ResolvedImage) -> dict:
 
 
 def image_import(
-    *, registry: Registry, reference: str, actor, description: str = ""
+    *, registry: Registry, reference: str, actor: UserLike, description: str = ""
 ) -> tuple[Image, bool]:
     """Import `path:tag` or `path@sha256:…` from the registry, pending review.
 
@@ -472,7 +473,7 @@ def image_import(
     """
     if not registry.enabled:
         raise ValidationError({"registry": ["This registry is disabled."]})
-    limit = Image._meta.get_field("description").max_length
+    limit = max_length_of(Image, "description")
     if len(description) > limit or "\x00" in description:
         raise ValidationError({"description": [f"At most {limit} characters."]})
     try:
@@ -480,7 +481,7 @@ def image_import(
     except ValueError as exc:
         raise ValidationError({"reference": [str(exc)]}) from None
     repository = f"{registry.host}/{parsed.path}"
-    if len(repository) > Image._meta.get_field("repository").max_length:
+    if len(repository) > max_length_of(Image, "repository"):
         raise ValidationError({"reference": ["The full image name is longer than 255 characters."]})
     if parsed.tag:
         what = f"{parsed.path}:{parsed.tag}"
@@ -539,7 +540,7 @@ def image_import(
 
 
 @transaction.atomic
-def image_set_status(*, image: Image, status: str, actor) -> Image:
+def image_set_status(*, image: Image, status: str, actor: UserLike) -> Image:
     """Approve or block an image; audited as "image.status" when it changes.
 
     An image whose digest the last re-check found missing cannot be approved.
@@ -575,7 +576,7 @@ def _visibility(image: Image) -> dict:
 
 @transaction.atomic
 def image_set_visibility(
-    *, image: Image, visible_to_all: bool, allowed_tenants: Collection[Tenant], actor
+    *, image: Image, visible_to_all: bool, allowed_tenants: Collection[Tenant], actor: UserLike
 ) -> Image:
     """Show the image to every tenant, or to the allow-listed ones only.
 
@@ -639,7 +640,7 @@ def _check_against_registry(image: Image, registry: Registry, path: str) -> tupl
     return Image.CheckStatus.OK, f"tag {image.tag} still points to {image.digest}"
 
 
-def image_recheck(*, image: Image, actor) -> Image:
+def image_recheck(*, image: Image, actor: UserLike) -> Image:
     """Ask the registry again whether the digest exists and where the tag points now.
 
     The stored digest never changes; the outcome goes to `check_status` (ok, moved, missing,

@@ -22,22 +22,23 @@ from tenants.access import (
     tenant_roles,
 )
 from tenants.models import Membership, Tenant
+from tenants.types import UserLike
 
 
-def run_list_viewable(*, user) -> QuerySet[Run]:
+def run_list_viewable(*, user: UserLike) -> QuerySet[Run]:
     """Runs of every tenant the user may read; the start of every run list."""
     return Run.objects.filter(tenant__in=tenant_list_viewable(user=user)).select_related(
         "tenant", "flavor", "cluster", "submitted_by", "experiment__project"
     )
 
 
-def experiment_list_viewable(*, user) -> QuerySet[Experiment]:
+def experiment_list_viewable(*, user: UserLike) -> QuerySet[Experiment]:
     return Experiment.objects.filter(tenant__in=tenant_list_viewable(user=user)).select_related(
         "tenant", "project", "owner", "flavor", "image"
     )
 
 
-def template_list_usable(*, user) -> QuerySet[ExperimentTemplate]:
+def template_list_usable(*, user: UserLike) -> QuerySet[ExperimentTemplate]:
     """Templates the user may submit from: global ones and those of their tenants."""
     return (
         ExperimentTemplate.objects.filter(
@@ -48,7 +49,7 @@ def template_list_usable(*, user) -> QuerySet[ExperimentTemplate]:
     )
 
 
-def template_tenants_manageable(*, user) -> QuerySet[Tenant]:
+def template_tenants_manageable(*, user: UserLike) -> QuerySet[Tenant]:
     """Tenants whose templates the user manages: all for platform admins, else those the
     user is tenant admin of."""
     if is_platform_admin(user):
@@ -61,14 +62,14 @@ def template_tenants_manageable(*, user) -> QuerySet[Tenant]:
     return Tenant.objects.filter(active=True, id__in=admin_of).order_by("slug")
 
 
-def template_can_manage(*, user, tenant: Tenant | None) -> bool:
+def template_can_manage(*, user: UserLike, tenant: Tenant | None) -> bool:
     """Global templates are the platform admins'; a tenant's also its tenant admins'."""
     if is_platform_admin(user):
         return True
     return tenant is not None and is_tenant_admin(user, tenant.pk)
 
 
-def template_list_manageable(*, user) -> QuerySet[ExperimentTemplate]:
+def template_list_manageable(*, user: UserLike) -> QuerySet[ExperimentTemplate]:
     """Templates the user may edit; NotVisible for users who may manage none (researchers)."""
     templates = ExperimentTemplate.objects.select_related("tenant").order_by(
         F("tenant__slug").asc(nulls_first=True), "name"
@@ -81,7 +82,7 @@ def template_list_manageable(*, user) -> QuerySet[ExperimentTemplate]:
     return templates.filter(tenant__in=tenants)
 
 
-def run_can_cancel(*, user, run: Run) -> bool:
+def run_can_cancel(*, user: UserLike, run: Run) -> bool:
     return (
         run.submitted_by_id == user.pk
         or is_tenant_admin(user, run.tenant_id)
@@ -89,6 +90,6 @@ def run_can_cancel(*, user, run: Run) -> bool:
     )
 
 
-def experiment_can_rerun(*, user, experiment: Experiment) -> bool:
+def experiment_can_rerun(*, user: UserLike, experiment: Experiment) -> bool:
     """Re-running spends the tenant's quota: membership is required, like submitting."""
     return tenant_list_submittable(user=user).filter(pk=experiment.tenant_id).exists()

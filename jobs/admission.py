@@ -147,11 +147,11 @@ class Decisions:
     reservations: tuple[Reservation, ...] = ()
 
 
-def queue_order(run: QueuedRun) -> tuple:
+def queue_order(run: QueuedRun) -> tuple[int, float, int]:
     return (-run.priority, run.submitted, run.id)
 
 
-def victim_order(run: HeldRun) -> tuple:
+def victim_order(run: HeldRun) -> tuple[int, float, int]:
     """Who is preempted first: lowest priority, then the newest."""
     return (run.priority, -run.admitted, -run.id)
 
@@ -295,11 +295,11 @@ def decide(snapshot: Snapshot) -> Decisions:
     blocked: dict[tuple[str, str], int] = {}  # (tenant, flavor) -> the head run that waits
     borrowers: dict[tuple[str, str], int] = {}  # (tenant, flavor) -> index of its first borrower
 
-    def block(key, run: QueuedRun, reason: Wait, message: str) -> None:
+    def block(key: tuple[str, str], run: QueuedRun, reason: Wait, message: str) -> None:
         blocked[key] = run.id
         waits[run.id] = (reason, message)
 
-    def precheck(key, run: QueuedRun) -> tuple[Quota | None, bool]:
+    def precheck(key: tuple[str, str], run: QueuedRun) -> tuple[Quota | None, bool]:
         """Quota and budget gates common to both phases; returns (quota, over_budget)."""
         quota = snapshot.quotas.get(key)
         tenant, flavor = key
@@ -393,7 +393,7 @@ def decide(snapshot: Snapshot) -> Decisions:
         )
 
     # Phase 2: borrowers take turns by weighted fair share, idle GPUs only.
-    def share_key(key) -> tuple:
+    def share_key(key: tuple[str, str]) -> tuple[float, float, tuple[int, float, int]]:
         weight = snapshot.quotas[key].weight or 1
         return (
             snapshot.decayed_usage.get(key, 0.0) / weight,

@@ -170,9 +170,11 @@ class RunViewSet(viewsets.GenericViewSet):
         ``next`` for older runs and ``previous`` for newer ones."""
         query = RunListQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
+        size = api_settings.PAGE_SIZE
+        assert size is not None  # REST_FRAMEWORK["PAGE_SIZE"] (portal/settings.py)
         page = run_page_viewable(
             user=request.user,
-            size=api_settings.PAGE_SIZE,
+            size=size,
             states=query.validated_data.get("state", ()),
             tenant_slug=query.validated_data.get("tenant", ""),
             before=query.validated_data.get("before"),
@@ -479,5 +481,7 @@ class QuotaListApi(generics.GenericAPIView):
         quotas = quota_list_viewable(user=request.user)
         if filters.validated_data.get("tenant"):
             quotas = quotas.filter(tenant__slug=filters.validated_data["tenant"])
-        usages = quota_usage_list(quotas=self.paginate_queryset(quotas))
+        page = self.paginate_queryset(quotas)
+        assert page is not None  # the view paginates (REST_FRAMEWORK["PAGE_SIZE"])
+        usages = quota_usage_list(quotas=page)
         return self.get_paginated_response(QuotaUsageSerializer(usages, many=True).data)

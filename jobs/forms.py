@@ -9,13 +9,13 @@ from jobs import spec
 from jobs.models import Experiment, ExperimentTemplate
 from jobs.services.submission import ExperimentInput
 from tenants.forms import ServiceErrorsMixin
-from tenants.models import GpuFlavor
+from tenants.models import GpuFlavor, max_length_of
 from tenants.parsers import MAX_JSON_DEPTH, TOO_DEEP, json_depth
 
 # Lengths of the columns the free-text fields are stored in, so an overlong value is a form
 # error instead of a database error.
 _MAX_LENGTH = {
-    name: Experiment._meta.get_field(name).max_length
+    name: max_length_of(Experiment, name)
     for name in ("code_repository", "dataset_uri", "dataset_version", "checkpoint_dir")
 }
 
@@ -266,7 +266,7 @@ def initial_from_template(template: ExperimentTemplate) -> dict:
     template's id along (``template``), outside the form."""
     values, _ = spec.template_values_parse(template.values)  # checked when saved
     initial: dict = dict(values or {})
-    if template.tenant_id is not None:
+    if template.tenant is not None:  # no query when tenant_id is None
         initial["tenant"] = template.tenant.slug
     for name in ("params", "env"):
         if name in initial:
@@ -308,10 +308,10 @@ class TemplateForm(ServiceErrorsMixin, forms.Form):
             del self.fields["tenant"]
             return
         choices = [("", "Global (every tenant)")] if allow_global else []
-        self.fields["tenant"].choices = choices + [
-            (t.slug, f"{t.name} ({t.slug})") for t in tenants
-        ]
-        self.fields["tenant"].required = not allow_global
+        tenant_field = self.fields["tenant"]
+        assert isinstance(tenant_field, forms.ChoiceField)
+        tenant_field.choices = choices + [(t.slug, f"{t.name} ({t.slug})") for t in tenants]
+        tenant_field.required = not allow_global
 
     def clean_values(self):
         return _parse_json(self.cleaned_data["values"])

@@ -448,4 +448,4 @@ class ExperimentTemplate(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.tenant.slug if self.tenant_id else 'global'}/{self.name}"
+        return f"{self.tenant.slug if self.tenant is not None else 'global'}/{self.name}"

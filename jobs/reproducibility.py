@@ -8,7 +8,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 ATTEMPT_TOKEN_PREFIX = "gat_"  # noqa: S105 (a prefix, not a password)
 # The variables through which a job learns how to report about itself.
@@ -59,10 +59,10 @@ _EXPANDED_LABELS = {"env": "Environment", "params": "Parameter"}
 # --- per-attempt tokens ------------------------------------------------------------------
 
 
-def _attempt_mac(*, secret: str, attempt_id: int) -> str:
-    digest = hmac.new(
-        secret.encode(), f"gantry-attempt:{attempt_id}".encode(), hashlib.sha256
-    ).digest()
+def _attempt_mac(*, secret: str | bytes, attempt_id: int) -> str:
+    # Django's keys are strings or bytes (SECRET_KEY_FALLBACKS is typed either way).
+    key = secret.encode() if isinstance(secret, str) else secret
+    digest = hmac.new(key, f"gantry-attempt:{attempt_id}".encode(), hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
@@ -77,7 +77,7 @@ def attempt_token(*, secret: str, attempt_id: int) -> str:
     )
 
 
-def attempt_id_from_token(*, secret: str, token: str) -> int | None:
+def attempt_id_from_token(*, secret: str | bytes, token: str) -> int | None:
     """The attempt id a token was issued for, or None if the token is not genuine."""
     if not token.startswith(ATTEMPT_TOKEN_PREFIX):
         return None
@@ -111,7 +111,7 @@ class DiffRow(NamedTuple):
         return FIELD_LABELS.get(self.field, self.field)
 
 
-def flatten_params(params: Mapping, prefix: str = "") -> dict[str, str]:
+def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested objects flattened to dotted keys; every leaf as its JSON text, so a string
     "1" and a number 1 stay apart. An empty object is a leaf ``{}``."""
     flat: dict[str, str] = {}
@@ -124,7 +124,7 @@ def flatten_params(params: Mapping, prefix: str = "") -> dict[str, str]:
     return flat
 
 
-def _scalar(value) -> str:
+def _scalar(value: object) -> str:
     return "" if value is None else str(value)
 
 
@@ -135,7 +135,7 @@ def _keyed_rows(name: str, a: Mapping[str, str], b: Mapping[str, str]) -> list[D
     ]
 
 
-def experiment_diff(a: Mapping, b: Mapping) -> list[DiffRow]:
+def experiment_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[DiffRow]:
     """Every field of two records (mappings with the keys of ``RECORD_FIELDS``) side by
     side; environment variables and parameters key by key, nested parameters dotted."""
     rows: list[DiffRow] = []
@@ -161,7 +161,9 @@ def experiment_diff(a: Mapping, b: Mapping) -> list[DiffRow]:
 # --- what a job gets -------------------------------------------------------------------------
 
 
-def job_environment(env: Mapping[str, str], *, attempt_token: str, redacted: bool) -> dict:
+def job_environment(
+    env: Mapping[str, str], *, attempt_token: str, redacted: bool
+) -> dict[str, str]:
     """The environment a job runs with: its own variables plus its attempt token. Backends
     render it with ``redacted=True`` (what is stored and shown) and give the job the real one.
     """
@@ -185,13 +187,13 @@ RUNTIME_HOST_FIELDS = {"hostname": "Host", "kernel_version": "Kernel"}
 RUNTIME_LIST_FIELDS = ("node_list", "gpu_uuids")
 
 
-def runtime_env_of(report: Mapping) -> dict:
+def runtime_env_of(report: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a report kept as the attempt's runtime environment: everything but the
     node list and GPU UUIDs, which have columns of their own."""
     return {name: value for name, value in report.items() if name not in RUNTIME_LIST_FIELDS}
 
 
-def runtime_summary(report: Mapping, *, attempt_number: int) -> str:
+def runtime_summary(report: Mapping[str, Any], *, attempt_number: int) -> str:
     """One line for the run's timeline, e.g. ``Attempt 1 reported driver 550.54.15, CUDA
     12.4, NCCL 2.21.5, torch 2.4.0 on 2 nodes with 16 GPUs``."""
     parts = [
@@ -213,7 +215,7 @@ def runtime_summary(report: Mapping, *, attempt_number: int) -> str:
     return text
 
 
-def runtime_rows(runtime_env: Mapping) -> list[tuple[str, str]]:
+def runtime_rows(runtime_env: Mapping[str, Any]) -> list[tuple[str, str]]:
     """A stored runtime environment as (label, value) rows to show, versions first."""
     rows = [
         (label, str(runtime_env[name]))

@@ -2,6 +2,7 @@
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -18,9 +19,9 @@ from jobs.models import (
 )
 from jobs.selectors.runs import run_attempts, run_events
 from jobs.services.submission import ExperimentInput
-from tenants.models import MAX_ID
+from tenants.models import MAX_ID, GpuFlavor, Project, Tenant, max_length_of
 
-_INPUT_DEFAULTS = {
+_INPUT_DEFAULTS: dict[str, Any] = {
     f.name: f.default_factory if f.default is dataclasses.MISSING else f.default
     for f in dataclasses.fields(ExperimentInput)
     if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
@@ -30,7 +31,7 @@ _INPUT_DEFAULTS = {
 def _text(name: str, **kwargs) -> serializers.CharField:
     """An optional string, as long as the Experiment column that stores it."""
     return serializers.CharField(
-        max_length=Experiment._meta.get_field(name).max_length,
+        max_length=max_length_of(Experiment, name),
         allow_blank=True,
         default=_INPUT_DEFAULTS[name],
         **kwargs,
@@ -40,10 +41,11 @@ def _text(name: str, **kwargs) -> serializers.CharField:
 def _reject_unknown(serializer: serializers.Serializer, data, parse):
     """Parse ``data``, reporting unknown keys by name along with every other error."""
     unknown = sorted(set(data) - set(serializer.fields)) if isinstance(data, Mapping) else []
-    errors = {}
+    errors: dict[str, Any] = {}
     try:
         value = parse(data)
     except serializers.ValidationError as exc:
+        assert isinstance(exc.detail, dict)  # a serializer's errors are by field
         errors = dict(exc.detail)
     errors.update({name: ["Unknown field."] for name in unknown})
     if errors:
@@ -109,9 +111,13 @@ class ExperimentInputSerializer(serializers.Serializer):
 
 class RunSerializer(serializers.ModelSerializer):
     experiment_name = serializers.CharField(source="experiment.name", read_only=True)
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    tenant: "serializers.SlugRelatedField[Tenant]" = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
     project = serializers.CharField(source="experiment.project.slug", read_only=True)
-    flavor = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    flavor: "serializers.SlugRelatedField[GpuFlavor]" = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
     submitted_by = serializers.CharField(source="submitted_by.username", read_only=True)
     cluster = serializers.CharField(source="cluster.name", read_only=True, allow_null=True)
     wait_reason = _reason(WaitReason.choices)
@@ -199,12 +205,14 @@ class RunDetailSerializer(RunSerializer):
         read_only_fields = fields
 
     @extend_schema_field(AttemptSerializer(many=True))
-    def get_attempts(self, run: Run) -> list:
-        return AttemptSerializer(run_attempts(run=run), many=True).data
+    def get_attempts(self, run: Run) -> list[Any]:
+        # The stubs type .data of every Serializer as a dict; with many=True it is a list.
+        return AttemptSerializer(run_attempts(run=run), many=True).data  # type: ignore[return-value]
 
     @extend_schema_field(RunEventSerializer(many=True))
-    def get_events(self, run: Run) -> list:
-        return RunEventSerializer(run_events(run=run), many=True).data
+    def get_events(self, run: Run) -> list[Any]:
+        # The stubs type .data of every Serializer as a dict; with many=True it is a list.
+        return RunEventSerializer(run_events(run=run), many=True).data  # type: ignore[return-value]
 
 
 class RunFilterSerializer(serializers.Serializer):
@@ -221,11 +229,17 @@ class ExperimentFilterSerializer(serializers.Serializer):
 class ExperimentSerializer(serializers.ModelSerializer):
     """The reproducibility record: everything needed to run the same thing again."""
 
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    project = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    tenant: "serializers.SlugRelatedField[Tenant]" = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    project: "serializers.SlugRelatedField[Project]" = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
     owner = serializers.CharField(source="owner.username", read_only=True)
     image = serializers.CharField(source="image_reference", read_only=True)
-    flavor = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    flavor: "serializers.SlugRelatedField[GpuFlavor]" = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
     total_gpus = serializers.IntegerField(read_only=True)
     params = serializers.DictField(child=serializers.JSONField(), read_only=True)
     env = serializers.DictField(child=serializers.CharField(), read_only=True)

@@ -9,7 +9,7 @@ No Django here: the server, the tests and a command line client share this modul
 """
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,7 +86,7 @@ _STRING = {"type": "string"}
 _INTEGER = {"type": "integer"}
 
 
-def _object(properties: dict, required: tuple[str, ...] = ()) -> dict:
+def _object(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
     schema: dict[str, Any] = {
         "type": "object",
         "properties": properties,
@@ -150,7 +150,7 @@ _KNOWN_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
-def json_type(value) -> str:
+def json_type(value: object) -> str:
     """The JSON type of ``value`` with its article, for messages."""
     if value is None:
         return "null"
@@ -176,7 +176,7 @@ _EXPECTED = {"string": "a string", "integer": "an integer", "object": "an object
 _NUL_MESSAGE = "Must not contain NUL characters."
 
 
-def _has_type(value, type_: str) -> bool:
+def _has_type(value: object, type_: str) -> bool:
     if type_ == "integer":
         return isinstance(value, int) and not isinstance(value, bool)
     if type_ == "string":
@@ -188,7 +188,9 @@ def _add(errors: dict[str, list[str]], name: str, message: str) -> None:
     errors.setdefault(name, []).append(message)
 
 
-def _unknown(errors: dict[str, list[str]], document: Mapping, prefix: str, allowed) -> None:
+def _unknown(
+    errors: dict[str, list[str]], document: Mapping[str, Any], prefix: str, allowed: Set[str]
+) -> None:
     known = _KNOWN_KEYS[prefix]
     for key in document:
         if key not in allowed:
@@ -197,7 +199,7 @@ def _unknown(errors: dict[str, list[str]], document: Mapping, prefix: str, allow
 
 
 def _flatten(
-    document: Mapping, errors: dict[str, list[str]], allowed: tuple[str, ...]
+    document: Mapping[str, Any], errors: dict[str, list[str]], allowed: tuple[str, ...]
 ) -> dict[str, Any]:
     """Values of ``document`` by dotted name, checking keys and types."""
     groups = {name.partition(".")[0] for name in allowed if "." in name}
@@ -234,7 +236,7 @@ def _flatten(
     return flat
 
 
-def _missing(values: Mapping[str, Any], names) -> dict[str, list[str]]:
+def _missing(values: Mapping[str, Any], names: Iterable[str]) -> dict[str, list[str]]:
     return {name: ["This field is required."] for name in names if name not in values}
 
 
@@ -261,7 +263,7 @@ def errors_to_input(errors: Mapping[str, list[str]]) -> dict[str, list[str]]:
     return translated
 
 
-def spec_parse(document) -> tuple[dict[str, Any] | None, dict[str, list[str]]]:
+def spec_parse(document: object) -> tuple[dict[str, Any] | None, dict[str, list[str]]]:
     """Check a spec document's keys and types.
 
     Returns the values by ExperimentInput field name (only those the document gives) and no
@@ -295,12 +297,12 @@ def spec_parse(document) -> tuple[dict[str, Any] | None, dict[str, list[str]]]:
     return to_input(flat), {}
 
 
-def spec_template_name(document: Mapping) -> str | None:
+def spec_template_name(document: Mapping[str, Any]) -> str | None:
     """The template a parsed spec starts from, if any."""
     return document.get("template")
 
 
-def template_values_parse(values) -> tuple[dict[str, Any] | None, dict[str, list[str]]]:
+def template_values_parse(values: object) -> tuple[dict[str, Any] | None, dict[str, list[str]]]:
     """A template's values: a partial spec without version, kind, tenant or template."""
     if not isinstance(values, Mapping):
         return None, {NON_FIELD: [f"Expected an object, got {json_type(values)}."]}
@@ -311,7 +313,9 @@ def template_values_parse(values) -> tuple[dict[str, Any] | None, dict[str, list
     return to_input(flat), {}
 
 
-def template_rules_check(values: Mapping[str, Any], locked, ranges) -> dict[str, list[str]]:
+def template_rules_check(
+    values: Mapping[str, Any], locked: object, ranges: object
+) -> dict[str, list[str]]:
     """Errors in a template's locks and ranges, given its parsed values (by field name).
 
     A locked field needs a value to be locked to; a range is ``{"min": n, "max": m}`` of
@@ -355,13 +359,13 @@ def template_rules_check(values: Mapping[str, Any], locked, ranges) -> dict[str,
     return errors
 
 
-def _shown(value) -> str:
+def _shown(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
 def template_apply(
     template_values: Mapping[str, Any],
-    locked,
+    locked: Iterable[str],
     ranges: Mapping[str, Mapping[str, int]],
     submitted: Mapping[str, Any],
     *,
@@ -385,7 +389,7 @@ def template_apply(
                 f"{_shown(template_values.get(field))}.",
             )
     for name, bounds in ranges.items():
-        value = merged.get(BY_DOTTED[name].field)
+        value: Any = merged.get(BY_DOTTED[name].field)
         if name in errors or not _has_type(value, "integer"):
             continue
         if not bounds["min"] <= value <= bounds["max"]:
@@ -400,7 +404,7 @@ def template_apply(
     return merged, errors
 
 
-def _sorted(value):
+def _sorted(value: Any) -> Any:
     """JSON with object keys sorted at every level, so exports compare equal."""
     if isinstance(value, Mapping):
         return {key: _sorted(value[key]) for key in sorted(value)}

@@ -25,6 +25,7 @@ from jobs.serializers import ErrorSerializer, RunSerializer
 from jobs.services.specs import experiment_spec, spec_submit
 from jobs.spec import SPEC_SCHEMA
 from tenants.http import or_404
+from tenants.models import Tenant
 from tenants.parsers import JsonTextParser
 
 SPEC_ERRORS = OpenApiResponse(
@@ -113,7 +114,7 @@ class SpecSchemaApi(APIView):
 
 
 class TemplateSerializer(serializers.ModelSerializer):
-    tenant = serializers.SlugRelatedField(
+    tenant: "serializers.SlugRelatedField[Tenant]" = serializers.SlugRelatedField(
         slug_field="slug", read_only=True, allow_null=True, help_text="Null for a global template."
     )
     values = serializers.DictField(

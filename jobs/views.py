@@ -17,6 +17,7 @@ from django.core import signing
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
@@ -82,6 +83,7 @@ from tenants.selectors import (
     quota_list_for_tenant,
     quota_list_viewable,
 )
+from tenants.types import UserLike
 
 RUNS_PER_PAGE = 25
 # The run list counts matching runs up to here, then says "more than".
@@ -282,7 +284,7 @@ def run_submit(request: HttpRequest) -> HttpResponse:
     return render(request, "jobs/run_submit.html", context, status=400 if failed else 200)
 
 
-def _template_chosen(user, value: str):
+def _template_chosen(user: UserLike, value: str):
     """The template a submission starts from (``?template=<id>``), or None; 404 for one
     the user may not use."""
     if not value:
@@ -290,7 +292,7 @@ def _template_chosen(user, value: str):
     return or_404(template_get_usable, user=user, template_id=_positive_id(value))
 
 
-def _preview_context(user, data) -> tuple[dict, int]:
+def _preview_context(user: UserLike, data) -> tuple[dict, int]:
     """The preview panel's context and status: 400 when the values cannot be previewed."""
     form = RunPreviewForm(data)
     if not form.is_valid():
@@ -354,7 +356,7 @@ def run_status(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
-def run_log_download(request: HttpRequest, run_id: int) -> HttpResponse:
+def run_log_download(request: HttpRequest, run_id: int) -> HttpResponseBase:
     """The latest attempt's whole log as a file, streamed (it may be gigabytes)."""
     run = or_404(run_get_viewable, user=request.user, run_id=run_id)
     try:

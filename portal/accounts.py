@@ -17,6 +17,7 @@ from tenants.http import or_404
 from tenants.oidc import oidc_enabled
 from tenants.selectors import api_token_get_own, api_token_list_own
 from tenants.services import api_token_revoke
+from tenants.types import signed_in
 
 
 class LockoutAwareAuthenticationForm(AuthenticationForm):
@@ -74,7 +75,7 @@ def account(request: HttpRequest) -> HttpResponse:
         "registration/account.html",
         {
             "tokens": api_token_list_own(user=request.user),
-            "has_password": request.user.has_usable_password(),
+            "has_password": signed_in(request.user).has_usable_password(),
             "oidc_provider_name": settings.GANTRY_OIDC_PROVIDER_NAME,
             "now": timezone.now(),
         },

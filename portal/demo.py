@@ -25,6 +25,7 @@ Seeding is idempotent: a second start finds the demo tenant and only prints the 
 
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -142,14 +143,16 @@ def demo_seed(*, speedup: int = 30) -> None:
         tenants[slug] = tenant
 
     people = {}
-    for username, tenant, role in (
+    for username, tenant_slug, role in (
         ("alice", "vision", Membership.Role.RESEARCHER),
         ("bob", "nlp", Membership.Role.RESEARCHER),
         ("carol", "climate", Membership.Role.RESEARCHER),
         ("tara", "vision", Membership.Role.TENANT_ADMIN),
     ):
         user = User.objects.create_user(username, f"{username}@gantry.example", DEMO_PASSWORD)
-        tenant_services.membership_set(user=user, tenant=tenants[tenant], role=role, actor=admin)
+        tenant_services.membership_set(
+            user=user, tenant=tenants[tenant_slug], role=role, actor=admin
+        )
         people[username] = user
 
     pytorch = Image.objects.create(
@@ -185,8 +188,10 @@ def demo_seed(*, speedup: int = 30) -> None:
         status=Image.Status.PENDING,
     )
 
-    def request(user, tenant, project, name, image, **extra):
-        values = {
+    def request(
+        username: str, tenant: str, project: str, name: str, image: Image, **extra: Any
+    ) -> Run:
+        values: dict[str, Any] = {
             "tenant": tenant,
             "project": project,
             "image": image.reference,
@@ -202,7 +207,7 @@ def demo_seed(*, speedup: int = 30) -> None:
             "params": {"lr": 3e-4, "batch_size": 512, "epochs": 90},
         }
         values.update(extra)
-        return run_submit(user=people[user], data=ExperimentInput(**values))
+        return run_submit(user=people[username], data=ExperimentInput(**values))
 
     # Finished runs, each with the telemetry of a simulator profile, so the goodput pages
     # have something to show: a healthy run, an input-bound one, a crash, and so on.
@@ -220,8 +225,10 @@ def demo_seed(*, speedup: int = 30) -> None:
          "compute-bound"),
     )  # fmt: skip
     now = timezone.now()
-    for user, tenant, project, name, image, state, exit_code, days_ago, profile in history:
-        run = request(user, tenant, project, name, image, env={"GANTRY_SIM_PROFILE": profile})
+    for username, tenant_slug, project, name, image, state, exit_code, days_ago, profile in history:
+        run = request(
+            username, tenant_slug, project, name, image, env={"GANTRY_SIM_PROFILE": profile}
+        )
         attempt = _record_history(
             run=run,
             cluster=cluster,
@@ -250,12 +257,14 @@ def demo_seed(*, speedup: int = 30) -> None:
     # Last month, priced at the A100 rate before this month's rise. Submitted after the live
     # runs so that run and experiment numbers of the story above stay as the docs show them.
     last_month = previous_month(now.date())
-    for user, tenant, project, name, image, day, profile in (
+    for username, tenant_slug, project, name, image, day, profile in (
         ("alice", "vision", "detection", "yolo-v0", pytorch, 6, "compute-bound"),
         ("bob", "nlp", "llm", "llama-ft-lr1e4", megatron, 11, "compute-bound"),
         ("carol", "climate", "downscaling", "cordex-v0", pytorch, 19, "input-bound"),
     ):
-        run = request(user, tenant, project, name, image, env={"GANTRY_SIM_PROFILE": profile})
+        run = request(
+            username, tenant_slug, project, name, image, env={"GANTRY_SIM_PROFILE": profile}
+        )
         attempt = _record_history(
             run=run,
             cluster=cluster,
@@ -381,6 +390,7 @@ def _record_history_telemetry(*, attempt: Attempt, profile: str, resume_step: in
     """The step windows and GPU minutes a job of ``profile`` would have reported over the
     attempt (the collector's output, written directly: this history never ran)."""
     gpus = [(node, str(gpu)) for node in attempt.node_list for gpu in range(attempt.run.gpus)]
+    assert attempt.started_at is not None and attempt.finished_at is not None  # a past attempt
     seconds = (attempt.finished_at - attempt.started_at).total_seconds()
     telemetry = simulated_telemetry(
         Workload(profile=profile, duration_s=int(seconds) - STARTUP_S, resume_step=resume_step),

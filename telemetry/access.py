@@ -3,8 +3,9 @@ telemetry (goodput, run telemetry) follows the tenant's and the run's visibility
 (``tenants.access``, ``jobs.access``)."""
 
 from tenants.access import is_finance, is_platform_admin
+from tenants.types import UserLike
 
 
-def kpi_can_read(*, user) -> bool:
+def kpi_can_read(*, user: UserLike) -> bool:
     """The platform KPIs: platform admins and finance."""
     return is_platform_admin(user) or is_finance(user)

@@ -52,7 +52,8 @@ class EventBatchSerializer(serializers.Serializer):
     """The envelope; each event is checked by the service, which skips and counts the
     invalid ones instead of failing the batch."""
 
-    source = serializers.CharField(
+    # The stubs see Field.source (a str) here; DRF takes declared fields off the class.
+    source = serializers.CharField(  # type: ignore[assignment]
         min_length=1, max_length=SOURCE_MAX_LENGTH, trim_whitespace=False
     )
     sdk = serializers.CharField(required=False, allow_blank=True, max_length=200)

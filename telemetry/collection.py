@@ -103,6 +103,7 @@ class SimulatorSource:
         for job in SimulatedJob.objects.filter(
             cluster=self.cluster, started_at__isnull=False, started_at__lt=until
         ).exclude(finished_at__lt=since):
+            assert job.started_at is not None  # filtered on started_at__isnull=False
             finished_at = job.finished_at if job.finished_at and job.finished_at < until else None
             telemetry = simulated_telemetry(
                 Workload(**job.profile["workload"]),
@@ -226,7 +227,9 @@ def _k8s_namespace_prefix(cluster: Cluster) -> str:
     try:
         return k8s_manifest.parse_settings(cluster.settings).namespace_prefix
     except PermanentBackendError:
-        return k8s_manifest.K8sSettings.__dataclass_fields__["namespace_prefix"].default
+        default = k8s_manifest.K8sSettings.__dataclass_fields__["namespace_prefix"].default
+        assert isinstance(default, str)
+        return default
 
 
 def allocations_for(*, cluster: Cluster, start: datetime, end: datetime) -> list[Allocation]:
@@ -244,6 +247,7 @@ def allocations_for(*, cluster: Cluster, start: datetime, end: datetime) -> list
             cluster=cluster, backend_job_id__in=by_job
         ).values_list("pk", "backend_job_id"):
             job = by_job[job_id]
+            assert job.started_at is not None  # filtered on started_at__isnull=False
             finished = _ms(job.finished_at) if job.finished_at else None
             allocations += [
                 HostAllocation(node, str(gpu), _ms(job.started_at), finished, attempt_id)

@@ -7,6 +7,7 @@ line, a sample of a metric Gantry does not use, or a kept metric with a non-fini
 out-of-range value. Timestamps are Unix milliseconds, as in the exposition format.
 """
 
+import enum
 import math
 import re
 import sys
@@ -14,6 +15,7 @@ from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a 64-GPU node with every DCGM field is ~1 MiB; 8x headroom
 
@@ -323,7 +325,7 @@ def _split_lines(body: bytes | str) -> tuple[list[str], int]:
         try:
             text = body.decode()
         except UnicodeDecodeError:
-            decoded = []
+            decoded: list[str | None] = []
             for raw in body.split(b"\n"):
                 try:
                     decoded.append(raw.decode())
@@ -562,11 +564,16 @@ _METRIC_NUMBER = {metric: number for number, metric in enumerate(sorted(KEPT_MET
 _GPU_BITS, _METRIC_BITS = 32, 3
 
 
-def _new_accumulator() -> list:
+# An accumulator: (sum, count) per mean metric, then the frame-buffer maximum (None before
+# the first sample), the last XID code, its timestamp and the sample count.
+_Accumulator = list[Any]
+
+
+def _new_accumulator() -> _Accumulator:
     return [0.0, 0] * 6 + [None, 0, -1, 0]
 
 
-def _mean(acc: list, slot: int) -> float | None:
+def _mean(acc: _Accumulator, slot: int) -> float | None:
     return acc[slot] / acc[slot + 1] if acc[slot + 1] else None
 
 
@@ -580,7 +587,7 @@ class MinuteRollups:
         self._gpu_numbers: dict[tuple[AttemptId, str, str], int] = {}
         self._gpus: list[tuple[AttemptId, str, str]] = []
         self._seen: set[int] = set()
-        self._accumulators: dict[int, list] = {}
+        self._accumulators: dict[int, _Accumulator] = {}
 
     def gpu_number(self, attempt: AttemptId, host: str, gpu: str) -> int:
         """A small int naming an attempt's GPU, the same for the life of this object."""
@@ -649,7 +656,7 @@ class MinuteRollups:
         return rows
 
 
-def _accumulate(acc: list, slot: int, value: float, ts: int) -> None:
+def _accumulate(acc: _Accumulator, slot: int, value: float, ts: int) -> None:
     if slot < _FB_SLOT:
         acc[slot] += value
         acc[slot + 1] += 1
@@ -673,16 +680,21 @@ def rollup_minutes(
 
 # Parse + map + roll up in one pass ------------------------------------------------------
 
+
 # What a sample line's head (name and labels) means to an ``Ingestor``: a metric Gantry
 # does not use, or a kept metric with where its values go.
-_IGNORED = "ignored"
+class _Ignored(enum.Enum):
+    IGNORED = "ignored"
+
+
+_IGNORED = _Ignored.IGNORED
 
 
 # (accumulator slot, metric number, value ceiling, the attempt's GPU number for a
 # labelled series (None: no attempt), and for an unlabelled series, whose attempt depends
 # on the sample's time, a [lo, hi, GPU number] cell remembering the last answer and the
 # span of time it holds for, else None). A tuple: it is unpacked once per sample.
-_Route = tuple[int, int, float, int | None, list | None]
+_Route = tuple[int, int, float, int | None, list[Any] | None]
 _LARGEST_FLOAT = sys.float_info.max  # a ceiling that lets every finite value through
 _UNBOUNDED_MS = 1 << 256  # past any timestamp: an open window's bound
 
@@ -718,7 +730,7 @@ class Ingestor:
         # Ints, not infinities, when open: comparing ints with ints is the fast path.
         self.start_ms = -_UNBOUNDED_MS if start_ms is None else start_ms
         self.end_ms = _UNBOUNDED_MS if end_ms is None else end_ms
-        self._routes: dict[str, _Route | str] = {}
+        self._routes: dict[str, _Route | _Ignored] = {}
 
     def rows(self) -> list[MinuteRollup]:
         return self.rollups.rows()
@@ -762,19 +774,19 @@ class Ingestor:
             if route is _IGNORED:
                 ignored += 1
                 continue
-            rest = rest.split()
-            if len(rest) == 1:
+            fields = rest.split()
+            if len(fields) == 1:
                 ts = default_ts
-            elif len(rest) == 2 and "_" not in rest[1] and rest[1].isascii():
+            elif len(fields) == 2 and "_" not in fields[1] and fields[1].isascii():
                 try:
-                    ts = int(rest[1])
+                    ts = int(fields[1])
                 except ValueError:
                     malformed += 1
                     continue
             else:
                 malformed += 1
                 continue
-            text = rest[0]
+            text = fields[0]
             if "_" in text or not text.isascii():  # float() takes 1_0 and non-ASCII digits
                 malformed += 1
                 continue
@@ -837,7 +849,7 @@ class Ingestor:
         for sample in missed:
             self.unmapped[(sample.ts // 60_000 * 60, origin)] += 1
 
-    def _learn(self, key: str) -> "_Route | str | None":
+    def _learn(self, key: str) -> _Route | _Ignored | None:
         """The route of a sample line's head (the line before its last ``}``), remembered;
         None when the line is a comment or its head is malformed (the slow path counts
         it). The head means what ``ExpositionParser.parse`` makes of it."""
@@ -865,7 +877,7 @@ class Ingestor:
         self._routes[key] = route
         return route
 
-    def _window_update(self, window: list, ts: int) -> None:
+    def _window_update(self, window: list[Any], ts: int) -> None:
         """Point an unlabelled series' window cell at the answer for ``ts``."""
         host, gpu = window[3], window[4]
         lo, hi, attempt = self.index.window_at(host, gpu, ts)

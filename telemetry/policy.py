@@ -64,7 +64,7 @@ def idle_streaks(
         .order_by()
         .values_list("attempt_id", "minute", "activity")
     )
-    samples: dict[int, list[tuple[datetime, float]]] = {}
+    samples: dict[int, list[tuple[datetime, float | None]]] = {}
     for attempt_id, minute, activity in rows:
         samples.setdefault(attempt_id, []).append((minute, activity))
     return {attempt_id: idle_streak(values) for attempt_id, values in samples.items()}

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
+from typing import cast
 
 from django.db import transaction
 from django.utils import timezone
@@ -105,7 +106,7 @@ def _parse_event(raw, *, attempt: Attempt, source: str) -> tuple[int, StepWindow
             return None
         if "step_time_s" not in raw:
             return None
-        step_time_s, data_wait_s, comm_wait_s, checkpoint_s = numbers
+        step_time_s, data_wait_s, comm_wait_s, checkpoint_s = cast("list[float]", numbers)
         return seq, StepWindow(
             attempt=attempt,
             source=source,
@@ -221,11 +222,12 @@ def simulator_telemetry_collect(*, cluster: Cluster, now: datetime | None = None
     collected = 0
     for attempt in attempts:
         job = jobs[attempt.backend_job_id]
+        assert job.started_at is not None  # only started jobs are collected
         finished = job.finished_at is not None
         telemetry = simulated_telemetry(
             Workload(**job.profile["workload"]),
             started_at=job.started_at,
-            until=job.finished_at if finished else now,
+            until=job.finished_at if job.finished_at is not None else now,
             finished=finished,
             speedup=speedup,
             gpus=[
@@ -265,7 +267,7 @@ def simulated_windows_store(*, attempt_id: int, source: str, windows: Iterable) 
 
 # --- accounting ------------------------------------------------------------------------------
 
-_OUTCOMES = {
+_OUTCOMES: dict[str, accounting.Outcome] = {
     AttemptState.SUCCEEDED: accounting.Outcome.SUCCEEDED,
     AttemptState.FAILED: accounting.Outcome.FAILED,
     AttemptState.PREEMPTED: accounting.Outcome.PREEMPTED,
@@ -329,6 +331,7 @@ def attempt_timeline(*, attempt: Attempt) -> accounting.AttemptTimeline:
     for host, gpu, minute, value in GpuMinute.objects.filter(
         attempt=attempt, activity__isnull=False
     ).values_list("host", "gpu", "minute", "activity"):
+        assert value is not None  # filtered on activity__isnull=False
         activity.setdefault(f"{host}/{gpu}", {})[int(_unix(minute))] = value
     # Queue time: a run's first attempt waited from the run's submission, a later one
     # from its creation at re-admission.

@@ -106,8 +106,9 @@ def _waste_chart(telemetry: RunTelemetry) -> dict | None:
     ]
     if not bars:
         return None
-    if len(bars) > 1:
-        bars.append(("Run", telemetry.total))
+    total = telemetry.total
+    if len(bars) > 1 and total is not None:  # not None: some attempt was accounted
+        bars.append(("Run", total))
     return _bar_chart(
         orientation="h",
         categories=[title for title, _ in bars],
@@ -240,9 +241,10 @@ def goodput(request: HttpRequest) -> HttpResponse:
     if slug:
         tenant = or_404(tenant_get_viewable, user=request.user, slug=slug)
     else:
-        tenant = tenant_list_viewable(user=request.user).order_by("slug").first()
-        if tenant is None:
+        first = tenant_list_viewable(user=request.user).order_by("slug").first()
+        if first is None:
             raise Http404("No such tenant")
+        tenant = first
     days, period = _goodput_query(request)
     url = reverse("telemetry:tenant_goodput", args=[tenant.slug])
     return redirect(f"{url}?{urlencode({'days': days, 'by': period.value})}")

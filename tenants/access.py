@@ -17,6 +17,11 @@ from tenants.models import (
     Membership,
     Tenant,
 )
+from tenants.types import UserLike
+
+# Attributes of the user object that cache its roles for the request.
+_GLOBAL_ROLES_CACHE = "_gantry_global_roles"
+_TENANT_ROLES_CACHE = "_gantry_tenant_roles"
 
 
 class NotVisible(ObjectDoesNotExist):
@@ -24,71 +29,71 @@ class NotVisible(ObjectDoesNotExist):
     It is a DoesNotExist, so the edges answer it exactly like a missing object (404)."""
 
 
-def global_roles(user) -> frozenset[str]:
+def global_roles(user: UserLike) -> frozenset[str]:
     if not user.is_authenticated:
         return frozenset()
-    cached = getattr(user, "_gantry_global_roles", None)
+    cached = getattr(user, _GLOBAL_ROLES_CACHE, None)
     if cached is None:
         names = set(user.groups.values_list("name", flat=True))
         if user.is_superuser:
             names.add(GlobalRole.PLATFORM_ADMIN)
         cached = frozenset(names & set(GlobalRole.values))
-        user._gantry_global_roles = cached
+        setattr(user, _GLOBAL_ROLES_CACHE, cached)
     return cached
 
 
-def is_platform_admin(user) -> bool:
+def is_platform_admin(user: UserLike) -> bool:
     return GlobalRole.PLATFORM_ADMIN in global_roles(user)
 
 
-def is_finance(user) -> bool:
+def is_finance(user: UserLike) -> bool:
     return GlobalRole.FINANCE in global_roles(user)
 
 
-def sees_all_tenants(user) -> bool:
+def sees_all_tenants(user: UserLike) -> bool:
     """Platform admins and finance read every tenant's runs (finance drills down to runs)."""
     return bool(global_roles(user))
 
 
-def tenant_roles(user) -> dict[int, str]:
+def tenant_roles(user: UserLike) -> dict[int, str]:
     """tenant id -> membership role, cached on the user object for the request."""
     if not user.is_authenticated:
         return {}
-    cached = getattr(user, "_gantry_tenant_roles", None)
+    cached = getattr(user, _TENANT_ROLES_CACHE, None)
     if cached is None:
         cached = dict(
             Membership.objects.filter(user=user, tenant__active=True).values_list(
                 "tenant_id", "role"
             )
         )
-        user._gantry_tenant_roles = cached
+        setattr(user, _TENANT_ROLES_CACHE, cached)
     return cached
 
 
-def is_tenant_admin(user, tenant_id: int) -> bool:
+def is_tenant_admin(user: UserLike, tenant_id: int) -> bool:
     return tenant_roles(user).get(tenant_id) == Membership.Role.TENANT_ADMIN
 
 
-def tenant_list_viewable(*, user) -> QuerySet[Tenant]:
+def tenant_list_viewable(*, user: UserLike) -> QuerySet[Tenant]:
     """Tenants whose runs and experiments the user may read."""
     if sees_all_tenants(user):
         return Tenant.objects.filter(active=True)
     return Tenant.objects.filter(active=True, id__in=tenant_roles(user).keys())
 
 
-def tenant_list_submittable(*, user) -> QuerySet[Tenant]:
+def tenant_list_submittable(*, user: UserLike) -> QuerySet[Tenant]:
     """Tenants the user may submit to: membership is required, global roles are not enough."""
     return Tenant.objects.filter(active=True, id__in=tenant_roles(user).keys())
 
 
-def require_platform_admin(user) -> None:
+def require_platform_admin(user: UserLike) -> None:
     """The gate of every platform page: NotVisible (a 404 at the edge) for everyone else,
     so the page stays unseen."""
     if not is_platform_admin(user):
         raise NotVisible("No such page")
 
 
-def audit_tenant_ids(*, user) -> frozenset[int] | None:
+def audit_tenant_ids(*, user: UserLike) -> frozenset[int] | None:
     """Tenants whose audit log the user reads: None for all (platform admins), else the
     tenants the user administers (possibly none)."""
     if is_platform_admin(user):
@@ -100,6 +105,6 @@ def audit_tenant_ids(*, user) -> frozenset[int] | None:
     )
 
 
-def idle_policy_can_edit(*, user, tenant: Tenant) -> bool:
+def idle_policy_can_edit(*, user: UserLike, tenant: Tenant) -> bool:
     """Tenant admins of ``tenant`` and platform admins set its idle-GPU policy."""
     return is_platform_admin(user) or is_tenant_admin(user, tenant.pk)

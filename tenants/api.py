@@ -17,7 +17,7 @@ from rest_framework.throttling import SimpleRateThrottle
 from rest_framework.views import APIView
 
 from tenants.authentication import ApiTokenAuthentication, client_ip, login_lockout
-from tenants.models import ApiToken
+from tenants.models import ApiToken, max_length_of
 from tenants.parsers import JsonTextParser
 from tenants.services import api_token_create, api_token_revoke
 
@@ -38,9 +38,7 @@ class ApiTokenScheme(OpenApiAuthenticationExtension):
 class TokenCreateRequestSerializer(serializers.Serializer):
     username = serializers.CharField(max_length=150)
     password = serializers.CharField(max_length=4096, trim_whitespace=False)
-    name = serializers.CharField(
-        max_length=ApiToken._meta.get_field("name").max_length, default="api"
-    )
+    name = serializers.CharField(max_length=max_length_of(ApiToken, "name"), default="api")
     expires_in_days = serializers.IntegerField(
         min_value=1,
         max_value=MAX_TOKEN_DAYS,

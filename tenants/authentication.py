@@ -23,7 +23,7 @@ from django.db.models import Q
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
-from tenants.models import ApiToken, LoginFailure
+from tenants.models import ApiToken, LoginFailure, max_length_of
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):
@@ -97,7 +97,7 @@ def client_ip(request) -> str | None:
 
 
 def _normalized(username: str) -> str:
-    return username.strip().lower()[: LoginFailure._meta.get_field("username").max_length]
+    return username.strip().lower()[: max_length_of(LoginFailure, "username")]
 
 
 def _window_start(now: datetime) -> datetime:

@@ -6,7 +6,9 @@ from django.core.exceptions import ValidationError
 from tenants.models import IDLE_POLICY_MAX_MIN, Quota
 
 
-class ServiceErrorsMixin:
+class ServiceErrorsMixin(forms.BaseForm):
+    """Put first in the bases of a Form (``class F(ServiceErrorsMixin, forms.Form)``)."""
+
     def add_service_errors(self, error: ValidationError) -> None:
         """Show a service's errors next to the fields they name (the rest above the form)."""
         if not hasattr(error, "error_dict"):

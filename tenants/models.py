@@ -11,6 +11,16 @@ slug_validator = RegexValidator(
     r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
     "Use 1-63 lowercase letters, digits and dashes, starting and ending with a letter or digit.",
 )
+
+
+def max_length_of(model: type[models.Model], field_name: str) -> int:
+    """The ``max_length`` of a model's character field, for checks and truncation."""
+    field = model._meta.get_field(field_name)
+    if not isinstance(field, models.Field) or field.max_length is None:
+        raise TypeError(f"{model.__name__}.{field_name} has no max_length")
+    return field.max_length
+
+
 # The longest idle streak an idle-GPU policy may wait for: a week, in minutes.
 IDLE_POLICY_MAX_MIN = 7 * 24 * 60
 

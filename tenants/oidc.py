@@ -36,7 +36,7 @@ from mozilla_django_oidc.views import (
     OIDCAuthenticationRequestView,
 )
 
-from tenants.models import ExternalIdentity, Membership, Tenant
+from tenants.models import ExternalIdentity, Membership, Tenant, max_length_of
 from tenants.oidc_roles import plan_roles
 from tenants.services import audit_record
 
@@ -196,7 +196,7 @@ def _username(claims: dict) -> str:
         UnicodeUsernameValidator()(username)
     except ValidationError:
         raise OidcLoginRefused(f"{username!r} cannot be a Gantry user name.") from None
-    if len(username) > User._meta.get_field("username").max_length:
+    if len(username) > max_length_of(User, "username"):
         raise OidcLoginRefused(f"{username!r} is too long for a Gantry user name.")
     return username
 
@@ -286,18 +286,18 @@ def oidc_roles_apply(*, user: User, groups: list[str]) -> None:
     }
     for slug, tenant in sorted(tenants.items()):
         membership = memberships.get(tenant.pk)
-        role = plan.memberships.get(slug)
+        tenant_role = plan.memberships.get(slug)
         before = None if membership is None else {"role": membership.role}
-        if role is None and membership is not None:
+        if tenant_role is None and membership is not None:
             membership.delete()
             action, after = "membership.remove", {"source": SOURCE}
-        elif role is not None and membership is None:
-            Membership.objects.create(user=user, tenant=tenant, role=role)
-            action, after = "membership.set", {"role": role, "source": SOURCE}
-        elif role is not None and membership.role != role:
-            membership.role = role
+        elif tenant_role is not None and membership is None:
+            Membership.objects.create(user=user, tenant=tenant, role=tenant_role)
+            action, after = "membership.set", {"role": tenant_role, "source": SOURCE}
+        elif tenant_role is not None and membership is not None and membership.role != tenant_role:
+            membership.role = tenant_role
             membership.save(update_fields=["role"])
-            action, after = "membership.set", {"role": role, "source": SOURCE}
+            action, after = "membership.set", {"role": tenant_role, "source": SOURCE}
         else:
             continue
         audit_record(

@@ -2,6 +2,7 @@
 no deeper than any request of Gantry's needs."""
 
 import json
+from collections.abc import Iterable
 
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
@@ -18,6 +19,7 @@ def json_depth(value) -> int:
     deepest, stack = 0, [(value, 0)]
     while stack:
         item, depth = stack.pop()
+        children: Iterable[object]
         if isinstance(item, dict):
             children = item.values()
         elif isinstance(item, list):

@@ -16,15 +16,16 @@ from tenants.models import (
     Quota,
     Tenant,
 )
+from tenants.types import UserLike, signed_in
 
 
-def project_list_submittable(*, user) -> QuerySet[Project]:
+def project_list_submittable(*, user: UserLike) -> QuerySet[Project]:
     return Project.objects.filter(tenant__in=tenant_list_submittable(user=user)).select_related(
         "tenant"
     )
 
 
-def tenant_get_viewable(*, user, slug: str) -> Tenant:
+def tenant_get_viewable(*, user: UserLike, slug: str) -> Tenant:
     """The tenant, or DoesNotExist alike for a missing tenant and one the user may not see."""
     return tenant_list_viewable(user=user).get(slug=slug)
 
@@ -33,35 +34,35 @@ def quota_list_for_tenant(*, tenant: Tenant) -> QuerySet[Quota]:
     return Quota.objects.filter(tenant=tenant).select_related("flavor")
 
 
-def notification_list_for_user(*, user) -> QuerySet[Notification]:
+def notification_list_for_user(*, user: UserLike) -> QuerySet[Notification]:
     """The user's own notifications, newest first; nobody else's are ever reachable."""
-    return Notification.objects.filter(user=user).select_related("tenant")
+    return Notification.objects.filter(user=signed_in(user)).select_related("tenant")
 
 
-def notification_unread_count(*, user) -> int:
+def notification_unread_count(*, user: UserLike) -> int:
     """For the navigation badge: one COUNT on the (user, read_at) index."""
     if not user.is_authenticated:
         return 0
     return Notification.objects.filter(user=user, read_at__isnull=True).count()
 
 
-def tenant_get_manageable(*, user, slug: str) -> Tenant:
+def tenant_get_manageable(*, user: UserLike, slug: str) -> Tenant:
     """A tenant whose quotas the user may change (platform admins only), else NotVisible."""
     require_platform_admin(user)
     return Tenant.objects.get(slug=slug)
 
 
-def flavor_list_manageable(*, user) -> QuerySet[GpuFlavor]:
+def flavor_list_manageable(*, user: UserLike) -> QuerySet[GpuFlavor]:
     require_platform_admin(user)
     return GpuFlavor.objects.order_by("slug")
 
 
-def flavor_get_manageable(*, user, slug: str) -> GpuFlavor:
+def flavor_get_manageable(*, user: UserLike, slug: str) -> GpuFlavor:
     return flavor_list_manageable(user=user).get(slug=slug)
 
 
 def quota_get_manageable(
-    *, user, tenant_slug: str, flavor_slug: str
+    *, user: UserLike, tenant_slug: str, flavor_slug: str
 ) -> tuple[Tenant, GpuFlavor, Quota | None]:
     """What the quota editor needs: the tenant, the flavor and their quota if there is one
     yet. Platform admins only: NotVisible for everyone else, DoesNotExist for an unknown
@@ -71,7 +72,7 @@ def quota_get_manageable(
     return tenant, flavor, Quota.objects.filter(tenant=tenant, flavor=flavor).first()
 
 
-def quota_list_viewable(*, user) -> QuerySet[Quota]:
+def quota_list_viewable(*, user: UserLike) -> QuerySet[Quota]:
     """Quotas of every tenant the user may read, tenant by tenant."""
     return (
         Quota.objects.filter(tenant__in=tenant_list_viewable(user=user))
@@ -80,7 +81,7 @@ def quota_list_viewable(*, user) -> QuerySet[Quota]:
     )
 
 
-def audit_list_viewable(*, user) -> QuerySet[AuditEvent]:
+def audit_list_viewable(*, user: UserLike) -> QuerySet[AuditEvent]:
     """The audit log as the user may read it; NotVisible for users who may read none of it."""
     tenant_ids = audit_tenant_ids(user=user)
     if tenant_ids is not None and not tenant_ids:
@@ -91,7 +92,7 @@ def audit_list_viewable(*, user) -> QuerySet[AuditEvent]:
     return events
 
 
-def audit_tenant_choices(*, user) -> QuerySet[Tenant]:
+def audit_tenant_choices(*, user: UserLike) -> QuerySet[Tenant]:
     """Tenants to filter the audit log by."""
     tenant_ids = audit_tenant_ids(user=user)
     if tenant_ids is None:
@@ -99,11 +100,11 @@ def audit_tenant_choices(*, user) -> QuerySet[Tenant]:
     return Tenant.objects.filter(id__in=tenant_ids).order_by("slug")
 
 
-def api_token_list_own(*, user) -> QuerySet[ApiToken]:
+def api_token_list_own(*, user: UserLike) -> QuerySet[ApiToken]:
     """The user's own API tokens, newest first; nobody else's are ever reachable."""
-    return ApiToken.objects.filter(user=user).order_by("-created_at", "-id")
+    return ApiToken.objects.filter(user=signed_in(user)).order_by("-created_at", "-id")
 
 
-def api_token_get_own(*, user, token_id: int) -> ApiToken:
+def api_token_get_own(*, user: UserLike, token_id: int) -> ApiToken:
     """One of the user's own tokens; DoesNotExist alike for a missing token and another user's."""
     return api_token_list_own(user=user).get(pk=token_id)

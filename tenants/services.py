@@ -21,12 +21,14 @@ from tenants.models import (
     Notification,
     Quota,
     Tenant,
+    max_length_of,
 )
+from tenants.types import UserLike, signed_in
 
 
 def audit_record(
     *,
-    actor,
+    actor: UserLike | None,
     action: str,
     target: str,
     tenant: Tenant | None = None,
@@ -75,7 +77,7 @@ def audit_snapshot(
 
 
 def audit_model_change(
-    *, actor, instance: models.Model, verb: str, before: dict | None, after: dict | None
+    *, actor: UserLike, instance: models.Model, verb: str, before: dict | None, after: dict | None
 ) -> AuditEvent | None:
     """Record a change made with a generic editor (Django admin) as "<model>.<verb>"
     ("membership.update", "cluster.delete"), with ``audit_snapshot``s before and after;
@@ -93,7 +95,7 @@ def audit_model_change(
     return audit_record(
         actor=actor,
         action=f"{instance._meta.model_name}.{verb}",
-        target=target[: AuditEvent._meta.get_field("target").max_length],
+        target=target[: max_length_of(AuditEvent, "target")],
         tenant=tenant,
         before=before,
         after=after,
@@ -101,9 +103,9 @@ def audit_model_change(
 
 
 @transaction.atomic
-def membership_set(*, user, tenant: Tenant, role: str, actor) -> Membership:
+def membership_set(*, user: UserLike, tenant: Tenant, role: str, actor: UserLike) -> Membership:
     membership, created = Membership.objects.select_for_update().get_or_create(
-        user=user, tenant=tenant, defaults={"role": role}
+        user=signed_in(user), tenant=tenant, defaults={"role": role}
     )
     before = None if created else {"role": membership.role}
     if not created and membership.role != role:
@@ -121,9 +123,9 @@ def membership_set(*, user, tenant: Tenant, role: str, actor) -> Membership:
 
 
 @transaction.atomic
-def global_role_grant(*, user, role: GlobalRole, actor) -> None:
+def global_role_grant(*, user: UserLike, role: GlobalRole, actor: UserLike) -> None:
     group, _ = Group.objects.get_or_create(name=role.value)
-    user.groups.add(group)
+    signed_in(user).groups.add(group)
     audit_record(
         actor=actor, action="role.grant", target=user.get_username(), after={"role": role.value}
     )
@@ -171,7 +173,7 @@ def quota_update(
     budget_mode: str,
     fair_share_weight: int,
     offered_flavors: Collection[str] | None,
-    actor,
+    actor: UserLike,
 ) -> Quota:
     """Create or replace the quota of ``tenant`` for ``flavor``; audited as "quota.update".
 
@@ -214,7 +216,7 @@ def quota_update(
 
     quota = Quota.objects.select_for_update().filter(tenant=tenant, flavor=flavor).first()
     before = None if quota is None else audit_snapshot(quota, only=QUOTA_FIELDS)
-    if before == values:
+    if quota is not None and before == values:
         return quota
     if quota is None:
         quota = Quota.objects.create(tenant=tenant, flavor=flavor, **values)
@@ -234,7 +236,7 @@ def quota_update(
 
 
 @transaction.atomic
-def quota_set(*, tenant: Tenant, flavor: GpuFlavor, guaranteed_gpus: int, actor) -> Quota:
+def quota_set(*, tenant: Tenant, flavor: GpuFlavor, guaranteed_gpus: int, actor: UserLike) -> Quota:
     """Change only the guarantee, keeping the rest of the quota (defaults for a new one)."""
     quota = Quota.objects.select_for_update().filter(tenant=tenant, flavor=flavor).first()
     current = {name: getattr(quota or Quota(), name) for name in QUOTA_FIELDS}
@@ -254,7 +256,7 @@ _FRACTION_QUANTUM = Decimal("0.0001")
 
 def _flavor_errors(*, name: str, memory_gb: int, gpu_fraction) -> dict[str, list[str]]:
     errors: dict[str, list[str]] = {}
-    limit = GpuFlavor._meta.get_field("name").max_length
+    limit = max_length_of(GpuFlavor, "name")
     if not isinstance(name, str) or not name.strip():
         errors["name"] = ["A name is required."]
     elif len(name) > limit or "\x00" in name:
@@ -273,7 +275,7 @@ def _flavor_errors(*, name: str, memory_gb: int, gpu_fraction) -> dict[str, list
 
 @transaction.atomic
 def flavor_create(
-    *, slug: str, name: str, memory_gb: int, gpu_fraction: Decimal, actor
+    *, slug: str, name: str, memory_gb: int, gpu_fraction: Decimal, actor: UserLike
 ) -> GpuFlavor:
     """A new GPU flavor (a full device or a MIG slice); audited as "flavor.create"."""
     errors = _flavor_errors(name=name, memory_gb=memory_gb, gpu_fraction=gpu_fraction)
@@ -304,7 +306,7 @@ def flavor_create(
 
 @transaction.atomic
 def flavor_update(
-    *, flavor: GpuFlavor, name: str, memory_gb: int, gpu_fraction: Decimal, actor
+    *, flavor: GpuFlavor, name: str, memory_gb: int, gpu_fraction: Decimal, actor: UserLike
 ) -> GpuFlavor:
     """Change a flavor's name, memory and GPU fraction; audited as "flavor.update".
 
@@ -326,7 +328,7 @@ def flavor_update(
 
 
 def api_token_create(
-    *, user, name: str = "api", expires_at: datetime | None = None
+    *, user: UserLike, name: str = "api", expires_at: datetime | None = None
 ) -> tuple[ApiToken, str]:
     """Create a token; returns the row and the secret, which is never stored or shown again.
 
@@ -336,7 +338,7 @@ def api_token_create(
     secret = ApiToken.new_secret()
     with transaction.atomic():
         token = ApiToken.objects.create(
-            user=user,
+            user=signed_in(user),
             name=name,
             prefix=secret[4 : 4 + ApiToken.PREFIX_LENGTH],
             key_hash=ApiToken.hash_secret(secret),
@@ -374,19 +376,19 @@ def api_token_revoke(*, token: ApiToken) -> None:
         )
 
 
-def notification_mark_all_read(*, user) -> int:
+def notification_mark_all_read(*, user: UserLike) -> int:
     """Mark every unread notification of the user read; returns how many changed."""
-    return Notification.objects.filter(user=user, read_at__isnull=True).update(
+    return Notification.objects.filter(user=signed_in(user), read_at__isnull=True).update(
         read_at=timezone.now()
     )
 
 
 def notification_create(
-    *, user, tenant: Tenant | None, kind: Notification.Kind, message: str, now: datetime
+    *, user: UserLike, tenant: Tenant | None, kind: Notification.Kind, message: str, now: datetime
 ) -> Notification:
     """An in-app message to one user, dated ``now``."""
     return Notification.objects.create(
-        user=user, tenant=tenant, kind=kind, message=message, created_at=now
+        user=signed_in(user), tenant=tenant, kind=kind, message=message, created_at=now
     )
 
 
@@ -399,7 +401,7 @@ def tenant_idle_policy_update(
     tenant: Tenant,
     idle_notify_after_min: int | None,
     idle_cancel_after_min: int | None,
-    actor,
+    actor: UserLike,
 ) -> Tenant:
     """Set the tenant's idle-GPU policy; audited as "tenant.idle_policy".
 

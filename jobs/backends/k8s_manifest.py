@@ -15,7 +15,7 @@ import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import yaml
 
@@ -112,11 +112,14 @@ class K8sSettings:
             ) from None
 
 
-def _fail(message: str):
+_T = TypeVar("_T")
+
+
+def _fail(message: str) -> NoReturn:
     raise PermanentBackendError(f"Kubernetes cluster settings: {message}")
 
 
-def _typed(raw: Mapping, key: str, kind, default):
+def _typed(raw: Mapping[str, Any], key: str, kind: type[_T], default: _T) -> _T:
     value = raw.get(key, default)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
@@ -302,7 +305,7 @@ def attempt_annotations(spec: JobSpec) -> dict[str, str]:
 # --- rendering -----------------------------------------------------------------------------
 
 
-def _env(spec: JobSpec, settings: K8sSettings, *, name: str, secret: str) -> list[dict]:
+def _env(spec: JobSpec, settings: K8sSettings, *, name: str, secret: str) -> list[dict[str, Any]]:
     managed = {TOKEN_ENV, *(RANK_ENV if spec.nodes > 1 else ())}
     for key in spec.env:
         if not _C_IDENTIFIER.match(key):
@@ -316,7 +319,7 @@ def _env(spec: JobSpec, settings: K8sSettings, *, name: str, secret: str) -> lis
     if spec.resume_step is not None:
         values.setdefault("GANTRY_RESUME_FROM", spec.resume_uri)
         values.setdefault("GANTRY_RESUME_STEP", str(spec.resume_step))
-    env: list[dict] = [{"name": key, "value": values[key]} for key in sorted(values)]
+    env: list[dict[str, Any]] = [{"name": key, "value": values[key]} for key in sorted(values)]
     if spec.nodes > 1:
         env += [
             {"name": "MASTER_ADDR", "value": f"{name}-0.{name}"},
@@ -337,9 +340,9 @@ def _env(spec: JobSpec, settings: K8sSettings, *, name: str, secret: str) -> lis
     return env
 
 
-def _pod_failure_policy(settings: K8sSettings) -> dict:
+def _pod_failure_policy(settings: K8sSettings) -> dict[str, Any]:
     fatal = [code for code in range(1, 128) if code not in settings.retriable_exit_codes]
-    rules: list[dict] = [
+    rules: list[dict[str, Any]] = [
         {
             "action": settings.disruption_action,
             "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
@@ -367,7 +370,7 @@ def _pod_failure_policy(settings: K8sSettings) -> dict:
     return {"rules": rules}
 
 
-def render(spec: JobSpec, settings: K8sSettings, *, token: str = "") -> list[dict]:
+def render(spec: JobSpec, settings: K8sSettings, *, token: str = "") -> list[dict[str, Any]]:
     """The objects of one attempt in creation order. ``token`` fills the Secret; without it
     the Secret holds a placeholder, which is what the attempt stores and shows."""
     if not _IMAGE.match(spec.image):
@@ -383,7 +386,7 @@ def render(spec: JobSpec, settings: K8sSettings, *, token: str = "") -> list[dic
     labels = attempt_labels(spec)
     annotations = attempt_annotations(spec)
 
-    def meta(object_name_: str) -> dict:
+    def meta(object_name_: str) -> dict[str, Any]:
         return {
             "name": object_name_,
             "namespace": namespace,
@@ -391,7 +394,7 @@ def render(spec: JobSpec, settings: K8sSettings, *, token: str = "") -> list[dic
             "annotations": dict(annotations),
         }
 
-    objects: list[dict] = [
+    objects: list[dict[str, Any]] = [
         {
             "apiVersion": "v1",
             "kind": "Secret",
@@ -507,7 +510,13 @@ def render(spec: JobSpec, settings: K8sSettings, *, token: str = "") -> list[dic
 _YAML_BREAKS = frozenset("\x85\u2028\u2029")
 
 
-class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # libyaml: 4 times faster
+if TYPE_CHECKING:
+    _BaseDumper = yaml.SafeDumper
+else:  # libyaml's, where built: 4 times faster
+    _BaseDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class _Dumper(_BaseDumper):
     pass
 
 
@@ -521,7 +530,7 @@ def _str_presenter(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
-def _list_presenter(dumper: yaml.SafeDumper, value: list) -> yaml.Node:
+def _list_presenter(dumper: yaml.SafeDumper, value: list[Any]) -> yaml.Node:
     flow = bool(value) and all(isinstance(item, int) for item in value)  # exit codes
     return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=flow)
 
@@ -530,6 +539,6 @@ _Dumper.add_representer(str, _str_presenter)
 _Dumper.add_representer(list, _list_presenter)
 
 
-def to_yaml(objects: list[dict]) -> str:
+def to_yaml(objects: list[dict[str, Any]]) -> str:
     """The objects as one YAML stream, in the order given, keys in the order written."""
     return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)

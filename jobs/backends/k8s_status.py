@@ -10,6 +10,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from jobs.backends.base import InventoryItem, JobStatus
 from jobs.backends.k8s_manifest import (
@@ -85,16 +86,16 @@ class Failure:
     at: datetime | None
 
 
-def _conditions(obj: dict) -> dict[str, dict]:
+def _conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c.get("type", ""): c for c in (obj.get("status") or {}).get("conditions") or []}
 
 
-def _true(conditions: dict[str, dict], kind: str) -> dict | None:
+def _true(conditions: dict[str, dict[str, Any]], kind: str) -> dict[str, Any] | None:
     condition = conditions.get(kind)
     return condition if condition and condition.get("status") == "True" else None
 
 
-def pod_rank(pod: dict) -> int:
+def pod_rank(pod: dict[str, Any]) -> int:
     meta = pod.get("metadata") or {}
     value = (meta.get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION) or (
         meta.get("labels") or {}
@@ -105,23 +106,23 @@ def pod_rank(pod: dict) -> int:
         return 0
 
 
-def _container(pod: dict) -> dict:
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+def _container(pod: dict[str, Any]) -> dict[str, Any]:
+    statuses: list[dict[str, Any]] = (pod.get("status") or {}).get("containerStatuses") or []
     for status in statuses:
         if status.get("name") == CONTAINER:
             return status
     return statuses[0] if statuses else {}
 
 
-def _waiting(pod: dict) -> dict:
+def _waiting(pod: dict[str, Any]) -> dict[str, Any]:
     return (_container(pod).get("state") or {}).get("waiting") or {}
 
 
-def _terminated(pod: dict) -> dict:
+def _terminated(pod: dict[str, Any]) -> dict[str, Any]:
     return (_container(pod).get("state") or {}).get("terminated") or {}
 
 
-def _started(pod: dict) -> datetime | None:
+def _started(pod: dict[str, Any]) -> datetime | None:
     state = _container(pod).get("state") or {}
     for key in ("running", "terminated"):
         if state.get(key, {}).get("startedAt"):
@@ -145,7 +146,7 @@ def classify_message(message: str) -> str | None:
     return None
 
 
-def pod_failure(pod: dict) -> Failure | None:
+def pod_failure(pod: dict[str, Any]) -> Failure | None:
     """Why one pod failed (or cannot start), in the taxonomy; None if nothing went wrong."""
     status = pod.get("status") or {}
     rank = pod_rank(pod)
@@ -211,7 +212,7 @@ def root_cause(failures: Iterable[Failure]) -> Failure | None:
     return ordered[0] if ordered else None
 
 
-def _policy_failure(condition: dict) -> Failure:
+def _policy_failure(condition: dict[str, Any]) -> Failure:
     """What the Job's own condition says when its pods are gone."""
     message = condition.get("message", "")
     at = parse_time(condition.get("lastTransitionTime"))
@@ -224,14 +225,14 @@ def _policy_failure(condition: dict) -> Failure:
     return Failure("UNKNOWN", 0, None, f"{reason}: {message}".strip(": "), at)
 
 
-def _latest_per_rank(pods: list[dict]) -> dict[int, dict]:
-    latest: dict[int, dict] = {}
+def _latest_per_rank(pods: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    latest: dict[int, dict[str, Any]] = {}
     for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp", "")):
         latest[pod_rank(pod)] = pod
     return latest
 
 
-def _node_list(pods: list[dict]) -> list[str]:
+def _node_list(pods: list[dict[str, Any]]) -> list[str]:
     nodes: list[str] = []
     for _, pod in sorted(_latest_per_rank(pods).items()):
         node = (pod.get("spec") or {}).get("nodeName")
@@ -240,7 +241,7 @@ def _node_list(pods: list[dict]) -> list[str]:
     return nodes
 
 
-def _pending_message(job: dict, pods: list[dict], ranks: int) -> str:
+def _pending_message(job: dict[str, Any], pods: list[dict[str, Any]], ranks: int) -> str:
     spec = job.get("spec") or {}
     if spec.get("suspend"):
         if KUEUE_QUEUE_LABEL in ((job.get("metadata") or {}).get("labels") or {}):
@@ -262,7 +263,7 @@ def _pending_message(job: dict, pods: list[dict], ranks: int) -> str:
     return f"{running} of {ranks} pods running" if pods else "Waiting for its pods"
 
 
-def job_status(job: dict, pods: list[dict]) -> JobStatus:
+def job_status(job: dict[str, Any], pods: list[dict[str, Any]]) -> JobStatus:
     """The attempt's state from its Job and the Job's pods (any order, any number)."""
     meta = job.get("metadata") or {}
     spec = job.get("spec") or {}
@@ -332,15 +333,17 @@ def job_status(job: dict, pods: list[dict]) -> JobStatus:
     )
 
 
-def is_finished(job: dict) -> bool:
+def is_finished(job: dict[str, Any]) -> bool:
     conditions = _conditions(job)
     return bool(_true(conditions, "Complete") or _true(conditions, "Failed"))
 
 
-def owner_job(pod: dict) -> str | None:
-    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+def owner_job(pod: dict[str, Any]) -> str | None:
+    refs: list[dict[str, Any]] = (pod.get("metadata") or {}).get("ownerReferences") or []
+    for ref in refs:
         if ref.get("kind") == "Job" and ref.get("controller"):
-            return ref.get("name")
+            name: str | None = ref.get("name")
+            return name
     return None
 
 
@@ -354,13 +357,13 @@ class Inventory:
     topology: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
 
 
-def _schedulable(node: dict) -> bool:
+def _schedulable(node: dict[str, Any]) -> bool:
     if (node.get("spec") or {}).get("unschedulable"):
         return False
     return bool(_true(_conditions(node), "Ready"))
 
 
-def inventory_from_nodes(nodes: list[dict], settings: K8sSettings) -> Inventory:
+def inventory_from_nodes(nodes: list[dict[str, Any]], settings: K8sSettings) -> Inventory:
     """Capacity per flavor from ready, schedulable nodes: a flavor's nodes carry its
     ``nvidia.com/gpu.product`` (and node selector) and allocate its resource.
 
@@ -369,7 +372,7 @@ def inventory_from_nodes(nodes: list[dict], settings: K8sSettings) -> Inventory:
     is left out instead of shrinking every node of its flavor.
     """
     counts: dict[str, list[int]] = defaultdict(list)
-    topology: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
+    topology: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
     for node in nodes:
         if not _schedulable(node):
             continue

@@ -69,8 +69,10 @@ _clients_lock = threading.Lock()
 def _describe(exc: BaseException) -> str:
     """The innermost useful words of a connection error."""
     reason = getattr(exc, "reason", None)
-    while isinstance(reason, BaseException) and getattr(reason, "reason", None) is not None:
-        reason = reason.reason
+    while (
+        isinstance(reason, BaseException) and (inner := getattr(reason, "reason", None)) is not None
+    ):
+        reason = inner
     text = str(reason or exc)
     if "Connection refused" in text:
         return "connection refused"
@@ -397,6 +399,8 @@ class KubernetesBackend:
         kind = obj["kind"]
         namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
         api = self.api()
+        fn: Callable[..., Any]
+        args: tuple[Any, ...]
         if kind == "Job":
             fn, args = client.BatchV1Api(api).create_namespaced_job, (namespace, obj)
         elif kind == "Service":
@@ -438,6 +442,8 @@ class KubernetesBackend:
         for obj in objects:
             namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
             kind = obj["kind"]
+            fn: Callable[..., Any]
+            args: tuple[Any, ...]
             if kind == "Service":
                 fn, args = client.CoreV1Api(api).patch_namespaced_service, (name, namespace)
             elif kind == "Secret":

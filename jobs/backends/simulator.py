@@ -170,6 +170,7 @@ class SimulatorBackend:
                 job.save(update_fields=["state", "allocation", "started_at"])
 
     def _finish_if_done(self, job: SimulatedJob, now) -> None:
+        assert job.started_at is not None  # called for running jobs only
         workload = Workload(**job.profile["workload"])
         elapsed_s = (now - job.started_at).total_seconds() * self.speedup
         outcome = outcome_at(workload, elapsed_s=elapsed_s, max_runtime_s=job.max_runtime_s)

@@ -486,13 +486,13 @@ class SlurmBackend:
         statuses: dict[str, JobStatus] = {}
         ended: list[tuple[JobRef, SlurmJob | None]] = []
         for ref in refs:
-            job = by_id.get(ref.backend_job_id) if ref.backend_job_id else by_name.get(ref.name)
-            if job is not None and job.name != ref.name:
-                job = None  # a job id reused after the cluster's state was reset
-            if job is None or (job.finished and self.transport.exit_codes_from_accounting):
-                ended.append((ref, job))
+            held = by_id.get(ref.backend_job_id) if ref.backend_job_id else by_name.get(ref.name)
+            if held is not None and held.name != ref.name:
+                held = None  # a job id reused after the cluster's state was reset
+            if held is None or (held.finished and self.transport.exit_codes_from_accounting):
+                ended.append((ref, held))
             else:
-                statuses[ref.name] = status_of(job)
+                statuses[ref.name] = status_of(held)
         if ended:
             ids = [ref.backend_job_id for ref, _ in ended if ref.backend_job_id]
             names = [ref.name for ref, _ in ended]
@@ -501,13 +501,13 @@ class SlurmBackend:
                 for job in self.transport.accounting(ids, names)
                 if job.finished and not job.refused
             }
-            for ref, job in ended:
-                record = accounted.get(ref.backend_job_id or (job.job_id if job else ""))
+            for ref, held in ended:
+                record = accounted.get(ref.backend_job_id or (held.job_id if held else ""))
                 if record is not None and record.name == ref.name:
                     # sacct -P: the exit code Slurm recorded (22.05's JSON misreports it).
-                    statuses[ref.name] = status_of(_merge(record, job))
-                elif job is not None:
-                    statuses[ref.name] = status_of(job)
+                    statuses[ref.name] = status_of(_merge(record, held))
+                elif held is not None:
+                    statuses[ref.name] = status_of(held)
                 # else: Slurm knows nothing of it; the services mark it LOST after a grace.
         return statuses
 

@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Any
 
 from jobs.backends.base import TELEMETRY_SETTINGS_KEY, InventoryItem, JobSpec, JobStatus
 
@@ -134,7 +135,7 @@ class SlurmSettings:
     adopt_window_days: int = 14
 
     @classmethod
-    def parse(cls, raw: Mapping, *, cluster: str = "") -> "SlurmSettings":
+    def parse(cls, raw: Mapping[str, Any], *, cluster: str = "") -> "SlurmSettings":
         """Check every key; unknown keys and wrong types are errors, not silently ignored."""
         where = f"cluster {cluster}: " if cluster else ""
 
@@ -147,9 +148,11 @@ class SlurmSettings:
         unknown = sorted(set(raw) - known)
         if unknown:
             raise fail(f"unknown Slurm setting(s): {', '.join(unknown)}")
-        values: dict = {}
+        values: dict[str, Any] = {}
 
-        def text(name: str, pattern: re.Pattern | None = None, *, required: bool = False) -> str:
+        def text(
+            name: str, pattern: re.Pattern[str] | None = None, *, required: bool = False
+        ) -> str:
             value = raw.get(name, "")
             if not isinstance(value, str):
                 raise fail(f"setting {name!r} must be a string")
@@ -159,7 +162,9 @@ class SlurmSettings:
                 raise fail(f"setting {name!r} = {value!r} has characters Slurm options cannot take")
             return value
 
-        def number(name: str, default, low, high, kind=int):
+        def number(
+            name: str, default: float, low: float, high: float, kind: type[float] = int
+        ) -> float:
             value = raw.get(name, default)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise fail(f"setting {name!r} must be a number")
@@ -332,7 +337,7 @@ class BatchJob:
         options += ["--no-requeue", f"--chdir={self.workdir}", f"--output={self.output}"]
         return options
 
-    def rest_submission(self) -> dict:
+    def rest_submission(self) -> dict[str, Any]:
         """The body of ``POST /slurm/v0.0.38/job/submit``.
 
         slurmrestd 22.05 does not read ``#SBATCH`` lines: every option goes in ``job``. It
@@ -426,7 +431,10 @@ def batch_job(
     account = _word(spec.tenant, "tenant (the Slurm account)")
     partition = mapping.partition or settings.partition
     qos = mapping.qos or settings.qos
-    tasks = spec.gpus_per_node if settings.tasks_per_node == "gpus" else settings.tasks_per_node
+    # Settings hold a positive integer or "gpus" (one task per GPU).
+    tasks = (
+        settings.tasks_per_node if isinstance(settings.tasks_per_node, int) else spec.gpus_per_node
+    )
     time_limit_min = max(1, -(-spec.max_runtime_s // 60))
     signal_before = min(settings.signal_before_s, max(0, spec.max_runtime_s // 2))
     if settings.transport == "cli":
@@ -550,7 +558,9 @@ def expand_hostlist(hostlist: str) -> list[str]:
     hostlist = (hostlist or "").strip()
     if hostlist in ("", "(null)", "None", "None assigned"):
         return []
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in hostlist:
         if char == "," and depth == 0:
             parts.append("".join(current))
@@ -575,7 +585,7 @@ def _expand_one(pattern: str) -> list[str]:
     if match is None:
         return [pattern]
     prefix, suffix = pattern[: match.start()], pattern[match.end() :]
-    values = []
+    values: list[str] = []
     for item in match.group(1).split(","):
         low, dash, high = item.strip().partition("-")
         if not low.isdigit() or (dash and not high.isdigit()):
@@ -612,7 +622,7 @@ def _count(value: str) -> int:
     return int(digits.group()) if digits else 0
 
 
-def _epoch(value) -> datetime | None:
+def _epoch(value: object) -> datetime | None:
     if isinstance(value, bool) or value in (None, "", 0):
         return None
     if isinstance(value, int | float):
@@ -623,7 +633,7 @@ def _epoch(value) -> datetime | None:
     return None
 
 
-def _wait_status(status) -> tuple[int | None, int | None]:
+def _wait_status(status: object) -> tuple[int | None, int | None]:
     """squeue/REST ``exit_code`` is a wait(2) status: 768 is exit 3, 15 is SIGTERM."""
     if isinstance(status, bool) or not isinstance(status, int):
         return None, None
@@ -644,7 +654,7 @@ def _base_state(state: str) -> str:
     return (state or "").split(" ", 1)[0].strip().upper()
 
 
-def parse_squeue_json(payload: Mapping, *, source: str = "squeue") -> list[SlurmJob]:
+def parse_squeue_json(payload: Mapping[str, Any], *, source: str = "squeue") -> list[SlurmJob]:
     """Jobs from ``squeue --json`` or slurmrestd ``GET /slurm/v0.0.38/jobs`` (one shape).
 
     Raises ValueError with Slurm's words when the answer carries errors and no jobs:
@@ -724,7 +734,7 @@ def parse_sacct(text: str) -> list[SlurmJob]:
     return jobs
 
 
-def parse_slurmdb_jobs(payload: Mapping) -> list[SlurmJob]:
+def parse_slurmdb_jobs(payload: Mapping[str, Any]) -> list[SlurmJob]:
     """Jobs from slurmrestd ``GET /slurmdb/v0.0.38/jobs``.
 
     22.05's JSON reports a job that exited 3 as ``{"status": "SUCCESS", "return_code": 0}``
@@ -778,7 +788,7 @@ def parse_slurmdb_jobs(payload: Mapping) -> list[SlurmJob]:
     return result
 
 
-def describe_errors(errors: Iterable) -> str:
+def describe_errors(errors: Iterable[object]) -> str:
     """Slurm's JSON errors as one line: ``Invalid job id specified (2017)``."""
     parts = []
     for error in errors:
@@ -797,7 +807,7 @@ def describe_errors(errors: Iterable) -> str:
     return "; ".join(parts) or "unknown error"
 
 
-def error_numbers(errors: Iterable) -> list[int]:
+def error_numbers(errors: Iterable[object]) -> list[int]:
     numbers = []
     for error in errors:
         if isinstance(error, Mapping):
@@ -950,7 +960,7 @@ def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
     return nodes
 
 
-def parse_rest_nodes(payload: Mapping) -> list[SlurmNode]:
+def parse_rest_nodes(payload: Mapping[str, Any]) -> list[SlurmNode]:
     errors = payload.get("errors") or []
     if errors and not payload.get("nodes"):
         raise ValueError(describe_errors(errors))
@@ -1081,7 +1091,7 @@ def quota_commands(
 # --- JWT -----------------------------------------------------------------------------------
 
 
-def jwt_claims(token: str) -> dict:
+def jwt_claims(token: str) -> dict[str, Any]:
     """The claims of a JWT, unverified (only slurmctld holds the key). Used to tell a
     malformed, expired or foreign token apart from an unreachable cluster: slurmrestd
     answers both with the same "Unspecified error"."""

@@ -4,13 +4,16 @@ from django.db.models import QuerySet
 
 from jobs.access import experiment_list_viewable
 from jobs.models import Attempt, Experiment
+from tenants.types import UserLike
 
 
-def experiment_get_viewable(*, user, experiment_id: int) -> Experiment:
+def experiment_get_viewable(*, user: UserLike, experiment_id: int) -> Experiment:
     return experiment_list_viewable(user=user).get(pk=experiment_id)
 
 
-def experiment_pair_get_viewable(*, user, a_id: int, b_id: int) -> tuple[Experiment, Experiment]:
+def experiment_pair_get_viewable(
+    *, user: UserLike, a_id: int, b_id: int
+) -> tuple[Experiment, Experiment]:
     """Two experiments to compare: both readable by the user and of the same tenant, else
     DoesNotExist alike for a missing one, another tenant's one, and a pair across tenants."""
     a = experiment_get_viewable(user=user, experiment_id=a_id)

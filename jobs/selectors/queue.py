@@ -1,7 +1,9 @@
 """Reads for admission: its snapshot, this month's usage, the submit preview."""
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -22,6 +24,7 @@ from jobs.models import (
 )
 from tenants.access import tenant_list_submittable
 from tenants.models import GpuFlavor, Quota
+from tenants.types import UserLike
 
 
 def flavor_node_limits() -> dict[str, tuple[int, int]]:
@@ -36,7 +39,7 @@ def flavor_node_limits() -> dict[str, tuple[int, int]]:
     return limits
 
 
-def _quota_of(row: dict) -> admission.Quota:
+def _quota_of(row: Mapping[str, Any]) -> admission.Quota:
     return admission.Quota(
         guaranteed=row["guaranteed_gpus"],
         borrow_limit=row["borrow_limit_gpus"],
@@ -155,6 +158,7 @@ def gpu_hours_this_month(*, now, tenant=None) -> dict[tuple[str, str], float]:
     for tenant_slug, flavor, gpus, started in live.values_list(
         "run__tenant__slug", "run__flavor__slug", "run__gpus", "started_at"
     ):
+        assert started is not None  # filtered on started_at__isnull=False
         seconds[(tenant_slug, flavor)] += gpus * max(
             0.0, (now - max(started, month)).total_seconds()
         )
@@ -192,7 +196,7 @@ class AdmissionPreview:
 
 
 def admission_preview(
-    *, user, tenant: str, flavor: str, nodes: int, gpus_per_node: int, priority: int = 50
+    *, user: UserLike, tenant: str, flavor: str, nodes: int, gpus_per_node: int, priority: int = 50
 ) -> AdmissionPreview:
     """Run admission on the current snapshot plus this hypothetical run, changing nothing."""
     tenant_obj = tenant_list_submittable(user=user).filter(slug=tenant).first()

@@ -16,6 +16,7 @@ from jobs.models import (
 from jobs.reproducibility import attempt_id_from_token
 from tenants.access import tenant_list_viewable
 from tenants.models import Tenant
+from tenants.types import UserLike, signed_in
 
 # Large experiment fields no run list shows.
 RUN_LIST_DEFERRED = ("experiment__command", "experiment__params", "experiment__env")
@@ -48,7 +49,7 @@ class RunPage:
 
 def run_page_viewable(
     *,
-    user,
+    user: UserLike,
     size: int,
     states: Collection[str] = (),
     tenant_slug: str = "",
@@ -88,6 +89,7 @@ def run_page_viewable(
         rows = rows[:size]
     else:
         cursor = before if before is not None else after
+        assert cursor is not None  # one of them is given on this branch
         readable = Run.objects.filter(pk=cursor, tenant_id__in=[t.pk for t in tenants])
         at = Subquery(readable.order_by().values("submitted_at"))
         # (submitted_at, id) beyond the cursor's: the bound on submitted_at alone is what an
@@ -126,7 +128,7 @@ def run_page_viewable(
     )
 
 
-def run_get_viewable(*, user, run_id: int) -> Run:
+def run_get_viewable(*, user: UserLike, run_id: int) -> Run:
     """The run, or DoesNotExist alike for a missing run and another tenant's run."""
     return run_list_viewable(user=user).select_related("experiment__image").get(pk=run_id)
 
@@ -150,11 +152,11 @@ def run_attempts(*, run: Run) -> QuerySet[Attempt]:
     return run.attempts.select_related("cluster").order_by("number")
 
 
-def run_submitted_with(*, user, submission_key: UUID | None) -> Run | None:
+def run_submitted_with(*, user: UserLike, submission_key: UUID | None) -> Run | None:
     """The run this user already queued with this one-time form key, if any."""
     if submission_key is None:
         return None
-    return Run.objects.filter(submitted_by=user, submission_key=submission_key).first()
+    return Run.objects.filter(submitted_by=signed_in(user), submission_key=submission_key).first()
 
 
 def attempt_get_for_work(attempt_id: int) -> Attempt:

@@ -2,12 +2,13 @@
 
 from jobs.access import template_list_manageable, template_list_usable
 from jobs.models import ExperimentTemplate
+from tenants.types import UserLike
 
 
-def template_get_usable(*, user, template_id: int) -> ExperimentTemplate:
+def template_get_usable(*, user: UserLike, template_id: int) -> ExperimentTemplate:
     """The template, or DoesNotExist alike for a missing one and one of another tenant."""
     return template_list_usable(user=user).get(pk=template_id)
 
 
-def template_get_manageable(*, user, template_id: int) -> ExperimentTemplate:
+def template_get_manageable(*, user: UserLike, template_id: int) -> ExperimentTemplate:
     return template_list_manageable(user=user).get(pk=template_id)

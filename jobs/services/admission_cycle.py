@@ -52,8 +52,8 @@ def admission_run_cycle(*, now=None) -> AdmissionSummary | None:
     preempted = 0
     if decisions.preempted:
         victims = Run.objects.in_bulk([p.run_id for p in decisions.preempted])
-        for decision in decisions.preempted:
-            preempted += run_preempt(run=victims[decision.run_id], message=decision.message)
+        for preempt in decisions.preempted:
+            preempted += run_preempt(run=victims[preempt.run_id], message=preempt.message)
 
     admitted_ids = [d.run_id for d in decisions.admitted]
     runs = Run.objects.select_related("flavor").in_bulk(admitted_ids)

@@ -96,11 +96,11 @@ def attempt_submit(*, attempt_id: int) -> None:
             )
             raise
         # A cluster that never answers (wrong URL, long outage) must not hold a run forever.
-        exc = PermanentBackendError(
+        given_up = PermanentBackendError(
             f"backend unreachable for {waited / 60:.0f} minutes, giving up: {exc}"
         )
         with transaction.atomic():
-            _attempt_fail_submit(attempt, run, exc)
+            _attempt_fail_submit(attempt, run, given_up)
         return
     except PermanentBackendError as exc:
         with transaction.atomic():

@@ -4,6 +4,7 @@ import json
 import logging
 from collections.abc import Iterable
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -36,7 +37,7 @@ from jobs.services.lifecycle import (
     run_transition,
 )
 from jobs.services.usage import usage_record_attempt
-from tenants.models import GpuFlavor
+from tenants.models import GpuFlavor, max_length_of
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ def cluster_sync(*, cluster: Cluster) -> int:
     return changed
 
 
-CHECKPOINT_URI_MAX_LENGTH = Checkpoint._meta.get_field("uri").max_length
+CHECKPOINT_URI_MAX_LENGTH = max_length_of(Checkpoint, "uri")
 
 
 def checkpoints_record(*, attempt: Attempt, reports: Iterable[CheckpointReport]) -> None:
@@ -319,7 +320,7 @@ def attempt_report_runtime(*, attempt: Attempt, report: dict, now=None) -> bool:
                 "until one hour after an attempt ends."
             }
         )
-    changes = {"runtime_env": reproducibility.runtime_env_of(report)}
+    changes: dict[str, Any] = {"runtime_env": reproducibility.runtime_env_of(report)}
     for name in ("node_list", "gpu_uuids"):
         if name in report:
             changes[name] = list(report[name])

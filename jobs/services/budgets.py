@@ -24,7 +24,8 @@ NOTIFICATION_KIND = {
     BudgetAlert.Threshold.WARNING: Notification.Kind.BUDGET_80,
     BudgetAlert.Threshold.SPENT: Notification.Kind.BUDGET_100,
 }
-CONSEQUENCE = {
+# Keyed by the threshold and the quota's budget mode, as stored (a plain string).
+CONSEQUENCE: dict[tuple[int, str], str] = {
     (BudgetAlert.Threshold.WARNING, Quota.BudgetMode.HARD): (
         "Hard budget: new runs will wait when it is spent."
     ),
@@ -47,13 +48,15 @@ class Crossing:
     quota: Quota
     threshold: BudgetAlert.Threshold
     used_gpu_hours: float
+    budget_gpu_hours: int  # the quota's monthly budget, set (only those are checked)
     month: date
 
     @property
     def percent(self) -> int:
         """Rounded down, so no message claims a threshold the usage has not reached."""
-        budget = self.quota.monthly_gpu_hour_budget
-        return math.floor(_percent(used_gpu_hours=self.used_gpu_hours, budget_gpu_hours=budget))
+        return math.floor(
+            _percent(used_gpu_hours=self.used_gpu_hours, budget_gpu_hours=self.budget_gpu_hours)
+        )
 
     @property
     def month_name(self) -> str:
@@ -113,20 +116,26 @@ def budget_alerts_check(*, now: datetime) -> int:
         return 0
     used = gpu_hours_this_month(now=now)
     notified: dict[tuple[int, int], int] = defaultdict(int)
-    for tenant_id, flavor_id, threshold in BudgetAlert.objects.filter(month=month).values_list(
+    for tenant_id, flavor_id, reached in BudgetAlert.objects.filter(month=month).values_list(
         "tenant_id", "flavor_id", "threshold"
     ):
         key = (tenant_id, flavor_id)
-        notified[key] = max(notified[key], threshold)
+        notified[key] = max(notified[key], reached)
     crossings = []
     for quota in quotas:
+        budget = quota.monthly_gpu_hour_budget
+        assert budget is not None  # filtered on monthly_gpu_hour_budget__gt=0
         hours = used.get((quota.tenant.slug, quota.flavor.slug), 0.0)
-        threshold = budget_crossed(
-            used_gpu_hours=hours, budget_gpu_hours=quota.monthly_gpu_hour_budget
-        )
+        threshold = budget_crossed(used_gpu_hours=hours, budget_gpu_hours=budget)
         if threshold is not None and threshold > notified[(quota.tenant_id, quota.flavor_id)]:
             crossings.append(
-                Crossing(quota=quota, threshold=threshold, used_gpu_hours=hours, month=month)
+                Crossing(
+                    quota=quota,
+                    threshold=threshold,
+                    used_gpu_hours=hours,
+                    budget_gpu_hours=budget,
+                    month=month,
+                )
             )
     if not crossings:
         return 0
@@ -161,7 +170,7 @@ def _alert_fire(*, crossing: Crossing, recipients: list, now: datetime) -> int:
                 flavor=quota.flavor,
                 month=crossing.month,
                 threshold=crossing.threshold,
-                budget_gpu_hours=quota.monthly_gpu_hour_budget,
+                budget_gpu_hours=crossing.budget_gpu_hours,
                 used_gpu_hours=crossing.used_gpu_hours,
                 sent_at=now,
             )

@@ -23,6 +23,7 @@ from tenants.access import is_platform_admin, is_tenant_admin, require_platform_
 from tenants.models import GpuFlavor, Membership, Quota, Tenant
 from tenants.selectors import tenant_get_viewable
 from tenants.services import MAX_STORED_INT, audit_record, quota_update
+from tenants.types import UserLike
 
 # --- reads -------------------------------------------------------------------------------
 
@@ -58,14 +59,14 @@ def member_usage_list(*, tenant: Tenant) -> list[MemberUsage]:
         MemberUsage(membership, *held.get(membership.user_id, (0, 0, 0)))
         for membership in memberships
     ]
-    admin_first = {Membership.Role.TENANT_ADMIN: 0}
+    admin_first: dict[str, int] = {Membership.Role.TENANT_ADMIN: 0}
     return sorted(
         usages,
         key=lambda u: (admin_first.get(u.membership.role, 1), u.membership.user.get_username()),
     )
 
 
-def tenant_get_members_viewable(*, user, slug: str) -> Tenant:
+def tenant_get_members_viewable(*, user: UserLike, slug: str) -> Tenant:
     """The tenant whose members ``user`` may list: its tenant admins and platform admins.
     DoesNotExist for a tenant the user cannot see; 403 for one they see but do not administer."""
     tenant = tenant_get_viewable(user=user, slug=slug)
@@ -175,7 +176,7 @@ def offered_flavor_slugs() -> frozenset[str]:
     )
 
 
-def cluster_list_manageable(*, user) -> QuerySet[Cluster]:
+def cluster_list_manageable(*, user: UserLike) -> QuerySet[Cluster]:
     """Every cluster with its capacity per flavor: platform admins only, else NotVisible."""
     require_platform_admin(user)
     return Cluster.objects.order_by("name").prefetch_related(
@@ -186,11 +187,11 @@ def cluster_list_manageable(*, user) -> QuerySet[Cluster]:
     )
 
 
-def cluster_get_manageable(*, user, name: str) -> Cluster:
+def cluster_get_manageable(*, user: UserLike, name: str) -> Cluster:
     return cluster_list_manageable(user=user).get(name=name)
 
 
-def held_gpus_by_pool(*, clusters: Sequence[Cluster]) -> dict[tuple[int, int], int]:
+def held_gpus_by_pool(*, clusters: Iterable[Cluster]) -> dict[tuple[int, int], int]:
     """(cluster id, flavor id) -> GPUs held by runs on it, in one aggregate query."""
     rows = (
         Run.objects.filter(state__in=HOLDING_STATES, cluster__in=list(clusters))
@@ -225,7 +226,7 @@ def quota_update_checked(
     monthly_gpu_hour_budget: int | None,
     budget_mode: str,
     fair_share_weight: int,
-    actor,
+    actor: UserLike,
 ) -> QuotaChange:
     """``tenants.services.quota_update`` with the flavors enabled clusters offer, so a borrow
     limit on a flavor nobody offers is refused; then an admission cycle applies the change.
@@ -252,7 +253,7 @@ def quota_update_checked(
 
 @transaction.atomic
 def cluster_capacity_set(
-    *, cluster: Cluster, flavor: GpuFlavor, nodes: int, gpus_per_node: int, actor
+    *, cluster: Cluster, flavor: GpuFlavor, nodes: int, gpus_per_node: int, actor: UserLike
 ) -> ClusterFlavor:
     """Set a simulator cluster's pool of ``flavor`` to ``nodes`` × ``gpus_per_node`` and
     refresh the capacity admission uses; audited as "cluster.capacity".

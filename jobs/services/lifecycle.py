@@ -16,6 +16,7 @@ from jobs.models import (
     RunState,
 )
 from tenants.services import audit_record
+from tenants.types import UserLike, signed_in
 
 
 def run_transition(
@@ -25,7 +26,7 @@ def run_transition(
     expected: Iterable[RunState],
     reason: str,
     message: str = "",
-    actor=None,
+    actor: UserLike | None = None,
     attempt: Attempt | None = None,
     **fields,
 ) -> bool:
@@ -45,7 +46,7 @@ def run_transition(
         to_state=to,
         reason=reason,
         message=message,
-        actor=actor,
+        actor=None if actor is None else signed_in(actor),
     )
     run.state = to
     for name, value in fields.items():
@@ -54,7 +55,7 @@ def run_transition(
 
 
 @transaction.atomic
-def run_cancel(*, run: Run, actor, system_reason: str = "") -> Run:
+def run_cancel(*, run: Run, actor: UserLike | None, system_reason: str = "") -> Run:
     """Cancel a run: at once if it holds no backend job yet, else through the backend.
 
     Gantry itself cancels (a tenant's idle-GPU policy) with ``actor`` None and a
@@ -75,8 +76,11 @@ def run_cancel(*, run: Run, actor, system_reason: str = "") -> Run:
             to=RunState.CANCELLED,
             expected=(RunState.QUEUED, RunState.ADMITTED, RunState.PREEMPTED),
             reason="CANCELLED",
-            message=system_reason
-            or f"Cancelled by {actor.get_username()} before it reached the cluster",
+            message=(
+                system_reason
+                if actor is None
+                else f"Cancelled by {actor.get_username()} before it reached the cluster"
+            ),
             actor=actor,
             finished_at=now,
             cancel_requested_at=now,
@@ -100,16 +104,22 @@ def run_cancel(*, run: Run, actor, system_reason: str = "") -> Run:
                 from_state=run.state,
                 to_state=run.state,
                 reason="CANCEL_REQUESTED",
-                message=system_reason or f"Cancel requested by {actor.get_username()}",
-                actor=actor,
+                message=(
+                    system_reason
+                    if actor is None
+                    else f"Cancel requested by {actor.get_username()}"
+                ),
+                actor=None if actor is None else signed_in(actor),
             )
             _run_cancel_audit(run=run, actor=actor, before=before)
-            attempt_cancel_enqueue(run.attempts.order_by("-number").first().pk)
+            latest = run.attempts.order_by("-number").first()
+            assert latest is not None  # a run that was submitted has an attempt
+            attempt_cancel_enqueue(latest.pk)
         return run
     raise ValidationError({"state": f"The run is already {run.get_state_display().lower()}."})
 
 
-def _run_cancel_audit(*, run: Run, actor, before: dict) -> None:
+def _run_cancel_audit(*, run: Run, actor: UserLike | None, before: dict) -> None:
     if actor is None:
         return
     audit_record(

@@ -11,9 +11,10 @@ from jobs.models import (
 )
 from jobs.services.submission import experiment_input_of, run_submit_values
 from jobs.services.templates import template_submit
+from tenants.types import UserLike
 
 
-def spec_submit(*, user, document) -> Run:
+def spec_submit(*, user: UserLike, document) -> Run:
     """Submit a spec document: parse it, apply its template (the tenant's own of that name,
     else a global one), then run_submit. ValidationError names dotted spec fields."""
     values, errors = spec.spec_parse(document)

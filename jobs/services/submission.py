@@ -33,7 +33,8 @@ from jobs.models import (
 from jobs.selectors.queue import flavor_node_limits
 from jobs.selectors.runs import run_submitted_with
 from tenants.access import tenant_list_submittable
-from tenants.models import MAX_ID, GpuFlavor, Quota
+from tenants.models import MAX_ID, GpuFlavor, Quota, max_length_of
+from tenants.types import UserLike, signed_in
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
@@ -85,13 +86,14 @@ def _is_unicode_text(value) -> bool:
     return True
 
 
-def experiment_validate(*, user, data: ExperimentInput) -> dict:
+def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
     """Check a request against every rule; raise ValidationError naming each bad field."""
     errors: dict[str, list[str]] = {}
     resolved: dict = {}
 
     tenant = tenant_list_submittable(user=user).filter(slug=data.tenant).first()
-    if _check(errors, "tenant", tenant is not None, "Unknown tenant, or you are not a member."):
+    known = _check(errors, "tenant", tenant is not None, "Unknown tenant, or you are not a member.")
+    if known and tenant is not None:
         resolved["tenant"] = tenant
         project = tenant.projects.filter(slug=data.project).first()
         if _check(errors, "project", project is not None, "Unknown project for this tenant."):
@@ -198,7 +200,7 @@ def experiment_validate(*, user, data: ExperimentInput) -> dict:
     )
     _check(errors, "max_restarts", 0 <= data.max_restarts <= 20, "Between 0 and 20.")
     for name in ("name", "code_repository", "dataset_uri", "dataset_version", "checkpoint_dir"):
-        limit = Experiment._meta.get_field(name).max_length
+        limit = max_length_of(Experiment, name)
         value = getattr(data, name) or ""
         _check(errors, name, len(value) <= limit, f"At most {limit} characters.")
         _check(errors, name, "\x00" not in value, "Must not contain NUL characters.")
@@ -212,8 +214,11 @@ def _check_quota_allows(errors, *, tenant, flavor, data: ExperimentInput) -> Non
     gpus = data.nodes * data.gpus_per_node
     quota = Quota.objects.filter(tenant=tenant, flavor=flavor).first()
     ceiling = 0 if quota is None else quota.guaranteed_gpus + quota.borrow_limit_gpus
-    if not _check(
-        errors, "flavor", ceiling > 0, f"Tenant {tenant.slug} has no quota for {flavor.slug}."
+    if (
+        not _check(
+            errors, "flavor", ceiling > 0, f"Tenant {tenant.slug} has no quota for {flavor.slug}."
+        )
+        or quota is None  # no quota: no ceiling either, refused just above
     ):
         return
     if quota.max_gpus_per_run is not None and gpus > quota.max_gpus_per_run:
@@ -235,7 +240,7 @@ def _check_quota_allows(errors, *, tenant, flavor, data: ExperimentInput) -> Non
     )
 
 
-def _check_cloned_from(errors, *, user, tenant, experiment_id) -> int | None:
+def _check_cloned_from(errors, *, user: UserLike, tenant, experiment_id) -> int | None:
     """A clone's source must be an experiment of the same tenant that the user can read;
     anything else gets the same answer, so the check reveals nothing."""
     found = (
@@ -297,7 +302,7 @@ def _resolve_image(errors, *, tenant, reference: str) -> Image | None:
     return image
 
 
-def _submit_once(*, user, submission_key: UUID | None, create: Callable[[], Run]) -> Run:
+def _submit_once(*, user: UserLike, submission_key: UUID | None, create: Callable[[], Run]) -> Run:
     """``create()`` unless this user's ``submission_key`` already queued a run: then that run.
 
     The key is checked before validating, so a replay of a form that was accepted is never
@@ -319,7 +324,7 @@ def _submit_once(*, user, submission_key: UUID | None, create: Callable[[], Run]
         return earlier
 
 
-def run_submit(*, user, data: ExperimentInput, submission_key: UUID | None = None) -> Run:
+def run_submit(*, user: UserLike, data: ExperimentInput, submission_key: UUID | None = None) -> Run:
     """Record the experiment and queue a run of it; admission picks it up after commit.
 
     With a ``submission_key`` (the submit form's one-time key) a repeated request returns
@@ -332,13 +337,13 @@ def run_submit(*, user, data: ExperimentInput, submission_key: UUID | None = Non
     )
 
 
-def _run_submit_new(*, user, data: ExperimentInput, submission_key: UUID | None) -> Run:
+def _run_submit_new(*, user: UserLike, data: ExperimentInput, submission_key: UUID | None) -> Run:
     resolved = experiment_validate(user=user, data=data)
     image = resolved["image"]
     experiment = Experiment.objects.create(
         tenant=resolved["tenant"],
         project=resolved["project"],
-        owner=user,
+        owner=signed_in(user),
         name=data.name or f"{resolved['project'].slug}-{timezone.now():%Y%m%d-%H%M%S}",
         image=image,
         image_reference=image.reference,
@@ -386,7 +391,7 @@ def experiment_input_of(experiment: Experiment) -> ExperimentInput:
     )
 
 
-def run_rerun(*, experiment: Experiment, user, submission_key: UUID | None = None) -> Run:
+def run_rerun(*, experiment: Experiment, user: UserLike, submission_key: UUID | None = None) -> Run:
     """Queue a new run of the same experiment record: same image digest, command, code,
     data, params and resources. Every submit rule is checked again (membership, the image
     still approved and visible to the tenant, a quota that could ever admit it). A repeated
@@ -404,7 +409,7 @@ def run_rerun(*, experiment: Experiment, user, submission_key: UUID | None = Non
     )
 
 
-def _run_rerun_new(*, experiment: Experiment, user, submission_key: UUID | None) -> Run:
+def _run_rerun_new(*, experiment: Experiment, user: UserLike, submission_key: UUID | None) -> Run:
     image = experiment.image
     if image.status != Image.Status.APPROVED:
         raise ValidationError(
@@ -434,28 +439,29 @@ def _run_rerun_new(*, experiment: Experiment, user, submission_key: UUID | None)
 def _run_create(
     *,
     experiment: Experiment,
-    user,
+    user: UserLike,
     reason: str = "SUBMITTED",
     message: str = "Submitted",
     submission_key: UUID | None = None,
 ) -> Run:
+    submitter = signed_in(user)
     run = Run.objects.create(
         experiment=experiment,
         tenant=experiment.tenant,
         flavor=experiment.flavor,
         gpus=experiment.total_gpus,
         priority=experiment.priority,
-        submitted_by=user,
+        submitted_by=submitter,
         submission_key=submission_key,
     )
     RunEvent.objects.create(
-        run=run, to_state=RunState.QUEUED, reason=reason, actor=user, message=message
+        run=run, to_state=RunState.QUEUED, reason=reason, actor=submitter, message=message
     )
     admission_cycle_enqueue()
     return run
 
 
-def run_submit_values(*, user, values: dict, submission_key: UUID | None = None) -> Run:
+def run_submit_values(*, user: UserLike, values: dict, submission_key: UUID | None = None) -> Run:
     """run_submit with ExperimentInput values; its errors by dotted spec name."""
     try:
         return run_submit(user=user, data=ExperimentInput(**values), submission_key=submission_key)

@@ -15,6 +15,7 @@ from jobs.selectors.runs import run_submitted_with
 from jobs.services.submission import run_submit_values
 from tenants.models import Tenant, slug_validator
 from tenants.services import audit_record, audit_snapshot
+from tenants.types import UserLike
 
 TEMPLATE_AUDITED_FIELDS = ("name", "description", "values", "locked", "ranges")
 
@@ -22,7 +23,7 @@ TEMPLATE_AUDITED_FIELDS = ("name", "description", "values", "locked", "ranges")
 @transaction.atomic
 def template_save(
     *,
-    actor,
+    actor: UserLike,
     tenant: Tenant | None,
     name: str,
     description: str,
@@ -84,7 +85,7 @@ def template_save(
 
 
 @transaction.atomic
-def template_delete(*, actor, template: ExperimentTemplate) -> None:
+def template_delete(*, actor: UserLike, template: ExperimentTemplate) -> None:
     if not template_can_manage(user=actor, tenant=template.tenant):
         raise PermissionDenied("Only platform admins and the tenant's admins manage templates.")
     # The audit records the template as stored, not as the caller last saw it.
@@ -100,7 +101,11 @@ def template_delete(*, actor, template: ExperimentTemplate) -> None:
 
 
 def template_submit(
-    *, user, template: ExperimentTemplate, values: dict, submission_key: UUID | None = None
+    *,
+    user: UserLike,
+    template: ExperimentTemplate,
+    values: dict,
+    submission_key: UUID | None = None,
 ) -> Run:
     """Submit ``values`` (ExperimentInput fields, those given) on top of the template:
     its locks and ranges checked, then every rule of run_submit. ValidationError names
@@ -109,7 +114,7 @@ def template_submit(
     earlier = run_submitted_with(user=user, submission_key=submission_key)
     if earlier is not None:
         return earlier
-    if template.tenant_id is not None and template.tenant.slug != values.get("tenant"):
+    if template.tenant is not None and template.tenant.slug != values.get("tenant"):
         raise ValidationError(
             {"template": [f"Template {template.name} belongs to tenant {template.tenant.slug}."]}
         )

@@ -12,6 +12,7 @@ days up to today. A range is rejected when it is
 """
 
 from datetime import date, datetime, time, timedelta
+from typing import Any
 
 from django import forms
 from django.http import QueryDict
@@ -72,8 +73,8 @@ class KpiFilterForm(forms.Form):
             **self.fields,
         }
 
-    def clean(self) -> dict:
-        cleaned = super().clean()
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
         first, last = cleaned.get("from"), cleaned.get("to")
         if "from" in self.errors or "to" in self.errors:
             return cleaned  # not a date: said next to the field
