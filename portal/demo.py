@@ -1,6 +1,6 @@
 """The demo world that ``make run`` seeds: tenants, people, images, a simulated cluster, runs.
 
-It tells a story (tests/test_demo.py holds it to each part):
+It tells a story (tests/portal/test_demo.py holds it to each part):
 
 - three tenants with different quotas: vision (16 guaranteed A100 GPUs, may borrow 8, a hard
   monthly budget), nlp (8 guaranteed, may borrow 16, no budget), climate (8, no borrowing, a

@@ -255,7 +255,7 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-# Workers and beat ride out a Redis restart by themselves (tests/test_crash_recovery.py):
+# Workers and beat ride out a Redis restart by themselves (tests/portal/test_crash_recovery.py):
 # they retry the connection for as long as it takes, also when Redis is not up yet at
 # their start (Celery 6 stops inferring that from broker_connection_retry), instead of
 # exiting after 100 tries. Nothing is lost meanwhile: the database holds the work, and beat

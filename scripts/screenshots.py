@@ -1,7 +1,7 @@
 """Refresh the README's screenshots (docs/screenshots/*.png).
 
 The browser tests take them: ``test_readme_pages_on_the_demo`` in
-tests/test_browser_journeys.py opens each page of the ``make run`` demo in Debian's headless
+tests/portal/test_browser_journeys.py opens each page of the ``make run`` demo in Debian's headless
 Chromium as its persona, checks it, and writes a full-page PNG to docs/screenshots when
 GANTRY_SCREENSHOTS=1 (into pytest's temporary directory otherwise). This runs only that test,
 with the test services of ``make test`` (scripts/test-services.sh, which also installs
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def main() -> int:
     command = [
         "bash", "scripts/test-services.sh", "exec", "--",
-        sys.executable, "-m", "pytest", "tests/test_browser_journeys.py",
+        sys.executable, "-m", "pytest", "tests/portal/test_browser_journeys.py",
         "-k", "test_readme_pages_on_the_demo", "-q", "-p", "no:cacheprovider",
     ]  # fmt: skip
     env = os.environ | {"GANTRY_SCREENSHOTS": "1"}

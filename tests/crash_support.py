@@ -1,4 +1,4 @@
-"""Machinery of the crash and outage tests (tests/test_crash_recovery.py).
+"""Machinery of the crash and outage tests (tests/portal/test_crash_recovery.py).
 
 Real Celery processes to ``kill -9``, kill points inside a worker so that a kill lands at
 a chosen step of a submit, throwaway PostgreSQL and Redis servers to restart, a submitting
@@ -613,7 +613,7 @@ def render_section(figures: dict) -> str:
     lines = [
         SECTION,
         "",
-        "Three scenarios with real processes, in `tests/test_crash_recovery.py` (marked",
+        "Three scenarios with real processes, in `tests/portal/test_crash_recovery.py` (marked",
         "`integration`, part of `make test`, 2.5 to 3 minutes together). Each ends with exact",
         "counts read from the backends themselves (the simulator's job table; the Kubernetes",
         "API, listed over HTTP by the official client) and from the database, and fails on any",
@@ -720,7 +720,7 @@ def render_section(figures: dict) -> str:
         "### What the scenarios found",
         "",
         "Fixed (the first three with regression tests of their own, in",
-        "`tests/test_crash_recovery.py`; the scenarios cover the rest):",
+        "`tests/portal/test_crash_recovery.py`; the scenarios cover the rest):",
         "",
         "- **A job found by the sync was never recorded.** When the worker died after the",
         "  backend created the job, the next sync (the simulator and Slurm find jobs by name)",
