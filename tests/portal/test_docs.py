@@ -59,3 +59,27 @@ def test_the_guides_name_only_settings_that_exist():
 
     assert named - examples <= known, named - examples - known
     assert {"DJANGO_SECRET_KEY", "GANTRY_OIDC_ISSUER", "GANTRY_PUBLIC_URL"} <= named
+
+
+def test_the_architecture_map_names_only_modules_that_exist():
+    """docs/architecture.md is the newcomer's map: every module path and every
+    ``module.function`` it names is in the tree."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    paths = set(
+        re.findall(
+            r"`((?:portal|tenants|images|jobs|telemetry|finance|tests|bench)/[\w/]*(?:\.py)?)`",
+            text,
+        )
+    )
+    missing = sorted(path for path in paths if not (ROOT / path).exists())
+    assert len(paths) > 40
+    assert missing == []
+    named = re.findall(
+        r"`((?:portal|tenants|images|jobs|telemetry|finance)/[\w/]+\.py)` `(\w+)`", text
+    )
+    absent = sorted(
+        f"{path} {name}"
+        for path, name in named
+        if not re.search(rf"^(?:def|class) {name}\b|^{name} = ", (ROOT / path).read_text(), re.M)
+    )
+    assert named and absent == []
