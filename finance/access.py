@@ -50,4 +50,5 @@ def finance_tenant_get(*, user: UserLike, slug: str) -> Tenant:
 
 
 def rate_card_can_manage(*, user: UserLike) -> bool:
+    """Finance and platform admins add rate cards; tenant admins only read them."""
     return is_platform_admin(user) or is_finance(user)
