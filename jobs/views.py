@@ -67,7 +67,7 @@ from jobs.services import capacity, lifecycle, submission
 from jobs.services import templates as template_services
 from jobs.services.specs import experiment_spec
 from jobs.services.submission import run_rerun
-from jobs.services.templates import template_save, template_submit
+from jobs.services.templates import TEMPLATE_FIELDS, template_save, template_submit
 from tenants.access import (
     is_platform_admin,
     is_tenant_admin,
@@ -258,7 +258,7 @@ def run_submit(request: HttpRequest) -> HttpResponse:
         if template is not None:
             form.lock(template)
     else:
-        if "from" in request.GET:
+        if request.GET.get("from"):  # an empty ?from= is no source, as before
             source_id = ascii_id(request.GET["from"])
             if source_id is None:
                 raise Http404("No such experiment")
@@ -691,7 +691,7 @@ def template_create(request: HttpRequest) -> HttpResponse:
 
 
 def _template_fields(data: dict) -> dict:
-    return {name: data[name] for name in ("name", "description", "values", "locked", "ranges")}
+    return {name: data[name] for name in TEMPLATE_FIELDS}
 
 
 @login_required

@@ -71,7 +71,7 @@ def flavor_edit(request: HttpRequest, slug: str) -> HttpResponse:
         messages.success(request, f"Saved the GPU flavor {saved.slug}.")
         return redirect("tenants:flavor_list")
 
-    initial = {name: getattr(flavor, name) for name in ("name", "memory_gb", "gpu_fraction")}
+    initial = {name: getattr(flavor, name) for name in services.FLAVOR_FIELDS}
     return form_page(
         request,
         FlavorForm(request.POST, editing=True)

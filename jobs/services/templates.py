@@ -17,7 +17,8 @@ from tenants.models import Tenant, slug_validator
 from tenants.services import audit_record, audit_snapshot
 from tenants.types import UserLike
 
-TEMPLATE_AUDITED_FIELDS = ("name", "description", "values", "locked", "ranges")
+# What a template is made of: what the form edits, the service saves and the audit records.
+TEMPLATE_FIELDS = ("name", "description", "values", "locked", "ranges")
 
 
 @transaction.atomic
@@ -65,7 +66,7 @@ def template_save(
         template = ExperimentTemplate(created_by=actor if actor.is_authenticated else None)
     else:
         template = ExperimentTemplate.objects.select_for_update().get(pk=template.pk)
-        before = audit_snapshot(template, only=TEMPLATE_AUDITED_FIELDS)
+        before = audit_snapshot(template, only=TEMPLATE_FIELDS)
     template.tenant = tenant
     template.name = name
     template.description = description
@@ -79,7 +80,7 @@ def template_save(
         target=f"template {template}",
         tenant=tenant,
         before=before,
-        after=audit_snapshot(template, only=TEMPLATE_AUDITED_FIELDS),
+        after=audit_snapshot(template, only=TEMPLATE_FIELDS),
     )
     return template
 
@@ -95,7 +96,7 @@ def template_delete(*, actor: UserLike, template: ExperimentTemplate) -> None:
         action="template.delete",
         target=f"template {template}",
         tenant=template.tenant,
-        before=audit_snapshot(template, only=TEMPLATE_AUDITED_FIELDS),
+        before=audit_snapshot(template, only=TEMPLATE_FIELDS),
     )
     template.delete()
 
