@@ -10,6 +10,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BOOTSTRAP_PYTHON ?= $(shell command -v python3.11 || command -v python3)
 PYTEST_ARGS ?=
+# pytest-xdist processes: the suite mostly waits on real servers, so more workers than cores pay.
+TEST_WORKERS ?= 3
 BENCH_ARGS ?=
 
 .PHONY: help venv run lint test bench clean distclean
@@ -19,7 +21,8 @@ help:
 	@echo "make lint       ruff, ruff format --check, manage.py check, makemigrations --check, lint-imports,"
 	@echo "                mypy (django-stubs, drf-stubs; strict on the pure modules)"
 	@echo "make test       lint, then pytest against PostgreSQL and Redis (scripts/test-services.sh)"
-	@echo "                PYTEST_ARGS='-k admission' passes arguments to pytest"
+	@echo "                PYTEST_ARGS='-k admission' passes arguments to pytest;"
+	@echo "                TEST_WORKERS=1 runs it in one process (default $(TEST_WORKERS), pytest-xdist)"
 	@echo "make bench      the benchmarks (python -m bench) against the same services"
 	@echo "make venv       $(VENV) with the project and its dev tools (redone when pyproject.toml changes)"
 	@echo "make clean      remove var/ and build artefacts; make distclean also removes $(VENV)"
@@ -55,7 +58,7 @@ lint: venv
 	if (( $${#failed[@]} )); then printf 'lint: FAILED: %s\n' "$${failed[@]}" >&2; exit 1; fi
 
 test: venv lint
-	bash scripts/test-services.sh exec -- $(VENV)/bin/pytest $(PYTEST_ARGS)
+	bash scripts/test-services.sh exec -- $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 bench: venv
 	@if [[ -f bench/__main__.py ]]; then \

@@ -128,7 +128,9 @@ stop_daemons() { # stop_daemons GRACE NAME...
     ((${#pids[@]})) || return 0
     end=$((SECONDS + grace))
     while ((SECONDS < end)); do
-        for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && continue 2; done
+        for pid in "${pids[@]}"; do
+            kill -0 "$pid" 2>/dev/null && sleep 0.1 && continue 2
+        done
         return 0
     done
     for pid in "${pids[@]}"; do
@@ -499,11 +501,12 @@ cmd_down() {
     done
     [[ -d $DIR ]] || return 0
     if ((${#names[@]})); then
-        stop_daemons 10 "${names[@]}"
+        # slurmctld saves the jobs' state as it stops: killed, it would lose running jobs.
+        stop_daemons 30 "${names[@]}"
         return 0
     fi
     stop_daemons 10 slurmrestd "${NODE_NAMES[@]}"
-    stop_daemons 15 slurmctld
+    stop_daemons 30 slurmctld
     stop_daemons 10 slurmdbd
     stop_daemons 30 mariadbd munged
     if ((purge)); then

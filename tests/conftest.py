@@ -38,6 +38,23 @@ class World:
     platform_admin: User
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` pytest-xdist marks each test of a group by suffixing its
+    id with ``@group`` and sends a group to one worker. Where that silently stops working
+    (pytest 9.2 with pytest-xdist 3.8, pytest-dev/pytest-xdist#1386), tests that share one
+    machine-wide server (the Slurm cluster) would run at once in several workers: stop."""
+    if getattr(config.option, "loadgroup", False):
+        for item in items:
+            group = item.get_closest_marker("xdist_group")
+            if group is not None and not item.nodeid.endswith(f"@{group.args[0]}"):
+                raise pytest.UsageError(
+                    f"pytest-xdist does not group {item.nodeid} (xdist_group "
+                    f"{group.args[0]!r}): pytest-dev/pytest-xdist#1386; see the pytest pin "
+                    "in pyproject.toml"
+                )
+
+
 def make_user(username: str) -> User:
     return User.objects.create_user(username=username, password=PASSWORD)
 

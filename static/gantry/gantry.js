@@ -277,6 +277,7 @@ window.GantryCharts = (function () {
         }
       });
       var request = ++latest;
+      container.setAttribute("aria-busy", "true");
       fetch(url + "?" + params.toString(), {
         credentials: "same-origin",
         headers: { "X-Requested-With": "XMLHttpRequest" },
@@ -296,6 +297,11 @@ window.GantryCharts = (function () {
         })
         .catch(function () {
           // Keep the last answer; the next change tries again.
+        })
+        .finally(function () {
+          if (request === latest) {
+            container.setAttribute("aria-busy", "false");
+          }
         });
     }
 
@@ -304,10 +310,17 @@ window.GantryCharts = (function () {
         return;
       }
       window.clearTimeout(timer);
+      container.setAttribute("aria-busy", "true");
       timer = window.setTimeout(refresh, 300);
     }
     form.addEventListener("input", changed);
     form.addEventListener("change", changed);
+    // A check still waiting when the form is sent is dropped: the page is leaving, and a
+    // request racing the submit could change the session's cookie under it.
+    form.addEventListener("submit", function () {
+      window.clearTimeout(timer);
+      latest += 1;
+    });
   }
 
   // A form's one-time submission key is kept in its history entry when it is sent. Going

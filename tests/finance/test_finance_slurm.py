@@ -16,7 +16,6 @@ import time
 from datetime import timedelta
 from decimal import Decimal
 
-import pytest
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -31,7 +30,7 @@ from telemetry.models import AttemptAccounting
 from telemetry.services import accounting_compute_pending
 from tests.jobs.backends import test_slurm_cluster as cluster_tests
 
-pytestmark = pytest.mark.django_db
+pytestmark = cluster_tests.pytestmark  # a database test, in the worker that has the cluster
 
 # The cluster and the Slurm-backed world of tests/jobs/backends/test_slurm_cluster.py: pytest finds
 # fixtures by their names in this module.

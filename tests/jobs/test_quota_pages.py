@@ -1116,7 +1116,7 @@ def test_submit_page_renders_the_quota_check_with_its_initial_values(client, len
     run = submit(lending_world, flavor="h100-80gb", gpus_per_node=4)
     again = client.get(reverse("jobs:run_submit"), {"from": run.experiment_id}).content.decode()
 
-    assert '<div data-preview-url="/runs/preview/" aria-live="polite">' in blank
+    assert '<div data-preview-url="/runs/preview/" aria-live="polite" aria-busy="false">' in blank
     assert "<li>Choose a GPU flavor.</li>" in blank
     assert "<li>Choose a tenant.</li>" not in blank  # alice has one tenant: it is preselected
     assert '<span class="badge badge-verdict-start">Would start now</span>' in again

@@ -493,6 +493,8 @@ def fill_submit_form(page: Page, name: str) -> None:
     page.fill("#id_command", "python train.py --epochs 3")
     page.select_option("#id_flavor", "a100-80gb")
     page.fill("#id_gpus_per_node", "2")
+    # The quota check has answered for these values: no request of the page is in flight.
+    expect(page.locator("[data-preview-url]")).to_have_attribute("aria-busy", "false")
 
 
 def test_a_double_click_on_submit_queues_one_run(world, persona_page, tmp_path):

@@ -40,8 +40,10 @@ from tests.conftest import experiment_input
 
 # Every test is a database test, so that pytest-django keeps them in this file's order (it
 # runs database tests first): the gang job needs the whole cluster before the time-limit
-# job takes a GPU, and that job's minute runs while the others do.
-pytestmark = pytest.mark.django_db
+# job takes a GPU, and that job's minute runs while the others do. There is one cluster on
+# the machine: under pytest-xdist, every test that uses it runs in the same worker
+# (`--dist loadgroup`), in this order.
+pytestmark = [pytest.mark.django_db, pytest.mark.xdist_group("slurm-cluster")]
 
 ROOT = REPOSITORY
 SCRIPT = ROOT / "scripts" / "slurm-cluster.sh"
@@ -613,6 +615,7 @@ def test_outage_leaves_runs_in_place_and_converges_without_loss_or_duplicates(sl
 
     stopped = run_script("down", "slurmctld")
     assert stopped.returncode == 0, stopped.stderr
+    assert "SIGKILL" not in stopped.stderr  # a stop, not a crash: it saved the jobs' state
     try:
         with pytest.raises(TransientBackendError, match="Unable to contact slurm controller"):
             attempt_submit(attempt_id=waiting_attempt.pk)
@@ -638,7 +641,10 @@ def test_outage_leaves_runs_in_place_and_converges_without_loss_or_duplicates(sl
     for run, attempt in ((running, running_attempt), (waiting, waiting_attempt)):
         run.refresh_from_db()
         attempt.refresh_from_db()
-        assert (run.state, attempt.backend_error) == (RunState.SUCCEEDED, "")
+        assert (run.state, attempt.backend_error) == (RunState.SUCCEEDED, ""), (
+            attempt.failure_reason,
+            attempt.failure_message,
+        )
         assert jobs_named(attempt.name) == [attempt.backend_job_id]
         row = sacct_row(attempt.backend_job_id)
         total += gpus_of_tres(row["AllocTRES"]) * int(row["ElapsedRaw"])
