@@ -271,7 +271,7 @@ def seed() -> World:
     ]
     ClusterFlavor.objects.bulk_create(
         [
-            ClusterFlavor(cluster=cluster, flavor=flavor, nodes=64, gpus_per_node=8)
+            ClusterFlavor(cluster=cluster, flavor=flavor, nodes=64, gpus_per_node=8, gpus=512)
             for cluster in clusters
             for flavor in flavors
         ]

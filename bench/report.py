@@ -1,5 +1,6 @@
 """What a benchmark hands back for docs/benchmarks.md, and small timing helpers."""
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,12 @@ class Section:
             lines.append("")
             lines.extend(f"- {note}" for note in self.notes)
         return "\n".join(lines) + "\n"
+
+
+def quick() -> bool:
+    """``GANTRY_BENCH_QUICK=1``: the benchmarks that know it run on small sizes only, to
+    check that they work (admission, cycle, trace, placement). Never for docs/benchmarks.md."""
+    return os.environ.get("GANTRY_BENCH_QUICK") == "1"
 
 
 def timed(fn: Callable[[], object]) -> tuple[float, object]:

@@ -234,7 +234,7 @@ def seed() -> tuple[list[Persona], dict[str, float]]:
     ]
     ClusterFlavor.objects.bulk_create(
         [
-            ClusterFlavor(cluster=cluster, flavor=flavor, nodes=32, gpus_per_node=8)
+            ClusterFlavor(cluster=cluster, flavor=flavor, nodes=32, gpus_per_node=8, gpus=256)
             for cluster in clusters
             for flavor in flavors
         ]

@@ -23,6 +23,16 @@ class ClusterFlavorInline(ReadOnlyAdminMixin, admin.TabularInline):
 class ClusterAdmin(AuditedAdmin):
     list_display = ["name", "backend", "enabled", "last_sync_at", "last_error"]
     inlines = [ClusterFlavorInline]
+    # What the backends report: the sync writes it, nobody edits it.
+    readonly_fields = [
+        "last_sync_at",
+        "last_error",
+        "inventory_at",
+        "inventory_valid_until",
+        "inventory_error",
+        "topology_levels",
+        "inventory_problems",
+    ]
 
 
 @admin.register(Experiment)

@@ -6,7 +6,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from jobs import spec
-from jobs.models import Experiment, ExperimentTemplate
+from jobs.models import Experiment, ExperimentTemplate, TopologyMode
 from jobs.services.submission import ExperimentInput
 from tenants.forms import ServiceErrorsMixin
 from tenants.models import GpuFlavor, max_length_of
@@ -107,6 +107,20 @@ class RunSubmitForm(ServiceErrorsMixin, forms.Form):
     gpus_per_node = forms.IntegerField(
         initial=1, label="GPUs per node", widget=forms.NumberInput(attrs={"min": 1})
     )
+    topology_level = forms.CharField(
+        required=False,
+        label="Topology",
+        widget=_select(),
+        help_text="A level of the clusters' network its nodes should share (e.g. one leaf "
+        "switch); by default as tight as the free nodes allow.",
+    )
+    topology_mode = forms.ChoiceField(
+        required=False,
+        choices=TopologyMode.choices,
+        initial=TopologyMode.PREFERRED,
+        label="Topology is",
+        help_text="Required waits until one domain of the level has room for the whole gang.",
+    )
     priority = forms.IntegerField(
         initial=50,
         widget=forms.NumberInput(attrs={"min": 0, "max": 100}),
@@ -142,7 +156,9 @@ class RunSubmitForm(ServiceErrorsMixin, forms.Form):
         error_messages={"invalid": "This form is damaged: open the submit page again."},
     )
 
-    def __init__(self, *args, tenants, projects, images, flavor_limits, **kwargs):
+    def __init__(
+        self, *args, tenants, projects, images, flavor_limits, topology_levels=(), **kwargs
+    ):
         super().__init__(*args, **kwargs)
         tenants = list(tenants)
         self.fields["tenant"].widget.choices = [("", "Choose a tenant")] + [
@@ -162,6 +178,9 @@ class RunSubmitForm(ServiceErrorsMixin, forms.Form):
         self.fields["flavor"].widget.choices = [("", "Choose a GPU flavor")] + [
             (slug, f"{slug} (up to {nodes} nodes × {gpus} GPUs)")
             for slug, (nodes, gpus) in sorted(flavor_limits.items())
+        ]
+        self.fields["topology_level"].widget.choices = [("", "As tight as possible")] + [
+            (level, f"One {level}") for level in topology_levels
         ]
 
     def clean_command(self) -> str:
@@ -227,6 +246,8 @@ class RunSubmitForm(ServiceErrorsMixin, forms.Form):
             max_runtime_minutes=data["max_runtime_minutes"],
             max_restarts=data["max_restarts"],
             checkpoint_dir=data["checkpoint_dir"],
+            topology_level=data["topology_level"],
+            topology_mode=data["topology_mode"],
             cloned_from=data["cloned_from"],
         )
 
@@ -258,6 +279,8 @@ def initial_from_experiment(experiment: Experiment) -> dict:
         "max_runtime_minutes": experiment.max_runtime_minutes,
         "max_restarts": experiment.max_restarts,
         "checkpoint_dir": experiment.checkpoint_dir,
+        "topology_level": experiment.topology_level,
+        "topology_mode": experiment.topology_mode if experiment.topology_level else "",
     }
 
 
@@ -361,9 +384,22 @@ class RunPreviewForm(forms.Form):
         ),
     )
 
+    topology_level = forms.CharField(required=False, max_length=63)
+    topology_mode = forms.ChoiceField(
+        required=False,
+        choices=TopologyMode.choices,
+        error_messages={"invalid_choice": "Topology is either preferred or required."},
+    )
+
     def clean_priority(self) -> int:
         priority = self.cleaned_data["priority"]
         return 50 if priority is None else priority
+
+    def preview_arguments(self) -> dict:
+        """The cleaned values as ``admission_preview`` takes them."""
+        data = dict(self.cleaned_data)
+        data["topology_required"] = data.pop("topology_mode") == TopologyMode.REQUIRED
+        return data
 
 
 class ClusterCapacityForm(ServiceErrorsMixin, forms.Form):

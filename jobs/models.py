@@ -24,6 +24,16 @@ class Cluster(models.Model):
     enabled = models.BooleanField(default=True)
     last_sync_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
+    # The node inventory (ClusterNode rows): when it was last read whole, what went wrong
+    # since, the names of the cluster's topology levels (widest first) and what an operator
+    # should fix in its settings or nodes.
+    inventory_at = models.DateTimeField(null=True, blank=True)
+    # Past this, admission treats the nodes as unknown (it places nothing on them) until
+    # the next refresh; null for a cluster whose inventory cannot go out of date.
+    inventory_valid_until = models.DateTimeField(null=True, blank=True)
+    inventory_error = models.TextField(blank=True)
+    topology_levels = models.JSONField(default=list, blank=True)
+    inventory_problems = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["name"]
@@ -32,13 +42,46 @@ class Cluster(models.Model):
         return self.name
 
 
+class ClusterNode(models.Model):
+    """A GPU node of a cluster as its backend last reported it; admission places gangs on
+    these. GPUs held by Gantry's runs come from the runs themselves, not from here: only
+    the load from outside Gantry (``gpus_used - gpus_used_by_gantry``) is taken from it."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    name = models.CharField(max_length=253)
+    flavor = models.ForeignKey(GpuFlavor, on_delete=models.PROTECT, related_name="+")
+    gpus = models.PositiveIntegerField()
+    gpus_used = models.PositiveIntegerField(default=0)
+    gpus_used_by_gantry = models.PositiveIntegerField(default=0)
+    schedulable = models.BooleanField(default=True)
+    reason = models.CharField(max_length=500, blank=True)
+    path = models.JSONField(default=list, blank=True, help_text="Topology domains, widest first")
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["cluster__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="cluster_node_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}/{self.name}"
+
+    @property
+    def gpus_outside(self) -> int:
+        """GPUs held by jobs Gantry did not submit."""
+        return max(0, self.gpus_used - self.gpus_used_by_gantry)
+
+
 class ClusterFlavor(models.Model):
-    """Capacity of one flavor on one cluster, refreshed from the backend's inventory."""
+    """Capacity of one flavor on one cluster in brief, refreshed from the node inventory:
+    how many nodes have it, the most GPUs one node has, and the GPUs of all of them."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="flavors")
     flavor = models.ForeignKey(GpuFlavor, on_delete=models.PROTECT, related_name="+")
     nodes = models.PositiveIntegerField()
     gpus_per_node = models.PositiveIntegerField()
+    gpus = models.PositiveIntegerField()
 
     class Meta:
         ordering = ["cluster__name", "flavor__slug"]
@@ -51,7 +94,12 @@ class ClusterFlavor(models.Model):
 
     @property
     def capacity_gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
+        return self.gpus
+
+
+class TopologyMode(models.TextChoices):
+    PREFERRED = "preferred", "Preferred: as tight as the free nodes allow"
+    REQUIRED = "required", "Required: wait until one domain of the level has room"
 
 
 class Experiment(models.Model):
@@ -83,6 +131,13 @@ class Experiment(models.Model):
     max_runtime_minutes = models.PositiveIntegerField(default=24 * 60)
     max_restarts = models.PositiveIntegerField(default=0)
     checkpoint_dir = models.CharField(max_length=500, blank=True)
+    # The topology the gang asks for: a level of the clusters' topology (e.g. "leaf") that
+    # all its nodes must share (required) or should share (preferred); empty: as tight as
+    # admission can place it.
+    topology_level = models.CharField(max_length=63, blank=True)
+    topology_mode = models.CharField(
+        max_length=9, choices=TopologyMode.choices, default=TopologyMode.PREFERRED
+    )
     cloned_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="clones"
     )
@@ -104,6 +159,10 @@ class Experiment(models.Model):
     @property
     def total_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def topology_required(self) -> bool:
+        return bool(self.topology_level) and self.topology_mode == TopologyMode.REQUIRED
 
 
 class RunState(models.TextChoices):
@@ -147,6 +206,7 @@ class WaitReason(models.TextChoices):
     NO_QUOTA = "NO_QUOTA", "No quota for this flavor"
     BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED", "Monthly GPU-hour budget spent"
     TOO_LARGE = "TOO_LARGE", "Larger than the quota allows per run"
+    BACKEND = "BACKEND", "Held by the cluster"  # admitted and submitted, not started there
 
 
 class Run(models.Model):
@@ -266,6 +326,9 @@ class Attempt(models.Model):
     failure_message = models.TextField(blank=True)
     backend_error = models.TextField(blank=True, help_text="Last transient backend error")
     node_list = models.JSONField(default=list, blank=True)
+    # The nodes admission placed the attempt on (what the backend is told to use); the
+    # node_list is where the backend reports it runs.
+    placement = models.JSONField(default=list, blank=True)
     gpu_uuids = models.JSONField(default=list, blank=True)
     resumed_from = models.ForeignKey(
         Checkpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -399,6 +462,7 @@ class SimulatedJob(models.Model):
     max_runtime_s = models.PositiveIntegerField()
     state = models.CharField(max_length=12, default="PENDING")
     allocation = models.JSONField(default=dict, blank=True, help_text="node -> GPU indices")
+    placement = models.JSONField(default=list, blank=True, help_text="The nodes to start on")
     submitted_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

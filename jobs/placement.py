@@ -111,36 +111,64 @@ def largest_gang(nodes: Sequence[Node], gpus_per_node: int) -> int:
     return sum(1 for node in nodes if _fits(node, gpus_per_node))
 
 
+# Beyond this many nodes, a reason gives the spread of free GPUs, not each node's.
+EXPLAIN_NODES_LISTED = 8
+
+
+def level_name(levels: Sequence[str], level: int) -> str:
+    return levels[level - 1] if 0 < level <= len(levels) else f"level-{level} domain"
+
+
 def explain(nodes: Sequence[Node], gang: Gang, *, flavor: str, levels: Sequence[str] = ()) -> str:
     """Why ``gang`` cannot be placed now, with the numbers people need: what it needs,
     what is free and where, which nodes take no work. ``levels`` names the topology levels
-    (e.g. ``("block", "leaf switch")``)."""
+    (e.g. ``("block", "leaf switch")``). Short whatever the cluster's size: past
+    ``EXPLAIN_NODES_LISTED`` nodes it counts nodes by their free GPUs instead of naming them."""
     need = (
         f"needs {gang.gpus_per_node} {flavor} GPUs on one node"
         if gang.nodes == 1
         else f"needs {gang.nodes} nodes × {gang.gpus_per_node} {flavor} GPUs"
     )
     if gang.required_level is not None and gang.nodes > 1:
-        name = (
-            levels[gang.required_level - 1]
-            if 0 < gang.required_level <= len(levels)
-            else f"level-{gang.required_level} domain"
-        )
-        need += f" in one {name}"
-    working = [node for node in nodes if node.schedulable]
-    free = sum(node.free for node in working)
+        need += f" in one {level_name(levels, gang.required_level)}"
+    working = sorted((node for node in nodes if node.schedulable), key=lambda n: n.name)
     parts = [need]
     if working:
+        free = sum(node.free for node in working)
         most = max(node.free for node in working)
-        per_node = ", ".join(f"{node.free}" for node in sorted(working, key=lambda n: n.name))
-        names = sorted(node.name for node in working)
-        span = names[0] if len(names) == 1 else f"{names[0]}…{names[-1]}"
-        parts.append(
-            f"{free} {flavor} GPUs are free, at most {most} on any node ({span}: {per_node})"
-        )
+        if len(working) <= EXPLAIN_NODES_LISTED:
+            per_node = ", ".join(f"{node.free}" for node in working)
+            span = working[0].name if len(working) == 1 else f"{working[0].name}…{working[-1].name}"
+            spread = f"{span}: {per_node}"
+        else:
+            tally: dict[int, int] = defaultdict(int)
+            for node in working:
+                tally[node.free] += 1
+            spread = ", ".join(
+                f"{count} node{'s' if count > 1 else ''} with {gpus}"
+                for gpus, count in sorted(tally.items(), reverse=True)
+            )
+        parts.append(f"{free} {flavor} GPUs are free, at most {most} on any node ({spread})")
+        capable = [node for node in nodes if node.gpus >= gang.gpus_per_node]
+        if len(capable) < gang.nodes:
+            parts.append(
+                f"only {len(capable)} node{'' if len(capable) == 1 else 's'} "
+                f"{'has' if len(capable) == 1 else 'have'} {gang.gpus_per_node} GPUs at all"
+            )
+        elif gang.required_level is not None and gang.nodes > 1:
+            domains: dict[tuple[str, ...], int] = defaultdict(int)
+            for node in capable:
+                if len(node.path) >= gang.required_level:
+                    domains[node.path[: gang.required_level]] += 1
+            if max(domains.values(), default=0) < gang.nodes:
+                parts.append(
+                    f"no {level_name(levels, gang.required_level)} has {gang.nodes} such nodes"
+                )
     else:
         parts.append(f"no {flavor} node takes work now")
-    for node in sorted(nodes, key=lambda n: n.name):
-        if not node.schedulable:
-            parts.append(f"node {node.name} is {node.reason or 'not schedulable'}")
+    unschedulable = sorted((node for node in nodes if not node.schedulable), key=lambda n: n.name)
+    for node in unschedulable[:EXPLAIN_NODES_LISTED]:
+        parts.append(f"node {node.name} is {node.reason or 'not schedulable'}")
+    if len(unschedulable) > EXPLAIN_NODES_LISTED:
+        parts.append(f"{len(unschedulable) - EXPLAIN_NODES_LISTED} more nodes take no work")
     return "; ".join(parts)

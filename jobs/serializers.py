@@ -15,6 +15,7 @@ from jobs.models import (
     Run,
     RunEvent,
     RunState,
+    TopologyMode,
     WaitReason,
 )
 from jobs.selectors.runs import run_attempts, run_events
@@ -93,6 +94,18 @@ class ExperimentInputSerializer(serializers.Serializer):
     max_runtime_minutes = serializers.IntegerField(default=_INPUT_DEFAULTS["max_runtime_minutes"])
     max_restarts = serializers.IntegerField(default=_INPUT_DEFAULTS["max_restarts"])
     checkpoint_dir = _text("checkpoint_dir")
+    topology_level = _text(
+        "topology_level",
+        help_text="A topology level of the clusters (e.g. leaf): the gang's nodes share one "
+        "domain of it. Empty: as tight as admission can place it.",
+    )
+    topology_mode = serializers.ChoiceField(
+        choices=TopologyMode.choices,
+        allow_blank=True,
+        default=_INPUT_DEFAULTS["topology_mode"],
+        help_text="required: wait until one domain of the level has room; preferred (also "
+        "empty): as tight as the free nodes allow.",
+    )
     cloned_from = serializers.IntegerField(
         min_value=1,
         max_value=MAX_ID,
@@ -156,6 +169,11 @@ class AttemptSerializer(serializers.ModelSerializer):
     cluster = serializers.CharField(source="cluster.name", read_only=True)
     node_list = serializers.ListField(child=serializers.CharField(), read_only=True)
     gpu_uuids = serializers.ListField(child=serializers.CharField(), read_only=True)
+    placement = serializers.ListField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text="The nodes admission placed the attempt on; node_list is where it runs.",
+    )
     runtime_env = serializers.DictField(
         child=serializers.JSONField(),
         read_only=True,
@@ -172,6 +190,7 @@ class AttemptSerializer(serializers.ModelSerializer):
             "cluster",
             "backend_job_id",
             "node_list",
+            "placement",
             "exit_code",
             "failure_reason",
             "failure_message",
@@ -264,6 +283,8 @@ class ExperimentSerializer(serializers.ModelSerializer):
             "nodes",
             "gpus_per_node",
             "total_gpus",
+            "topology_level",
+            "topology_mode",
             "priority",
             "max_runtime_minutes",
             "max_restarts",

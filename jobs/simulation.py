@@ -1,10 +1,14 @@
-"""The simulator's pure parts: workload profiles, progress, checkpoints and node placement.
+"""The simulator's pure parts: workload profiles, progress, checkpoints, the virtual
+cluster's nodes and node placement.
 
 A simulated job's "step" is one simulated second of work, so a checkpoint at step 600 means
 600 s of work are saved. No ORM, no clock.
 """
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 PROFILES = {
     # name: (share of the work done before the outcome, outcome, exit code, failure reason)
@@ -126,3 +130,80 @@ def place(
             if len(chosen) == nodes:
                 return chosen
     return None
+
+
+# --- the virtual cluster's nodes -----------------------------------------------------------
+
+DEFAULT_LEVELS = ("block", "leaf")
+
+
+@dataclass(frozen=True, slots=True)
+class SimNode:
+    name: str
+    flavor: str
+    gpus: int
+    path: tuple[str, ...] = ()  # topology domains, widest first
+    drained: str = ""  # why it takes no work; empty: it does
+    outside: int = 0  # GPUs busy with load that does not come from Gantry
+
+
+@dataclass(frozen=True, slots=True)
+class SimLayout:
+    nodes: tuple[SimNode, ...]
+    levels: tuple[str, ...]
+    problems: tuple[str, ...] = ()
+
+
+def sim_layout(cluster: str, settings: Mapping[str, Any]) -> SimLayout:
+    """The nodes a simulated cluster's settings describe. Each pool::
+
+        {"flavor": "a100-80gb", "nodes": 8, "gpus_per_node": 8,
+         "domains": [2, 2],                        # 2 blocks of 2 leaf switches, filled in order
+         "drained": {"<node>": "bad DIMM"},        # nodes that take no work, and why
+         "outside": {"<node>": 2}}                 # GPUs used by jobs from outside Gantry
+
+    Nodes are named ``<cluster>-<flavor>-00``, ``-01``, …; ``settings["topology"]`` names
+    the levels (default block, leaf). Entries that name no node of the pool, or ask for
+    more GPUs than a node has, are left out and reported as problems.
+    """
+    problems: list[str] = []
+    nodes: list[SimNode] = []
+    depth = 0
+    for pool in settings.get("pools", []):
+        flavor = str(pool["flavor"])
+        count, gpus = int(pool["nodes"]), int(pool["gpus_per_node"])
+        domains = [int(d) for d in pool.get("domains", [])]
+        if any(d < 1 for d in domains):
+            problems.append(f"pool {flavor}: domains must be positive, got {domains}")
+            domains = []
+        depth = max(depth, len(domains))
+        names = [f"{cluster}-{flavor}-{i:02d}" for i in range(count)]
+        drained = {str(k): str(v) for k, v in (pool.get("drained") or {}).items()}
+        outside = dict(pool.get("outside") or {})
+        for name in sorted(set(drained) | set(outside)):
+            if name not in names:
+                problems.append(f"pool {flavor}: no node named {name}")
+        leaves = math.prod(domains) if domains else 1
+        per_leaf = max(1, math.ceil(count / leaves))
+        for index, name in enumerate(names):
+            path: tuple[str, ...] = ()
+            if domains:
+                leaf = index // per_leaf
+                digits = []
+                for size in reversed(domains):
+                    digits.append(leaf % size + 1)
+                    leaf //= size
+                digits.reverse()
+                path = tuple(
+                    f"{DEFAULT_LEVELS[level] if level < len(DEFAULT_LEVELS) else 'level'}-"
+                    + ".".join(str(d) for d in digits[: level + 1])
+                    for level in range(len(domains))
+                )
+            load = int(outside.get(name, 0))
+            if not 0 <= load <= gpus:
+                problems.append(f"node {name}: outside load {load} is not within 0..{gpus}")
+                load = 0
+            nodes.append(SimNode(name, flavor, gpus, path, drained.get(name, ""), load))
+    named = [str(level) for level in settings.get("topology", DEFAULT_LEVELS)]
+    levels = tuple(named[:depth]) + tuple(f"level-{i + 1}" for i in range(len(named), depth))
+    return SimLayout(tuple(nodes), levels, tuple(problems))

@@ -36,6 +36,8 @@ FIELDS: tuple[SpecField, ...] = (
     SpecField("resources.nodes", "nodes", "integer"),
     SpecField("resources.gpus_per_node", "gpus_per_node", "integer"),
     SpecField("resources.max_runtime_minutes", "max_runtime_minutes", "integer"),
+    SpecField("resources.topology_level", "topology_level", "string"),
+    SpecField("resources.topology_mode", "topology_mode", "string"),
     SpecField("code.repository", "code_repository", "string"),
     SpecField("code.commit", "code_commit", "string"),
     SpecField("dataset.uri", "dataset_uri", "string"),
@@ -123,6 +125,18 @@ SPEC_SCHEMA: dict[str, Any] = {
                     "nodes": {**_INTEGER, "minimum": 1},
                     "gpus_per_node": {**_INTEGER, "minimum": 1},
                     "max_runtime_minutes": {**_INTEGER, "minimum": 1, "maximum": 30 * 24 * 60},
+                    "topology_level": {
+                        **_STRING,
+                        "maxLength": 63,
+                        "description": "A topology level of the clusters, e.g. leaf: the "
+                        "gang's nodes share one domain of it.",
+                    },
+                    "topology_mode": {
+                        "type": "string",
+                        "enum": ["preferred", "required"],
+                        "description": "required: wait for one domain of the level; "
+                        "preferred (the default): as tight as the free nodes allow.",
+                    },
                 }
             ),
             "code": _object(

@@ -18,6 +18,7 @@ urlpatterns = [
     path("quotas/edit/", views.quota_edit, name="quota_edit"),
     path("tenants/<slug:slug>/members/", views.tenant_members, name="tenant_members"),
     path("clusters/", views.cluster_list, name="cluster_list"),
+    path("clusters/nodes/", views.cluster_nodes, name="cluster_nodes"),
     path("clusters/<slug:name>/capacity/", views.cluster_capacity, name="cluster_capacity"),
     path("clusters/<slug:name>/test/", views.cluster_test, name="cluster_test"),
     path(

@@ -54,7 +54,12 @@ from jobs.selectors.experiments import (
     experiment_record,
 )
 from jobs.selectors.logs import run_log_tail
-from jobs.selectors.queue import admission_preview, flavor_node_limits
+from jobs.selectors.nodes import cluster_node_map
+from jobs.selectors.queue import (
+    admission_preview,
+    flavor_node_limits,
+    topology_levels_offered,
+)
 from jobs.selectors.runs import (
     run_attempts,
     run_events,
@@ -93,7 +98,15 @@ TEMPLATES_PER_PAGE = 50
 TEMPLATE_PICKER_SIZE = 100
 QUOTAS_PER_PAGE = 50
 CLUSTERS_PER_PAGE = 25
-PREVIEW_FIELDS = ("tenant", "flavor", "nodes", "gpus_per_node", "priority")
+PREVIEW_FIELDS = (
+    "tenant",
+    "flavor",
+    "nodes",
+    "gpus_per_node",
+    "priority",
+    "topology_level",
+    "topology_mode",
+)
 LOG_TAIL_LINES = 200
 # However long its lines, the tail on a run page stays small; the whole log is a download.
 LOG_TAIL_MAX_CHARS = 64 * 1024
@@ -208,6 +221,7 @@ def run_submit(request: HttpRequest) -> HttpResponse:
         "projects": project_list_submittable(user=request.user),
         "images": image_list_usable_by_tenants(tenants=tenants),
         "flavor_limits": flavor_node_limits(),
+        "topology_levels": topology_levels_offered(),
     }
     source = None
     restored = _draft_restored(request)
@@ -299,7 +313,7 @@ def _preview_context(user: UserLike, data) -> tuple[dict, int]:
         problems = [message for errors in form.errors.values() for message in errors]
         return {"preview": None, "preview_problems": problems}, 400
     try:
-        preview = admission_preview(user=user, **form.cleaned_data)
+        preview = admission_preview(user=user, **form.preview_arguments())
     except ValidationError as exc:
         return {"preview": None, "preview_problems": exc.messages}, 400
     return {"preview": preview, "preview_problems": []}, 200
@@ -647,6 +661,15 @@ def cluster_capacity(request: HttpRequest, name: str) -> HttpResponse:
         {"cluster": cluster, "form": form, "editable": editable},
         status=400 if form.errors else 200,
     )
+
+
+@login_required
+@require_GET
+def cluster_nodes(request: HttpRequest) -> HttpResponse:
+    """The node map: every enabled cluster's nodes by topology domain, what holds each GPU
+    and each flavor's fragmentation (members of tenants, finance and platform admins)."""
+    node_map = or_404(cluster_node_map, user=request.user)
+    return render(request, "jobs/cluster_nodes.html", {"node_map": node_map})
 
 
 # --- experiment templates ------------------------------------------------------------------

@@ -51,6 +51,8 @@ def navigation_groups(
         work.append(_link(request, "Templates", "jobs:template_list"))
     work.append(_link(request, "Images", "images:image_list"))
     work.append(_link(request, "Quotas", "jobs:quota_list"))
+    if member or admin or finance:
+        work.append(_link(request, "Nodes", "jobs:cluster_nodes"))
 
     reports = []
     if member or admin or finance:

@@ -97,8 +97,19 @@ def demo_seed(*, speedup: int = 30) -> None:
         backend=Cluster.Backend.SIMULATOR,
         settings={
             "speedup": speedup,
+            "topology": ["block", "leaf"],
             "pools": [
-                {"flavor": "a100-80gb", "nodes": 4, "gpus_per_node": 8},
+                # Two blocks of leaf switches, two nodes per leaf: one node is drained and one
+                # is busy with jobs from outside Gantry, so 4 whole nodes (32 GPUs) and 2
+                # stray GPUs take Gantry's work.
+                {
+                    "flavor": "a100-80gb",
+                    "nodes": 6,
+                    "gpus_per_node": 8,
+                    "domains": [2, 2],
+                    "drained": {"sim-east-a100-80gb-04": "GPU 3 fell off the bus (XID 79)"},
+                    "outside": {"sim-east-a100-80gb-05": 6},
+                },
                 {"flavor": "h100-80gb", "nodes": 2, "gpus_per_node": 8},
             ],
         },
@@ -242,7 +253,7 @@ def demo_seed(*, speedup: int = 30) -> None:
     _record_preempted_history(run=preempted, cluster=cluster, submitted=now - timedelta(days=5))
 
     # Live work: long jobs that run while you look around, a borrowed (preemptible) run, and
-    # one that has to wait. Log in as carol and submit 8 A100 GPUs to watch her guarantee
+    # one that has to wait. Log in as carol and submit 4 A100 GPUs to watch her guarantee
     # reclaim bob's borrowed run, which later resumes from its checkpoint.
     long_job = {"GANTRY_SIM_DURATION_S": str(6 * 3600)}
     request("alice", "vision", "detection", "yolo-large", pytorch, env=long_job)

@@ -311,6 +311,12 @@ GANTRY_STARVATION_AFTER_S = env_int("GANTRY_STARVATION_AFTER_S", default=1800)
 GANTRY_LOST_GRACE_S = env_int("GANTRY_LOST_GRACE_S", default=120)
 # How long a submit keeps retrying an unreachable backend before the attempt fails.
 GANTRY_SUBMIT_GIVE_UP_S = env_int("GANTRY_SUBMIT_GIVE_UP_S", default=1800)
+# A Slurm or Kubernetes node inventory older than this is not trusted: admission places
+# nothing on its nodes until the sync refreshes it (it runs every GANTRY_SYNC_INTERVAL_S).
+GANTRY_INVENTORY_MAX_AGE_S = env_int("GANTRY_INVENTORY_MAX_AGE_S", default=60)
+# How long a placed run may wait at its cluster without being given nodes (load from
+# outside Gantry took them first) before it goes back to the queue for a new placement.
+GANTRY_PLACEMENT_GRACE_S = env_int("GANTRY_PLACEMENT_GRACE_S", default=300)
 
 # E-mail (budget alerts). Embedded mode prints mails to the console instead of sending them.
 _EMAIL_BACKENDS = {

@@ -30,6 +30,9 @@
 #   slurmrestd       REST API v0.0.38 with JWT auth (SLURM_JWT=daemon) on a loopback TCP
 #                    port, running as an unprivileged user (it refuses root)
 #
+# Topology (topology/tree, so `scontrol show topology` answers): each node under a leaf
+# switch of its own (leaf1, leaf2), both leaves under one spine switch.
+#
 # Partitions: gpu (default) runs jobs; parked (State=DOWN) queues jobs and never starts
 # them, for benchmarks that need many live jobs.
 #
@@ -208,6 +211,7 @@ SchedulerParameters=bf_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu
+TopologyPlugin=topology/tree
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort=$DBD_PORT
@@ -240,6 +244,13 @@ render_gres_conf() {
 AutoDetect=off
 NodeName=gpu-node[1-$NODES] Name=gpu Type=$GPU_TYPE File=$DIR/fakedev/nvidia[0-$((GPUS - 1))]
 EOF
+}
+
+render_topology_conf() {
+    local i
+    echo "# Written by scripts/slurm-cluster.sh; edits are overwritten by the next \`up\`."
+    for ((i = 1; i <= NODES; i++)); do echo "SwitchName=leaf$i Nodes=gpu-node$i"; done
+    echo "SwitchName=spine Switches=leaf[1-$NODES]"
 }
 
 render_slurmdbd_conf() {
@@ -289,6 +300,7 @@ write_configs() {
     [[ -s $DIR/etc/db.password ]] || (umask 077 && head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$DIR/etc/db.password")
     render_slurm_conf | write_if_changed "$DIR/etc/slurm.conf" 644 && changed=1
     render_gres_conf | write_if_changed "$DIR/etc/gres.conf" 644 && changed=1
+    render_topology_conf | write_if_changed "$DIR/etc/topology.conf" 644 && changed=1
     render_slurmdbd_conf | write_if_changed "$DIR/etc/slurmdbd.conf" 600 && changed=1
     return $((1 - changed))
 }

@@ -138,6 +138,15 @@ class GpuFlavor(models.Model):
     def __str__(self) -> str:
         return self.slug
 
+    @property
+    def max_per_node(self) -> int:
+        """The most GPUs of this flavor one node can have: 16 full GPUs (the largest
+        servers built), each cut into as many slices as the flavor's fraction allows."""
+        return int(MAX_FULL_GPUS_PER_NODE / self.gpu_fraction)
+
+
+MAX_FULL_GPUS_PER_NODE = 16
+
 
 class Quota(models.Model):
     class BudgetMode(models.TextChoices):

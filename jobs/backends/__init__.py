@@ -8,12 +8,15 @@ from jobs.backends.base import (
     Backend,
     BackendError,
     CheckpointReport,
+    Inventory,
     InventoryItem,
     JobRef,
     JobSpec,
     JobStatus,
+    NodeInventory,
     PermanentBackendError,
     TransientBackendError,
+    inventory_items,
 )
 
 _REGISTRY: dict[str, Callable[..., Backend]] = {}
@@ -51,12 +54,15 @@ __all__ = [
     "Backend",
     "BackendError",
     "CheckpointReport",
+    "Inventory",
     "InventoryItem",
     "JobRef",
     "JobSpec",
     "JobStatus",
+    "NodeInventory",
     "PermanentBackendError",
     "TransientBackendError",
     "backend_for",
+    "inventory_items",
     "register",
 ]

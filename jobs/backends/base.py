@@ -49,6 +49,12 @@ class JobSpec:
     resume_uri: str = ""
     # A secret: the job gets it as GANTRY_ATTEMPT_TOKEN; a rendered spec shows "<redacted>".
     attempt_token: str = field(default="", repr=False)
+    # Where admission placed the gang: the nodes the job must start on (sorted names), and
+    # the topology level the experiment asked for (a name of the cluster's levels, such as
+    # "leaf"), required or only preferred. Empty: the backend places the job itself.
+    placement: tuple[str, ...] = ()
+    topology_level: str = ""
+    topology_required: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,13 +87,60 @@ class JobStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeInventory:
+    """One node with GPUs of a flavor, as the backend sees it now."""
+
+    name: str
+    flavor: str  # the Gantry flavor slug of its GPUs
+    gpus: int
+    # GPUs that jobs hold now, and of those the ones held by jobs Gantry submitted (named
+    # after an attempt, or labelled with one): the rest is load from outside Gantry.
+    gpus_used: int = 0
+    gpus_used_by_gantry: int = 0
+    schedulable: bool = True
+    reason: str = ""  # why it takes no new work, in the backend's words ("drained: …")
+    path: tuple[str, ...] = ()  # its topology domains, widest first (block, leaf switch)
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """What a cluster has: its GPU nodes, the names of its topology levels (widest first,
+    one per element of a node's path) and problems worth showing an operator (a topology
+    label that no node carries, a node reporting an impossible GPU count)."""
+
+    nodes: tuple[NodeInventory, ...]
+    levels: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class InventoryItem:
+    """A flavor's capacity in brief: its node count and the largest node's GPUs."""
+
     flavor: str
     nodes: int
     gpus_per_node: int
 
 
+def inventory_items(inventory: Inventory) -> list[InventoryItem]:
+    """Capacity per flavor in brief: every node of the flavor, and the most GPUs one has."""
+    by_flavor: dict[str, list[int]] = {}
+    for node in inventory.nodes:
+        by_flavor.setdefault(node.flavor, []).append(node.gpus)
+    return [
+        InventoryItem(flavor=flavor, nodes=len(counts), gpus_per_node=max(counts))
+        for flavor, counts in sorted(by_flavor.items())
+    ]
+
+
 class Backend(Protocol):
+    # How long a node inventory stays true enough to place runs by; None when nothing but
+    # Gantry changes it (the simulator).
+    inventory_max_age_s: float | None
+    # Whether the job starts on the nodes admission placed it on. Not with a queueing layer
+    # that places jobs itself (Kueue): its wait is then its own, never a lapsed placement.
+    honours_placement: bool
+
     def render(self, spec: JobSpec) -> str:
         """The exact script or manifest the backend will receive."""
 
@@ -101,4 +154,6 @@ class Backend(Protocol):
 
     def logs(self, ref: JobRef, *, tail: int) -> str: ...
 
-    def inventory(self) -> list[InventoryItem]: ...
+    def inventory(self) -> Inventory:
+        """Every GPU node with what is free on it, whether it takes work and where it sits
+        in the topology; in one or a few batched calls."""

@@ -6,6 +6,10 @@ creates, in creation order: Secret, Service (nodes > 1), PodGroup (Volcano), Job
 attempt token appears in the Secret only when ``token`` is passed; what is stored on the
 attempt is rendered without it.
 
+Where the pods go: without Kueue, on the nodes admission chose (``spec.placement``),
+pinned by required node affinity, one rank per node; with Kueue, which places admitted
+workloads itself, only the topology level asked for, as Kueue's pod-set annotation.
+
 Names and label values come partly from user input, so they are sanitized here: a value
 that is already valid is kept, anything else is cleaned and gets ``--`` and ten hex digits
 of its SHA-256, so two different inputs never share a result (short of a hash collision).
@@ -34,6 +38,7 @@ ATTEMPT_LABEL = "gantry.io/attempt"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gantry"}
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_TOPOLOGY_ANNOTATIONS = {
     "required": "kueue.x-k8s.io/podset-required-topology",
@@ -60,6 +65,8 @@ _RESOURCE = re.compile(r"^nvidia\.com/(gpu|mig-[0-9]+g\.[0-9]+gb)$")
 _LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
+# A topology level's name, as experiments name the level they need (at most 63 characters).
+_LEVEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,62}$")
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 
 
@@ -72,6 +79,15 @@ class FlavorSettings:
     resource: str = "nvidia.com/gpu"  # or a MIG resource such as nvidia.com/mig-1g.10gb
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyLevel:
+    """A level of the cluster's topology: its name in Gantry (what an experiment asks for,
+    such as "rack") and the node label whose values are its domains."""
+
+    name: str
+    label: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +116,15 @@ class K8sSettings:
     kueue_topology_level: str = ""
     kueue_topology_mode: str = "required"
     volcano_queue: str = "default"
-    topology_labels: tuple[str, ...] = ("topology.kubernetes.io/zone",)
+    topology_labels: tuple[TopologyLevel, ...] = ()  # widest first
+
+    @property
+    def levels(self) -> tuple[str, ...]:
+        return tuple(level.name for level in self.topology_labels)
+
+    def level_label(self, name: str) -> str:
+        """The node label of the topology level named ``name``; empty if there is none."""
+        return next((level.label for level in self.topology_labels if level.name == name), "")
 
     def flavor(self, slug: str) -> FlavorSettings:
         try:
@@ -143,6 +167,44 @@ def _string_map(raw: Any, where: str) -> dict[str, str]:
     ):
         _fail(f"{where} must map label keys to strings")
     return dict(raw)
+
+
+def level_name_of(label: str) -> str:
+    """The name a topology label gives its level when the settings do not name it: the
+    label's name part without a ``topology-`` prefix (``topology.kubernetes.io/zone`` is
+    "zone", ``cloud.provider.com/topology-block`` is "block")."""
+    name = label.rpartition("/")[2]
+    return name.removeprefix("topology-") or name
+
+
+def _topology_levels(raw: Any) -> tuple[TopologyLevel, ...]:
+    if not isinstance(raw, list):
+        _fail("topology_labels must be a list, widest level first")
+    levels = []
+    for item in raw:
+        if isinstance(item, str):
+            label, name = item, level_name_of(item)
+        elif isinstance(item, dict) and set(item) == {"name", "label"}:
+            label, name = item["label"], item["name"]
+        else:
+            _fail(
+                f"topology_labels: {item!r} is neither a node label key nor "
+                '{"name": <level>, "label": <node label key>}'
+            )
+        if not isinstance(label, str) or not _LABEL_KEY.match(label):
+            _fail(f"topology_labels: {label!r} is not a node label key")
+        if not isinstance(name, str) or not _LEVEL_NAME.match(name):
+            _fail(
+                f"topology_labels: level name {name!r} must be 1 to 63 letters, digits, "
+                "spaces, -, _ or ."
+            )
+        levels.append(TopologyLevel(name=name, label=label))
+    for attribute in ("name", "label"):
+        values = [getattr(level, attribute) for level in levels]
+        repeated = sorted({value for value in values if values.count(value) > 1})
+        if repeated:
+            _fail(f"topology_labels: level {attribute} {', '.join(repeated)} given twice")
+    return tuple(levels)
 
 
 def parse_settings(raw: Mapping[str, Any]) -> K8sSettings:
@@ -214,9 +276,6 @@ def parse_settings(raw: Mapping[str, Any]) -> K8sSettings:
     token_env = _typed(raw, "token_env", str, "")
     if token_env and not _C_IDENTIFIER.match(token_env):
         _fail("token_env is the NAME of an environment variable, not the token itself")
-    topology = _typed(raw, "topology_labels", list, ["topology.kubernetes.io/zone"])
-    if not all(isinstance(t, str) and _LABEL_KEY.match(t) for t in topology):
-        _fail("topology_labels must be node label keys")
     return K8sSettings(
         flavors=flavors,
         url=_typed(raw, "url", str, "").rstrip("/"),
@@ -240,7 +299,7 @@ def parse_settings(raw: Mapping[str, Any]) -> K8sSettings:
         kueue_topology_level=level,
         kueue_topology_mode=mode,
         volcano_queue=_typed(raw, "volcano_queue", str, "default"),
-        topology_labels=tuple(topology),
+        topology_labels=_topology_levels(raw.get("topology_labels", [])),
     )
 
 
@@ -370,6 +429,65 @@ def _pod_failure_policy(settings: K8sSettings) -> dict[str, Any]:
     return {"rules": rules}
 
 
+def pinned_affinity(spec: JobSpec, *, attempt_label: str) -> dict[str, Any]:
+    """The pods on the nodes admission chose, one rank per node: required node affinity
+    to those nodes by name (``metadata.name``, exact even where a node's hostname label
+    differs from its name) and, for a gang, required anti-affinity between the attempt's
+    pods per ``kubernetes.io/hostname``."""
+    if len(set(spec.placement)) != spec.nodes:
+        raise PermanentBackendError(
+            f"the placement must name {spec.nodes} distinct nodes, one per rank; it names "
+            f"{', '.join(spec.placement)}"
+        )
+    affinity: dict[str, Any] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchFields": [
+                            {
+                                "key": "metadata.name",
+                                "operator": "In",
+                                "values": sorted(spec.placement),
+                            }
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+    if spec.nodes > 1:
+        affinity["podAntiAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {ATTEMPT_LABEL: attempt_label}},
+                    "topologyKey": HOSTNAME_LABEL,
+                }
+            ]
+        }
+    return affinity
+
+
+def kueue_topology(spec: JobSpec, settings: K8sSettings) -> tuple[str, str] | None:
+    """Kueue's topology annotation (key, node label) for the attempt's pods: the level the
+    experiment asked for, required or preferred as it asked; otherwise the cluster's
+    ``kueue_topology_level``. None: no topology constraint."""
+    if spec.topology_level:
+        label = settings.level_label(spec.topology_level)
+        if label:
+            mode = "required" if spec.topology_required else "preferred"
+            return KUEUE_TOPOLOGY_ANNOTATIONS[mode], label
+        if spec.topology_required:
+            raise PermanentBackendError(
+                f"the run needs its nodes in one {spec.topology_level}, a topology level this "
+                f"cluster does not have (its levels: {', '.join(settings.levels) or 'none'})"
+            )
+    if settings.kueue_topology_level:
+        key = KUEUE_TOPOLOGY_ANNOTATIONS[settings.kueue_topology_mode]
+        return key, settings.kueue_topology_level
+    return None
+
+
 def render(spec: JobSpec, settings: K8sSettings, *, token: str = "") -> list[dict[str, Any]]:
     """The objects of one attempt in creation order. ``token`` fills the Secret; without it
     the Secret holds a placeholder, which is what the attempt stores and shows."""
@@ -442,9 +560,9 @@ def render(spec: JobSpec, settings: K8sSettings, *, token: str = "") -> list[dic
         pod_annotations[VOLCANO_GROUP_ANNOTATION] = name
     if settings.queueing == "kueue":
         job_labels[KUEUE_QUEUE_LABEL] = settings.kueue_queue
-        if settings.kueue_topology_level:
-            key = KUEUE_TOPOLOGY_ANNOTATIONS[settings.kueue_topology_mode]
-            pod_annotations[key] = settings.kueue_topology_level
+        topology = kueue_topology(spec, settings)
+        if topology is not None:
+            pod_annotations[topology[0]] = topology[1]
 
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -478,6 +596,8 @@ def render(spec: JobSpec, settings: K8sSettings, *, token: str = "") -> list[dic
         pod_spec["tolerations"] = [dict(t) for t in tolerations]
     if settings.queueing == "volcano":
         pod_spec["schedulerName"] = "volcano"
+    if spec.placement and settings.queueing != "kueue":
+        pod_spec["affinity"] = pinned_affinity(spec, attempt_label=labels[ATTEMPT_LABEL])
     if spec.nodes > 1:
         pod_spec["subdomain"] = name
     pod_spec["containers"] = [container]

@@ -2,18 +2,20 @@
 API server sends them), plain data out: no client, no ORM, no I/O.
 
 ``job_status(job, pods)`` maps one Job and its pods to a ``JobStatus``, with the failure
-taxonomy of design §4; ``inventory_from_nodes`` turns nodes into capacity per flavor.
+taxonomy of design §4; ``node_inventory(nodes, pods, settings)`` turns nodes and the pods
+bound to them into the cluster's GPU nodes: what is used on each, by whom, whether it
+takes work and where it sits in the topology.
 """
 
 import re
-from collections import Counter, defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from jobs.backends.base import InventoryItem, JobStatus
+from jobs.backends.base import Inventory, JobStatus, NodeInventory
 from jobs.backends.k8s_manifest import (
+    ATTEMPT_LABEL,
     COMPLETION_INDEX_ANNOTATION,
     CONTAINER,
     GPU_PRODUCT_LABEL,
@@ -247,14 +249,15 @@ def _pending_message(job: dict[str, Any], pods: list[dict[str, Any]], ranks: int
         if KUEUE_QUEUE_LABEL in ((job.get("metadata") or {}).get("labels") or {}):
             return "Suspended: waiting for Kueue to admit it"
         return "Suspended"
-    running = sum(1 for pod in _latest_per_rank(pods).values() if _started(pod) is not None)
-    for pod in sorted(pods, key=pod_rank):
+    latest = [pod for _, pod in sorted(_latest_per_rank(pods).items())]
+    running = sum(1 for pod in latest if _started(pod) is not None)
+    for pod in latest:
         scheduled = _conditions(pod).get("PodScheduled") or {}
         if scheduled.get("status") == "False":
-            return _clip(
-                f"{running} of {ranks} pods running; rank {pod_rank(pod)} is not scheduled: "
-                f"{scheduled.get('reason', '')}: {scheduled.get('message', '')}"
-            )
+            # The scheduler's own words ("0/4 nodes are available: 2 Insufficient
+            # nvidia.com/gpu, …"): what holds the gang back, better said than we could.
+            return _clip(scheduled.get("message") or scheduled.get("reason") or "Unschedulable")
+    for pod in latest:
         waiting = _waiting(pod)
         if waiting.get("reason"):
             return _clip(
@@ -349,65 +352,166 @@ def owner_job(pod: dict[str, Any]) -> str | None:
 
 # --- inventory -----------------------------------------------------------------------------
 
-
-@dataclass(frozen=True, slots=True)
-class Inventory:
-    items: list[InventoryItem]
-    # flavor -> topology label -> label value -> schedulable nodes
-    topology: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
-
-
-def _schedulable(node: dict[str, Any]) -> bool:
-    if (node.get("spec") or {}).get("unschedulable"):
-        return False
-    return bool(_true(_conditions(node), "Ready"))
+# Pods that hold a node's resources: bound to it and not finished (a Pending pod that is
+# bound holds them too). What the inventory lists, cluster-wide.
+LIVE_BOUND_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+_BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+_MAX_NAMED = 10
 
 
-def inventory_from_nodes(nodes: list[dict[str, Any]], settings: K8sSettings) -> Inventory:
-    """Capacity per flavor from ready, schedulable nodes: a flavor's nodes carry its
-    ``nvidia.com/gpu.product`` (and node selector) and allocate its resource.
+def _count(value: Any) -> int:
+    """A count of an extended resource (GPUs are whole numbers); anything else is 0."""
+    try:
+        return max(0, int(str(value)))
+    except ValueError:
+        return 0
 
-    A flavor is reported as N nodes of G GPUs, G being the most common allocatable count
-    (the larger on a tie) and N the nodes allocating at least G: a node with a broken GPU
-    is left out instead of shrinking every node of its flavor.
-    """
-    counts: dict[str, list[int]] = defaultdict(list)
-    topology: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
-    for node in nodes:
-        if not _schedulable(node):
+
+def _container_request(container: dict[str, Any], resource: str) -> int:
+    resources = container.get("resources") or {}
+    requests = resources.get("requests") or {}
+    # An extended resource given only as a limit is requested at the limit.
+    value = requests.get(resource, (resources.get("limits") or {}).get(resource))
+    return _count(value) if value is not None else 0
+
+
+def pod_request(pod: dict[str, Any], resource: str) -> int:
+    """How much of ``resource`` a pod holds on its node, as the scheduler counts it: its
+    containers together with its sidecars, or its largest init step if that is more."""
+    spec = pod.get("spec") or {}
+    sidecars = init_peak = 0
+    for container in spec.get("initContainers") or []:
+        amount = _container_request(container, resource)
+        if container.get("restartPolicy") == "Always":  # a sidecar: runs beside the others
+            sidecars += amount
+        else:
+            init_peak = max(init_peak, sidecars + amount)
+    regular = sum(_container_request(c, resource) for c in spec.get("containers") or [])
+    return max(regular + sidecars, init_peak)
+
+
+def _tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
+    """Whether a pod with ``tolerations`` may run on a node with ``taint`` (Kubernetes'
+    rules: an empty key with Exists tolerates everything, an empty effect every effect)."""
+    for toleration in tolerations:
+        effect = toleration.get("effect") or ""
+        if effect and effect != taint.get("effect"):
             continue
-        labels = (node.get("metadata") or {}).get("labels") or {}
-        allocatable = (node.get("status") or {}).get("allocatable") or {}
-        for slug, flavor in settings.flavors.items():
-            if labels.get(GPU_PRODUCT_LABEL) != flavor.product:
-                continue
-            if any(labels.get(k) != v for k, v in flavor.node_selector.items()):
-                continue
-            try:
-                gpus = int(str(allocatable.get(flavor.resource, "0")))
-            except ValueError:
-                continue
-            if gpus <= 0:
-                continue
-            counts[slug].append(gpus)
-            for key in settings.topology_labels:
-                if key in labels:
-                    topology[slug][key][labels[key]] += 1
-    items = []
-    for slug in sorted(counts):
-        tally = Counter(counts[slug])
-        per_node = max(tally, key=lambda g: (tally[g], g))
-        items.append(
-            InventoryItem(
+        key = toleration.get("key") or ""
+        if toleration.get("operator") == "Exists":
+            if not key or key == taint.get("key"):
+                return True
+        elif key == taint.get("key") and (toleration.get("value") or "") == (
+            taint.get("value") or ""
+        ):
+            return True
+    return False
+
+
+def _taint_words(taint: Mapping[str, Any]) -> str:
+    value = taint.get("value")
+    key = f"{taint.get('key', '')}={value}" if value else str(taint.get("key", ""))
+    return f"taint {key}:{taint.get('effect', '')}"
+
+
+def _not_schedulable_reason(node: dict[str, Any], tolerations: Iterable[Mapping[str, Any]]) -> str:
+    """Why the node takes no new pod of Gantry's, in Kubernetes' words; empty if it does."""
+    if (node.get("spec") or {}).get("unschedulable"):
+        return "cordoned"
+    if not _true(_conditions(node), "Ready"):
+        return "NotReady"
+    tolerations = list(tolerations)
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") in _BLOCKING_EFFECTS and not _tolerates(tolerations, taint):
+            return _taint_words(taint)
+    return ""
+
+
+def _flavor_of(node: dict[str, Any], settings: K8sSettings) -> tuple[str, int] | None:
+    """The flavor whose GPUs the node has, and how many: it carries the flavor's
+    ``nvidia.com/gpu.product`` (and node selector) and allocates its resource."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    for slug, flavor in sorted(settings.flavors.items()):
+        if labels.get(GPU_PRODUCT_LABEL) != flavor.product:
+            continue
+        if any(labels.get(k) != v for k, v in flavor.node_selector.items()):
+            continue
+        gpus = _count(allocatable.get(flavor.resource, "0"))
+        if gpus > 0:
+            return slug, gpus
+    return None
+
+
+def _named(names: list[str]) -> str:
+    shown = ", ".join(names[:_MAX_NAMED])
+    return shown + (f" and {len(names) - _MAX_NAMED} more" if len(names) > _MAX_NAMED else "")
+
+
+def node_inventory(
+    nodes: list[dict[str, Any]], pods: list[dict[str, Any]], settings: K8sSettings
+) -> Inventory:
+    """The GPU nodes of the cluster's flavors with what is used on them, whether they take
+    Gantry's pods and where they sit in the topology.
+
+    A node's used GPUs are the flavor's resource requested by the pods bound to it that
+    have not finished, whoever runs them; those labelled ``gantry.io/attempt`` are
+    Gantry's. Cordoned and NotReady nodes, and nodes with a NoSchedule or NoExecute taint
+    that Gantry's pods (the cluster's and the flavor's tolerations) do not tolerate, take
+    no work. A node's path is the values of the cluster's ``topology_labels``, widest
+    first, up to the first one it lacks; a label no GPU node carries, or that some lack
+    while others carry it, is a problem for the operator."""
+    used: dict[str, list[dict[str, Any]]] = {}
+    for pod in pods:
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        phase = (pod.get("status") or {}).get("phase")
+        if node_name and phase not in ("Succeeded", "Failed"):
+            used.setdefault(node_name, []).append(pod)
+    found: list[NodeInventory] = []
+    labels_of: dict[str, Mapping[str, str]] = {}
+    for node in nodes:
+        flavor_gpus = _flavor_of(node, settings)
+        if flavor_gpus is None:
+            continue
+        slug, gpus = flavor_gpus
+        flavor = settings.flavors[slug]
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        labels = labels_of[name] = meta.get("labels") or {}
+        gpus_used = gantry_used = 0
+        for pod in used.get(name, ()):
+            amount = pod_request(pod, flavor.resource)
+            gpus_used += amount
+            if ATTEMPT_LABEL in ((pod.get("metadata") or {}).get("labels") or {}):
+                gantry_used += amount
+        path: list[str] = []
+        for level in settings.topology_labels:
+            if level.label not in labels:
+                break
+            path.append(str(labels[level.label]))
+        reason = _not_schedulable_reason(node, [*settings.tolerations, *flavor.tolerations])
+        found.append(
+            NodeInventory(
+                name=name,
                 flavor=slug,
-                nodes=sum(1 for g in counts[slug] if g >= per_node),
-                gpus_per_node=per_node,
+                gpus=gpus,
+                gpus_used=gpus_used,
+                gpus_used_by_gantry=gantry_used,
+                schedulable=not reason,
+                reason=reason,
+                path=tuple(path),
             )
         )
-    return Inventory(
-        items=items,
-        topology={
-            slug: {key: dict(values) for key, values in levels.items()}
-            for slug, levels in topology.items()
-        },
-    )
+    problems = []
+    if found:
+        for level in settings.topology_labels:
+            lacking = sorted(n.name for n in found if level.label not in labels_of[n.name])
+            where = f"the topology label {level.label} (level {level.name})"
+            if len(lacking) == len(found):
+                problems.append(f"no GPU node carries {where}")
+            elif lacking:
+                problems.append(
+                    f"{len(lacking)} of {len(found)} GPU nodes lack {where}, so their "
+                    f"topology stops above it: {_named(lacking)}"
+                )
+    return Inventory(nodes=tuple(found), levels=settings.levels, problems=tuple(problems))

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import urllib3
+from django.conf import settings as django_settings
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config import load_kube_config
@@ -28,7 +29,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from jobs.backends import register
 from jobs.backends.base import (
-    InventoryItem,
+    Inventory,
     JobRef,
     JobSpec,
     JobStatus,
@@ -49,11 +50,11 @@ from jobs.backends.k8s_manifest import (
     token_secret_name,
 )
 from jobs.backends.k8s_status import (
-    Inventory,
+    LIVE_BOUND_PODS,
     backend_job_id,
-    inventory_from_nodes,
     is_finished,
     job_status,
+    node_inventory,
     owner_job,
     pod_rank,
     split_backend_job_id,
@@ -61,6 +62,8 @@ from jobs.backends.k8s_status import (
 from jobs.models import Cluster
 
 PODGROUP = ("scheduling.volcano.sh", "v1beta1", "podgroups")
+# Items per page of the cluster-wide lists of the inventory (what kubectl asks for).
+LIST_PAGE = 500
 
 _clients: dict[tuple[int, str], client.ApiClient] = {}
 _clients_lock = threading.Lock()
@@ -87,6 +90,16 @@ def _describe(exc: BaseException) -> str:
 
 @register(Cluster.Backend.KUBERNETES)
 class KubernetesBackend:
+    @property
+    def honours_placement(self) -> bool:
+        """Node affinity pins the pods, except under Kueue, which places them itself."""
+        return self.settings.queueing != "kueue"
+
+    @property
+    def inventory_max_age_s(self) -> float:
+        """Its nodes change without Gantry (other jobs, drains): trusted only this long."""
+        return float(django_settings.GANTRY_INVENTORY_MAX_AGE_S)
+
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
         self._api: client.ApiClient | None = None
@@ -326,14 +339,25 @@ class KubernetesBackend:
             return f"(no log yet: {_status_message(response)})"
         return response.data.decode("utf-8", "replace")
 
-    def inventory(self) -> list[InventoryItem]:
-        return self.inventory_detail().items
-
-    def inventory_detail(self) -> Inventory:
-        """Capacity per flavor and how the flavor's nodes spread over topology labels."""
+    def inventory(self) -> Inventory:
+        """The GPU nodes (labelled ``nvidia.com/gpu.product``) and every pod bound to a node
+        and not finished, in all namespaces (what uses the GPUs is not only Gantry's): two
+        lists, each in pages of ``LIST_PAGE``."""
         core = client.CoreV1Api(self.api())
-        nodes = self._list(core.list_node, None, label_selector=GPU_PRODUCT_LABEL)
-        return inventory_from_nodes(nodes, self.settings)
+        nodes = self._list_all("list nodes", core.list_node, label_selector=GPU_PRODUCT_LABEL)
+        gpu_nodes = {node["metadata"]["name"] for node in nodes}
+        pods = (
+            self._list_all(
+                "list pods",
+                core.list_pod_for_all_namespaces,
+                field_selector=LIVE_BOUND_PODS,
+                # Most pods of a big cluster run on CPU nodes: drop them page by page.
+                keep=lambda pod: (pod.get("spec") or {}).get("nodeName") in gpu_nodes,
+            )
+            if nodes
+            else []
+        )
+        return node_inventory(nodes, pods, self.settings)
 
     def test_connection(self) -> str:
         """One sentence saying the settings work; raises a BackendError saying what does not
@@ -356,6 +380,35 @@ class KubernetesBackend:
         args = (namespace,) if namespace is not None else ()
         response = self._call("list", fn, *args, **kwargs)
         return json.loads(response.data).get("items") or []
+
+    def _list_all(
+        self,
+        what: str,
+        fn: Callable[..., Any],
+        *,
+        keep: Callable[[dict], bool] = lambda item: True,
+        **kwargs,
+    ) -> list[dict]:
+        """The items of a cluster-wide list that ``keep`` wants, page by page. A continue
+        token that expired between two pages (410: etcd compacted past it) restarts the
+        list once, so the items come from one consistent snapshot."""
+        for _ in range(2):
+            items: list[dict] = []
+            token = None
+            while True:
+                response = self._call(
+                    what, fn, limit=LIST_PAGE, _continue=token, tolerate=(410,), **kwargs
+                )
+                if isinstance(response, ApiException):
+                    break
+                body = json.loads(response.data)
+                items.extend(item for item in body.get("items") or [] if keep(item))
+                token = (body.get("metadata") or {}).get("continue")
+                if not token:
+                    return items
+        raise TransientBackendError(
+            f"{what}: the list expired twice while it was paged through ({LIST_PAGE} a page)"
+        )
 
     def _read_job(self, namespace: str, name: str) -> dict | None:
         batch = client.BatchV1Api(self.api())

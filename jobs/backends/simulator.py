@@ -3,7 +3,13 @@
 Its jobs live in the ``SimulatedJob`` table, so the web process, workers and beat all see
 the same cluster. Cluster settings::
 
-    {"speedup": 60, "pools": [{"flavor": "a100-80gb", "nodes": 4, "gpus_per_node": 8}]}
+    {"speedup": 60, "topology": ["block", "leaf"],
+     "pools": [{"flavor": "a100-80gb", "nodes": 8, "gpus_per_node": 8, "domains": [2, 2],
+                "drained": {"sim-a100-80gb-03": "bad DIMM"}, "outside": {"sim-a100-80gb-00": 2}}]}
+
+A pool may lay its nodes out in topology domains, drain nodes and carry load from outside
+Gantry (``jobs.simulation.sim_layout``). A job placed by admission starts on exactly its
+nodes once their GPUs are free; until then it is pending and says what it waits for.
 """
 
 import json
@@ -15,25 +21,45 @@ from django.utils import timezone
 from jobs.backends import register
 from jobs.backends.base import (
     CheckpointReport,
-    InventoryItem,
+    Inventory,
     JobRef,
     JobSpec,
     JobStatus,
+    NodeInventory,
     PermanentBackendError,
 )
 from jobs.models import Cluster, SimulatedJob
 from jobs.reproducibility import job_environment
-from jobs.simulation import STARTUP_S, Workload, checkpoint_steps, outcome_at, place
+from jobs.simulation import (
+    STARTUP_S,
+    SimLayout,
+    SimNode,
+    Workload,
+    checkpoint_steps,
+    outcome_at,
+    place,
+    sim_layout,
+)
 
 LIVE = ("PENDING", "RUNNING")
 
 
 @register(Cluster.Backend.SIMULATOR)
 class SimulatorBackend:
+    inventory_max_age_s = None  # its nodes are its settings, its load its own jobs
+    honours_placement = True
+
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
         self.speedup = float(cluster.settings.get("speedup", 1))
         self.pools = cluster.settings.get("pools", [])
+        self._layout: SimLayout | None = None
+
+    @property
+    def layout(self) -> SimLayout:
+        if self._layout is None:
+            self._layout = sim_layout(self.cluster.name, self.cluster.settings)
+        return self._layout
 
     def render(self, spec: JobSpec) -> str:
         workload = self._workload(spec)
@@ -88,6 +114,7 @@ class SimulatorBackend:
                     },
                     max_runtime_s=spec.max_runtime_s,
                     submitted_at=timezone.now(),
+                    placement=list(spec.placement),
                 )
         except IntegrityError:
             # A concurrent delivery of the same submit won the race: adopt its job.
@@ -118,13 +145,31 @@ class SimulatorBackend:
             lines.append(f"[simulator] finished {job.state} exit={job.exit_code} {job.message}")
         return "\n".join(lines[-tail:])
 
-    def inventory(self) -> list[InventoryItem]:
-        return [
-            InventoryItem(
-                flavor=p["flavor"], nodes=int(p["nodes"]), gpus_per_node=int(p["gpus_per_node"])
-            )
-            for p in self.pools
-        ]
+    def inventory(self) -> Inventory:
+        self._advance()
+        used: dict[str, int] = {}
+        for allocation in SimulatedJob.objects.filter(
+            cluster=self.cluster, state="RUNNING"
+        ).values_list("allocation", flat=True):
+            for node, indices in allocation.items():
+                used[node] = used.get(node, 0) + len(indices)
+        return Inventory(
+            nodes=tuple(
+                NodeInventory(
+                    name=node.name,
+                    flavor=node.flavor,
+                    gpus=node.gpus,
+                    gpus_used=min(node.gpus, used.get(node.name, 0) + node.outside),
+                    gpus_used_by_gantry=used.get(node.name, 0),
+                    schedulable=not node.drained,
+                    reason=f"drained: {node.drained}" if node.drained else "",
+                    path=node.path,
+                )
+                for node in self.layout.nodes
+            ),
+            levels=self.layout.levels,
+            problems=self.layout.problems,
+        )
 
     def _workload(self, spec: JobSpec) -> Workload:
         try:
@@ -138,12 +183,11 @@ class SimulatorBackend:
                 return pool
         raise PermanentBackendError(f"cluster {self.cluster.name} has no {flavor} GPUs")
 
-    def _node_names(self, pool: dict) -> list[str]:
-        return [f"{self.cluster.name}-{pool['flavor']}-{i:02d}" for i in range(pool["nodes"])]
-
     @transaction.atomic
     def _advance(self) -> None:
-        """Move the virtual cluster to now: finish what is done, then place what waits."""
+        """Move the virtual cluster to now: finish what is done, then start what waits. A
+        job placed by admission starts on its nodes once they have its GPUs free; one
+        placed by nobody takes the first nodes that fit, in submission order."""
         Cluster.objects.select_for_update().filter(pk=self.cluster.pk).first()
         now = timezone.now()
         live = list(
@@ -152,22 +196,38 @@ class SimulatorBackend:
         for job in live:
             if job.state == "RUNNING":
                 self._finish_if_done(job, now)
-        for pool in self.pools:
-            free = {name: list(range(pool["gpus_per_node"])) for name in self._node_names(pool)}
-            for job in live:
-                if job.state == "RUNNING" and job.flavor == pool["flavor"]:
-                    for node, indices in job.allocation.items():
-                        free[node] = [i for i in free.get(node, []) if i not in indices]
-            for job in live:
-                if job.state != "PENDING" or job.flavor != pool["flavor"]:
-                    continue
-                allocation = place(free, nodes=job.nodes, gpus_per_node=job.gpus_per_node)
+        nodes = {node.name: node for node in self.layout.nodes}
+        free = {
+            node.name: list(range(node.gpus - node.outside)) for node in self.layout.nodes
+        }  # the outside load holds the highest GPU indices
+        for job in live:
+            if job.state == "RUNNING":
+                for node, indices in job.allocation.items():
+                    free[node] = [i for i in free.get(node, []) if i not in indices]
+        taking = {name: indices for name, indices in free.items() if not nodes[name].drained}
+        blocked_flavors: set[str] = set()
+        for job in live:
+            if job.state != "PENDING":
+                continue
+            if job.placement:
+                allocation, message = _on_placement(job, nodes, taking)
+            else:
+                if job.flavor in blocked_flavors:
+                    continue  # FIFO, like a batch scheduler without backfill
+                pool_free = {n: i for n, i in taking.items() if nodes[n].flavor == job.flavor}
+                allocation = place(pool_free, nodes=job.nodes, gpus_per_node=job.gpus_per_node)
+                message = "waiting for free GPUs"
                 if allocation is None:
-                    break  # FIFO on the virtual cluster, like a batch scheduler without backfill
-                for node, indices in allocation.items():
-                    free[node] = [i for i in free[node] if i not in indices]
-                job.state, job.allocation, job.started_at = "RUNNING", allocation, now
-                job.save(update_fields=["state", "allocation", "started_at"])
+                    blocked_flavors.add(job.flavor)
+            if allocation is None:
+                if job.message != message:
+                    job.message = message
+                    job.save(update_fields=["message"])
+                continue
+            for node, indices in allocation.items():
+                taking[node] = [i for i in taking[node] if i not in indices]
+            job.state, job.allocation, job.started_at, job.message = "RUNNING", allocation, now, ""
+            job.save(update_fields=["state", "allocation", "started_at", "message"])
 
     def _finish_if_done(self, job: SimulatedJob, now) -> None:
         assert job.started_at is not None  # called for running jobs only
@@ -222,3 +282,24 @@ def _workload_dict(workload: Workload) -> dict:
         "checkpoint_every_s": workload.checkpoint_every_s,
         "resume_step": workload.resume_step,
     }
+
+
+def _on_placement(
+    job: SimulatedJob, nodes: dict[str, SimNode], free: dict[str, list[int]]
+) -> tuple[dict[str, list[int]] | None, str]:
+    """GPUs for ``job`` on exactly the nodes it was placed on, or why not yet."""
+    allocation: dict[str, list[int]] = {}
+    short = []
+    for name in job.placement:
+        node = nodes.get(name)
+        if node is None:
+            short.append(f"{name} is not a node of this cluster")
+        elif node.drained:
+            short.append(f"{name} is drained: {node.drained}")
+        elif len(free.get(name, [])) < job.gpus_per_node:
+            short.append(f"{name} has {len(free.get(name, []))} of {job.gpus_per_node} free")
+        else:
+            allocation[name] = sorted(free[name])[: job.gpus_per_node]
+    if short:
+        return None, "waiting for GPUs on its nodes: " + "; ".join(short)
+    return allocation, ""

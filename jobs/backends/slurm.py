@@ -22,11 +22,12 @@ from pathlib import Path
 from urllib.parse import quote
 
 import requests
+from django.conf import settings as django_settings
 from django.utils import timezone
 
 from jobs.backends import register
 from jobs.backends.base import (
-    InventoryItem,
+    Inventory,
     JobRef,
     JobSpec,
     JobStatus,
@@ -34,8 +35,10 @@ from jobs.backends.base import (
     TransientBackendError,
 )
 from jobs.backends.slurm_script import (
+    HOLDING_JOB_STATES,
     REST_API,
     SACCT_FIELDS,
+    SQUEUE_GPU_FORMAT,
     BatchJob,
     QuotaLimit,
     RenderError,
@@ -46,15 +49,16 @@ from jobs.backends.slurm_script import (
     batch_job,
     describe_errors,
     error_numbers,
-    inventory_items,
     is_transient_error_number,
     is_transient_text,
     jwt_claims,
+    node_inventory,
     parse_rest_nodes,
     parse_sacct,
     parse_sbatch_job_id,
     parse_scontrol_nodes,
     parse_slurmdb_jobs,
+    parse_squeue_gpus,
     parse_squeue_json,
     quota_commands,
     slurm_message,
@@ -226,7 +230,20 @@ class CliTransport:
         raise PermanentBackendError(f"scancel refused: {message}")
 
     def nodes(self) -> list[SlurmNode]:
-        return parse_scontrol_nodes(self.read(["scontrol", "show", "node", "-o"]))
+        # -d adds GresUsed: the GPUs jobs hold, whether or not accounting tracks gres/gpu.
+        return parse_scontrol_nodes(self.read(["scontrol", "-d", "-o", "show", "node"]))
+
+    def gpu_jobs(self) -> list[SlurmJob]:
+        """The jobs holding nodes now, with their GPUs per node (every partition)."""
+        states = ",".join(HOLDING_JOB_STATES)
+        return parse_squeue_gpus(
+            self.read(["squeue", "-a", "-h", "-t", states, "-o", SQUEUE_GPU_FORMAT])
+        )
+
+    def topology(self) -> str | None:
+        """``scontrol show topology``: empty without topology/tree (22.05 then says "No
+        topology information available" on stderr and exits 0)."""
+        return self.read(["scontrol", "show", "topology"])
 
 
 class RestTransport:
@@ -404,6 +421,15 @@ class RestTransport:
         except ValueError as exc:
             raise TransientBackendError(f"slurmrestd at {self.url}: {exc}") from None
 
+    def gpu_jobs(self) -> list[SlurmJob]:
+        return self.live_jobs()  # v0.0.38 cannot filter GET /jobs by state
+
+    def topology(self) -> str | None:
+        """v0.0.38 has no topology endpoint: the operator's copy of topology.conf in the
+        settings, or None (unknown)."""
+        lines = self.settings.topology
+        return None if lines is None else "\n".join(lines)
+
 
 def _reason(exc: requests.ConnectionError) -> str:
     text = str(exc)
@@ -418,6 +444,13 @@ def _reason(exc: requests.ConnectionError) -> str:
 
 @register("slurm")
 class SlurmBackend:
+    honours_placement = True  # --nodelist
+
+    @property
+    def inventory_max_age_s(self) -> float:
+        """Its nodes change without Gantry (other jobs, drains): trusted only this long."""
+        return float(django_settings.GANTRY_INVENTORY_MAX_AGE_S)
+
     def __init__(self, cluster):
         self.cluster = cluster
         try:
@@ -569,8 +602,17 @@ class SlurmBackend:
 
         return chunks()
 
-    def inventory(self) -> list[InventoryItem]:
-        return inventory_items(self.transport.nodes(), self.settings)
+    def inventory(self) -> Inventory:
+        """Three fixed CLI calls (``scontrol -d show node``, ``squeue`` of the jobs holding
+        nodes, ``scontrol show topology``) or two REST calls (``/nodes``, ``/jobs``),
+        whatever the number of nodes."""
+        transport = self.transport
+        return node_inventory(
+            transport.nodes(),
+            self.settings,
+            jobs=transport.gpu_jobs(),
+            topology=transport.topology(),
+        )
 
     def mirror_quotas(self, quotas: Iterable[QuotaLimit]) -> list[list[str]]:
         """Make Slurm enforce the tenants' GPU limits too: an account and a QOS with

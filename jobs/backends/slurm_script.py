@@ -6,8 +6,11 @@ Plain data in and out, no Django and no processes, so it is easy to test and ben
 - ``batch_job``: the batch job for a ``JobSpec`` — the script (with every user value quoted)
   and the same options as ``#SBATCH`` lines and as slurmrestd job properties;
 - parsers for ``sbatch --parsable``, ``squeue --json`` / REST ``/jobs``, ``sacct -P``,
-  slurmdbd REST ``/jobs``, ``scontrol show node -o`` / REST ``/nodes``;
+  slurmdbd REST ``/jobs``, ``scontrol -d show node -o`` / REST ``/nodes``, the GPUs jobs
+  hold per node (``squeue -o``) and ``scontrol show topology`` (or topology.conf's lines);
 - ``job_status``: a Slurm job record mapped to the run lifecycle and the failure taxonomy;
+- ``node_inventory``: the GPU nodes, their use (by Gantry and by others), whether they take
+  work and where they sit in the switch tree;
 - ``expand_hostlist``: ``gpu-node[1-2]`` → ``gpu-node1``, ``gpu-node2``;
 - ``quota_commands``: the ``sacctmgr`` commands that mirror tenants' GPU quotas.
 """
@@ -22,7 +25,13 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from jobs.backends.base import TELEMETRY_SETTINGS_KEY, InventoryItem, JobSpec, JobStatus
+from jobs.backends.base import (
+    TELEMETRY_SETTINGS_KEY,
+    Inventory,
+    JobSpec,
+    JobStatus,
+    NodeInventory,
+)
 
 TRANSPORTS = ("rest", "cli")
 CONTAINER_RUNTIMES = ("pyxis", "apptainer", "none")
@@ -51,6 +60,10 @@ _WORD = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+:@%=-]{0,127}$")
 _PATH = re.compile(r"^/[A-Za-z0-9_./+@%:=-]{0,1023}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _JOB_ID = re.compile(r"^[0-9]+$")
+# A topology level's name, as experiments name the level they need (at most 63 characters).
+_LEVEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,62}$")
+# Gantry's jobs are named after their attempt (``Attempt.name``: gantry-a<id>).
+GANTRY_JOB_NAME = re.compile(r"gantry-a[0-9]+")
 
 TERMINAL_STATES = frozenset(
     {
@@ -133,6 +146,11 @@ class SlurmSettings:
     submit_users: tuple[str, ...] = ()
     qos_prefix: str = "gantry-"
     adopt_window_days: int = 14
+    # Names of the switch tree's levels, widest first; empty: derived from its depth.
+    topology_levels: tuple[str, ...] = ()
+    # topology.conf's lines, for transport rest (slurmrestd v0.0.38 has no topology
+    # endpoint); None: not given.
+    topology: tuple[str, ...] | None = None
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], *, cluster: str = "") -> "SlurmSettings":
@@ -208,6 +226,27 @@ class SlurmSettings:
         ):
             raise fail("setting 'submit_users' must be a list of user names")
         values["submit_users"] = tuple(users)
+        levels = raw.get("topology_levels", [])
+        if not isinstance(levels, list) or not all(
+            isinstance(level, str) and _LEVEL_NAME.match(level) for level in levels
+        ):
+            raise fail(
+                "setting 'topology_levels' must be a list of level names, widest first "
+                '(e.g. ["spine", "leaf"])'
+            )
+        if len(set(levels)) != len(levels):
+            raise fail("setting 'topology_levels' names a level twice")
+        values["topology_levels"] = tuple(levels)
+        if "topology" in raw:
+            lines = raw["topology"]
+            if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
+                raise fail("setting 'topology' must be a list of topology.conf lines")
+            if values["transport"] != "rest":
+                raise fail(
+                    "setting 'topology' is for transport 'rest' (slurmrestd has no topology "
+                    "endpoint); the CLI reads `scontrol show topology` itself"
+                )
+            values["topology"] = tuple(lines)
 
         values["rest_url"] = text("rest_url")
         values["rest_user"] = text("rest_user", _WORD)
@@ -255,6 +294,11 @@ class SlurmSettings:
     @property
     def logs_at(self) -> str:
         return self.log_dir or self.job_dir
+
+    @property
+    def deepest_level(self) -> str:
+        """The name of the leaf-switch level, the one ``--switches`` counts."""
+        return self.topology_levels[-1] if self.topology_levels else DERIVED_LEVEL_NAMES[0]
 
 
 # --- quoting -------------------------------------------------------------------------------
@@ -314,6 +358,8 @@ class BatchJob:
     output: str  # with %j, Slurm's job id
     script: str
     environment: dict[str, str] = field(repr=False)
+    nodelist: str = ""  # the nodes admission chose, comma-separated; empty: Slurm places
+    switches: int = 0  # at most this many leaf switches (``--switches``); 0: no limit
 
     def sbatch_options(self) -> list[str]:
         """The options as sbatch arguments, in the order of the script's #SBATCH lines."""
@@ -326,8 +372,12 @@ class BatchJob:
             options.append(f"--partition={self.partition}")
         if self.qos:
             options.append(f"--qos={self.qos}")
+        options.append(f"--nodes={self.nodes}")
+        if self.nodelist:
+            options.append(f"--nodelist={self.nodelist}")
+        if self.switches:
+            options.append(f"--switches={self.switches}")
         options += [
-            f"--nodes={self.nodes}",
             f"--ntasks-per-node={self.tasks_per_node}",
             f"--gres={self.gres}",
             f"--time={self.time_limit_min}",
@@ -341,7 +391,8 @@ class BatchJob:
         """The body of ``POST /slurm/v0.0.38/job/submit``.
 
         slurmrestd 22.05 does not read ``#SBATCH`` lines: every option goes in ``job``. It
-        ignores ``requeue: false`` (the cluster default applies) and rejects ``B:`` signals.
+        ignores ``requeue: false`` (the cluster default applies), rejects ``B:`` signals and
+        refuses a switch count ("Disabled key: required_switches"); it takes ``nodelist``.
         """
         job = {
             "name": self.name,
@@ -363,6 +414,8 @@ class BatchJob:
             job["qos"] = self.qos
         if self.signal:
             job["signal"] = self.signal
+        if self.nodelist:
+            job["nodelist"] = self.nodelist
         return {"script": self.script, "job": job}
 
 
@@ -448,6 +501,15 @@ def batch_job(
     for key in spec.env:
         if not _ENV_NAME.match(key):
             raise RenderError(f"{key!r} is not a valid environment variable name")
+    if spec.topology_required and not _LEVEL_NAME.match(spec.topology_level):
+        raise RenderError(f"topology level {spec.topology_level!r} is not a level name")
+    placement = [_word(node, "node name") for node in spec.placement]
+    if placement and len(placement) != spec.nodes:
+        raise RenderError(
+            f"the placement names {len(placement)} nodes for a job of {spec.nodes} nodes"
+        )
+    if len(set(placement)) != len(placement):
+        raise RenderError("the placement names a node twice")
     job_env = {"PATH": settings.job_path}
     if spec.attempt_token:
         job_env["GANTRY_ATTEMPT_TOKEN"] = spec.attempt_token
@@ -468,8 +530,18 @@ def batch_job(
         output=f"{settings.job_dir.rstrip('/')}/{name}-%j.out",
         script="",
         environment=job_env,
+        nodelist=",".join(placement),
+        switches=1 if _one_leaf_switch(spec, settings) and settings.transport == "cli" else 0,
     )
     return replace(job, script=_script(job, spec, settings))
+
+
+def _one_leaf_switch(spec: JobSpec, settings: SlurmSettings) -> bool:
+    """The gang must share one leaf switch: what ``--switches=1`` says (one node always
+    does). Wider levels have no switch count: a spine's nodes hang off several leaves."""
+    return (
+        spec.topology_required and spec.nodes > 1 and spec.topology_level == settings.deepest_level
+    )
 
 
 def _script(job: BatchJob, spec: JobSpec, settings: SlurmSettings) -> str:
@@ -481,6 +553,15 @@ def _script(job: BatchJob, spec: JobSpec, settings: SlurmSettings) -> str:
     ]
     if settings.transport == "rest":
         lines.append("# Submitted through slurmrestd, which takes these options as job properties.")
+    if job.nodelist and spec.topology_required and spec.nodes > 1 and not job.switches:
+        lines.append(
+            f"# Required in one {spec.topology_level}: the node list holds the gang there "
+            + (
+                "(slurmrestd 22.05 takes no switch count)."
+                if _one_leaf_switch(spec, settings)
+                else "(a switch count cannot say it)."
+            )
+        )
     if settings.container_runtime == "none":
         lines.append("# container_runtime none: the command runs on the node, not in the image.")
     # This first command ends sbatch's scan for #SBATCH lines before any user value.
@@ -532,6 +613,10 @@ class SlurmJob:
     gpus: int | None = None  # allocated, from AllocTRES gres/gpu
     user: str = ""
     source: str = ""  # squeue, sacct, rest, slurmdb
+    # Slurm's pending reason in full ("ReqNodeNotAvail, UnavailableNodes:gpu-node2") where
+    # ``reason`` has only its code ("ReqNodeNotAvail").
+    reason_detail: str = ""
+    gpus_per_node: Mapping[str, int] = field(default_factory=dict)  # GPU type → count
 
     @property
     def finished(self) -> bool:
@@ -686,6 +771,8 @@ def parse_squeue_json(payload: Mapping[str, Any], *, source: str = "squeue") -> 
                 gpus=gpus_of_tres(str(job.get("tres_alloc_str") or "")),
                 user=str(job.get("user_name") or ""),
                 source=source,
+                reason_detail=str(job.get("state_description") or ""),
+                gpus_per_node=gpus_per_node_of(str(job.get("tres_per_node") or "")),
             )
         )
     return result
@@ -869,9 +956,14 @@ def job_status(job: SlurmJob) -> JobStatus:
     where = f" on {', '.join(nodes)}" if nodes else ""
     gpus = f", {job.gpus} GPUs" if job.gpus else ""
     if job.state in _PENDING_STATES:
-        reason = f" ({job.reason})" if job.reason and job.reason != "None" else ""
+        # Slurm's own words for why it waits; its state while it has none to give yet.
+        reason = job.reason_detail or job.reason
         return JobStatus(
-            state="PENDING", backend_job_id=job.job_id, message=f"Slurm: {job.state}{reason}"
+            state="PENDING",
+            backend_job_id=job.job_id,
+            message=reason if reason and reason != "None" else job.state,
+            # Only a configuring job (its nodes booting) has been given nodes.
+            node_list=nodes if job.state == "CONFIGURING" else [],
         )
     if job.state in _RUNNING_STATES:
         return JobStatus(
@@ -917,9 +1009,24 @@ class SlurmNode:
     state: str  # lower case, flags joined with "+": "idle", "mixed+drain"
     partitions: tuple[str, ...]
     gpus: Mapping[str, int]  # GPU type ("" when untyped) → count
+    gpus_used: Mapping[str, int] = field(default_factory=dict)  # held by any job now
+    reason: str = ""  # why an operator or Slurm took it out of service, without who and when
 
 
-_UNUSABLE_NODE_STATES = ("down", "drain", "fail", "inval", "not_responding", "future", "unknown")
+# Job states in which a job holds its nodes' GPUs (what a node's GresUsed counts).
+HOLDING_JOB_STATES = (
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "SUSPENDED",
+    "STOPPED",
+    "SIGNALING",
+    "STAGE_OUT",
+    "RESIZING",
+)
+# ``squeue -o`` columns of the jobs holding GPUs (CLI): id, state, nodes, GPUs per node
+# (TRES per node, ``gres:gpu:a100:8``), then name and comment, which may contain "|".
+SQUEUE_GPU_FORMAT = "%i|%T|%N|%b|%j|%k"
 
 
 def parse_gres(gres: str) -> dict[str, int]:
@@ -939,28 +1046,61 @@ def parse_gres(gres: str) -> dict[str, int]:
     return dict(counts)
 
 
+def gpus_per_node_of(tres_per_node: str) -> dict[str, int]:
+    """A job's TRES per node as GPUs by type: ``gres:gpu:a100:4`` (22.05) or
+    ``gres/gpu:a100=4`` (23.02 on) → ``{"a100": 4}``; untyped under ``""``."""
+    items = [re.sub(r"^gres[:/]", "", item.strip()) for item in (tres_per_node or "").split(",")]
+    return parse_gres(",".join(item.replace("=", ":") for item in items))
+
+
+def _gpus_of_alloc_tres(text: str) -> dict[str, int]:
+    """A node's ``AllocTRES`` (``cpu=1,gres/gpu=6,gres/gpu:a100=6``) as GPUs by type."""
+    tres = parse_tres(text)
+    typed = {k.removeprefix("gres/gpu:"): _count(v) for k, v in tres.items() if "gres/gpu:" in k}
+    if typed:
+        return typed
+    return {"": _count(tres["gres/gpu"])} if "gres/gpu" in tres else {}
+
+
+def _reason(text: str) -> str:
+    """A node's Reason without the ``[user@time]`` that scontrol appends."""
+    return re.sub(r"\s*\[[^\[\]@]*@[^\[\]]*\]$", "", (text or "").strip())
+
+
 def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
-    """``scontrol show node -o``: one node per line of ``Key=Value`` pairs."""
+    """``scontrol -d show node -o``: one node per line of ``Key=Value`` pairs. ``-d`` adds
+    ``GresUsed`` (GPUs held, whatever accounting tracks); without it ``AllocTRES`` counts
+    GPUs only where ``AccountingStorageTRES`` lists ``gres/gpu``. ``Reason`` (spaces and all)
+    runs to the end of the line, or to a ``Comment=``/``Extra=`` after it."""
     nodes = []
     for line in (text or "").splitlines():
         name = re.search(r"(?:^|\s)NodeName=(\S+)", line)
         if not name:
             continue
-        gres = re.search(r"(?:^|\s)Gres=(\S+)", line)
-        state = re.search(r"(?:^|\s)State=(\S+)", line)
-        partitions = re.search(r"(?:^|\s)Partitions=(\S+)", line)
+
+        def value(key: str, line: str = line) -> str:
+            found = re.search(rf"(?:^|\s){key}=(\S*)", line)
+            return found.group(1) if found else ""
+
+        reason = re.search(r"\sReason=(.*?)(?=\s+(?:Comment|Extra)=|$)", line)
+        used = value("GresUsed")
+        partitions = value("Partitions")
         nodes.append(
             SlurmNode(
                 name=name.group(1),
-                state=(state.group(1) if state else "unknown").lower(),
-                partitions=tuple(partitions.group(1).split(",")) if partitions else (),
-                gpus=parse_gres(gres.group(1) if gres else ""),
+                state=(value("State") or "unknown").lower(),
+                partitions=tuple(partitions.split(",")) if partitions else (),
+                gpus=parse_gres(value("Gres")),
+                gpus_used=parse_gres(used) if used else _gpus_of_alloc_tres(value("AllocTRES")),
+                reason=_reason(reason.group(1)) if reason else "",
             )
         )
     return nodes
 
 
 def parse_rest_nodes(payload: Mapping[str, Any]) -> list[SlurmNode]:
+    """slurmrestd ``GET /slurm/v0.0.38/nodes``: ``state`` is the base state, ``state_flags``
+    the flags (``["DRAIN"]``), ``gres_used`` the GPUs held (``gpu:a100:6(IDX:0-5)``)."""
     errors = payload.get("errors") or []
     if errors and not payload.get("nodes"):
         raise ValueError(describe_errors(errors))
@@ -968,47 +1108,306 @@ def parse_rest_nodes(payload: Mapping[str, Any]) -> list[SlurmNode]:
     for node in payload.get("nodes") or []:
         state = str(node.get("state") or "unknown").lower()
         flags = [str(f).lower() for f in node.get("state_flags") or []]
+        used = str(node.get("gres_used") or "")
         nodes.append(
             SlurmNode(
                 name=str(node.get("name") or ""),
                 state="+".join([state, *flags]),
                 partitions=tuple(node.get("partitions") or ()),
                 gpus=parse_gres(str(node.get("gres") or "")),
+                gpus_used=(
+                    parse_gres(used)
+                    if used
+                    else _gpus_of_alloc_tres(str(node.get("tres_used") or ""))
+                ),
+                reason=_reason(str(node.get("reason") or "")),
             )
         )
     return nodes
 
 
-def node_usable(node: SlurmNode) -> bool:
-    """Up and responding (a trailing ``*``), not down, drained, failed or invalid."""
-    if node.state.endswith("*"):
-        return False
-    return not any(word in node.state for word in _UNUSABLE_NODE_STATES)
-
-
-def inventory_items(nodes: Iterable[SlurmNode], settings: SlurmSettings) -> list[InventoryItem]:
-    """Capacity per flavor: usable nodes with the flavor's GPU type (in its partition, if
-    it names one). Heterogeneous nodes count as the largest node size, and only nodes of
-    that size: a gang is never promised more GPUs per node than a node has."""
-    usable = [node for node in nodes if node_usable(node)]
-    items = []
-    for flavor, mapping in sorted(settings.flavors.items()):
-        partition = mapping.partition or settings.partition
-        counts = [
-            node.gpus.get(mapping.gres_type, 0)
-            for node in usable
-            if not partition or partition in node.partitions
-        ]
-        counts = [c for c in counts if c > 0]
-        if not counts:
+def parse_squeue_gpus(text: str) -> list[SlurmJob]:
+    """Rows of ``squeue -h -o SQUEUE_GPU_FORMAT``: the jobs holding GPUs, with their nodes
+    and GPUs per node."""
+    jobs = []
+    for line in (text or "").splitlines():
+        cells = line.split("|", 4)
+        if len(cells) != 5 or not _JOB_ID.match(cells[0].strip()):
             continue
-        largest = max(counts)
-        items.append(
-            InventoryItem(
-                flavor=flavor, nodes=sum(1 for c in counts if c == largest), gpus_per_node=largest
+        job_id, state, nodes, tres, rest = cells
+        name, _, comment = rest.partition("|")
+        jobs.append(
+            SlurmJob(
+                job_id=job_id.strip(),
+                name=name,
+                state=_base_state(state),
+                comment="" if comment == "(null)" else comment,
+                nodes=tuple(expand_hostlist(nodes)),
+                gpus_per_node=gpus_per_node_of(tres),
+                source="squeue",
             )
         )
-    return items
+    return jobs
+
+
+def is_gantry_job(job: SlurmJob) -> bool:
+    """Submitted by Gantry: named after an attempt, with the name as its comment (or none:
+    squeue shows no comment for some jobs)."""
+    return bool(GANTRY_JOB_NAME.fullmatch(job.name)) and job.comment in (job.name, "")
+
+
+def node_condition(state: str) -> str:
+    """Why a node in ``state`` (``idle+drain``, ``down*``) takes no new work, in Slurm's
+    words, most telling first; "" when it takes work. Planned, powered-down (Slurm powers
+    it up on demand), cloud and completing nodes take work."""
+    base, *rest = state.lower().split("+")
+    flags = set(rest)
+    if base.endswith("*"):  # sinfo's and older scontrol's mark of a node not responding
+        base = base.rstrip("*")
+        flags.add("not_responding")
+    if "invalid_reg" in flags or base == "inval":
+        return "invalid"  # it registered with less than slurm.conf says it has
+    if "drain" in flags:
+        busy = base in ("allocated", "mixed") or "completing" in flags
+        return "draining" if busy else "drained"
+    if "fail" in flags:
+        return "failing"
+    if base == "down":
+        return "down"
+    if "not_responding" in flags:
+        return "not responding"
+    if "maintenance" in flags:
+        return "in maintenance"
+    if flags & {"reboot_requested", "reboot_issued"}:
+        return "rebooting"
+    if "reserved" in flags:
+        return "reserved"
+    if flags & {"power_down", "powering_down"}:
+        return "powering down"
+    if base not in ("idle", "mixed", "allocated"):
+        return base or "unknown"  # future, unknown, error
+    return ""
+
+
+def _of_type(counts: Mapping[str, int], gres_type: str, node_gpus: Mapping[str, int]) -> int:
+    """The count of ``gres_type`` GPUs; an untyped count where the node has one type."""
+    if gres_type in counts:
+        return counts[gres_type]
+    return counts.get("", 0) if len(node_gpus) == 1 else 0
+
+
+def gantry_gpus_by_node(jobs: Iterable[SlurmJob]) -> dict[str, dict[str, int]]:
+    """node → GPU type → GPUs held by Gantry's jobs there now."""
+    held: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for job in jobs:
+        if job.state not in HOLDING_JOB_STATES or not is_gantry_job(job):
+            continue
+        for node in job.nodes:
+            for gres_type, count in job.gpus_per_node.items():
+                held[node][gres_type] += count
+    return {node: dict(counts) for node, counts in held.items()}
+
+
+# --- topology ------------------------------------------------------------------------------
+
+# Level names from the leaves up when the settings name none: leaf, spine, core, level-3, …
+DERIVED_LEVEL_NAMES = ("leaf", "spine", "core")
+UNKNOWN_TOPOLOGY = (
+    "topology unknown: slurmrestd v0.0.38 has no topology endpoint; give topology.conf's "
+    "lines in the cluster setting 'topology' (or [] for a cluster without one)"
+)
+_LISTED = 8  # nodes or switches named in one problem before the rest are counted
+
+
+@dataclass(frozen=True, slots=True)
+class Switch:
+    name: str
+    level: int  # 0 for a leaf switch, one more than its highest child switch above
+    nodes: frozenset[str]  # every node under it, directly or through its child switches
+    children: tuple[str, ...] = ()
+
+
+def _listing(names: Iterable[str]) -> str:
+    names = sorted(names)
+    more = f" and {len(names) - _LISTED} more" if len(names) > _LISTED else ""
+    return ", ".join(names[:_LISTED]) + more
+
+
+def parse_topology(text: str) -> tuple[dict[str, Switch], list[str]]:
+    """``scontrol show topology`` (``SwitchName=leaf1 Level=0 LinkSpeed=1 Nodes=gpu-node1``,
+    ``SwitchName=spine Level=1 … Nodes=gpu-node[1-2] Switches=leaf[1-2]``), or the lines of
+    topology.conf, which name only direct children: the switches by name, with every node
+    under each and their levels, computed here from the tree. Returns the problems found
+    (a line without a switch, an unknown child, a loop) instead of raising; with a loop
+    there is no usable tree and no switch is returned."""
+    direct: dict[str, set[str]] = {}
+    children: dict[str, list[str]] = {}
+    problems: list[str] = []
+    for raw_line in (text or "").splitlines():
+        line = raw_line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        fields = {}
+        for token in line.split():
+            key, eq, value = token.partition("=")
+            if eq:
+                fields[key.lower()] = value
+        name = fields.get("switchname", "")
+        if not name:
+            problems.append(f"topology: {line[:80]!r} names no switch (SwitchName=)")
+            continue
+        try:
+            direct[name] = set(expand_hostlist(fields.get("nodes", "")))
+            children[name] = expand_hostlist(fields.get("switches", ""))
+        except ValueError as exc:
+            problems.append(f"topology: switch {name}: {exc}")
+            direct.pop(name, None)
+    for name, kids in children.items():
+        unknown = [kid for kid in kids if kid not in direct]
+        if unknown:
+            problems.append(f"topology: switch {name} names unknown switches {_listing(unknown)}")
+            children[name] = [kid for kid in kids if kid in direct]
+
+    levels: dict[str, int] = {}
+    under: dict[str, frozenset[str]] = {}
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in levels:
+            return
+        if name in path:
+            raise ValueError(" → ".join([*path[path.index(name) :], name]))
+        for kid in children[name]:
+            visit(kid, (*path, name))
+        levels[name] = 1 + max((levels[kid] for kid in children[name]), default=-1)
+        under[name] = frozenset(direct[name]).union(*(under[kid] for kid in children[name]))
+
+    try:
+        for name in sorted(direct):
+            visit(name, ())
+    except ValueError as loop:
+        return {}, [*problems, f"topology: switches form a loop ({loop}): topology ignored"]
+    switches = {
+        name: Switch(name, levels[name], under[name], tuple(children[name])) for name in direct
+    }
+    return switches, problems
+
+
+def derived_level_names(depth: int) -> tuple[str, ...]:
+    """Names for a tree ``depth`` levels deep, widest first: ("spine", "leaf") for two."""
+    return tuple(
+        DERIVED_LEVEL_NAMES[level] if level < len(DERIVED_LEVEL_NAMES) else f"level-{level}"
+        for level in range(depth - 1, -1, -1)
+    )
+
+
+def topology_paths(
+    switches: Mapping[str, Switch], nodes: Iterable[str]
+) -> tuple[dict[str, tuple[str, ...]], int, list[str]]:
+    """Each node's switches, widest level first, one per level of the tree; its depth; and
+    the problems (nodes under no switch, top switches that no switch joins).
+
+    Where a node has no switch at a level (a tree of uneven depth), its nearest switch
+    below stands in (a node hanging off a spine directly: that spine at the leaf level
+    too), or, above its top switch, that top switch: the domain is then exactly its nodes,
+    which is true of every level it lacks."""
+    depth = 1 + max((switch.level for switch in switches.values()), default=-1)
+    paths: dict[str, tuple[str, ...]] = {}
+    outside = []
+    for node in nodes:
+        mine = sorted((s.level, s.name) for s in switches.values() if node in s.nodes)
+        if not mine:
+            if switches:
+                outside.append(node)
+            paths[node] = ()
+            continue
+        path = []
+        for level in range(depth - 1, -1, -1):
+            at_or_above = [entry for entry in mine if entry[0] >= level]
+            path.append(min(at_or_above)[1] if at_or_above else mine[-1][1])
+        paths[node] = tuple(path)
+    problems = []
+    if outside:
+        problems.append(
+            f"topology: node{'s' if len(outside) > 1 else ''} {_listing(outside)} "
+            f"{'are' if len(outside) > 1 else 'is'} under no switch (topology.conf)"
+        )
+    tops = {path[0] for path in paths.values() if path}
+    if len(tops) > 1:
+        problems.append(
+            f"topology: no switch joins the top switches {_listing(tops)}: Slurm's "
+            "topology/tree runs no job across them"
+        )
+    return paths, depth, problems
+
+
+def topology_levels(depth: int, configured: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]]:
+    """The level names: the settings' ``topology_levels`` when they fit the tree, else the
+    derived ones and a problem saying what does not fit."""
+    derived = derived_level_names(depth)
+    if not configured or len(configured) == depth:
+        return configured or derived, []
+    if not depth:
+        return (), [
+            f"setting 'topology_levels' names {len(configured)} levels, but Slurm reports no "
+            "switch tree (TopologyPlugin=topology/tree with a topology.conf)"
+        ]
+    return derived, [
+        f"setting 'topology_levels' names {len(configured)} level"
+        f"{'s' if len(configured) > 1 else ''} ({', '.join(configured)}), but the switch "
+        f"tree has {depth} ({', '.join(derived)}): using {', '.join(derived)}"
+    ]
+
+
+def node_inventory(
+    nodes: Iterable[SlurmNode],
+    settings: SlurmSettings,
+    *,
+    jobs: Iterable[SlurmJob] = (),
+    topology: str | None = "",
+) -> Inventory:
+    """The GPU nodes of the cluster's flavors: a node with the flavor's GPU type (in its
+    partition, if it names one), the GPUs jobs hold on it and those of them Gantry's jobs
+    hold (from ``jobs``), whether it takes work (with Slurm's state and the operator's
+    reason, "drained: bad DIMM"), and its path in the switch tree ``topology`` (text of
+    ``scontrol show topology``; "" for none, None when it cannot be known)."""
+    gantry = gantry_gpus_by_node(jobs)
+    found = []
+    for node in nodes:
+        for flavor, mapping in sorted(settings.flavors.items()):
+            partition = mapping.partition or settings.partition
+            gpus = node.gpus.get(mapping.gres_type, 0)
+            if gpus <= 0 or (partition and partition not in node.partitions):
+                continue
+            condition = node_condition(node.state)
+            reason = f"{condition}: {node.reason}" if condition and node.reason else condition
+            found.append(
+                NodeInventory(
+                    name=node.name,
+                    flavor=flavor,
+                    gpus=gpus,
+                    gpus_used=_of_type(node.gpus_used, mapping.gres_type, node.gpus),
+                    gpus_used_by_gantry=_of_type(
+                        gantry.get(node.name, {}), mapping.gres_type, node.gpus
+                    ),
+                    schedulable=not condition,
+                    reason=reason,
+                )
+            )
+            break  # a node serves one flavor
+    switches: dict[str, Switch]
+    if topology is None:
+        switches, problems = {}, [UNKNOWN_TOPOLOGY]
+    else:
+        switches, problems = parse_topology(topology)
+    paths, depth, path_problems = topology_paths(switches, [node.name for node in found])
+    levels, level_problems = topology_levels(depth, settings.topology_levels)
+    if topology is None:
+        level_problems = []  # the tree is unknown, not absent
+    return Inventory(
+        nodes=tuple(replace(node, path=paths.get(node.name, ())) for node in found),
+        levels=levels,
+        problems=tuple(problems + path_problems + level_problems),
+    )
 
 
 # --- quotas --------------------------------------------------------------------------------

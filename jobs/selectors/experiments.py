@@ -37,6 +37,8 @@ def experiment_record(experiment: Experiment) -> dict:
         "flavor": experiment.flavor.slug,
         "nodes": experiment.nodes,
         "gpus_per_node": experiment.gpus_per_node,
+        "topology_level": experiment.topology_level,
+        "topology_mode": experiment.topology_mode,
         "priority": experiment.priority,
         "max_runtime_minutes": experiment.max_runtime_minutes,
         "max_restarts": experiment.max_restarts,

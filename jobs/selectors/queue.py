@@ -1,26 +1,30 @@
 """Reads for admission: its snapshot, this month's usage, the submit preview."""
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.db.models import JSONField, OuterRef, Subquery
 from django.utils import timezone
 
-from jobs import admission
+from jobs import admission, placement
 from jobs.calendar import month_start
 from jobs.models import (
     HOLDING_STATES,
     LIVE_ATTEMPT_STATES,
     Attempt,
+    AttemptState,
     Cluster,
     ClusterFlavor,
+    ClusterNode,
     FairShareUsage,
     Run,
     RunState,
     TenantMonthUsage,
+    TopologyMode,
 )
 from tenants.access import tenant_list_submittable
 from tenants.models import GpuFlavor, Quota
@@ -39,6 +43,47 @@ def flavor_node_limits() -> dict[str, tuple[int, int]]:
     return limits
 
 
+def placement_never_possible(
+    *, flavor: str, nodes: int, gpus_per_node: int, topology_level: str = "", required: bool = False
+) -> str:
+    """Why no enabled cluster could place this gang even with every node free and taking
+    work; "" when one could. What a submit is refused for, not what it waits for."""
+    by_cluster: dict[str, tuple[tuple[str, ...], list[placement.Node]]] = {}
+    for cluster, levels, name, gpus, path in ClusterNode.objects.filter(
+        cluster__enabled=True, flavor__slug=flavor
+    ).values_list("cluster__name", "cluster__topology_levels", "name", "gpus", "path"):
+        entry = by_cluster.setdefault(cluster, (tuple(levels), []))
+        entry[1].append(placement.Node(name, gpus, gpus, path=tuple(path)))
+    if not by_cluster:
+        return f"No enabled cluster has {flavor} GPUs."
+    within = f" in one {topology_level}" if required else ""
+    level_known = False
+    for levels, cluster_nodes in by_cluster.values():
+        level = None
+        if required:
+            if topology_level not in levels:
+                continue
+            level = levels.index(topology_level) + 1
+            level_known = True
+        gang = placement.Gang(nodes, gpus_per_node, required_level=level)
+        if placement.place(cluster_nodes, gang) is not None:
+            return ""
+    if required and not level_known:
+        return f"No cluster with {flavor} GPUs has a {topology_level} level."
+    return f"No single cluster has {nodes} nodes with {gpus_per_node} {flavor} GPUs each{within}."
+
+
+def topology_levels_offered(*, flavor: str | None = None) -> list[str]:
+    """The topology levels of enabled clusters (with GPUs of ``flavor``), widest first."""
+    clusters = Cluster.objects.filter(enabled=True)
+    if flavor is not None:
+        clusters = clusters.filter(nodes__flavor__slug=flavor).distinct()
+    levels: list[str] = []
+    for names in clusters.order_by("name").values_list("topology_levels", flat=True):
+        levels += [name for name in names if name not in levels]
+    return levels
+
+
 def _quota_of(row: Mapping[str, Any]) -> admission.Quota:
     return admission.Quota(
         guaranteed=row["guaranteed_gpus"],
@@ -48,6 +93,113 @@ def _quota_of(row: Mapping[str, Any]) -> admission.Quota:
         budget_hard=row["budget_mode"] == Quota.BudgetMode.HARD,
         weight=row["fair_share_weight"],
     )
+
+
+def cluster_nodes(*, now, clusters: Iterable[Cluster] | None = None) -> list[admission.ClusterNode]:
+    """The node inventory of every enabled cluster (or of ``clusters``), for admission, in
+    one query.
+
+    A cluster whose inventory is out of date (past ``inventory_valid_until``) keeps its
+    nodes, so held runs are still counted, but none takes work until the next refresh."""
+    rows = ClusterNode.objects.order_by("cluster__name", "name")
+    if clusters is None:
+        rows = rows.filter(cluster__enabled=True)
+    else:
+        rows = rows.filter(cluster__in=list(clusters))
+    nodes = []
+    for row in rows.values(
+        "cluster__name",
+        "cluster__inventory_at",
+        "cluster__inventory_valid_until",
+        "flavor__slug",
+        "name",
+        "gpus",
+        "gpus_used",
+        "gpus_used_by_gantry",
+        "schedulable",
+        "reason",
+        "path",
+    ):
+        cluster, seen = row["cluster__name"], row["cluster__inventory_at"]
+        schedulable, reason = row["schedulable"], row["reason"]
+        valid_until = row["cluster__inventory_valid_until"]
+        if schedulable and valid_until is not None and valid_until < now:
+            schedulable = False
+            reason = f"not seen by {cluster}'s inventory since {seen:%Y-%m-%d %H:%M:%S} UTC"
+        nodes.append(
+            admission.ClusterNode(
+                cluster=cluster,
+                flavor=row["flavor__slug"],
+                name=row["name"],
+                gpus=row["gpus"],
+                outside=max(0, row["gpus_used"] - row["gpus_used_by_gantry"]),
+                schedulable=schedulable,
+                reason=reason,
+                path=tuple(row["path"]),
+            )
+        )
+    return nodes
+
+
+def held_runs() -> tuple[admission.HeldRun, ...]:
+    """Every run that holds GPUs now, with the nodes it holds them on (where the backend
+    runs it if it said so, else where admission placed it), in one query."""
+    live = Attempt.objects.filter(
+        run=OuterRef("pk"), state__in=(AttemptState.CREATED, *LIVE_ATTEMPT_STATES)
+    ).order_by("-number")
+    rows = (
+        Run.objects.filter(state__in=HOLDING_STATES)
+        .annotate(
+            attempt_nodes=Subquery(live.values("node_list")[:1], output_field=JSONField()),
+            attempt_placement=Subquery(live.values("placement")[:1], output_field=JSONField()),
+        )
+        .values(
+            "id",
+            "tenant__slug",
+            "flavor__slug",
+            "cluster__name",
+            "gpus",
+            "priority",
+            "admitted_at",
+            "submitted_at",
+            "borrowed",
+            "attempt_nodes",
+            "attempt_placement",
+        )
+    )
+    return tuple(
+        admission.HeldRun(
+            id=row["id"],
+            tenant=row["tenant__slug"],
+            flavor=row["flavor__slug"],
+            cluster=row["cluster__name"],
+            gpus=row["gpus"],
+            priority=row["priority"],
+            admitted=(row["admitted_at"] or row["submitted_at"]).timestamp(),
+            borrowed=row["borrowed"],
+            nodes=tuple(row["attempt_nodes"] or row["attempt_placement"] or ()),
+        )
+        for row in rows
+    )
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    in_use: dict[tuple[str, str], int]  # (tenant, flavor) -> GPUs its runs hold
+    free: dict[str, int]  # flavor -> free GPUs, as admission counts them
+
+
+def gpu_occupancy(*, now) -> Occupancy:
+    """What tenants hold and what is free per flavor, with one definition of holding
+    (docs/admission.md): two queries."""
+    held = held_runs()
+    in_use: dict[tuple[str, str], int] = defaultdict(int)
+    for run in held:
+        in_use[(run.tenant, run.flavor)] += run.gpus
+    snapshot = admission.Snapshot(
+        queued=(), held=held, nodes=tuple(cluster_nodes(now=now)), quotas={}
+    )
+    return Occupancy(in_use=dict(in_use), free=admission.free_gpus(snapshot))
 
 
 def admission_snapshot(*, now=None) -> tuple[admission.Snapshot, dict[str, Cluster]]:
@@ -62,6 +214,8 @@ def admission_snapshot(*, now=None) -> tuple[admission.Snapshot, dict[str, Clust
             gpus_per_node=row["experiment__gpus_per_node"],
             priority=row["priority"],
             submitted=row["submitted_at"].timestamp(),
+            topology_level=row["experiment__topology_level"],
+            topology_required=row["experiment__topology_mode"] == TopologyMode.REQUIRED,
         )
         for row in Run.objects.filter(state=RunState.QUEUED).values(
             "id",
@@ -71,45 +225,13 @@ def admission_snapshot(*, now=None) -> tuple[admission.Snapshot, dict[str, Clust
             "experiment__gpus_per_node",
             "priority",
             "submitted_at",
+            "experiment__topology_level",
+            "experiment__topology_mode",
         )
     )
-    held = tuple(
-        admission.HeldRun(
-            id=row["id"],
-            tenant=row["tenant__slug"],
-            flavor=row["flavor__slug"],
-            cluster=row["cluster__name"],
-            gpus=row["gpus"],
-            priority=row["priority"],
-            admitted=(row["admitted_at"] or row["submitted_at"]).timestamp(),
-            borrowed=row["borrowed"],
-        )
-        for row in Run.objects.filter(state__in=HOLDING_STATES).values(
-            "id",
-            "tenant__slug",
-            "flavor__slug",
-            "cluster__name",
-            "gpus",
-            "priority",
-            "admitted_at",
-            "submitted_at",
-            "borrowed",
-        )
-    )
-    clusters: dict[str, Cluster] = {}
-    pools = []
-    for cf in ClusterFlavor.objects.filter(cluster__enabled=True).select_related(
-        "cluster", "flavor"
-    ):
-        clusters[cf.cluster.name] = cf.cluster
-        pools.append(
-            admission.Pool(
-                cluster=cf.cluster.name,
-                flavor=cf.flavor.slug,
-                nodes=cf.nodes,
-                gpus_per_node=cf.gpus_per_node,
-            )
-        )
+    held = held_runs()
+    clusters = {cluster.name: cluster for cluster in Cluster.objects.filter(enabled=True)}
+    nodes = cluster_nodes(now=now)
     quotas = {
         (row["tenant__slug"], row["flavor__slug"]): _quota_of(row)
         for row in Quota.objects.filter(tenant__active=True).values(
@@ -132,12 +254,13 @@ def admission_snapshot(*, now=None) -> tuple[admission.Snapshot, dict[str, Clust
     snapshot = admission.Snapshot(
         queued=queued,
         held=held,
-        pools=tuple(pools),
+        nodes=tuple(nodes),
         quotas=quotas,
         budget_used=gpu_hours_this_month(now=now),
         decayed_usage=decayed,
         now=now.timestamp(),
         starvation_after_s=settings.GANTRY_STARVATION_AFTER_S,
+        levels={name: tuple(cluster.topology_levels) for name, cluster in clusters.items()},
     )
     return snapshot, clusters
 
@@ -196,7 +319,15 @@ class AdmissionPreview:
 
 
 def admission_preview(
-    *, user: UserLike, tenant: str, flavor: str, nodes: int, gpus_per_node: int, priority: int = 50
+    *,
+    user: UserLike,
+    tenant: str,
+    flavor: str,
+    nodes: int,
+    gpus_per_node: int,
+    priority: int = 50,
+    topology_level: str = "",
+    topology_required: bool = False,
 ) -> AdmissionPreview:
     """Run admission on the current snapshot plus this hypothetical run, changing nothing."""
     tenant_obj = tenant_list_submittable(user=user).filter(slug=tenant).first()
@@ -214,21 +345,22 @@ def admission_preview(
         gpus_per_node=max(1, gpus_per_node),
         priority=priority,
         submitted=now.timestamp(),
+        topology_level=topology_level,
+        topology_required=topology_required,
     )
     decisions = admission.decide(replace(snapshot, queued=(*snapshot.queued, probe)))
     key = (tenant, flavor)
     quota = snapshot.quotas.get(key) or admission.Quota(guaranteed=0)
     in_use = sum(r.gpus for r in snapshot.held if (r.tenant, r.flavor) == key)
-    idle = sum(p.capacity for p in snapshot.pools if p.flavor == flavor) - sum(
-        r.gpus for r in snapshot.held if r.flavor == flavor
-    )
+    idle = admission.free_gpus(snapshot).get(flavor, 0)
     admit = next((a for a in decisions.admitted if a.run_id == -1), None)
     if admit is not None:
         verdict = "borrow" if admit.borrowed else "start"
+        where = f"{admit.cluster} ({', '.join(admit.nodes)})"
         message = (
-            f"Would start now on {admit.cluster}, borrowing idle GPUs (preemptible)"
+            f"Would start now on {where}, borrowing idle GPUs (preemptible)"
             if admit.borrowed
-            else f"Would start now on {admit.cluster}, within the tenant's guarantee"
+            else f"Would start now on {where}, within the tenant's guarantee"
         )
         if admit.over_budget:
             message += "; past the soft monthly budget, so it will be flagged"

@@ -79,13 +79,18 @@ def admission_run_cycle(*, now=None) -> AdmissionSummary | None:
             to=RunState.ADMITTED,
             expected=(RunState.QUEUED,),
             reason="ADMITTED",
-            message=f"Admitted to {cluster.name}: {run.gpus} {run.flavor.slug} GPUs {how}",
+            message=(
+                f"Admitted to {cluster.name} on {', '.join(decision.nodes)}: "
+                f"{run.gpus} {run.flavor.slug} GPUs {how}"
+            ),
             cluster=cluster,
             admitted_at=now,
             borrowed=decision.borrowed,
             over_budget=decision.over_budget,
             wait_reason="",
-            wait_message="",
+            wait_message=(
+                f"Placed on {cluster.name} ({', '.join(decision.nodes)}); being submitted"
+            )[:500],
             queue_position=None,
         )
         if claimed:
@@ -95,6 +100,7 @@ def admission_run_cycle(*, now=None) -> AdmissionSummary | None:
                     number=attempt_counts.get(run.pk, 0) + 1,
                     cluster=cluster,
                     resumed_from=latest_checkpoints.get(run.pk),
+                    placement=list(decision.nodes),
                 )
             )
     reservations = {r.run_id: r for r in decisions.reservations}
@@ -109,7 +115,9 @@ def admission_run_cycle(*, now=None) -> AdmissionSummary | None:
         message = wait.message
         if wait.run_id in reservations:
             held = reservations[wait.run_id]
-            message += f"; {held.gpus} GPUs on {held.cluster} are held for it"
+            message += (
+                f"; {held.gpus} GPUs on {held.cluster} ({', '.join(held.nodes)}) are held for it"
+            )
         row = (wait.reason.value, message[:500], wait.position)
         if written.get(wait.run_id, row) != row:
             changed.append((wait.run_id, *row))

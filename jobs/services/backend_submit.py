@@ -53,6 +53,9 @@ def job_spec_for(attempt: Attempt) -> JobSpec:
         attempt_token=reproducibility.attempt_token(
             secret=settings.SECRET_KEY, attempt_id=attempt.pk
         ),
+        placement=tuple(attempt.placement),
+        topology_level=experiment.topology_level,
+        topology_required=experiment.topology_required,
     )
 
 

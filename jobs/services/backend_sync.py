@@ -27,12 +27,16 @@ from jobs.models import (
     Checkpoint,
     Cluster,
     ClusterFlavor,
+    ClusterNode,
+    Run,
     RunEvent,
     RunState,
+    WaitReason,
 )
 from jobs.selectors.runs import attempt_get_for_work
 from jobs.services.lifecycle import (
     attempt_accept,
+    pending_message,
     run_requeue_after_preemption,
     run_transition,
 )
@@ -59,30 +63,105 @@ def attempt_cancel(*, attempt_id: int) -> None:
     cluster_sync(cluster=attempt.cluster)
 
 
-def cluster_refresh_inventory(*, cluster: Cluster) -> None:
-    """Mirror the backend's inventory into ClusterFlavor rows (capacity for admission)."""
-    items = backend_for(cluster).inventory()
-    flavors = GpuFlavor.objects.in_bulk([i.flavor for i in items], field_name="slug")
-    wanted = {}
-    for item in items:
-        if item.flavor not in flavors:
-            logger.warning("cluster %s reports unknown flavor %s", cluster.name, item.flavor)
+# Node fields the inventory mirrors; a row is written only when one of them changed.
+_NODE_FIELDS = (
+    "flavor_id",
+    "gpus",
+    "gpus_used",
+    "gpus_used_by_gantry",
+    "schedulable",
+    "reason",
+    "path",
+)
+NODE_REASON_MAX_LENGTH = max_length_of(ClusterNode, "reason")
+WAIT_MESSAGE_MAX_LENGTH = max_length_of(Run, "wait_message")
+
+
+def cluster_refresh_inventory(*, cluster: Cluster, now=None) -> None:
+    """Mirror the backend's node inventory: a ClusterNode row per GPU node, the cluster's
+    topology levels, what an operator should fix, and ClusterFlavor (capacity in brief).
+
+    A backend that cannot be asked leaves the rows as they were and says why on the
+    cluster (``inventory_error``); their age then makes admission hold back rather than
+    place runs on what may no longer be true. Nodes of an unknown flavor, or reporting more
+    GPUs than a node of their flavor can have, are left out and named as problems."""
+    now = now or timezone.now()
+    backend = backend_for(cluster)
+    try:
+        inventory = backend.inventory()
+    except BackendError as exc:
+        Cluster.objects.filter(pk=cluster.pk).update(inventory_error=str(exc)[:2000])
+        raise
+    flavors = GpuFlavor.objects.in_bulk({n.flavor for n in inventory.nodes}, field_name="slug")
+    problems = list(inventory.problems)
+    wanted: dict[str, dict[str, Any]] = {}
+    for node in inventory.nodes:
+        flavor = flavors.get(node.flavor)
+        if flavor is None:
+            problems.append(f"node {node.name}: GPUs of unknown flavor {node.flavor}, left out")
             continue
-        wanted[flavors[item.flavor].pk] = (item.nodes, item.gpus_per_node)
+        if not 0 < node.gpus <= flavor.max_per_node:
+            problems.append(
+                f"node {node.name} reports {node.gpus} {flavor.slug} GPUs; a node has 1 to "
+                f"{flavor.max_per_node}: left out"
+            )
+            continue
+        used = max(0, min(node.gpus_used, node.gpus))
+        wanted[node.name] = {
+            "flavor_id": flavor.pk,
+            "gpus": node.gpus,
+            "gpus_used": used,
+            "gpus_used_by_gantry": max(0, min(node.gpus_used_by_gantry, used)),
+            "schedulable": node.schedulable,
+            "reason": node.reason[:NODE_REASON_MAX_LENGTH],
+            "path": list(node.path),
+        }
+    with transaction.atomic():
+        current = {node.name: node for node in ClusterNode.objects.filter(cluster=cluster)}
+        created, changed = [], []
+        for name, values in wanted.items():
+            row = current.get(name)
+            if row is None:
+                created.append(ClusterNode(cluster=cluster, name=name, updated_at=now, **values))
+            elif any(getattr(row, field) != value for field, value in values.items()):
+                for field, value in values.items():
+                    setattr(row, field, value)
+                row.updated_at = now
+                changed.append(row)
+        ClusterNode.objects.bulk_create(created)
+        ClusterNode.objects.bulk_update(changed, [*_NODE_FIELDS, "updated_at"])
+        ClusterNode.objects.filter(cluster=cluster).exclude(name__in=wanted).delete()
+        _flavors_update(cluster=cluster, nodes=wanted.values())
+        max_age = backend.inventory_max_age_s
+        Cluster.objects.filter(pk=cluster.pk).update(
+            inventory_at=now,
+            inventory_valid_until=None if max_age is None else now + timedelta(seconds=max_age),
+            inventory_error="",
+            topology_levels=list(inventory.levels),
+            inventory_problems=problems[:50],
+        )
+
+
+def _flavors_update(*, cluster: Cluster, nodes: Iterable[dict[str, Any]]) -> None:
+    """ClusterFlavor rows from the nodes: per flavor, its node count, largest node and
+    GPUs in all."""
+    wanted: dict[int, tuple[int, int, int]] = {}
+    for node in nodes:
+        count, largest, total = wanted.get(node["flavor_id"], (0, 0, 0))
+        wanted[node["flavor_id"]] = (count + 1, max(largest, node["gpus"]), total + node["gpus"])
     current = {
-        cf.flavor_id: (cf.nodes, cf.gpus_per_node)
+        cf.flavor_id: (cf.nodes, cf.gpus_per_node, cf.gpus)
         for cf in ClusterFlavor.objects.filter(cluster=cluster)
     }
     if wanted == current:
         return
-    with transaction.atomic():
-        for flavor_id, (nodes, gpus_per_node) in wanted.items():
-            ClusterFlavor.objects.update_or_create(
-                cluster=cluster,
-                flavor_id=flavor_id,
-                defaults={"nodes": nodes, "gpus_per_node": gpus_per_node},
-            )
-        ClusterFlavor.objects.filter(cluster=cluster).exclude(flavor_id__in=wanted).delete()
+    for flavor_id, (count, gpus_per_node, gpus) in wanted.items():
+        ClusterFlavor.objects.update_or_create(
+            cluster=cluster,
+            flavor_id=flavor_id,
+            defaults={"nodes": count, "gpus_per_node": gpus_per_node, "gpus": gpus},
+        )
+    ClusterFlavor.objects.filter(cluster=cluster).exclude(flavor_id__in=wanted).delete()
 
 
 def cluster_sync(*, cluster: Cluster) -> int:
@@ -128,7 +207,70 @@ def cluster_sync(*, cluster: Cluster) -> int:
             else:
                 continue
         changed += attempt_apply_status(attempt=attempt, status=status, now=now)
+        if backend.honours_placement and _placement_lapsed(attempt=attempt, status=status, now=now):
+            changed += attempt_requeue_unplaced(
+                attempt=attempt, backend=backend, status=status, now=now
+            )
     return changed
+
+
+def _placement_lapsed(*, attempt: Attempt, status: JobStatus, now) -> bool:
+    """Admission placed the attempt, the backend has held it for longer than the grace
+    without giving it nodes: the placement did not hold (load from outside Gantry took the
+    GPUs first, a node went down)."""
+    grace = timedelta(seconds=settings.GANTRY_PLACEMENT_GRACE_S)
+    return (
+        status.state == "PENDING"
+        and attempt.state == AttemptState.PENDING
+        and bool(attempt.placement)
+        and not status.node_list
+        and attempt.submitted_at is not None
+        and now - attempt.submitted_at > grace
+    )
+
+
+def attempt_requeue_unplaced(*, attempt: Attempt, backend, status: JobStatus, now) -> int:
+    """Take back a placed attempt the backend has not started within the grace and put its
+    run back in the queue, for admission to place it anew with what is free now. The
+    backend's job is cancelled first, so it cannot start later beside the new attempt; if
+    that call fails, the next sync tries again."""
+    try:
+        backend.cancel(JobRef(name=attempt.name, backend_job_id=attempt.backend_job_id))
+    except BackendError as exc:
+        logger.warning("attempt %s: not requeued yet, the cancel failed: %s", attempt.pk, exc)
+        return 0
+    nodes = ", ".join(attempt.placement)
+    why = f" ({status.message})" if status.message else ""
+    message = (
+        f"{attempt.cluster.name} had not started it on {nodes} after "
+        f"{settings.GANTRY_PLACEMENT_GRACE_S} s{why}: back in the queue for a new placement"
+    )
+    with transaction.atomic():
+        moved = Attempt.objects.filter(pk=attempt.pk, state=AttemptState.PENDING).update(
+            state=AttemptState.CANCELLED,
+            finished_at=now,
+            failure_reason="CANCELLED",
+            failure_message=message[:2000],
+            last_seen_at=now,
+        )
+        if not moved:
+            return 0
+        run_transition(
+            run=attempt.run,
+            to=RunState.QUEUED,
+            expected=(RunState.PENDING,),
+            reason="REPLACED",
+            message=message,
+            attempt=attempt,
+            cluster=None,
+            borrowed=False,
+            over_budget=False,
+            wait_reason="",
+            wait_message="",
+            queue_position=None,
+        )
+        admission_cycle_enqueue()
+    return 1
 
 
 CHECKPOINT_URI_MAX_LENGTH = max_length_of(Checkpoint, "uri")
@@ -186,6 +328,11 @@ def attempt_apply_status(*, attempt: Attempt, status: JobStatus, now) -> int:
         adopted, _ = attempt_accept(
             attempt=attempt, job_id=status.backend_job_id, now=now, found_by_sync=True
         )
+    if status.state == "PENDING":
+        message = pending_message(attempt=attempt, why=status.message)[:WAIT_MESSAGE_MAX_LENGTH]
+        Run.objects.filter(pk=run.pk, state=RunState.PENDING).exclude(
+            wait_reason=WaitReason.BACKEND, wait_message=message
+        ).update(wait_reason=WaitReason.BACKEND, wait_message=message)
     if status.state == attempt.state or (
         status.state == "PENDING" and attempt.state == AttemptState.SUBMITTING
     ):
@@ -204,6 +351,8 @@ def attempt_apply_status(*, attempt: Attempt, status: JobStatus, now) -> int:
                 message=f"Running on {', '.join(status.node_list) or attempt.cluster.name}",
                 attempt=attempt,
                 started_at=run.started_at or status.started_at or now,
+                wait_reason="",
+                wait_message="",
             )
         return int(adopted or updated)
     if status.state == "PENDING":

@@ -14,10 +14,10 @@ from django.db import transaction
 from django.db.models import Count, Prefetch, QuerySet, Sum
 from django.utils import timezone
 
-from jobs.backends import BackendError, backend_for
+from jobs.backends import BackendError, backend_for, inventory_items
 from jobs.enqueue import admission_cycle_enqueue
 from jobs.models import HOLDING_STATES, Cluster, ClusterFlavor, Run, RunState
-from jobs.selectors.queue import gpu_hours_this_month
+from jobs.selectors.queue import gpu_hours_this_month, gpu_occupancy
 from jobs.services.backend_sync import cluster_refresh_inventory
 from tenants.access import is_platform_admin, is_tenant_admin, require_platform_admin
 from tenants.models import GpuFlavor, Membership, Quota, Tenant
@@ -133,36 +133,24 @@ def _held_gpus(*, flavor_ids: Iterable[int]) -> dict[tuple[int, int], int]:
     return {(tenant_id, flavor_id): gpus for tenant_id, flavor_id, gpus in rows}
 
 
-def _capacity_by_flavor(*, flavor_ids: Iterable[int]) -> dict[int, int]:
-    capacity: dict[int, int] = defaultdict(int)
-    rows = ClusterFlavor.objects.filter(
-        cluster__enabled=True, flavor_id__in=list(flavor_ids)
-    ).values_list("flavor_id", "nodes", "gpus_per_node")
-    for flavor_id, nodes, gpus_per_node in rows:
-        capacity[flavor_id] += nodes * gpus_per_node
-    return capacity
-
-
 def quota_usage_list(
     *, quotas: Sequence[Quota], tenant: Tenant | None = None, now=None
 ) -> list[QuotaUsage]:
-    """Usage of each of ``quotas`` (a page of them, tenant and flavor selected), in four
-    queries whatever their number. ``tenant``: all quotas are of this tenant."""
+    """Usage of each of ``quotas`` (a page of them, tenant and flavor selected), in a fixed
+    number of queries whatever their number. ``tenant``: all quotas are of this tenant.
+    Idle GPUs are counted as admission counts them: on nodes that take work, less what
+    Gantry's runs and jobs from outside Gantry hold there."""
     now = now or timezone.now()
     flavor_ids = {quota.flavor_id for quota in quotas}
     if not flavor_ids:
         return []
-    held = _held_gpus(flavor_ids=flavor_ids)
-    capacity = _capacity_by_flavor(flavor_ids=flavor_ids)
-    held_by_flavor: dict[int, int] = defaultdict(int)
-    for (_, flavor_id), gpus in held.items():
-        held_by_flavor[flavor_id] += gpus
+    occupancy = gpu_occupancy(now=now)
     hours = gpu_hours_this_month(now=now, tenant=tenant)
     return [
         QuotaUsage(
             quota=quota,
-            in_use=held.get((quota.tenant_id, quota.flavor_id), 0),
-            idle=max(0, capacity[quota.flavor_id] - held_by_flavor[quota.flavor_id]),
+            in_use=occupancy.in_use.get((quota.tenant.slug, quota.flavor.slug), 0),
+            idle=occupancy.free.get(quota.flavor.slug, 0),
             gpu_hours=hours.get((quota.tenant.slug, quota.flavor.slug), 0.0),
         )
         for quota in quotas
@@ -315,7 +303,7 @@ def cluster_test_connection(*, cluster: Cluster) -> tuple[bool, str]:
         check = getattr(backend, "test_connection", None)
         if check is not None:
             return True, check()
-        items = backend.inventory()
+        items = inventory_items(backend.inventory())
     except BackendError as exc:
         return False, f"{cluster.name}: {exc}"
     flavors = ", ".join(f"{i.nodes}×{i.gpus_per_node} {i.flavor}" for i in items) or "no GPUs"

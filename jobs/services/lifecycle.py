@@ -14,6 +14,7 @@ from jobs.models import (
     Run,
     RunEvent,
     RunState,
+    WaitReason,
 )
 from tenants.services import audit_record
 from tenants.types import UserLike, signed_in
@@ -168,6 +169,14 @@ def run_requeue_after_preemption(*, run: Run, attempt: Attempt | None) -> None:
     admission_cycle_enqueue()
 
 
+def pending_message(*, attempt: Attempt, why: str = "") -> str:
+    """Why a run the backend holds has not started, in the backend's words."""
+    cluster = attempt.cluster
+    why = why or "waiting for it to start the job"
+    where = f"; placed on {', '.join(attempt.placement)}" if attempt.placement else ""
+    return f"Pending at {cluster.get_backend_display()} ({cluster.name}): {why}{where}"
+
+
 def attempt_accept(
     *, attempt: Attempt, job_id: str, now, found_by_sync: bool = False
 ) -> tuple[bool, bool]:
@@ -196,5 +205,7 @@ def attempt_accept(
         reason="SUBMITTED",
         message=f"{attempt.cluster.name} accepted job {job_id}{found}",
         attempt=attempt,
+        wait_reason=WaitReason.BACKEND,
+        wait_message=pending_message(attempt=attempt)[:500],
     )
     return True, accepted

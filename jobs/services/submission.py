@@ -24,13 +24,17 @@ from jobs.models import (
     COMMIT_PATTERN,
     MAX_COMMAND_BYTES,
     MAX_PARAMS_BYTES,
-    ClusterFlavor,
     Experiment,
     Run,
     RunEvent,
     RunState,
+    TopologyMode,
 )
-from jobs.selectors.queue import flavor_node_limits
+from jobs.selectors.queue import (
+    flavor_node_limits,
+    placement_never_possible,
+    topology_levels_offered,
+)
 from jobs.selectors.runs import run_submitted_with
 from tenants.access import tenant_list_submittable
 from tenants.models import MAX_ID, GpuFlavor, Quota, max_length_of
@@ -67,6 +71,8 @@ class ExperimentInput:
     max_runtime_minutes: int = 24 * 60
     max_restarts: int = 0
     checkpoint_dir: str = ""
+    topology_level: str = ""
+    topology_mode: str = ""  # "" is preferred: a mode says nothing without a level
     cloned_from: int | None = None  # id of the experiment this one was cloned from
 
 
@@ -124,20 +130,28 @@ def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
             )
         if tenant is not None and "nodes" not in errors and "gpus_per_node" not in errors:
             _check_quota_allows(errors, tenant=tenant, flavor=flavor, data=data)
-        if "nodes" not in errors and "gpus_per_node" not in errors:
-            fits = ClusterFlavor.objects.filter(
-                cluster__enabled=True,
-                flavor=flavor,
-                nodes__gte=data.nodes,
-                gpus_per_node__gte=data.gpus_per_node,
-            ).exists()
+        levels = topology_levels_offered(flavor=data.flavor)
+        if data.topology_level:
             _check(
                 errors,
-                "nodes",
-                fits,
-                f"No single cluster has {data.nodes} nodes with {data.gpus_per_node} "
-                f"{data.flavor} GPUs each.",
+                "topology_level",
+                data.topology_level in levels,
+                f"No cluster with {data.flavor} GPUs has a {data.topology_level!r} level "
+                f"(levels: {', '.join(levels) or 'none'}).",
             )
+        if (
+            "nodes" not in errors
+            and "gpus_per_node" not in errors
+            and "topology_level" not in errors
+        ):
+            why = placement_never_possible(
+                flavor=data.flavor,
+                nodes=data.nodes,
+                gpus_per_node=data.gpus_per_node,
+                topology_level=data.topology_level,
+                required=bool(data.topology_level) and data.topology_mode == TopologyMode.REQUIRED,
+            )
+            _check(errors, "nodes", not why, why)
     else:
         _check(errors, "nodes", data.nodes >= 1, "Must be at least 1.")
         _check(errors, "gpus_per_node", data.gpus_per_node >= 1, "Must be at least 1.")
@@ -191,6 +205,18 @@ def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
             "A commit is 40 lowercase hex characters.",
         )
         _check(errors, "code_repository", bool(data.code_repository), "Required with a commit.")
+    _check(
+        errors,
+        "topology_mode",
+        data.topology_mode in ("", *TopologyMode.values),
+        "Either preferred or required.",
+    )
+    _check(
+        errors,
+        "topology_mode",
+        data.topology_mode != TopologyMode.REQUIRED or bool(data.topology_level),
+        "Name the topology level that is required.",
+    )
     _check(errors, "priority", 0 <= data.priority <= 100, "Between 0 and 100.")
     _check(
         errors,
@@ -361,6 +387,8 @@ def _run_submit_new(*, user: UserLike, data: ExperimentInput, submission_key: UU
         max_runtime_minutes=data.max_runtime_minutes,
         max_restarts=data.max_restarts,
         checkpoint_dir=data.checkpoint_dir,
+        topology_level=data.topology_level,
+        topology_mode=data.topology_mode or TopologyMode.PREFERRED,
         cloned_from_id=resolved.get("cloned_from_id"),
         gantry_version=GANTRY_VERSION,
     )
@@ -388,6 +416,8 @@ def experiment_input_of(experiment: Experiment) -> ExperimentInput:
         max_runtime_minutes=experiment.max_runtime_minutes,
         max_restarts=experiment.max_restarts,
         checkpoint_dir=experiment.checkpoint_dir,
+        topology_level=experiment.topology_level,
+        topology_mode=experiment.topology_mode if experiment.topology_level else "",
     )
 
 

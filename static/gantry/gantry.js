@@ -257,7 +257,15 @@ window.GantryCharts = (function () {
 
   // The submit form's quota check: re-rendered by the server whenever a field that decides
   // admission changes (debounced; a late answer to an older request is dropped).
-  var PREVIEW_FIELDS = ["tenant", "flavor", "nodes", "gpus_per_node", "priority"];
+  var PREVIEW_FIELDS = [
+    "tenant",
+    "flavor",
+    "nodes",
+    "gpus_per_node",
+    "priority",
+    "topology_level",
+    "topology_mode",
+  ];
 
   function preview(container) {
     var form = container.closest("form");

@@ -1,7 +1,7 @@
 """The pure admission function: gang fit, guarantees, borrowing, preemption, fair share,
 budgets, priority/FIFO, reasons, positions, reservations."""
 
-from jobs.admission import HeldRun, Pool, QueuedRun, Quota, Snapshot, Wait, decide
+from jobs.admission import HeldRun, Pool, QueuedRun, Quota, Snapshot, Wait, decide, nodes_of
 
 POOL = Pool("c1", "a100", nodes=4, gpus_per_node=8)
 
@@ -28,7 +28,7 @@ def snapshot(
     return Snapshot(
         queued=tuple(queued),
         held=tuple(held_runs),
-        pools=tuple(pools),
+        nodes=nodes_of(*pools),
         quotas=quotas or {("vision", "a100"): Quota(32), ("nlp", "a100"): Quota(32)},
         budget_used=budget or {},
         decayed_usage=decayed or {},
@@ -50,8 +50,8 @@ def test_gang_is_all_or_nothing_and_the_rest_waits_with_position():
     assert admitted(decisions) == [(1, "c1", False)]
     assert waiting(decisions) == [(2, Wait.CAPACITY, 1)]
     assert decisions.waiting[0].message == (
-        "needs 16 a100 GPUs (2×8) on one cluster within the tenant's guarantee; at most 8 "
-        "can be freed on any cluster, counting borrowed GPUs it may reclaim"
+        "needs 2 nodes × 8 a100 GPUs; 8 a100 GPUs are free, at most 8 on any node "
+        "(c1-a100-00…c1-a100-03: 0, 0, 0, 8)"
     )
 
 
@@ -88,8 +88,9 @@ def test_borrowing_never_preempts_and_says_there_is_nothing_idle():
     assert decisions.preempted == ()
     assert decisions.waiting[0].reason == Wait.NO_IDLE
     assert decisions.waiting[0].message == (
-        "tenant vision uses 8 of 8 guaranteed a100 GPUs; this run would borrow 8 and the "
-        "clusters have 0 idle GPUs to lend"
+        "tenant vision uses 8 of 8 guaranteed a100 GPUs; to borrow idle ones, this run needs "
+        "8 a100 GPUs on one node; 0 a100 GPUs are free, at most 0 on any node "
+        "(c1-a100-00…c1-a100-03: 0, 0, 0, 0)"
     )
 
 

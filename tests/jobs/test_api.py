@@ -648,6 +648,8 @@ def test_experiment_list_and_detail_show_the_reproducibility_record(world, runs)
         "nodes": 1,
         "gpus_per_node": 2,
         "total_gpus": 2,
+        "topology_level": "",
+        "topology_mode": "preferred",
         "priority": 50,
         "max_runtime_minutes": 1440,
         "max_restarts": 0,

@@ -335,7 +335,9 @@ def test_preview_says_start_borrow_or_wait_without_changing_anything(world):
         16,
     )
     assert (preview.borrowable, preview.budget_left_gpu_hours) == (8, 100.0)
-    assert preview.message == "Would start now on sim-1, within the tenant's guarantee"
+    assert preview.message == (
+        "Would start now on sim-1 (sim-1-h100-80gb-00), within the tenant's guarantee"
+    )
 
     run_to_running(world, submit(world, flavor="h100-80gb", gpus_per_node=8))
     preview = admission_preview(

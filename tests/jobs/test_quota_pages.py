@@ -761,7 +761,12 @@ def test_platform_admin_changes_simulator_capacity_and_admission_uses_it(client,
         "sim-1 now has 2 × 4 a100-80gb GPUs (8 in all)."
     ]
     snapshot, _ = admission_snapshot()
-    assert {(p.flavor, p.capacity) for p in snapshot.pools} == {("a100-80gb", 8), ("h100-80gb", 16)}
+    assert sorted((n.flavor, n.name, n.gpus) for n in snapshot.nodes) == [
+        ("a100-80gb", "sim-1-a100-80gb-00", 4),
+        ("a100-80gb", "sim-1-a100-80gb-01", 4),
+        ("h100-80gb", "sim-1-h100-80gb-00", 8),
+        ("h100-80gb", "sim-1-h100-80gb-01", 8),
+    ]
     with pytest.raises(ValidationError) as excinfo:
         submit(world, gpus_per_node=8)
     assert excinfo.value.message_dict["gpus_per_node"] == ["A a100-80gb node has at most 4 GPUs."]
@@ -809,7 +814,7 @@ def test_invalid_capacity_is_refused_and_changes_nothing(client, world, override
 
 def test_capacity_of_other_backends_is_read_only(client, world):
     k8s = Cluster.objects.create(name="k8s-1", backend=Cluster.Backend.KUBERNETES)
-    ClusterFlavor.objects.create(cluster=k8s, flavor=world.h100, nodes=3, gpus_per_node=8)
+    ClusterFlavor.objects.create(cluster=k8s, flavor=world.h100, nodes=3, gpus_per_node=8, gpus=24)
     client.force_login(world.platform_admin)
 
     listing = client.get(reverse("jobs:cluster_list")).content.decode()
@@ -1012,7 +1017,10 @@ def test_preview_says_a_run_within_the_guarantee_would_start_now(client, lending
     assert "<html" not in content
     assert 'data-verdict="start"' in content
     assert '<span class="badge badge-verdict-start">Would start now</span>' in content
-    assert escape("Would start now on sim-1, within the tenant's guarantee") in content
+    assert (
+        escape("Would start now on sim-1 (sim-1-h100-80gb-00), within the tenant's guarantee")
+        in content
+    )
     assert facts(content) == {
         "This run": "8 h100-80gb GPUs of vision",
         "Guaranteed": "8 GPUs",
@@ -1032,7 +1040,9 @@ def test_preview_says_borrow_then_wait_once_the_guarantee_is_used(client, lendin
     wait = preview(client, nodes="2").content.decode()
 
     assert '<span class="badge badge-verdict-borrow">Would borrow</span>' in borrow
-    assert "Would start now on sim-1, borrowing idle GPUs (preemptible)" in borrow
+    assert (
+        "Would start now on sim-1 (sim-1-h100-80gb-01), borrowing idle GPUs (preemptible)"
+    ) in borrow
     assert facts(borrow)["In use"] == "8 GPUs"
     assert facts(borrow)["Borrowable now"] == "8 GPUs (borrow limit 8, 8 idle)"
     assert '<span class="badge badge-verdict-wait">Would wait</span>' in wait

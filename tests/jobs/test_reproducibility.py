@@ -510,6 +510,8 @@ def test_diff_rows_show_every_field_params_and_env_key_by_key(world):
         ("flavor", "a100-80gb", "a100-80gb", False),
         ("nodes", "1", "1", False),
         ("gpus_per_node", "2", "2", False),
+        ("topology_level", "", "", False),
+        ("topology_mode", "preferred", "preferred", False),
         ("priority", "50", "50", False),
         ("max_runtime_minutes", "1440", "1440", False),
         ("max_restarts", "0", "0", False),
@@ -528,8 +530,8 @@ def test_diff_page_highlights_the_differing_rows(client, world):
     content = response.content.decode()
     assert response.context["rows"] == experiment_diff(experiment_record(a), experiment_record(b))
     assert content.count('<tr class="diff-row diff-differs"') == 4
-    assert content.count('<tr class="diff-row"') == 16
-    assert "4 of 20 fields differ." in content
+    assert content.count('<tr class="diff-row"') == 18
+    assert "4 of 22 fields differ." in content
     for field in ("env.NCCL_DEBUG", "code_commit", "params.lr", "params.optimizer.momentum"):
         assert f'<tr class="diff-row diff-differs" data-field="{field}">' in content
     assert '<tr class="diff-row" data-field="params.optimizer.name">' in content

@@ -120,7 +120,8 @@ def test_parse_names_unknown_keys_at_every_level():
             "checkpoint_dir."
         ],
         "resources.gpu": [
-            "Unknown field; known fields: flavor, nodes, gpus_per_node, max_runtime_minutes."
+            "Unknown field; known fields: flavor, nodes, gpus_per_node, max_runtime_minutes, "
+            "topology_level, topology_mode."
         ],
     }
 

@@ -104,7 +104,7 @@ def test_template_save_rejects_bad_values_locks_and_ranges(world):
         "image, command, resources, code, dataset, params, env, priority, max_restarts, "
         "checkpoint_dir.",
         "resources.gpus: Unknown field; known fields: flavor, nodes, gpus_per_node, "
-        "max_runtime_minutes.",
+        "max_runtime_minutes, topology_level, topology_mode.",
     ]
     assert ExperimentTemplate.objects.count() == 0
 

@@ -5,6 +5,8 @@ store, the HTTP server (127.0.0.1, a free port unless given) and the controller:
 
     with FakeKubernetes() as fake:
         fake.controller.add_node("gpu-1", product="NVIDIA-A100-SXM4-80GB", gpus=8)
+        fake.controller.add_pod("etl-1", namespace="data-eng", node="gpu-1", gpus=4)
+        fake.controller.cordon("gpu-1")
         ...  # point a client at fake.url
         fake.controller.advance(30)
 """

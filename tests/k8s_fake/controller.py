@@ -1,16 +1,20 @@
 """A tiny job controller, scheduler and kubelet for the fake API server.
 
 Each ``step()`` moves every object one stage on the store's clock: an unsuspended Indexed
-Job gets one pod per completion index; a pod is scheduled (to a registered node whose
-labels and free GPUs fit, or to a virtual node when none are registered), then runs, then
-succeeds once ``runtime_s`` has passed since it started. Failures are injected per job and
+Job gets one pod per completion index; a pod is scheduled (to the first registered node
+that passes the scheduler's filters: cordon, taints and tolerations, node selector and
+required node affinity, free GPUs counting every bound pod of every namespace, required
+pod anti-affinity; or to a virtual node when none are registered), or stays Pending with
+PodScheduled=False, Unschedulable and the scheduler's message ("0/3 nodes are available:
+…"); then runs, then succeeds once ``runtime_s`` has passed since it started. Pods of
+others (``add_pod``) only hold their node's resources. Failures are injected per job and
 rank and take effect on the next step. The Job's ``podFailurePolicy``, ``backoffLimit``,
 ``activeDeadlineSeconds`` and ``ttlSecondsAfterFinished`` are honoured as the real job
 controller does, and deletions (foreground included) finish here.
 """
 
 import copy
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -42,7 +46,6 @@ class Controller:
         self.runtimes: dict[str, float] = {}
         self.injections: dict[str, list[Injection]] = defaultdict(list)
         self.logs: dict[tuple[str, str], list[str]] = defaultdict(list)
-        self.lost_nodes: set[str] = set()
         self._judged: dict[str, set[str]] = defaultdict(set)  # failed pods already counted
         self._failures: dict[str, int] = defaultdict(int)
 
@@ -94,10 +97,24 @@ class Controller:
         labels: dict | None = None,
         ready: bool = True,
         unschedulable: bool = False,
+        taints: list[dict] | None = None,
         extra_allocatable: dict | None = None,
     ) -> None:
+        """A node; one that is not ready carries the taints the node lifecycle controller
+        gives an unreachable node, as on a real cluster."""
         allocatable = {"cpu": "96", "memory": "1024Gi", "pods": "110", resource: str(gpus)}
         allocatable.update(extra_allocatable or {})
+        taints = list(taints or [])
+        if not ready:
+            taints += [
+                {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
+                {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
+            ]
+        spec: dict = {}
+        if unschedulable:
+            spec["unschedulable"] = True
+        if taints:
+            spec["taints"] = taints
         node = {
             "metadata": {
                 "name": name,
@@ -108,7 +125,7 @@ class Controller:
                     **(labels or {}),
                 },
             },
-            "spec": {"unschedulable": unschedulable} if unschedulable else {},
+            "spec": spec,
             "status": {
                 "capacity": dict(allocatable),
                 "allocatable": allocatable,
@@ -122,6 +139,45 @@ class Controller:
             },
         }
         self.store.create("nodes", "", node)
+
+    def cordon(self, name: str, *, unschedulable: bool = True) -> None:
+        """What ``kubectl cordon`` (or ``uncordon``) does."""
+        self.store.patch("nodes", "", name, {"spec": {"unschedulable": unschedulable}}, "merge")
+
+    def add_pod(
+        self,
+        name: str,
+        *,
+        node: str | None,
+        gpus: int = 0,
+        resource: str = "nvidia.com/gpu",
+        namespace: str = "default",
+        labels: dict | None = None,
+        phase: str = "Running",
+    ) -> dict:
+        """A pod of someone else's (no Job of ours owns it, the controller leaves it alone):
+        bound to ``node`` (None: not scheduled yet) and holding ``gpus`` of ``resource``."""
+        if self.store.find("namespaces", "", namespace) is None:
+            self.store.create("namespaces", "", {"metadata": {"name": namespace}})
+        container: dict = {"name": "main", "image": "registry.example.org/other/etl:1"}
+        if gpus:
+            container["resources"] = {
+                "requests": {resource: str(gpus)},
+                "limits": {resource: str(gpus)},
+            }
+        spec: dict = {"containers": [container], "restartPolicy": "Never"}
+        status: dict = {"phase": phase}
+        if node:
+            spec["nodeName"] = node
+            status["conditions"] = [_cond("PodScheduled", "True", "", "", self.clock)]
+        meta = {"name": name, "labels": dict(labels or {})}
+        return self.store.create(
+            "pods", namespace, {"metadata": meta, "spec": spec, "status": status}
+        )
+
+    def finish_pod(self, namespace: str, name: str) -> None:
+        """Someone else's pod ends: its node's resources are free again."""
+        self.store.patch("pods", namespace, name, {"status": {"phase": "Succeeded"}}, "merge")
 
     def pod_logs(self, namespace: str, name: str) -> list[str]:
         return self.logs.get((namespace, name), [])
@@ -353,6 +409,9 @@ class Controller:
             self.store.touch("pods", pod)
 
     def _place(self, pod: dict) -> tuple[str | None, str]:
+        """The first node (by name) that passes the scheduler's filters, in its order:
+        cordon, taints, node selector and required node affinity, free GPUs, pod
+        anti-affinity. None and the scheduler's message when no node does."""
         spec = pod["spec"]
         if spec.get("schedulerName") == "volcano":
             group = pod["metadata"]["annotations"].get("scheduling.k8s.io/group-name")
@@ -364,33 +423,64 @@ class Controller:
         limits = spec["containers"][0].get("resources", {}).get("limits", {})
         gpu_resource = next((r for r in limits if r.startswith("nvidia.com/")), None)
         wanted = int(limits.get(gpu_resource, 0)) if gpu_resource else 0
-        nodes = list(self.store.iter("nodes"))
+        nodes = sorted(self.store.iter("nodes"), key=lambda n: n["metadata"]["name"])
         if not nodes:
             return f"fake-node-{int(pod['metadata']['annotations'][INDEX])}", ""
+        bound = [
+            other
+            for other in self.store.iter("pods")
+            if other["spec"].get("nodeName") and not _terminal(other)
+        ]
         used: dict[str, int] = defaultdict(int)
-        for other in self.store.iter("pods"):
-            node = other["spec"].get("nodeName")
-            if node and not _terminal(other):
-                other_limits = other["spec"]["containers"][0].get("resources", {}).get("limits", {})
-                used[node] += int(other_limits.get(gpu_resource, 0)) if gpu_resource else 0
+        for other in bound:
+            if gpu_resource:
+                used[other["spec"]["nodeName"]] += _requested(other, gpu_resource)
+        reasons: Counter[str] = Counter()
+        for node in nodes:
+            why = self._unfit(pod, node, bound, used, gpu_resource, wanted)
+            if why is None:
+                return node["metadata"]["name"], ""
+            reasons[why] += 1
+        summary = ", ".join(sorted(f"{count} {why}" for why, count in reasons.items()))
+        return None, f"0/{len(nodes)} nodes are available: {summary}."
+
+    def _unfit(
+        self,
+        pod: dict,
+        node: dict,
+        bound: list[dict],
+        used: dict[str, int],
+        gpu_resource: str | None,
+        wanted: int,
+    ) -> str | None:
+        """Why the scheduler would not put ``pod`` on ``node``, in its words; None if fine."""
+        spec, name = pod["spec"], node["metadata"]["name"]
+        labels = node["metadata"].get("labels", {})
+        if node["spec"].get("unschedulable"):
+            return "node(s) were unschedulable"
+        for taint in node["spec"].get("taints") or []:
+            if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(
+                spec.get("tolerations") or [], taint
+            ):
+                return f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"
         selector = spec.get("nodeSelector") or {}
-        for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
-            labels = node["metadata"].get("labels", {})
-            name = node["metadata"]["name"]
-            if name in self.lost_nodes or any(labels.get(k) != v for k, v in selector.items()):
-                continue
-            free = (
-                int(node["status"]["allocatable"].get(gpu_resource, 0)) - used[name]
-                if gpu_resource
-                else 1
+        required = (
+            ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+                "requiredDuringSchedulingIgnoredDuringExecution"
             )
-            if free >= wanted:
-                return name, ""
-        return (
-            None,
-            f"0/{len(nodes)} nodes are available: insufficient {gpu_resource} "
-            "or node selector mismatch",
-        )
+            or {}
+        ).get("nodeSelectorTerms")
+        if any(labels.get(k) != v for k, v in selector.items()) or (
+            required and not any(_term_matches(term, node) for term in required)
+        ):
+            return "node(s) didn't match Pod's node affinity/selector"
+        if gpu_resource:
+            free = int(node["status"]["allocatable"].get(gpu_resource, 0)) - used[name]
+            if free < wanted:
+                return f"Insufficient {gpu_resource}"
+        if _anti_affinity_conflict(pod, node, bound, self.store):
+            return "node(s) didn't match pod anti-affinity rules"
+        return None
 
     def _terminate(self, pod: dict, exit_code: int, reason: str, message: str) -> None:
         status = pod["status"]
@@ -445,7 +535,6 @@ class Controller:
         injection = self._take(job, {"preempt", "evict", "node_loss"}, rank)
         if injection:
             if injection.kind == "node_loss":
-                self.lost_nodes.add(pod["spec"]["nodeName"])
                 self._mark_node_lost(pod["spec"]["nodeName"])
                 reason, message = (
                     "DeletionByTaintManager",
@@ -495,7 +584,10 @@ class Controller:
         node["status"]["conditions"] = [
             {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}
         ]
-        node["spec"]["taints"] = [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]
+        node["spec"]["taints"] = [
+            {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
+            {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
+        ]
         self.store.touch("nodes", node)
 
     # --- failure policy --------------------------------------------------------------------
@@ -679,3 +771,104 @@ def _ranges(indexes: list[int]) -> str:
             parts.append(str(start) if start == index else f"{start}-{index}")
             start = None
     return ",".join(parts)
+
+
+def _requested(pod: dict, resource: str) -> int:
+    """What a pod's containers request of ``resource`` (an extended resource given only
+    as a limit is requested at the limit)."""
+    total = 0
+    for container in pod["spec"].get("containers") or []:
+        resources = container.get("resources") or {}
+        value = (resources.get("requests") or {}).get(
+            resource, (resources.get("limits") or {}).get(resource, 0)
+        )
+        total += int(value)
+    return total
+
+
+def _tolerated(tolerations: list[dict], taint: dict) -> bool:
+    for toleration in tolerations:
+        if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+            continue
+        if toleration.get("operator") == "Exists":
+            if not toleration.get("key") or toleration["key"] == taint.get("key"):
+                return True
+        elif toleration.get("key") == taint.get("key") and toleration.get("value", "") == taint.get(
+            "value", ""
+        ):
+            return True
+    return False
+
+
+def _requirement_matches(requirement: dict, value: str | None) -> bool:
+    op, values = requirement["operator"], requirement.get("values") or []
+    if op == "In":
+        return value in values
+    if op == "NotIn":
+        return value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and value.isdigit():
+        return int(value) > int(values[0]) if op == "Gt" else int(value) < int(values[0])
+    return False
+
+
+def _term_matches(term: dict, node: dict) -> bool:
+    """A node selector term: all its label expressions and fields (only metadata.name)."""
+    labels = node["metadata"].get("labels", {})
+    expressions = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not expressions and not fields:
+        return False  # an empty term matches no node
+    return all(_requirement_matches(r, labels.get(r["key"])) for r in expressions) and all(
+        r["key"] == "metadata.name" and _requirement_matches(r, node["metadata"]["name"])
+        for r in fields
+    )
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    return all(
+        _requirement_matches(r, labels.get(r["key"]))
+        for r in selector.get("matchExpressions") or []
+    )
+
+
+def _anti_terms(pod: dict) -> list[dict]:
+    affinity = pod["spec"].get("affinity") or {}
+    anti = affinity.get("podAntiAffinity") or {}
+    return anti.get("requiredDuringSchedulingIgnoredDuringExecution") or []
+
+
+def _anti_affinity_conflict(pod: dict, node: dict, bound: list[dict], store: Store) -> bool:
+    """Whether a bound pod in the same topology domain as ``node`` is one ``pod`` must
+    avoid, or one that must avoid ``pod`` (required anti-affinity works both ways)."""
+    node_labels = node["metadata"].get("labels", {})
+
+    def domain(other: dict, key: str) -> str | None:
+        other_node = store.find("nodes", "", other["spec"]["nodeName"])
+        return None if other_node is None else other_node["metadata"]["labels"].get(key)
+
+    def conflicts(holder: dict, target: dict, key: str, term: dict) -> bool:
+        namespaces = term.get("namespaces") or [holder["metadata"]["namespace"]]
+        return (
+            target["metadata"]["namespace"] in namespaces
+            and _selects(term.get("labelSelector") or {}, target["metadata"].get("labels", {}))
+            and node_labels.get(key) is not None
+        )
+
+    for other in bound:
+        if other is pod:
+            continue
+        for term in _anti_terms(pod):
+            key = term["topologyKey"]
+            if conflicts(pod, other, key, term) and domain(other, key) == node_labels.get(key):
+                return True
+        for term in _anti_terms(other):
+            key = term["topologyKey"]
+            if conflicts(other, pod, key, term) and domain(other, key) == node_labels.get(key):
+                return True
+    return False

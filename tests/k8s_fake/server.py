@@ -1,7 +1,8 @@
 """The fake API server's HTTP side: real HTTP/1.1 and JSON on 127.0.0.1, the paths and
-bodies of the Kubernetes API for the resources in ``store.RESOURCES``, watch streams,
-pod logs, Status errors, optional bearer-token auth and TLS, injected 5xx/429 faults,
-and stop/start on the same port (an outage)."""
+bodies of the Kubernetes API for the resources in ``store.RESOURCES`` (lists namespaced
+and across all namespaces, with label and field selectors, ``limit`` and ``continue``),
+watch streams, pod logs, Status errors, optional bearer-token auth and TLS, injected
+5xx/429 faults, and stop/start on the same port (an outage)."""
 
 import contextlib
 import json
@@ -282,19 +283,29 @@ def _handler_for(api: FakeApiServer):
                 if query.get("watch") in ("1", "true"):
                     self._watch(plural, namespace, query)
                     return
-                items, rv = store.list(
+                try:
+                    limit = int(query.get("limit") or 0)
+                except ValueError:
+                    raise ApiError(400, "BadRequest", "limit must be an integer") from None
+                items, rv, token, remaining = store.list_page(
                     plural,
                     namespace if namespaced else None,
                     label_selector=query.get("labelSelector"),
                     field_selector=query.get("fieldSelector"),
+                    limit=limit,
+                    continue_token=query.get("continue") or "",
                 )
+                list_meta: dict = {"resourceVersion": rv}
+                if token:
+                    list_meta["continue"] = token
+                    list_meta["remainingItemCount"] = remaining
                 kind = RESOURCES[plural][1]
                 self._send(
                     200,
                     {
                         "kind": f"{kind}List",
                         "apiVersion": api_version,
-                        "metadata": {"resourceVersion": rv},
+                        "metadata": list_meta,
                         "items": items,
                     },
                 )

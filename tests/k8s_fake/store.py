@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import copy
 import itertools
+import json
 import re
 import threading
 import uuid
@@ -127,20 +128,81 @@ def _path(obj: dict, dotted: str):
     return value
 
 
-def field_matcher(selector: str | None) -> Callable[[dict], bool]:
+# The fields each resource may be selected by (the API server's field label conversions);
+# metadata.name and metadata.namespace work for every resource.
+SELECTABLE_FIELDS: dict[str, frozenset[str]] = {
+    "pods": frozenset(
+        {
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.nominatedNodeName",
+        }
+    ),
+    "nodes": frozenset({"spec.unschedulable"}),
+    "events": frozenset(
+        {
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "reportingComponent",
+            "source",
+            "type",
+        }
+    ),
+    "jobs": frozenset({"status.successful"}),
+}
+
+
+def field_matcher(selector: str | None, plural: str = "") -> Callable[[dict], bool]:
+    """=, == and != on the fields the resource supports, ANDed; an empty value matches an
+    unset field (``spec.nodeName!=``: the pods bound to a node). Others are a 400."""
     if not selector:
         return lambda obj: True
+    supported = {"metadata.name", "metadata.namespace"} | SELECTABLE_FIELDS.get(plural, set())
     checks = []
     for term in _split_terms(selector):
         match = _EQ_TERM.match(term)
         if not match:
             raise ApiError(400, "BadRequest", f"invalid field selector: {term!r}")
         key, op, value = match.groups()
+        if plural and key not in supported:
+            raise ApiError(400, "BadRequest", f'field label not supported: "{key}"')
         if op == "!=":
             checks.append(lambda o, k=key, v=value: str(_path(o, k) or "") != v)
         else:
             checks.append(lambda o, k=key, v=value: str(_path(o, k) or "") == v)
     return lambda obj: all(check(obj) for check in checks)
+
+
+# --- paging ----------------------------------------------------------------------------------
+
+
+def _key(obj: dict) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return (meta.get("namespace") or "", meta.get("name") or "")
+
+
+def _encode_continue(rv: int, after: tuple[str, str]) -> str:
+    raw = json.dumps({"rv": rv, "start": list(after)}).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _decode_continue(token: str) -> tuple[int, tuple[str, str]]:
+    try:
+        raw = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return int(raw["rv"]), (str(raw["start"][0]), str(raw["start"][1]))
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise ApiError(400, "BadRequest", "continue key is not valid") from None
 
 
 # --- patches ---------------------------------------------------------------------------------
@@ -250,15 +312,57 @@ class Store:
         label_selector: str | None = None,
         field_selector: str | None = None,
     ) -> tuple[list[dict], str]:
+        items, rv, _, _ = self.list_page(
+            plural, namespace, label_selector=label_selector, field_selector=field_selector
+        )
+        return items, rv
+
+    def list_page(
+        self,
+        plural: str,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int = 0,
+        continue_token: str = "",
+    ) -> tuple[list[dict], str, str, int]:
+        """Matching objects in key order (namespace, name) as etcd keeps them: at most
+        ``limit`` (0: all) after the key the continue token names. Returns the items, the
+        resourceVersion, the next continue token ("" at the end) and how many remain.
+
+        A token older than the event log (what etcd compaction does) is 410 Expired. The
+        pages are not a snapshot: objects changed between them show as they are now."""
         labels_ok = label_matcher(label_selector)
-        fields_ok = field_matcher(field_selector)
+        fields_ok = field_matcher(field_selector, plural)
         with self.lock:
-            items = [
-                copy.deepcopy(obj)
-                for obj in self.iter(plural, namespace)
-                if labels_ok((obj.get("metadata") or {}).get("labels") or {}) and fields_ok(obj)
-            ]
-            return items, str(self.rv)
+            after: tuple[str, str] | None = None
+            if continue_token:
+                started_rv, after = _decode_continue(continue_token)
+                if self.events and started_rv < self.events[0].rv - 1:
+                    raise ApiError(
+                        410,
+                        "Expired",
+                        "The provided continue parameter is too old to display a consistent "
+                        "list result. You can start a new list without the continue "
+                        "parameter.",
+                    )
+            else:
+                started_rv = self.rv
+            matching = sorted(
+                (
+                    obj
+                    for obj in self.iter(plural, namespace)
+                    if labels_ok((obj.get("metadata") or {}).get("labels") or {}) and fields_ok(obj)
+                ),
+                key=_key,
+            )
+            if after is not None:
+                matching = [obj for obj in matching if _key(obj) > after]
+            page = matching[:limit] if limit > 0 else matching
+            remaining = len(matching) - len(page)
+            token = _encode_continue(started_rv, _key(page[-1])) if remaining else ""
+            return [copy.deepcopy(obj) for obj in page], str(self.rv), token, remaining
 
     # writes
 

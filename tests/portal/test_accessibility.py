@@ -134,6 +134,7 @@ def test_main_pages_have_no_serious_or_critical_violations(browser, live_server,
             f"/runs/{input_bound}/telemetry/",
             "/tenants/vision/goodput/?days=30&by=day",
             "/notifications/",
+            "/clusters/nodes/",
         ],
         "bob": [f"/runs/{borrowed}/", f"/runs/{resumed}/telemetry/"],
         "fiona": [
@@ -141,7 +142,7 @@ def test_main_pages_have_no_serious_or_critical_violations(browser, live_server,
             f"/finance/vision/{last_month():%Y-%m}/",
             "/platform/kpis/",
         ],
-        "admin": ["/audit/", "/images/", "/templates/", "/clusters/"],
+        "admin": ["/audit/", "/images/", "/templates/", "/clusters/", "/clusters/nodes/"],
     }
     found = {}
     for username, pages in steps.items():
@@ -242,15 +243,21 @@ def test_a_sent_form_and_an_export_show_that_their_answer_is_coming(browser, liv
 # --- without a browser ---------------------------------------------------------------------
 
 NAVIGATION = {
-    "researcher_a": {"Work": ["Runs", "Submit", "Images", "Quotas"], "Reports": ["Goodput"]},
+    "researcher_a": {
+        "Work": ["Runs", "Submit", "Images", "Quotas", "Nodes"],
+        "Reports": ["Goodput"],
+    },
     "tenant_admin_a": {
-        "Work": ["Runs", "Submit", "Templates", "Images", "Quotas"],
+        "Work": ["Runs", "Submit", "Templates", "Images", "Quotas", "Nodes"],
         "Reports": ["Goodput", "Finance"],
         "Platform": ["Audit"],
     },
-    "finance": {"Work": ["Runs", "Images", "Quotas"], "Reports": ["Goodput", "Finance", "KPIs"]},
+    "finance": {
+        "Work": ["Runs", "Images", "Quotas", "Nodes"],
+        "Reports": ["Goodput", "Finance", "KPIs"],
+    },
     "platform_admin": {
-        "Work": ["Runs", "Templates", "Images", "Quotas"],
+        "Work": ["Runs", "Templates", "Images", "Quotas", "Nodes"],
         "Reports": ["Goodput", "Finance", "KPIs"],
         "Platform": ["Clusters", "Flavors", "Registries", "Unmapped", "Audit", "Admin"],
     },

@@ -175,6 +175,8 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     ("jobs:quota_edit", "GET"):                 (302, 404, 404, 404, 404, 200),
     ("jobs:quota_edit", "POST"):                (302, 404, 404, 404, 404, 302),
     ("jobs:cluster_list", "GET"):               (302, 404, 404, 404, 404, 200),
+    # the node map: members, finance and platform admins; other tenants' runs anonymised
+    ("jobs:cluster_nodes", "GET"):              (302, 200, 200, 200, 200, 200),
     ("jobs:cluster_capacity", "GET"):           (302, 404, 404, 404, 404, 200),
     ("jobs:cluster_capacity", "POST"):          (302, 404, 404, 404, 404, 302),
     ("jobs:cluster_test", "POST"):              (302, 404, 404, 404, 404, 302),
@@ -367,6 +369,7 @@ def paths(objects: Objects) -> dict[str, str]:
         "jobs:tenant_members": reverse("jobs:tenant_members", args=["vision"]),
         "jobs:quota_edit": f"{reverse('jobs:quota_edit')}?tenant=vision&flavor=a100-80gb",
         "jobs:cluster_list": reverse("jobs:cluster_list"),
+        "jobs:cluster_nodes": reverse("jobs:cluster_nodes"),
         "jobs:cluster_capacity": reverse("jobs:cluster_capacity", args=["sim-1"]),
         "jobs:cluster_test": reverse("jobs:cluster_test", args=["sim-1"]),
         "jobs:template_list": reverse("jobs:template_list"),

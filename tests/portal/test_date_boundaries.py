@@ -705,7 +705,12 @@ def test_a_spent_hard_budget_holds_a_run_until_the_first_cycle_of_the_next_month
         "tenant vision has used 16 of its 10 a100-80gb GPU-hour budget this month (hard limit)",
         None,
     )
-    admitted = ("ADMITTED", "", "", utc(2026, 4, 1, 0, 0, 0, 100000))
+    admitted = (
+        "ADMITTED",
+        "",
+        "Placed on sim-1 (sim-1-a100-80gb-00); being submitted",
+        utc(2026, 4, 1, 0, 0, 0, 100000),
+    )
     assert seen == [waiting, waiting, admitted, admitted]
     assert list(
         RunEvent.objects.filter(run=run)
@@ -717,7 +722,7 @@ def test_a_spent_hard_budget_holds_a_run_until_the_first_cycle_of_the_next_month
             "QUEUED",
             "ADMITTED",
             "ADMITTED",
-            "Admitted to sim-1: 2 a100-80gb GPUs within its guarantee",
+            "Admitted to sim-1 on sim-1-a100-80gb-00: 2 a100-80gb GPUs within its guarantee",
             utc(2026, 4, 1, 0, 0, 0, 100000),
         ),
     ]

@@ -107,7 +107,8 @@ def test_the_other_live_runs_are_placed_one_of_them_on_borrowed_gpus(demo):
     }
     borrowed = run_named("dpr-sweep")
     assert borrowed.events.order_by("at", "id").last().message == (
-        "Admitted to sim-east: 4 a100-80gb GPUs borrowing idle GPUs (preemptible)"
+        "Admitted to sim-east on sim-east-a100-80gb-03: 4 a100-80gb GPUs borrowing idle GPUs "
+        "(preemptible)"
     )
     assert borrowed.attempts.get().number == 1  # created by admission, for the worker to submit
 

@@ -575,7 +575,7 @@ def two_clusters(world, experiments):
     """On sim-1: a vision a100 run and an nlp h100 run; on slurm-1 (4 a100 GPUs): an nlp
     a100 run. Each waited differently and ran 6 hours on 2025-03-10."""
     slurm = Cluster.objects.create(name="slurm-1", backend=Cluster.Backend.SLURM)
-    ClusterFlavor.objects.create(cluster=slurm, flavor=world.a100, nodes=1, gpus_per_node=4)
+    ClusterFlavor.objects.create(cluster=slurm, flavor=world.a100, nodes=1, gpus_per_node=4, gpus=4)
     finished = T0 + timedelta(hours=6)
     for tenant, flavor, cluster, queue_s, gpus in (
         ("vision", "a100", world.cluster, 60, 8),

@@ -79,7 +79,9 @@ def series(metric: str, values: list[float], *, start_ms: int = T0_MS, **labels)
 
 def make_cluster(world, backend: str, name: str) -> Cluster:
     cluster = Cluster.objects.create(name=name, backend=backend, settings={})
-    ClusterFlavor.objects.create(cluster=cluster, flavor=world.a100, nodes=2, gpus_per_node=2)
+    ClusterFlavor.objects.create(
+        cluster=cluster, flavor=world.a100, nodes=2, gpus_per_node=2, gpus=4
+    )
     return cluster
 
 

@@ -13,11 +13,32 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from jobs.backends import backend_for
-from jobs.backends.base import JobRef, JobSpec, PermanentBackendError, TransientBackendError
+from jobs.backends import kubernetes as kubernetes_backend
+from jobs.backends.base import (
+    Inventory,
+    JobRef,
+    JobSpec,
+    PermanentBackendError,
+    TransientBackendError,
+)
 from jobs.backends.k8s_manifest import parse_settings
-from jobs.backends.k8s_status import inventory_from_nodes, job_status, pod_failure, root_cause
+from jobs.backends.k8s_status import (
+    job_status,
+    node_inventory,
+    pod_failure,
+    pod_request,
+    root_cause,
+)
 from jobs.backends.kubernetes import KubernetesBackend
-from jobs.models import Attempt, AttemptState, Cluster, ClusterFlavor, Run, RunState
+from jobs.models import (
+    Attempt,
+    AttemptState,
+    Cluster,
+    ClusterFlavor,
+    ClusterNode,
+    Run,
+    RunState,
+)
 from jobs.selectors.logs import run_logs
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
@@ -172,6 +193,36 @@ def test_official_client_reads_typed_jobs_pods_and_events_of_the_controller(fake
     )
     assert [e.reason for e in events] == ["Scheduled", "Started"]
     assert k8s.sync([ref])["gantry-a7"].state == "RUNNING"
+
+
+def test_official_client_lists_pods_of_all_namespaces_by_field_and_in_pages(fake):
+    fake.controller.add_node("gpu-0", product=A100, gpus=8)
+    fake.controller.add_pod("a", namespace="team-a", node="gpu-0", gpus=1)
+    fake.controller.add_pod("b", namespace="team-b", node="gpu-0", gpus=1, phase="Succeeded")
+    fake.controller.add_pod("c", namespace="team-b", node=None)
+    fake.controller.add_pod("d", namespace="team-c", node="cpu-9")
+    core = client.CoreV1Api(official_client(fake))
+
+    def names(**kwargs):
+        found = core.list_pod_for_all_namespaces(**kwargs)
+        return [f"{p.metadata.namespace}/{p.metadata.name}" for p in found.items], found
+
+    assert names(field_selector="spec.nodeName=gpu-0")[0] == ["team-a/a", "team-b/b"]
+    assert names(field_selector="spec.nodeName=")[0] == ["team-b/c"]
+    assert names(field_selector="spec.nodeName!=,status.phase!=Succeeded")[0] == [
+        "team-a/a",
+        "team-c/d",
+    ]
+    first, page = names(limit=3)
+    assert (first, page.metadata.remaining_item_count) == (["team-a/a", "team-b/b", "team-b/c"], 1)
+    rest, last = names(limit=3, _continue=page.metadata.var_continue)
+    assert (rest, last.metadata.var_continue) == (["team-c/d"], None)
+    with pytest.raises(ApiException) as unsupported:
+        core.list_pod_for_all_namespaces(field_selector="spec.priority=1")
+    assert unsupported.value.status == 400
+    assert json.loads(unsupported.value.body)["message"] == (
+        'field label not supported: "spec.priority"'
+    )
 
 
 def test_watch_streams_changes_and_resumes_from_a_resource_version(fake):
@@ -426,6 +477,8 @@ def test_with_disruption_left_to_kubernetes_a_preempted_pod_is_replaced(fake):
 
 def test_kueue_jobs_wait_suspended_until_admitted(fake):
     k8s = backend(fake, queueing="kueue", kueue_queue="gpu")
+    # Kueue places the job itself: a long wait there is its own, never a lapsed placement.
+    assert (k8s.honours_placement, backend(fake).honours_placement) == (False, True)
     ref = JobRef("gantry-a7", k8s.submit(spec()))
     fake.controller.advance(30, steps=3)
     status = k8s.sync([ref])["gantry-a7"]
@@ -453,8 +506,11 @@ def test_without_its_pod_group_a_volcano_pod_is_never_scheduled(fake):
     fake.store.delete("podgroups", "gantry-vision", "gantry-a7", "Background")
     fake.controller.advance(1, steps=3)
     status = k8s.sync([ref])["gantry-a7"]
-    assert status.state == "PENDING"
-    assert "not scheduled: Unschedulable: pod group 'gantry-a7' not found" in status.message
+    assert (status.state, status.message, status.node_list) == (
+        "PENDING",
+        "pod group 'gantry-a7' not found",
+        [],
+    )
 
 
 # --- cancel and logs -------------------------------------------------------------------------
@@ -498,22 +554,261 @@ def test_logs_of_rank_zero_by_default_and_of_any_rank_on_request(fake):
 # --- inventory -------------------------------------------------------------------------------
 
 
-def test_inventory_counts_allocatable_gpus_of_ready_nodes_per_flavor(fake):
+BLOCK = "network.example.org/block"
+RACK = "network.example.org/topology-rack"
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def inventory_world(fake: FakeKubernetes) -> None:
+    """GPU nodes in two blocks of racks, some taking no work, and pods of every kind: an
+    ETL job of another team, a Gantry attempt, a pod bound but still Pending, finished and
+    unscheduled pods (which hold nothing), MIG slices in use, pods on nodes Gantry does not
+    count."""
     add = fake.controller.add_node
-    for i in range(3):
-        add(f"a100-{i}", product=A100, gpus=8, labels={"topology.kubernetes.io/zone": f"z{i % 2}"})
-    add("a100-broken", product=A100, gpus=7)  # one GPU failed: left out, not averaged in
-    add("a100-down", product=A100, gpus=8, ready=False)
-    add("a100-cordoned", product=A100, gpus=8, unschedulable=True)
-    add("mig-0", product=A100, gpus=0, extra_allocatable={"nvidia.com/mig-1g.10gb": "7"})
-    add("h100-0", product="NVIDIA-H100-80GB-HBM3", gpus=8)  # no flavor maps to it
-    detail = backend(fake).inventory_detail()
-    assert [(i.flavor, i.nodes, i.gpus_per_node) for i in detail.items] == [
-        ("a100-1g.10gb", 1, 7),
-        ("a100-80gb", 3, 8),
+    add("a100-0", product=A100, gpus=8, labels={BLOCK: "b1", RACK: "r1"})
+    add("a100-1", product=A100, gpus=8, labels={BLOCK: "b1", RACK: "r2"}, unschedulable=True)
+    add("a100-2", product=A100, gpus=8, labels={BLOCK: "b2", RACK: "r3"}, ready=False)
+    inference = {"key": "dedicated", "value": "inference", "effect": "NoSchedule"}
+    add("a100-3", product=A100, gpus=8, labels={BLOCK: "b2", RACK: "r3"}, taints=[inference])
+    tolerated = [
+        {"key": "nvidia.com/gpu", "effect": "NoSchedule"},
+        {"key": "spot", "value": "true", "effect": "PreferNoSchedule"},
     ]
-    assert detail.topology["a100-80gb"] == {"topology.kubernetes.io/zone": {"z0": 2, "z1": 1}}
-    assert fake.server.requests[-1].query["labelSelector"] == "nvidia.com/gpu.product"
+    add("a100-4", product=A100, gpus=8, labels={BLOCK: "b2", RACK: "r4"}, taints=tolerated)
+    add("a100-5", product=A100, gpus=8, labels={BLOCK: "b2"})  # its rack label is missing
+    add(
+        "mig-0",
+        product=A100,
+        gpus=0,
+        labels={BLOCK: "b1", RACK: "r1"},
+        extra_allocatable={"nvidia.com/mig-1g.10gb": "7"},
+    )
+    add("h100-0", product="NVIDIA-H100-80GB-HBM3", gpus=8)  # no flavor maps to it
+    fake.store.create("nodes", "", {"metadata": {"name": "cpu-0"}, "status": {}})
+    pod = fake.controller.add_pod
+    pod("etl-1", namespace="data-eng", node="a100-0", gpus=2)
+    gantry = {"gantry.io/attempt": "9", "gantry.io/tenant": "nlp"}
+    pod("gantry-a9-0-x", namespace="gantry-nlp", node="a100-0", gpus=4, labels=gantry)
+    pod("etl-2", namespace="data-eng", node="a100-0", gpus=1, phase="Pending")
+    pod("etl-done", namespace="data-eng", node="a100-0", gpus=8, phase="Succeeded")
+    pod("etl-failed", namespace="data-eng", node="a100-4", gpus=8, phase="Failed")
+    pod("etl-waiting", namespace="data-eng", node=None, gpus=8, phase="Pending")
+    pod("infer-0", namespace="serving", node="a100-3", gpus=8)
+    pod("slices", namespace="notebooks", node="mig-0", gpus=3, resource="nvidia.com/mig-1g.10gb")
+    pod("h100-job", namespace="data-eng", node="h100-0", gpus=8)
+    pod("coredns", namespace="kube-system", node="cpu-0")
+
+
+INVENTORY_SETTINGS = {
+    "tolerations": [GPU_TOLERATION],
+    "topology_labels": [{"name": "block", "label": BLOCK}, RACK],
+}
+
+
+def test_inventory_counts_every_pod_on_a_node_and_says_which_nodes_take_no_work(fake):
+    inventory_world(fake)
+    inventory = backend(fake, **INVENTORY_SETTINGS).inventory()
+    assert [
+        (n.name, n.flavor, n.gpus, n.gpus_used, n.gpus_used_by_gantry, n.schedulable, n.reason)
+        for n in inventory.nodes
+    ] == [
+        ("a100-0", "a100-80gb", 8, 7, 4, True, ""),
+        ("a100-1", "a100-80gb", 8, 0, 0, False, "cordoned"),
+        ("a100-2", "a100-80gb", 8, 0, 0, False, "NotReady"),
+        ("a100-3", "a100-80gb", 8, 8, 0, False, "taint dedicated=inference:NoSchedule"),
+        ("a100-4", "a100-80gb", 8, 0, 0, True, ""),
+        ("a100-5", "a100-80gb", 8, 0, 0, True, ""),
+        ("mig-0", "a100-1g.10gb", 7, 3, 0, True, ""),
+    ]
+
+
+def test_inventory_reads_the_topology_and_names_the_nodes_that_lack_a_label(fake):
+    inventory_world(fake)
+    inventory = backend(fake, **INVENTORY_SETTINGS).inventory()
+    assert [(n.name, n.path) for n in inventory.nodes] == [
+        ("a100-0", ("b1", "r1")),
+        ("a100-1", ("b1", "r2")),
+        ("a100-2", ("b2", "r3")),
+        ("a100-3", ("b2", "r3")),
+        ("a100-4", ("b2", "r4")),
+        ("a100-5", ("b2",)),
+        ("mig-0", ("b1", "r1")),
+    ]
+    assert inventory.levels == ("block", "rack")
+    assert inventory.problems == (
+        "1 of 7 GPU nodes lack the topology label network.example.org/topology-rack "
+        "(level rack), so their topology stops above it: a100-5",
+    )
+
+
+def test_inventory_is_two_cluster_wide_lists_of_gpu_nodes_and_of_live_bound_pods(fake):
+    inventory_world(fake)
+    fake.server.requests.clear()
+    backend(fake, **INVENTORY_SETTINGS).inventory()
+    assert [(r.path, r.query) for r in fake.server.requests] == [
+        ("/api/v1/nodes", {"labelSelector": "nvidia.com/gpu.product", "limit": "500"}),
+        (
+            "/api/v1/pods",
+            {
+                "fieldSelector": "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+                "limit": "500",
+            },
+        ),
+    ]
+
+
+def compact(fake: FakeKubernetes) -> None:
+    """What etcd compaction does: the history before the newest change is gone, and with
+    it every continue token handed out before."""
+    fake.store.create("namespaces", "", {"metadata": {"name": f"ns-{fake.store.rv}"}})
+    fake.store.events.clear()
+    fake.store.create("namespaces", "", {"metadata": {"name": f"ns-{fake.store.rv}"}})
+
+
+def test_big_lists_are_paged_and_an_expired_page_restarts_the_list(fake, monkeypatch):
+    inventory_world(fake)
+    whole = backend(fake, **INVENTORY_SETTINGS).inventory()
+    monkeypatch.setattr(kubernetes_backend, "LIST_PAGE", 2)
+    list_page = fake.store.list_page
+    compactions = []
+
+    def compacted_once(*args, **kwargs):
+        if kwargs.get("continue_token") and not compactions:
+            compactions.append(1)
+            compact(fake)
+        return list_page(*args, **kwargs)
+
+    monkeypatch.setattr(fake.store, "list_page", compacted_once)
+    fake.server.requests.clear()
+    assert backend(fake, **INVENTORY_SETTINGS).inventory() == whole
+    pages = [(r.path, "continue" in r.query) for r in fake.server.requests]
+    # Nodes: 8 GPU-labelled, 2 a page; the second page expires, the list starts again.
+    # Pods: 7 bound and live (the Succeeded, Failed and unbound ones are left out).
+    assert pages == [
+        ("/api/v1/nodes", False),
+        ("/api/v1/nodes", True),
+        ("/api/v1/nodes", False),
+        *[("/api/v1/nodes", True)] * 3,
+        ("/api/v1/pods", False),
+        *[("/api/v1/pods", True)] * 3,
+    ]
+
+
+def test_a_list_that_expires_again_and_again_is_a_transient_error(fake, monkeypatch):
+    inventory_world(fake)
+    monkeypatch.setattr(kubernetes_backend, "LIST_PAGE", 2)
+    list_page = fake.store.list_page
+
+    def always_compacted(*args, **kwargs):
+        if kwargs.get("continue_token"):
+            compact(fake)
+        return list_page(*args, **kwargs)
+
+    monkeypatch.setattr(fake.store, "list_page", always_compacted)
+    with pytest.raises(TransientBackendError, match="list nodes: the list expired twice"):
+        backend(fake, **INVENTORY_SETTINGS).inventory()
+
+
+def test_a_topology_label_no_gpu_node_carries_is_a_problem_and_paths_stay_empty():
+    settings_ = parse_settings(
+        {
+            "url": "https://x",
+            "flavors": {"a": {"product": A100}},
+            "topology_labels": ["topology.kubernetes.io/zone", "example.org/rack"],
+        }
+    )
+    node = {
+        "metadata": {
+            "name": "n1",
+            "labels": {"nvidia.com/gpu.product": A100, "example.org/rack": "r1"},
+        },
+        "status": {
+            "allocatable": {"nvidia.com/gpu": "8"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    inventory = node_inventory([node], [], settings_)
+    assert [(n.name, n.path) for n in inventory.nodes] == [("n1", ())]
+    assert inventory.levels == ("zone", "rack")
+    assert inventory.problems == (
+        "no GPU node carries the topology label topology.kubernetes.io/zone (level zone)",
+    )
+
+
+def test_a_sidecar_adds_to_a_pods_request_and_an_init_step_may_exceed_it():
+    def pod(containers, init=()):
+        def container(gpus, **extra):
+            return {"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}, **extra}
+
+        return {
+            "spec": {
+                "containers": [container(g) for g in containers],
+                "initContainers": [container(g, **extra) for g, extra in init],
+            }
+        }
+
+    assert pod_request(pod([2, 1]), "nvidia.com/gpu") == 3
+    assert pod_request(pod([2], init=[(1, {"restartPolicy": "Always"})]), "nvidia.com/gpu") == 3
+    assert pod_request(pod([1], init=[(4, {})]), "nvidia.com/gpu") == 4
+    assert pod_request(pod([1]), "nvidia.com/mig-1g.10gb") == 0
+
+
+# --- placement on the cluster ------------------------------------------------------------------
+
+
+def test_a_placed_gang_runs_on_its_nodes_one_rank_on_each(fake):
+    for i in range(4):
+        fake.controller.add_node(f"gpu-{i}", product=A100, gpus=8)
+    k8s = backend(fake)
+    placed = spec(nodes=2, gpus_per_node=4, placement=("gpu-1", "gpu-3"))
+    ref = JobRef("gantry-a7", k8s.submit(placed))
+    status = run_until(fake, k8s, ref, "RUNNING", seconds=1)
+    # Left to itself, the scheduler would have put both ranks on gpu-0.
+    assert status.node_list == ["gpu-1", "gpu-3"]
+
+
+def test_a_placed_job_whose_nodes_were_taken_stays_pending_with_the_schedulers_words(fake):
+    for i in range(3):
+        fake.controller.add_node(f"gpu-{i}", product=A100, gpus=8)
+    # Between the inventory and the submit, jobs of another team took the chosen nodes.
+    fake.controller.add_pod("etl-1", namespace="data-eng", node="gpu-0", gpus=8)
+    fake.controller.add_pod("etl-2", namespace="data-eng", node="gpu-1", gpus=4)
+    k8s = backend(fake)
+    ref = JobRef(
+        "gantry-a7", k8s.submit(spec(nodes=2, gpus_per_node=8, placement=("gpu-0", "gpu-1")))
+    )
+    fake.controller.advance(1, steps=3)
+    status = k8s.sync([ref])["gantry-a7"]
+    assert (status.state, status.message, status.node_list) == (
+        "PENDING",
+        "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, "
+        "2 Insufficient nvidia.com/gpu.",
+        [],
+    )
+    pods = fake.controller.pods_of("gantry-vision", "gantry-a7")
+    assert [p["status"]["conditions"][0]["reason"] for p in pods] == ["Unschedulable"] * 2
+    fake.controller.finish_pod("data-eng", "etl-1")
+    fake.controller.finish_pod("data-eng", "etl-2")
+    assert run_until(fake, k8s, ref, "RUNNING", seconds=1).node_list == ["gpu-0", "gpu-1"]
+
+
+def test_with_kueue_a_placed_job_is_not_pinned_kueue_places_it(fake):
+    for i in range(2):
+        fake.controller.add_node(f"gpu-{i}", product=A100, gpus=8)
+    k8s = backend(
+        fake,
+        queueing="kueue",
+        kueue_queue="gpu",
+        topology_labels=[{"name": "block", "label": BLOCK}],
+    )
+    placed = spec(placement=("gpu-1",), topology_level="block")
+    ref = JobRef("gantry-a7", k8s.submit(placed))
+    template = fake.store.get("jobs", "gantry-vision", "gantry-a7")["spec"]["template"]
+    assert "affinity" not in template["spec"]
+    assert template["metadata"]["annotations"]["kueue.x-k8s.io/podset-preferred-topology"] == BLOCK
+    fake.controller.admit("gantry-vision", "gantry-a7")
+    # Where Kueue (here the fake's scheduler) puts it, not where Gantry's admission would.
+    assert run_until(fake, k8s, ref, "RUNNING", seconds=1).node_list == ["gpu-0"]
 
 
 # --- outage and connection errors ------------------------------------------------------------
@@ -761,7 +1056,7 @@ def test_a_failed_job_whose_pods_are_gone_is_explained_by_its_condition():
 
 def test_inventory_of_no_nodes_is_empty():
     settings_ = parse_settings({"url": "https://x", "flavors": {"a": {"product": A100}}})
-    assert inventory_from_nodes([], settings_).items == []
+    assert node_inventory([], [], settings_) == Inventory(nodes=())
 
 
 # --- through the services ----------------------------------------------------------------------
@@ -830,6 +1125,61 @@ def test_a_run_goes_from_queued_to_succeeded_on_kubernetes(k8s_world):
         "SUCCEEDED",
     ]
     assert "rank 0 of 1 starting on gpu-0" in run_logs(run=run)
+
+
+def test_admission_places_a_gang_on_free_gpus_only_and_kubernetes_runs_it_there(k8s_world):
+    world, fake = k8s_world, k8s_world.fake
+    # gpu-0 and gpu-1 (of the fixture) and gpu-2 share rack r1; gpu-3 and gpu-4 rack r2.
+    # Another team's job holds half of gpu-0, and gpu-1 is cordoned for maintenance.
+    for name in ("gpu-0", "gpu-1"):
+        fake.store.patch("nodes", "", name, {"metadata": {"labels": {RACK: "r1"}}}, "merge")
+    fake.controller.add_node("gpu-2", product=A100, gpus=8, labels={RACK: "r1"})
+    for name in ("gpu-3", "gpu-4"):
+        fake.controller.add_node(name, product=A100, gpus=8, labels={RACK: "r2"})
+    fake.controller.cordon("gpu-1")
+    fake.controller.add_pod("etl-1", namespace="data-eng", node="gpu-0", gpus=4)
+    Cluster.objects.filter(pk=world.k8s.pk).update(
+        settings={**world.k8s.settings, "topology_labels": [RACK]}
+    )
+    world.k8s.refresh_from_db()
+    cluster_refresh_inventory(cluster=world.k8s)
+    world.k8s.refresh_from_db()
+    assert (world.k8s.topology_levels, world.k8s.inventory_problems) == (["rack"], [])
+    nodes = ClusterNode.objects.filter(cluster=world.k8s).order_by("name")
+    assert [
+        (n.name, n.gpus, n.gpus_used, n.gpus_used_by_gantry, n.schedulable, n.reason, n.path)
+        for n in nodes
+    ] == [
+        ("gpu-0", 8, 4, 0, True, "", ["r1"]),
+        ("gpu-1", 8, 0, 0, False, "cordoned", ["r1"]),
+        ("gpu-2", 8, 0, 0, True, "", ["r1"]),
+        ("gpu-3", 8, 0, 0, True, "", ["r2"]),
+        ("gpu-4", 8, 0, 0, True, "", ["r2"]),
+    ]
+
+    run, attempt = _submitted_run(world, nodes=2, gpus_per_node=8)
+    attempt.refresh_from_db()
+    # Only r2 has two nodes with 8 free GPUs; the scheduler alone would take gpu-2 first.
+    assert attempt.placement == ["gpu-3", "gpu-4"]
+    job = fake.store.get("jobs", "gantry-vision", attempt.name)
+    terms = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-3", "gpu-4"]}]}
+    ]
+    for _ in range(3):
+        _sync(world, 1)
+    run.refresh_from_db()
+    attempt.refresh_from_db()
+    assert (run.state, attempt.state) == (RunState.RUNNING, AttemptState.RUNNING)
+    assert attempt.node_list == attempt.placement == ["gpu-3", "gpu-4"]
+    cluster_refresh_inventory(cluster=world.k8s)
+    assert list(
+        ClusterNode.objects.filter(cluster=world.k8s, gpus_used__gt=0)
+        .order_by("name")
+        .values_list("name", "gpus_used", "gpus_used_by_gantry")
+    ) == [("gpu-0", 4, 0), ("gpu-3", 8, 8), ("gpu-4", 8, 8)]
 
 
 def test_a_gpu_oom_on_kubernetes_fails_the_run_with_its_reason(k8s_world):

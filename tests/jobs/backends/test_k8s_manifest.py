@@ -324,6 +324,188 @@ def test_kueue_job_is_suspended_with_queue_label_and_topology_annotation():
     )
 
 
+# --- placement: pinned without Kueue, a topology ask with it ------------------------------
+
+TOPOLOGY = {
+    "topology_labels": [
+        {"name": "block", "label": "cloud.provider.com/topology-block"},
+        "cloud.provider.com/topology-rack",
+    ]
+}
+KUEUE = {**SHAPES["kueue"][0], **TOPOLOGY}
+GANG = ("gpu-b1-r2-07", "gpu-b1-r2-11", "gpu-b1-r3-02", "gpu-b1-r3-05")
+# Shapes of placed attempts. They are not golden files: their fields are checked one by
+# one below, and every object against the official schemas here.
+PLACED = {
+    "placed-gang": ({}, {"nodes": 4, "gpus_per_node": 8, "placement": GANG}),
+    "placed-single": ({}, {"placement": ("gpu-b1-r2-07",)}),
+    "placed-volcano": (SHAPES["volcano"][0], {"nodes": 2, "placement": GANG[:2]}),
+    "kueue-required-level": (
+        KUEUE,
+        {"nodes": 4, "placement": GANG, "topology_level": "rack", "topology_required": True},
+    ),
+    "kueue-preferred-level": (
+        KUEUE,
+        {"nodes": 4, "placement": GANG, "topology_level": "block"},
+    ),
+}
+
+
+def placed(name: str) -> list[dict]:
+    extra_settings, spec_overrides = PLACED[name]
+    return render(spec_for(**spec_overrides), parse_settings({**BASE_SETTINGS, **extra_settings}))
+
+
+def pod_spec_of(objects: list[dict]) -> dict:
+    return by_kind(objects)["Job"]["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("name", sorted(PLACED))
+def test_every_placed_shape_passes_the_official_schemas(name, version):
+    for obj in placed(name):
+        validate(obj, version)
+
+
+def test_a_placed_gang_is_pinned_to_its_nodes_one_rank_on_each():
+    assert pod_spec_of(placed("placed-gang"))["affinity"] == {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": list(GANG)}
+                        ]
+                    }
+                ]
+            }
+        },
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {"gantry.io/attempt": "41"}},
+                    "topologyKey": "kubernetes.io/hostname",
+                }
+            ]
+        },
+    }
+
+
+def test_a_placed_single_node_job_is_pinned_without_anti_affinity():
+    assert pod_spec_of(placed("placed-single"))["affinity"] == {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": ["gpu-b1-r2-07"]}
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+
+
+def test_volcano_pods_are_pinned_too():
+    pod = pod_spec_of(placed("placed-volcano"))
+    assert pod["schedulerName"] == "volcano"
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchFields"][0]["values"] == list(GANG[:2])
+    assert "podAntiAffinity" in pod["affinity"]
+
+
+def test_without_a_placement_the_scheduler_places_the_pods():
+    for name in SHAPES:
+        assert "affinity" not in pod_spec_of(shape(name))
+
+
+def test_with_kueue_the_level_asked_for_is_annotated_and_no_node_is_pinned():
+    required = by_kind(placed("kueue-required-level"))["Job"]["spec"]["template"]
+    assert "affinity" not in required["spec"]
+    assert required["metadata"]["annotations"] == {
+        "gantry.io/tenant": "vision",
+        "gantry.io/project": "detection",
+        "kueue.x-k8s.io/podset-required-topology": "cloud.provider.com/topology-rack",
+    }
+    preferred = by_kind(placed("kueue-preferred-level"))["Job"]["spec"]["template"]
+    assert "affinity" not in preferred["spec"]
+    assert preferred["metadata"]["annotations"] == {
+        "gantry.io/tenant": "vision",
+        "gantry.io/project": "detection",
+        "kueue.x-k8s.io/podset-preferred-topology": "cloud.provider.com/topology-block",
+    }
+
+
+def test_with_kueue_and_no_level_asked_for_the_clusters_default_applies():
+    settings_ = parse_settings({**BASE_SETTINGS, **KUEUE})
+    annotations = render(spec_for(nodes=2, placement=GANG[:2]), settings_)[-1]["spec"]["template"][
+        "metadata"
+    ]["annotations"]
+    assert annotations["kueue.x-k8s.io/podset-required-topology"] == (
+        "cloud.provider.com/topology-block"
+    )
+    unknown = spec_for(nodes=2, topology_level="superpod")  # preferred: the default holds
+    annotations = render(unknown, settings_)[-1]["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["kueue.x-k8s.io/podset-required-topology"] == (
+        "cloud.provider.com/topology-block"
+    )
+    no_default = parse_settings({**BASE_SETTINGS, **KUEUE, "kueue_topology_level": ""})
+    annotations = render(spec_for(nodes=2), no_default)[-1]["spec"]["template"]["metadata"][
+        "annotations"
+    ]
+    assert annotations == {"gantry.io/tenant": "vision", "gantry.io/project": "detection"}
+
+
+def test_with_kueue_a_required_level_the_cluster_lacks_is_refused():
+    settings_ = parse_settings({**BASE_SETTINGS, **KUEUE})
+    with pytest.raises(
+        PermanentBackendError,
+        match=r"needs its nodes in one superpod, a topology level this cluster does not have "
+        r"\(its levels: block, rack\)",
+    ):
+        render(spec_for(nodes=2, topology_level="superpod", topology_required=True), settings_)
+
+
+@pytest.mark.parametrize("placement", [("gpu-1",), ("gpu-1", "gpu-1"), ("gpu-1", "gpu-2", "gpu-3")])
+def test_a_placement_that_is_not_one_node_per_rank_is_refused(placement):
+    with pytest.raises(
+        PermanentBackendError, match=r"must name 2 distinct nodes, one per rank; it names gpu-1"
+    ):
+        render(spec_for(nodes=2, placement=placement), parse_settings(BASE_SETTINGS))
+
+
+def test_topology_levels_are_named_by_the_settings_or_by_their_label():
+    settings_ = parse_settings({**BASE_SETTINGS, **TOPOLOGY})
+    assert settings_.levels == ("block", "rack")
+    assert settings_.level_label("rack") == "cloud.provider.com/topology-rack"
+    assert settings_.level_label("zone") == ""
+    default = parse_settings(BASE_SETTINGS)
+    assert default.levels == ()
+    zone = parse_settings({**BASE_SETTINGS, "topology_labels": ["topology.kubernetes.io/zone"]})
+    assert zone.levels == ("zone",)
+
+
+@pytest.mark.parametrize(
+    ("labels", "message"),
+    [
+        ("topology.kubernetes.io/zone", "must be a list"),
+        ([{"label": "example.org/rack"}], "neither a node label key nor"),
+        ([{"name": "rack", "label": "not a label"}], "'not a label' is not a node label key"),
+        ([{"name": "", "label": "example.org/rack"}], "level name '' must be"),
+        (["a.example.org/rack", "b.example.org/rack"], "level name rack given twice"),
+        (
+            ["example.org/rack", {"name": "switch", "label": "example.org/rack"}],
+            "level label example.org/rack given twice",
+        ),
+        ([42], "neither a node label key nor"),
+    ],
+)
+def test_bad_topology_labels_say_what_is_wrong(labels, message):
+    with pytest.raises(PermanentBackendError, match=message):
+        parse_settings({**BASE_SETTINGS, "topology_labels": labels})
+
+
 def test_volcano_gang_has_a_pod_group_and_the_volcano_scheduler():
     objects = shape("volcano")
     assert [o["kind"] for o in objects] == ["Secret", "Service", "PodGroup", "Job"]

@@ -1,12 +1,15 @@
 """The Slurm backend against a real Slurm 22.05 cluster on this machine.
 
 ``scripts/slurm-cluster.sh up`` (idempotent) brings up munge, a private MariaDB, slurmdbd,
-slurmctld, two slurmd with 8 fake a100 GPUs each and slurmrestd with JWT, all on loopback
-ports; these tests use the environment it prints. If the session started the cluster, it
-stops it again at the end (``GANTRY_SLURM_KEEP=1`` keeps it running).
+slurmctld, two slurmd with 8 fake a100 GPUs each (gpu-node1 under switch leaf1, gpu-node2
+under leaf2, both under spine) and slurmrestd with JWT, all on loopback ports; these tests
+use the environment it prints. If the session started the cluster, it stops it again at
+the end (``GANTRY_SLURM_KEEP=1`` keeps it running).
 
-The job that runs into its time limit is submitted early and checked last, so its minute
-runs while the other tests do.
+The tests that need the whole cluster idle (the gang jobs, the drained node) run first;
+the job that runs into its time limit is submitted next and checked last, so its minute
+runs while the other tests do. A test that drains a node or loads it from outside Gantry
+restores the cluster in a fixture (``cluster_restored``), pass or fail.
 """
 
 import base64
@@ -26,10 +29,24 @@ import pytest
 from django.db import connection
 from django.db.models import Sum
 
-from jobs.backends import JobRef, JobSpec, PermanentBackendError, TransientBackendError
+from jobs.backends import (
+    JobRef,
+    JobSpec,
+    NodeInventory,
+    PermanentBackendError,
+    TransientBackendError,
+)
 from jobs.backends.slurm import QuotaLimit, SlurmBackend, mirror_quotas
-from jobs.backends.slurm_script import batch_job, gpus_of_tres
-from jobs.models import Attempt, Cluster, Run, RunState, TenantMonthUsage
+from jobs.backends.slurm_script import UNKNOWN_TOPOLOGY, batch_job, gpus_of_tres
+from jobs.models import (
+    Attempt,
+    Cluster,
+    ClusterNode,
+    Run,
+    RunState,
+    TenantMonthUsage,
+    TopologyMode,
+)
 from jobs.selectors.logs import run_logs
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
@@ -172,6 +189,17 @@ def slurm(*argv: str) -> str:
     return done.stdout
 
 
+def pending_status(b: SlurmBackend, name: str, job_id: str):
+    """The status of a pending job once the scheduler gave its reason (within a cycle or
+    two; before that Slurm says "None" and the status the state)."""
+    for _ in range(40):
+        status = b.sync([JobRef(name, job_id)])[name]
+        if status.message != "PENDING":
+            return status
+        time.sleep(0.25)
+    return status
+
+
 def slurm_state(job_id: str) -> str:
     """What slurmctld says of a job, once the cancel it was sent has taken effect."""
     for _ in range(40):
@@ -238,10 +266,25 @@ def test_up_is_idempotent_fast_and_loopback_only(slurm_env):
     assert all(addresses == {"0100007F"} for addresses in listening.values()), listening
 
 
+TOPOLOGY_CONF = [  # the test cluster's topology.conf, for slurmrestd, which cannot tell it
+    "SwitchName=leaf1 Nodes=gpu-node1",
+    "SwitchName=leaf2 Nodes=gpu-node2",
+    "SwitchName=spine Switches=leaf[1-2]",
+]
+
+
 def test_inventory_through_cli_and_rest(slurm_env):
-    for transport in ("cli", "rest"):
-        (item,) = backend(transport).inventory()
-        assert (item.flavor, item.nodes, item.gpus_per_node) == ("a100-80gb", 2, 8)
+    idle = tuple(
+        NodeInventory(name=f"gpu-node{i}", flavor="a100-80gb", gpus=8, path=("spine", f"leaf{i}"))
+        for i in (1, 2)
+    )
+    cli = backend("cli").inventory()
+    assert (cli.nodes, cli.levels, cli.problems) == (idle, ("spine", "leaf"), ())
+    rest = backend("rest").inventory()
+    assert rest.nodes == tuple(NodeInventory(n.name, n.flavor, n.gpus) for n in idle)
+    assert (rest.levels, rest.problems) == ((), (UNKNOWN_TOPOLOGY,))
+    told = backend("rest", topology=TOPOLOGY_CONF).inventory()
+    assert (told.nodes, told.levels, told.problems) == (idle, ("spine", "leaf"), ())
 
 
 # --- jobs ----------------------------------------------------------------------------------
@@ -268,6 +311,158 @@ def test_gang_job_runs_on_both_nodes_at_once(slurm_env, accounts):
     assert max(starts.values()) < min(ends.values())  # both ran at the same time
     assert read_output(s.name, job_id).count("gpus=0,1,2,3,4,5,6,7") == 2
     assert assert_accounting_matches(status, job_id, gpus=16) >= 16 * 2
+
+
+# --- placement through the services (the whole cluster, before the time-limit job) -------
+
+
+OUTSIDE_JOB = "outside-load"  # jobs submitted here from outside Gantry
+
+
+@pytest.fixture
+def cluster_restored(slurm_env):
+    """Whatever a test drained or loaded from outside Gantry is undone, pass or fail."""
+    yield
+    out = slurm("squeue", "-h", "-t", "PENDING,RUNNING", f"--name={OUTSIDE_JOB}", "-o", "%i")
+    if out.split():
+        slurm("scancel", *out.split())
+    # Resuming a node that is not drained is refused ("Invalid node state"): harmless.
+    subprocess.run(
+        ["scontrol", "update", "nodename=gpu-node[1-2]", "state=resume"],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def cluster_nodes(world) -> dict[str, tuple]:
+    return {
+        node.name: (
+            node.gpus,
+            node.gpus_used,
+            node.gpus_used_by_gantry,
+            node.schedulable,
+            node.reason,
+            node.path,
+        )
+        for node in ClusterNode.objects.filter(cluster=world.slurm)
+    }
+
+
+IDLE_NODES = {
+    "gpu-node1": (8, 0, 0, True, "", ["spine", "leaf1"]),
+    "gpu-node2": (8, 0, 0, True, "", ["spine", "leaf2"]),
+}
+
+
+def refresh_until(world, wanted: dict[str, tuple], *, timeout: float = 30) -> None:
+    """Refresh the inventory until the nodes are as ``wanted`` (a job's GPUs are released
+    a moment after it ends, once its node finished completing)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        cluster_refresh_inventory(cluster=world.slurm)
+        if cluster_nodes(world) == wanted or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    assert cluster_nodes(world) == wanted
+
+
+def test_a_gang_starts_on_exactly_the_nodes_admission_chose(slurm_world):
+    world = slurm_world
+    refresh_until(world, IDLE_NODES)
+    assert Cluster.objects.get(pk=world.slurm.pk).topology_levels == ["spine", "leaf"]
+    run, attempt = submit_and_admit(
+        world,
+        nodes=2,
+        gpus_per_node=8,
+        command='echo "on $SLURMD_NODENAME"; sleep 4',
+        topology_level="spine",
+        topology_mode=TopologyMode.REQUIRED,
+    )
+    assert attempt.placement == ["gpu-node1", "gpu-node2"]
+    attempt_submit(attempt_id=attempt.pk)
+    attempt.refresh_from_db()
+    lines = attempt.rendered_spec.splitlines()
+    assert "#SBATCH --nodelist=gpu-node1,gpu-node2" in lines
+    assert not any(line.startswith("#SBATCH --switches") for line in lines)
+    assert (
+        "# Required in one spine: the node list holds the gang there "
+        "(a switch count cannot say it)."
+    ) in lines
+    sync_until(world, [run], {RunState.RUNNING, RunState.SUCCEEDED, RunState.FAILED})
+    assert Run.objects.get(pk=run.pk).state == RunState.RUNNING
+    cluster_refresh_inventory(cluster=world.slurm)  # its GPUs: all used, all by Gantry
+    assert cluster_nodes(world) == {
+        "gpu-node1": (8, 8, 8, True, "", ["spine", "leaf1"]),
+        "gpu-node2": (8, 8, 8, True, "", ["spine", "leaf2"]),
+    }
+    sync_until(world, [run], {RunState.SUCCEEDED, RunState.FAILED})
+    run.refresh_from_db()
+    attempt.refresh_from_db()
+    assert (run.state, attempt.node_list) == (RunState.SUCCEEDED, attempt.placement)
+    assert sorted(run_logs(run=run).split()) == ["gpu-node1", "gpu-node2", "on", "on"]
+
+
+def test_a_drained_node_and_outside_load_keep_a_run_queued_until_they_go(
+    slurm_world, cluster_restored
+):
+    world = slurm_world
+    gpu_type = os.environ.get("GANTRY_SLURM_GPU_TYPE", "a100")
+    slurm("scontrol", "update", "nodename=gpu-node2", "state=drain", "reason=bad DIMM")
+    outside = slurm(
+        "sbatch", "--parsable", f"--job-name={OUTSIDE_JOB}", "--account=research",
+        f"--gres=gpu:{gpu_type}:6", "--output=/dev/null", "--wrap", "sleep 60",
+    ).strip()  # fmt: skip
+    for _ in range(40):
+        if slurm("squeue", "-h", "-j", outside, "-o", "%T").strip() == "RUNNING":
+            break
+        time.sleep(0.25)
+    refresh_until(
+        world,
+        {
+            "gpu-node1": (8, 6, 0, True, "", ["spine", "leaf1"]),
+            "gpu-node2": (8, 0, 0, False, "drained: bad DIMM", ["spine", "leaf2"]),
+        },
+    )
+    assert Cluster.objects.get(pk=world.slurm.pk).inventory_problems == []
+
+    # A job held to the drained node pends with Slurm's reason, through either transport.
+    for transport in ("cli", "rest"):
+        b = backend(transport)
+        s = spec(placement=("gpu-node2",))
+        job_id = b.submit(s)
+        held = pending_status(b, s.name, job_id)
+        assert (held.state, held.message, held.node_list) == (
+            "PENDING",
+            "ReqNodeNotAvail, UnavailableNodes:gpu-node2",
+            [],
+        )
+        b.cancel(JobRef(s.name, job_id))
+
+    run = run_submit(
+        user=world.researcher_a,
+        data=experiment_input(world, nodes=1, gpus_per_node=8, command="sleep 1"),
+    )
+    admission_run_cycle()
+    run.refresh_from_db()
+    assert (run.state, run.wait_reason) == (RunState.QUEUED, "CAPACITY")
+    assert run.wait_message == (
+        "needs 8 a100-80gb GPUs on one node; 2 a100-80gb GPUs are free, at most 2 on any "
+        "node (gpu-node1: 2); node gpu-node2 is drained: bad DIMM"
+    )
+    assert not Attempt.objects.filter(run=run).exists()
+
+    slurm("scancel", outside)
+    slurm("scontrol", "update", "nodename=gpu-node2", "state=resume")
+    refresh_until(world, IDLE_NODES)
+    admission_run_cycle()
+    attempt = Attempt.objects.get(run=run)
+    assert attempt.placement == ["gpu-node1"]  # both free: the first by name
+    attempt_submit(attempt_id=attempt.pk)
+    sync_until(world, [run], {RunState.SUCCEEDED, RunState.FAILED})
+    run.refresh_from_db()
+    attempt.refresh_from_db()
+    assert (run.state, attempt.node_list) == (RunState.SUCCEEDED, ["gpu-node1"])
 
 
 @pytest.fixture(scope="module")
@@ -490,12 +685,8 @@ def test_quota_mirroring_is_enforced_by_slurm(slurm_env):
     second = spec(tenant="gantryq", gpus_per_node=2, command="sleep 60")
     first_id, second_id = b.submit(first), b.submit(second)
     wait_for(b, first.name, first_id, {"RUNNING"}, timeout=30)
-    for _ in range(40):  # the scheduler gives the pending reason within a cycle or two
-        held = b.sync([JobRef(second.name, second_id)])[second.name]
-        if held.message != "Slurm: PENDING":
-            break
-        time.sleep(0.25)
-    assert (held.state, held.message) == ("PENDING", "Slurm: PENDING (QOSGrpGRES)")
+    held = pending_status(b, second.name, second_id)
+    assert (held.state, held.message, held.node_list) == ("PENDING", "QOSGrpGRES", [])
 
     mirror_quotas(mirror, [QuotaLimit("gantryq", "a100-80gb", 4)])  # a changed quota applies
     assert grp_tres("gantry-gantryq") == {"gres/gpu=4", "gres/gpu:a100=4"}
@@ -714,4 +905,4 @@ def test_down_stops_everything_it_started_and_up_restores_it(slurm_env):
     again = run_script("up")
     assert again.returncode == 0, again.stderr
     assert time.monotonic() - started < 60
-    assert backend("cli").inventory()[0].nodes == 2
+    assert len(backend("cli").inventory().nodes) == 2

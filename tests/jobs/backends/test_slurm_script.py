@@ -6,6 +6,7 @@ import base64
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -13,8 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs.backends.base import InventoryItem, JobSpec
+from jobs.backends.base import InventoryItem, JobSpec, NodeInventory, inventory_items
 from jobs.backends.slurm_script import (
+    UNKNOWN_TOPOLOGY,
     QuotaLimit,
     RenderError,
     SettingsError,
@@ -22,19 +24,27 @@ from jobs.backends.slurm_script import (
     SlurmNode,
     SlurmSettings,
     batch_job,
+    derived_level_names,
     enroot_image,
     expand_hostlist,
-    inventory_items,
+    gantry_gpus_by_node,
+    gpus_per_node_of,
     job_status,
     jwt_claims,
+    node_condition,
+    node_inventory,
     parse_gres,
+    parse_rest_nodes,
     parse_sacct,
     parse_sbatch_job_id,
     parse_scontrol_nodes,
     parse_slurmdb_jobs,
+    parse_squeue_gpus,
     parse_squeue_json,
+    parse_topology,
     quota_commands,
     shell_quote,
+    topology_paths,
 )
 from tests import REPOSITORY
 
@@ -114,6 +124,20 @@ def test_settings_parse_with_defaults():
         (
             {"transport": "rest", "rest_url": "http://h:1", "rest_user": "u"},
             "setting 'rest_token_env' is required with transport 'rest'",
+        ),
+        ({"topology_levels": "spine,leaf"}, "setting 'topology_levels' must be a list of level"),
+        ({"topology_levels": ["spine", "leaf\n#SBATCH"]}, "'topology_levels' must be a list"),
+        ({"topology_levels": ["leaf", "leaf"]}, "setting 'topology_levels' names a level twice"),
+        ({"topology": ["SwitchName=s Nodes=n1"]}, "setting 'topology' is for transport 'rest'"),
+        (
+            {
+                "transport": "rest",
+                "rest_url": "http://h:1",
+                "rest_user": "u",
+                "rest_token_env": "T",
+                "topology": "SwitchName=s Nodes=n1",
+            },
+            "setting 'topology' must be a list of topology.conf lines",
         ),
     ],
 )
@@ -217,6 +241,91 @@ def test_rest_job_without_checkpoint_dir_is_not_signalled():
     assert job.signal == ""
     assert "signal" not in job.rest_submission()["job"]
     assert "--signal" not in job.script
+
+
+def test_placement_pins_the_nodes_and_a_required_leaf_asks_for_one_switch():
+    spec = job_spec(
+        placement=("gpu-node1", "gpu-node2"), topology_level="leaf", topology_required=True
+    )
+    job = batch_job(spec, slurm_settings())
+    assert job.sbatch_options()[4:8] == [
+        "--nodes=2",
+        "--nodelist=gpu-node1,gpu-node2",
+        "--switches=1",
+        "--ntasks-per-node=1",
+    ]
+    assert "#SBATCH --nodelist=gpu-node1,gpu-node2" in job.script.splitlines()
+    assert "# Required in one" not in job.script
+    # Only preferred, or one node: the node list alone.
+    for relaxed in (
+        job_spec(placement=("gpu-node1", "gpu-node2"), topology_level="leaf"),
+        job_spec(nodes=1, placement=("gpu-node2",), topology_level="leaf", topology_required=True),
+    ):
+        options = batch_job(relaxed, slurm_settings()).sbatch_options()
+        assert [o for o in options if o.startswith(("--nodelist", "--switches"))] == [
+            f"--nodelist={','.join(relaxed.placement)}"
+        ]
+    # No placement: Slurm places the job, and no #SBATCH line says otherwise.
+    assert "--nodelist" not in batch_job(job_spec(), slurm_settings()).script
+
+
+def test_a_wider_required_level_is_held_by_the_node_list_alone():
+    spec = job_spec(
+        placement=("gpu-node1", "gpu-node2"), topology_level="spine", topology_required=True
+    )
+    job = batch_job(spec, slurm_settings(topology_levels=["spine", "leaf"]))
+    assert job.switches == 0
+    assert "--switches" not in job.script
+    assert (
+        "# Required in one spine: the node list holds the gang there "
+        "(a switch count cannot say it)."
+    ) in job.script.splitlines()
+    # The settings name the levels: their deepest is what --switches counts.
+    named = job_spec(
+        placement=("gpu-node1", "gpu-node2"), topology_level="tor", topology_required=True
+    )
+    assert batch_job(named, slurm_settings(topology_levels=["pod", "tor"])).switches == 1
+    assert batch_job(named, slurm_settings()).switches == 0
+
+
+def test_rest_submission_carries_the_node_list_but_no_switch_count():
+    rest = slurm_settings(
+        transport="rest", rest_url="http://h:6820", rest_user="gantry", rest_token_env="T"
+    )
+    spec = job_spec(
+        placement=("gpu-node1", "gpu-node2"), topology_level="leaf", topology_required=True
+    )
+    job = batch_job(spec, rest)
+    assert job.rest_submission()["job"]["nodelist"] == "gpu-node1,gpu-node2"
+    assert "required_switches" not in job.rest_submission()["job"]
+    assert job.switches == 0
+    assert (
+        "# Required in one leaf: the node list holds the gang there "
+        "(slurmrestd 22.05 takes no switch count)."
+    ) in job.script.splitlines()
+    assert "nodelist" not in batch_job(job_spec(), rest).rest_submission()["job"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"placement": ("gpu-node1",)}, "the placement names 1 nodes for a job of 2 nodes"),
+        ({"placement": ("gpu-node1", "gpu-node1")}, "the placement names a node twice"),
+        ({"placement": ("gpu-node1", "n2,n3")}, "node name 'n2,n3' is not a plain Slurm name"),
+        (
+            {"placement": ("gpu-node1", "n2\n#SBATCH --account=nlp")},
+            "node name 'n2\\n#SBATCH --account=nlp' is not a plain Slurm name",
+        ),
+        (
+            {"topology_level": "leaf\n#SBATCH --account=nlp", "topology_required": True},
+            "topology level 'leaf\\n#SBATCH --account=nlp' is not a level name",
+        ),
+    ],
+)
+def test_render_refuses_a_placement_it_cannot_express(overrides, message):
+    with pytest.raises(RenderError) as error:
+        batch_job(job_spec(**overrides), slurm_settings())
+    assert message in str(error.value)
 
 
 @pytest.mark.parametrize(
@@ -621,7 +730,7 @@ def test_job_status_maps_states_and_failures(state, exit_code, signal, expected)
 
 def test_job_status_messages():
     pending = SlurmJob(job_id="5", name="n", state="PENDING", reason="QOSGrpGRES")
-    assert job_status(pending).message == "Slurm: PENDING (QOSGrpGRES)"
+    assert job_status(pending).message == "QOSGrpGRES"
     failed = SlurmJob(
         job_id="6",
         name="n",
@@ -654,16 +763,16 @@ SCONTROL = (
 
 def test_parse_scontrol_nodes_and_gres():
     nodes = parse_scontrol_nodes(SCONTROL)
-    assert [(n.name, n.state, n.partitions, dict(n.gpus)) for n in nodes] == [
-        ("gpu-node1", "idle", ("gpu", "parked"), {"a100": 8}),
-        ("gpu-node2", "mixed+drain", ("gpu",), {"a100": 8}),
-        ("gpu-node3", "allocated", ("gpu",), {"a100": 4, "h100": 4}),
-        ("cpu1", "idle", ("cpu",), {}),
+    assert [(n.name, n.state, n.partitions, dict(n.gpus), n.reason) for n in nodes] == [
+        ("gpu-node1", "idle", ("gpu", "parked"), {"a100": 8}, ""),
+        ("gpu-node2", "mixed+drain", ("gpu",), {"a100": 8}, "maintenance"),
+        ("gpu-node3", "allocated", ("gpu",), {"a100": 4, "h100": 4}, ""),
+        ("cpu1", "idle", ("cpu",), {}, ""),
     ]
     assert parse_gres("gpu:8") == {"": 8}
 
 
-def test_inventory_counts_usable_nodes_of_the_largest_size_per_flavor():
+def test_inventory_has_every_gpu_node_of_a_flavor_and_says_which_take_no_work():
     nodes = [
         SlurmNode("n1", "idle", ("gpu",), {"a100": 8}),
         SlurmNode("n2", "mixed", ("gpu",), {"a100": 8}),
@@ -673,10 +782,392 @@ def test_inventory_counts_usable_nodes_of_the_largest_size_per_flavor():
         SlurmNode("n6", "idle", ("hopper",), {"h100": 8}),
         SlurmNode("n7", "idle", ("gpu",), {"h100": 8}),  # not in h100's partition
     ]
-    assert inventory_items(nodes, slurm_settings()) == [
-        InventoryItem(flavor="a100-80gb", nodes=2, gpus_per_node=8),
+    inventory = node_inventory(nodes, slurm_settings())
+    assert [(n.name, n.flavor, n.gpus, n.schedulable, n.reason) for n in inventory.nodes] == [
+        ("n1", "a100-80gb", 8, True, ""),
+        ("n2", "a100-80gb", 8, True, ""),
+        ("n3", "a100-80gb", 4, True, ""),
+        ("n4", "a100-80gb", 8, False, "drained"),
+        ("n5", "a100-80gb", 8, False, "down"),
+        ("n6", "h100-80gb", 8, True, ""),
+    ]
+    assert (inventory.levels, inventory.problems) == ((), ())
+    assert inventory_items(inventory) == [
+        InventoryItem(flavor="a100-80gb", nodes=5, gpus_per_node=8),
         InventoryItem(flavor="h100-80gb", nodes=1, gpus_per_node=8),
     ]
+
+
+# Captured from the test cluster (scripts/slurm-cluster.sh, Slurm 22.05.8) with gpu-node2
+# drained (`scontrol update nodename=gpu-node2 state=drain reason="bad DIMM"`) while two jobs
+# ran: `sbatch -J outside --gres=gpu:a100:6` on gpu-node1, and `sbatch -J gantry-a99
+# --comment=gantry-a99 -N2 --gres=gpu:a100:1` on both nodes.
+# `scontrol -d -o show node`:
+SCONTROL_22_05 = (
+    "NodeName=gpu-node1 Arch=x86_64 CoresPerSocket=1  CPUAlloc=2 CPUEfctv=16 CPUTot=16 "
+    "CPULoad=3.02 AvailableFeatures=(null) ActiveFeatures=(null) Gres=gpu:a100:8 "
+    "GresDrain=N/A GresUsed=gpu:a100:7(IDX:0-6) NodeAddr=127.0.0.1 NodeHostName=gpu-node1 "
+    "Port=29421 Version=22.05.8 OS=Linux 6.18.44-fc-v1098 #1 SMP PREEMPT_DYNAMIC @0  "
+    "RealMemory=64000 AllocMem=0 FreeMem=21880 Sockets=16 Boards=1 State=MIXED "
+    "ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A Partitions=gpu,parked  "
+    "BootTime=2026-12-02T04:10:43 SlurmdStartTime=2026-12-02T05:49:28 "
+    "LastBusyTime=2026-12-02T05:49:47 "
+    "CfgTRES=cpu=16,mem=62.50G,billing=16,gres/gpu=8,gres/gpu:a100=8 "
+    "AllocTRES=cpu=2,gres/gpu=7,gres/gpu:a100=7 CapWatts=n/a CurrentWatts=0 AveWatts=0 "
+    "ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s\n"
+    "NodeName=gpu-node2 Arch=x86_64 CoresPerSocket=1  CPUAlloc=1 CPUEfctv=16 CPUTot=16 "
+    "CPULoad=3.02 AvailableFeatures=(null) ActiveFeatures=(null) Gres=gpu:a100:8 "
+    "GresDrain=N/A GresUsed=gpu:a100:1(IDX:0) NodeAddr=127.0.0.1 NodeHostName=gpu-node2 "
+    "Port=29422 Version=22.05.8 OS=Linux 6.18.44-fc-v1098 #1 SMP PREEMPT_DYNAMIC @0  "
+    "RealMemory=64000 AllocMem=0 FreeMem=21880 Sockets=16 Boards=1 State=MIXED+DRAIN "
+    "ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A Partitions=gpu,parked  "
+    "BootTime=2026-12-02T04:10:43 SlurmdStartTime=2026-12-02T05:49:28 "
+    "LastBusyTime=2026-12-02T05:49:42 "
+    "CfgTRES=cpu=16,mem=62.50G,billing=16,gres/gpu=8,gres/gpu:a100=8 "
+    "AllocTRES=cpu=1,gres/gpu=1,gres/gpu:a100=1 CapWatts=n/a CurrentWatts=0 AveWatts=0 "
+    "ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s Reason=bad DIMM "
+    "[root@2026-12-02T05:52:41]\n"
+)
+# `squeue -a -h -t CONFIGURING,RUNNING,… -o '%i|%T|%N|%b|%j|%k'` (SQUEUE_GPU_FORMAT):
+SQUEUE_GPUS_22_05 = (
+    "8|RUNNING|gpu-node1|gres:gpu:a100:6|outside|(null)\n"
+    "9|RUNNING|gpu-node[1-2]|gres:gpu:a100:1|gantry-a99|gantry-a99\n"
+)
+# `scontrol show topology`:
+TOPOLOGY_22_05 = (
+    "SwitchName=leaf1 Level=0 LinkSpeed=1 Nodes=gpu-node1\n"
+    "SwitchName=leaf2 Level=0 LinkSpeed=1 Nodes=gpu-node2\n"
+    "SwitchName=spine Level=1 LinkSpeed=1 Nodes=gpu-node[1-2] Switches=leaf[1-2]\n"
+)
+# The same moment through slurmrestd v0.0.38: GET /nodes and GET /jobs (the fields read, and
+# those next to them; a third job, pending, asked for the drained node with -w gpu-node2).
+REST_NODES_22_05 = {
+    "meta": {"plugin": {"type": "openapi/v0.0.38", "name": "Slurm OpenAPI v0.0.38"}},
+    "errors": [],
+    "nodes": [
+        {
+            "name": "gpu-node1",
+            "state": "mixed",
+            "state_flags": [],
+            "partitions": ["gpu", "parked"],
+            "gres": "gpu:a100:8",
+            "gres_drained": "N/A",
+            "gres_used": "gpu:a100:7(IDX:0-6)",
+            "tres": "cpu=16,mem=62.50G,billing=16,gres/gpu=8,gres/gpu:a100=8",
+            "tres_used": "cpu=2,gres/gpu=7,gres/gpu:a100=7",
+            "reason": "",
+            "reason_changed_at": 0,
+            "reason_set_by_user": None,
+        },
+        {
+            "name": "gpu-node2",
+            "state": "mixed",
+            "state_flags": ["DRAIN"],
+            "partitions": ["gpu", "parked"],
+            "gres": "gpu:a100:8",
+            "gres_drained": "N/A",
+            "gres_used": "gpu:a100:1(IDX:0)",
+            "tres": "cpu=16,mem=62.50G,billing=16,gres/gpu=8,gres/gpu:a100=8",
+            "tres_used": "cpu=1,gres/gpu=1,gres/gpu:a100=1",
+            "reason": "bad DIMM",
+            "reason_changed_at": 1796190761,
+            "reason_set_by_user": "root",
+        },
+    ],
+}
+REST_JOBS_22_05 = {
+    "errors": [],
+    "jobs": [
+        {
+            "job_id": 8,
+            "name": "outside",
+            "comment": "",
+            "job_state": "RUNNING",
+            "state_reason": "None",
+            "state_description": "",
+            "nodes": "gpu-node1",
+            "tres_per_node": "gres:gpu:a100:6",
+            "tres_alloc_str": "cpu=1,node=1,billing=1,gres/gpu=6,gres/gpu:a100=6",
+        },
+        {
+            "job_id": 9,
+            "name": "gantry-a99",
+            "comment": "gantry-a99",
+            "job_state": "RUNNING",
+            "state_reason": "None",
+            "state_description": "",
+            "nodes": "gpu-node[1-2]",
+            "tres_per_node": "gres:gpu:a100:1",
+            "tres_alloc_str": "cpu=2,node=2,billing=2,gres/gpu=2,gres/gpu:a100=2",
+        },
+        {
+            "job_id": 10,
+            "name": "gantry-a100",
+            "comment": "gantry-a100",
+            "job_state": "PENDING",
+            "state_reason": "ReqNodeNotAvail",
+            "state_description": "ReqNodeNotAvail, UnavailableNodes:gpu-node2",
+            "nodes": "",
+            "tres_per_node": "gres:gpu:a100:8",
+            "tres_alloc_str": "",
+        },
+    ],
+}
+# What both transports make of that moment.
+NODES_22_05 = (
+    NodeInventory(
+        name="gpu-node1",
+        flavor="a100-80gb",
+        gpus=8,
+        gpus_used=7,
+        gpus_used_by_gantry=1,
+        path=("spine", "leaf1"),
+    ),
+    NodeInventory(
+        name="gpu-node2",
+        flavor="a100-80gb",
+        gpus=8,
+        gpus_used=1,
+        gpus_used_by_gantry=1,
+        schedulable=False,
+        reason="draining: bad DIMM",
+        path=("spine", "leaf2"),
+    ),
+)
+
+
+def test_parse_scontrol_nodes_of_22_05_with_gpus_in_use_and_a_drain_reason():
+    node1, node2 = parse_scontrol_nodes(SCONTROL_22_05)
+    assert (node1.name, node1.state, node1.partitions, node1.reason) == (
+        "gpu-node1",
+        "mixed",
+        ("gpu", "parked"),
+        "",
+    )
+    assert (dict(node1.gpus), dict(node1.gpus_used)) == ({"a100": 8}, {"a100": 7})
+    assert (node2.state, dict(node2.gpus_used), node2.reason) == (
+        "mixed+drain",
+        {"a100": 1},
+        "bad DIMM",
+    )
+    # Without -d there is no GresUsed: AllocTRES counts the GPUs instead.
+    plain = SCONTROL_22_05.replace("GresUsed=gpu:a100:7(IDX:0-6) ", "")
+    assert dict(parse_scontrol_nodes(plain)[0].gpus_used) == {"a100": 7}
+    idle = "NodeName=n1 Gres=gpu:a100:8 State=IDLE AllocTRES= Reason=x y [slurm@now] Extra=z"
+    (node,) = parse_scontrol_nodes(idle)
+    assert (dict(node.gpus_used), node.reason) == ({}, "x y")
+
+
+def test_parse_rest_nodes_of_22_05():
+    node1, node2 = parse_rest_nodes(REST_NODES_22_05)
+    assert (node1.state, dict(node1.gpus_used), node1.reason) == ("mixed", {"a100": 7}, "")
+    assert (node2.state, dict(node2.gpus_used), node2.reason) == (
+        "mixed+drain",
+        {"a100": 1},
+        "bad DIMM",
+    )
+    idle = {"nodes": [{"name": "n", "state": "idle", "gres": "gpu:a100:8", "tres_used": None}]}
+    assert dict(parse_rest_nodes(idle)[0].gpus_used) == {}
+
+
+def test_gpus_jobs_hold_per_node_and_which_jobs_are_gantrys():
+    outside, gantry = parse_squeue_gpus(SQUEUE_GPUS_22_05)
+    assert (outside.job_id, outside.name, outside.comment, outside.state) == (
+        "8",
+        "outside",
+        "",
+        "RUNNING",
+    )
+    assert (outside.nodes, dict(outside.gpus_per_node)) == (("gpu-node1",), {"a100": 6})
+    assert gantry.nodes == ("gpu-node1", "gpu-node2")
+    assert gantry_gpus_by_node([outside, gantry]) == {
+        "gpu-node1": {"a100": 1},
+        "gpu-node2": {"a100": 1},
+    }
+    assert gantry_gpus_by_node(parse_squeue_json(REST_JOBS_22_05)) == {
+        "gpu-node1": {"a100": 1},
+        "gpu-node2": {"a100": 1},
+    }
+    # A job named like an attempt but carrying another comment is not Gantry's; nor is a
+    # pending one (it holds nothing yet).
+    posing = SQUEUE_GPUS_22_05.replace("gantry-a99|gantry-a99", "gantry-a99|mine")
+    assert gantry_gpus_by_node(parse_squeue_gpus(posing)) == {}
+    assert gpus_per_node_of("gres/gpu:h100=4") == {"h100": 4}  # 23.02's spelling
+    assert gpus_per_node_of("gres:gpu:2") == {"": 2}
+
+
+@pytest.mark.parametrize(
+    ("state", "condition"),
+    [
+        ("idle", ""),
+        ("mixed", ""),
+        ("allocated", ""),
+        ("idle+planned", ""),
+        ("idle+powered_down", ""),
+        ("mixed+completing", ""),
+        ("idle+cloud", ""),
+        ("idle+drain", "drained"),
+        ("down+drain", "drained"),
+        ("mixed+drain", "draining"),
+        ("idle+drain+completing", "draining"),
+        ("down", "down"),
+        ("down+not_responding", "down"),
+        ("down*", "down"),
+        ("idle+not_responding", "not responding"),
+        ("idle*", "not responding"),
+        ("allocated+fail", "failing"),
+        ("idle+maintenance", "in maintenance"),
+        ("idle+reserved", "reserved"),
+        ("idle+reboot_requested", "rebooting"),
+        ("idle+powering_down", "powering down"),
+        ("idle+invalid_reg", "invalid"),
+        ("future", "future"),
+        ("unknown", "unknown"),
+        ("error", "error"),
+    ],
+)
+def test_node_condition_in_slurms_words(state, condition):
+    assert node_condition(state) == condition
+
+
+def test_inventory_of_22_05_through_cli_and_rest():
+    cli = node_inventory(
+        parse_scontrol_nodes(SCONTROL_22_05),
+        slurm_settings(),
+        jobs=parse_squeue_gpus(SQUEUE_GPUS_22_05),
+        topology=TOPOLOGY_22_05,
+    )
+    assert cli.nodes == NODES_22_05
+    assert (cli.levels, cli.problems) == (("spine", "leaf"), ())
+    rest_settings = {
+        "transport": "rest",
+        "rest_url": "http://h:6820",
+        "rest_user": "gantry",
+        "rest_token_env": "T",
+    }
+    rest = node_inventory(
+        parse_rest_nodes(REST_NODES_22_05),
+        slurm_settings(**rest_settings),
+        jobs=parse_squeue_json(REST_JOBS_22_05),
+        topology=None,  # slurmrestd v0.0.38 cannot tell
+    )
+    assert rest.nodes == tuple(replace(node, path=()) for node in NODES_22_05)
+    assert (rest.levels, rest.problems) == ((), (UNKNOWN_TOPOLOGY,))
+    # The operator's copy of topology.conf gives REST the same paths and levels.
+    conf = [
+        "# topology.conf",
+        "SwitchName=leaf1 Nodes=gpu-node1",
+        "SwitchName=leaf2 Nodes=gpu-node2",
+        "SwitchName=spine Switches=leaf[1-2]",
+    ]
+    settings = slurm_settings(**rest_settings, topology=conf)
+    assert settings.topology is not None
+    copied = node_inventory(
+        parse_rest_nodes(REST_NODES_22_05),
+        settings,
+        jobs=parse_squeue_json(REST_JOBS_22_05),
+        topology="\n".join(settings.topology),
+    )
+    assert (copied.nodes, copied.levels, copied.problems) == (NODES_22_05, ("spine", "leaf"), ())
+
+
+def test_topology_level_names_from_settings_or_the_trees_depth():
+    nodes = parse_scontrol_nodes(SCONTROL_22_05)
+    named = node_inventory(
+        nodes, slurm_settings(topology_levels=["pod", "tor"]), topology=TOPOLOGY_22_05
+    )
+    assert (named.levels, named.problems) == (("pod", "tor"), ())
+    wrong = node_inventory(nodes, slurm_settings(topology_levels=["leaf"]), topology=TOPOLOGY_22_05)
+    assert wrong.levels == ("spine", "leaf")
+    assert wrong.problems == (
+        "setting 'topology_levels' names 1 level (leaf), but the switch tree has 2 "
+        "(spine, leaf): using spine, leaf",
+    )
+    none = node_inventory(nodes, slurm_settings(topology_levels=["spine", "leaf"]), topology="")
+    assert (none.levels, [n.path for n in none.nodes]) == ((), [(), ()])
+    assert none.problems == (
+        "setting 'topology_levels' names 2 levels, but Slurm reports no switch tree "
+        "(TopologyPlugin=topology/tree with a topology.conf)",
+    )
+    assert derived_level_names(5) == ("level-4", "level-3", "core", "spine", "leaf")
+    assert derived_level_names(0) == ()
+
+
+def test_topology_of_uneven_depth_keeps_every_path_one_switch_per_level():
+    switches, problems = parse_topology(
+        "SwitchName=core Switches=spineA,spineB\n"
+        "SwitchName=spineA Switches=leafA1,leafA2\n"
+        "SwitchName=spineB Switches=leafB1 Nodes=n5\n"  # n5 hangs off the spine itself
+        "SwitchName=leafA1 Nodes=n[1-2]\n"
+        "SwitchName=leafA2 Nodes=n[3-4]\n"
+        "SwitchName=leafB1 Nodes=n8\n"
+        "SwitchName=lone Nodes=n6\n"  # under no core: its own top
+    )
+    assert problems == []
+    assert {name: switch.level for name, switch in switches.items()} == {
+        "core": 2,
+        "spineA": 1,
+        "spineB": 1,
+        "leafA1": 0,
+        "leafA2": 0,
+        "leafB1": 0,
+        "lone": 0,
+    }
+    assert switches["core"].nodes == frozenset({"n1", "n2", "n3", "n4", "n5", "n8"})
+    paths, depth, problems = topology_paths(switches, ["n1", "n3", "n5", "n6", "n7"])
+    assert depth == 3
+    assert paths == {
+        "n1": ("core", "spineA", "leafA1"),
+        "n3": ("core", "spineA", "leafA2"),
+        "n5": ("core", "spineB", "spineB"),
+        "n6": ("lone", "lone", "lone"),
+        "n7": (),
+    }
+    assert problems == [
+        "topology: node n7 is under no switch (topology.conf)",
+        "topology: no switch joins the top switches core, lone: Slurm's topology/tree runs "
+        "no job across them",
+    ]
+
+
+def test_a_broken_topology_is_a_problem_not_an_error():
+    switches, problems = parse_topology(
+        "SwitchName=a Switches=b,ghost\nSwitchName=b Switches=a Nodes=n1\nNodes=n2\n"
+    )
+    assert switches == {}
+    assert problems == [
+        "topology: 'Nodes=n2' names no switch (SwitchName=)",
+        "topology: switch a names unknown switches ghost",
+        "topology: switches form a loop (a → b → a): topology ignored",
+    ]
+    inventory = node_inventory(
+        parse_scontrol_nodes(SCONTROL_22_05),
+        slurm_settings(),
+        topology="SwitchName=s Nodes=gpu-node[2-1]",
+    )
+    assert [node.path for node in inventory.nodes] == [(), ()]
+    assert inventory.problems == (
+        "topology: switch s: bad range '2-1' in host list 'gpu-node[2-1]'",
+    )
+
+
+def test_pending_status_is_slurms_reason_and_has_no_nodes():
+    pending = parse_squeue_json(REST_JOBS_22_05)[2]
+    status = job_status(pending)
+    assert (status.state, status.message, status.node_list) == (
+        "PENDING",
+        "ReqNodeNotAvail, UnavailableNodes:gpu-node2",
+        [],
+    )
+    fresh = SlurmJob(job_id="5", name="gantry-a5", state="PENDING", reason="None")
+    assert job_status(fresh).message == "PENDING"  # not yet looked at by the scheduler
+    booting = SlurmJob(
+        job_id="6", name="gantry-a6", state="CONFIGURING", reason="None", nodes=("gpu-node1",)
+    )
+    assert (job_status(booting).message, job_status(booting).node_list) == (
+        "CONFIGURING",
+        ["gpu-node1"],
+    )
 
 
 def test_quota_commands():

@@ -1,0 +1,288 @@
+"""The node map: every enabled cluster's GPU nodes by topology domain, what holds each GPU,
+and how fragmented each flavor's free GPUs are.
+
+GPUs are counted exactly as admission counts them (``jobs.admission.held_placements``): a
+node's GPUs less the load from outside Gantry and the GPUs Gantry's runs hold there; a node
+that takes no work (drained, cordoned, or not seen since its inventory went out of date)
+has none free. The map costs the same handful of queries whatever the number of nodes and
+runs.
+
+Who is named: platform admins see every run. Members of tenants (and finance) see the same
+map, with the runs of their own tenants named and linked and every other run reduced to
+"another tenant": the names of those runs are never read, so no template can show them.
+"""
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from django.utils import timezone
+
+from jobs import admission, placement
+from jobs.models import HOLDING_STATES, Cluster, Run
+from jobs.selectors.queue import cluster_nodes, held_runs
+from tenants.access import NotVisible, global_roles, is_platform_admin, tenant_roles
+from tenants.types import UserLike
+
+
+class Occupant(StrEnum):
+    RUN = "run"  # a run the user may see: named, linked to its page
+    OTHER_TENANT = "other"  # runs of tenants the user is not a member of: anonymised
+    OUTSIDE = "outside"  # jobs the cluster runs that Gantry did not submit
+    FREE = "free"  # free: admission may place a run here now
+    UNUSED = "unused"  # not in use, on a node that takes no work
+
+
+@dataclass(frozen=True, slots=True)
+class NamedRun:
+    id: int
+    name: str  # the experiment's
+    tenant: str  # the tenant's name
+    project: str
+    user: str
+    state: str
+    borrowed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GpuGroup:
+    """Consecutive GPUs of a node with one occupant; each GPU is drawn as a cell."""
+
+    occupant: Occupant
+    gpus: int
+    run: NamedRun | None = None  # for Occupant.RUN only
+
+    @property
+    def cells(self) -> range:
+        return range(self.gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    name: str
+    gpus: int
+    free: int
+    schedulable: bool
+    reason: str  # why it takes no work, in the backend's words
+    groups: tuple[GpuGroup, ...]
+    # GPUs held by Gantry's runs and used by outside jobs beyond what the node has: load
+    # from outside took GPUs a run was placed on before the backend started it.
+    overbooked: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DomainView:
+    """The nodes of one flavor in one topology domain: ``path`` widest first, () for none."""
+
+    path: tuple[tuple[str, str], ...]  # (level name, domain name) pairs
+    nodes: tuple[NodeView, ...]
+    free: int
+
+
+@dataclass(frozen=True, slots=True)
+class GangSize:
+    nodes: int
+    gpus_per_node: int
+
+
+@dataclass(frozen=True, slots=True)
+class FlavorView:
+    flavor: str
+    nodes: int
+    gpus: int
+    free: int
+    # The largest gang that could start now, per GPUs per node (largest first): how many
+    # nodes have that many GPUs free, anywhere in the cluster.
+    largest_gangs: tuple[GangSize, ...]
+    domains: tuple[DomainView, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    name: str
+    backend: str
+    levels: tuple[str, ...]
+    inventory_at: datetime | None
+    inventory_valid_until: datetime | None
+    stale: bool  # past inventory_valid_until: its nodes take no new work
+    inventory_error: str
+    problems: tuple[str, ...] | None  # None: not for this user (platform admins only)
+    flavors: tuple[FlavorView, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMap:
+    clusters: tuple[ClusterView, ...]
+    names_every_run: bool  # a platform admin: no run is anonymised
+
+
+def _natural(text: str) -> tuple[str | int, ...]:
+    """Sort key that puts node-9 before node-10."""
+    return tuple(
+        int(part) if index % 2 else part for index, part in enumerate(re.split(r"(\d+)", text))
+    )
+
+
+def gang_sizes(node_gpus: Iterable[int]) -> list[int]:
+    """The GPUs per node worth a figure: each node size present, and every power of two
+    below the largest (8-GPU nodes: 8, 4, 2, 1), largest first."""
+    sizes = {gpus for gpus in node_gpus if gpus > 0}
+    if not sizes:
+        return []
+    power = 1
+    while power < max(sizes):
+        sizes.add(power)
+        power *= 2
+    return sorted(sizes, reverse=True)
+
+
+def _named_runs(*, user: UserLike) -> dict[int, NamedRun]:
+    """The runs holding GPUs that ``user`` may see named: all for platform admins, else the
+    runs of the tenants the user is a member of (finance reads every run elsewhere, but the
+    map names only a member's own tenants)."""
+    runs = Run.objects.filter(state__in=HOLDING_STATES)
+    if not is_platform_admin(user):
+        runs = runs.filter(tenant_id__in=list(tenant_roles(user)))
+    return {
+        row["id"]: NamedRun(
+            id=row["id"],
+            name=row["experiment__name"],
+            tenant=row["tenant__name"],
+            project=row["experiment__project__name"],
+            user=row["submitted_by__username"],
+            state=row["state"],
+            borrowed=row["borrowed"],
+        )
+        for row in runs.values(
+            "id",
+            "experiment__name",
+            "tenant__name",
+            "experiment__project__name",
+            "submitted_by__username",
+            "state",
+            "borrowed",
+        )
+    }
+
+
+def _node_view(
+    node: admission.ClusterNode, held: list[tuple[int, int]], named: Mapping[int, NamedRun]
+) -> NodeView:
+    groups = []
+    hidden = 0
+    for run_id, gpus in sorted(held):
+        run = named.get(run_id)
+        if run is None:
+            hidden += gpus
+        else:
+            groups.append(GpuGroup(Occupant.RUN, gpus, run))
+    if hidden:
+        groups.append(GpuGroup(Occupant.OTHER_TENANT, hidden))
+    holding = sum(gpus for _, gpus in held)
+    outside = min(node.outside, max(0, node.gpus - holding))
+    if outside:
+        groups.append(GpuGroup(Occupant.OUTSIDE, outside))
+    rest = max(0, node.gpus - holding - outside)
+    if rest:
+        groups.append(GpuGroup(Occupant.FREE if node.schedulable else Occupant.UNUSED, rest))
+    return NodeView(
+        name=node.name,
+        gpus=node.gpus,
+        free=rest if node.schedulable else 0,
+        schedulable=node.schedulable,
+        reason=node.reason,
+        groups=tuple(groups),
+        overbooked=max(0, holding + node.outside - node.gpus),
+    )
+
+
+def _flavor_view(
+    flavor: str,
+    nodes: list[NodeView],
+    paths: Mapping[str, tuple[str, ...]],
+    levels: tuple[str, ...],
+) -> FlavorView:
+    by_path: dict[tuple[str, ...], list[NodeView]] = defaultdict(list)
+    for node in nodes:
+        by_path[paths[node.name]].append(node)
+    domains = tuple(
+        DomainView(
+            path=tuple(
+                (placement.level_name(levels, depth), name)
+                for depth, name in enumerate(path, start=1)
+            ),
+            nodes=tuple(sorted(members, key=lambda n: _natural(n.name))),
+            free=sum(node.free for node in members),
+        )
+        for path, members in sorted(
+            by_path.items(), key=lambda item: [_natural(p) for p in item[0]]
+        )
+    )
+    free_nodes = [
+        placement.Node(node.name, node.gpus, node.free, node.schedulable) for node in nodes
+    ]
+    return FlavorView(
+        flavor=flavor,
+        nodes=len(nodes),
+        gpus=sum(node.gpus for node in nodes),
+        free=sum(node.free for node in nodes),
+        largest_gangs=tuple(
+            GangSize(placement.largest_gang(free_nodes, gpus_per_node), gpus_per_node)
+            for gpus_per_node in gang_sizes(node.gpus for node in nodes)
+        ),
+        domains=domains,
+    )
+
+
+def cluster_node_map(*, user: UserLike, now: datetime | None = None) -> NodeMap:
+    """The node map of every enabled cluster, as ``user`` may see it. Raises NotVisible
+    (404 at the edge) for a user with neither a tenant nor a global role."""
+    if not global_roles(user) and not tenant_roles(user):
+        raise NotVisible("No such page")
+    now = now or timezone.now()
+    clusters = {cluster.name: cluster for cluster in Cluster.objects.filter(enabled=True)}
+    nodes = cluster_nodes(now=now)
+    levels = {name: tuple(cluster.topology_levels) for name, cluster in clusters.items()}
+    held = held_runs()
+    snapshot = admission.Snapshot(
+        queued=(), held=held, nodes=tuple(nodes), quotas={}, levels=levels
+    )
+    held_on: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+    cluster_of = {run.id: run.cluster for run in held}
+    for run_id, on in admission.held_placements(snapshot).items():
+        for node_name, gpus in on.items():
+            if gpus > 0:
+                held_on[(cluster_of[run_id], node_name)].append((run_id, gpus))
+    named = _named_runs(user=user)
+    admin = is_platform_admin(user)
+
+    pools: dict[tuple[str, str], list[NodeView]] = defaultdict(list)
+    paths: dict[str, dict[str, tuple[str, ...]]] = defaultdict(dict)
+    for node in nodes:
+        view = _node_view(node, held_on.get((node.cluster, node.name), []), named)
+        pools[(node.cluster, node.flavor)].append(view)
+        paths[node.cluster][node.name] = node.path
+    views = []
+    for name, cluster in sorted(clusters.items()):
+        valid_until = cluster.inventory_valid_until
+        views.append(
+            ClusterView(
+                name=name,
+                backend=Cluster.Backend(cluster.backend).label,
+                levels=levels[name],
+                inventory_at=cluster.inventory_at,
+                inventory_valid_until=valid_until,
+                stale=valid_until is not None and valid_until < now,
+                inventory_error=cluster.inventory_error,
+                problems=tuple(cluster.inventory_problems) if admin else None,
+                flavors=tuple(
+                    _flavor_view(flavor, pool, paths[name], levels[name])
+                    for (cluster_name, flavor), pool in sorted(pools.items())
+                    if cluster_name == name
+                ),
+            )
+        )
+    return NodeMap(clusters=tuple(views), names_every_run=admin)
