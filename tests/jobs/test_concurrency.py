@@ -27,9 +27,14 @@ SUBMITTERS = 50
 ADMITTERS = 3
 WAVES, WAVE_S = 10, 0.03  # submitters start in 10 waves of 5, 30 ms apart
 
-pytestmark = pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="needs PostgreSQL's advisory locks"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        connection.vendor != "postgresql", reason="needs PostgreSQL's advisory locks"
+    ),
+    # Each test here holds about SUBMITTERS + ADMITTERS connections at once: two of them in
+    # two pytest-xdist workers together exceed PostgreSQL's default max_connections (100).
+    pytest.mark.xdist_group("many-db-connections"),
+]
 
 
 @dataclass
