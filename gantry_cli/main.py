@@ -131,8 +131,23 @@ def _wait_details(run: dict[str, Any]) -> str:
     return "; ".join(details)
 
 
+def _start_estimate(run: dict[str, Any]) -> str:
+    """When a queued run should start, in local time, or why there is no estimate."""
+    if run["state"] != "QUEUED":
+        return ""
+    latest, expected = run.get("start_latest_at"), run.get("start_expected_at")
+    if latest:
+        text = f"starts about {when(expected or latest)}"
+        if expected and expected != latest:
+            text += f", by {when(latest)} at the latest"
+        return text
+    if run.get("start_note"):
+        return f"no start estimate: {run['start_note']}"
+    return ""
+
+
 def _run_status(run: dict[str, Any]) -> str:
-    details = _wait_details(run)
+    details = "; ".join(part for part in (_wait_details(run), _start_estimate(run)) if part)
     return f"run {run['id']} {run['state']}" + (f" ({details})" if details else "")
 
 
@@ -299,6 +314,7 @@ def cmd_show(ctx: Context) -> int:
             ("Tenant", f"{run['tenant']} / {run['project']}"),
             ("State", run["state"]),
             ("Waiting", _wait_details(run)),
+            ("Starts", _start_estimate(run)),
             ("Failure", run["failure_reason"]),
             ("Resources", f"{run['gpus']} x {run['flavor']}"),
             ("Cluster", run["cluster"]),

@@ -625,7 +625,9 @@ class _State:
         )
 
 
-def decide(snapshot: Snapshot) -> Decisions:
+def decide(snapshot: Snapshot, *, explain: bool = True) -> Decisions:
+    """The cycle's decisions. ``explain=False`` leaves the waiting runs' messages empty:
+    what a forward simulation (``jobs.estimates``) asks, many times over."""
     state = _State(snapshot)
     order = sorted(snapshot.queued, key=queue_order)
     queues: dict[tuple[str, str], list[QueuedRun]] = defaultdict(list)
@@ -811,7 +813,9 @@ def decide(snapshot: Snapshot) -> Decisions:
             f"{run.tenant}, which is first in line for {run.flavor} (priority, then "
             "submission order)",
         )
-        if callable(message):
+        if not explain:
+            message = ""
+        elif callable(message):
             message = message()
         waiting.append(Waiting(run.id, reason, message, positions[run.flavor]))
     return Decisions(

@@ -141,6 +141,15 @@ class Experiment(models.Model):
     cloned_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="clones"
     )
+    # The template it was submitted from, if any: how long that template's runs take
+    # predicts how long this one's will (jobs.selectors.estimates).
+    template = models.ForeignKey(
+        "ExperimentTemplate",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="experiments",
+    )
     gantry_version = models.CharField(max_length=32)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -241,6 +250,18 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # When a queued run should start (jobs.estimates, refreshed by jobs.tasks.estimate_starts
+    # at a bounded cadence, never per request): by ``start_latest_at`` if every run ahead
+    # uses its whole max runtime, about ``start_expected_at`` by how long such runs really
+    # take. No number, and ``start_note`` says why, where no bound exists.
+    start_latest_at = models.DateTimeField(null=True, blank=True)
+    start_expected_at = models.DateTimeField(null=True, blank=True)
+    start_note = models.CharField(max_length=300, blank=True)
+    # Where it should start and the runs whose end frees those nodes (ids, shown to a viewer
+    # only as far as they may see them).
+    start_nodes = models.JSONField(default=list, blank=True)
+    start_behind = models.JSONField(default=list, blank=True)
+    start_estimated_at = models.DateTimeField(null=True, blank=True)
     # The one-time key of the form that queued the run: the same form sent twice (a double
     # click, the back button, a replayed POST) finds this run instead of queueing another.
     submission_key = models.UUIDField(null=True, blank=True, editable=False)
@@ -513,3 +534,17 @@ class ExperimentTemplate(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant.slug if self.tenant is not None else 'global'}/{self.name}"
+
+
+class StartForecast(models.Model):
+    """The latest forward simulation of one flavor's queue (jobs.estimates.Forecast as
+    JSON), kept so the submit preview can tell when a run not yet submitted would start
+    without simulating again. One row per flavor, replaced by each refresh."""
+
+    flavor = models.OneToOneField(GpuFlavor, on_delete=models.CASCADE, related_name="+")
+    computed_at = models.DateTimeField()
+    latest = models.JSONField()  # with the max runtimes
+    expected = models.JSONField()  # with the durations predicted from history
+
+    def __str__(self) -> str:
+        return f"start forecast for {self.flavor_id} at {self.computed_at:%Y-%m-%d %H:%M}"

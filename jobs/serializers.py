@@ -152,6 +152,10 @@ class RunSerializer(serializers.ModelSerializer):
             "wait_reason",
             "wait_message",
             "queue_position",
+            "start_expected_at",
+            "start_latest_at",
+            "start_note",
+            "start_estimated_at",
             "cluster",
             "borrowed",
             "failure_reason",
@@ -163,6 +167,27 @@ class RunSerializer(serializers.ModelSerializer):
             "cancel_requested_at",
         ]
         read_only_fields = fields
+        extra_kwargs = {
+            "start_expected_at": {
+                "help_text": "When a queued run should start, by how long runs like the ones "
+                "ahead really take; null when there is no estimate (see start_note)."
+            },
+            "start_latest_at": {
+                "help_text": "When a queued run starts at the latest if every run ahead uses "
+                "its whole max runtime and no other work is let in first."
+            },
+            "start_note": {"help_text": "Why a queued run has no start estimate."},
+            "start_estimated_at": {"help_text": "When the estimates were computed."},
+        }
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        if instance.state != RunState.QUEUED:  # estimates are for waiting runs only
+            data |= dict.fromkeys(
+                ("start_expected_at", "start_latest_at", "start_estimated_at"), None
+            )
+            data["start_note"] = ""
+        return data
 
 
 class AttemptSerializer(serializers.ModelSerializer):

@@ -9,6 +9,7 @@ from jobs.backends import BackendError, TransientBackendError
 from jobs.models import Cluster
 from jobs.services import backend_submit, backend_sync, budgets
 from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.estimates import estimates_refresh
 
 logger = logging.getLogger(__name__)
 
@@ -18,6 +19,18 @@ def admission_cycle() -> None:
     summary = admission_run_cycle()
     if summary is not None and summary.admitted:
         logger.info("admission: %d admitted, %d waiting", summary.admitted, summary.waiting)
+
+
+@shared_task
+def estimate_starts() -> None:
+    summary = estimates_refresh()
+    if summary is not None:
+        logger.info(
+            "estimates: %d queued, %d with a bound, %d changed",
+            summary.queued,
+            summary.with_bound,
+            summary.changed,
+        )
 
 
 @shared_task(

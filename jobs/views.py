@@ -20,6 +20,7 @@ from django.http import Http404, HttpRequest, HttpResponse, QueryDict, Streaming
 from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -47,6 +48,7 @@ from jobs.forms import (
 from jobs.models import Cluster, RunState
 from jobs.reproducibility import experiment_diff, runtime_rows
 from jobs.selectors import logs
+from jobs.selectors.estimates import run_start_estimate
 from jobs.selectors.experiments import (
     experiment_attempts,
     experiment_get_viewable,
@@ -329,9 +331,12 @@ def run_preview(request: HttpRequest) -> HttpResponse:
 
 
 def _status_context(request: HttpRequest, run) -> dict:
+    estimate = run_start_estimate(run=run)
     return {
         "RunState": RunState,
         "run": run,
+        "start_estimate": estimate,
+        "start_summary": estimate.summary(now=timezone.now()) if estimate else "",
         "events": run_events(run=run),
         "attempts": run_attempts(run=run),
         "can_cancel": not run.is_terminal and run_can_cancel(user=request.user, run=run),

@@ -45,6 +45,7 @@ from jobs.models import (
 )
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_sync import cluster_refresh_inventory
+from jobs.services.estimates import estimates_refresh
 from jobs.services.submission import ExperimentInput, run_submit
 from jobs.services.usage import usage_record_attempt
 from jobs.simulation import STARTUP_S, Workload
@@ -295,6 +296,8 @@ def demo_seed(*, speedup: int = 30) -> None:
     # shows who runs, who borrows and who waits, and why. (Their backend submits are queued
     # for the worker when the seed commits.)
     admission_run_cycle(now=timezone.now())  # after the live runs' submits
+    # And the first start estimates, so waiting runs say when they should start at once.
+    estimates_refresh(now=timezone.now())
 
 
 def _oldest_submit() -> datetime:

@@ -273,10 +273,19 @@ GANTRY_TELEMETRY_INTERVAL_S = env_int("GANTRY_TELEMETRY_INTERVAL_S", default=30)
 # Raw telemetry bodies are kept this long after they are rolled up into minutes, so a
 # window can be rolled up again; the minutes themselves are kept for good.
 GANTRY_TELEMETRY_RAW_RETENTION_H = env_int("GANTRY_TELEMETRY_RAW_RETENTION_H", default=48)
+# Start estimates (jobs.estimates): refreshed this often by a task of their own, looking this
+# far ahead in at most this many simulated admission cycles.
+GANTRY_ESTIMATE_INTERVAL_S = env_int("GANTRY_ESTIMATE_INTERVAL_S", default=60)
+GANTRY_ESTIMATE_HORIZON_H = env_int("GANTRY_ESTIMATE_HORIZON_H", default=7 * 24)
+GANTRY_ESTIMATE_MAX_STEPS = env_int("GANTRY_ESTIMATE_MAX_STEPS", default=200)
 CELERY_BEAT_SCHEDULE = {
     "admission-cycle": {
         "task": "jobs.tasks.admission_cycle",
         "schedule": float(GANTRY_ADMISSION_INTERVAL_S),
+    },
+    "start-estimates": {
+        "task": "jobs.tasks.estimate_starts",
+        "schedule": float(GANTRY_ESTIMATE_INTERVAL_S),
     },
     "sync-clusters": {
         "task": "jobs.tasks.sync_all_clusters",

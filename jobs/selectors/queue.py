@@ -26,6 +26,7 @@ from jobs.models import (
     TenantMonthUsage,
     TopologyMode,
 )
+from jobs.selectors.estimates import start_preview
 from tenants.access import tenant_list_submittable
 from tenants.models import GpuFlavor, Quota
 from tenants.types import UserLike
@@ -304,6 +305,7 @@ class AdmissionPreview:
     budget_mode: str
     verdict: str  # "start", "borrow" or "wait"
     message: str
+    start: str = ""  # when it would start, from the last start forecast, if it would wait
 
     @property
     def borrowable(self) -> int:
@@ -354,6 +356,7 @@ def admission_preview(
     in_use = sum(r.gpus for r in snapshot.held if (r.tenant, r.flavor) == key)
     idle = admission.free_gpus(snapshot).get(flavor, 0)
     admit = next((a for a in decisions.admitted if a.run_id == -1), None)
+    start = ""
     if admit is not None:
         verdict = "borrow" if admit.borrowed else "start"
         where = f"{admit.cluster} ({', '.join(admit.nodes)})"
@@ -368,6 +371,9 @@ def admission_preview(
         wait = next(w for w in decisions.waiting if w.run_id == -1)
         verdict = "wait"
         message = f"Would wait: {wait.message} (position {wait.position})"
+        preview = start_preview(probe=probe, snapshot=snapshot)
+        if preview is not None:
+            start = preview.summary(now=now)
     return AdmissionPreview(
         tenant=tenant,
         flavor=flavor,
@@ -381,4 +387,5 @@ def admission_preview(
         budget_mode="hard" if quota.budget_hard else "soft",
         verdict=verdict,
         message=message,
+        start=start,
     )

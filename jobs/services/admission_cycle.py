@@ -1,6 +1,7 @@
 """The admission cycle: snapshot, pure decision, apply it, one admitter at a time."""
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Count
@@ -20,6 +21,15 @@ from jobs.services.lifecycle import run_preempt, run_transition
 from jobs.services.usage import fair_share_update
 
 ADMISSION_LOCK_KEY = 0x67616E747279  # "gantry"
+# An admitted run has started waiting for nothing: its estimate goes with the wait.
+NO_START_ESTIMATE: dict[str, Any] = {
+    "start_latest_at": None,
+    "start_expected_at": None,
+    "start_note": "",
+    "start_nodes": [],
+    "start_behind": [],
+    "start_estimated_at": None,
+}
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,7 @@ def admission_run_cycle(*, now=None) -> AdmissionSummary | None:
                 f"Placed on {cluster.name} ({', '.join(decision.nodes)}); being submitted"
             )[:500],
             queue_position=None,
+            **NO_START_ESTIMATE,
         )
         if claimed:
             new_attempts.append(

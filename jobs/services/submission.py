@@ -25,6 +25,7 @@ from jobs.models import (
     MAX_COMMAND_BYTES,
     MAX_PARAMS_BYTES,
     Experiment,
+    ExperimentTemplate,
     Run,
     RunEvent,
     RunState,
@@ -350,20 +351,36 @@ def _submit_once(*, user: UserLike, submission_key: UUID | None, create: Callabl
         return earlier
 
 
-def run_submit(*, user: UserLike, data: ExperimentInput, submission_key: UUID | None = None) -> Run:
+def run_submit(
+    *,
+    user: UserLike,
+    data: ExperimentInput,
+    submission_key: UUID | None = None,
+    template: ExperimentTemplate | None = None,
+) -> Run:
     """Record the experiment and queue a run of it; admission picks it up after commit.
 
     With a ``submission_key`` (the submit form's one-time key) a repeated request returns
-    the run the first one queued and records nothing new.
+    the run the first one queued and records nothing new. ``template``: the template the
+    values came from (``template_submit``), kept with the experiment (its runs' history
+    predicts how long the next ones take).
     """
     return _submit_once(
         user=user,
         submission_key=submission_key,
-        create=lambda: _run_submit_new(user=user, data=data, submission_key=submission_key),
+        create=lambda: _run_submit_new(
+            user=user, data=data, submission_key=submission_key, template=template
+        ),
     )
 
 
-def _run_submit_new(*, user: UserLike, data: ExperimentInput, submission_key: UUID | None) -> Run:
+def _run_submit_new(
+    *,
+    user: UserLike,
+    data: ExperimentInput,
+    submission_key: UUID | None,
+    template: ExperimentTemplate | None,
+) -> Run:
     resolved = experiment_validate(user=user, data=data)
     image = resolved["image"]
     experiment = Experiment.objects.create(
@@ -390,6 +407,7 @@ def _run_submit_new(*, user: UserLike, data: ExperimentInput, submission_key: UU
         topology_level=data.topology_level,
         topology_mode=data.topology_mode or TopologyMode.PREFERRED,
         cloned_from_id=resolved.get("cloned_from_id"),
+        template=template,
         gantry_version=GANTRY_VERSION,
     )
     return _run_create(experiment=experiment, user=user, submission_key=submission_key)
@@ -491,9 +509,20 @@ def _run_create(
     return run
 
 
-def run_submit_values(*, user: UserLike, values: dict, submission_key: UUID | None = None) -> Run:
+def run_submit_values(
+    *,
+    user: UserLike,
+    values: dict,
+    submission_key: UUID | None = None,
+    template: ExperimentTemplate | None = None,
+) -> Run:
     """run_submit with ExperimentInput values; its errors by dotted spec name."""
     try:
-        return run_submit(user=user, data=ExperimentInput(**values), submission_key=submission_key)
+        return run_submit(
+            user=user,
+            data=ExperimentInput(**values),
+            submission_key=submission_key,
+            template=template,
+        )
     except ValidationError as exc:
         raise ValidationError(spec.errors_to_spec(exc.message_dict)) from None

@@ -125,4 +125,6 @@ def template_submit(
     )
     if errors:
         raise ValidationError(errors)
-    return run_submit_values(user=user, values=merged, submission_key=submission_key)
+    return run_submit_values(
+        user=user, values=merged, submission_key=submission_key, template=template
+    )

@@ -1,0 +1,371 @@
+"""When will a queued run start? Admission simulated forward in time (pure: no ORM, no
+clock, no I/O).
+
+From a snapshot of the queue and the clusters, ``simulate`` replays the admission cycle
+(``jobs.admission.decide``, placement and reservations included) at each instant a held
+run ends, admitting what fits then, until every queued run has started, the horizon is
+reached or nothing more is known to end. What it assumes:
+
+- each held run frees its GPUs at ``ends[run]`` and each queued run holds its GPUs for
+  ``runtimes[run]`` once started: the maximum runtimes give the **latest** start, the
+  durations predicted from history (``jobs.selectors.estimates``) the **expected** one;
+- no other work arrives (a run with a higher priority, or one that fits where a waiting
+  run does not, can still go first: the figure says so);
+- what never ends by what is known (jobs from outside Gantry, a node that takes no work,
+  a run with no bound) keeps its GPUs: a run that waits on it gets no number but the reason.
+
+Ends close together are taken together: each step moves to the next end, rounded up to a
+grid that widens with the distance (``resolution`` of it, at least ``min_step_s``), so a
+long queue costs a bounded number of cycles (``max_steps``). Rounding up only makes a
+start later: fit for a bound.
+
+``steps`` records the clusters after each simulated cycle (free GPUs per node, GPUs in use
+per tenant and flavor), so the submit preview can say when a run not yet submitted would
+start without simulating again (``first_fit``).
+"""
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from jobs import admission, placement
+
+DAY_S = 86_400.0
+_NOTHING = admission.Decisions(admitted=(), preempted=(), waiting=())
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    run_id: int
+    at: float | None  # epoch seconds; None when no bound exists
+    cluster: str = ""
+    nodes: tuple[str, ...] = ()  # where it would be placed
+    behind: tuple[int, ...] = ()  # the runs whose end frees those nodes, by id
+    why: str = ""  # with no number: why not (phrased to follow "no estimate: ")
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The clusters after the decisions of one simulated cycle: what changed since the
+    previous step (the first step carries everything)."""
+
+    at: float
+    free: Mapping[str, int]  # "cluster/node" -> GPUs available to a newcomer
+    usage: Mapping[str, int]  # "tenant/flavor" -> GPUs held
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    starts: Mapping[int, Start]  # every queued run of the snapshot
+    steps: tuple[Step, ...]
+    until: float  # how far ahead it looked
+    # "tenant/flavor" -> when the last queued run of it starts (a newcomer waits behind it);
+    # None if one of them never does.
+    ready: Mapping[str, float | None]
+
+
+def simulate(
+    snapshot: admission.Snapshot,
+    *,
+    ends: Mapping[int, float | None],
+    runtimes: Mapping[int, float | None],
+    horizon_s: float = 7 * DAY_S,
+    max_steps: int = 200,
+    resolution: float = 0.02,
+    min_step_s: float = 60.0,
+) -> Forecast:
+    """Starts for every queued run of ``snapshot``. ``ends``: held run id -> when it frees
+    its GPUs (None: not known to end); ``runtimes``: queued run id -> seconds it holds them
+    once started (None: no bound). Missing ids count as None."""
+    now = snapshot.now
+    until = now + horizon_s
+    queued = {run.id: run for run in snapshot.queued}
+    originals = set(queued)
+    held = {run.id: run for run in snapshot.held}
+    end_at = {run.id: ends.get(run.id) for run in snapshot.held}
+    on_nodes = {
+        run_id: dict(nodes) for run_id, nodes in admission.held_placements(snapshot).items()
+    }
+    clusters_of = {run.id: run.cluster for run in snapshot.held}
+    free = {
+        f"{node.cluster}/{node.name}": max(0, node.gpus - node.outside) if node.schedulable else 0
+        for node in snapshot.nodes
+    }
+    for run_id, nodes in on_nodes.items():
+        for name, gpus in nodes.items():
+            key = f"{clusters_of[run_id]}/{name}"
+            if key in free:
+                free[key] = max(0, free[key] - gpus)
+    usage: dict[str, int] = defaultdict(int)
+    for run in snapshot.held:
+        usage[f"{run.tenant}/{run.flavor}"] += run.gpus
+
+    starts: dict[int, Start] = {}
+    steps: list[Step] = []
+    left_by: dict[str, int] = {}  # "cluster/node" -> the run that last left it
+    last_free: dict[str, int] = {}
+    last_usage: dict[str, int] = {}
+    at = now
+    stopped = "steps"  # why the simulation ended: "done", "horizon", "steps" or "stuck"
+    waits: dict[int, admission.Wait] = {}
+    for _ in range(max_steps):
+        # Once the queue is empty the steps go on, without decisions, as the held runs end:
+        # the preview places a newcomer on them (``first_fit``).
+        decisions = (
+            admission.decide(
+                replace(snapshot, queued=tuple(queued.values()), held=tuple(held.values()), now=at),
+                explain=False,
+            )
+            if queued
+            else _NOTHING
+        )
+        waits = {wait.run_id: wait.reason for wait in decisions.waiting}
+        for preempt in decisions.preempted:
+            victim = held.pop(preempt.run_id)
+            end_at.pop(victim.id, None)
+            _leave(victim, on_nodes.pop(victim.id, {}), free, usage, left_by, record=False)
+            # It goes back to the queue, as the real cycle sends it, and competes again.
+            count = max(1, len(victim.nodes))
+            queued[victim.id] = admission.QueuedRun(
+                id=victim.id, tenant=victim.tenant, flavor=victim.flavor, nodes=count,
+                gpus_per_node=max(1, victim.gpus // count), priority=victim.priority,
+                submitted=victim.admitted,
+            )  # fmt: skip
+        for admit in decisions.admitted:
+            entering = queued.pop(admit.run_id)
+            if entering.id in originals and entering.id not in starts:
+                keys = [f"{admit.cluster}/{name}" for name in admit.nodes]
+                behind = tuple(sorted({left_by[key] for key in keys if key in left_by}))
+                starts[entering.id] = Start(entering.id, at, admit.cluster, admit.nodes, behind)
+            held[entering.id] = admission.HeldRun(
+                id=entering.id,
+                tenant=entering.tenant,
+                flavor=entering.flavor,
+                cluster=admit.cluster,
+                gpus=entering.gpus,
+                priority=entering.priority,
+                admitted=at,
+                borrowed=admit.borrowed,
+                nodes=admit.nodes,
+            )
+            on_nodes[entering.id] = dict.fromkeys(admit.nodes, entering.gpus_per_node)
+            runtime = runtimes.get(entering.id)
+            end_at[entering.id] = at + runtime if runtime is not None else None
+            usage[f"{entering.tenant}/{entering.flavor}"] += entering.gpus
+            for name in admit.nodes:
+                key = f"{admit.cluster}/{name}"
+                free[key] = max(0, free[key] - entering.gpus_per_node)
+        steps.append(
+            Step(
+                at=at,
+                free={k: v for k, v in free.items() if last_free.get(k) != v},
+                usage={k: v for k, v in usage.items() if last_usage.get(k) != v},
+            )
+        )
+        last_free, last_usage = dict(free), dict(usage)
+        if not queued.keys() & originals:
+            stopped = "done"
+        future = [end for end in end_at.values() if end is not None]
+        if not future:
+            stopped = "done" if stopped == "done" else "stuck"
+            break
+        following = _on_grid(min(future), now=now, at=at, resolution=resolution,
+                             min_step_s=min_step_s)  # fmt: skip
+        if following > until:
+            stopped = "horizon"
+            break
+        ending = [run_id for run_id, end in end_at.items() if end is not None and end <= following]
+        for run_id in ending:
+            del end_at[run_id]
+            _leave(held.pop(run_id), on_nodes.pop(run_id, {}), free, usage, left_by, record=True)
+        at = following
+
+    unbounded = _no_bound_reasons(snapshot, end_at=end_at, held=held)
+    flavors = {node.flavor for node in snapshot.nodes}
+    for run_id in sorted(originals - starts.keys()):
+        left = queued[run_id]
+        if stopped == "horizon":
+            why = f"it does not start within the {horizon_s / 3600:,.0f} hours looked ahead"
+        elif stopped == "steps":
+            why = f"it does not start within the {(at - now) / 3600:,.0f} hours simulated"
+        elif left.flavor not in flavors:
+            why = f"no enabled cluster has {left.flavor} GPUs"
+        else:
+            why = (
+                _STUCK.get(waits.get(run_id))
+                or unbounded.get(left.flavor)
+                or "it cannot start while the clusters stay as they are"
+            )
+        starts[run_id] = Start(run_id, None, why=why)
+
+    ready: dict[str, float | None] = {}
+    for waiting in snapshot.queued:
+        key = f"{waiting.tenant}/{waiting.flavor}"
+        start = starts[waiting.id].at
+        if key in ready and ready[key] is None:
+            continue
+        ready[key] = None if start is None else max(start, ready.get(key) or start)
+    return Forecast(starts=starts, steps=tuple(steps), until=until, ready=ready)
+
+
+# Waits that no run ending can lift: said as they are rather than as a missing bound.
+_STUCK: dict[admission.Wait | None, str] = {
+    admission.Wait.NO_QUOTA: "the tenant has no quota for this flavor",
+    admission.Wait.TOO_LARGE: "it is larger than the tenant's quota allows per run",
+    admission.Wait.BUDGET_EXHAUSTED: (
+        "the tenant's hard GPU-hour budget for the month is spent; it starts when the budget "
+        "resets or is raised"
+    ),
+}
+
+
+def _on_grid(end: float, *, now: float, at: float, resolution: float, min_step_s: float) -> float:
+    """``end`` rounded up to the grid at its distance from ``now``; always after ``at``."""
+    grid = max(min_step_s, (end - now) * resolution)
+    if grid <= 0:  # no grid: every end is a step of its own
+        return max(end, at)
+    return max(now + math.ceil((end - now) / grid) * grid, at + min_step_s)
+
+
+def _leave(
+    run: admission.HeldRun,
+    nodes: Mapping[str, int],
+    free: dict[str, int],
+    usage: dict[str, int],
+    left_by: dict[str, int],
+    *,
+    record: bool,
+) -> None:
+    usage[f"{run.tenant}/{run.flavor}"] -= run.gpus
+    for name, gpus in nodes.items():
+        key = f"{run.cluster}/{name}"
+        if key in free:
+            free[key] += gpus
+            if record:
+                left_by[key] = run.id
+
+
+def _no_bound_reasons(
+    snapshot: admission.Snapshot,
+    *,
+    end_at: Mapping[int, float | None],
+    held: Mapping[int, admission.HeldRun],
+) -> dict[str, str]:
+    """flavor -> what keeps GPUs of it without a known end, in words."""
+    parts: dict[str, list[str]] = defaultdict(list)
+    outside: dict[str, list[str]] = defaultdict(list)
+    closed: dict[str, list[str]] = defaultdict(list)
+    for node in snapshot.nodes:
+        if not node.schedulable:
+            closed[node.flavor].append(f"{node.name} ({node.reason or 'takes no work'})")
+        elif node.outside:
+            outside[node.flavor].append(node.name)
+    for flavor, names in outside.items():
+        parts[flavor].append(
+            f"{_names(names)} {'is' if len(names) == 1 else 'are'} busy with jobs from outside "
+            "Gantry, whose end is unknown"
+        )
+    for flavor, names in closed.items():
+        parts[flavor].append(f"{_names(names)} take{'s' if len(names) == 1 else ''} no work")
+    unbounded: dict[str, int] = defaultdict(int)
+    for run_id, end in end_at.items():
+        if end is None and run_id in held:
+            unbounded[held[run_id].flavor] += 1
+    for flavor, count in unbounded.items():
+        parts[flavor].append(
+            f"{count} run{'s' if count > 1 else ''} ahead {'have' if count > 1 else 'has'} "
+            "no maximum runtime"
+        )
+    return {flavor: "no bound: " + "; ".join(texts) for flavor, texts in parts.items()}
+
+
+def _names(names: Sequence[str], shown: int = 3) -> str:
+    if len(names) <= shown:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} and {len(names) - shown} more"
+
+
+def first_fit(
+    forecast: Forecast,
+    *,
+    run: admission.QueuedRun,
+    quota: admission.Quota | None,
+    nodes: Sequence[admission.ClusterNode],
+    levels: Mapping[str, tuple[str, ...]],
+) -> Start:
+    """When a run submitted now, behind every run already queued, would start: the first
+    simulated cycle at which its tenant's earlier runs of the flavor have started, its
+    quota has room and a placement exists on what the runs ahead left free."""
+    if quota is None or quota.guaranteed + quota.borrow_limit == 0:
+        return Start(run.id, None, why=f"tenant {run.tenant} has no quota for {run.flavor}")
+    key = f"{run.tenant}/{run.flavor}"
+    if key in forecast.ready and forecast.ready[key] is None:
+        return Start(run.id, None, why="an earlier run of the tenant has no estimate")
+    not_before = forecast.ready.get(key) or -math.inf
+    pools: dict[str, list[admission.ClusterNode]] = defaultdict(list)
+    for node in nodes:
+        if node.flavor == run.flavor:
+            pools[node.cluster].append(node)
+    if not pools:
+        return Start(run.id, None, why=f"no enabled cluster has {run.flavor} GPUs")
+    free: dict[str, int] = {}
+    usage: dict[str, int] = {}
+    limit = quota.guaranteed + quota.borrow_limit
+    for step in forecast.steps:
+        free.update(step.free)
+        usage.update(step.usage)
+        if step.at < not_before or usage.get(key, 0) + run.gpus > limit:
+            continue
+        for cluster in sorted(pools):
+            cluster_levels = levels.get(cluster, ())
+            level = None
+            if run.topology_required and run.topology_level:
+                if run.topology_level not in cluster_levels:
+                    continue
+                level = cluster_levels.index(run.topology_level) + 1
+            view = [
+                placement.Node(node.name, node.gpus, free.get(f"{cluster}/{node.name}", 0),
+                               node.schedulable, node.path, node.reason)
+                for node in pools[cluster]
+            ]  # fmt: skip
+            where = placement.place(view, placement.Gang(run.nodes, run.gpus_per_node, level))
+            if where is not None:
+                return Start(run.id, step.at, cluster, where.nodes)
+    looked = (forecast.until - forecast.steps[0].at) / 3600 if forecast.steps else 0
+    return Start(run.id, None, why=f"it does not start within the {looked:,.0f} hours looked ahead")
+
+
+# How many finished runs a history needs before it predicts: one earlier run of the same
+# experiment or template says a lot; a tenant's runs of a size say less, so it takes three.
+HISTORY_MINIMUM = (1, 1, 3)
+
+
+def expected_runtime(histories: Sequence[Sequence[float]], *, max_runtime_s: float) -> float:
+    """How long a run should take: the median of the first history, most specific first
+    (the experiment's earlier runs, its template's, the tenant's of that flavor and size),
+    that has enough runs; else its max runtime. Never more than the max runtime, so an
+    outlier (a run that ran for 30 days) moves the median by one place, not the estimate."""
+    for minimum, durations in zip(HISTORY_MINIMUM, histories, strict=False):
+        if len(durations) >= minimum:
+            ordered = sorted(durations)
+            middle = len(ordered) // 2
+            median = (
+                ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+            )
+            return min(max_runtime_s, median)
+    return max_runtime_s
+
+
+def expected_end(
+    *, started: float | None, now: float, expected_s: float, latest_end: float
+) -> float:
+    """When a held run should free its GPUs: after its expected duration from its start
+    (from now if it has not started). One already past that is expected to end within a
+    tenth of the time it has left, never after its latest end."""
+    if started is None:
+        return min(latest_end, now + expected_s)
+    end = started + expected_s
+    if end <= now:
+        end = now + (latest_end - now) / 10
+    return min(latest_end, end)

@@ -1,0 +1,242 @@
+"""Start estimates end to end on PostgreSQL: the refresh task's service writes each queued
+run's latest and expected start from the held runs' max runtimes and from history; the run
+page, run list, submit preview, API and CLI show them; bad inputs give a reason, not a
+number (issue 19)."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import time_machine
+from django.test import Client
+from django.urls import reverse
+
+from gantry_cli.main import _run_status, _start_estimate
+from jobs.models import Attempt, AttemptState, Cluster, ClusterNode, Run, RunState, StartForecast
+from jobs.selectors.estimates import run_start_estimate
+from jobs.selectors.queue import admission_preview
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.estimates import estimates_refresh
+from jobs.services.submission import run_submit
+from tests.conftest import experiment_input
+
+T0 = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
+
+
+def submit(world, *, user=None, minutes=120, **overrides) -> Run:
+    user = user or world.researcher_a
+    return run_submit(
+        user=user,
+        data=experiment_input(world, gpus_per_node=8, max_runtime_minutes=minutes, **overrides),
+    )
+
+
+def running(run: Run, *, since: datetime) -> None:
+    """As the backend reports it: the run and its attempt run since ``since``."""
+    Run.objects.filter(pk=run.pk).update(state=RunState.RUNNING, started_at=since)
+    Attempt.objects.filter(run=run).update(state=AttemptState.RUNNING, started_at=since)
+
+
+def succeeded(run: Run, *, started: datetime, minutes: float) -> None:
+    Run.objects.filter(pk=run.pk).update(
+        state=RunState.SUCCEEDED,
+        started_at=started,
+        finished_at=started + timedelta(minutes=minutes),
+    )
+
+
+@pytest.fixture
+def full_cluster(world):
+    """sim-1's four A100 nodes, each held by a running 1x8 run since T0: vision's two of
+    experiment "resnet-baseline" (max 120 min; two earlier runs of it took 40 and 44 min),
+    nlp's two of "llm-pretrain" (max 60 min, no history). Both tenants use all 16 GPUs they
+    are guaranteed."""
+    with time_machine.travel(T0 - timedelta(days=1), tick=False):
+        earlier = submit(world)
+        succeeded(earlier, started=T0 - timedelta(days=1), minutes=40)
+        again = run_submit(
+            user=world.researcher_a,
+            data=experiment_input(world, gpus_per_node=8, max_runtime_minutes=120),
+        )
+        succeeded(again, started=T0 - timedelta(hours=20), minutes=44)
+    with time_machine.travel(T0, tick=False):
+        vision = [submit(world) for _ in range(2)]
+        nlp = [
+            submit(
+                world, user=world.researcher_b, minutes=60, tenant="nlp", project="llm",
+                name="llm-pretrain",
+            )
+            for _ in range(2)
+        ]  # fmt: skip
+        admission_run_cycle(now=T0)
+    for run in (*vision, *nlp):
+        running(run, since=T0)
+    return vision, nlp
+
+
+def node_of(run: Run) -> str:
+    return Attempt.objects.get(run=run).placement[0]
+
+
+@pytest.mark.django_db
+def test_refresh_writes_latest_and_expected_starts(world, full_cluster):
+    vision, nlp = full_cluster
+    with time_machine.travel(T0 + timedelta(minutes=1), tick=False):
+        mine = submit(world)  # vision's third: waits for one of vision's two
+        pair = submit(
+            world, user=world.researcher_b, minutes=60, tenant="nlp", project="llm",
+            name="llm-pretrain", nodes=2,
+        )  # fmt: skip
+        admission_run_cycle()
+        summary = estimates_refresh()
+    assert summary is not None
+    assert (summary.queued, summary.with_bound, summary.changed) == (2, 2, 2)
+
+    mine.refresh_from_db()
+    # At the latest when vision's runs use their 120 minutes; as expected, when they take
+    # what this experiment took before: the median of 40 and 44 minutes.
+    assert mine.start_latest_at == T0 + timedelta(minutes=120)
+    assert mine.start_expected_at == T0 + timedelta(minutes=42)
+    assert mine.start_note == ""
+    assert mine.start_estimated_at == T0 + timedelta(minutes=1)
+    first = min(vision, key=lambda run: node_of(run))
+    assert mine.start_nodes == ["sim-1", node_of(first)]
+    assert mine.start_behind == [first.pk]
+
+    pair.refresh_from_db()
+    # nlp's gang needs 16 GPUs, all nlp is guaranteed: it waits for nlp's runs, which have
+    # no history (expected = latest). By then vision's second run should have left its node
+    # too, so the gang takes the first two of those three nodes by name.
+    assert pair.start_latest_at == pair.start_expected_at == T0 + timedelta(minutes=60)
+    second = max(vision, key=lambda run: node_of(run))
+    by_node = {node_of(run): run.pk for run in (second, *nlp)}
+    chosen = sorted(by_node)[:2]
+    assert pair.start_nodes == ["sim-1", *chosen]
+    assert sorted(pair.start_behind) == sorted(by_node[name] for name in chosen)
+
+    # Nothing changed: nothing is written again.
+    with time_machine.travel(T0 + timedelta(minutes=1), tick=False):
+        assert estimates_refresh().changed == 0
+    assert StartForecast.objects.count() == 2  # one per flavor
+
+
+@pytest.mark.django_db
+def test_pages_api_and_cli_show_the_estimate_and_name_only_the_viewers_runs(world, full_cluster):
+    vision, nlp = full_cluster
+    with time_machine.travel(T0 + timedelta(minutes=1), tick=False):
+        mine = submit(world)
+        admission_run_cycle()
+        estimates_refresh()
+        first = min(vision, key=lambda run: node_of(run))
+        client = Client()
+        client.force_login(world.researcher_a)
+        page = client.get(reverse("jobs:run_detail", args=[mine.pk])).content.decode()
+        assert (
+            f"Should start at about 12:42, by 14:00 at the latest unless other work is let in "
+            f"first; behind run {first.pk}; {node_of(first)} on sim-1 should free up then"
+        ) in page
+        listing = client.get(reverse("jobs:run_list")).content.decode()
+        assert "Starts about 12:42, by 14:00 at the latest" in listing
+
+        api = client.get(reverse("api:run-detail", args=[mine.pk])).json()
+        assert api["start_latest_at"] == "2026-03-10T14:00:00Z"
+        assert api["start_expected_at"] == "2026-03-10T12:42:00Z"
+        assert api["start_note"] == ""
+        schema = client.get(reverse("api-schema")).content.decode()
+        assert "start_expected_at" in schema and "start_latest_at" in schema
+
+        # The CLI prints times in the local zone of the machine it runs on.
+        local = datetime.fromisoformat(api["start_expected_at"]).astimezone()
+        latest = datetime.fromisoformat(api["start_latest_at"]).astimezone()
+        expected_text = (
+            f"starts about {local:%Y-%m-%d %H:%M:%S}, by {latest:%Y-%m-%d %H:%M:%S} at the latest"
+        )
+        assert _start_estimate(api) == expected_text
+        assert _run_status(api).endswith(f"; {expected_text})")
+
+    # Runs of other tenants it waits behind are counted, never named (issue 21.3).
+    mine.refresh_from_db()
+    estimate = run_start_estimate(run=mine)
+    assert estimate is not None and estimate.behind == (first.pk,)
+    Run.objects.filter(pk=mine.pk).update(start_behind=[first.pk, nlp[0].pk])
+    mine.refresh_from_db()
+    estimate = run_start_estimate(run=mine)
+    assert (estimate.behind, estimate.behind_elsewhere) == ((first.pk,), 1)
+
+
+@pytest.mark.django_db
+def test_submit_preview_says_when_a_run_would_start(world, full_cluster):
+    with time_machine.travel(T0 + timedelta(minutes=1), tick=False):
+        estimates_refresh()
+        preview = admission_preview(
+            user=world.researcher_a, tenant="vision", flavor="a100-80gb", nodes=1, gpus_per_node=8
+        )
+        assert preview.verdict == "wait"
+        assert preview.start == "would start at about 12:42, by 14:00 at the latest"
+        client = Client()
+        client.force_login(world.researcher_a)
+        panel = client.get(
+            reverse("jobs:run_preview"),
+            {
+                "tenant": "vision", "project": "detection", "image": world.image.reference,
+                "command": "python train.py", "flavor": "a100-80gb", "nodes": 1,
+                "gpus_per_node": 8, "priority": 50, "max_runtime_minutes": 60,
+                "max_restarts": 0,
+            },
+        ).content.decode()  # fmt: skip
+        assert "Would start at about 12:42, by 14:00 at the latest." in panel
+
+
+@pytest.mark.django_db
+def test_a_stale_inventory_gives_a_reason_not_a_number(world, full_cluster):
+    with time_machine.travel(T0 + timedelta(minutes=1), tick=False):
+        mine = submit(world)
+        Cluster.objects.filter(pk=world.cluster.pk).update(
+            inventory_at=T0 - timedelta(minutes=5), inventory_valid_until=T0 - timedelta(minutes=4)
+        )
+        estimates_refresh()
+    mine.refresh_from_db()
+    nodes = sorted(ClusterNode.objects.filter(flavor=world.a100).values_list("name", flat=True))
+    assert (mine.start_latest_at, mine.start_expected_at) == (None, None)
+    assert (
+        mine.start_note
+        == (
+            f"no bound: {nodes[0]} (not seen by sim-1's inventory since 2026-03-10 11:55:00 UTC), "
+            f"{nodes[1]} (not seen by sim-1's inventory since 2026-03-10 11:55:00 UTC), "
+            f"{nodes[2]} (not seen by sim-1's inventory since 2026-03-10 11:55:00 UTC) and 1 more "
+            "take no work"
+        )[:300]
+    )
+
+
+@pytest.mark.django_db
+def test_a_vanished_cluster_and_a_hard_budget_give_reasons(world, full_cluster):
+    with time_machine.travel(T0 + timedelta(minutes=1), tick=False):
+        mine = submit(world)
+        h100 = submit(world, flavor="h100-80gb")  # starts: the H100 nodes are free
+        Cluster.objects.filter(pk=world.cluster.pk).update(enabled=False)
+        estimates_refresh()
+    mine.refresh_from_db()
+    h100.refresh_from_db()
+    assert mine.start_latest_at is None
+    assert mine.start_note == "no enabled cluster has a100-80gb GPUs"
+    assert h100.start_note == "no enabled cluster has h100-80gb GPUs"
+
+    client = Client()
+    client.force_login(world.researcher_a)
+    page = client.get(reverse("jobs:run_detail", args=[mine.pk]))
+    assert page.status_code == 200
+    assert "No start estimate: no enabled cluster has a100-80gb GPUs" in page.content.decode()
+
+
+@pytest.mark.django_db
+def test_an_admitted_run_drops_its_estimate(world, full_cluster):
+    vision, _ = full_cluster
+    with time_machine.travel(T0 + timedelta(minutes=1), tick=False):
+        mine = submit(world)
+        estimates_refresh()
+    Run.objects.filter(pk=vision[0].pk).update(state=RunState.SUCCEEDED)
+    with time_machine.travel(T0 + timedelta(minutes=2), tick=False):
+        admission_run_cycle()
+    mine.refresh_from_db()
+    assert mine.state == RunState.ADMITTED
+    assert (mine.start_latest_at, mine.start_expected_at, mine.start_behind) == (None, None, [])
