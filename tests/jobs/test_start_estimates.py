@@ -12,12 +12,14 @@ from django.urls import reverse
 
 from gantry_cli.main import _run_status, _start_estimate
 from jobs.models import Attempt, AttemptState, Cluster, ClusterNode, Run, RunState, StartForecast
-from jobs.selectors.estimates import run_start_estimate
-from jobs.selectors.queue import admission_preview
+from jobs.selectors.estimates import estimate_inputs, run_start_estimate
+from jobs.selectors.queue import admission_preview, admission_snapshot
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.estimates import estimates_refresh
 from jobs.services.submission import run_submit
+from jobs.services.templates import template_submit
 from tests.conftest import experiment_input
+from tests.jobs.test_templates import make_template
 
 T0 = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
 
@@ -240,3 +242,27 @@ def test_an_admitted_run_drops_its_estimate(world, full_cluster):
     mine.refresh_from_db()
     assert mine.state == RunState.ADMITTED
     assert (mine.start_latest_at, mine.start_expected_at, mine.start_behind) == (None, None, [])
+
+
+@pytest.mark.django_db
+def test_a_templates_runs_predict_a_new_experiment_of_it(world):
+    template = make_template(world)
+    values = {"tenant": "vision", "project": "detection", "max_runtime_minutes": 120}
+    with time_machine.travel(T0 - timedelta(hours=2), tick=False):
+        done = template_submit(
+            user=world.researcher_a, template=template, values={**values, "name": "sweep-1"}
+        )
+        succeeded(done, started=T0 - timedelta(hours=2), minutes=10)
+    with time_machine.travel(T0, tick=False):
+        waiting = template_submit(
+            user=world.researcher_a, template=template, values={**values, "name": "sweep-2"}
+        )
+        plain = submit(world, name="sweep-3")
+        snapshot, _ = admission_snapshot(now=T0)
+        inputs = estimate_inputs(snapshot=snapshot, now=T0)
+    assert waiting.experiment.template == template
+    assert plain.experiment.template is None
+    # sweep-2 has no runs of its own: its template's one run (10 minutes) predicts it;
+    # sweep-3 has no template and its tenant fewer than three runs of its size: max runtime.
+    assert inputs.expected_runtimes[waiting.pk] == 600.0
+    assert inputs.expected_runtimes[plain.pk] == inputs.max_runtimes[plain.pk] == 7200.0
