@@ -15,9 +15,10 @@ reached or nothing more is known to end. What it assumes:
   a run with no bound) keeps its GPUs: a run that waits on it gets no number but the reason.
 
 Ends close together are taken together: each step moves to the next end, rounded up to a
-grid that widens with the distance (``resolution`` of it, at least ``min_step_s``), so a
+clock-aligned grid that widens with the distance (``resolution`` of it, at least
+``min_step_s``, in round spacings: a minute, five, a quarter of an hour, …), so a
 long queue costs a bounded number of cycles (``max_steps``). Rounding up only makes a
-start later: fit for a bound.
+start later as a rule (not always: see docs/admission.md on anomalies).
 
 ``steps`` records the clusters after each simulated cycle (free GPUs per node, GPUs in use
 per tenant and flavor), so the submit preview can say when a run not yet submitted would
@@ -25,8 +26,9 @@ start without simulating again (``first_fit``).
 """
 
 import math
+from bisect import insort
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from jobs import admission, placement
@@ -72,7 +74,7 @@ def simulate(
     runtimes: Mapping[int, float | None],
     horizon_s: float = 7 * DAY_S,
     max_steps: int = 200,
-    resolution: float = 0.02,
+    resolution: float = 0.05,
     min_step_s: float = 60.0,
 ) -> Forecast:
     """Starts for every queued run of ``snapshot``. ``ends``: held run id -> when it frees
@@ -108,19 +110,34 @@ def simulate(
     last_usage: dict[str, int] = {}
     at = now
     stopped = "steps"  # why the simulation ended: "done", "horizon", "steps" or "stuck"
-    waits: dict[int, admission.Wait] = {}
+    waits: dict[tuple[str, str], admission.Wait] = {}  # (tenant, flavor) -> its head's wait
+    lines = _Lines(queued.values())
+    # Flavors whose GPUs changed hands since the last simulated cycle. Flavors share nothing
+    # in admission, and a cycle over a flavor where nothing changed decides nothing new (what
+    # could start started the cycle before; a run that began starving since only holds
+    # nodes back), so only these are decided again.
+    changed = {run.flavor for run in snapshot.queued}
     for _ in range(max_steps):
         # Once the queue is empty the steps go on, without decisions, as the held runs end:
         # the preview places a newcomer on them (``first_fit``).
-        decisions = (
-            admission.decide(
-                replace(snapshot, queued=tuple(queued.values()), held=tuple(held.values()), now=at),
+        decisions = _NOTHING
+        while lines and changed:
+            decisions = admission.decide(
+                replace(
+                    snapshot,
+                    queued=lines.front(changed),
+                    held=tuple(run for run in held.values() if run.flavor in changed),
+                    nodes=tuple(node for node in snapshot.nodes if node.flavor in changed),
+                    now=at,
+                ),
                 explain=False,
             )
-            if queued
-            else _NOTHING
-        )
-        waits = {wait.run_id: wait.reason for wait in decisions.waiting}
+            if not lines.deepen({admit.run_id for admit in decisions.admitted}):
+                break
+        for wait in decisions.waiting:
+            run = queued[wait.run_id]
+            if lines.is_head(run):
+                waits[(run.tenant, run.flavor)] = wait.reason
         for preempt in decisions.preempted:
             victim = held.pop(preempt.run_id)
             end_at.pop(victim.id, None)
@@ -132,8 +149,10 @@ def simulate(
                 gpus_per_node=max(1, victim.gpus // count), priority=victim.priority,
                 submitted=victim.admitted,
             )  # fmt: skip
+            lines.add(queued[victim.id])
         for admit in decisions.admitted:
             entering = queued.pop(admit.run_id)
+            lines.remove(entering)
             if entering.id in originals and entering.id not in starts:
                 keys = [f"{admit.cluster}/{name}" for name in admit.nodes]
                 behind = tuple(sorted({left_by[key] for key in keys if key in left_by}))
@@ -176,7 +195,9 @@ def simulate(
             stopped = "horizon"
             break
         ending = [run_id for run_id, end in end_at.items() if end is not None and end <= following]
+        changed = {queued[preempt.run_id].flavor for preempt in decisions.preempted}
         for run_id in ending:
+            changed.add(held[run_id].flavor)
             del end_at[run_id]
             _leave(held.pop(run_id), on_nodes.pop(run_id, {}), free, usage, left_by, record=True)
         at = following
@@ -193,7 +214,7 @@ def simulate(
             why = f"no enabled cluster has {left.flavor} GPUs"
         else:
             why = (
-                _STUCK.get(waits.get(run_id))
+                _STUCK.get(waits.get((left.tenant, left.flavor)))
                 or unbounded.get(left.flavor)
                 or "it cannot start while the clusters stay as they are"
             )
@@ -220,12 +241,71 @@ _STUCK: dict[admission.Wait | None, str] = {
 }
 
 
+class _Lines:
+    """The queued runs of each tenant and flavor, in line (priority, then FIFO). A cycle
+    admits a prefix of each line at most (a tenant's blocked run holds back its later ones),
+    so ``decide`` is given only each line's first few runs (``front``): the same decisions
+    as on the whole queue unless a whole front was admitted, in which case that line is
+    given more (``deepen``) and the cycle decided again. With a long queue it is what keeps
+    each simulated cycle cheap."""
+
+    FRONT = 2
+
+    def __init__(self, runs: Iterable[admission.QueuedRun]):
+        self.lines: dict[tuple[str, str], list[admission.QueuedRun]] = defaultdict(list)
+        for run in sorted(runs, key=admission.queue_order):
+            self.lines[(run.tenant, run.flavor)].append(run)
+        self.depth: dict[tuple[str, str], int] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.lines)
+
+    def add(self, run: admission.QueuedRun) -> None:
+        insort(self.lines[(run.tenant, run.flavor)], run, key=admission.queue_order)
+
+    def remove(self, run: admission.QueuedRun) -> None:
+        line = self.lines[(run.tenant, run.flavor)]
+        line.remove(run)
+        if not line:
+            del self.lines[(run.tenant, run.flavor)]
+
+    def is_head(self, run: admission.QueuedRun) -> bool:
+        return self.lines[(run.tenant, run.flavor)][0] is run
+
+    def front(self, flavors: set[str]) -> tuple[admission.QueuedRun, ...]:
+        return tuple(
+            run
+            for key, line in self.lines.items()
+            if key[1] in flavors
+            for run in line[: self.depth.get(key, self.FRONT)]
+        )
+
+    def deepen(self, admitted: set[int]) -> bool:
+        """Give more runs to each line whose whole front was admitted; whether any was."""
+        deeper = False
+        for key, line in self.lines.items():
+            depth = self.depth.get(key, self.FRONT)
+            if len(line) > depth and all(run.id in admitted for run in line[:depth]):
+                self.depth[key] = depth * 4
+                deeper = True
+        return deeper
+
+
+# Grid spacings, seconds: what the spacing at a distance is rounded down to, so steps fall
+# on times people read easily (14:00, 14:30) and ends in one cell share a step.
+_SPACINGS = (60, 120, 300, 600, 900, 1800, 3600, 7200, 10_800, 21_600, 43_200, 86_400)
+
+
 def _on_grid(end: float, *, now: float, at: float, resolution: float, min_step_s: float) -> float:
-    """``end`` rounded up to the grid at its distance from ``now``; always after ``at``."""
-    grid = max(min_step_s, (end - now) * resolution)
-    if grid <= 0:  # no grid: every end is a step of its own
+    """``end`` rounded up to the grid at its distance from ``now``: a spacing of about
+    ``resolution`` of the distance (at least ``min_step_s``), taken from ``_SPACINGS`` and
+    aligned to the clock. Steps stay few however long the queue (the spacing grows with the
+    distance) and rounding up never makes a start earlier. Always after ``at``."""
+    if resolution <= 0 or min_step_s <= 0:  # no grid: every end is a step of its own
         return max(end, at)
-    return max(now + math.ceil((end - now) / grid) * grid, at + min_step_s)
+    wanted = max(min_step_s, (end - now) * resolution)
+    spacing = max([each for each in _SPACINGS if each <= wanted], default=min_step_s)
+    return max(math.ceil(end / spacing) * spacing, at)
 
 
 def _leave(

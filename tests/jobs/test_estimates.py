@@ -56,9 +56,11 @@ def test_steps_follow_a_grid_that_only_rounds_up():
         resolution=0.02,
         min_step_s=60.0,
     )
-    # 900 s ahead on a 60 s grid: 1000 stays; 1900 s ahead: 38 s < 60 s, so 60 s: 2020.
-    assert forecast.starts[11].at == 1000.0
-    assert forecast.starts[10].at == 2020.0
+    # 900 s and 1900 s ahead, 2 % is less than a minute: both round up to whole minutes of
+    # the clock; u's run ends 300 s after its start, on a minute too.
+    assert forecast.starts[11].at == 1020.0
+    assert forecast.starts[10].at == 2040.0
+    assert [step.at for step in forecast.steps] == [100.0, 1020.0, 1320.0, 2040.0, 2580.0]
 
 
 def test_a_run_ahead_without_a_bound_gives_no_number_but_the_reason():
@@ -289,3 +291,18 @@ def test_raising_a_runs_priority_never_makes_its_start_later(case, data):
     if before is not None:
         assert after is not None and after <= before
     assert not math.isnan(after or 0.0)
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(queues())
+def test_deciding_on_each_lines_front_decides_as_on_the_whole_queue(case):
+    """The simulation gives ``decide`` only the first runs of each tenant's line (more when
+    a whole front is admitted): the same starts as with the whole queue every cycle."""
+    snapshot, ends, runtimes, _, _ = case
+    fronts = estimates.simulate(snapshot, ends=ends, runtimes=runtimes, **EXACT)
+    front, estimates._Lines.FRONT = estimates._Lines.FRONT, 1_000_000
+    try:
+        whole = estimates.simulate(snapshot, ends=ends, runtimes=runtimes, **EXACT)
+    finally:
+        estimates._Lines.FRONT = front
+    assert fronts.starts == whole.starts
