@@ -135,9 +135,9 @@ def simulate(
             if not lines.deepen({admit.run_id for admit in decisions.admitted}):
                 break
         for wait in decisions.waiting:
-            run = queued[wait.run_id]
-            if lines.is_head(run):
-                waits[(run.tenant, run.flavor)] = wait.reason
+            blocked = queued[wait.run_id]
+            if lines.is_head(blocked):
+                waits[(blocked.tenant, blocked.flavor)] = wait.reason
         for preempt in decisions.preempted:
             victim = held.pop(preempt.run_id)
             end_at.pop(victim.id, None)
