@@ -112,6 +112,7 @@ def simulate(
     stopped = "steps"  # why the simulation ended: "done", "horizon", "steps" or "stuck"
     waits: dict[tuple[str, str], admission.Wait] = {}  # (tenant, flavor) -> its head's wait
     lines = _Lines(queued.values())
+    resumed: dict[int, float | None] = {}  # preempted run -> the time it had left
     # Flavors whose GPUs changed hands since the last simulated cycle. Flavors share nothing
     # in admission, and a cycle over a flavor where nothing changed decides nothing new (what
     # could start started the cycle before; a run that began starving since only holds
@@ -140,7 +141,10 @@ def simulate(
                 waits[(blocked.tenant, blocked.flavor)] = wait.reason
         for preempt in decisions.preempted:
             victim = held.pop(preempt.run_id)
-            end_at.pop(victim.id, None)
+            end = end_at.pop(victim.id, None)
+            # Back in the queue with the work it had left (``runtimes`` knows queued runs
+            # only); it holds its GPUs for that long once it starts again.
+            resumed[victim.id] = None if end is None else max(0.0, end - at)
             _leave(victim, on_nodes.pop(victim.id, {}), free, usage, left_by, record=False)
             # It goes back to the queue, as the real cycle sends it, and competes again.
             count = max(1, len(victim.nodes))
@@ -169,7 +173,9 @@ def simulate(
                 nodes=admit.nodes,
             )
             on_nodes[entering.id] = dict.fromkeys(admit.nodes, entering.gpus_per_node)
-            runtime = runtimes.get(entering.id)
+            runtime = (
+                resumed.pop(entering.id) if entering.id in resumed else runtimes.get(entering.id)
+            )
             end_at[entering.id] = at + runtime if runtime is not None else None
             usage[f"{entering.tenant}/{entering.flavor}"] += entering.gpus
             for name in admit.nodes:
@@ -206,17 +212,17 @@ def simulate(
     flavors = {node.flavor for node in snapshot.nodes}
     for run_id in sorted(originals - starts.keys()):
         left = queued[run_id]
-        if stopped == "horizon":
+        if left.flavor not in flavors:
+            why = f"no enabled cluster has {left.flavor} GPUs"
+        elif (left.tenant, left.flavor) in waits and waits[(left.tenant, left.flavor)] in _STUCK:
+            why = _STUCK[waits[(left.tenant, left.flavor)]]
+        elif stopped == "horizon":
             why = f"it does not start within the {horizon_s / 3600:,.0f} hours looked ahead"
         elif stopped == "steps":
             why = f"it does not start within the {(at - now) / 3600:,.0f} hours simulated"
-        elif left.flavor not in flavors:
-            why = f"no enabled cluster has {left.flavor} GPUs"
         else:
             why = (
-                _STUCK.get(waits.get((left.tenant, left.flavor)))
-                or unbounded.get(left.flavor)
-                or "it cannot start while the clusters stay as they are"
+                unbounded.get(left.flavor) or "it cannot start while the clusters stay as they are"
             )
         starts[run_id] = Start(run_id, None, why=why)
 
@@ -231,7 +237,7 @@ def simulate(
 
 
 # Waits that no run ending can lift: said as they are rather than as a missing bound.
-_STUCK: dict[admission.Wait | None, str] = {
+_STUCK: dict[admission.Wait, str] = {
     admission.Wait.NO_QUOTA: "the tenant has no quota for this flavor",
     admission.Wait.TOO_LARGE: "it is larger than the tenant's quota allows per run",
     admission.Wait.BUDGET_EXHAUSTED: (

@@ -545,6 +545,22 @@ class StartForecast(models.Model):
     computed_at = models.DateTimeField()
     latest = models.JSONField()  # with the max runtimes
     expected = models.JSONField()  # with the durations predicted from history
+    # What the refresh that wrote it took (seconds of wall time): the next one waits at least
+    # GANTRY_ESTIMATE_COST_FACTOR times as long, so estimating stays a small share of a core.
+    duration_s = models.FloatField(default=0.0)
 
     def __str__(self) -> str:
         return f"start forecast for {self.flavor_id} at {self.computed_at:%Y-%m-%d %H:%M}"
+
+
+class AdmissionState(models.Model):
+    """The last full admission cycle's inputs, condensed (jobs.selectors.queue
+    ``admission_fingerprint``): a cycle that finds the same inputs before ``valid_until``
+    decides nothing new and stops there. One row."""
+
+    fingerprint = models.CharField(max_length=64)
+    valid_until = models.DateTimeField()
+    decided_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"admission inputs {self.fingerprint[:12]} decided at {self.decided_at:%H:%M:%S}"

@@ -267,6 +267,9 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("GANTRY_CELERY_EAGER", default=False)
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
 GANTRY_ADMISSION_INTERVAL_S = env_int("GANTRY_ADMISSION_INTERVAL_S", default=5)
+# A cycle whose inputs did not change since the last full one skips deciding, but not for
+# longer than this: what the inputs' digest cannot see is decided again at least this often.
+GANTRY_ADMISSION_FULL_EVERY_S = env_int("GANTRY_ADMISSION_FULL_EVERY_S", default=60)
 GANTRY_SYNC_INTERVAL_S = env_int("GANTRY_SYNC_INTERVAL_S", default=3)
 GANTRY_BUDGET_CHECK_INTERVAL_S = env_int("GANTRY_BUDGET_CHECK_INTERVAL_S", default=60)
 GANTRY_TELEMETRY_INTERVAL_S = env_int("GANTRY_TELEMETRY_INTERVAL_S", default=30)
@@ -278,6 +281,7 @@ GANTRY_TELEMETRY_RAW_RETENTION_H = env_int("GANTRY_TELEMETRY_RAW_RETENTION_H", d
 GANTRY_ESTIMATE_INTERVAL_S = env_int("GANTRY_ESTIMATE_INTERVAL_S", default=60)
 GANTRY_ESTIMATE_HORIZON_H = env_int("GANTRY_ESTIMATE_HORIZON_H", default=7 * 24)
 GANTRY_ESTIMATE_MAX_STEPS = env_int("GANTRY_ESTIMATE_MAX_STEPS", default=200)
+GANTRY_ESTIMATE_COST_FACTOR = env_int("GANTRY_ESTIMATE_COST_FACTOR", default=20)
 CELERY_BEAT_SCHEDULE = {
     "admission-cycle": {
         "task": "jobs.tasks.admission_cycle",

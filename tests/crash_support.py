@@ -253,9 +253,9 @@ class _BackendWithKillPoints:
     def __init__(self, backend, points: KillPoints):
         self._backend, self._points = backend, points
 
-    def submit(self, spec):
+    def submit(self, spec, *, may_exist=True):
         self._points.reach("before_backend", spec.attempt_id)
-        job_id = self._backend.submit(spec)
+        job_id = self._backend.submit(spec, may_exist=may_exist)
         self._points.reach("after_backend", spec.attempt_id)
         return job_id
 

@@ -144,8 +144,13 @@ class Backend(Protocol):
     def render(self, spec: JobSpec) -> str:
         """The exact script or manifest the backend will receive."""
 
-    def submit(self, spec: JobSpec) -> str:
-        """Submit, or adopt the job already named ``spec.name``; returns the backend job id."""
+    def submit(self, spec: JobSpec, *, may_exist: bool = True) -> str:
+        """Submit, or adopt the job already named ``spec.name``; returns the backend job id.
+
+        ``may_exist=False``: the caller recorded that it is about to submit this attempt for
+        the first time (``jobs.services.backend_submit``), so no earlier try can have reached
+        the cluster and the look-up for a job to adopt may be skipped. After a redelivery, a
+        crash or a timeout it is True, and a job that got through is adopted."""
 
     def sync(self, refs: list[JobRef]) -> dict[str, JobStatus]:
         """Status of every known job among ``refs`` (by name), in one batched call."""

@@ -237,12 +237,14 @@ class KubernetesBackend:
     def render(self, spec: JobSpec) -> str:
         return to_yaml(render(spec, self.settings))
 
-    def submit(self, spec: JobSpec) -> str:
-        """Create the attempt's objects, or adopt the Job already named after the attempt."""
+    def submit(self, spec: JobSpec, *, may_exist: bool = True) -> str:
+        """Create the attempt's objects, or adopt the Job already named after the attempt
+        (looked up first only if an earlier try may have created it; creating a Job that
+        exists answers 409 and adopts it all the same)."""
         objects = render(spec, self.settings, token=spec.attempt_token)
         job = objects[-1]
         name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
-        existing = self._read_job(namespace, name)
+        existing = self._read_job(namespace, name) if may_exist else None
         if existing is not None:
             return self._adopt(existing, spec)
         self._ensure_namespace(namespace, spec)

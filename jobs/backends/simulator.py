@@ -88,7 +88,8 @@ class SimulatorBackend:
             sort_keys=True,
         )
 
-    def submit(self, spec: JobSpec) -> str:
+    def submit(self, spec: JobSpec, *, may_exist: bool = True) -> str:
+        # The look-up is one indexed query: made every time (the unique name makes it so).
         workload = self._workload(spec)
         pool = self._pool(spec.flavor)
         if spec.gpus_per_node > pool["gpus_per_node"] or spec.nodes > pool["nodes"]:

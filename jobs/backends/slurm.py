@@ -490,16 +490,19 @@ class SlurmBackend:
     def render(self, spec: JobSpec) -> str:
         return self.job(spec).script
 
-    def submit(self, spec: JobSpec) -> str:
+    def submit(self, spec: JobSpec, *, may_exist: bool = True) -> str:
         """Adopt the job already named after the attempt, else submit one.
 
-        Two deliveries that race past the lookup both submit; the attempt records one of
-        the two jobs, and ``sync`` cancels the other.
+        The look-up (``squeue --name`` and ``sacct``, or their REST calls) costs more than
+        the submit itself, so it is made only when an earlier try may have reached Slurm
+        (``may_exist``). Two deliveries that race past the lookup both submit; the attempt
+        records one of the two jobs, and ``sync`` cancels the other.
         """
         job = self.job(spec)
-        ours = [j for j in self.transport.find(spec.name) if _ours(j, spec.name)]
-        if ours:
-            return min(ours, key=lambda j: int(j.job_id)).job_id
+        if may_exist:
+            ours = [j for j in self.transport.find(spec.name) if _ours(j, spec.name)]
+            if ours:
+                return min(ours, key=lambda j: int(j.job_id)).job_id
         return self.transport.submit(job)
 
     def sync(self, refs: list[JobRef]) -> dict[str, JobStatus]:

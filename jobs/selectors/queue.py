@@ -1,17 +1,20 @@
 """Reads for admission: its snapshot, this month's usage, the submit preview."""
 
+import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db.models import JSONField, OuterRef, Subquery
+from django.db import connection
+from django.db.models import JSONField, OuterRef, Subquery, Sum
 from django.utils import timezone
 
 from jobs import admission, placement
-from jobs.calendar import month_start
+from jobs.calendar import month_start, next_month
 from jobs.models import (
     HOLDING_STATES,
     LIVE_ATTEMPT_STATES,
@@ -28,7 +31,7 @@ from jobs.models import (
 )
 from jobs.selectors.estimates import start_preview
 from tenants.access import tenant_list_submittable
-from tenants.models import GpuFlavor, Quota
+from tenants.models import GpuFlavor, Quota, Tenant
 from tenants.types import UserLike
 
 
@@ -182,6 +185,17 @@ def held_runs() -> tuple[admission.HeldRun, ...]:
         )
         for row in rows
     )
+
+
+def gpus_held() -> dict[tuple[str, str], int]:
+    """GPUs held now per (tenant, flavor): one aggregate query."""
+    return {
+        (row["tenant__slug"], row["flavor__slug"]): row["gpus"]
+        for row in Run.objects.filter(state__in=HOLDING_STATES)
+        .values("tenant__slug", "flavor__slug")
+        .annotate(gpus=Sum("gpus"))
+        .order_by()
+    }
 
 
 @dataclass(frozen=True)
@@ -389,3 +403,88 @@ def admission_preview(
         message=message,
         start=start,
     )
+
+
+def _table(model) -> str:
+    return connection.ops.quote_name(model._meta.db_table)
+
+
+def admission_fingerprint(*, now: datetime) -> tuple[str, datetime] | None:
+    """What admission reads, condensed: a digest of every queued and held run (state,
+    priority, cluster, borrowed), the live attempts' nodes, the node inventory, the
+    clusters, quotas and tenants, and which budgets are spent; with the moment until which
+    the same inputs give the same decisions (the next run to start starving, the next
+    inventory to go stale, the next month). A few aggregate queries in PostgreSQL, no rows
+    read into Python. None on other databases: there every cycle decides in full."""
+    if connection.vendor != "postgresql":
+        return None
+    # Identifiers are model tables (quoted); every value is a parameter.
+    queries = {
+        "runs": (
+            f"SELECT count(*), sum(hashtext(concat_ws('|', id, state, priority, cluster_id, "  # noqa: S608
+            f"borrowed)))::text FROM {_table(Run)} WHERE state = ANY(%s)",
+            [[RunState.QUEUED, *HOLDING_STATES]],
+        ),
+        "attempts": (
+            f"SELECT count(*), sum(hashtext(concat_ws('|', id, run_id, state, "  # noqa: S608
+            f"node_list::text, placement::text)))::text FROM {_table(Attempt)} "
+            "WHERE state = ANY(%s)",
+            [[AttemptState.CREATED, *LIVE_ATTEMPT_STATES]],
+        ),
+        "nodes": (
+            f"SELECT count(*), sum(hashtext(concat_ws('|', id, cluster_id, flavor_id, name, "  # noqa: S608
+            f"gpus, gpus_used, gpus_used_by_gantry, schedulable, reason, path::text)))::text "
+            f"FROM {_table(ClusterNode)}",
+            [],
+        ),
+        "clusters": (
+            # Not inventory_valid_until: each refresh moves it; when it passes is a moment.
+            f"SELECT count(*), sum(hashtext(concat_ws('|', id, name, enabled, "  # noqa: S608
+            f"topology_levels::text)))::text FROM {_table(Cluster)}",
+            [],
+        ),
+        "quotas": (
+            f"SELECT count(*), sum(hashtext(concat_ws('|', q.id, q.tenant_id, q.flavor_id, "  # noqa: S608
+            "q.guaranteed_gpus, q.borrow_limit_gpus, q.max_gpus_per_run, "
+            "q.monthly_gpu_hour_budget, q.budget_mode, q.fair_share_weight, t.active, t.slug"
+            f")))::text FROM {_table(Quota)} q JOIN {_table(Tenant)} t ON t.id = q.tenant_id",
+            [],
+        ),
+    }
+    parts = []
+    with connection.cursor() as cursor:
+        for name, (sql, params) in queries.items():
+            cursor.execute(sql, params)
+            count, digest = cursor.fetchone()
+            parts.append(f"{name}:{count}:{digest}")
+        # The next moments at which time alone changes a decision.
+        starving_after = timedelta(seconds=settings.GANTRY_STARVATION_AFTER_S)
+        cursor.execute(
+            f"SELECT min(submitted_at) FROM {_table(Run)} "  # noqa: S608
+            "WHERE state = %s AND submitted_at > %s",
+            [RunState.QUEUED, now - starving_after],
+        )
+        (first_not_starving,) = cursor.fetchone()
+        cursor.execute(
+            f"SELECT min(inventory_valid_until) FROM {_table(Cluster)} "  # noqa: S608
+            "WHERE enabled AND inventory_valid_until > %s",
+            [now],
+        )
+        (next_stale,) = cursor.fetchone()
+    budgets = {
+        (row["tenant__slug"], row["flavor__slug"]): row["monthly_gpu_hour_budget"]
+        for row in Quota.objects.filter(monthly_gpu_hour_budget__isnull=False).values(
+            "tenant__slug", "flavor__slug", "monthly_gpu_hour_budget"
+        )
+    }
+    if budgets:
+        used = gpu_hours_this_month(now=now)
+        spent = sorted(key for key, limit in budgets.items() if used.get(key, 0.0) >= limit)
+        parts.append(f"spent:{spent}")
+    month = month_start(now)
+    moments = [next_month(month)]
+    if first_not_starving is not None:
+        moments.append(first_not_starving + starving_after)
+    if next_stale is not None:
+        moments.append(next_stale)
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest(), min(moments)

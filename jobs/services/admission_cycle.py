@@ -1,8 +1,11 @@
 """The admission cycle: snapshot, pure decision, apply it, one admitter at a time."""
 
+from collections import defaultdict
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count
 from django.utils import timezone
@@ -10,12 +13,13 @@ from django.utils import timezone
 from jobs import admission
 from jobs.enqueue import attempt_submit_enqueue
 from jobs.models import (
+    AdmissionState,
     Attempt,
     Checkpoint,
     Run,
     RunState,
 )
-from jobs.selectors.queue import admission_snapshot
+from jobs.selectors.queue import admission_fingerprint, admission_snapshot, gpus_held
 from jobs.services.bulk import rows_update
 from jobs.services.lifecycle import run_preempt, run_transition
 from jobs.services.usage import fair_share_update
@@ -36,7 +40,21 @@ NO_START_ESTIMATE: dict[str, Any] = {
 class AdmissionSummary:
     admitted: int
     preempted: int
-    waiting: int
+    waiting: int  # -1: nothing changed since the last full cycle, so nothing was decided
+
+    @property
+    def skipped(self) -> bool:
+        return self.waiting < 0
+
+
+def _unchanged(inputs: tuple[str, datetime], *, now: datetime) -> bool:
+    last = AdmissionState.objects.filter(pk=1).first()
+    return (
+        last is not None
+        and last.fingerprint == inputs[0]
+        and now < last.valid_until
+        and now - last.decided_at < timedelta(seconds=settings.GANTRY_ADMISSION_FULL_EVERY_S)
+    )
 
 
 def admission_lock() -> bool:
@@ -51,12 +69,26 @@ def admission_lock() -> bool:
 
 @transaction.atomic
 def admission_run_cycle(*, now=None) -> AdmissionSummary | None:
-    """Decide on every queued run and apply the decisions. None if another admitter runs."""
+    """Decide on every queued run and apply the decisions. None if another admitter runs.
+
+    A cycle whose inputs are those of the last full one (``admission_fingerprint``), before
+    the moment time alone changes a decision and within ``GANTRY_ADMISSION_FULL_EVERY_S``
+    of it, stops after reading the fingerprint: the decisions would be the same, and they
+    are in place. The fingerprint is read before the snapshot, so a change that commits in
+    between makes the next cycle decide again rather than be missed."""
     if not admission_lock():
         return None
     now = now or timezone.now()
+    inputs = admission_fingerprint(now=now)
+    if inputs is not None and _unchanged(inputs, now=now):
+        # Fair share still follows the clock (the pages show it): one aggregate query.
+        fair_share_update(holding=gpus_held(), now=now)
+        return AdmissionSummary(admitted=0, preempted=0, waiting=-1)
     snapshot, clusters = admission_snapshot(now=now)
-    fair_share_update(held=snapshot.held, now=now)
+    holding: dict[tuple[str, str], int] = defaultdict(int)
+    for held in snapshot.held:
+        holding[(held.tenant, held.flavor)] += held.gpus
+    fair_share_update(holding=holding, now=now)
     decisions = admission.decide(snapshot)
 
     preempted = 0
@@ -136,6 +168,13 @@ def admission_run_cycle(*, now=None) -> AdmissionSummary | None:
         Run, ["wait_reason", "wait_message", "queue_position"], changed, state=RunState.QUEUED
     )
     attempt_submit_enqueue(attempt.pk for attempt in new_attempts)
+    if inputs is not None:
+        # Admissions and preemptions change what the next cycle reads: it decides in full.
+        fingerprint = inputs[0] if not (new_attempts or preempted) else ""
+        AdmissionState.objects.update_or_create(
+            pk=1,
+            defaults={"fingerprint": fingerprint, "valid_until": inputs[1], "decided_at": now},
+        )
     return AdmissionSummary(
         admitted=len(new_attempts), preempted=preempted, waiting=len(decisions.waiting)
     )

@@ -66,6 +66,11 @@ def attempt_submit(*, attempt_id: int) -> None:
     run = attempt.run
     backend = backend_for(attempt.cluster)
     spec = job_spec_for(attempt)
+    # Whether an earlier try of this attempt may have reached the backend: not if this call
+    # is the one that records the intent to submit (CREATED -> SUBMITTING, committed before
+    # the backend is called), so the backend may skip looking for a job to adopt. A
+    # redelivered task, a retry after a timeout or a crash finds SUBMITTING and looks.
+    may_exist = True
     with transaction.atomic():
         if attempt.state == AttemptState.CREATED:
             if not run_transition(
@@ -83,14 +88,15 @@ def attempt_submit(*, attempt_id: int) -> None:
                 rendered = ""
                 _attempt_fail_submit(attempt, run, exc)
                 return
-            Attempt.objects.filter(pk=attempt.pk, state=AttemptState.CREATED).update(
+            claimed = Attempt.objects.filter(pk=attempt.pk, state=AttemptState.CREATED).update(
                 state=AttemptState.SUBMITTING, rendered_spec=rendered
             )
             attempt.state = AttemptState.SUBMITTING
+            may_exist = not claimed
         elif attempt.state != AttemptState.SUBMITTING:
             return  # already submitted: a redelivered task has nothing to do
     try:
-        job_id = backend.submit(spec)
+        job_id = backend.submit(spec, may_exist=may_exist)
     except TransientBackendError as exc:
         waited = (timezone.now() - attempt.created_at).total_seconds()
         if waited <= settings.GANTRY_SUBMIT_GIVE_UP_S:

@@ -1,7 +1,10 @@
 """Start estimates: simulate the queue forward and write what each waiting run should
 expect (jobs.estimates). Run by jobs.tasks.estimate_starts every GANTRY_ESTIMATE_INTERVAL_S,
-never per request: one refresh costs a few admission decisions' worth of time."""
+never per request. A refresh costs about one admission decision per simulated cycle (up to
+GANTRY_ESTIMATE_MAX_STEPS): seconds with 10,000 queued runs, so refreshes are spaced by
+GANTRY_ESTIMATE_COST_FACTOR times what the last one took."""
 
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -60,13 +63,30 @@ def _forecast_json(forecast: estimates.Forecast, *, flavor: str, nodes: set[str]
     return {"steps": steps, "until": forecast.until, "ready": ready}
 
 
+def _too_soon(now: datetime) -> bool:
+    """Whether the last refresh was too recent for its cost: a refresh that took d seconds
+    is followed by the next one no sooner than GANTRY_ESTIMATE_COST_FACTOR × d later."""
+    last = StartForecast.objects.order_by("-computed_at").values("computed_at", "duration_s")
+    latest = last.first()
+    if latest is None:
+        return False
+    waited = (now - latest["computed_at"]).total_seconds()
+    return 0 <= waited < settings.GANTRY_ESTIMATE_COST_FACTOR * latest["duration_s"]
+
+
 @transaction.atomic
-def estimates_refresh(*, now: datetime | None = None) -> EstimateSummary | None:
+def estimates_refresh(
+    *, now: datetime | None = None, force: bool = False
+) -> EstimateSummary | None:
     """Estimate every queued run's start, write the rows whose estimate changed and the
-    forecast per flavor. None if another refresh is running."""
+    forecast per flavor. None if another refresh is running, or (unless ``force``) if the
+    last one is too recent for what it cost."""
     if not _lock():
         return None
     now = now or timezone.now()
+    if not force and _too_soon(now):
+        return None
+    began = time.perf_counter()  # a duration, not a moment: the clock stays ``now``
     snapshot, _ = admission_snapshot(now=now)
     inputs = estimate_inputs(snapshot=snapshot, now=now)
     horizon_s = settings.GANTRY_ESTIMATE_HORIZON_H * 3600.0
@@ -125,6 +145,7 @@ def estimates_refresh(*, now: datetime | None = None) -> EstimateSummary | None:
                 "computed_at": now,
                 "latest": _forecast_json(latest, flavor=slug, nodes=nodes),
                 "expected": _forecast_json(expected, flavor=slug, nodes=nodes),
+                "duration_s": time.perf_counter() - began,
             },
         )
     return EstimateSummary(

@@ -1,6 +1,6 @@
 """What tenants have used: the monthly ledger and decayed fair-share usage."""
 
-from collections import defaultdict
+from collections.abc import Mapping
 
 from django.conf import settings
 from django.db.models import F
@@ -30,12 +30,10 @@ def usage_record_attempt(*, attempt: Attempt, started, finished) -> None:
         )
 
 
-def fair_share_update(*, held: tuple[admission.HeldRun, ...], now) -> None:
-    """Decay every tenant's usage by the time since the last update and add what it held."""
+def fair_share_update(*, holding: Mapping[tuple[str, str], int], now) -> None:
+    """Decay every tenant's usage by the time since the last update and add what it held
+    meanwhile (``holding``: GPUs per tenant and flavor)."""
     half_life_s = settings.GANTRY_FAIR_SHARE_HALF_LIFE_H * 3600
-    holding: dict[tuple[str, str], int] = defaultdict(int)
-    for run in held:
-        holding[(run.tenant, run.flavor)] += run.gpus
     rows = {
         (row.tenant.slug, row.flavor.slug): row
         for row in FairShareUsage.objects.select_related("tenant", "flavor")

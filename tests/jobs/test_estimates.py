@@ -132,12 +132,30 @@ def test_a_preempted_borrower_goes_back_to_the_queue_and_starts_again():
         now=100.0,
     )
     forecast = estimates.simulate(snapshot, ends={1: 5000.0}, runtimes={10: 600.0}, **EXACT)
-    # t reclaims its guarantee at once; u's run is requeued and starts when t's run ends.
+    # t reclaims its guarantee at once; u's run is requeued, starts again when t's run ends
+    # (700) and holds the node for the 4,900 s it had left (until 5,600).
     assert forecast.starts[10] == estimates.Start(10, 100.0, "c", ("c-a100-00",), ())
-    assert [step.usage for step in forecast.steps] == [
-        {"u/a100": 0, "t/a100": 8},
-        {"t/a100": 0, "u/a100": 8},
+    assert [(step.at, step.usage) for step in forecast.steps] == [
+        (100.0, {"u/a100": 0, "t/a100": 8}),
+        (700.0, {"t/a100": 0, "u/a100": 8}),
+        (5600.0, {"u/a100": 0}),
     ]
+
+
+def test_a_wait_no_end_can_lift_is_named_even_when_the_cycles_run_out():
+    snapshot = Snapshot(
+        queued=(QueuedRun(10, "t", "a100", 1, 1, 50, 1.0),),
+        held=tuple(
+            HeldRun(index, "u", "a100", "c", 1, 50, 0.0, False, ("c-a100-00",))
+            for index in range(1, 6)
+        ),
+        nodes=nodes_of(Pool("c", "a100", 1, 8)),
+        quotas={("u", "a100"): Quota(8)},
+        now=0.0,
+    )
+    ends = {index: 3600.0 * index for index in range(1, 6)}
+    forecast = estimates.simulate(snapshot, ends=ends, runtimes={10: 60.0}, max_steps=3)
+    assert forecast.starts[10].why == "the tenant has no quota for this flavor"
 
 
 def test_expected_runtime_takes_the_most_specific_history_with_enough_runs():

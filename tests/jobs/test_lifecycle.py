@@ -6,6 +6,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
+from jobs.backends import simulator
 from jobs.calendar import month_start
 from jobs.models import Attempt, AttemptState, Experiment, Run, RunEvent, RunState, SimulatedJob
 from jobs.selectors.queue import admission_preview, gpu_hours_this_month
@@ -85,6 +86,29 @@ def test_redelivered_submit_creates_no_second_simulated_job(world):
     assert SimulatedJob.objects.filter(name=f"gantry-a{attempt.pk}").count() == 1
     assert SimulatedJob.objects.count() == 1
     assert Attempt.objects.get(pk=attempt.pk).state == AttemptState.PENDING
+
+
+def test_only_the_try_that_records_the_intent_to_submit_skips_the_look_up(world, monkeypatch):
+    """The first delivery moves the attempt CREATED -> SUBMITTING before calling the backend,
+    so no earlier try can have reached it: no look-up for a job to adopt. A redelivery (or
+    the same task after a crash) finds SUBMITTING and asks the backend to look."""
+    asked: list[bool] = []
+    real = simulator.SimulatorBackend.submit
+
+    def submit_and_record(self, spec, *, may_exist=True):
+        asked.append(may_exist)
+        return real(self, spec, may_exist=may_exist)
+
+    monkeypatch.setattr(simulator.SimulatorBackend, "submit", submit_and_record)
+    run = submit(world)
+    admission_run_cycle()
+    attempt = Attempt.objects.get(run=run)
+    attempt_submit(attempt_id=attempt.pk)
+    Attempt.objects.filter(pk=attempt.pk).update(state=AttemptState.SUBMITTING)
+    Run.objects.filter(pk=run.pk).update(state=RunState.SUBMITTING)
+    attempt_submit(attempt_id=attempt.pk)
+    assert asked == [False, True]
+    assert SimulatedJob.objects.filter(name=f"gantry-a{attempt.pk}").count() == 1
 
 
 def test_failing_workload_fails_with_exit_code_and_reason(world):
@@ -368,7 +392,7 @@ def test_unreachable_backend_is_retried_then_given_up(world, monkeypatch, settin
     from jobs.backends import TransientBackendError
     from jobs.backends.simulator import SimulatorBackend
 
-    def refuse(self, spec):
+    def refuse(self, spec, *, may_exist=True):
         raise TransientBackendError("connection refused by 127.0.0.1:1")
 
     monkeypatch.setattr(SimulatorBackend, "submit", refuse)

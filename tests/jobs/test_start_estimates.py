@@ -117,7 +117,7 @@ def test_refresh_writes_latest_and_expected_starts(world, full_cluster):
 
     # Nothing changed: nothing is written again.
     with time_machine.travel(T0 + timedelta(minutes=1), tick=False):
-        assert estimates_refresh().changed == 0
+        assert estimates_refresh(force=True).changed == 0
     assert StartForecast.objects.count() == 2  # one per flavor
 
 
@@ -266,3 +266,17 @@ def test_a_templates_runs_predict_a_new_experiment_of_it(world):
     # sweep-3 has no template and its tenant fewer than three runs of its size: max runtime.
     assert inputs.expected_runtimes[waiting.pk] == 600.0
     assert inputs.expected_runtimes[plain.pk] == inputs.max_runtimes[plain.pk] == 7200.0
+
+
+@pytest.mark.django_db
+def test_refreshes_are_spaced_by_what_the_last_one_cost(world, settings):
+    settings.GANTRY_ESTIMATE_COST_FACTOR = 20
+    with time_machine.travel(T0, tick=False):
+        assert estimates_refresh() is not None
+    StartForecast.objects.update(duration_s=3.0)  # as if it had taken 3 s: next after 60 s
+    with time_machine.travel(T0 + timedelta(seconds=59), tick=False):
+        assert estimates_refresh() is None
+        assert estimates_refresh(force=True) is not None
+    StartForecast.objects.update(computed_at=T0, duration_s=3.0)
+    with time_machine.travel(T0 + timedelta(seconds=60), tick=False):
+        assert estimates_refresh() is not None

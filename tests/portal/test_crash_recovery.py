@@ -108,8 +108,8 @@ def _killed_after_the_backend_call(world, monkeypatch) -> Attempt:
     attempt = _submit_admitted(world)
     create = SimulatorBackend.submit
 
-    def create_then_die(self, spec):
-        create(self, spec)
+    def create_then_die(self, spec, *, may_exist=True):
+        create(self, spec, may_exist=may_exist)
         raise WorkerKilled
 
     with monkeypatch.context() as patched:

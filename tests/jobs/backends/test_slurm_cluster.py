@@ -503,6 +503,22 @@ def test_one_node_two_gpu_job_succeeds_through_rest(slurm_env, accounts):
 
 
 @pytest.mark.parametrize("transport", ["cli", "rest"])
+def test_a_first_submit_skips_the_look_up_a_later_one_adopts(slurm_env, accounts, transport):
+    """``may_exist=False`` (the service recorded the intent to submit first) goes straight
+    to sbatch: a job already named after the attempt is not looked for, so a second one is
+    made. That is why only a first try may say so; any later try adopts."""
+    b = backend(transport)
+    s = spec(command="sleep 30")
+    first = b.submit(s, may_exist=False)
+    second = b.submit(s, may_exist=False)
+    assert jobs_named(s.name) == [first, second]
+    assert b.submit(s) == first  # a retry adopts the oldest
+    assert jobs_named(s.name) == [first, second]
+    b.cancel(JobRef(s.name, first))
+    b.cancel(JobRef(s.name, second))
+
+
+@pytest.mark.parametrize("transport", ["cli", "rest"])
 def test_submitting_twice_creates_one_job(slurm_env, accounts, transport):
     b = backend(transport)
     s = spec(command="sleep 30")
