@@ -419,7 +419,7 @@ def admission_fingerprint(*, now: datetime) -> tuple[str, datetime] | None:
     if connection.vendor != "postgresql":
         return None
     # Identifiers are model tables (quoted); every value is a parameter.
-    queries = {
+    queries: dict[str, tuple[str, list[Any]]] = {
         "runs": (
             f"SELECT count(*), sum(hashtext(concat_ws('|', id, state, priority, cluster_id, "  # noqa: S608
             f"borrowed)))::text FROM {_table(Run)} WHERE state = ANY(%s)",
@@ -479,7 +479,11 @@ def admission_fingerprint(*, now: datetime) -> tuple[str, datetime] | None:
     }
     if budgets:
         used = gpu_hours_this_month(now=now)
-        spent = sorted(key for key, limit in budgets.items() if used.get(key, 0.0) >= limit)
+        spent = sorted(
+            key
+            for key, limit in budgets.items()
+            if limit is not None and used.get(key, 0.0) >= limit
+        )
         parts.append(f"spent:{spent}")
     month = month_start(now)
     moments = [next_month(month)]

@@ -86,8 +86,8 @@ def admission_run_cycle(*, now=None) -> AdmissionSummary | None:
         return AdmissionSummary(admitted=0, preempted=0, waiting=-1)
     snapshot, clusters = admission_snapshot(now=now)
     holding: dict[tuple[str, str], int] = defaultdict(int)
-    for held in snapshot.held:
-        holding[(held.tenant, held.flavor)] += held.gpus
+    for holder in snapshot.held:
+        holding[(holder.tenant, holder.flavor)] += holder.gpus
     fair_share_update(holding=holding, now=now)
     decisions = admission.decide(snapshot)
 
