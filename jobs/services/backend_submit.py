@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import reproducibility
+from jobs import metrics, reproducibility
 from jobs.backends import (
     JobRef,
     JobSpec,
@@ -90,7 +90,8 @@ def attempt_submit(*, attempt_id: int) -> None:
         elif attempt.state != AttemptState.SUBMITTING:
             return  # already submitted: a redelivered task has nothing to do
     try:
-        job_id = backend.submit(spec)
+        with metrics.backend_call(cluster=attempt.cluster.name, operation="submit"):
+            job_id = backend.submit(spec)
     except TransientBackendError as exc:
         waited = (timezone.now() - attempt.created_at).total_seconds()
         if waited <= settings.GANTRY_SUBMIT_GIVE_UP_S:
@@ -114,7 +115,8 @@ def attempt_submit(*, attempt_id: int) -> None:
     run.refresh_from_db(fields=["state", "cancel_requested_at"])
     if moved and (not accepted or run.cancel_requested_at is not None):
         # Cancelled or preempted while the job was on its way: take it off the cluster too.
-        backend.cancel(JobRef(name=attempt.name, backend_job_id=job_id))
+        with metrics.backend_call(cluster=attempt.cluster.name, operation="cancel"):
+            backend.cancel(JobRef(name=attempt.name, backend_job_id=job_id))
 
 
 def _attempt_fail_submit(attempt: Attempt, run: Run, exc: PermanentBackendError) -> None:

@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import reproducibility
+from jobs import metrics, reproducibility
 from jobs.backends import (
     BackendError,
     CheckpointReport,
@@ -59,7 +59,8 @@ def attempt_cancel(*, attempt_id: int) -> None:
     if attempt.state not in LIVE_ATTEMPT_STATES:
         return
     backend = backend_for(attempt.cluster)
-    backend.cancel(JobRef(name=attempt.name, backend_job_id=attempt.backend_job_id))
+    with metrics.backend_call(cluster=attempt.cluster.name, operation="cancel"):
+        backend.cancel(JobRef(name=attempt.name, backend_job_id=attempt.backend_job_id))
     cluster_sync(cluster=attempt.cluster)
 
 
@@ -88,7 +89,8 @@ def cluster_refresh_inventory(*, cluster: Cluster, now=None) -> None:
     now = now or timezone.now()
     backend = backend_for(cluster)
     try:
-        inventory = backend.inventory()
+        with metrics.backend_call(cluster=cluster.name, operation="inventory"):
+            inventory = backend.inventory()
     except BackendError as exc:
         Cluster.objects.filter(pk=cluster.pk).update(inventory_error=str(exc)[:2000])
         raise
@@ -175,7 +177,8 @@ def cluster_sync(*, cluster: Cluster) -> int:
     )
     now = timezone.now()
     try:
-        statuses = backend.sync([JobRef(a.name, a.backend_job_id) for a in live])
+        with metrics.backend_call(cluster=cluster.name, operation="sync"):
+            statuses = backend.sync([JobRef(a.name, a.backend_job_id) for a in live])
     except BackendError as exc:
         Cluster.objects.filter(pk=cluster.pk).update(last_error=str(exc)[:2000])
         Attempt.objects.filter(pk__in=[a.pk for a in live]).update(
@@ -235,7 +238,8 @@ def attempt_requeue_unplaced(*, attempt: Attempt, backend, status: JobStatus, no
     backend's job is cancelled first, so it cannot start later beside the new attempt; if
     that call fails, the next sync tries again."""
     try:
-        backend.cancel(JobRef(name=attempt.name, backend_job_id=attempt.backend_job_id))
+        with metrics.backend_call(cluster=attempt.cluster.name, operation="cancel"):
+            backend.cancel(JobRef(name=attempt.name, backend_job_id=attempt.backend_job_id))
     except BackendError as exc:
         logger.warning("attempt %s: not requeued yet, the cancel failed: %s", attempt.pk, exc)
         return 0
@@ -342,17 +346,21 @@ def attempt_apply_status(*, attempt: Attempt, status: JobStatus, now) -> int:
         updated = Attempt.objects.filter(
             pk=attempt.pk, state__in=(AttemptState.SUBMITTING, AttemptState.PENDING)
         ).update(state=AttemptState.RUNNING, started_at=status.started_at or now, **common)
-        if updated:
-            run_transition(
-                run=run,
-                to=RunState.RUNNING,
-                expected=(RunState.SUBMITTING, RunState.PENDING),
-                reason="STARTED",
-                message=f"Running on {', '.join(status.node_list) or attempt.cluster.name}",
-                attempt=attempt,
-                started_at=run.started_at or status.started_at or now,
-                wait_reason="",
-                wait_message="",
+        if updated and run_transition(
+            run=run,
+            to=RunState.RUNNING,
+            expected=(RunState.SUBMITTING, RunState.PENDING),
+            reason="STARTED",
+            message=f"Running on {', '.join(status.node_list) or attempt.cluster.name}",
+            attempt=attempt,
+            started_at=run.started_at or status.started_at or now,
+            wait_reason="",
+            wait_message="",
+        ):
+            metrics.run_started(
+                cluster=attempt.cluster.name,
+                admitted_at=run.admitted_at,
+                started_at=status.started_at or now,
             )
         return int(adopted or updated)
     if status.state == "PENDING":
