@@ -356,10 +356,25 @@ EMAIL_TIMEOUT = 10  # seconds: a stuck mail server must not hold a worker
 DEFAULT_FROM_EMAIL = env_str("GANTRY_EMAIL_FROM", default="gantry@localhost")
 SERVER_EMAIL = DEFAULT_FROM_EMAIL
 
+# Logs go to stderr, as text or as one JSON object per line (portal/log_format.py); either
+# way every record learns the run, attempt and cluster it concerns (jobs/log_context.py).
+GANTRY_LOG_FORMAT = env_str("GANTRY_LOG_FORMAT", default="text")
+if GANTRY_LOG_FORMAT not in ("text", "json"):
+    raise ImproperlyConfigured(f"GANTRY_LOG_FORMAT must be text or json, got {GANTRY_LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "portal.log_format.JsonFormatter"},
+    },
+    "filters": {"log_context": {"()": "jobs.log_context.LogContextFilter"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": GANTRY_LOG_FORMAT,
+            "filters": ["log_context"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env_str("GANTRY_LOG_LEVEL", default="INFO")},
 }
