@@ -6,8 +6,11 @@ and the Grafana dashboard naming only metrics that exist.
 """
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -242,3 +245,25 @@ def test_a_waiting_run_is_not_pending_once_it_runs(world, settings, client):
     run.save(update_fields=["state"])
     body = client.get("/metrics", **bearer(TOKEN)).content.decode()
     assert "gantry_runs_pending{" not in body
+
+
+def test_a_scrape_sums_what_other_processes_recorded(client, settings, db):
+    # Given: two other processes of the deployment (as gunicorn or Celery workers would)
+    # each count errors of a cluster's sync; both have exited.
+    settings.GANTRY_METRICS_TOKEN = TOKEN
+    record = (
+        "import django; django.setup(); from jobs import metrics; "
+        "metrics.BACKEND_ERRORS.labels('elsewhere-1', 'sync', 'transient').inc({})"
+    )
+    env = os.environ | {"DJANGO_SETTINGS_MODULE": "tests.settings"}
+    for count in (2, 3):
+        subprocess.run(
+            [sys.executable, "-c", record.format(count)],
+            env=env, cwd=REPOSITORY, check=True, timeout=60,
+        )  # fmt: skip
+    # When this process answers a scrape, then it counts both.
+    body = client.get("/metrics", **bearer(TOKEN)).content.decode()
+    expected = (
+        'gantry_backend_errors_total{cluster="elsewhere-1",kind="transient",operation="sync"} 5.0'
+    )
+    assert expected in body.splitlines()
