@@ -15,7 +15,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN groupadd --system --gid 10001 gantry \
     && useradd --system --uid 10001 --gid gantry --home-dir /var/lib/gantry --no-create-home \
         --shell /usr/sbin/nologin gantry \
-    && install -d -o gantry -g gantry -m 0750 /var/lib/gantry /var/lib/gantry/beat
+    && install -d -o gantry -g gantry -m 0750 /var/lib/gantry /var/lib/gantry/beat \
+        /var/lib/gantry/metrics
 
 WORKDIR /app
 COPY . .

@@ -6,6 +6,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from jobs.backends import BackendError, TransientBackendError
+from jobs.log_context import log_context
 from jobs.models import Cluster
 from jobs.services import backend_submit, backend_sync, budgets
 from jobs.services.admission_cycle import admission_run_cycle
@@ -60,7 +61,8 @@ def sync_all_clusters() -> None:
             backend_sync.cluster_sync(cluster=cluster)
             backend_sync.cluster_refresh_inventory(cluster=cluster)
         except BackendError as exc:  # recorded on the cluster; the other clusters go on
-            logger.warning("cluster %s: %s", cluster.name, exc)
+            with log_context(cluster=cluster.name):
+                logger.warning("cluster %s: %s", cluster.name, exc)
     backend_submit.attempt_redrive_stuck_submits()
 
 

@@ -1,9 +1,27 @@
 import os
 
 from celery import Celery
+from celery.signals import after_setup_logger, after_setup_task_logger
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
 app = Celery("gantry")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
+def _log_as_configured(logger, **kwargs):
+    """Celery sets up its own log handlers in workers and beat: give them Gantry's JSON
+    format when it is asked for (GANTRY_LOG_FORMAT), with the run, attempt and cluster ids."""
+    from django.conf import settings
+
+    from jobs.log_context import LogContextFilter
+    from portal.log_format import JsonFormatter
+
+    if settings.GANTRY_LOG_FORMAT != "json":
+        return
+    for handler in logger.handlers:
+        handler.setFormatter(JsonFormatter())
+        handler.addFilter(LogContextFilter())

@@ -1,7 +1,8 @@
 """``make run``: Gantry on its embedded default, in one command.
 
-Migrates the SQLite database, seeds the demo once, then runs gunicorn, a Celery worker
-and Celery beat as real processes on the filesystem broker (no server to install).
+Migrates the SQLite database, seeds the demo once, empties the metric files of earlier
+processes, then runs gunicorn, a Celery worker and Celery beat as real processes on the
+filesystem broker (no server to install).
 Ctrl-C (or SIGTERM) stops every process it started; data stays in ``GANTRY_DATA_DIR``.
 """
 
@@ -68,6 +69,8 @@ def main() -> int:
     env = _env()
     _manage(env, "migrate", "--noinput", "-v", "0")
     _manage(env, "seed_demo", "--speedup", env.get("GANTRY_SIM_SPEEDUP", "30"))
+    # Before any of the processes below runs: they record into fresh metric files.
+    _manage(env, "metrics_reset", "-v", "0")
 
     stopping = False
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from portal.env import env_bool, env_int, env_list, env_str, parse_database_url
+from portal.metrics_files import metrics_dir_use
 from tenants.oidc_roles import GroupRolesError, parse_group_roles
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -20,6 +21,16 @@ DEBUG = env_bool("GANTRY_DEBUG", default=EMBEDDED)
 DATA_DIR = Path(env_str("GANTRY_DATA_DIR", default=str(BASE_DIR / "var"))).resolve()
 if EMBEDDED:
     (DATA_DIR / "static").mkdir(parents=True, exist_ok=True)
+
+# Gantry's own metrics (/metrics, docs/operations.md): every process keeps its values in
+# files below this directory, shared by all processes of the deployment.
+GANTRY_METRICS_DIR = Path(env_str("GANTRY_METRICS_DIR", default=str(DATA_DIR / "metrics")))
+GANTRY_METRICS_DIR = GANTRY_METRICS_DIR.resolve()
+metrics_dir_use(GANTRY_METRICS_DIR)
+# The bearer token a scrape of /metrics must send; unset, /metrics answers 404.
+GANTRY_METRICS_TOKEN = env_str("GANTRY_METRICS_TOKEN", default="")
+if GANTRY_METRICS_TOKEN and len(GANTRY_METRICS_TOKEN) < 32:
+    raise ImproperlyConfigured("GANTRY_METRICS_TOKEN must be at least 32 characters")
 
 if EMBEDDED:
     SECRET_KEY = env_str("DJANGO_SECRET_KEY", default="embedded-dev-only-not-a-secret")
@@ -349,10 +360,25 @@ EMAIL_TIMEOUT = 10  # seconds: a stuck mail server must not hold a worker
 DEFAULT_FROM_EMAIL = env_str("GANTRY_EMAIL_FROM", default="gantry@localhost")
 SERVER_EMAIL = DEFAULT_FROM_EMAIL
 
+# Logs go to stderr, as text or as one JSON object per line (portal/log_format.py); either
+# way every record learns the run, attempt and cluster it concerns (jobs/log_context.py).
+GANTRY_LOG_FORMAT = env_str("GANTRY_LOG_FORMAT", default="text")
+if GANTRY_LOG_FORMAT not in ("text", "json"):
+    raise ImproperlyConfigured(f"GANTRY_LOG_FORMAT must be text or json, got {GANTRY_LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "portal.log_format.JsonFormatter"},
+    },
+    "filters": {"log_context": {"()": "jobs.log_context.LogContextFilter"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": GANTRY_LOG_FORMAT,
+            "filters": ["log_context"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env_str("GANTRY_LOG_LEVEL", default="INFO")},
 }

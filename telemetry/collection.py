@@ -23,6 +23,7 @@ from django.db.models import Min, Q
 from django.utils import timezone
 from psycopg import sql
 
+from jobs import metrics
 from jobs.backends import k8s_manifest
 from jobs.backends.base import TELEMETRY_SETTINGS_KEY, PermanentBackendError
 from jobs.models import Attempt, Cluster, ClusterFlavor, SimulatedJob
@@ -206,12 +207,14 @@ def telemetry_fetch(*, cluster: Cluster, source=None, now: datetime | None = Non
         state.last_error = "; ".join(errors)[:2000]
         state.last_error_at = now if errors else state.last_error_at
         state.save(update_fields=["fetched_until", "last_error", "last_error_at", "updated_at"])
-    return FetchSummary(
+    summary = FetchSummary(
         scrapes=len(rows),
         samples=sum(row.samples for row in rows),
         rejected=sum(row.rejected for row in rows),
         errors=errors,
     )
+    metrics.telemetry_samples_recorded(cluster=cluster.name, ingested=summary.samples)
+    return summary
 
 
 def _record_error(cluster: Cluster, message: str, now: datetime) -> None:
@@ -388,6 +391,7 @@ def telemetry_roll_up(*, cluster: Cluster, max_windows: int = 24) -> RollupSumma
             windows.append(_rollup_window(cluster=cluster, start=start, end=end))
             state.rolled_up_until = end
             state.save(update_fields=["rolled_up_until", "updated_at"])
+        metrics.telemetry_samples_recorded(cluster=cluster.name, unmapped=windows[-1].unmapped)
     return RollupSummary(
         windows=len(windows),
         minutes=sum(window.minutes for window in windows),

@@ -4,6 +4,7 @@ import logging
 
 from celery import shared_task
 
+from jobs.log_context import log_context
 from jobs.models import Cluster
 from telemetry import collection, policy, services
 
@@ -29,10 +30,11 @@ def telemetry_collect(cluster_id: int) -> None:
     cluster = Cluster.objects.filter(pk=cluster_id, enabled=True).first()
     if cluster is None:
         return
-    if cluster.backend == Cluster.Backend.SIMULATOR:
-        services.simulator_telemetry_collect(cluster=cluster)
-    else:
-        collection.telemetry_collect(cluster=cluster)
+    with log_context(cluster=cluster.name):
+        if cluster.backend == Cluster.Backend.SIMULATOR:
+            services.simulator_telemetry_collect(cluster=cluster)
+        else:
+            collection.telemetry_collect(cluster=cluster)
 
 
 @shared_task

@@ -10,6 +10,9 @@ the Celery and web processes the tests start read it.
 
 import os
 import re
+from pathlib import Path
+
+from portal.metrics_files import host_metrics_reset
 
 os.environ.setdefault("GANTRY_EMBEDDED", "1")  # a development secret key is fine in tests
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gantry")
@@ -28,6 +31,13 @@ if _xdist_worker and not os.environ.get("GANTRY_TEST_WORKER_ISOLATED"):
         os.environ["CELERY_BROKER_URL"] = f"{_match.group(1)}/{_db}"
     os.environ["GANTRY_DATA_DIR"] = os.environ["GANTRY_DATA_DIR"].rstrip("/") + f"-{_xdist_worker}"
     os.environ["GANTRY_TEST_WORKER_ISOLATED"] = "1"  # the processes tests start keep it as is
+
+# The first test process empties the metric files of earlier sessions before any process
+# records (portal/metrics_files.py); processes started after it inherit the directory.
+os.environ.setdefault("GANTRY_METRICS_DIR", os.environ["GANTRY_DATA_DIR"].rstrip("/") + "/metrics")
+if not os.environ.get("GANTRY_TEST_METRICS_FRESH"):
+    host_metrics_reset(Path(os.environ["GANTRY_METRICS_DIR"]))
+    os.environ["GANTRY_TEST_METRICS_FRESH"] = "1"
 
 from portal.settings import *  # noqa: E402, F403
 

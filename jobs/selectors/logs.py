@@ -2,6 +2,7 @@
 
 from collections.abc import Iterator
 
+from jobs import metrics
 from jobs.backends import (
     JobRef,
     TransientBackendError,
@@ -23,9 +24,10 @@ def run_logs(*, run: Run, tail: int = 200) -> str:
     if attempt is None:
         return ""
     try:
-        return backend_for(attempt.cluster).logs(
-            JobRef(attempt.name, attempt.backend_job_id), tail=tail
-        )
+        with metrics.backend_call(cluster=attempt.cluster.name, operation="logs"):
+            return backend_for(attempt.cluster).logs(
+                JobRef(attempt.name, attempt.backend_job_id), tail=tail
+            )
     except TransientBackendError as exc:
         return f"(logs unavailable: {exc})"
 
@@ -66,7 +68,8 @@ def run_log_download(*, run: Run) -> tuple[str, Iterator[bytes]] | None:
     if log_chunks is not None:
         chunks = log_chunks(ref)
     else:
-        text = backend.logs(ref, tail=LOG_DOWNLOAD_MAX_LINES)
+        with metrics.backend_call(cluster=attempt.cluster.name, operation="logs"):
+            text = backend.logs(ref, tail=LOG_DOWNLOAD_MAX_LINES)
         chunks = iter([text.encode()]) if text else None
     if chunks is None:
         return None

@@ -1,5 +1,6 @@
 """The admission cycle: snapshot, pure decision, apply it, one admitter at a time."""
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -10,7 +11,7 @@ from django.db import connection, transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from jobs import admission
+from jobs import admission, metrics
 from jobs.enqueue import attempt_submit_enqueue
 from jobs.models import (
     AdmissionState,
@@ -67,7 +68,6 @@ def admission_lock() -> bool:
         return bool(cursor.fetchone()[0])
 
 
-@transaction.atomic
 def admission_run_cycle(*, now=None) -> AdmissionSummary | None:
     """Decide on every queued run and apply the decisions. None if another admitter runs.
 
@@ -76,6 +76,15 @@ def admission_run_cycle(*, now=None) -> AdmissionSummary | None:
     of it, stops after reading the fingerprint: the decisions would be the same, and they
     are in place. The fingerprint is read before the snapshot, so a change that commits in
     between makes the next cycle decide again rather than be missed."""
+    started = time.perf_counter()
+    summary = _admission_cycle_locked(now=now)
+    if summary is not None:  # a cycle that found another admitter at work did nothing
+        metrics.ADMISSION_CYCLE_SECONDS.observe(time.perf_counter() - started)
+    return summary
+
+
+@transaction.atomic
+def _admission_cycle_locked(*, now=None) -> AdmissionSummary | None:
     if not admission_lock():
         return None
     now = now or timezone.now()
@@ -137,6 +146,9 @@ def admission_run_cycle(*, now=None) -> AdmissionSummary | None:
             **NO_START_ESTIMATE,
         )
         if claimed:
+            metrics.run_admitted(
+                flavor=run.flavor.slug, submitted_at=run.submitted_at, admitted_at=now
+            )
             new_attempts.append(
                 Attempt.objects.create(
                     run=run,

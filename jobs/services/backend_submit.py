@@ -1,12 +1,13 @@
 """Submitting attempts to their cluster's backend, exactly once."""
 
+import logging
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import reproducibility
+from jobs import metrics, reproducibility
 from jobs.backends import (
     JobRef,
     JobSpec,
@@ -15,6 +16,7 @@ from jobs.backends import (
     backend_for,
 )
 from jobs.enqueue import admission_cycle_enqueue, attempt_submit_enqueue
+from jobs.log_context import log_context
 from jobs.models import (
     Attempt,
     AttemptState,
@@ -23,6 +25,8 @@ from jobs.models import (
 )
 from jobs.selectors.runs import attempt_get_for_work
 from jobs.services.lifecycle import attempt_accept, run_transition
+
+logger = logging.getLogger(__name__)
 
 
 def job_spec_for(attempt: Attempt) -> JobSpec:
@@ -63,6 +67,11 @@ def attempt_submit(*, attempt_id: int) -> None:
     """Send an admitted attempt to its backend. Safe to call again for the same attempt:
     the backend adopts the job already named after the attempt."""
     attempt = attempt_get_for_work(attempt_id)
+    with log_context(run_id=attempt.run_id, attempt_id=attempt.pk, cluster=attempt.cluster.name):
+        _attempt_submit(attempt)
+
+
+def _attempt_submit(attempt: Attempt) -> None:
     run = attempt.run
     backend = backend_for(attempt.cluster)
     spec = job_spec_for(attempt)
@@ -96,9 +105,11 @@ def attempt_submit(*, attempt_id: int) -> None:
         elif attempt.state != AttemptState.SUBMITTING:
             return  # already submitted: a redelivered task has nothing to do
     try:
-        job_id = backend.submit(spec, may_exist=may_exist)
+        with metrics.backend_call(cluster=attempt.cluster.name, operation="submit"):
+            job_id = backend.submit(spec, may_exist=may_exist)
     except TransientBackendError as exc:
         waited = (timezone.now() - attempt.created_at).total_seconds()
+        logger.warning("submit to %s failed, retrying: %s", attempt.cluster.name, exc)
         if waited <= settings.GANTRY_SUBMIT_GIVE_UP_S:
             Attempt.objects.filter(pk=attempt.pk).update(
                 backend_error=f"backend unreachable: {exc}"[:2000]
@@ -117,10 +128,12 @@ def attempt_submit(*, attempt_id: int) -> None:
         return
     with transaction.atomic():
         moved, accepted = attempt_accept(attempt=attempt, job_id=job_id, now=timezone.now())
+    logger.info("submitted: %s holds it as job %s", attempt.cluster.name, job_id)
     run.refresh_from_db(fields=["state", "cancel_requested_at"])
     if moved and (not accepted or run.cancel_requested_at is not None):
         # Cancelled or preempted while the job was on its way: take it off the cluster too.
-        backend.cancel(JobRef(name=attempt.name, backend_job_id=job_id))
+        with metrics.backend_call(cluster=attempt.cluster.name, operation="cancel"):
+            backend.cancel(JobRef(name=attempt.name, backend_job_id=job_id))
 
 
 def _attempt_fail_submit(attempt: Attempt, run: Run, exc: PermanentBackendError) -> None:

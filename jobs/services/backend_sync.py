@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import reproducibility
+from jobs import metrics, reproducibility
 from jobs.backends import (
     BackendError,
     CheckpointReport,
@@ -20,6 +20,7 @@ from jobs.backends import (
     backend_for,
 )
 from jobs.enqueue import admission_cycle_enqueue
+from jobs.log_context import log_context
 from jobs.models import (
     LIVE_ATTEMPT_STATES,
     Attempt,
@@ -59,7 +60,10 @@ def attempt_cancel(*, attempt_id: int) -> None:
     if attempt.state not in LIVE_ATTEMPT_STATES:
         return
     backend = backend_for(attempt.cluster)
-    backend.cancel(JobRef(name=attempt.name, backend_job_id=attempt.backend_job_id))
+    with log_context(run_id=attempt.run_id, attempt_id=attempt.pk, cluster=attempt.cluster.name):
+        with metrics.backend_call(cluster=attempt.cluster.name, operation="cancel"):
+            backend.cancel(JobRef(name=attempt.name, backend_job_id=attempt.backend_job_id))
+        logger.info("cancelled on %s: job %s", attempt.cluster.name, attempt.backend_job_id)
     cluster_sync(cluster=attempt.cluster)
 
 
@@ -85,10 +89,15 @@ def cluster_refresh_inventory(*, cluster: Cluster, now=None) -> None:
     cluster (``inventory_error``); their age then makes admission hold back rather than
     place runs on what may no longer be true. Nodes of an unknown flavor, or reporting more
     GPUs than a node of their flavor can have, are left out and named as problems."""
-    now = now or timezone.now()
+    with log_context(cluster=cluster.name):
+        _cluster_refresh_inventory(cluster=cluster, now=now or timezone.now())
+
+
+def _cluster_refresh_inventory(*, cluster: Cluster, now) -> None:
     backend = backend_for(cluster)
     try:
-        inventory = backend.inventory()
+        with metrics.backend_call(cluster=cluster.name, operation="inventory"):
+            inventory = backend.inventory()
     except BackendError as exc:
         Cluster.objects.filter(pk=cluster.pk).update(inventory_error=str(exc)[:2000])
         raise
@@ -167,6 +176,11 @@ def _flavors_update(*, cluster: Cluster, nodes: Iterable[dict[str, Any]]) -> Non
 def cluster_sync(*, cluster: Cluster) -> int:
     """Bring every live attempt of the cluster up to date in one batched backend call.
     Returns how many attempts changed state."""
+    with log_context(cluster=cluster.name):
+        return _cluster_sync(cluster=cluster)
+
+
+def _cluster_sync(*, cluster: Cluster) -> int:
     backend = backend_for(cluster)
     live = list(
         Attempt.objects.filter(cluster=cluster, state__in=LIVE_ATTEMPT_STATES).select_related(
@@ -175,7 +189,8 @@ def cluster_sync(*, cluster: Cluster) -> int:
     )
     now = timezone.now()
     try:
-        statuses = backend.sync([JobRef(a.name, a.backend_job_id) for a in live])
+        with metrics.backend_call(cluster=cluster.name, operation="sync"):
+            statuses = backend.sync([JobRef(a.name, a.backend_job_id) for a in live])
     except BackendError as exc:
         Cluster.objects.filter(pk=cluster.pk).update(last_error=str(exc)[:2000])
         Attempt.objects.filter(pk__in=[a.pk for a in live]).update(
@@ -184,33 +199,40 @@ def cluster_sync(*, cluster: Cluster) -> int:
         raise
     Cluster.objects.filter(pk=cluster.pk).update(last_sync_at=now, last_error="")
     changed = 0
-    grace = timedelta(seconds=settings.GANTRY_LOST_GRACE_S)
     for attempt in live:
-        status = statuses.get(attempt.name)
-        if status is None:
-            if attempt.state == AttemptState.SUBMITTING:
-                continue  # the submit task owns it until the backend has the job
-            if (
-                attempt.run.cancel_requested_at is not None
-                or attempt.run.state == RunState.PREEMPTED
-            ):
-                # We deleted it ourselves (cancel or preemption): gone means done, not lost.
-                status = JobStatus(
-                    state="CANCELLED",
-                    failure_reason="CANCELLED",
-                    message="Deleted from the cluster as requested",
-                )
-            elif attempt.last_seen_at and now - attempt.last_seen_at > grace:
-                status = JobStatus(
-                    state="LOST", failure_reason="LOST", message="The backend no longer knows it"
-                )
-            else:
-                continue
-        changed += attempt_apply_status(attempt=attempt, status=status, now=now)
-        if backend.honours_placement and _placement_lapsed(attempt=attempt, status=status, now=now):
-            changed += attempt_requeue_unplaced(
-                attempt=attempt, backend=backend, status=status, now=now
+        with log_context(run_id=attempt.run_id, attempt_id=attempt.pk):
+            changed += _attempt_sync(
+                attempt=attempt, status=statuses.get(attempt.name), backend=backend, now=now
             )
+    return changed
+
+
+def _attempt_sync(*, attempt: Attempt, status: JobStatus | None, backend, now) -> int:
+    """Apply what the batched sync found about one attempt (None: the backend does not know
+    it); returns how many attempts changed state."""
+    if status is None:
+        if attempt.state == AttemptState.SUBMITTING:
+            return 0  # the submit task owns it until the backend has the job
+        if attempt.run.cancel_requested_at is not None or attempt.run.state == RunState.PREEMPTED:
+            # We deleted it ourselves (cancel or preemption): gone means done, not lost.
+            status = JobStatus(
+                state="CANCELLED",
+                failure_reason="CANCELLED",
+                message="Deleted from the cluster as requested",
+            )
+        elif attempt.last_seen_at and now - attempt.last_seen_at > timedelta(
+            seconds=settings.GANTRY_LOST_GRACE_S
+        ):
+            status = JobStatus(
+                state="LOST", failure_reason="LOST", message="The backend no longer knows it"
+            )
+        else:
+            return 0
+    changed = attempt_apply_status(attempt=attempt, status=status, now=now)
+    if backend.honours_placement and _placement_lapsed(attempt=attempt, status=status, now=now):
+        changed += attempt_requeue_unplaced(
+            attempt=attempt, backend=backend, status=status, now=now
+        )
     return changed
 
 
@@ -235,7 +257,8 @@ def attempt_requeue_unplaced(*, attempt: Attempt, backend, status: JobStatus, no
     backend's job is cancelled first, so it cannot start later beside the new attempt; if
     that call fails, the next sync tries again."""
     try:
-        backend.cancel(JobRef(name=attempt.name, backend_job_id=attempt.backend_job_id))
+        with metrics.backend_call(cluster=attempt.cluster.name, operation="cancel"):
+            backend.cancel(JobRef(name=attempt.name, backend_job_id=attempt.backend_job_id))
     except BackendError as exc:
         logger.warning("attempt %s: not requeued yet, the cancel failed: %s", attempt.pk, exc)
         return 0
@@ -342,17 +365,21 @@ def attempt_apply_status(*, attempt: Attempt, status: JobStatus, now) -> int:
         updated = Attempt.objects.filter(
             pk=attempt.pk, state__in=(AttemptState.SUBMITTING, AttemptState.PENDING)
         ).update(state=AttemptState.RUNNING, started_at=status.started_at or now, **common)
-        if updated:
-            run_transition(
-                run=run,
-                to=RunState.RUNNING,
-                expected=(RunState.SUBMITTING, RunState.PENDING),
-                reason="STARTED",
-                message=f"Running on {', '.join(status.node_list) or attempt.cluster.name}",
-                attempt=attempt,
-                started_at=run.started_at or status.started_at or now,
-                wait_reason="",
-                wait_message="",
+        if updated and run_transition(
+            run=run,
+            to=RunState.RUNNING,
+            expected=(RunState.SUBMITTING, RunState.PENDING),
+            reason="STARTED",
+            message=f"Running on {', '.join(status.node_list) or attempt.cluster.name}",
+            attempt=attempt,
+            started_at=run.started_at or status.started_at or now,
+            wait_reason="",
+            wait_message="",
+        ):
+            metrics.run_started(
+                cluster=attempt.cluster.name,
+                admitted_at=run.admitted_at,
+                started_at=status.started_at or now,
             )
         return int(adopted or updated)
     if status.state == "PENDING":

@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import Count, Prefetch, QuerySet, Sum
 from django.utils import timezone
 
+from jobs import metrics
 from jobs.backends import BackendError, backend_for, inventory_items
 from jobs.enqueue import admission_cycle_enqueue
 from jobs.models import HOLDING_STATES, Cluster, ClusterFlavor, Run, RunState
@@ -303,7 +304,8 @@ def cluster_test_connection(*, cluster: Cluster) -> tuple[bool, str]:
         check = getattr(backend, "test_connection", None)
         if check is not None:
             return True, check()
-        items = inventory_items(backend.inventory())
+        with metrics.backend_call(cluster=cluster.name, operation="inventory"):
+            items = inventory_items(backend.inventory())
     except BackendError as exc:
         return False, f"{cluster.name}: {exc}"
     flavors = ", ".join(f"{i.nodes}×{i.gpus_per_node} {i.flavor}" for i in items) or "no GPUs"

@@ -294,7 +294,9 @@ def test_published_ports_bind_loopback_only():
 def test_web_publishes_the_port_gunicorn_binds():
     web = compose()["services"]["web"]
     (gunicorn,) = [
-        invocation for invocation in INVOCATIONS if invocation.where == "docker-compose.yml web"
+        invocation
+        for invocation in INVOCATIONS
+        if invocation.where == "docker-compose.yml web" and invocation.kind == "wsgi"
     ]
     bind = option_value(list(gunicorn.argv), "--bind", "-b")
     assert bind is not None and bind.startswith("0.0.0.0:")
@@ -312,7 +314,9 @@ def test_web_health_check_asks_a_host_the_example_allows():
 
 def test_beat_keeps_its_schedule_on_a_volume():
     beat = compose()["services"]["beat"]
-    (invocation,) = [i for i in INVOCATIONS if i.where == "docker-compose.yml beat"]
+    (invocation,) = [
+        i for i in INVOCATIONS if i.where == "docker-compose.yml beat" and i.kind == "celery"
+    ]
     schedule = option_value(list(invocation.argv), "--schedule", "-s")
     assert schedule, "beat needs --schedule on a volume so a restart keeps its last run times"
     targets = [

@@ -1,0 +1,127 @@
+"""/metrics: Gantry's own metrics in the Prometheus text format, for a bearer token only.
+
+A scrape answers with what every process of the deployment recorded (counters and
+histograms of jobs/metrics.py, summed over their files) and with gauges computed now from
+the database and the broker: runs waiting to start, and messages waiting in the Celery
+queue. Gauges are computed at scrape time because a gauge kept by each process would be
+as stale as its last write, and wrong once the process is gone.
+"""
+
+import hmac
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.db.models import Count
+from django.http import Http404, HttpRequest, HttpResponse
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from jobs.models import Run, RunState, WaitReason
+from portal.celery import app as celery_app
+from portal.metrics_files import metric_files
+
+logger = logging.getLogger(__name__)
+
+# A queued run that no admission cycle has looked at yet has no wait reason.
+NOT_YET_DECIDED = "NEW"
+WAITING_STATES = (RunState.QUEUED, RunState.PENDING)
+BROKER_TIMEOUT_S = 2
+
+
+class ProcessFilesCollector(Collector):
+    """The counters and histograms of every process, from their files under the root."""
+
+    def collect(self) -> Iterator[Metric]:
+        files = [str(path) for path in metric_files(settings.GANTRY_METRICS_DIR)]
+        return iter(MultiProcessCollector.merge(files, accumulate=True))
+
+
+class ScrapeTimeCollector(Collector):
+    """Gauges read from the database and the broker at the moment of the scrape."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield self._runs_pending()
+        queue = self._celery_queue_length()
+        if queue is not None:
+            yield queue
+
+    def _runs_pending(self) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(
+            "gantry_runs_pending",
+            "Runs waiting to start (queued, or held by the cluster), per tenant, GPU flavor "
+            "and wait reason",
+            labels=["tenant", "flavor", "reason"],
+        )
+        rows = (
+            Run.objects.filter(state__in=WAITING_STATES)
+            .values_list("tenant__slug", "flavor__slug", "wait_reason")
+            .annotate(runs=Count("id"))
+            .order_by("tenant__slug", "flavor__slug", "wait_reason")
+        )
+        for tenant, flavor, reason, runs in rows:
+            family.add_metric([tenant, flavor, _reason_label(reason)], runs)
+        return family
+
+    def _celery_queue_length(self) -> GaugeMetricFamily | None:
+        """Messages waiting in the Celery queue; only a Redis broker can tell (it keeps the
+        queue as a list)."""
+        url = settings.CELERY_BROKER_URL
+        if not url.startswith(("redis://", "rediss://")):
+            return None
+        queue = celery_app.conf.task_default_queue
+        # Any: redis' stubs type llen() as answering either an int or an awaitable.
+        client: Any = redis.Redis.from_url(
+            url, socket_timeout=BROKER_TIMEOUT_S, socket_connect_timeout=BROKER_TIMEOUT_S
+        )
+        try:
+            length = int(client.llen(queue))
+        except redis.RedisError as exc:
+            logger.warning("metrics: the Celery queue length is unknown: %s", exc)
+            return None
+        finally:
+            client.close()
+        family = GaugeMetricFamily(
+            "gantry_celery_queue_length",
+            "Tasks waiting in the Celery queue for a worker",
+            labels=["queue"],
+        )
+        family.add_metric([queue], length)
+        return family
+
+
+def _reason_label(reason: str) -> str:
+    if not reason:
+        return NOT_YET_DECIDED
+    return reason if reason in WaitReason.values else "UNKNOWN"
+
+
+def _token_matches(request: HttpRequest) -> bool:
+    scheme, _, supplied = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(supplied.strip().encode(), settings.GANTRY_METRICS_TOKEN.encode())
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """404 while no token is configured; 401 without the right bearer token."""
+    if not settings.GANTRY_METRICS_TOKEN:
+        raise Http404
+    if not _token_matches(request):
+        response = HttpResponse(
+            "401 Unauthorized: send Authorization: Bearer <GANTRY_METRICS_TOKEN>\n",
+            status=401,
+            content_type="text/plain; charset=utf-8",
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="gantry-metrics"'
+        return response
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ProcessFilesCollector())
+    registry.register(ScrapeTimeCollector())
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

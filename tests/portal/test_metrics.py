@@ -1,0 +1,269 @@
+"""/metrics: Gantry's own metrics, for Prometheus with the bearer token only.
+
+The proof is a real Prometheus (Debian's, tests/prometheus_support.py) scraping the live
+server with the token and answering queries about what Gantry did; and the documentation
+and the Grafana dashboard naming only metrics that exist.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from django.utils import timezone
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from jobs import metrics
+from jobs.models import Cluster, RunState
+from jobs.services.admission_cycle import admission_run_cycle
+from portal.metrics_files import metric_files
+from telemetry import collection
+from telemetry.exposition import GPU_UTIL, GpuSample, render
+from telemetry.sources import Scrape
+from tests import REPOSITORY
+from tests.jobs.test_lifecycle import submit
+from tests.prometheus_support import launch_prometheus, ready_prometheus, wait_for_series
+
+pytest_plugins = ["tests.prometheus_support"]
+
+TOKEN = "metrics-token-0123456789abcdef0123456789"
+OPERATIONS_DOC = REPOSITORY / "docs" / "operations.md"
+DASHBOARD = REPOSITORY / "docs" / "grafana-gantry.json"
+
+
+class FixedSource:
+    """A telemetry source returning one prepared scrape."""
+
+    def __init__(self, scrape: Scrape) -> None:
+        self.scrape = scrape
+
+    def fetch(self, *, start_ms: int, end_ms: int) -> list[Scrape]:
+        return [self.scrape]
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+
+
+# --- closed to the public -----------------------------------------------------------------
+
+
+def test_without_a_configured_token_metrics_does_not_exist(client, settings):
+    settings.GANTRY_METRICS_TOKEN = ""
+    assert client.get("/metrics").status_code == 404
+    assert client.get("/metrics", **bearer("")).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "", "Bearer", f"Bearer {TOKEN[:-1]}", f"Bearer {TOKEN}x", f"Basic {TOKEN}", TOKEN],
+)
+def test_a_scrape_without_the_token_is_refused(client, settings, db, authorization):
+    settings.GANTRY_METRICS_TOKEN = TOKEN
+    headers = {} if authorization is None else {"HTTP_AUTHORIZATION": authorization}
+    response = client.get("/metrics", **headers)
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"] == 'Bearer realm="gantry-metrics"'
+    assert b"gantry_" not in response.content
+
+
+def test_a_scrape_with_the_token_gets_the_exposition(client, settings, world):
+    settings.GANTRY_METRICS_TOKEN = TOKEN
+    submit(world, name="a-name-that-is-no-label")
+    response = client.get("/metrics", **bearer(TOKEN))
+    assert response.status_code == 200
+    assert response["Content-Type"] == CONTENT_TYPE_LATEST
+    body = response.content.decode()
+    assert 'gantry_runs_pending{flavor="a100-80gb",reason="NEW",tenant="vision"} 1.0' in body
+    assert "a-name-that-is-no-label" not in body
+    assert "python train.py" not in body
+    assert client.post("/metrics", **bearer(TOKEN)).status_code == 405
+
+
+def test_unknown_backend_operations_are_refused_as_labels():
+    with (
+        pytest.raises(ValueError, match="unknown backend operation 'submit-experiment-x'"),
+        metrics.backend_call(cluster="sim-1", operation="submit-experiment-x"),
+    ):
+        pass
+
+
+# --- a real Prometheus scrapes it -----------------------------------------------------------
+
+
+def unmapped_scrape(now_ms: int, samples: int) -> Scrape:
+    """GPU utilization of a node no attempt ran on, once a second for ``samples`` seconds
+    ending two minutes before ``now_ms``: every sample is stored and none maps."""
+    start_ms = (now_ms // 60_000 - 3) * 60_000
+    body = render(
+        [
+            GpuSample("nowhere-1", "0", "GPU-nowhere", GPU_UTIL, 50.0, start_ms + i * 1000)
+            for i in range(samples)
+        ]
+    )
+    return Scrape(body=body.encode(), at_ms=start_ms + samples * 1000, origin="dcgm:nowhere-1")
+
+
+@pytest.fixture
+def scraping_prometheus(live_server):
+    """``start()``: a real Prometheus scraping the live server's /metrics every second with
+    the bearer token."""
+    workdir = Path(tempfile.mkdtemp(prefix="gantry-metrics-prometheus-"))
+    started = []
+
+    def start():
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [
+                {
+                    "job_name": "gantry",
+                    "metrics_path": "/metrics",
+                    "authorization": {"type": "Bearer", "credentials": TOKEN},
+                    "static_configs": [{"targets": [urlsplit(live_server.url).netloc]}],
+                }
+            ],
+        }
+        (workdir / "prometheus.yml").write_text(json.dumps(config))
+        started.append(ready_prometheus(launch_prometheus(workdir)))
+        return started[-1]
+
+    yield start
+    for prometheus in started:
+        prometheus.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def query(prometheus, promql: str) -> list[tuple[dict, str]]:
+    answer = prometheus.api("/api/v1/query", query=promql)
+    assert answer["status"] == "success", answer
+    return [(series["metric"], series["value"][1]) for series in answer["data"]["result"]]
+
+
+def test_prometheus_scrapes_pending_runs_and_telemetry_samples(
+    world, settings, scraping_prometheus
+):
+    # Given: vision holds its 16 guaranteed A100 GPUs and queues two more 8-GPU runs (the
+    # first waits for quota, the second behind it); nlp has a run no admission cycle has
+    # seen yet; a collector read 90 samples that no attempt claims.
+    settings.GANTRY_METRICS_TOKEN = TOKEN
+    submit(world, gpus_per_node=8, nodes=2, name="holds-the-guarantee")
+    submit(world, gpus_per_node=8, name="waits-1")
+    submit(world, gpus_per_node=8, name="waits-2")
+    assert admission_run_cycle().admitted == 1
+    submit(world, user=world.researcher_b, tenant="nlp", project="llm", flavor="h100-80gb")
+    observer = Cluster.objects.create(name="metrics-observer", backend=Cluster.Backend.SIMULATOR)
+    now = timezone.now()
+    fetched = collection.telemetry_fetch(
+        cluster=observer,
+        source=FixedSource(unmapped_scrape(int(now.timestamp() * 1000), 90)),
+        now=now,
+    )
+    rolled = collection.telemetry_roll_up(cluster=observer)
+    assert (fetched.samples, rolled.unmapped) == (90, 90)
+
+    # When: Prometheus scrapes /metrics with the token.
+    prometheus = scraping_prometheus()
+    wait_for_series(prometheus, '{job="gantry",__name__="gantry_runs_pending"}', 3)
+
+    # Then it knows why the runs wait, and what the collector of that cluster read.
+    assert sorted(
+        (s["tenant"], s["flavor"], s["reason"], value)
+        for s, value in query(prometheus, 'gantry_runs_pending{job="gantry"}')
+    ) == [
+        ("nlp", "h100-80gb", "NEW", "1"),
+        ("vision", "a100-80gb", "BEHIND_HEAD", "1"),
+        ("vision", "a100-80gb", "QUOTA", "1"),
+    ]
+    for counter in ("ingested", "unmapped"):
+        promql = f'gantry_telemetry_samples_{counter}_total{{cluster="metrics-observer"}}'
+        assert [(s["cluster"], value) for s, value in query(prometheus, promql)] == [
+            ("metrics-observer", "90")
+        ]
+    up = query(prometheus, 'up{job="gantry"}')
+    assert [value for _, value in up] == ["1"]
+
+
+# --- documented and charted -----------------------------------------------------------------
+
+
+def exposed_metric_names() -> set[str]:
+    """The families Gantry exposes: its counters and histograms and the scrape-time gauges."""
+    names = {"gantry_runs_pending", "gantry_celery_queue_length"}
+    for value in vars(metrics).values():
+        if hasattr(value, "_name") and hasattr(value, "_type"):
+            names.add(value._name + ("_total" if value._type == "counter" else ""))
+    return names
+
+
+def documented_metrics() -> dict[str, str]:
+    """The metric table of docs/operations.md: name -> type."""
+    rows = re.findall(r"^\| `(gantry_\w+)` \| (\w+) \|", OPERATIONS_DOC.read_text(), re.MULTILINE)
+    return dict(rows)
+
+
+def test_every_metric_is_documented_with_its_type():
+    documented = documented_metrics()
+    assert set(documented) == exposed_metric_names()
+    assert documented["gantry_runs_pending"] == "gauge"
+    assert documented["gantry_backend_errors_total"] == "counter"
+    assert documented["gantry_admission_cycle_duration_seconds"] == "histogram"
+
+
+def test_the_grafana_dashboard_charts_only_documented_metrics():
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    documented = set(documented_metrics())
+    charted = set()
+    for expr in exprs:
+        names = set(re.findall(r"\bgantry_\w+", expr))
+        assert names, f"a panel queries no Gantry metric: {expr}"
+        for name in names:
+            family = re.sub(r"_(bucket|count|sum)$", "", name)
+            assert family in documented, f"{expr} charts {name}, which is not documented"
+            charted.add(family)
+    assert charted == documented
+
+
+def test_metric_files_of_this_process_are_found(settings):
+    metrics.BACKEND_ERRORS.labels("files-check", "sync", "transient").inc()
+    assert any(
+        path.name.startswith("counter_") for path in metric_files(settings.GANTRY_METRICS_DIR)
+    )
+
+
+def test_a_waiting_run_is_not_pending_once_it_runs(world, settings, client):
+    # Pending means waiting to start: a running run is not counted.
+    settings.GANTRY_METRICS_TOKEN = TOKEN
+    run = submit(world)
+    run.state = RunState.RUNNING
+    run.save(update_fields=["state"])
+    body = client.get("/metrics", **bearer(TOKEN)).content.decode()
+    assert "gantry_runs_pending{" not in body
+
+
+def test_a_scrape_sums_what_other_processes_recorded(client, settings, db):
+    # Given: two other processes of the deployment (as gunicorn or Celery workers would)
+    # each count errors of a cluster's sync; both have exited.
+    settings.GANTRY_METRICS_TOKEN = TOKEN
+    record = (
+        "import django; django.setup(); from jobs import metrics; "
+        "metrics.BACKEND_ERRORS.labels('elsewhere-1', 'sync', 'transient').inc({})"
+    )
+    env = os.environ | {"DJANGO_SETTINGS_MODULE": "tests.settings"}
+    for count in (2, 3):
+        subprocess.run(
+            [sys.executable, "-c", record.format(count)],
+            env=env, cwd=REPOSITORY, check=True, timeout=60,
+        )  # fmt: skip
+    # When this process answers a scrape, then it counts both.
+    body = client.get("/metrics", **bearer(TOKEN)).content.decode()
+    expected = (
+        'gantry_backend_errors_total{cluster="elsewhere-1",kind="transient",operation="sync"} 5.0'
+    )
+    assert expected in body.splitlines()
