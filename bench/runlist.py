@@ -101,14 +101,15 @@ FROM (
 _RUNS = """
 INSERT INTO jobs_run (
     id, experiment_id, tenant_id, flavor_id, gpus, priority, submitted_by_id, state,
-    cluster_id, borrowed, over_budget, wait_reason, wait_message, queue_position,
-    failure_reason, restarts, submitted_at, admitted_at, started_at, finished_at)
+    cluster_id, borrowed, over_budget, wait_reason, wait_message,
+    failure_reason, restarts, submitted_at, admitted_at, started_at, finished_at,
+    start_note, start_nodes, start_behind)
 SELECT r, e.id, e.tenant_id, e.flavor_id, e.nodes * e.gpus_per_node, 50, e.owner_id, state,
        CASE WHEN state <> 'QUEUED' THEN (%(clusters)s::bigint[])[{h7} %% {clusters} + 1] END,
        false, false,
        CASE WHEN state = 'QUEUED' THEN (ARRAY['QUOTA', 'CAPACITY', 'BEHIND_HEAD'])
             [{h8} %% 3 + 1] ELSE '' END,
-       '', CASE WHEN state = 'QUEUED' THEN {h9} %% 40 + 1 END,
+       '',
        CASE WHEN state = 'FAILED' THEN (ARRAY['OOM_GPU', 'NCCL', 'USER_EXIT', 'NODE_FAILURE'])
             [{h10} %% 4 + 1] ELSE '' END,
        0, submitted,
@@ -116,7 +117,8 @@ SELECT r, e.id, e.tenant_id, e.flavor_id, e.nodes * e.gpus_per_node, 50, e.owner
        CASE WHEN state NOT IN ('QUEUED', 'ADMITTED', 'PENDING')
             THEN submitted + interval '4 minutes' END,
        CASE WHEN state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
-            THEN submitted + make_interval(secs => 600 + {h11} %% 86400) END
+            THEN submitted + make_interval(secs => 600 + {h11} %% 86400) END,
+       '', '[]'::jsonb, '[]'::jsonb
 FROM (
     SELECT r, (r + {per} - 1) / {per} AS experiment_id,
            %(start)s::timestamptz + make_interval(secs => r * %(step)s + {h6} %% 300)

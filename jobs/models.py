@@ -242,7 +242,10 @@ class Run(models.Model):
     )
     wait_reason = models.CharField(max_length=16, choices=WaitReason.choices, blank=True)
     wait_message = models.CharField(max_length=500, blank=True)
-    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    # Its place in line among the queued runs of its flavor (1 is next), set by the selectors
+    # that show runs (jobs.selectors.runs ``runs_place_in_line``): counted when read, never
+    # stored, since every admission would shift it for every run behind.
+    queue_position: int | None = None
     failure_reason = models.CharField(max_length=16, choices=FailureReason.choices, blank=True)
     restarts = models.PositiveIntegerField(default=0)
     submitted_at = models.DateTimeField(auto_now_add=True, db_index=True)

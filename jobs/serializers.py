@@ -135,6 +135,12 @@ class RunSerializer(serializers.ModelSerializer):
     cluster = serializers.CharField(source="cluster.name", read_only=True, allow_null=True)
     wait_reason = _reason(WaitReason.choices)
     failure_reason = _reason(FailureReason.choices)
+    queue_position = serializers.IntegerField(
+        read_only=True,
+        allow_null=True,
+        help_text="A queued run's place in line among the queued runs of its flavor (1 is "
+        "next): priority, then submission order.",
+    )
 
     class Meta:
         model = Run

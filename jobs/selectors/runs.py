@@ -1,10 +1,11 @@
 """Reads of runs and attempts, scoped to what the user may see."""
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from uuid import UUID
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Q, QuerySet, Subquery
 
 from jobs.access import run_list_viewable
@@ -12,6 +13,7 @@ from jobs.models import (
     Attempt,
     Run,
     RunEvent,
+    RunState,
 )
 from jobs.reproducibility import attempt_id_from_token
 from tenants.access import tenant_list_viewable
@@ -115,6 +117,7 @@ def run_page_viewable(
     by_id = {tenant.pk: tenant for tenant in tenants}
     for run in rows:
         run.tenant = by_id[run.tenant_id]
+    runs_place_in_line(rows)
     count = None
     if count_up_to is not None:
         found = runs.order_by().values("pk")[: count_up_to + 1].count()
@@ -128,9 +131,36 @@ def run_page_viewable(
     )
 
 
+def runs_place_in_line(runs: Sequence[Run]) -> None:
+    """Set ``queue_position`` on the queued ones among ``runs``: 1 + the queued runs of the
+    same flavor ahead in line (priority, then submission order; as admission orders them).
+    One query for any non-empty list, whatever its states (a list page costs the same
+    queries whatever it shows): a window over the queued runs of those flavors."""
+    if not runs:
+        return
+    table = connection.ops.quote_name(Run._meta.db_table)
+    flavors = sorted({run.flavor_id for run in runs})
+    ids = [run.pk for run in runs]
+    queued = [run for run in runs if run.state == RunState.QUEUED]
+    # Identifiers from model metadata (quoted); every value is a parameter.
+    sql = (
+        "SELECT id, place FROM (SELECT id, row_number() OVER (PARTITION BY flavor_id "  # noqa: S608
+        f"ORDER BY priority DESC, submitted_at, id) AS place FROM {table} WHERE state = %s "
+        f"AND flavor_id IN ({', '.join(['%s'] * len(flavors))})) AS line "
+        f"WHERE id IN ({', '.join(['%s'] * len(ids))})"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [RunState.QUEUED, *flavors, *ids])
+        places = dict(cursor.fetchall())
+    for run in queued:
+        run.queue_position = places.get(run.pk)
+
+
 def run_get_viewable(*, user: UserLike, run_id: int) -> Run:
     """The run, or DoesNotExist alike for a missing run and another tenant's run."""
-    return run_list_viewable(user=user).select_related("experiment__image").get(pk=run_id)
+    run = run_list_viewable(user=user).select_related("experiment__image").get(pk=run_id)
+    runs_place_in_line([run])
+    return run
 
 
 def attempt_get_for_token(*, token: str) -> Attempt | None:

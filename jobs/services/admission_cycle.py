@@ -142,7 +142,6 @@ def _admission_cycle_locked(*, now=None) -> AdmissionSummary | None:
             wait_message=(
                 f"Placed on {cluster.name} ({', '.join(decision.nodes)}); being submitted"
             )[:500],
-            queue_position=None,
             **NO_START_ESTIMATE,
         )
         if claimed:
@@ -159,11 +158,13 @@ def _admission_cycle_locked(*, now=None) -> AdmissionSummary | None:
                 )
             )
     reservations = {r.run_id: r for r in decisions.reservations}
+    # Only reasons are written, and only where they changed: positions are counted when
+    # read (jobs.selectors.runs), so a run admitted ahead rewrites no row behind it.
     written = {
-        run_id: (reason, message, position)
-        for run_id, reason, message, position in Run.objects.filter(
-            state=RunState.QUEUED
-        ).values_list("id", "wait_reason", "wait_message", "queue_position")
+        run_id: (reason, message)
+        for run_id, reason, message in Run.objects.filter(state=RunState.QUEUED).values_list(
+            "id", "wait_reason", "wait_message"
+        )
     }
     changed = []
     for wait in decisions.waiting:
@@ -173,12 +174,10 @@ def _admission_cycle_locked(*, now=None) -> AdmissionSummary | None:
             message += (
                 f"; {held.gpus} GPUs on {held.cluster} ({', '.join(held.nodes)}) are held for it"
             )
-        row = (wait.reason.value, message[:500], wait.position)
+        row = (wait.reason.value, message[:500])
         if written.get(wait.run_id, row) != row:
             changed.append((wait.run_id, *row))
-    rows_update(
-        Run, ["wait_reason", "wait_message", "queue_position"], changed, state=RunState.QUEUED
-    )
+    rows_update(Run, ["wait_reason", "wait_message"], changed, state=RunState.QUEUED)
     attempt_submit_enqueue(attempt.pk for attempt in new_attempts)
     if inputs is not None:
         # Admissions and preemptions change what the next cycle reads: it decides in full.

@@ -290,7 +290,6 @@ def attempt_requeue_unplaced(*, attempt: Attempt, backend, status: JobStatus, no
             over_budget=False,
             wait_reason="",
             wait_message="",
-            queue_position=None,
         )
         admission_cycle_enqueue()
     return 1

@@ -88,7 +88,6 @@ def run_cancel(*, run: Run, actor: UserLike | None, system_reason: str = "") -> 
             failure_reason="CANCELLED",
             wait_reason="",
             wait_message="",
-            queue_position=None,
         )
         Attempt.objects.filter(run=run, state=AttemptState.CREATED).update(
             state=AttemptState.CANCELLED, finished_at=now, failure_reason="CANCELLED"

@@ -10,6 +10,7 @@ from jobs.backends import simulator
 from jobs.calendar import month_start
 from jobs.models import Attempt, AttemptState, Experiment, Run, RunEvent, RunState, SimulatedJob
 from jobs.selectors.queue import admission_preview, gpu_hours_this_month
+from jobs.selectors.runs import runs_place_in_line
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import attempt_cancel, cluster_sync
@@ -151,6 +152,7 @@ def test_admission_respects_guarantee_and_explains_the_wait(world):
     assert second.wait_message == (
         "tenant vision uses 16 of 16 guaranteed a100-80gb GPUs and may not borrow; this run needs 1"
     )
+    runs_place_in_line([second])
     assert second.queue_position == 1
 
 

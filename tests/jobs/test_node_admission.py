@@ -21,6 +21,7 @@ from jobs.models import (
     WaitReason,
 )
 from jobs.selectors.queue import admission_preview
+from jobs.selectors.runs import runs_place_in_line
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import cluster_refresh_inventory, cluster_sync
@@ -55,6 +56,7 @@ def node(index: int, flavor: str = A100) -> str:
 
 def waiting(run: Run) -> tuple[str, str, int | None]:
     run.refresh_from_db()
+    runs_place_in_line([run])
     return run.wait_reason, run.wait_message, run.queue_position
 
 

@@ -284,7 +284,8 @@ def test_run_list_uses_a_fixed_number_of_queries(client, world, django_assert_ma
     for i in range(29):
         submit(world, name=f"many-{i}", user=world.researcher_a2)
 
-    with django_assert_max_num_queries(9), CaptureQueriesContext(connection) as many_runs:
+    # (one of them places the page's queued runs in line)
+    with django_assert_max_num_queries(10), CaptureQueriesContext(connection) as many_runs:
         response = client.get(reverse("jobs:run_list"))
 
     assert len(response.context["runs"]) == 25
@@ -519,9 +520,13 @@ def test_run_detail_is_shown_to_readers_of_the_tenant(client, world, persona):
 
 
 def test_run_detail_shows_why_and_where_a_run_waits(client, world):
+    # Two runs of the flavor ahead of it in line (one of higher priority, one earlier): it is
+    # third. The position is counted when the page is read, not stored.
+    submit(world)
+    submit(world)
     run = submit(world)
     Run.objects.filter(pk=run.pk).update(
-        wait_reason="CAPACITY", wait_message="needs 16 a100 GPUs", queue_position=3
+        wait_reason="CAPACITY", wait_message="needs 16 a100 GPUs", priority=40
     )
     client.force_login(world.researcher_a)
 

@@ -18,6 +18,7 @@ from finance import selectors as finance_selectors
 from finance.models import DailyUsage, RateCard
 from images.models import Image
 from jobs.models import Attempt, Run
+from jobs.selectors.runs import runs_place_in_line
 from portal.demo import demo_seed, previous_month
 from telemetry import selectors
 from telemetry.models import AttemptAccounting
@@ -90,6 +91,7 @@ def test_one_live_run_waits_and_says_why_and_where_it_stands(demo):
     assert run.wait_message == (
         "tenant vision uses 16 of 16 guaranteed + 8 borrowable a100-80gb GPUs; this run needs 16"
     )
+    runs_place_in_line([run])
     assert run.queue_position == 1
 
 
