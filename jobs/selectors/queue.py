@@ -217,33 +217,43 @@ def gpu_occupancy(*, now) -> Occupancy:
     return Occupancy(in_use=dict(in_use), free=admission.free_gpus(snapshot))
 
 
-def admission_snapshot(*, now=None) -> tuple[admission.Snapshot, dict[str, Cluster]]:
-    """Everything admission needs, read in a handful of queries."""
+def admission_snapshot(
+    *, now=None, written: dict[int, tuple[str, str]] | None = None
+) -> tuple[admission.Snapshot, dict[str, Cluster]]:
+    """Everything admission needs, read in a handful of queries. ``written``, if given, is
+    filled with each queued run's wait reason and message as stored, from the same query
+    (the cycle rewrites only those that change)."""
     now = now or timezone.now()
-    queued = tuple(
-        admission.QueuedRun(
-            id=row["id"],
-            tenant=row["tenant__slug"],
-            flavor=row["flavor__slug"],
-            nodes=row["experiment__nodes"],
-            gpus_per_node=row["experiment__gpus_per_node"],
-            priority=row["priority"],
-            submitted=row["submitted_at"].timestamp(),
-            topology_level=row["experiment__topology_level"],
-            topology_required=row["experiment__topology_mode"] == TopologyMode.REQUIRED,
-        )
-        for row in Run.objects.filter(state=RunState.QUEUED).values(
-            "id",
-            "tenant__slug",
-            "flavor__slug",
-            "experiment__nodes",
-            "experiment__gpus_per_node",
-            "priority",
-            "submitted_at",
-            "experiment__topology_level",
-            "experiment__topology_mode",
-        )
+    rows = Run.objects.filter(state=RunState.QUEUED).values_list(
+        "id",
+        "tenant__slug",
+        "flavor__slug",
+        "experiment__nodes",
+        "experiment__gpus_per_node",
+        "priority",
+        "submitted_at",
+        "experiment__topology_level",
+        "experiment__topology_mode",
+        *(("wait_reason", "wait_message") if written is not None else ()),
     )
+    queued_runs = []
+    for row in rows:
+        queued_runs.append(
+            admission.QueuedRun(
+                id=row[0],
+                tenant=row[1],
+                flavor=row[2],
+                nodes=row[3],
+                gpus_per_node=row[4],
+                priority=row[5],
+                submitted=row[6].timestamp(),
+                topology_level=row[7],
+                topology_required=row[8] == TopologyMode.REQUIRED,
+            )
+        )
+        if written is not None:
+            written[row[0]] = (row[9], row[10])
+    queued = tuple(queued_runs)
     held = held_runs()
     clusters = {cluster.name: cluster for cluster in Cluster.objects.filter(enabled=True)}
     nodes = cluster_nodes(now=now)

@@ -93,7 +93,8 @@ def _admission_cycle_locked(*, now=None) -> AdmissionSummary | None:
         # Fair share still follows the clock (the pages show it): one aggregate query.
         fair_share_update(holding=gpus_held(), now=now)
         return AdmissionSummary(admitted=0, preempted=0, waiting=-1)
-    snapshot, clusters = admission_snapshot(now=now)
+    written: dict[int, tuple[str, str]] = {}  # queued run -> its reason and message, stored
+    snapshot, clusters = admission_snapshot(now=now, written=written)
     holding: dict[tuple[str, str], int] = defaultdict(int)
     for holder in snapshot.held:
         holding[(holder.tenant, holder.flavor)] += holder.gpus
@@ -158,14 +159,9 @@ def _admission_cycle_locked(*, now=None) -> AdmissionSummary | None:
                 )
             )
     reservations = {r.run_id: r for r in decisions.reservations}
-    # Only reasons are written, and only where they changed: positions are counted when
-    # read (jobs.selectors.runs), so a run admitted ahead rewrites no row behind it.
-    written = {
-        run_id: (reason, message)
-        for run_id, reason, message in Run.objects.filter(state=RunState.QUEUED).values_list(
-            "id", "wait_reason", "wait_message"
-        )
-    }
+    # Only reasons are written, and only where they changed (``written``, read with the
+    # snapshot): positions are counted when read (jobs.selectors.runs), so a run admitted
+    # ahead rewrites no row behind it.
     changed = []
     for wait in decisions.waiting:
         message = wait.message
