@@ -74,6 +74,7 @@ from jobs.selectors.queue import (
     gpu_hours_this_month,
     held_runs,
 )
+from jobs.selectors.runs import runs_place_in_line
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.lifecycle import run_preempt, run_transition
 from tenants.models import GpuFlavor, Project, Quota, Tenant
@@ -423,7 +424,6 @@ class DbLedger:
             over_budget=over_budget,
             wait_reason="",
             wait_message="",
-            queue_position=None,
         )
         if claimed:
             Attempt.objects.create(
@@ -468,11 +468,10 @@ def naive_cycle(now: datetime) -> Outcome:
             now=now.timestamp(),
             starvation_after_s=settings.GANTRY_STARVATION_AFTER_S,
         )
-        for run_id, reason, position in outcome.waiting:
+        for run_id, reason, _ in outcome.waiting:
+            # The position is counted when read (as Gantry does), not written.
             Run.objects.filter(pk=run_id).update(
-                wait_reason=reason,
-                wait_message=WaitReason(reason).label,
-                queue_position=position,
+                wait_reason=reason, wait_message=WaitReason(reason).label
             )
         transaction.set_rollback(True)
     return outcome
@@ -514,10 +513,10 @@ def check_first_cycle(expected: Outcome, now: datetime) -> None:
     assert admitted == tuple(sorted(expected.admitted)), "the cycle admitted other runs"
     preempted = set(RunEvent.objects.filter(reason="PREEMPTED").values_list("run_id", flat=True))
     assert preempted == {victim for victim, _ in expected.preempted}, "other runs preempted"
-    waiting = set(
-        Run.objects.filter(state=RunState.QUEUED).values_list("id", "wait_reason", "queue_position")
-    )
-    assert waiting == set(expected.waiting), "the cycle wrote other wait reasons"
+    queued = list(Run.objects.filter(state=RunState.QUEUED))
+    runs_place_in_line(queued)  # positions are counted when read: they must be the decision's
+    waiting = {(run.pk, run.wait_reason, run.queue_position) for run in queued}
+    assert waiting == set(expected.waiting), "the cycle wrote other wait reasons or positions"
 
 
 def finish_some(rng: random.Random, now: datetime) -> None:

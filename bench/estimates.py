@@ -51,6 +51,8 @@ from functools import partial
 from itertools import groupby
 from typing import TypeVar
 
+from django.conf import settings
+
 from bench.report import Section, ms, quick
 from bench.trace import (
     QOS_ORDER,
@@ -614,10 +616,21 @@ def cost() -> Section:
             ]
         )
     section.rows.append(["added by both", ms(added), "", "", ""])
-    met = added * 1000 <= BUDGET_MS
+    # The product does not refresh with every cycle: a task of its own, every
+    # GANTRY_ESTIMATE_INTERVAL_S, and no sooner than GANTRY_ESTIMATE_COST_FACTOR times what the
+    # last refresh took (jobs.services.estimates). Spread over the admission cycles run
+    # between two refreshes, that is what it adds per cycle.
+    every_s = max(settings.GANTRY_ESTIMATE_INTERVAL_S, settings.GANTRY_ESTIMATE_COST_FACTOR * added)
+    per_cycle_s = added * settings.GANTRY_ADMISSION_INTERVAL_S / every_s
+    met = per_cycle_s * 1000 <= BUDGET_MS
     section.notes.append(
-        f"Goal: at most {BUDGET_MS:.0f} ms added per cycle: {ms(added)} — "
-        f"{'met' if met else 'missed'} ({added / cycle_s:,.1f}× the cycle)."
+        f"One refresh (both simulations) takes {ms(added)}, {added / cycle_s:,.1f}× the "
+        f"cycle's decision: too much for every cycle. Refreshed by a task of its own, no "
+        f"sooner than {settings.GANTRY_ESTIMATE_COST_FACTOR}× what the last one took (here "
+        f"every {every_s:,.0f} s), it adds {ms(per_cycle_s)} per admission cycle "
+        f"(every {settings.GANTRY_ADMISSION_INTERVAL_S} s) on average. Goal: at most "
+        f"{BUDGET_MS:.0f} ms per cycle — {'met' if met else 'missed'}, on average; at this "
+        "scale the estimates are that many seconds old at most."
     )
     return section
 
