@@ -172,9 +172,14 @@ class Admit:
 
 @dataclass(frozen=True, slots=True)
 class Preempt:
+    """A borrowed run taken off its GPUs. ``message`` is what the run's own tenant reads: it
+    names no other tenant, project, user or run. ``detail`` names the reclaiming tenant and
+    run, for platform admins only."""
+
     run_id: int
     by_run_id: int
     message: str
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -725,6 +730,10 @@ def decide(snapshot: Snapshot) -> Decisions:
                         run_id=victim.id,
                         by_run_id=run.id,
                         message=(
+                            f"a tenant within its guarantee reclaimed {run.gpus} {run.flavor} "
+                            f"GPUs on {pool.cluster}; this run had borrowed {victim.gpus}"
+                        ),
+                        detail=(
                             f"tenant {run.tenant} reclaimed {run.gpus} {run.flavor} GPUs of its "
                             f"guarantee on {pool.cluster} for run {run.id}; this run had borrowed "
                             f"{victim.gpus}"

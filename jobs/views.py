@@ -332,7 +332,7 @@ def _status_context(request: HttpRequest, run) -> dict:
     return {
         "RunState": RunState,
         "run": run,
-        "events": run_events(run=run),
+        "events": run_events(run=run, user=request.user),
         "attempts": run_attempts(run=run),
         "can_cancel": not run.is_terminal and run_can_cancel(user=request.user, run=run),
     }

@@ -112,7 +112,11 @@ def test_guarantee_reclaims_borrowed_gpus_lowest_priority_then_newest_smallest_s
     # 8 GPUs needed, none idle: the priority-10 runs go first, newest first (14, 13) free 8.
     assert admitted(decisions) == [(1, "c1", False)]
     assert [p.run_id for p in decisions.preempted] == [14, 13]
+    # The preempted tenant reads no other tenant's name or run; platform admins read both.
     assert decisions.preempted[0].message == (
+        "a tenant within its guarantee reclaimed 8 a100 GPUs on c1; this run had borrowed 4"
+    )
+    assert decisions.preempted[0].detail == (
         "tenant vision reclaimed 8 a100 GPUs of its guarantee on c1 for run 1; this run had "
         "borrowed 4"
     )
