@@ -50,6 +50,11 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         )
         if token is None or not token.user.is_active:
             raise exceptions.AuthenticationFailed("Invalid or revoked token.")
+        if token.outlived_password:
+            raise exceptions.AuthenticationFailed(
+                "Token revoked: the account's password changed since it was made. "
+                "Create a new one (POST /api/v1/tokens/ or gantry login)."
+            )
         if token.expires_at is not None and token.expires_at <= now:
             raise exceptions.AuthenticationFailed("Token expired.")
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
