@@ -16,7 +16,10 @@ from tenants.oidc_roles import GroupRolesError, parse_group_roles
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 EMBEDDED = env_bool("GANTRY_EMBEDDED", default=False)
-DEBUG = env_bool("GANTRY_DEBUG", default=EMBEDDED)
+# Off unless asked for, in embedded mode too: Django's debug pages show request bodies
+# (passwords included) on a 500 and every URL pattern on a 404, and ``make run`` is shown
+# to people. ``GANTRY_DEBUG=1 make run`` turns them on for development.
+DEBUG = env_bool("GANTRY_DEBUG", default=False)
 DATA_DIR = Path(env_str("GANTRY_DATA_DIR", default=str(BASE_DIR / "var"))).resolve()
 if EMBEDDED:
     (DATA_DIR / "static").mkdir(parents=True, exist_ok=True)
