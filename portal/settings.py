@@ -10,7 +10,14 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.env import env_bool, env_int, env_list, env_str, parse_database_url
+from portal.env import (
+    env_bool,
+    env_int,
+    env_list,
+    env_str,
+    parse_cache_url,
+    parse_database_url,
+)
 from tenants.oidc_roles import GroupRolesError, parse_group_roles
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -237,6 +244,15 @@ SPECTACULAR_SETTINGS = {
         "RunStateEnum": "jobs.models.RunState",
         "AttemptStateEnum": "jobs.models.AttemptState",
     },
+}
+
+# One cache for every web worker and host: the API's throttles count there, so a limit holds
+# however many processes serve. Production: Redis (its own database, not the broker's: a
+# cache may be cleared). Embedded: a table in Gantry's own database.
+CACHES = {
+    "default": parse_cache_url(
+        env_str("GANTRY_CACHE_URL", default="db://" if EMBEDDED else "redis://127.0.0.1:6379/1")
+    )
 }
 
 # Celery: the broker is only a trigger; PostgreSQL (or SQLite when embedded) holds the truth.
