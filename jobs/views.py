@@ -531,6 +531,8 @@ def quota_list(request: HttpRequest) -> HttpResponse:
             "member_tenants": [
                 t for t in tenants if can_manage or is_tenant_admin(request.user, t.pk)
             ],
+            "overcommits": capacity.flavor_overcommits(),
+            "show_overcommit_figures": can_manage,
         },
     )
 
@@ -575,6 +577,8 @@ def quota_edit(request: HttpRequest) -> HttpResponse:
                 form.add_service_errors(exc)
             else:
                 messages.success(request, f"Saved the {flavor.slug} quota of {tenant.slug}.")
+                if change.overcommit is not None:
+                    messages.warning(request, change.overcommit.message)
                 if change.beyond_guarantee:
                     messages.warning(
                         request,
@@ -611,7 +615,13 @@ def cluster_list(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "jobs/cluster_list.html",
-        {"page_obj": page, "rows": rows, "Backend": Cluster.Backend},
+        {
+            "page_obj": page,
+            "rows": rows,
+            "Backend": Cluster.Backend,
+            "overcommits": capacity.flavor_overcommits(),
+            "show_overcommit_figures": True,  # platform admins only
+        },
     )
 
 
