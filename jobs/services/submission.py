@@ -14,12 +14,13 @@ from django.utils import timezone
 from images.access import image_list_usable
 from images.models import DIGEST_PATTERN, Image
 from images.services import TagResolutionError, tag_resolve
-from jobs import reproducibility, spec
+from jobs import spec
 from jobs.access import experiment_can_rerun, experiment_list_viewable
 from jobs.backends import (
     MULTI_NODE_ENV,
 )
 from jobs.enqueue import admission_cycle_enqueue
+from jobs.env_names import env_name_refusal
 from jobs.models import (
     COMMIT_PATTERN,
     MAX_COMMAND_BYTES,
@@ -35,9 +36,6 @@ from jobs.selectors.runs import run_submitted_with
 from tenants.access import tenant_list_submittable
 from tenants.models import MAX_ID, GpuFlavor, max_length_of
 from tenants.types import UserLike, signed_in
-
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-
 
 try:
     GANTRY_VERSION = version("gantry")
@@ -148,10 +146,9 @@ def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
             )
     if _check(errors, "env", isinstance(data.env, dict), "Must be an object of names to strings."):
         for key, value in data.env.items():
-            if not ENV_NAME.match(str(key)):
-                _check(errors, "env", False, f"{key!r} is not a valid variable name.")
-            elif key in reproducibility.RESERVED_ENV:
-                _check(errors, "env", False, f"{key} is set by Gantry for every job; leave it out.")
+            refusal = env_name_refusal(key)
+            if refusal is not None:
+                _check(errors, "env", False, refusal)
             elif key in MULTI_NODE_ENV and data.nodes > 1:
                 _check(
                     errors,
