@@ -172,9 +172,14 @@ class Admit:
 
 @dataclass(frozen=True, slots=True)
 class Preempt:
+    """A borrowed run taken off its GPUs. ``message`` is what the run's own tenant reads: it
+    names no other tenant, project, user or run. ``detail`` names the reclaiming tenant and
+    run, for platform admins only."""
+
     run_id: int
     by_run_id: int
     message: str
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -649,11 +654,41 @@ def decide(snapshot: Snapshot, *, explain: bool = True) -> Decisions:
         blocked[key] = run.id
         waits[run.id] = (reason, message)
 
+    capacity: dict[str, int] = defaultdict(int)
+    for node in snapshot.nodes:
+        capacity[node.flavor] += node.gpus
+    guaranteed: dict[str, int] = defaultdict(int)
+    for (_, flavor), tenant_quota in snapshot.quotas.items():
+        guaranteed[flavor] += tenant_quota.guaranteed
+
     def capacity_reason(run: QueuedRun) -> str:
         message = state.explain(run)
         if state.reclaimable(run):
             message += "; reclaiming the GPUs other tenants borrowed would not make room"
+        held = sum(gpus for (_, flavor), gpus in state.usage.items() if flavor == run.flavor)
+        borrowed = sum(
+            victim.gpus for pool in state.pools_by_flavor[run.flavor] for victim in pool.borrowed
+        )
+        if (
+            guaranteed[run.flavor] > capacity[run.flavor]
+            and held - borrowed + run.gpus > capacity[run.flavor]
+        ):
+            # Runs within their guarantees leave no room for this one, also within its
+            # guarantee: the guarantees were promised beyond the clusters (docs/admission.md,
+            # "Overcommitted guarantees"). Said so the wait does not read as a broken promise.
+            message += (
+                f"; the {run.flavor} guarantees of all tenants add up to more than the "
+                f"{capacity[run.flavor]} GPUs the clusters have, so not all can be kept at once"
+            )
         return message
+
+    def usage_of(tenant: str, flavor: str, in_use: int, guarantee: int) -> str:
+        if in_use > guarantee:  # runs admitted before the guarantee was lowered, or borrowed
+            return (
+                f"tenant {tenant} uses {in_use} {flavor} GPUs, {in_use - guarantee} beyond its "
+                f"guarantee of {guarantee}"
+            )
+        return f"tenant {tenant} uses {in_use} of {guarantee} guaranteed {flavor} GPUs"
 
     def borrow_reason(run: QueuedRun, usage: str) -> str:
         return f"{usage}; to borrow idle ones, this run {state.explain(run)}"
@@ -727,6 +762,10 @@ def decide(snapshot: Snapshot, *, explain: bool = True) -> Decisions:
                         run_id=victim.id,
                         by_run_id=run.id,
                         message=(
+                            f"a tenant within its guarantee reclaimed {run.gpus} {run.flavor} "
+                            f"GPUs on {pool.cluster}; this run had borrowed {victim.gpus}"
+                        ),
+                        detail=(
                             f"tenant {run.tenant} reclaimed {run.gpus} {run.flavor} GPUs of its "
                             f"guarantee on {pool.cluster} for run {run.id}; this run had borrowed "
                             f"{victim.gpus}"
@@ -770,11 +809,11 @@ def decide(snapshot: Snapshot, *, explain: bool = True) -> Decisions:
         tenant, flavor = key
         in_use = state.usage[key]
         if in_use + run.gpus > quota.guaranteed + quota.borrow_limit:
+            usage = usage_of(tenant, flavor, in_use, quota.guaranteed)
             if quota.borrow_limit == 0:
                 block(
                     key, run, Wait.QUOTA,
-                    f"tenant {tenant} uses {in_use} of {quota.guaranteed} guaranteed {flavor} "
-                    f"GPUs and may not borrow; this run needs {run.gpus}",
+                    f"{usage} and may not borrow; this run needs {run.gpus}",
                 )  # fmt: skip
             else:
                 block(
@@ -785,7 +824,7 @@ def decide(snapshot: Snapshot, *, explain: bool = True) -> Decisions:
             continue
         fit = state.best_fit(run)
         if fit is None:
-            usage = f"tenant {tenant} uses {in_use} of {quota.guaranteed} guaranteed {flavor} GPUs"
+            usage = usage_of(tenant, flavor, in_use, quota.guaranteed)
             block(key, run, Wait.NO_IDLE, partial(borrow_reason, run, usage))
             state.reserve(run, reservations)  # binds the borrowers after it
             continue

@@ -101,7 +101,7 @@ def _created(request, run: Run) -> Response:
     run = or_404(run_get_viewable, user=request.user, run_id=run.pk)
     location = request.build_absolute_uri(reverse("api:run-detail", args=[run.pk]))
     return Response(
-        RunDetailSerializer(run).data,
+        RunDetailSerializer(run, context={"request": request}).data,
         status=status.HTTP_201_CREATED,
         headers={"Location": location},
     )
@@ -211,7 +211,7 @@ class RunViewSet(viewsets.GenericViewSet):
     )
     def retrieve(self, request, pk: str):
         run = or_404(run_get_viewable, user=request.user, run_id=int(pk))
-        return Response(RunDetailSerializer(run).data)
+        return Response(RunDetailSerializer(run, context={"request": request}).data)
 
     @extend_schema(
         parameters=[ID],
@@ -233,7 +233,10 @@ class RunViewSet(viewsets.GenericViewSet):
         except DjangoValidationError as exc:
             raise Conflict(" ".join(exc.messages)) from None
         run = or_404(run_get_viewable, user=request.user, run_id=int(pk))
-        return Response(RunDetailSerializer(run).data, status=status.HTTP_202_ACCEPTED)
+        return Response(
+            RunDetailSerializer(run, context={"request": request}).data,
+            status=status.HTTP_202_ACCEPTED,
+        )
 
     @extend_schema(
         parameters=[ID, RunLogsQuerySerializer],

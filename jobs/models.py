@@ -391,7 +391,11 @@ class RunEvent(models.Model):
     from_state = models.CharField(max_length=12, blank=True)
     to_state = models.CharField(max_length=12, blank=True)
     reason = models.CharField(max_length=32, blank=True)
+    # What everyone who may see the run reads: it names no other tenant, project, user or run.
     message = models.TextField(blank=True)
+    # The same event with the names a platform admin needs (which tenant's run reclaimed the
+    # GPUs); shown to platform admins only, blank when ``message`` says it all.
+    admin_detail = models.TextField(blank=True)
     actor = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

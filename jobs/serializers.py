@@ -4,6 +4,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from django.contrib.auth.models import AnonymousUser
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.settings import api_settings
@@ -238,6 +239,8 @@ class AttemptSerializer(serializers.ModelSerializer):
 
 class RunEventSerializer(serializers.ModelSerializer):
     actor = serializers.CharField(source="actor.username", read_only=True, allow_null=True)
+    # Read from ``run_events``: the admin-only detail for platform admins, else the message.
+    message = serializers.CharField(source="shown_message", read_only=True)
 
     class Meta:
         model = RunEvent
@@ -262,7 +265,11 @@ class RunDetailSerializer(RunSerializer):
     @extend_schema_field(RunEventSerializer(many=True))
     def get_events(self, run: Run) -> list[Any]:
         # The stubs type .data of every Serializer as a dict; with many=True it is a list.
-        return RunEventSerializer(run_events(run=run), many=True).data  # type: ignore[return-value]
+        # Without a request (no viewer known) the timeline is the one every member reads.
+        request = self.context.get("request")
+        viewer = request.user if request is not None else AnonymousUser()
+        events = run_events(run=run, user=viewer)
+        return RunEventSerializer(events, many=True).data  # type: ignore[return-value]
 
 
 class RunFilterSerializer(serializers.Serializer):

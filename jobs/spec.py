@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.env_names import env_name_refusal
+
 SPEC_VERSION = 1
 SPEC_KIND = "experiment"
 NON_FIELD = "non_field_errors"
@@ -241,7 +243,10 @@ def _flatten(
             _add(errors, name, _NUL_MESSAGE)
         elif name == "env":
             for key, item in value.items():
-                if not isinstance(item, str):
+                refusal = env_name_refusal(key) if "\x00" not in key else None
+                if refusal is not None:
+                    _add(errors, name, refusal)
+                elif not isinstance(item, str):
                     _add(
                         errors, name, f"The value of {key} must be a string, not {json_type(item)}."
                     )

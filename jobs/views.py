@@ -337,7 +337,7 @@ def _status_context(request: HttpRequest, run) -> dict:
         "run": run,
         "start_estimate": estimate,
         "start_summary": estimate.summary(now=timezone.now()) if estimate else "",
-        "events": run_events(run=run),
+        "events": run_events(run=run, user=request.user),
         "attempts": run_attempts(run=run),
         "can_cancel": not run.is_terminal and run_can_cancel(user=request.user, run=run),
     }
@@ -536,6 +536,8 @@ def quota_list(request: HttpRequest) -> HttpResponse:
             "member_tenants": [
                 t for t in tenants if can_manage or is_tenant_admin(request.user, t.pk)
             ],
+            "overcommits": capacity.flavor_overcommits(),
+            "show_overcommit_figures": can_manage,
         },
     )
 
@@ -580,6 +582,8 @@ def quota_edit(request: HttpRequest) -> HttpResponse:
                 form.add_service_errors(exc)
             else:
                 messages.success(request, f"Saved the {flavor.slug} quota of {tenant.slug}.")
+                if change.overcommit is not None:
+                    messages.warning(request, change.overcommit.message)
                 if change.beyond_guarantee:
                     messages.warning(
                         request,
@@ -616,7 +620,13 @@ def cluster_list(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "jobs/cluster_list.html",
-        {"page_obj": page, "rows": rows, "Backend": Cluster.Backend},
+        {
+            "page_obj": page,
+            "rows": rows,
+            "Backend": Cluster.Backend,
+            "overcommits": capacity.flavor_overcommits(),
+            "show_overcommit_figures": True,  # platform admins only
+        },
     )
 
 

@@ -16,7 +16,11 @@ from tenants.authentication import Lockout, client_ip, login_lockout
 from tenants.http import or_404
 from tenants.oidc import oidc_enabled
 from tenants.selectors import api_token_get_own, api_token_list_own
-from tenants.services import api_token_revoke
+from tenants.services import (
+    CredentialsRevokedBecause,
+    api_token_revoke,
+    user_credentials_revoke,
+)
 from tenants.types import signed_in
 
 
@@ -55,14 +59,22 @@ class LoginView(auth_views.LoginView):
 
 class PasswordChangeView(auth_views.PasswordChangeView):
     """Changing the password logs out every other session of the user (Django compares each
-    session's hash of the password); this one is kept by ``update_session_auth_hash``."""
+    session's hash of the password); this one is kept by ``update_session_auth_hash``. The
+    user's API tokens are revoked."""
 
     success_url = reverse_lazy("account")
 
     def form_valid(self, form):
-        response = super().form_valid(form)
+        response = super().form_valid(form)  # saves the password, keeps this session
+        tokens, _ = user_credentials_revoke(
+            user=form.user,
+            actor=form.user,
+            because=CredentialsRevokedBecause.PASSWORD_CHANGED,
+            keep_session_key=self.request.session.session_key,
+        )
+        revoked = f" and {tokens} API token{'s' if tokens != 1 else ''} revoked" if tokens else ""
         messages.success(
-            self.request, "Password changed. Your other sessions have been logged out."
+            self.request, f"Password changed. Your other sessions have been logged out{revoked}."
         )
         return response
 

@@ -380,7 +380,7 @@ def _record_preempted_history(*, run: Run, cluster: Cluster, submitted) -> None:
          "Admitted to sim-east: 8 a100-80gb GPUs borrowing idle GPUs (preemptible)"),
         (first_start, first, "PENDING", "RUNNING", "STARTED", "Running on sim-east-a100-80gb-03"),
         (preempted_at, first, "RUNNING", "PREEMPTED", "PREEMPTED",
-         "tenant vision reclaimed 8 a100-80gb GPUs of its guarantee on sim-east; this run had "
+         "a tenant within its guarantee reclaimed 8 a100-80gb GPUs on sim-east; this run had "
          "borrowed 8"),
         (preempted_at, first, "PREEMPTED", "QUEUED", "REQUEUED",
          "Back in the queue after preemption; it will resume from checkpoint step 7200"),
@@ -396,6 +396,13 @@ def _record_preempted_history(*, run: Run, cluster: Cluster, submitted) -> None:
             to_state=to_state,
             reason=reason,
             message=message,
+            # Who reclaimed the GPUs, as admission records it: for platform admins only.
+            admin_detail=(
+                "tenant vision reclaimed 8 a100-80gb GPUs of its guarantee on sim-east; this run "
+                "had borrowed 8"
+                if reason == "PREEMPTED"
+                else ""
+            ),
         )
         RunEvent.objects.filter(pk=event.pk).update(at=at)
 

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from portal.env import env_bool
+
 STOP_GRACE_S = 10
 
 
@@ -87,7 +89,12 @@ def main() -> int:
         for name, command in _commands(env).items()
     }
     port = env.get("GANTRY_PORT", "8000")
-    print(f"\nGantry is running on http://127.0.0.1:{port}/  (Ctrl-C stops everything)\n")
+    # migrate has already read the settings, so a malformed GANTRY_DEBUG stopped us there.
+    debug = "on (GANTRY_DEBUG)" if env_bool("GANTRY_DEBUG", default=False) else "off"
+    print(
+        f"\nGantry is running on http://127.0.0.1:{port}/  (Ctrl-C stops everything)"
+        f"\nDjango debug pages: {debug}\n"
+    )
     exit_code = 0
     while not stopping:
         for name, process in processes.items():

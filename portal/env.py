@@ -79,3 +79,39 @@ def parse_database_url(url: str) -> dict:
             "CONN_HEALTH_CHECKS": True,
         }
     raise ImproperlyConfigured(f"DATABASE_URL scheme {parts.scheme!r} is not supported")
+
+
+# The table of the database cache (``db://``); created by the migration portal.0001.
+CACHE_TABLE = "gantry_cache"
+# Seconds a Redis cache may take to connect or answer before the request fails.
+CACHE_REDIS_TIMEOUT_S = 5
+
+
+def parse_cache_url(url: str) -> dict:
+    """Turn ``redis://host:port/db`` (or ``rediss://``) or ``db://`` into a CACHES entry.
+
+    Both are shared by every web worker and host: what the API's throttles count there holds
+    across processes. ``db://`` keeps the cache in Gantry's own database (the embedded
+    default); production uses Redis."""
+    parts = urlsplit(url)
+    if parts.scheme in {"redis", "rediss"}:
+        return {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": url,
+            "KEY_PREFIX": "gantry",
+            "OPTIONS": {
+                "socket_connect_timeout": CACHE_REDIS_TIMEOUT_S,
+                "socket_timeout": CACHE_REDIS_TIMEOUT_S,
+            },
+        }
+    if url == "db://":
+        return {
+            "BACKEND": "portal.cache.DatabaseCache",
+            "LOCATION": CACHE_TABLE,
+            # Django culls a third of the entries past MAX_ENTRIES, live ones included: a
+            # throttle's claims must not vanish early. Expired entries are culled first.
+            "OPTIONS": {"MAX_ENTRIES": 100_000},
+        }
+    raise ImproperlyConfigured(
+        f"GANTRY_CACHE_URL must be redis://HOST:PORT/DB, rediss://… or db://, got {url!r}"
+    )

@@ -10,14 +10,24 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.env import env_bool, env_int, env_list, env_str, parse_database_url
+from portal.env import (
+    env_bool,
+    env_int,
+    env_list,
+    env_str,
+    parse_cache_url,
+    parse_database_url,
+)
 from portal.metrics_files import metrics_dir_use
 from tenants.oidc_roles import GroupRolesError, parse_group_roles
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 EMBEDDED = env_bool("GANTRY_EMBEDDED", default=False)
-DEBUG = env_bool("GANTRY_DEBUG", default=EMBEDDED)
+# Off unless asked for, in embedded mode too: Django's debug pages show request bodies
+# (passwords included) on a 500 and every URL pattern on a 404, and ``make run`` is shown
+# to people. ``GANTRY_DEBUG=1 make run`` turns them on for development.
+DEBUG = env_bool("GANTRY_DEBUG", default=False)
 DATA_DIR = Path(env_str("GANTRY_DATA_DIR", default=str(BASE_DIR / "var"))).resolve()
 if EMBEDDED:
     (DATA_DIR / "static").mkdir(parents=True, exist_ok=True)
@@ -245,6 +255,15 @@ SPECTACULAR_SETTINGS = {
         "RunStateEnum": "jobs.models.RunState",
         "AttemptStateEnum": "jobs.models.AttemptState",
     },
+}
+
+# One cache for every web worker and host: the API's throttles count there, so a limit holds
+# however many processes serve. Production: Redis (its own database, not the broker's: a
+# cache may be cleared). Embedded: a table in Gantry's own database.
+CACHES = {
+    "default": parse_cache_url(
+        env_str("GANTRY_CACHE_URL", default="db://" if EMBEDDED else "redis://127.0.0.1:6379/1")
+    )
 }
 
 # Celery: the broker is only a trigger; PostgreSQL (or SQLite when embedded) holds the truth.

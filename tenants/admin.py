@@ -11,7 +11,13 @@ from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 
 from tenants.models import ApiToken, AuditEvent, GpuFlavor, Membership, Project, Quota, Tenant
-from tenants.services import audit_model_change, audit_record, audit_snapshot
+from tenants.services import (
+    CredentialsRevokedBecause,
+    audit_model_change,
+    audit_record,
+    audit_snapshot,
+    user_credentials_revoke,
+)
 
 
 class ReadOnlyAdminMixin:
@@ -169,7 +175,22 @@ class AuditedUserAdmin(AuditedAdmin, UserAdmin):
         if request.method == "POST" and response.status_code == 302:
             user = User.objects.get(pk=id)
             audit_record(actor=request.user, action="user.password", target=f"user {user}")
+            # Django keeps the admin's own session when they change their own password.
+            user_credentials_revoke(
+                user=user,
+                actor=request.user,
+                because=CredentialsRevokedBecause.PASSWORD_CHANGED,
+                keep_session_key=request.session.session_key,
+            )
         return response
+
+    def save_model(self, request, obj, form, change):
+        was_active = change and User.objects.filter(pk=obj.pk, is_active=True).exists()
+        super().save_model(request, obj, form, change)
+        if was_active and not obj.is_active:
+            user_credentials_revoke(
+                user=obj, actor=request.user, because=CredentialsRevokedBecause.DEACTIVATED
+            )
 
 
 @admin.register(Group)

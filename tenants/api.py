@@ -1,6 +1,5 @@
 """API tokens: exchange a username and password for a token, revoke the token in use."""
 
-import hashlib
 from collections.abc import Mapping
 from datetime import timedelta
 
@@ -13,13 +12,14 @@ from rest_framework.exceptions import Throttled, ValidationError
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
-from rest_framework.throttling import SimpleRateThrottle
+from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
 from tenants.authentication import ApiTokenAuthentication, client_ip, login_lockout
 from tenants.models import ApiToken, max_length_of
 from tenants.parsers import JsonTextParser
 from tenants.services import api_token_create, api_token_revoke
+from tenants.throttling import Limit, claim
 
 DEFAULT_TOKEN_DAYS = 90
 MAX_TOKEN_DAYS = 365
@@ -53,20 +53,28 @@ class TokenCreatedSerializer(serializers.Serializer):
     expires_at = serializers.DateTimeField(allow_null=True)
 
 
-class TokenCreateThrottle(SimpleRateThrottle):
-    """Slows password guessing: per client address and username, so one client guessing
-    passwords cannot lock everyone else behind the same proxy out."""
+class TokenCreateThrottle(BaseThrottle):
+    """Slows password guessing: 10 requests a minute per client address and username, so
+    one client guessing passwords cannot lock everyone else behind the same proxy out.
+    Counted in the shared cache (``tenants.throttling``): the limit holds however many web
+    workers and hosts serve the API."""
 
     scope = "token-create"
-    rate = "10/minute"
+    limit = Limit(requests=10, window_s=60)
+    retry_after_s: float | None = None
 
-    def get_cache_key(self, request, view):
+    def ident(self, request) -> str:
+        """Client address and username (case-folded): whose attempts are counted together."""
         data = request.data if isinstance(request.data, Mapping) else {}
         username = str(data.get("username", ""))[:150].lower()
-        # Hashed: a username may hold spaces and control characters, which some cache
-        # backends (memcached) refuse in a key.
-        who = hashlib.sha256(f"{self.get_ident(request)}:{username}".encode()).hexdigest()
-        return self.cache_format % {"scope": self.scope, "ident": who}
+        return f"{self.get_ident(request)}:{username}"
+
+    def allow_request(self, request, view):
+        self.retry_after_s = claim(scope=self.scope, ident=self.ident(request), limit=self.limit)
+        return self.retry_after_s is None
+
+    def wait(self):
+        return self.retry_after_s
 
 
 @extend_schema(tags=["tokens"])

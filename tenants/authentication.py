@@ -5,9 +5,11 @@ Password logins (the login page, Django admin's, the token endpoint of the API) 
 ``GANTRY_LOGIN_FAILURE_LIMIT_PER_IP`` from one client address, within
 ``GANTRY_LOGIN_LOCKOUT_S`` seconds, further attempts are refused (even with the right
 password) until the oldest of those failures leaves the window. The failures are rows in the
-database, so every web worker counts the same ones. A successful login clears the failures of
-its username; the address's count only expires, so a person with an account of their own
-cannot reset the count of the address they guess from.
+database, so every web worker counts the same ones, and each attempt is checked and counted
+in one atomic step before its password is (``login_attempt_begin``), so concurrent attempts
+cannot all slip under the limit. A successful login clears the failures of its username; the
+address's count only expires, so a person with an account of their own cannot reset the count
+of the address they guess from.
 """
 
 import ipaddress
@@ -19,6 +21,7 @@ from django.conf import settings
 from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 from rest_framework import authentication, exceptions
@@ -50,6 +53,11 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         )
         if token is None or not token.user.is_active:
             raise exceptions.AuthenticationFailed("Invalid or revoked token.")
+        if token.outlived_password:
+            raise exceptions.AuthenticationFailed(
+                "Token revoked: the account's password changed since it was made. "
+                "Create a new one (POST /api/v1/tokens/ or gantry login)."
+            )
         if token.expires_at is not None and token.expires_at <= now:
             raise exceptions.AuthenticationFailed("Token expired.")
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
@@ -133,6 +141,31 @@ def login_lockout(*, username: str, ip_address: str | None, now: datetime | None
     return None
 
 
+# Key of the PostgreSQL advisory lock that makes each login's check-and-count one step.
+LOGIN_LOCK_KEY = 0x67616E6C6F67  # "ganlog"
+
+
+def login_attempt_begin(
+    *, username: str, ip_address: str | None, now: datetime | None = None
+) -> Lockout | None:
+    """Check the lockout and count this attempt, as one atomic step: the Lockout in force
+    (nothing counted), or None with the attempt recorded as a failure until its password
+    proves right (``login_failures_clear``). Counting before the password is checked is what
+    makes the limit hold for concurrent attempts on any number of workers: each one sees
+    the attempts in flight before it. Logins take turns here: PostgreSQL by an advisory lock,
+    SQLite by its IMMEDIATE transactions; the step is one count and one insert."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOGIN_LOCK_KEY])
+        lockout = login_lockout(username=username, ip_address=ip_address, now=now)
+        if lockout is not None:
+            return lockout
+        login_failure_record(username=username, ip_address=ip_address, now=now)
+    return None
+
+
 def login_failure_record(
     *, username: str, ip_address: str | None, now: datetime | None = None
 ) -> None:
@@ -159,11 +192,9 @@ class ThrottledModelBackend(ModelBackend):
         if username is None or password is None:
             return None  # not a password login (e.g. OpenID Connect's callback)
         ip_address = client_ip(request) if request is not None else None
-        if login_lockout(username=username, ip_address=ip_address) is not None:
+        if login_attempt_begin(username=username, ip_address=ip_address) is not None:
             raise PermissionDenied("login locked out")
         user = super().authenticate(request, username=username, password=password, **kwargs)
-        if user is None:
-            login_failure_record(username=username, ip_address=ip_address)
-        else:
-            login_failures_clear(username=username)
+        if user is not None:
+            login_failures_clear(username=username)  # this attempt's count included
         return user

@@ -56,12 +56,25 @@ class QuotaForm(ServiceErrorsMixin, forms.Form):
         widget=_number(min=1),
         help_text="Competing borrowers share idle GPUs in proportion to their weights.",
     )
+    confirm_overcommit = forms.BooleanField(
+        required=False,
+        label="Save even though the guarantees of this flavor exceed its capacity",
+        help_text="Guarantees beyond the GPUs the clusters have cannot all be kept at once: a "
+        "tenant within its guarantee may still wait.",
+    )
+
+
+QUOTA_FORM_VALUES = ("confirm_overcommit",)  # form fields that are no quota field
 
 
 def quota_initial(quota: Quota | None) -> dict:
     """Form values of an existing quota, or of a new one (the model's defaults)."""
     quota = quota or Quota()
-    return {name: getattr(quota, name) for name in QuotaForm.base_fields}
+    return {
+        name: getattr(quota, name)
+        for name in QuotaForm.base_fields
+        if name not in QUOTA_FORM_VALUES
+    }
 
 
 class FlavorForm(ServiceErrorsMixin, forms.Form):

@@ -249,7 +249,11 @@ class AuditEvent(models.Model):
 
 
 class ApiToken(models.Model):
-    """A personal API token. Only its SHA-256 is stored; the secret is shown once."""
+    """A personal API token. Only its SHA-256 is stored; the secret is shown once.
+
+    A token is bound to the password its owner had when it was made (``credential_stamp``):
+    once the password changes, by whatever path (the account page, Django admin,
+    ``manage.py changepassword``, a shell), the token no longer authenticates."""
 
     PREFIX_LENGTH = 8
 
@@ -263,9 +267,24 @@ class ApiToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # ``stamp_for(user)`` when the token was made; see the class docstring.
+    credential_stamp = models.CharField(max_length=64)
 
     def __str__(self) -> str:
         return f"{self.user} {self.name} ({self.prefix}…)"
+
+    @staticmethod
+    def stamp_for(user) -> str:
+        """A digest of the user's stored password hash (itself salted): it changes whenever
+        the password does, and tells nothing the password hash beside it would not."""
+        return hashlib.sha256(
+            b"gantry.api-token.credential-stamp:" + user.password.encode()
+        ).hexdigest()
+
+    @property
+    def outlived_password(self) -> bool:
+        """The owner's password changed since the token was made: it is revoked."""
+        return not secrets.compare_digest(self.credential_stamp, self.stamp_for(self.user))
 
     @staticmethod
     def new_secret() -> str:

@@ -102,7 +102,11 @@ def audit_tenant_choices(*, user: UserLike) -> QuerySet[Tenant]:
 
 def api_token_list_own(*, user: UserLike) -> QuerySet[ApiToken]:
     """The user's own API tokens, newest first; nobody else's are ever reachable."""
-    return ApiToken.objects.filter(user=signed_in(user)).order_by("-created_at", "-id")
+    return (
+        ApiToken.objects.filter(user=signed_in(user))
+        .select_related("user")
+        .order_by("-created_at", "-id")
+    )
 
 
 def api_token_get_own(*, user: UserLike, token_id: int) -> ApiToken:

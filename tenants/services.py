@@ -3,7 +3,9 @@ from collections.abc import Collection
 from datetime import datetime
 from decimal import Decimal
 
-from django.contrib.auth.models import Group
+from django.contrib.auth import SESSION_KEY
+from django.contrib.auth.models import Group, User
+from django.contrib.sessions.models import Session
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import RegexValidator
@@ -336,13 +338,15 @@ def api_token_create(
     name, prefix and expiry only, never the secret or its hash.
     """
     secret = ApiToken.new_secret()
+    owner = signed_in(user)
     with transaction.atomic():
         token = ApiToken.objects.create(
-            user=signed_in(user),
+            user=owner,
             name=name,
             prefix=secret[4 : 4 + ApiToken.PREFIX_LENGTH],
             key_hash=ApiToken.hash_secret(secret),
             expires_at=expires_at,
+            credential_stamp=ApiToken.stamp_for(owner),
         )
         audit_record(
             actor=user,
@@ -374,6 +378,50 @@ def api_token_revoke(*, token: ApiToken) -> None:
             before={"revoked_at": None},
             after={"revoked_at": now.isoformat()},
         )
+
+
+class CredentialsRevokedBecause(models.TextChoices):
+    PASSWORD_CHANGED = "password_changed", "the password changed"
+    DEACTIVATED = "deactivated", "the account was deactivated"
+
+
+@transaction.atomic
+def user_credentials_revoke(
+    *,
+    user: User,
+    actor: UserLike | None,
+    because: CredentialsRevokedBecause,
+    keep_session_key: str | None = None,
+) -> tuple[int, int]:
+    """Revoke every API token of ``user`` and end their sessions (all but
+    ``keep_session_key``: the session that changed its own password stays). Returns
+    (tokens revoked, sessions ended); audited as "user.credentials_revoke" when either is
+    not zero.
+
+    A changed password alone already stops the user's tokens (``ApiToken.credential_stamp``)
+    and sessions (Django's session hash of the password), whatever changed it; this makes it
+    visible, and is what makes a deactivation final: a reactivated account finds no token or
+    session of before."""
+    now = timezone.now()
+    tokens = ApiToken.objects.filter(user=user, revoked_at__isnull=True).update(revoked_at=now)
+    # Sessions are signed blobs keyed by a random key; only decoding tells whose each is.
+    # Only unexpired ones count, and this runs on a password change or a deactivation.
+    user_id = str(user.pk)
+    ended = [
+        session.session_key
+        for session in Session.objects.filter(expire_date__gt=now).iterator()
+        if session.session_key != keep_session_key
+        and session.get_decoded().get(SESSION_KEY) == user_id
+    ]
+    Session.objects.filter(session_key__in=ended).delete()
+    if tokens or ended:
+        audit_record(
+            actor=actor,
+            action="user.credentials_revoke",
+            target=f"user {user.get_username()}",
+            after={"because": because.value, "tokens": tokens, "sessions": len(ended)},
+        )
+    return tokens, len(ended)
 
 
 def notification_mark_all_read(*, user: UserLike) -> int:

@@ -29,6 +29,7 @@ from jobs.backends.base import (
     JobSpec,
     PermanentBackendError,
 )
+from jobs.env_names import GANTRY_NAMES, env_name_refusal
 
 LABEL_PREFIX = "gantry.io/"
 TENANT_LABEL = "gantry.io/tenant"
@@ -372,6 +373,11 @@ def _env(spec: JobSpec, settings: K8sSettings, *, name: str, secret: str) -> lis
                 f"environment variable name {key!r} is not valid: letters, digits and _ only, "
                 "not starting with a digit"
             )
+        # The same names as at submit: the container's env reaches no host-side launcher
+        # here, but a name must mean the same on every backend.
+        refusal = env_name_refusal(key, set_by_gantry=GANTRY_NAMES)
+        if refusal is not None:
+            raise PermanentBackendError(refusal)
         if key in managed:
             raise PermanentBackendError(f"environment variable {key} is set by Gantry")
     values = dict(spec.env)

@@ -32,6 +32,7 @@ from jobs.backends.base import (
     JobStatus,
     NodeInventory,
 )
+from jobs.env_names import GANTRY_NAMES, env_name_refusal
 
 TRANSPORTS = ("rest", "cli")
 CONTAINER_RUNTIMES = ("pyxis", "apptainer", "none")
@@ -436,12 +437,19 @@ def enroot_image(reference: str) -> str:
     return f"{repository}:{digest}"
 
 
+def step_command(env: Mapping[str, str], command: str) -> str:
+    """What the step's shell runs: ``env`` exported (sorted), then the user's command."""
+    exports = "".join(f"export {key}={shell_quote(value)}; " for key, value in sorted(env.items()))
+    return exports + command
+
+
 def _launcher(spec: JobSpec, settings: SlurmSettings) -> tuple[list[str], str]:
     """Lines that find the launch programs, and the command line that starts the user's
     command in every task, up to the command.
 
-    The programs are looked up before the user's variables are exported (a user's PATH is
-    meant for the program, and may not even be valid on the node) and kept read-only.
+    The programs are looked up in the batch shell, which never holds the user's variables (a
+    user's PATH is meant for the program, and may not even be valid on the node), and kept
+    read-only.
     """
     find = [
         'readonly gantry_srun="$(command -v srun)"',
@@ -499,8 +507,9 @@ def batch_job(
         signal = f"USR1@{signal_before}" if spec.checkpoint_dir else ""
 
     for key in spec.env:
-        if not _ENV_NAME.match(key):
-            raise RenderError(f"{key!r} is not a valid environment variable name")
+        refusal = env_name_refusal(key, set_by_gantry=GANTRY_NAMES)
+        if refusal is not None:
+            raise RenderError(refusal)
     if spec.topology_required and not _LEVEL_NAME.match(spec.topology_level):
         raise RenderError(f"topology level {spec.topology_level!r} is not a level name")
     placement = [_word(node, "node name") for node in spec.placement]
@@ -580,9 +589,10 @@ def _script(job: BatchJob, spec: JobSpec, settings: SlurmSettings) -> str:
     exports = {**spec.env, "GANTRY_IMAGE": spec.image}
     if spec.checkpoint_dir:
         exports["GANTRY_CHECKPOINT_DIR"] = spec.checkpoint_dir
-    lines += [f"export {key}={shell_quote(value)}" for key, value in sorted(exports.items())]
     lines += [
-        f"{launch} {shell_quote(spec.command)} &",
+        "# The experiment's env is exported by the step's own shell, in the container, before",
+        "# the command: this batch shell, srun and the container runtime never see it.",
+        f"{launch} {shell_quote(step_command(exports, spec.command))} &",
         "gantry_step=$!",
         "# wait returns early when a trapped signal arrives: wait until the step is gone.",
         'while kill -0 "$gantry_step" 2>/dev/null; do wait "$gantry_step"; done',

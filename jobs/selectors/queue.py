@@ -47,6 +47,83 @@ def flavor_node_limits() -> dict[str, tuple[int, int]]:
     return limits
 
 
+def resource_refusals(
+    *,
+    tenant: Tenant | None,
+    flavor: str,
+    nodes: int,
+    gpus_per_node: int,
+    topology_level: str = "",
+    topology_mode: str = "",
+) -> dict[str, list[str]]:
+    """Why a run of this shape is refused at submit, by field; empty when it is not: the
+    flavor, node and GPU counts the enabled clusters have, the tenant's quota (none, a per-run
+    maximum, guarantee + borrow limit) and whether any placement could ever exist. The submit
+    validation and the submit form's preview both ask this, so they never disagree."""
+    errors: dict[str, list[str]] = {}
+
+    def refuse(name: str, message: str) -> None:
+        errors.setdefault(name, []).append(message)
+
+    limits = flavor_node_limits()
+    if not GpuFlavor.objects.filter(slug=flavor).exists():
+        refuse("flavor", "Unknown GPU flavor.")
+    elif flavor not in limits:
+        refuse("flavor", "No enabled cluster offers this GPU flavor.")
+    if nodes < 1:
+        refuse("nodes", "Must be at least 1.")
+    if gpus_per_node < 1:
+        refuse("gpus_per_node", "Must be at least 1.")
+    if errors:
+        return errors
+    max_nodes, max_gpus = limits[flavor]
+    if nodes > max_nodes:
+        refuse("nodes", f"At most {max_nodes} nodes of {flavor}.")
+    if gpus_per_node > max_gpus:
+        refuse("gpus_per_node", f"A {flavor} node has at most {max_gpus} GPUs.")
+    if tenant is not None and not errors:
+        _quota_refusals(refuse, tenant=tenant, flavor=flavor, gpus=nodes * gpus_per_node)
+    levels = topology_levels_offered(flavor=flavor)
+    if topology_level and topology_level not in levels:
+        refuse(
+            "topology_level",
+            f"No cluster with {flavor} GPUs has a {topology_level!r} level "
+            f"(levels: {', '.join(levels) or 'none'}).",
+        )
+    if not {"nodes", "gpus_per_node", "topology_level"} & set(errors):
+        why = placement_never_possible(
+            flavor=flavor,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            topology_level=topology_level,
+            required=bool(topology_level) and topology_mode == TopologyMode.REQUIRED,
+        )
+        if why:
+            refuse("nodes", why)
+    return errors
+
+
+def _quota_refusals(refuse, *, tenant: Tenant, flavor: str, gpus: int) -> None:
+    """What the tenant's quota could never admit."""
+    quota = Quota.objects.filter(tenant=tenant, flavor__slug=flavor).first()
+    ceiling = 0 if quota is None else quota.guaranteed_gpus + quota.borrow_limit_gpus
+    if quota is None or ceiling == 0:
+        refuse("flavor", f"Tenant {tenant.slug} has no quota for {flavor}.")
+    elif quota.max_gpus_per_run is not None and gpus > quota.max_gpus_per_run:
+        refuse(
+            "gpus_per_node",
+            f"This run asks for {gpus} GPUs; tenant {tenant.slug} may use at most "
+            f"{quota.max_gpus_per_run} {flavor} GPUs per run.",
+        )
+    elif gpus > ceiling:
+        refuse(
+            "gpus_per_node",
+            f"This run asks for {gpus} GPUs and could never start: tenant {tenant.slug} may "
+            f"hold at most {ceiling} {flavor} GPUs ({quota.guaranteed_gpus} guaranteed + "
+            f"{quota.borrow_limit_gpus} borrowed).",
+        )
+
+
 def placement_never_possible(
     *, flavor: str, nodes: int, gpus_per_node: int, topology_level: str = "", required: bool = False
 ) -> str:
@@ -327,7 +404,7 @@ class AdmissionPreview:
     budget_gpu_hours: float | None
     budget_used_gpu_hours: float
     budget_mode: str
-    verdict: str  # "start", "borrow" or "wait"
+    verdict: str  # "start", "borrow", "wait" or "cannot" (the submit would be refused)
     message: str
     start: str = ""  # when it would start, from the last start forecast, if it would wait
 
@@ -361,6 +438,14 @@ def admission_preview(
         raise ValidationError({"tenant": "Unknown tenant, or you are not a member."})
     if not GpuFlavor.objects.filter(slug=flavor).exists():
         raise ValidationError({"flavor": "Unknown GPU flavor."})
+    refusals = resource_refusals(
+        tenant=tenant_obj,
+        flavor=flavor,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        topology_level=topology_level,
+        topology_mode=TopologyMode.REQUIRED if topology_required else "",
+    )
     now = timezone.now()
     snapshot, _ = admission_snapshot(now=now)
     probe = admission.QueuedRun(
@@ -381,7 +466,10 @@ def admission_preview(
     idle = admission.free_gpus(snapshot).get(flavor, 0)
     admit = next((a for a in decisions.admitted if a.run_id == -1), None)
     start = ""
-    if admit is not None:
+    if refusals:
+        verdict = "cannot"
+        message = "Cannot run: " + " ".join(m for messages in refusals.values() for m in messages)
+    elif admit is not None:
         verdict = "borrow" if admit.borrowed else "start"
         where = f"{admit.cluster} ({', '.join(admit.nodes)})"
         message = (

@@ -6,7 +6,8 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Q, QuerySet, Subquery
+from django.db.models import F, Q, QuerySet, Subquery, TextField, Value
+from django.db.models.functions import Coalesce, NullIf
 
 from jobs.access import run_list_viewable
 from jobs.models import (
@@ -16,7 +17,7 @@ from jobs.models import (
     RunState,
 )
 from jobs.reproducibility import attempt_id_from_token
-from tenants.access import tenant_list_viewable
+from tenants.access import is_platform_admin, tenant_list_viewable
 from tenants.models import Tenant
 from tenants.types import UserLike, signed_in
 
@@ -174,8 +175,20 @@ def attempt_get_for_token(*, token: str) -> Attempt | None:
     return None
 
 
-def run_events(*, run: Run) -> QuerySet[RunEvent]:
-    return run.events.select_related("actor", "attempt").order_by("at", "id")
+def run_events(*, run: Run, user: UserLike) -> QuerySet[RunEvent]:
+    """The run's timeline as ``user`` may read it: each event's ``shown_message`` is its
+    admin-only detail (which may name other tenants and their runs) for platform admins,
+    and the neutral message for everyone else."""
+    shown = (
+        Coalesce(NullIf("admin_detail", Value("")), "message", output_field=TextField())
+        if is_platform_admin(user)
+        else F("message")
+    )
+    return (
+        run.events.select_related("actor", "attempt")
+        .annotate(shown_message=shown)
+        .order_by("at", "id")
+    )
 
 
 def run_attempts(*, run: Run) -> QuerySet[Attempt]:

@@ -105,7 +105,9 @@ def _admission_cycle_locked(*, now=None) -> AdmissionSummary | None:
     if decisions.preempted:
         victims = Run.objects.in_bulk([p.run_id for p in decisions.preempted])
         for preempt in decisions.preempted:
-            preempted += run_preempt(run=victims[preempt.run_id], message=preempt.message)
+            preempted += run_preempt(
+                run=victims[preempt.run_id], message=preempt.message, admin_detail=preempt.detail
+            )
 
     admitted_ids = [d.run_id for d in decisions.admitted]
     runs = Run.objects.select_related("flavor").in_bulk(admitted_ids)

@@ -191,6 +191,74 @@ def held_gpus_by_pool(*, clusters: Iterable[Cluster]) -> dict[tuple[int, int], i
     return {(cluster_id, flavor_id): gpus for cluster_id, flavor_id, gpus in rows}
 
 
+@dataclass(frozen=True)
+class Overcommit:
+    """The guarantees of a flavor add up to more GPUs than the enabled clusters have."""
+
+    flavor: str
+    guaranteed: int  # every tenant's guarantee of the flavor, summed
+    capacity: int  # GPUs of the flavor on enabled clusters
+
+    @property
+    def excess(self) -> int:
+        return self.guaranteed - self.capacity
+
+    @property
+    def message(self) -> str:
+        """For platform admins: the figures."""
+        return (
+            f"The {self.flavor} guarantees of all tenants add up to {self.guaranteed:,} GPUs, "
+            f"{self.excess:,} more than the {self.capacity:,} the enabled clusters have: they "
+            "cannot all be kept at once, and a tenant within its guarantee may wait."
+        )
+
+    @property
+    def tenant_message(self) -> str:
+        """For members of tenants: the fact, without other tenants' guarantees."""
+        return (
+            f"The {self.flavor} guarantees of all tenants add up to more than the "
+            f"{self.capacity:,} GPUs the enabled clusters have: a run within its tenant's "
+            "guarantee may wait."
+        )
+
+
+def flavor_capacity(*, flavor_ids: Iterable[int] | None = None) -> dict[int, int]:
+    """flavor id -> GPUs of the flavor on enabled clusters."""
+    pools = ClusterFlavor.objects.filter(cluster__enabled=True)
+    if flavor_ids is not None:
+        pools = pools.filter(flavor_id__in=list(flavor_ids))
+    return dict(
+        pools.values("flavor_id").annotate(gpus=Sum("gpus")).values_list("flavor_id", "gpus")
+    )
+
+
+def flavor_overcommit(*, flavor: GpuFlavor) -> Overcommit | None:
+    """The flavor's overcommit as the quotas stand, or None."""
+    guaranteed = Quota.objects.filter(flavor=flavor).aggregate(gpus=Sum("guaranteed_gpus"))["gpus"]
+    capacity = flavor_capacity(flavor_ids=[flavor.pk]).get(flavor.pk, 0)
+    if (guaranteed or 0) <= capacity:
+        return None
+    return Overcommit(flavor=flavor.slug, guaranteed=guaranteed, capacity=capacity)
+
+
+def flavor_overcommits() -> list[Overcommit]:
+    """Every flavor whose guarantees exceed its capacity, by slug; two queries."""
+    guaranteed = (
+        Quota.objects.values("flavor_id", "flavor__slug")
+        .annotate(gpus=Sum("guaranteed_gpus"))
+        .values_list("flavor_id", "flavor__slug", "gpus")
+    )
+    capacity = flavor_capacity()
+    return sorted(
+        (
+            Overcommit(flavor=slug, guaranteed=gpus, capacity=capacity.get(flavor_id, 0))
+            for flavor_id, slug, gpus in guaranteed
+            if gpus > capacity.get(flavor_id, 0)
+        ),
+        key=lambda overcommit: overcommit.flavor,
+    )
+
+
 # --- writes ------------------------------------------------------------------------------
 
 
@@ -198,6 +266,7 @@ def held_gpus_by_pool(*, clusters: Iterable[Cluster]) -> dict[tuple[int, int], i
 class QuotaChange:
     quota: Quota
     in_use: int  # GPUs the tenant's runs hold now
+    overcommit: Overcommit | None = None  # the flavor's guarantees after the change
 
     @property
     def beyond_guarantee(self) -> int:
@@ -216,28 +285,62 @@ def quota_update_checked(
     budget_mode: str,
     fair_share_weight: int,
     actor: UserLike,
+    confirm_overcommit: bool = False,
 ) -> QuotaChange:
     """``tenants.services.quota_update`` with the flavors enabled clusters offer, so a borrow
     limit on a flavor nobody offers is refused; then an admission cycle applies the change.
 
-    A guarantee below what the tenant's runs hold is allowed (they keep running); the result
-    says by how much they exceed it.
+    Raising a guarantee so that the flavor's guarantees add up to more than its capacity
+    needs ``confirm_overcommit``: without it, ValidationError on ``confirm_overcommit`` and
+    nothing is written; with it, saved and audited as "quota.overcommit" too. A guarantee
+    below what the tenant's runs hold is allowed (they keep running); the result says by
+    how much they exceed it.
     """
-    quota = quota_update(
-        tenant=tenant,
-        flavor=flavor,
-        guaranteed_gpus=guaranteed_gpus,
-        borrow_limit_gpus=borrow_limit_gpus,
-        max_gpus_per_run=max_gpus_per_run,
-        monthly_gpu_hour_budget=monthly_gpu_hour_budget,
-        budget_mode=budget_mode,
-        fair_share_weight=fair_share_weight,
-        offered_flavors=offered_flavor_slugs(),
-        actor=actor,
-    )
+    # The flavor's quota rows, locked: two admins raising guarantees at once see each other.
+    before = dict(
+        Quota.objects.select_for_update()
+        .filter(flavor=flavor)
+        .order_by("tenant_id")
+        .values_list("tenant_id", "guaranteed_gpus")
+    ).get(tenant.pk, 0)
+    # Saved in a savepoint first, so every other field is checked as usual (and named first);
+    # refusing the overcommit then rolls the save and its audit row back.
+    with transaction.atomic():
+        quota = quota_update(
+            tenant=tenant,
+            flavor=flavor,
+            guaranteed_gpus=guaranteed_gpus,
+            borrow_limit_gpus=borrow_limit_gpus,
+            max_gpus_per_run=max_gpus_per_run,
+            monthly_gpu_hour_budget=monthly_gpu_hour_budget,
+            budget_mode=budget_mode,
+            fair_share_weight=fair_share_weight,
+            offered_flavors=offered_flavor_slugs(),
+            actor=actor,
+        )
+        overcommit = flavor_overcommit(flavor=flavor)
+        raises_overcommit = overcommit is not None and quota.guaranteed_gpus > before
+        if raises_overcommit and not confirm_overcommit:
+            assert overcommit is not None
+            raise ValidationError(
+                {
+                    "confirm_overcommit": [
+                        f"{overcommit.message} Confirm to save the guarantee of "
+                        f"{quota.guaranteed_gpus:,} anyway, or lower it."
+                    ]
+                }
+            )
+    if raises_overcommit and overcommit is not None:
+        audit_record(
+            actor=actor,
+            action="quota.overcommit",
+            target=f"{tenant.slug}:{flavor.slug}",
+            tenant=tenant,
+            after={"guaranteed": overcommit.guaranteed, "capacity": overcommit.capacity},
+        )
     in_use = _held_gpus(flavor_ids=[flavor.pk]).get((tenant.pk, flavor.pk), 0)
     admission_cycle_enqueue()
-    return QuotaChange(quota=quota, in_use=in_use)
+    return QuotaChange(quota=quota, in_use=in_use, overcommit=overcommit)
 
 
 @transaction.atomic

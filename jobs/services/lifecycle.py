@@ -27,6 +27,7 @@ def run_transition(
     expected: Iterable[RunState],
     reason: str,
     message: str = "",
+    admin_detail: str = "",
     actor: UserLike | None = None,
     attempt: Attempt | None = None,
     **fields,
@@ -34,6 +35,8 @@ def run_transition(
     """Move a run to ``to`` only if it is still in one of ``expected``; record the event.
 
     The conditional UPDATE is the claim: of two workers acting on the same run, one wins.
+    ``message`` is read by everyone who may see the run; ``admin_detail``, when given, is
+    the text platform admins read instead (it may name other tenants and their runs).
     """
     expected = tuple(expected)
     updated = Run.objects.filter(pk=run.pk, state__in=expected).update(state=to, **fields)
@@ -47,6 +50,7 @@ def run_transition(
         to_state=to,
         reason=reason,
         message=message,
+        admin_detail=admin_detail,
         actor=None if actor is None else signed_in(actor),
     )
     run.state = to
@@ -132,12 +136,18 @@ def _run_cancel_audit(*, run: Run, actor: UserLike | None, before: dict) -> None
     )
 
 
-def run_preempt(*, run: Run, message: str) -> int:
+def run_preempt(*, run: Run, message: str, admin_detail: str = "") -> int:
     """Take a borrowed run off its GPUs. It is requeued once its backend job is gone and
-    resumes from its latest checkpoint when admitted again."""
+    resumes from its latest checkpoint when admitted again. ``message`` names no other
+    tenant; ``admin_detail`` (platform admins only) may say who reclaimed the GPUs."""
     holding = (RunState.ADMITTED, RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING)
     if not run_transition(
-        run=run, to=RunState.PREEMPTED, expected=holding, reason="PREEMPTED", message=message
+        run=run,
+        to=RunState.PREEMPTED,
+        expected=holding,
+        reason="PREEMPTED",
+        message=message,
+        admin_detail=admin_detail,
     ):
         return 0
     attempt = run.attempts.order_by("-number").first()

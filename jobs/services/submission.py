@@ -14,12 +14,13 @@ from django.utils import timezone
 from images.access import image_list_usable
 from images.models import DIGEST_PATTERN, Image
 from images.services import TagResolutionError, tag_resolve
-from jobs import reproducibility, spec
+from jobs import spec
 from jobs.access import experiment_can_rerun, experiment_list_viewable
 from jobs.backends import (
     MULTI_NODE_ENV,
 )
 from jobs.enqueue import admission_cycle_enqueue
+from jobs.env_names import env_name_refusal
 from jobs.models import (
     COMMIT_PATTERN,
     MAX_COMMAND_BYTES,
@@ -31,18 +32,11 @@ from jobs.models import (
     RunState,
     TopologyMode,
 )
-from jobs.selectors.queue import (
-    flavor_node_limits,
-    placement_never_possible,
-    topology_levels_offered,
-)
+from jobs.selectors.queue import resource_refusals
 from jobs.selectors.runs import run_submitted_with
 from tenants.access import tenant_list_submittable
-from tenants.models import MAX_ID, GpuFlavor, Quota, max_length_of
+from tenants.models import MAX_ID, GpuFlavor, max_length_of
 from tenants.types import UserLike, signed_in
-
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-
 
 try:
     GANTRY_VERSION = version("gantry")
@@ -112,50 +106,19 @@ def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
             )
 
     flavor = GpuFlavor.objects.filter(slug=data.flavor).first()
-    limits = flavor_node_limits()
-    if _check(errors, "flavor", flavor is not None, "Unknown GPU flavor.") and _check(
-        errors, "flavor", data.flavor in limits, "No enabled cluster offers this GPU flavor."
-    ):
+    # The same checks the submit form's preview makes (jobs.selectors.queue.admission_preview),
+    # so the preview can never promise a wait for what the submit refuses.
+    for name, messages in resource_refusals(
+        tenant=tenant,
+        flavor=data.flavor,
+        nodes=data.nodes,
+        gpus_per_node=data.gpus_per_node,
+        topology_level=data.topology_level,
+        topology_mode=data.topology_mode,
+    ).items():
+        errors.setdefault(name, []).extend(messages)
+    if flavor is not None and "flavor" not in errors:
         resolved["flavor"] = flavor
-        max_nodes, max_gpus = limits[data.flavor]
-        if _check(errors, "nodes", data.nodes >= 1, "Must be at least 1.") and _check(
-            errors, "nodes", data.nodes <= max_nodes, f"At most {max_nodes} nodes of {data.flavor}."
-        ):
-            pass
-        if _check(errors, "gpus_per_node", data.gpus_per_node >= 1, "Must be at least 1."):
-            _check(
-                errors,
-                "gpus_per_node",
-                data.gpus_per_node <= max_gpus,
-                f"A {data.flavor} node has at most {max_gpus} GPUs.",
-            )
-        if tenant is not None and "nodes" not in errors and "gpus_per_node" not in errors:
-            _check_quota_allows(errors, tenant=tenant, flavor=flavor, data=data)
-        levels = topology_levels_offered(flavor=data.flavor)
-        if data.topology_level:
-            _check(
-                errors,
-                "topology_level",
-                data.topology_level in levels,
-                f"No cluster with {data.flavor} GPUs has a {data.topology_level!r} level "
-                f"(levels: {', '.join(levels) or 'none'}).",
-            )
-        if (
-            "nodes" not in errors
-            and "gpus_per_node" not in errors
-            and "topology_level" not in errors
-        ):
-            why = placement_never_possible(
-                flavor=data.flavor,
-                nodes=data.nodes,
-                gpus_per_node=data.gpus_per_node,
-                topology_level=data.topology_level,
-                required=bool(data.topology_level) and data.topology_mode == TopologyMode.REQUIRED,
-            )
-            _check(errors, "nodes", not why, why)
-    else:
-        _check(errors, "nodes", data.nodes >= 1, "Must be at least 1.")
-        _check(errors, "gpus_per_node", data.gpus_per_node >= 1, "Must be at least 1.")
 
     command = data.command or ""
     _check(errors, "command", command.strip() != "", "A command is required.")
@@ -184,10 +147,9 @@ def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
             )
     if _check(errors, "env", isinstance(data.env, dict), "Must be an object of names to strings."):
         for key, value in data.env.items():
-            if not ENV_NAME.match(str(key)):
-                _check(errors, "env", False, f"{key!r} is not a valid variable name.")
-            elif key in reproducibility.RESERVED_ENV:
-                _check(errors, "env", False, f"{key} is set by Gantry for every job; leave it out.")
+            refusal = env_name_refusal(key)
+            if refusal is not None:
+                _check(errors, "env", False, refusal)
             elif key in MULTI_NODE_ENV and data.nodes > 1:
                 _check(
                     errors,
@@ -234,37 +196,6 @@ def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
     if errors:
         raise ValidationError(errors)
     return resolved
-
-
-def _check_quota_allows(errors, *, tenant, flavor, data: ExperimentInput) -> None:
-    """Refuse at submit what the tenant's quota could never admit."""
-    gpus = data.nodes * data.gpus_per_node
-    quota = Quota.objects.filter(tenant=tenant, flavor=flavor).first()
-    ceiling = 0 if quota is None else quota.guaranteed_gpus + quota.borrow_limit_gpus
-    if (
-        not _check(
-            errors, "flavor", ceiling > 0, f"Tenant {tenant.slug} has no quota for {flavor.slug}."
-        )
-        or quota is None  # no quota: no ceiling either, refused just above
-    ):
-        return
-    if quota.max_gpus_per_run is not None and gpus > quota.max_gpus_per_run:
-        _check(
-            errors,
-            "gpus_per_node",
-            False,
-            f"This run asks for {gpus} GPUs; tenant {tenant.slug} may use at most "
-            f"{quota.max_gpus_per_run} {flavor.slug} GPUs per run.",
-        )
-        return
-    _check(
-        errors,
-        "gpus_per_node",
-        gpus <= ceiling,
-        f"This run asks for {gpus} GPUs and could never start: tenant {tenant.slug} may hold "
-        f"at most {ceiling} {flavor.slug} GPUs ({quota.guaranteed_gpus} guaranteed + "
-        f"{quota.borrow_limit_gpus} borrowed).",
-    )
 
 
 def _check_cloned_from(errors, *, user: UserLike, tenant, experiment_id) -> int | None:

@@ -46,12 +46,14 @@ def gantry_env(tmp_path, monkeypatch):
     monkeypatch.setenv("GANTRY_CONFIG_DIR", str(config))
     monkeypatch.delenv("GANTRY_URL", raising=False)
     monkeypatch.delenv("GANTRY_TOKEN", raising=False)
-    cache.clear()  # the token endpoint's throttle counts logins across tests
     return config
 
 
 @pytest.fixture
 def server(live_server, world, gantry_env):
+    # The token endpoint's throttle counts logins in the (database) cache, whose rows the
+    # live server's committed transactions leave behind for the next test.
+    cache.clear()
     return live_server.url
 
 

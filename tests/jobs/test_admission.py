@@ -49,9 +49,11 @@ def test_gang_is_all_or_nothing_and_the_rest_waits_with_position():
     decisions = decide(snapshot([run(1, nodes=3), run(2, nodes=2, tenant="nlp")]))
     assert admitted(decisions) == [(1, "c1", False)]
     assert waiting(decisions) == [(2, Wait.CAPACITY, 1)]
+    # Both tenants' guarantees (32 each) exceed the 32 GPUs: the wait says so.
     assert decisions.waiting[0].message == (
         "needs 2 nodes × 8 a100 GPUs; 8 a100 GPUs are free, at most 8 on any node "
-        "(c1-a100-00…c1-a100-03: 0, 0, 0, 8)"
+        "(c1-a100-00…c1-a100-03: 0, 0, 0, 8); the a100 guarantees of all tenants add up to "
+        "more than the 32 GPUs the clusters have, so not all can be kept at once"
     )
 
 
@@ -112,7 +114,11 @@ def test_guarantee_reclaims_borrowed_gpus_lowest_priority_then_newest_smallest_s
     # 8 GPUs needed, none idle: the priority-10 runs go first, newest first (14, 13) free 8.
     assert admitted(decisions) == [(1, "c1", False)]
     assert [p.run_id for p in decisions.preempted] == [14, 13]
+    # The preempted tenant reads no other tenant's name or run; platform admins read both.
     assert decisions.preempted[0].message == (
+        "a tenant within its guarantee reclaimed 8 a100 GPUs on c1; this run had borrowed 4"
+    )
+    assert decisions.preempted[0].detail == (
         "tenant vision reclaimed 8 a100 GPUs of its guarantee on c1 for run 1; this run had "
         "borrowed 4"
     )

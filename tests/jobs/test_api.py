@@ -26,7 +26,7 @@ CURRENT_TOKEN = reverse("api:token-revoke")
 
 
 @pytest.fixture(autouse=True)
-def _fresh_throttle():
+def _fresh_throttle(db):  # the throttle counts in the database cache when embedded
     cache.clear()
     yield
     cache.clear()

@@ -257,7 +257,8 @@ def test_fifty_concurrent_submitters_with_borrowing_and_reclaim(
     assert sum(s.preempted for s in summaries if s is not None) == preemptions.count()
     for event in preemptions.select_related("run__tenant"):
         reclaimer = "nlp" if event.run.tenant == world.vision else "vision"
-        assert event.message.startswith(f"tenant {reclaimer} reclaimed ")
+        assert event.message.startswith("a tenant within its guarantee reclaimed ")
+        assert event.admin_detail.startswith(f"tenant {reclaimer} reclaimed ")
     assert not Run.objects.filter(state=RunState.PREEMPTED).exists()
 
 

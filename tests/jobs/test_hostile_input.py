@@ -24,7 +24,7 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
-def _fresh_throttle():
+def _fresh_throttle(db):  # the throttle counts in the database cache when embedded
     cache.clear()
     yield
     cache.clear()

@@ -285,6 +285,9 @@ def test_guarantee_preempts_a_borrowed_run_which_resumes_from_its_checkpoint(
     assert lent.state == RunState.PREEMPTED
     event = lent.events.get(to_state="PREEMPTED")
     assert event.message == (
+        "a tenant within its guarantee reclaimed 8 h100-80gb GPUs on sim-1; this run had borrowed 8"
+    )
+    assert event.admin_detail == (
         f"tenant vision reclaimed 8 h100-80gb GPUs of its guarantee on sim-1 for run "
         f"{reclaimer.pk}; this run had borrowed 8"
     )

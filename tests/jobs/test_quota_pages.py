@@ -280,13 +280,16 @@ def test_quota_page_uses_the_same_queries_for_2_or_60_tenants(client, busy_world
         response = client.get(reverse("jobs:quota_list"))
 
     assert len(response.context["usages"]) == 50  # one page
-    assert len(large.captured_queries) == len(small.captured_queries) <= 12
+    # 14: the page's reads plus two for the flavors whose guarantees exceed their capacity.
+    assert len(large.captured_queries) == len(small.captured_queries) <= 14
 
 
 # --- editing a quota -----------------------------------------------------------------------
 
 
 def test_platform_admin_edits_a_quota_and_it_is_audited(client, world):
+    # 24 guaranteed to vision and 8 to nlp: the cluster's 32 A100 GPUs, no overcommit.
+    Quota.objects.filter(tenant=world.nlp, flavor=world.a100).update(guaranteed_gpus=8)
     client.force_login(world.platform_admin)
 
     response = client.post(edit_url("vision", "a100-80gb"), quota_form())
@@ -329,7 +332,7 @@ def test_empty_optional_fields_mean_no_limit_and_no_budget(client, world):
 
     response = client.post(
         edit_url("vision", "a100-80gb"),
-        quota_form(max_gpus_per_run="", monthly_gpu_hour_budget=""),
+        quota_form(guaranteed_gpus="16", max_gpus_per_run="", monthly_gpu_hour_budget=""),
     )
 
     assert response.status_code == 302
@@ -359,16 +362,18 @@ def test_platform_admin_creates_a_quota_the_tenant_did_not_have(client, world):
     client.force_login(world.platform_admin)
 
     page = client.get(edit_url("climate", "h100-80gb"))
-    response = client.post(edit_url("climate", "h100-80gb"), quota_form(borrow_limit_gpus="0"))
+    response = client.post(
+        edit_url("climate", "h100-80gb"), quota_form(guaranteed_gpus="0", borrow_limit_gpus="8")
+    )
 
     assert page.status_code == 200
     assert "climate has no h100-80gb quota yet: saving creates it." in page.content.decode()
     assert page.context["form"]["guaranteed_gpus"].value() == 0
     assert page.context["form"]["fair_share_weight"].value() == 1
     assert response.status_code == 302
-    assert quota_values(climate, world.h100)["guaranteed_gpus"] == 24
+    assert quota_values(climate, world.h100)["borrow_limit_gpus"] == 8
     event = AuditEvent.objects.get()
-    assert (event.tenant, event.before, event.after["guaranteed_gpus"]) == (climate, None, 24)
+    assert (event.tenant, event.before, event.after["borrow_limit_gpus"]) == (climate, None, 8)
 
 
 def test_edit_page_shows_current_values_and_use(client, busy_world):
@@ -378,7 +383,7 @@ def test_edit_page_shows_current_values_and_use(client, busy_world):
 
     assert response.status_code == 200
     form = response.context["form"]
-    assert [form[name].value() for name in form.fields] == [16, 8, 16, 100, "soft", 1]
+    assert [form[name].value() for name in form.fields] == [16, 8, 16, 100, "soft", 1, None]
     assert "<dt>In use</dt><dd>8 of 16 guaranteed GPUs</dd>" in response.content.decode()
 
 
@@ -474,8 +479,11 @@ def test_borrow_limit_on_a_flavor_no_cluster_offers_is_refused(client, world):
     }
     assert quota_values(world.vision, v100) is None
     assert AuditEvent.objects.count() == 0
-    # A guarantee alone is fine: capacity may come later.
-    ok = client.post(edit_url("vision", "v100-32gb"), quota_form(borrow_limit_gpus="0"))
+    # A guarantee alone is fine, once confirmed: capacity may come later.
+    ok = client.post(
+        edit_url("vision", "v100-32gb"),
+        quota_form(borrow_limit_gpus="0", confirm_overcommit="on"),
+    )
     assert ok.status_code == 302
     assert quota_values(world.vision, v100)["guaranteed_gpus"] == 24
 
@@ -779,7 +787,9 @@ def test_adding_a_flavor_to_a_simulator_lets_tenants_borrow_it(client, world):
     response = client.post(
         capacity_url(), {"flavor": "v100-32gb", "nodes": "1", "gpus_per_node": "4"}
     )
-    quota = client.post(edit_url("vision", "v100-32gb"), quota_form(borrow_limit_gpus="4"))
+    quota = client.post(
+        edit_url("vision", "v100-32gb"), quota_form(guaranteed_gpus="4", borrow_limit_gpus="4")
+    )
 
     assert response.status_code == 302
     assert pools(world.cluster)["v100-32gb"] == (1, 4)

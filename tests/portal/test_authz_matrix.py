@@ -450,7 +450,7 @@ def bodies(objects: Objects) -> dict[str, dict]:
             "max_restarts": "0",
         },
         "jobs:quota_edit": {
-            "guaranteed_gpus": "24",
+            "guaranteed_gpus": "16",  # within the A100 capacity: no overcommit to confirm
             "borrow_limit_gpus": "8",
             "max_gpus_per_run": "16",
             "monthly_gpu_hour_budget": "500",

@@ -337,10 +337,13 @@ def test_own_services_read_env_file_and_use_the_compose_servers():
         for variable, expected_host in (
             ("DATABASE_URL", "postgres"),
             ("CELERY_BROKER_URL", "redis"),
+            ("GANTRY_CACHE_URL", "redis"),
         ):
             url = re.sub(r"\$\{[^}]*\}", "placeholder", environment[variable])
             host = urlsplit(url).hostname
             assert host == expected_host and host in services, f"{name} {variable}"
+        # The cache may be cleared: never the broker's Redis database.
+        assert environment["GANTRY_CACHE_URL"] != environment["CELERY_BROKER_URL"], name
 
 
 # --- variables: settings, .env.example and compose agree -------------------------------------

@@ -168,6 +168,55 @@ def test_embedded_default_serves_runs_and_stops_everything(tmp_path):
     assert log_path.read_text().count("Demo data already present; keeping it.") == 1
 
 
+def raw_http(method: str, url: str, *, headers: dict, body: bytes | None = None):
+    """(status, headers, body text) of one request, whatever its status."""
+    request = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.headers, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, exc.read().decode()
+
+
+def test_embedded_default_shows_no_debug_pages_and_serves_static_files(tmp_path):
+    """Issue 21.8: ``make run`` without GANTRY_DEBUG: an error page shows no request body
+    (a password in it) and a 404 lists no URL patterns; static files are still served."""
+    data_dir = tmp_path / "data"
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "embedded.log"
+    process = start_embedded(data_dir, port, log_path)
+    try:
+        wait_for(lambda: _ready(base), timeout=120, what="the embedded server")
+
+        status, _, page = raw_http("GET", f"{base}/no-such-page/", headers={})
+        assert status == 404
+        assert "There is nothing here" in page
+        assert "URLconf" not in page and "runs/&lt;int:run_id&gt;/" not in page
+
+        # A host Gantry does not answer to fails before any view: with debug pages on,
+        # Django's error page would print the POST body, password included.
+        status, _, page = raw_http(
+            "POST",
+            f"{base}/accounts/login/",
+            headers={"Host": "evil.example", "Content-Type": "application/x-www-form-urlencoded"},
+            body=b"username=alice&password=hunter2-secret",
+        )
+        assert (status, page) == (
+            400,
+            '\n<!doctype html>\n<html lang="en">\n<head>\n  <title>Bad Request (400)</title>\n'
+            "</head>\n<body>\n  <h1>Bad Request (400)</h1><p></p>\n</body>\n</html>\n",
+        )
+
+        status, headers, css = raw_http("GET", f"{base}/static/gantry/gantry.css", headers={})
+        assert (status, headers["Content-Type"]) == (200, 'text/css; charset="utf-8"')
+        assert css == (ROOT / "static" / "gantry" / "gantry.css").read_text()
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0, log_path.read_text()[-3000:]
+    assert "Django debug pages: off" in log_path.read_text()
+
+
 def _ready(base: str) -> bool:
     try:
         with urllib.request.urlopen(f"{base}/readyz", timeout=2) as response:

@@ -202,13 +202,20 @@ def test_embedded_mode_needs_no_configuration(tmp_path):
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["embedded"] is True
-    assert summary["debug"] is True
+    assert summary["debug"] is False  # debug pages only when asked for (issue 21.8)
     assert summary["secret_key"] != ""
     assert summary["engine"] == "django.db.backends.sqlite3"
     assert summary["broker"] == "filesystem://"
     assert (tmp_path / "data").is_dir()
     (tmp_path / "data" / "gantry.sqlite3").touch()
     assert os.path.samefile(summary["name"], tmp_path / "data" / "gantry.sqlite3")
+
+
+@pytest.mark.parametrize(("raw", "debug"), [("1", True), ("true", True), ("0", False)])
+def test_embedded_debug_is_on_only_when_asked_for(tmp_path, raw, debug):
+    result = load_settings(tmp_path, GANTRY_EMBEDDED="1", GANTRY_DEBUG=raw)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["debug"] is debug
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ restores the cluster in a fixture (``cluster_restored``), pass or fail.
 """
 
 import base64
+import dataclasses
 import hashlib
 import json
 import os
@@ -37,7 +38,13 @@ from jobs.backends import (
     TransientBackendError,
 )
 from jobs.backends.slurm import QuotaLimit, SlurmBackend, mirror_quotas
-from jobs.backends.slurm_script import UNKNOWN_TOPOLOGY, batch_job, gpus_of_tres
+from jobs.backends.slurm_script import (
+    UNKNOWN_TOPOLOGY,
+    batch_job,
+    gpus_of_tres,
+    shell_quote,
+    step_command,
+)
 from jobs.models import (
     Attempt,
     Cluster,
@@ -665,13 +672,69 @@ def test_hostile_strings_reach_the_job_verbatim(slurm_env, accounts, transport):
     status = wait_for(b, s.name, job_id, {"SUCCEEDED", "FAILED"})
     assert status.state == "SUCCEEDED", read_output(s.name, job_id)
     out = job_dir / f"verbatim-{job_id}"
-    assert Path(f"{out}.cmd").read_text() == command
+    # The step's shell runs the env's exports, then the command exactly (issue 21.1).
+    exports = {**s.env, "GANTRY_IMAGE": s.image}
+    assert Path(f"{out}.cmd").read_text() == step_command(exports, command)
     pairs = Path(f"{out}.env").read_bytes().decode().split("\0")[:-1]
     received = dict(pair.split("=", 1) for pair in pairs)
     for key, value in env.items():
         assert received[key] == value, key
     assert received["GANTRY_ATTEMPT_TOKEN"] == s.attempt_token
     assert not canary.exists()
+
+
+def numbered_steps(job_id: str) -> list[str]:
+    """The job's steps that srun started (``<id>.0``, ``<id>.1``, …), as the accounting has
+    them; waits a little for slurmdbd to record step 0."""
+    steps: list[str] = []
+    for _ in range(40):
+        rows = slurm("sacct", "-n", "-P", "-j", job_id, "--format=JobID").split()
+        steps = sorted(row for row in rows if row.rpartition(".")[2].isdigit() and "." in row)
+        if steps:
+            break
+        time.sleep(0.25)
+    return steps
+
+
+def test_an_env_naming_another_job_never_reaches_its_allocation(slurm_env, accounts):
+    """Issue 21.1: every tenant's jobs run as one Slurm user, so a SLURM_JOB_ID that reached
+    srun would start the step inside another job's allocation."""
+    b = backend("cli")
+    other = spec(command="sleep 120")
+    other_id = b.submit(other)
+    wait_for(b, other.name, other_id, {"RUNNING"})
+    try:
+        # Refused before Slurm sees anything.
+        refused = spec(env={"SLURM_JOB_ID": other_id})
+        with pytest.raises(PermanentBackendError) as error:
+            b.submit(refused)
+        assert str(error.value).startswith(
+            "cluster test-cli: SLURM_JOB_ID is read by the cluster's launcher"
+        )
+        assert refused.name not in slurm("squeue", "-h", "-o", "%j")
+
+        # And delivered the way Gantry delivers an env (the step's own shell), even that
+        # name, forced past the check, stays in the step: srun starts it in its own job.
+        out = Path(os.environ["GANTRY_SLURM_JOB_DIR"]) / f"alloc-{SESSION}"
+        probe = spec(command=f'echo "$SLURM_JOB_ID" > {shell_quote(str(out))}')
+        job = b.job(probe)
+        benign = {"GANTRY_IMAGE": probe.image}
+        forced = {**benign, "SLURM_JOB_ID": other_id}
+        script = job.script.replace(
+            shell_quote(step_command(benign, probe.command)),
+            shell_quote(step_command(forced, probe.command)),
+        )
+        assert script != job.script
+        assert numbered_steps(other_id) == [f"{other_id}.0"]
+        job_id = b.transport.submit(dataclasses.replace(job, script=script))
+        status = wait_for(b, probe.name, job_id, {"SUCCEEDED", "FAILED"})
+
+        assert status.state == "SUCCEEDED", read_output(probe.name, job_id)
+        assert out.read_text() == f"{other_id}\n"  # the program reads what it was given ...
+        assert numbered_steps(job_id) == [f"{job_id}.0"]  # ... its step ran in its own job
+        assert numbered_steps(other_id) == [f"{other_id}.0"]  # ... and none joined this one
+    finally:
+        b.cancel(JobRef(other.name, other_id))
 
 
 def grp_tres(qos: str) -> set[str]:

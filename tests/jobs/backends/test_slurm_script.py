@@ -4,6 +4,7 @@ a fake ``srun`` that records the argv and environment it receives."""
 
 import base64
 import json
+import shlex
 import subprocess
 import sys
 from dataclasses import replace
@@ -44,6 +45,7 @@ from jobs.backends.slurm_script import (
     parse_topology,
     quota_commands,
     shell_quote,
+    step_command,
     topology_paths,
 )
 from tests import REPOSITORY
@@ -176,12 +178,13 @@ def test_script_carries_every_option_and_no_token():
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "GANTRY_ATTEMPT_TOKEN": TOKEN,
     }
-    assert "export LR=0.1" in lines
-    assert f"export GANTRY_IMAGE={IMAGE}" in lines
+    # The env is exported by the step's shell in the container, never by the batch shell.
+    assert [line for line in lines if line.startswith("export ")] == []
     assert (
         '"$gantry_srun" --container-image=\'registry.example.org#ml/pytorch:sha256:'
         + "a" * 64
-        + "' /bin/bash -c 'python train.py --epochs 3' &"
+        + "' /bin/bash -c 'export GANTRY_API_URL=https://gantry.example.org/api/v1; "
+        + f"export GANTRY_IMAGE={IMAGE}; export LR=0.1; python train.py --epochs 3' &"
     ) in lines
 
 
@@ -345,8 +348,11 @@ def test_render_refuses_a_placement_it_cannot_express(overrides, message):
     ],
 )
 def test_container_runtime_syntax(runtime, launch):
-    job = batch_job(job_spec(command="nvidia-smi"), slurm_settings(container_runtime=runtime))
-    assert launch.format(d="a" * 64) in job.script.splitlines()
+    job = batch_job(
+        job_spec(command="nvidia-smi", env={}), slurm_settings(container_runtime=runtime)
+    )
+    step = shlex.quote(f"export GANTRY_IMAGE={IMAGE}; nvidia-smi")
+    assert launch.format(d="a" * 64).replace("nvidia-smi", step) in job.script.splitlines()
 
 
 @pytest.mark.parametrize(
@@ -371,7 +377,10 @@ def test_enroot_image_reference(reference, enroot):
     [
         ({"flavor": "mi300x"}, "maps no Slurm GPU type for flavor mi300x"),
         ({"tenant": "vision;rm"}, "tenant (the Slurm account) 'vision;rm' is not a plain"),
-        ({"env": {"BAD-NAME": "x"}}, "'BAD-NAME' is not a valid environment variable name"),
+        ({"env": {"BAD-NAME": "x"}}, "'BAD-NAME' is not a valid variable name"),
+        ({"env": {"SLURM_JOB_ID": "424242"}}, "SLURM_JOB_ID is read by the cluster's launcher"),
+        ({"env": {"LD_PRELOAD": "/x.so"}}, "LD_PRELOAD is read by the cluster's launcher"),
+        ({"env": {"UID": "0"}}, "UID is set by bash itself"),
         ({"command": "echo \x00"}, "values cannot contain NUL characters"),
         ({"image": "registry.example.org/ml/pytorch:latest"}, "is not pinned by digest"),
     ],
@@ -440,6 +449,19 @@ def hostile_text(canary: str):
     return st.lists(pieces, max_size=8).map("".join)
 
 
+def step_sees(exports: dict[str, str], sandbox: Path) -> dict[str, str]:
+    """The environment a program started by the step's shell gets: the shell run with the
+    exports and a command that dumps the environment in place of the user's."""
+    dump = sandbox / "step-env"
+    done = subprocess.run(
+        ["bash", "-c", step_command(exports, f"/usr/bin/env -0 > '{dump}'")],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(pair.split("=", 1) for pair in dump.read_bytes().decode().split("\0")[:-1])
+
+
 def run_rendered(script: str, sandbox: Path, *, environment: dict) -> tuple[list[str], dict]:
     out = sandbox / "out"
     out.mkdir(exist_ok=True)
@@ -480,11 +502,14 @@ def test_hostile_command_and_env_reach_the_job_verbatim(sandbox, data):
 
     argv, received = run_rendered(job.script, sandbox, environment=job.environment)
 
-    assert argv == ["/bin/bash", "-c", command]
-    for key, value in env.items():
-        assert received[key] == value
+    exports = {**env, "GANTRY_IMAGE": IMAGE}
+    assert argv == ["/bin/bash", "-c", step_command(exports, command)]
+    # srun gets none of the experiment's env, only Gantry's token; the step's shell exports
+    # every value exactly before the command.
+    assert sorted(set(exports) & set(received)) == []
     assert received["GANTRY_ATTEMPT_TOKEN"] == TOKEN
-    assert received["GANTRY_IMAGE"] == IMAGE
+    seen = step_sees(exports, sandbox)
+    assert {key: seen.get(key) for key in exports} == exports
     assert not Path(canary).exists()
 
 
@@ -496,7 +521,7 @@ def test_pyxis_image_and_command_arrive_as_separate_arguments(sandbox):
         "--container-image=registry.example.org#ml/pytorch:sha256:" + "a" * 64,
         "/bin/bash",
         "-c",
-        command,
+        step_command({"GANTRY_IMAGE": IMAGE}, command),
     ]
     assert received["GANTRY_ATTEMPT_TOKEN"] == TOKEN
 
@@ -506,7 +531,9 @@ def test_a_user_path_does_not_hide_srun(sandbox):
     job = batch_job(spec, slurm_settings(container_runtime="none"))
     argv, received = run_rendered(job.script, sandbox, environment=job.environment)
     assert argv[:2] == ["/bin/bash", "-c"]
-    assert received["PATH"] == "/opt/conda/bin:$PATH"
+    # srun ran with the cluster's PATH; the program gets the user's, exactly.
+    assert received["PATH"] != "/opt/conda/bin:$PATH"
+    assert step_sees({"PATH": "/opt/conda/bin:$PATH"}, sandbox)["PATH"] == "/opt/conda/bin:$PATH"
 
 
 @given(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")))

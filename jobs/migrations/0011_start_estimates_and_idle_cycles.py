@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("jobs", "0009_node_inventory_and_placement"),
+        ("jobs", "0010_run_event_admin_detail"),
         ("tenants", "0005_auditevent_append_only"),
     ]
 

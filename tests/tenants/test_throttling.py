@@ -1,0 +1,169 @@
+"""Issue 21.4: the token endpoint's throttle and the login lockout hold across processes.
+
+The tests that prove it start gunicorn with several worker processes, as production runs it,
+on each shared cache Gantry supports, and send concurrent requests."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tenants.throttling import Limit, claim
+from tests import REPOSITORY
+from tests.celery_support import free_port, wait_for
+
+WORKERS = 3
+PASSWORD = "a-long-enough-test-password-7"
+
+
+# --- the slots, in this process ------------------------------------------------------------
+
+
+def test_a_limit_allows_n_requests_in_any_window_and_says_when_a_slot_frees(db):
+    limit = Limit(requests=3, window_s=60)
+    ident = f"client:{uuid.uuid4()}"
+    assert [claim(scope="t", ident=ident, limit=limit, now=1000.0 + i) for i in range(3)] == [
+        None,
+        None,
+        None,
+    ]
+    # The fourth, 10 s after the first: the first slot frees at 1060.
+    assert claim(scope="t", ident=ident, limit=limit, now=1010.0) == 50.0
+    # Another client has slots of its own.
+    assert claim(scope="t", ident=f"other:{uuid.uuid4()}", limit=limit, now=1010.0) is None
+
+
+def test_a_slot_frees_when_its_window_has_passed(db):
+    limit = Limit(requests=1, window_s=1)
+    ident = f"client:{uuid.uuid4()}"
+    assert claim(scope="t", ident=ident, limit=limit) is None
+    assert claim(scope="t", ident=ident, limit=limit) == 1.0
+    time.sleep(2.1)  # the cache keeps whole seconds
+    assert claim(scope="t", ident=ident, limit=limit) is None
+
+
+# --- several gunicorn workers --------------------------------------------------------------
+
+
+def _env(data_dir: Path, cache_url: str) -> dict[str, str]:
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"DATABASE_URL", "DJANGO_SETTINGS_MODULE", "GANTRY_CACHE_URL"}
+    }
+    return env | {
+        "GANTRY_EMBEDDED": "1",
+        "GANTRY_DATA_DIR": str(data_dir),
+        "GANTRY_CACHE_URL": cache_url,
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+    }
+
+
+def _post(url: str, body: dict) -> int:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST",
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _redis_cache_url() -> str:
+    """This test process's own Redis database (tests/settings.py gives each xdist worker
+    one), as a cache: keys are prefixed and per-run usernames keep runs apart."""
+    broker = os.environ["CELERY_BROKER_URL"]
+    assert re.fullmatch(r"redis://[^/]+/\d+", broker), broker
+    return broker
+
+
+@pytest.fixture(scope="module", params=["db://", "redis"], ids=["database-cache", "redis-cache"])
+def portal(request, tmp_path_factory):
+    """gunicorn with WORKERS worker processes on the embedded SQLite database, with the
+    cache under test; yields (base URL, access log path, usernames)."""
+    cache_url = request.param if request.param == "db://" else _redis_cache_url()
+    tmp_path = tmp_path_factory.mktemp("portal")
+    env = _env(tmp_path / "data", cache_url)
+    run = uuid.uuid4().hex[:8]
+    users = {"ok": f"throttled-{run}", "guesser": f"guessed-{run}"}
+    manage = [sys.executable, "manage.py"]
+    subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], cwd=REPOSITORY, env=env,
+                   check=True, timeout=300)  # fmt: skip
+    create = "; ".join(
+        f"User.objects.create_user({name!r}, password={PASSWORD!r})" for name in users.values()
+    )
+    subprocess.run(
+        [*manage, "shell", "-c", f"from django.contrib.auth.models import User; {create}"],
+        cwd=REPOSITORY, env=env, check=True, timeout=120,
+    )  # fmt: skip
+    port = free_port()
+    access_log = tmp_path / "access.log"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "portal.wsgi:application",
+         "--bind", f"127.0.0.1:{port}", "--workers", str(WORKERS),
+         "--access-logfile", str(access_log), "--access-logformat", "%(p)s %(U)s %(s)s"],
+        cwd=REPOSITORY, env=env, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _ready(f"{base}/healthz"), timeout=60, what="gunicorn")
+        yield base, access_log, users
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _burst(url: str, bodies: list[dict]) -> list[int]:
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(lambda body: _post(url, body), bodies))
+
+
+def _workers_that_served(access_log: Path, path: str) -> set[str]:
+    return {
+        line.split()[0] for line in access_log.read_text().splitlines() if line.split()[1] == path
+    }
+
+
+def test_the_token_limit_holds_across_gunicorn_workers(portal):
+    base, access_log, users = portal
+    body = {"username": users["ok"], "password": PASSWORD}
+
+    statuses = _burst(f"{base}/api/v1/tokens/", [body] * 15)
+
+    # 10 a minute per client and username, however the requests were spread.
+    assert sorted(statuses) == [201] * 10 + [429] * 5
+    wait_for(lambda: len(access_log.read_text().splitlines()) >= 15, timeout=10, what="log")
+    assert len(_workers_that_served(access_log, "/api/v1/tokens/")) > 1
+
+
+def test_the_login_lockout_holds_for_concurrent_guesses(portal):
+    base, _, users = portal
+    guess = {"username": users["guesser"], "password": "wrong-guess"}
+
+    statuses = _burst(f"{base}/api/v1/tokens/", [guess] * 9)
+
+    # Five failures lock the username: concurrent guesses cannot all slip in before the
+    # first failures are counted.
+    assert sorted(statuses) == [400] * 5 + [429] * 4
+    # Locked out even with the right password.
+    right = {"username": users["guesser"], "password": PASSWORD}
+    assert _post(f"{base}/api/v1/tokens/", right) == 429
