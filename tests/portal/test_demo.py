@@ -18,6 +18,7 @@ from finance import selectors as finance_selectors
 from finance.models import DailyUsage, RateCard
 from images.models import Image
 from jobs.models import Attempt, Run
+from jobs.selectors.estimates import run_start_estimate
 from jobs.selectors.runs import runs_place_in_line
 from portal.demo import demo_seed, previous_month
 from telemetry import selectors
@@ -93,6 +94,13 @@ def test_one_live_run_waits_and_says_why_and_where_it_stands(demo):
     )
     runs_place_in_line([run])
     assert run.queue_position == 1
+    # The seed runs the first start estimate, as the README's tour says: a number, not a
+    # reason, and the expected start no later than the latest one.
+    estimate = run_start_estimate(run=run)
+    assert estimate is not None and estimate.note == ""
+    assert estimate.latest is not None and estimate.expected is not None
+    assert run.submitted_at < estimate.expected <= estimate.latest
+    assert estimate.summary(now=run.submitted_at).startswith("Should start at about ")
 
 
 def test_the_other_live_runs_are_placed_one_of_them_on_borrowed_gpus(demo):
