@@ -12,7 +12,7 @@ from django.urls import reverse_lazy
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from tenants.authentication import Lockout, client_ip, login_lockout
+from tenants.authentication import Lockout, client_ip, login_lockout, refused_by_lockout
 from tenants.http import or_404
 from tenants.oidc import oidc_enabled
 from tenants.selectors import api_token_get_own, api_token_list_own
@@ -35,7 +35,14 @@ class LockoutAwareAuthenticationForm(AuthenticationForm):
             self.lockout = login_lockout(username=username, ip_address=client_ip(self.request))
             if self.lockout is not None:
                 raise ValidationError(self.lockout.message, code="locked")
-        return super().clean()
+        try:
+            return super().clean()
+        except ValidationError:
+            # Locked out while this login was on its way: say so, not "wrong password".
+            self.lockout = refused_by_lockout(self.request)
+            if self.lockout is not None:
+                raise ValidationError(self.lockout.message, code="locked") from None
+            raise
 
 
 class LoginView(auth_views.LoginView):

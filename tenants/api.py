@@ -15,7 +15,12 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
-from tenants.authentication import ApiTokenAuthentication, client_ip, login_lockout
+from tenants.authentication import (
+    ApiTokenAuthentication,
+    client_ip,
+    login_lockout,
+    refused_by_lockout,
+)
 from tenants.models import ApiToken, max_length_of
 from tenants.parsers import JsonTextParser
 from tenants.services import api_token_create, api_token_revoke
@@ -101,6 +106,9 @@ class TokenCreateApi(APIView):
         if lockout is not None:
             raise Throttled(wait=lockout.retry_after_s, detail=lockout.message)
         user = authenticate(request, username=data["username"], password=data["password"])
+        lockout = refused_by_lockout(request)
+        if lockout is not None:
+            raise Throttled(wait=lockout.retry_after_s, detail=lockout.message)
         if user is None:
             raise ValidationError(
                 {api_settings.NON_FIELD_ERRORS_KEY: ["Wrong username or password."]}

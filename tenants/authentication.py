@@ -179,6 +179,11 @@ def login_failures_clear(*, username: str) -> None:
     LoginFailure.objects.filter(username=_normalized(username)).delete()
 
 
+def refused_by_lockout(request) -> Lockout | None:
+    """The Lockout that refused this request's login inside ``authenticate``, if one did."""
+    return getattr(request, "gantry_login_lockout", None)
+
+
 class ThrottledModelBackend(ModelBackend):
     """Django's username and password check, refused while a Lockout is in force.
 
@@ -192,7 +197,13 @@ class ThrottledModelBackend(ModelBackend):
         if username is None or password is None:
             return None  # not a password login (e.g. OpenID Connect's callback)
         ip_address = client_ip(request) if request is not None else None
-        if login_attempt_begin(username=username, ip_address=ip_address) is not None:
+        lockout = login_attempt_begin(username=username, ip_address=ip_address)
+        if lockout is not None:
+            # A lockout that began while this request was on its way (concurrent guesses):
+            # the view's own check passed, so it learns here that it is a lockout, not a
+            # wrong password (``refused_by_lockout``).
+            if request is not None:
+                request.gantry_login_lockout = lockout
             raise PermissionDenied("login locked out")
         user = super().authenticate(request, username=username, password=password, **kwargs)
         if user is not None:

@@ -9,10 +9,10 @@ worker served them: a sliding window, with no read-modify-write to race.
 
 import hashlib
 import math
-import time
 from dataclasses import dataclass
 
 from django.core.cache import cache
+from django.utils import timezone
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Limit:
 def claim(*, scope: str, ident: str, limit: Limit, now: float | None = None) -> float | None:
     """Count one request of ``ident`` against ``limit``: None if it is allowed, else the
     seconds until a slot frees."""
-    now = time.time() if now is None else now
+    now = timezone.now().timestamp() if now is None else now
     # Hashed: an ident may hold spaces and control characters, which some caches refuse.
     digest = hashlib.sha256(ident.encode()).hexdigest()
     keys = [f"throttle:{scope}:{digest}:{slot}" for slot in range(limit.requests)]

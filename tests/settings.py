@@ -30,6 +30,10 @@ if _xdist_worker and not os.environ.get("GANTRY_TEST_WORKER_ISOLATED"):
             raise RuntimeError(f"no Redis database left for xdist worker {_xdist_worker}")
         os.environ["CELERY_BROKER_URL"] = f"{_match.group(1)}/{_db}"
     os.environ["GANTRY_DATA_DIR"] = os.environ["GANTRY_DATA_DIR"].rstrip("/") + f"-{_xdist_worker}"
+    # Metric files too: what the controller process set before it started the workers is
+    # shared by all of them, and exact counts in one worker would see the others'.
+    os.environ["GANTRY_METRICS_DIR"] = os.environ["GANTRY_DATA_DIR"] + "/metrics"
+    os.environ.pop("GANTRY_TEST_METRICS_FRESH", None)
     os.environ["GANTRY_TEST_WORKER_ISOLATED"] = "1"  # the processes tests start keep it as is
 
 # The first test process empties the metric files of earlier sessions before any process

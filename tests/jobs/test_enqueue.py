@@ -158,8 +158,9 @@ def test_quota_and_capacity_edits_save_while_the_broker_is_down_and_their_work_r
     with caplog.at_level(logging.ERROR, logger="django.db.backends.base"):
         quota = client.post(
             f"{reverse('jobs:quota_edit')}?tenant=vision&flavor=a100-80gb",
+            # 8 + nlp's 16 is more than the 16 GPUs of two nodes: confirmed (the node comes next)
             {"guaranteed_gpus": "8", "borrow_limit_gpus": "8", "max_gpus_per_run": "16",
-             "budget_mode": "hard", "fair_share_weight": "1"},
+             "budget_mode": "hard", "fair_share_weight": "1", "confirm_overcommit": "on"},
         )  # fmt: skip
         capacity = client.post(
             reverse("jobs:cluster_capacity", args=["sim-1"]),

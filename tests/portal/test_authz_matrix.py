@@ -94,6 +94,8 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     ("oidc_authentication_init", "GET"):        (404, 404, 404, 404, 404, 404),
     ("oidc_authentication_callback", "GET"):    (404, 404, 404, 404, 404, 404),
     ("api-schema", "GET"):                      (200, 200, 200, 200, 200, 200),
+    # Gantry's own metrics: for a bearer token only, and none is configured here
+    ("metrics", "GET"):                         (404, 404, 404, 404, 404, 404),
     ("api-docs", "GET"):                        (200, 200, 200, 200, 200, 200),
     (ADMIN_RULE, "GET"):                        (302, 302, 302, 302, 302, 200),
     (ADMIN_RULE, "POST"):                       (302, 302, 302, 302, 302, 403),
@@ -306,6 +308,7 @@ def paths(objects: Objects) -> dict[str, str]:
         "oidc_authentication_init": reverse("oidc_authentication_init"),
         "oidc_authentication_callback": reverse("oidc_authentication_callback"),
         "api-schema": reverse("api-schema"),
+        "metrics": reverse("metrics"),
         "api-docs": reverse("api-docs"),
         "api:token-create": reverse("api:token-create"),
         "api:token-revoke": reverse("api:token-revoke"),

@@ -86,6 +86,7 @@ def test_a_quota_change_records_every_field_before_and_after(world, window):
         budget_mode="soft",
         fair_share_weight=2,
         actor=world.platform_admin,
+        confirm_overcommit=True,  # 24 + nlp's 16 is more than sim-1's 32 A100s
     )
 
     event = event_of("quota.update")

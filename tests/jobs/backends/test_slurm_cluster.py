@@ -882,6 +882,16 @@ def test_outage_leaves_runs_in_place_and_converges_without_loss_or_duplicates(sl
     running, running_attempt = submit_and_admit(world, command="sleep 8")
     attempt_submit(attempt_id=running_attempt.pk)
     waiting, waiting_attempt = submit_and_admit(world, command="sleep 2")
+    # The outage begins once the running job's step runs: a job that slurmctld starts while
+    # it stops would have its srun refused (Slurm's behaviour, not what this test is about).
+    running_attempt.refresh_from_db()
+    job_id = running_attempt.backend_job_id
+    deadline = time.monotonic() + 60
+    # ``squeue -s`` lists the batch step at once ("4691.batch"), srun's step ("4691.0") once
+    # srun has it from slurmctld.
+    while f"{job_id}.0" not in slurm("squeue", "-h", "-s", "-j", job_id, "-o", "%i").split():
+        assert time.monotonic() < deadline, f"job {job_id}'s step never started"
+        time.sleep(0.2)
 
     stopped = run_script("down", "slurmctld")
     assert stopped.returncode == 0, stopped.stderr
