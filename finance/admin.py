@@ -26,7 +26,7 @@ class DailyUsageAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "flavor",
         "cluster",
         "allocated_gpu_s",
-        "cost",
+        "rate_card",
     )
     list_filter = ("tenant", "flavor")
     date_hierarchy = "date"

@@ -1,20 +1,24 @@
-"""One attempt's accounting split into UTC days and priced by the rate cards. Pure.
+"""One attempt's accounting split into UTC days and rate segments, and the rounding rule of
+statement lines. Pure.
 
-Finance reports add up rows per day, so every attempt is cut at UTC midnights. The cut
-keeps every total exact: a day's GPU-seconds are its share of the attempt rounded
-cumulatively (the running total is rounded, never the parts: with whole-second times a day
-gets exactly GPUs × its seconds), the categories are shared out inside each day without
-ever going below zero, and the cost in cents is handed out like the day totals. So the
-days of an attempt add up to its accounting to the GPU-second and to its cost to the
-cent. Cost = allocated GPU-hours × the price valid at each moment: a day that crosses a
-rate change is priced by the time under each rate. Time that no rate card covers is
-counted as unpriced GPU-seconds and costs nothing.
+Finance reports add up rows per day, so every attempt is cut at UTC midnights and where its
+flavor's price changes. The cut keeps every total exact: a segment's GPU-seconds are its
+share of the attempt rounded cumulatively (the running total is rounded, never the parts:
+with whole-second times a segment gets exactly GPUs × its seconds), and the categories are
+shared out inside each segment without ever going below zero. So the segments of an
+attempt add up to its accounting to the GPU-second. Each segment carries the rate valid
+over it (or none: time no rate card covers is unpriced and costs nothing).
+
+No money is rounded here per attempt or per day. A statement line adds up the whole
+GPU-seconds of its segments under one rate, and its cost is that quantity × the price,
+rounded once, half to even, to the cent (``line_cost``); totals are sums of lines.
 """
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
-from decimal import ROUND_HALF_EVEN, Decimal
+from decimal import Decimal
 from fractions import Fraction
 
 CATEGORIES = ("effective", "lost", "startup", "checkpoint", "idle", "input_wait", "comm_wait")
@@ -24,32 +28,78 @@ SECONDS_PER_HOUR = 3600
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """A price per GPU-hour valid over [valid_from, valid_to) (None: open-ended)."""
+    """A price per GPU-hour valid over [valid_from, valid_to) (None: open-ended);
+    ``card_id`` names the rate card it comes from."""
 
     valid_from: datetime
     valid_to: datetime | None
     price_per_gpu_hour: Decimal
+    card_id: int | None = None
+
+    def covers(self, moment: datetime) -> bool:
+        return self.valid_from <= moment and (self.valid_to is None or moment < self.valid_to)
 
 
 @dataclass(frozen=True, slots=True)
 class DayShare:
+    """The part of an attempt on one UTC day under one rate (None: no rate card)."""
+
     day: date
-    gpu_seconds: dict[str, int]  # per category; their sum is the day's allocated
-    unpriced_gpu_s: int
-    cost: Decimal  # in currency units, whole cents
-    effective_cost: Decimal
+    rate: Rate | None
+    gpu_seconds: dict[str, int]  # per category; their sum is the share's allocated
 
     @property
     def allocated_gpu_s(self) -> int:
         return sum(self.gpu_seconds.values())
+
+    @property
+    def unpriced_gpu_s(self) -> int:
+        return self.allocated_gpu_s if self.rate is None else 0
 
 
 def midnight(day: date) -> datetime:
     return datetime.combine(day, time(), tzinfo=UTC)
 
 
+def line_amount(*, gpu_s: int, price_per_gpu_hour: Decimal) -> Fraction:
+    """The exact cost of ``gpu_s`` GPU-seconds at ``price_per_gpu_hour``."""
+    return Fraction(gpu_s) * Fraction(price_per_gpu_hour) / SECONDS_PER_HOUR
+
+
+def cents(amount: Fraction) -> Decimal:
+    """``amount`` rounded once, half to even, to the cent."""
+    return Decimal(round(amount / CENT)).scaleb(-2)
+
+
+def line_cost(*, gpu_s: int, price_per_gpu_hour: Decimal | None) -> Decimal:
+    """The cost of a statement line: its whole GPU-seconds under one price × that price,
+    rounded once, half to even, to the cent. No price: it costs nothing."""
+    if price_per_gpu_hour is None:
+        return Decimal("0.00")
+    return cents(line_amount(gpu_s=gpu_s, price_per_gpu_hour=price_per_gpu_hour))
+
+
+def shares_cost(shares: Iterable[DayShare]) -> Decimal:
+    """The cost of some shares, priced each by its rate and rounded once at the end."""
+    exact = sum(
+        (
+            line_amount(
+                gpu_s=share.allocated_gpu_s, price_per_gpu_hour=share.rate.price_per_gpu_hour
+            )
+            for share in shares
+            if share.rate is not None
+        ),
+        Fraction(0),
+    )
+    return cents(exact)
+
+
 def _seconds(delta: timedelta) -> Fraction:
     return Fraction(delta.days * 86400 + delta.seconds) + Fraction(delta.microseconds, 10**6)
+
+
+def _round(value: int | Fraction, unit: Fraction) -> Fraction:
+    return round(Fraction(value) / unit) * unit
 
 
 def _spread(
@@ -66,139 +116,67 @@ def _spread(
     return parts
 
 
-def _day_segments(start: datetime, end: datetime) -> list[tuple[date, datetime, datetime]]:
-    """[start, end) cut at UTC midnights; an empty interval is one empty segment."""
+def _rate_at(moment: datetime, rates: Sequence[Rate]) -> Rate | None:
+    return next((rate for rate in rates if rate.covers(moment)), None)
+
+
+def _segments(
+    start: datetime, end: datetime, rates: Sequence[Rate]
+) -> list[tuple[date, Rate | None, datetime, datetime]]:
+    """[start, end) cut at UTC midnights and where a rate starts or ends; each segment with
+    the rate valid over it. An empty interval is one empty segment."""
     start, end = start.astimezone(UTC), end.astimezone(UTC)
-    segments = []
-    cursor = start
-    while True:
-        next_midnight = midnight(cursor.date() + timedelta(days=1))
-        if end <= next_midnight:
-            segments.append((cursor.date(), cursor, end))
-            return segments
-        segments.append((cursor.date(), cursor, next_midnight))
-        cursor = next_midnight
-
-
-def _priced(a: datetime, b: datetime, rates: Sequence[Rate]) -> tuple[Fraction, Fraction]:
-    """(Σ price × seconds under each rate, seconds under no rate) over [a, b)."""
-    weighted, covered = Fraction(0), Fraction(0)
-    for rate in rates:
-        lo = max(a, rate.valid_from)
-        hi = b if rate.valid_to is None else min(b, rate.valid_to)
-        if hi > lo:
-            seconds = _seconds(hi - lo)
-            weighted += Fraction(rate.price_per_gpu_hour) * seconds
-            covered += seconds
-    return weighted, _seconds(b - a) - covered
+    cuts = {
+        moment
+        for rate in rates
+        for moment in (rate.valid_from, rate.valid_to)
+        if moment is not None and start < moment < end
+    }
+    day = start.date() + timedelta(days=1)
+    while midnight(day) < end:
+        cuts.add(midnight(day))
+        day += timedelta(days=1)
+    bounds = [start, *sorted(cuts), end]
+    if start == end:
+        return [(start.date(), _rate_at(start, rates), start, end)]
+    return [(a.date(), _rate_at(a, rates), a, b) for a, b in itertools.pairwise(bounds)]
 
 
 def split_attempt(
     *, start: datetime, end: datetime, gpu_seconds: dict[str, int], rates: Sequence[Rate]
 ) -> list[DayShare]:
-    """The attempt's per-category GPU-seconds (``gpu_seconds``, whole, as accounted) and
-    cost, per UTC day of [start, end). ``rates`` are the attempt's flavor's cards, in any
-    order, not overlapping."""
-    if start.astimezone(UTC).date() == end.astimezone(UTC).date() and end > start:
-        # Most attempts: inside one day and under one price. Decimal division is exact to
-        # 28 digits and a tie at half a cent is exact in decimal, so this rounds as below.
-        rate = next(
-            (
-                rate
-                for rate in rates
-                if rate.valid_from <= start and (rate.valid_to is None or end <= rate.valid_to)
-            ),
-            None,
-        )
-        if rate is not None:
-            price = rate.price_per_gpu_hour
-            seconds = {name: gpu_seconds.get(name, 0) for name in CATEGORIES}
-            return [
-                DayShare(
-                    day=start.astimezone(UTC).date(),
-                    gpu_seconds=seconds,
-                    unpriced_gpu_s=0,
-                    cost=_cents(sum(seconds.values()) * price / SECONDS_PER_HOUR),
-                    effective_cost=_cents(seconds["effective"] * price / SECONDS_PER_HOUR),
-                )
-            ]
-    return _split(start=start, end=end, gpu_seconds=gpu_seconds, rates=rates)
-
-
-def _cents(amount: Decimal) -> Decimal:
-    return amount.quantize(Decimal("0.01"), rounding=ROUND_HALF_EVEN)
-
-
-def _split(
-    *, start: datetime, end: datetime, gpu_seconds: dict[str, int], rates: Sequence[Rate]
-) -> list[DayShare]:
-    """``split_attempt`` for any attempt, in exact fractions."""
-    segments = _day_segments(start, end)
+    """The attempt's per-category GPU-seconds (``gpu_seconds``, whole, as accounted) per
+    UTC day and rate of [start, end), in time order. ``rates`` are the attempt's flavor's
+    cards, in any order, not overlapping."""
+    segments = _segments(start, end, rates)
+    if len(segments) == 1:  # most attempts: inside one day and under one price
+        day, rate, _, _ = segments[0]
+        return [DayShare(day, rate, {name: gpu_seconds.get(name, 0) for name in CATEGORIES})]
     total_s = _seconds(end - start)
-    if total_s == 0:
-        cumulative = [Fraction(0)] * (len(segments) - 1) + [Fraction(1)]
-    else:
-        cumulative = [_seconds(b - start) / total_s for _, _, b in segments]
-    if len(segments) == 1:  # most attempts: no cut, and only the price to work out
-        by_category = {name: [gpu_seconds.get(name, 0)] for name in CATEGORIES}
-    else:
-        by_category = _split_days(gpu_seconds, cumulative)
-    allocated = [sum(by_category[name][i] for name in CATEGORIES) for i in range(len(segments))]
-    # Totals first, from the whole attempt: the time-weighted price and the uncovered share
-    # do not depend on how the attempt is cut into days. Then the days get their parts of
-    # the rounded totals, in proportion to their own prices and uncovered time.
-    weighted, uncovered = _priced(start, end, rates) if total_s else (Fraction(0), Fraction(0))
-    price_per_s = weighted / total_s / SECONDS_PER_HOUR if total_s else Fraction(0)
-    day_prices, day_uncovered = [], []
-    for _, a, b in segments:
-        length = _seconds(b - a)
-        day_weighted, day_missing = _priced(a, b, rates) if length else (0, 0)
-        day_prices.append(Fraction(day_weighted) / length / SECONDS_PER_HOUR if length else 0)
-        day_uncovered.append(Fraction(day_missing) / length if length else 0)
-    total = sum(gpu_seconds.get(name, 0) for name in CATEGORIES)
-    costs = _share_out(
-        _round(total * price_per_s, CENT),
-        [n * p for n, p in zip(allocated, day_prices, strict=True)],
-        CENT,
-    )
-    effective_costs = _share_out(
-        _round(gpu_seconds.get("effective", 0) * price_per_s, CENT),
-        [n * p for n, p in zip(by_category["effective"], day_prices, strict=True)],
-        CENT,
-    )
-    unpriced = _share_out(
-        _round(total * uncovered / total_s if total_s else 0, Fraction(1)),
-        [n * u for n, u in zip(allocated, day_uncovered, strict=True)],
-        Fraction(1),
-    )
+    cumulative = [_seconds(b - start) / total_s for _, _, _, b in segments]
+    by_category = _split_parts(gpu_seconds, cumulative)
     return [
-        DayShare(
-            day=day,
-            gpu_seconds={name: int(by_category[name][i]) for name in CATEGORIES},
-            unpriced_gpu_s=int(unpriced[i]),
-            cost=_decimal(costs[i]),
-            effective_cost=_decimal(effective_costs[i]),
-        )
-        for i, (day, _, _) in enumerate(segments)
+        DayShare(day, rate, {name: by_category[name][i] for name in CATEGORIES})
+        for i, (day, rate, _, _) in enumerate(segments)
     ]
 
 
-def _split_days(
+def _split_parts(
     gpu_seconds: dict[str, int], cumulative: Sequence[Fraction]
 ) -> dict[str, list[int]]:
-    """Each category's whole GPU-seconds per day. A day's total is its share of the whole
-    attempt, rounded cumulatively (so with whole-second times it is exactly GPUs × the day's
-    seconds); inside a day, each category gets the floor of what it is still owed by then,
-    and the units left go to the categories owed the most fraction. A category never gets
-    more than it has left, and the last day gets the rest: every category adds up to its
-    total, every part is zero or more."""
+    """Each category's whole GPU-seconds per part. A part's total is its share of the whole
+    attempt, rounded cumulatively (so with whole-second times it is exactly GPUs × the
+    part's seconds); inside a part, each category gets the floor of what it is still owed by
+    then, and the units left go to the categories owed the most fraction. A category never
+    gets more than it has left, and the last part gets the rest: every category adds up to
+    its total, every part is zero or more."""
     totals = {name: gpu_seconds.get(name, 0) for name in CATEGORIES}
-    day_totals = _spread(sum(totals.values()), cumulative, Fraction(1))
+    part_totals = _spread(sum(totals.values()), cumulative, Fraction(1))
     used = dict.fromkeys(CATEGORIES, 0)
     parts: dict[str, list[int]] = {name: [] for name in CATEGORIES}
     last = len(cumulative) - 1
-    for day, (share, day_total) in enumerate(zip(cumulative, day_totals, strict=True)):
-        if day == last:
+    for index, (share, part_total) in enumerate(zip(cumulative, part_totals, strict=True)):
+        if index == last:
             take = {name: totals[name] - used[name] for name in CATEGORIES}
         else:
             owed = {name: totals[name] * share - used[name] for name in CATEGORIES}
@@ -206,7 +184,7 @@ def _split_days(
                 name: max(0, min(int(owed[name] // 1), totals[name] - used[name]))
                 for name in CATEGORIES
             }
-            left = int(day_total) - sum(take.values())
+            left = int(part_total) - sum(take.values())
             # Most owed first; ties in category order. Each pass moves one unit per category.
             while left:
                 order = sorted(
@@ -227,37 +205,11 @@ def _split_days(
     return parts
 
 
-def _round(value: int | Fraction, unit: Fraction) -> Fraction:
-    return round(Fraction(value) / unit) * unit
-
-
-def _share_out(
-    total: Fraction, weights: Sequence[int | Fraction], unit: Fraction
-) -> list[Fraction]:
-    """``total`` (whole ``unit``s) handed out in proportion to ``weights`` by cumulative
-    rounding; all to the last part when every weight is zero."""
-    weight_sum = sum(weights, Fraction(0))
-    if weight_sum == 0:
-        return [Fraction(0)] * (len(weights) - 1) + [total]
-    cumulative, running = [], Fraction(0)
-    for weight in weights:
-        running += weight
-        cumulative.append(running / weight_sum)
-    return _spread(total, cumulative, unit)
-
-
-def _decimal(amount: Fraction) -> Decimal:
-    """A whole number of cents as a Decimal with two places."""
-    cents = amount / CENT
-    assert cents.denominator == 1, amount
-    return Decimal(int(cents)).scaleb(-2)
-
-
 def attempt_cost(
     *, start: datetime, end: datetime, allocated_gpu_s: int, rates: Sequence[Rate]
 ) -> Decimal:
-    """The attempt's whole cost, as its days add up to."""
-    shares = split_attempt(
-        start=start, end=end, gpu_seconds={"effective": allocated_gpu_s}, rates=rates
+    """The attempt's whole cost, alone on a line: its GPU-seconds under each rate × the
+    price, rounded once to the cent."""
+    return shares_cost(
+        split_attempt(start=start, end=end, gpu_seconds={"effective": allocated_gpu_s}, rates=rates)
     )
-    return sum((share.cost for share in shares), Decimal("0.00"))

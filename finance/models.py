@@ -46,9 +46,14 @@ class RateCard(models.Model):
 
 
 class DailyUsage(models.Model):
-    """GPU-seconds and cost of one UTC day, per tenant, project, user, flavor and cluster,
-    from attempt accounting (design §8). Rebuilt a whole day at a time, so rebuilding a day
-    gives the same rows; the days of an attempt add up to its accounting exactly."""
+    """GPU-seconds of one UTC day, per tenant, project, user, flavor and cluster, from
+    attempt accounting (design §8), and the rate card that prices them. Rebuilt a whole day
+    at a time, so rebuilding a day gives the same rows; the days of an attempt add up to its
+    accounting exactly.
+
+    No money is stored: rate cards start at 00:00 UTC, so a flavor's day has one price, and
+    a statement line's cost is its whole GPU-seconds × that price, rounded once
+    (``finance.costing.line_cost``)."""
 
     date = models.DateField()
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
@@ -66,8 +71,14 @@ class DailyUsage(models.Model):
     input_wait_gpu_s = models.BigIntegerField()
     comm_wait_gpu_s = models.BigIntegerField()
     unpriced_gpu_s = models.BigIntegerField(help_text="GPU-seconds no rate card covered")
-    cost = models.DecimalField(max_digits=16, decimal_places=2)
-    effective_cost = models.DecimalField(max_digits=16, decimal_places=2)
+    rate_card = models.ForeignKey(
+        RateCard,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="The card in force on the day; empty: no card, the GPU-seconds are unpriced",
+    )
 
     class Meta:
         db_table = "telemetry_dailyusage"
@@ -87,10 +98,6 @@ class DailyUsage(models.Model):
     @property
     def waste_gpu_s(self) -> int:
         return self.allocated_gpu_s - self.effective_gpu_s
-
-    @property
-    def waste_cost(self):
-        return self.cost - self.effective_cost
 
 
 class UsageRollupState(models.Model):

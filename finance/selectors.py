@@ -3,9 +3,14 @@ month-over-month trends, budget burn-down, the attempts behind a statement line 
 of an export. Who may read which tenant is ``finance.access``.
 
 Every figure comes from ``DailyUsage``, the precomputed per-day rollup of attempt
-accounting: a statement is a handful of grouped queries over one tenant's month, never a
-walk over attempts. GPU time is kept in whole GPU-seconds and money in Decimal cents up to
-the page, so totals add up exactly; hours are Decimal GPU-seconds ÷ 3600.
+accounting: a statement is one grouped query over one tenant's month, never a walk over
+attempts. GPU time is kept in whole GPU-seconds; hours are Decimal GPU-seconds ÷ 3600.
+
+Money follows one rule. A statement line is the GPU-seconds of one project, user, flavor
+and cluster under one rate card in the month; its cost is those GPU-seconds × the card's
+price, rounded once, half to even, to the cent (``costing.line_cost``), and so is its
+effective cost. Every other figure (a breakdown line, a total, a month of the trend, an
+export row) is a sum of such lines, so they all add up exactly.
 """
 
 from collections import defaultdict
@@ -136,21 +141,48 @@ class Usage:
             for name in WASTE
         ]
 
+    def __add__(self, other: "Usage") -> "Usage":
+        return Usage(**{name: getattr(self, name) + getattr(other, name) for name in _USAGE_FIELDS})
+
 
 _USAGE_FIELDS = [item.name for item in fields(Usage)]
+_GPU_FIELDS = [name for name in _USAGE_FIELDS if name.endswith("_gpu_s")]
 # Annotations may not reuse the model's field names.
-_SUMS = {f"sum_{name}": Sum(name) for name in _USAGE_FIELDS}
+_GPU_SUMS = {f"sum_{name}": Sum(name) for name in _GPU_FIELDS}
+# What makes a statement line: GPU-seconds of one project, user, flavor and cluster under one
+# rate card (none: unpriced).
+LINE_FIELDS = ("project_id", "user_id", "flavor_id", "cluster_id", "rate_card_id")
+_PRICE = "rate_card__price_per_gpu_hour"
 
 
-def _usage(row: Mapping[str, Any]) -> Usage:
-    values: dict[str, Any] = {}
-    for name in _USAGE_FIELDS:
-        value = row[f"sum_{name}"]
-        if name in ("cost", "effective_cost"):
-            values[name] = ZERO_MONEY if value is None else value
-        else:
-            values[name] = value or 0
-    return Usage(**values)
+def _priced(row: Mapping[str, Any]) -> Usage:
+    """A statement line from its grouped row: the GPU-seconds added up, the money rounded
+    once."""
+    seconds = {name: row[f"sum_{name}"] or 0 for name in _GPU_FIELDS}
+    price = row[_PRICE]
+    return Usage(
+        **seconds,
+        cost=costing.line_cost(gpu_s=seconds["allocated_gpu_s"], price_per_gpu_hour=price),
+        effective_cost=costing.line_cost(
+            gpu_s=seconds["effective_gpu_s"], price_per_gpu_hour=price
+        ),
+    )
+
+
+def _lines(rows: QuerySet[DailyUsage], *group: str) -> Iterator[tuple[dict[str, Any], Usage]]:
+    """The statement lines of ``rows``, each also grouped by the ``group`` lookups (and in
+    their order): one grouped query, read as it streams."""
+    lines = (
+        rows.values(*group, *LINE_FIELDS, _PRICE)
+        .annotate(**_GPU_SUMS)
+        .order_by(*group, *LINE_FIELDS)
+    )
+    for row in lines.iterator(chunk_size=EXPORT_CHUNK_ROWS):
+        yield row, _priced(row)
+
+
+def _total(usages: Iterable[Usage]) -> Usage:
+    return sum(usages, Usage())
 
 
 # --- statements ---------------------------------------------------------------------------
@@ -210,38 +242,49 @@ def _month_rows(*, tenant: Tenant, month: date) -> QuerySet[DailyUsage]:
     return DailyUsage.objects.filter(tenant=tenant, date__gte=month, date__lt=month_after(month))
 
 
-def statement_lines(*, tenant: Tenant, month: date, dimension: str) -> list[StatementLine]:
-    """One line per value of ``dimension`` with usage in the month, the costliest first."""
+_LABELS = tuple(
+    dict.fromkeys(name for spec in DIMENSIONS.values() for name in (spec.key, spec.label))
+)
+
+
+def _breakdown(lines: list[tuple[dict[str, Any], Usage]], dimension: str) -> list[StatementLine]:
+    """The statement lines added up per value of ``dimension``, the costliest first."""
     spec = DIMENSIONS[dimension]
-    rows = (
-        _month_rows(tenant=tenant, month=month)
-        .values(spec.key, spec.label)
-        .annotate(**_SUMS)
-        .order_by("-sum_cost", "-sum_allocated_gpu_s", spec.key)
+    found: dict[tuple[str, str], Usage] = {}
+    for row, usage in lines:
+        value = (row[spec.key], row[spec.label])
+        found[value] = found.get(value, Usage()) + usage
+    ordered = sorted(
+        found.items(), key=lambda item: (-item[1].cost, -item[1].allocated_gpu_s, item[0][0])
     )
     return [
-        StatementLine(
-            dimension=dimension, key=row[spec.key], label=row[spec.label], usage=_usage(row)
-        )
-        for row in rows
+        StatementLine(dimension=dimension, key=key, label=label, usage=usage)
+        for (key, label), usage in ordered
     ]
 
 
+def statement_lines(*, tenant: Tenant, month: date, dimension: str) -> list[StatementLine]:
+    """One line per value of ``dimension`` with usage in the month, the costliest first."""
+    lines = list(_lines(_month_rows(tenant=tenant, month=month_first_day(month)), *_LABELS))
+    return _breakdown(lines, dimension)
+
+
 def statement_total(*, tenant: Tenant, month: date) -> Usage:
-    return _usage(_month_rows(tenant=tenant, month=month).aggregate(**_SUMS))
+    """The month's total: the sum of its statement lines."""
+    rows = _month_rows(tenant=tenant, month=month_first_day(month))
+    return _total(usage for _, usage in _lines(rows))
 
 
 def statement_month(*, tenant: Tenant, month: date) -> Statement:
-    """The tenant's statement of the month starting ``month``: one query for the totals and
-    one per breakdown."""
+    """The tenant's statement of the month starting ``month``: its lines in one query, the
+    total and every breakdown added up from them."""
     month = month_first_day(month)
+    lines = list(_lines(_month_rows(tenant=tenant, month=month), *_LABELS))
     return Statement(
         tenant=tenant,
         month=month,
-        total=statement_total(tenant=tenant, month=month),
-        breakdowns={
-            name: statement_lines(tenant=tenant, month=month, dimension=name) for name in DIMENSIONS
-        },
+        total=_total(usage for _, usage in lines),
+        breakdowns={name: _breakdown(lines, name) for name in DIMENSIONS},
     )
 
 
@@ -250,7 +293,7 @@ def statement_line_total(*, tenant: Tenant, month: date, filters: dict[str, str]
     rows = _month_rows(tenant=tenant, month=month_first_day(month)).filter(
         **{DIMENSIONS[name].key: value for name, value in filters.items()}
     )
-    return _usage(rows.aggregate(**_SUMS))
+    return _total(usage for _, usage in _lines(rows))
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,15 +310,13 @@ def tenant_month_overview(
 ) -> list[TenantMonths]:
     """Per tenant (in ``tenants``' order), its usage of ``closed_month`` and of
     ``current_month``: one grouped query."""
-    rows = (
-        DailyUsage.objects.filter(
-            tenant__in=tenants, date__gte=closed_month, date__lt=month_after(current_month)
-        )
-        .annotate(month=TruncMonth("date"))
-        .values("tenant_id", "month")
-        .annotate(**_SUMS)
-    )
-    found = {(row["tenant_id"], row["month"]): _usage(row) for row in rows}
+    rows = DailyUsage.objects.filter(
+        tenant__in=tenants, date__gte=closed_month, date__lt=month_after(current_month)
+    ).annotate(month=TruncMonth("date"))
+    found: dict[tuple[int, date], Usage] = {}
+    for row, usage in _lines(rows, "tenant_id", "month"):
+        key = (row["tenant_id"], row["month"])
+        found[key] = found.get(key, Usage()) + usage
     return [
         TenantMonths(
             tenant=tenant,
@@ -299,14 +340,12 @@ def usage_by_month(
     months without usage included, oldest first: one grouped query."""
     last_month = month_first_day(last_month)
     first = months_back(last_month, months - 1)
-    rows = (
-        DailyUsage.objects.filter(tenant=tenant, date__gte=first, date__lt=month_after(last_month))
-        .annotate(month=TruncMonth("date"))
-        .values("month")
-        .annotate(**_SUMS)
-        .order_by("month")
-    )
-    found = {row["month"]: _usage(row) for row in rows}
+    rows = DailyUsage.objects.filter(
+        tenant=tenant, date__gte=first, date__lt=month_after(last_month)
+    ).annotate(month=TruncMonth("date"))
+    found: dict[date, Usage] = {}
+    for row, usage in _lines(rows, "month"):
+        found[row["month"]] = found.get(row["month"], Usage()) + usage
     series, cursor = [], first
     for _ in range(months):
         series.append(MonthUsage(month=cursor, usage=found.get(cursor, Usage())))
@@ -464,7 +503,9 @@ def statement_attempts(
 @dataclass(frozen=True, slots=True)
 class AttemptInMonth:
     """An attempt behind a statement line: its whole accounting, and the part of its GPU
-    time and cost that falls in the month (what the statement counts)."""
+    time that falls in the month (what the statement counts), with its cost as if it were
+    alone on a line. The line itself is rounded once over all its attempts, so the
+    attempts' costs can differ from it by their rounding."""
 
     attempt: Attempt
     month_allocated_gpu_s: int
@@ -510,7 +551,7 @@ def attempts_in_month(*, attempts: list[Attempt], month: date) -> list[AttemptIn
             AttemptInMonth(
                 attempt=attempt,
                 month_allocated_gpu_s=sum(share.allocated_gpu_s for share in inside),
-                month_cost=sum((share.cost for share in inside), ZERO_MONEY),
+                month_cost=costing.shares_cost(inside),
                 unpriced_gpu_s=sum(share.unpriced_gpu_s for share in inside),
             )
         )
@@ -529,6 +570,7 @@ def rate_cards_for(flavor_ids: Iterable[int]) -> dict[int, list[costing.Rate]]:
                 valid_from=costing.midnight(card.valid_from),
                 valid_to=costing.midnight(card.valid_to) if card.valid_to else None,
                 price_per_gpu_hour=card.price_per_gpu_hour,
+                card_id=card.pk,
             )
         )
     return rates
@@ -572,51 +614,48 @@ def rate_cards_by_flavor(*, today: date) -> list[FlavorRates]:
 # --- exports ------------------------------------------------------------------------------
 
 EXPORT_COLUMNS = (
-    "date", "tenant", "project", "user", "flavor", "cluster", "attempts",
+    "from", "to", "tenant", "project", "user", "flavor", "cluster", "price_per_gpu_hour",
     "allocated_gpu_h", "effective_gpu_h", *(f"{name}_gpu_h" for name in WASTE),
     "unpriced_gpu_h", "cost", "effective_cost", "waste_cost", "currency",
 )  # fmt: skip
-_EXPORT_VALUES = (
-    "date", "tenant__slug", "project__slug", "user__username", "flavor__slug", "cluster__name",
-    "attempts", "allocated_gpu_s", "effective_gpu_s", *(f"{name}_gpu_s" for name in WASTE),
-    "unpriced_gpu_s", "cost", "effective_cost",
+_EXPORT_NAMES = (
+    "tenant__slug", "project__slug", "user__username", "flavor__slug", "cluster__name",
+    "rate_card__valid_from",
 )  # fmt: skip
-_NAME_COLUMNS = 6  # date, tenant, project, user, flavor, cluster
-
-
-def export_rows_count(*, tenant: Tenant | None, first_day: date, last_day: date) -> int:
-    return _export_rows(tenant=tenant, first_day=first_day, last_day=last_day).count()
 
 
 def _export_rows(*, tenant: Tenant | None, first_day: date, last_day: date) -> QuerySet:
     rows = DailyUsage.objects.filter(date__gte=first_day, date__lte=last_day)
     if tenant is not None:
         rows = rows.filter(tenant=tenant)
-    return rows.order_by(
-        "date", "tenant__slug", "project__slug", "user__username", "flavor__slug", "cluster__name"
-    )
+    return rows.annotate(month=TruncMonth("date"))
+
+
+def export_rows_count(*, tenant: Tenant | None, first_day: date, last_day: date) -> int:
+    rows = _export_rows(tenant=tenant, first_day=first_day, last_day=last_day)
+    return rows.values("month", "tenant_id", *LINE_FIELDS).distinct().count()
 
 
 def export_rows(
     *, tenant: Tenant | None, first_day: date, last_day: date, currency: str
 ) -> Iterator[tuple]:
-    """The DailyUsage rows of [first_day, last_day] (of ``tenant``, or of every tenant),
-    one tuple per row in ``EXPORT_COLUMNS`` order: the date, names as text, GPU-hours as
-    Decimal with six places, money as stored. Read in chunks through a server-side cursor,
-    so memory stays flat however many rows there are."""
-    rows = _export_rows(tenant=tenant, first_day=first_day, last_day=last_day).values_list(
-        *_EXPORT_VALUES
-    )
-    for row in rows.iterator(chunk_size=EXPORT_CHUNK_ROWS):
-        names, attempts = row[:_NAME_COLUMNS], row[_NAME_COLUMNS]
-        seconds = row[_NAME_COLUMNS + 1 : -2]
-        cost, effective_cost = row[-2], row[-1]
+    """The statement lines of [first_day, last_day] (of ``tenant``, or of every tenant), one
+    tuple per line in ``EXPORT_COLUMNS`` order: the days of the month the line covers (the
+    whole month, or the part of it inside the range), names as text, the price (None:
+    unpriced), GPU-hours as Decimal with six places, money rounded once per line as on the
+    statements. Read in chunks through a server-side cursor, so memory stays flat however
+    many lines there are."""
+    rows = _export_rows(tenant=tenant, first_day=first_day, last_day=last_day)
+    for row, usage in _lines(rows, "month", *_EXPORT_NAMES):
+        month = row["month"]
         yield (
-            *names,
-            attempts,
-            *(gpu_hours(value) for value in seconds),
-            cost,
-            effective_cost,
-            cost - effective_cost,
+            max(first_day, month),
+            min(last_day, month_after(month) - timedelta(days=1)),
+            *(row[name] for name in _EXPORT_NAMES[:-1]),
+            row[_PRICE],
+            *(gpu_hours(getattr(usage, name)) for name in _GPU_FIELDS),
+            usage.cost,
+            usage.effective_cost,
+            usage.waste_cost,
             currency,
         )

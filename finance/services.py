@@ -156,7 +156,8 @@ def daily_usage_rebuild(*, days: Iterable[date]) -> int:
         .values_list(*fields)
     )
     rates = rate_cards_for(GpuFlavor.objects.values_list("pk", flat=True))
-    totals: dict[tuple, list] = {}
+    totals: dict[tuple, list[int]] = {}
+    cards: dict[tuple, int | None] = {}
     for started, finished, cluster, tenant, project, user, flavor, *seconds in accounts.iterator(
         chunk_size=5000
     ):
@@ -166,19 +167,22 @@ def daily_usage_rebuild(*, days: Iterable[date]) -> int:
             gpu_seconds=dict(zip(_CATEGORIES, seconds, strict=True)),
             rates=rates.get(flavor, ()),
         )
+        counted: set[tuple] = set()
         for share in shares:
             if share.day not in wanted:
                 continue
             key = (share.day, tenant, project, user, flavor, cluster)
-            row = totals.get(key)
-            if row is None:
-                row = totals[key] = [0] * (len(_CATEGORIES) + 2) + [Decimal(0), Decimal(0)]
+            card = share.rate.card_id if share.rate is not None else None
+            # Cards start at 00:00 UTC: a flavor's day has one card or none.
+            if cards.setdefault(key, card) != card:
+                raise AssertionError(f"two rate cards on one day: {key}")
+            row = totals.setdefault(key, [0] * (len(_CATEGORIES) + 2))
             for position, name in enumerate(_CATEGORIES):
                 row[position] += share.gpu_seconds[name]
-            row[-4] += share.unpriced_gpu_s
-            row[-3] += 1
-            row[-2] += share.cost
-            row[-1] += share.effective_cost
+            row[-2] += share.unpriced_gpu_s
+            if key not in counted:
+                row[-1] += 1
+                counted.add(key)
     rows = []
     for (day, tenant, project, user, flavor, cluster), values in sorted(totals.items()):
         per_category = dict(zip(_CATEGORIES, values[: len(_CATEGORIES)], strict=True))
@@ -190,12 +194,11 @@ def daily_usage_rebuild(*, days: Iterable[date]) -> int:
                 user_id=user,
                 flavor_id=flavor,
                 cluster_id=cluster,
-                attempts=values[-3],
+                attempts=values[-1],
                 allocated_gpu_s=sum(per_category.values()),
                 **{f"{name}_gpu_s": value for name, value in per_category.items()},
-                unpriced_gpu_s=values[-4],
-                cost=values[-2],
-                effective_cost=values[-1],
+                unpriced_gpu_s=values[-2],
+                rate_card_id=cards[(day, tenant, project, user, flavor, cluster)],
             )
         )
     with transaction.atomic():

@@ -366,7 +366,7 @@ def _filename(query: dict, extension: str) -> str:
 @login_required
 @require_GET
 def export_csv(request: HttpRequest) -> HttpResponseBase:
-    """DailyUsage rows of a range as CSV, streamed row by row: constant memory."""
+    """The statement lines of a range as CSV, streamed row by row: constant memory."""
     form, query = _export_request(request)
     if query is None:
         return _index(request, export_form=form, status=400)

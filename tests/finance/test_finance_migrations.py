@@ -17,6 +17,7 @@ AFTER_MOVE = [
     ("telemetry", "0004_finance_models_moved_to_finance_app"),
     ("finance", "0001_initial"),
 ]
+LATEST = [("finance", "0002_daily_usage_rate_card_instead_of_rounded_cost")]
 ACCOUNTED_UNTIL = datetime(2026, 3, 2, 6, 0, tzinfo=UTC)
 
 
@@ -32,7 +33,7 @@ def before_move(transactional_db):
     the test did, so the tests after it find the schema they expect."""
     executor = migrate(BEFORE_MOVE)
     yield executor.loader.project_state(BEFORE_MOVE).apps
-    migrate(AFTER_MOVE)
+    migrate(LATEST)
 
 
 def test_the_move_keeps_every_finance_row_and_its_table(before_move, world):
@@ -79,8 +80,9 @@ def test_the_move_keeps_every_finance_row_and_its_table(before_move, world):
     # and the content type the rate cards had in telemetry (what permissions point to)
     old_content_type = ContentType.objects.get(app_label="telemetry", model="ratecard")
 
-    # When the database is migrated to the move
+    # When the database is migrated to the move and on to the latest finance schema
     migrate(AFTER_MOVE)
+    migrate(LATEST)
 
     # Then finance.models reads the same rows from the same tables, and the rate cards'
     # content type (their permissions, admin log) belongs to finance now
@@ -103,11 +105,8 @@ def test_the_move_keeps_every_finance_row_and_its_table(before_move, world):
         world.cluster,
     )
     assert (row.allocated_gpu_s, row.effective_gpu_s, row.waste_gpu_s) == (7200, 5400, 1800)
-    assert (row.cost, row.effective_cost, row.waste_cost) == (
-        Decimal("6.00"),
-        Decimal("4.50"),
-        Decimal("1.50"),
-    )
+    # The rounded cost is gone; the row names the card in force on its day (the second).
+    assert row.rate_card_id == second.pk
     assert UsageRollupState.objects.get(pk=1).accounted_until == ACCOUNTED_UNTIL
     assert (RateCard._meta.db_table, DailyUsage._meta.db_table) == (
         "telemetry_ratecard",
@@ -121,6 +120,7 @@ def test_the_move_keeps_every_finance_row_and_its_table(before_move, world):
 def test_a_new_row_after_the_move_lands_in_the_old_table(before_move, world):
     # Given the database before the move, migrated to it
     migrate(AFTER_MOVE)
+    migrate(LATEST)
 
     # When a rate card is written through finance.models
     card = RateCard.objects.create(

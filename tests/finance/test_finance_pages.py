@@ -584,24 +584,23 @@ def test_drill_down_of_february_has_the_other_half_of_epsilon(client, world, mar
 # --- exports ---------------------------------------------------------------------------------
 
 HEADER = [
-    "date", "tenant", "project", "user", "flavor", "cluster", "attempts",
+    "from", "to", "tenant", "project", "user", "flavor", "cluster", "price_per_gpu_hour",
     "allocated_gpu_h", "effective_gpu_h", "lost_gpu_h", "startup_gpu_h", "checkpoint_gpu_h",
     "idle_gpu_h", "input_wait_gpu_h", "comm_wait_gpu_h", "unpriced_gpu_h",
     "cost", "effective_cost", "waste_cost", "currency",
 ]  # fmt: skip
 Z = "0.000000"
+# The statement's lines: one per project, user, flavor, cluster and rate card of the month.
 MARCH_ROWS = [
-    ["2025-03-01", "vision", "detection", "arthur", "a100-80gb", "sim-1", "1",
-     "2.000000", "2.000000", Z, Z, Z, Z, Z, Z, Z, "5.00", "5.00", "0.00", "EUR"],
-    ["2025-03-03", "vision", "detection", "alice", "a100-80gb", "sim-1", "1",
+    ["2025-03-01", "2025-03-31", "vision", "detection", "alice", "a100-80gb", "sim-1", "2.5000",
      "6.000000", "4.500000", Z, "0.500000", Z, "1.000000", Z, Z, Z,
      "15.00", "11.25", "3.75", "EUR"],
-    ["2025-03-10", "vision", "segmentation", "arthur", "a100-80gb", "slurm-1", "1",
-     "4.000000", "4.000000", Z, Z, Z, Z, Z, Z, Z, "10.00", "10.00", "0.00", "EUR"],
-    ["2025-03-11", "vision", "segmentation", "arthur", "a100-80gb", "slurm-1", "1",
-     "4.000000", "4.000000", Z, Z, Z, Z, Z, Z, Z, "10.00", "10.00", "0.00", "EUR"],
-    ["2025-03-20", "vision", "detection", "alice", "h100-80gb", "sim-1", "1",
+    ["2025-03-01", "2025-03-31", "vision", "detection", "alice", "h100-80gb", "sim-1", "",
      "2.000000", "2.000000", Z, Z, Z, Z, Z, Z, "2.000000", "0.00", "0.00", "0.00", "EUR"],
+    ["2025-03-01", "2025-03-31", "vision", "detection", "arthur", "a100-80gb", "sim-1", "2.5000",
+     "2.000000", "2.000000", Z, Z, Z, Z, Z, Z, Z, "5.00", "5.00", "0.00", "EUR"],
+    ["2025-03-01", "2025-03-31", "vision", "segmentation", "arthur", "a100-80gb", "slurm-1",
+     "2.5000", "8.000000", "8.000000", Z, Z, Z, Z, Z, Z, Z, "20.00", "20.00", "0.00", "EUR"],
 ]  # fmt: skip
 
 
@@ -628,7 +627,7 @@ def test_csv_export_of_every_tenant_for_finance(client, world, march):
 
     assert csv_rows(response) == [
         HEADER,
-        ["2025-03-05", "nlp", "llm", "bob", "a100-80gb", "sim-1", "1",
+        ["2025-03-05", "2025-03-05", "nlp", "llm", "bob", "a100-80gb", "sim-1", "2.5000",
          "2.000000", "2.000000", Z, Z, Z, Z, Z, Z, Z, "5.00", "5.00", "0.00", "EUR"],
     ]  # fmt: skip
     assert (
@@ -649,9 +648,9 @@ def test_csv_gpu_hours_are_exact_to_six_places(client, world):
 
     row = csv_rows(response)[1]
     # 7 GPU-seconds = 0.0019444… GPU-hours; 6 effective = 0.001666…; idle 1 = 0.000277…
-    assert row[7:9] == ["0.001944", "0.001667"]
-    assert row[12] == "0.000278"
-    assert row[16:19] == ["0.00", "0.00", "0.00"]
+    assert row[8:10] == ["0.001944", "0.001667"]
+    assert row[13] == "0.000278"
+    assert row[17:20] == ["0.00", "0.00", "0.00"]  # 7 GPU-s at 2.50 = 0.0048…
 
 
 def test_csv_cells_that_a_spreadsheet_would_run_get_an_apostrophe(client, world):
@@ -667,7 +666,9 @@ def test_csv_cells_that_a_spreadsheet_would_run_get_an_apostrophe(client, world)
         client, world.finance, export_url("csv", **{"from": "2025-03-01", "to": "2025-03-31"})
     )
 
-    assert [row[3] for row in csv_rows(response)[1:]] == ["'=1+2", "'+cmd", "'-2+3", "'@SUM(A1)"]
+    # One line per user, in the order of their names.
+    expected = ["'+cmd", "'-2+3", "'=1+2", "'@SUM(A1)"]
+    assert [row[4] for row in csv_rows(response)[1:]] == expected
     workbook = load_workbook(
         io.BytesIO(
             b"".join(
@@ -679,8 +680,8 @@ def test_csv_cells_that_a_spreadsheet_would_run_get_an_apostrophe(client, world)
             )
         )
     )
-    cells = [row[3] for row in workbook.active.iter_rows(min_row=2, values_only=True)]
-    assert cells == ["'=1+2", "'+cmd", "'-2+3", "'@SUM(A1)"]
+    cells = [row[4] for row in workbook.active.iter_rows(min_row=2, values_only=True)]
+    assert cells == expected
 
 
 def test_xlsx_export_holds_the_same_rows_as_the_csv(client, world, march):
@@ -709,23 +710,24 @@ def test_xlsx_export_holds_the_same_rows_as_the_csv(client, world, march):
     assert len(as_text) == len(MARCH_ROWS)
     for got, expected in zip(as_text, MARCH_ROWS, strict=True):
         assert got[:7] == expected[:7]
-        assert [Decimal(str(value)) for value in got[7:19]] == [
-            Decimal(value) for value in expected[7:19]
+        assert got[7] == (Decimal(expected[7]) if expected[7] else None)
+        assert [Decimal(str(value)) for value in got[8:20]] == [
+            Decimal(value) for value in expected[8:20]
         ]
-        assert got[19] == "EUR"
+        assert got[20] == "EUR"
 
 
 def test_xlsx_above_its_row_cap_is_refused_pointing_to_csv(client, world, march, monkeypatch):
-    monkeypatch.setattr(finance_views, "XLSX_MAX_ROWS", 4)
+    monkeypatch.setattr(finance_views, "XLSX_MAX_ROWS", 3)
     query = {"tenant": "vision", "from": "2025-03-01", "to": "2025-03-31"}
 
     response = get(client, world.finance, export_url("xlsx", **query), status=400)
 
     assert (
-        "The range holds 5 rows; an XLSX export holds at most 4. Download it as CSV, or "
+        "The range holds 4 rows; an XLSX export holds at most 3. Download it as CSV, or "
         "choose a shorter range."
     ) in response.content.decode()
-    monkeypatch.setattr(finance_views, "XLSX_MAX_ROWS", 5)
+    monkeypatch.setattr(finance_views, "XLSX_MAX_ROWS", 4)
     get(client, world.finance, export_url("xlsx", **query))
 
 

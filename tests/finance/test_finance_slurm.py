@@ -14,7 +14,7 @@ DATABASE_URL=postgres://…/gantry_fslurm pytest tests/finance/test_finance_slur
 
 import time
 from datetime import timedelta
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 
 from django.db.models import Sum
 from django.utils import timezone
@@ -84,7 +84,9 @@ def test_a_months_gpu_hours_equal_sacct(slurm_world, monkeypatch):
         runs.append(run)
         attempts.append(attempt)
     cluster_tests.sync_until(world, runs, {RunState.SUCCEEDED, RunState.FAILED}, timeout=120)
-    attempts = list(Attempt.objects.filter(pk__in=[a.pk for a in attempts]).select_related("run"))
+    attempts = list(
+        Attempt.objects.filter(pk__in=[a.pk for a in attempts]).select_related("run__experiment")
+    )
     assert sorted(a.state for a in attempts) == ["FAILED", "SUCCEEDED", "SUCCEEDED"]
 
     assert accounting_compute_pending() == len(JOBS)
@@ -118,10 +120,21 @@ def test_a_months_gpu_hours_equal_sacct(slurm_world, monkeypatch):
     assert sum(t.allocated_gpu_s for t in totals) == total_gpu_s
     rolled_up = DailyUsage.objects.filter(tenant=world.vision).aggregate(Sum("allocated_gpu_s"))
     assert rolled_up == {"allocated_gpu_s__sum": total_gpu_s}
+    # The cost: per statement line (project, user, flavor, cluster; one card), Slurm's
+    # GPU-seconds * the price, rounded once, half to even; the total is the sum of the lines.
+    line_gpu_s: dict[tuple, int] = {}
+    for attempt in attempts:
+        key = (
+            attempt.run.experiment.project_id,
+            attempt.run.submitted_by_id,
+            attempt.run.flavor_id,
+            attempt.cluster_id,
+        )
+        line_gpu_s[key] = line_gpu_s.get(key, 0) + slurm_gpu_s[attempt.backend_job_id]
     expected_cost = sum(
         (
-            (Decimal(gpu_s) * PRICE / SECONDS_PER_HOUR).quantize(CENT)
-            for gpu_s in slurm_gpu_s.values()
+            (Decimal(gpu_s) * PRICE / SECONDS_PER_HOUR).quantize(CENT, ROUND_HALF_EVEN)
+            for gpu_s in line_gpu_s.values()
         ),
         Decimal("0.00"),
     )

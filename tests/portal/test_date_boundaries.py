@@ -20,6 +20,7 @@ from django.utils.html import strip_tags
 
 from finance import selectors as finance_selectors
 from finance import services as finance_services
+from finance.costing import line_cost
 from finance.models import DailyUsage
 from jobs.backends import JobStatus
 from jobs.models import Attempt, BudgetAlert, FairShareUsage, RunEvent, TenantMonthUsage
@@ -127,18 +128,24 @@ def price(world, amount: str, *, valid_from: date) -> None:
 
 
 def daily_rows() -> list[tuple]:
-    return list(
-        DailyUsage.objects.order_by("date").values_list(
-            "date",
-            "attempts",
-            "allocated_gpu_s",
-            "startup_gpu_s",
-            "effective_gpu_s",
-            "unpriced_gpu_s",
-            "cost",
-            "effective_cost",
-        )
+    """Each day's row, with the cost of its GPU-seconds alone on a line."""
+    rows = DailyUsage.objects.order_by("date").values_list(
+        "date",
+        "attempts",
+        "allocated_gpu_s",
+        "startup_gpu_s",
+        "effective_gpu_s",
+        "unpriced_gpu_s",
+        "rate_card__price_per_gpu_hour",
     )
+    return [
+        (
+            *row[:-1],
+            line_cost(gpu_s=row[2], price_per_gpu_hour=row[-1]),
+            line_cost(gpu_s=row[4], price_per_gpu_hour=row[-1]),
+        )
+        for row in rows
+    ]
 
 
 def ledger() -> list[tuple]:
