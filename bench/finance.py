@@ -145,13 +145,14 @@ INSERT INTO jobs_experiment (
     id, tenant_id, project_id, owner_id, flavor_id, nodes, gpus_per_node, name, image_id,
     image_reference, command, env, code_repository, code_commit, dataset_uri,
     dataset_version, params, priority, max_runtime_minutes, max_restarts, checkpoint_dir,
-    gantry_version, created_at)
+    gantry_version, created_at, topology_level, topology_mode)
 SELECT e + 1, (%(tenants)s::bigint[])[t + 1],
        (%(projects)s::bigint[])[t * {PROJECTS} + slot / {USERS * FLAVORS * len(VARIANTS)} + 1],
        (%(users)s::int[])[t * {USERS} + slot / {FLAVORS * len(VARIANTS)} %% {USERS} + 1],
        (%(flavors)s::bigint[])[slot / {len(VARIANTS)} %% {FLAVORS} + 1],
        (gpus + 7) / 8, least(gpus, 8), 'bench-' || e, %(image)s, %(reference)s,
-       'python train.py', '{{}}', '', '', '', '', '{{}}', 50, 4320, 1, '', 'bench', %(start)s
+       'python train.py', '{{}}', '', '', '', '', '{{}}', 50, 4320, 1, '', 'bench', %(start)s,
+       '', 'preferred'
 FROM (
     SELECT e, e / {SLOTS} AS t, e %% {SLOTS} AS slot,
            (%(gpus)s::int[])[e %% {SLOTS} %% {len(VARIANTS)} + 1] AS gpus
@@ -163,11 +164,12 @@ _RUNS = """
 INSERT INTO jobs_run (
     id, experiment_id, tenant_id, flavor_id, gpus, priority, submitted_by_id, state,
     cluster_id, borrowed, over_budget, wait_reason, wait_message, failure_reason, restarts,
-    submitted_at, admitted_at, started_at, finished_at)
+    submitted_at, admitted_at, started_at, finished_at, start_note, start_nodes, start_behind)
 SELECT r, e.id, e.tenant_id, e.flavor_id, gpus, 50, e.owner_id, last.state,
        (%(clusters)s::bigint[])[c + 1], false, false, '', '',
        CASE WHEN last.state = 'FAILED' THEN 'USER_EXIT' ELSE '' END,
-       (restarted IS NOT NULL)::int, submitted, submitted, started, last.finished
+       (restarted IS NOT NULL)::int, submitted, submitted, started, last.finished,
+       '', '[]', '[]'
 FROM seed_run
 JOIN jobs_experiment AS e ON e.id = experiment_id,
 LATERAL (
@@ -181,12 +183,12 @@ _ATTEMPTS = """
 INSERT INTO jobs_attempt (
     id, run_id, number, cluster_id, state, backend_job_id, rendered_spec, created_at,
     submitted_at, started_at, finished_at, last_seen_at, exit_code, failure_reason,
-    failure_message, backend_error, node_list, gpu_uuids, runtime_env)
+    failure_message, backend_error, node_list, gpu_uuids, runtime_env, placement)
 SELECT id, run_id, number, (%(clusters)s::bigint[])[c + 1], state, 'bench-' || id, '',
        submitted, submitted, started, finished, finished,
        CASE state WHEN 'SUCCEEDED' THEN 0 WHEN 'FAILED' THEN 1 END,
        CASE state WHEN 'FAILED' THEN 'USER_EXIT' WHEN 'PREEMPTED' THEN 'PREEMPTED' ELSE ''
-       END, '', '', '[]', '[]', '{}'
+       END, '', '', '[]', '[]', '{}', '[]'
 FROM seed_attempt
 """
 
