@@ -295,7 +295,7 @@ def sync() -> Section:
         naive_s, naive_statuses = timed(naive)
         assert naive_statuses == statuses
     return Section(
-        title="Kubernetes sync: 5,000 live attempts in 20 namespaces (issue 6, point 8)",
+        title="Kubernetes sync: 5,000 live attempts in 20 namespaces (issue 20, point 3)",
         intro=(
             f"{ATTEMPTS:,} running Jobs (one pod each) seeded into the fake API server, "
             f"{ATTEMPTS // NAMESPACES} per namespace. Gantry: `KubernetesBackend.sync`, one "
