@@ -1,31 +1,35 @@
-"""The Kubernetes backend (issue 6, point 8): manifests per second, and one sync cycle of
-5,000 live attempts across 20 namespaces against the fake API server of tests/k8s_fake.
+"""The Kubernetes backend (issue 6, point 8; issue 20, point 3): manifests per second, and
+one sync cycle of 5,000 live attempts across 20 namespaces against the fake API server of
+tests/k8s_fake.
 
 Manifests: ``k8s_manifest.render`` of the six shapes the tests check (single GPU,
-multi-GPU, multi-node, MIG, Kueue, Volcano) in turn, with ``to_yaml`` (what is stored on
-the attempt); then the same with every object validated as the tests do
-(``kubernetes_validate.validate``, strict, the newest bundled Kubernetes; PodGroup against
-its vendored CRD schema).
+multi-GPU, multi-node, MIG, Kueue, Volcano) in turn, as objects, as JSON (what the API
+server receives) and with ``to_yaml`` (what is stored on the attempt); then every object
+validated strict against the newest bundled Kubernetes, by ``kubernetes_validate.validate``
+(the baseline: schema files read on every call) and by the tests' ``tests.k8s_schemas``
+(schemas loaded once); PodGroup against its vendored CRD schema.
 
 Sync: the fake's store is seeded directly with 5,000 running Jobs (one pod each, the
 rendered manifest plus the status the controller would write), 250 per namespace.
-Gantry: ``KubernetesBackend.sync`` over all of them: one list of Jobs and one of pods per
-namespace. Baseline, the naive way, in the same run against the same server: per attempt,
-read its Job and list its pods (what a backend that follows one job at a time needs to tell
-the same things), mapped by the same ``job_status``. Both use the official client over
-HTTP on 127.0.0.1; the fake runs in the same process, so both pay for its JSON too.
+Gantry: ``KubernetesBackend.sync`` over all of them: one list of Jobs and one of pods
+across all namespaces, selected by ``gantry.io/attempt``, in pages of ``LIST_PAGE``
+(``limit``/``continue``). Baseline, the naive way, in the same run against the same
+server: per attempt, read its Job and list its pods (what a backend that follows one job at
+a time needs to tell the same things), mapped by the same ``job_status``. Both use the
+official client over HTTP on 127.0.0.1; the fake runs in the same process, so both pay for
+its JSON too.
 """
 
 import json
 import os
-from pathlib import Path
 
 from bench.report import Section, ms, ratio, timed
 
 NAMESPACES = 20
 ATTEMPTS = 5000
 RENDERED = 3000
-VALIDATED = 300
+VALIDATED = 1500
+VALIDATED_RELOADING = 60
 PRODUCT = "NVIDIA-A100-SXM4-80GB"
 TOKEN_ENV = "GANTRY_BENCH_K8S_TOKEN"  # noqa: S105 (a variable name)
 FAKE_TOKEN = "bench-token"  # noqa: S105 (the fake's own)
@@ -84,66 +88,73 @@ def _replace(spec, **changes):
 
 
 def manifests() -> Section:
-    import jsonschema
     import kubernetes_validate
 
     from jobs.backends.k8s_manifest import render, to_yaml
+    from tests.k8s_schemas import validate as validate_cached
 
     shapes = _shapes()
     version = kubernetes_validate.utils.latest_version()
-    schema_path = Path(__file__).resolve().parent.parent / "tests" / "k8s_fake"
-    podgroup = json.loads((schema_path / "podgroup-v1beta1.schema.json").read_text())
 
-    def objects_only(count):
+    def each(count, then):
         for i in range(count):
             settings, spec = shapes[i % len(shapes)]
-            render(spec, settings)
+            then(render(spec, settings))
 
-    def render_only(count):
-        for i in range(count):
-            settings, spec = shapes[i % len(shapes)]
-            to_yaml(render(spec, settings))
+    def validate_reloading(objects):
+        for obj in objects:
+            if obj["kind"] == "PodGroup":
+                validate_cached(obj, version)  # a CRD: not in kubernetes-validate
+            else:
+                kubernetes_validate.validate(obj, version, strict=True)
 
-    def render_and_validate(count):
-        for i in range(count):
-            settings, spec = shapes[i % len(shapes)]
-            objects = render(spec, settings)
-            for obj in objects:
-                if obj["kind"] == "PodGroup":
-                    jsonschema.validate(obj, podgroup, cls=jsonschema.Draft202012Validator)
-                else:
-                    kubernetes_validate.validate(obj, version, strict=True)
-            to_yaml(objects)
+    def validate_once_loaded(objects):
+        for obj in objects:
+            validate_cached(obj, version)
 
-    render_only(60)  # warm up
-    objects_s, _ = timed(lambda: objects_only(RENDERED))
-    rendered_s, _ = timed(lambda: render_only(RENDERED))
-    validated_s, _ = timed(lambda: render_and_validate(VALIDATED))
+    each(60, to_yaml)  # warm up
+    each(len(shapes), validate_once_loaded)  # schemas loaded once, before the clock
+    objects_s, _ = timed(lambda: each(RENDERED, lambda objects: None))
+    json_s, _ = timed(lambda: each(RENDERED, json.dumps))
+    yaml_s, _ = timed(lambda: each(RENDERED, to_yaml))
+    reloading_s, _ = timed(lambda: each(VALIDATED_RELOADING, validate_reloading))
+    cached_s, _ = timed(lambda: each(VALIDATED, validate_once_loaded))
+    reloading_rate = VALIDATED_RELOADING / reloading_s
     objects = sum(len(render(spec, settings)) for settings, spec in shapes) / len(shapes)
+
+    def row(what, count, seconds, versus=""):
+        return [what, f"{count:,}", ms(seconds), f"{count / seconds:,.0f}", versus]
+
     return Section(
-        title="Kubernetes manifests: rendered and validated per second (issue 6, point 8)",
+        title="Kubernetes manifests: rendered and validated per second (issue 20, point 3)",
         intro=(
-            "`jobs.backends.k8s_manifest.render` + `to_yaml` over the six shapes the tests "
-            f"check, in turn ({objects:.1f} objects per attempt on average). Validated: every "
-            f"object through `kubernetes_validate.validate(…, '{version}', strict=True)` "
-            "(schema files read on every call, as the library does), PodGroup through "
-            "`jsonschema` with the vendored CRD schema."
+            "`jobs.backends.k8s_manifest.render` over the six shapes the tests check, in "
+            f"turn ({objects:.1f} objects per attempt on average), then written as JSON (what "
+            "the API server receives) or as YAML by `to_yaml` (libyaml's `CSafeDumper` with "
+            "Gantry's representers: what the attempt stores and the portal shows). Validated "
+            f"(no text): every object strict against the schemas of {version}; baseline "
+            "`kubernetes_validate.validate(…, strict=True)`, which reads the schema files on "
+            "every call; Gantry's tests: `tests/k8s_schemas.validate`, one validator per "
+            "kind built once, refusing what kubernetes-validate refuses (tested). PodGroup "
+            "through its vendored CRD schema in both."
         ),
-        columns=["what", "manifests", "time", "manifests/s"],
+        columns=["what", "manifests", "time", "manifests/s", "vs. baseline"],
         rows=[
-            [
-                "objects only (no YAML)",
-                f"{RENDERED:,}",
-                ms(objects_s),
-                f"{RENDERED / objects_s:,.0f}",
-            ],
-            ["rendered (YAML)", f"{RENDERED:,}", ms(rendered_s), f"{RENDERED / rendered_s:,.0f}"],
-            [
-                "rendered + validated",
-                f"{VALIDATED:,}",
-                ms(validated_s),
-                f"{VALIDATED / validated_s:,.0f}",
-            ],
+            row("objects only", RENDERED, objects_s),
+            row("objects + JSON", RENDERED, json_s),
+            row("objects + YAML (libyaml)", RENDERED, yaml_s),
+            row("validated, kubernetes-validate (baseline)", VALIDATED_RELOADING, reloading_s),
+            row(
+                "validated, schemas loaded once",
+                VALIDATED,
+                cached_s,
+                f"{VALIDATED / cached_s / reloading_rate:,.0f}×",
+            ),
+        ],
+        notes=[
+            f"Target ≥ 5,000 manifests/s on the submit path: objects + JSON "
+            f"{RENDERED / json_s:,.0f}/s, objects + YAML {RENDERED / yaml_s:,.0f}/s.",
+            f"Target ≥ 500 validated manifests/s: {VALIDATED / cached_s:,.0f}/s.",
         ],
     )
 
@@ -232,7 +243,7 @@ def sync() -> Section:
     from kubernetes import client
 
     from jobs.backends.k8s_status import job_status
-    from jobs.backends.kubernetes import KubernetesBackend
+    from jobs.backends.kubernetes import LIST_PAGE, KubernetesBackend
     from jobs.models import Cluster
     from tests.k8s_fake import FakeKubernetes
 
@@ -252,7 +263,10 @@ def sync() -> Section:
         )
         backend = KubernetesBackend(cluster)
         backend.sync(refs[:10])  # connect
+        fake.server.record = True
         runs = [timed(lambda: backend.sync(refs)) for _ in range(3)]
+        requests = len(fake.server.requests) // len(runs)
+        fake.server.record = False
         gantry_s = min(seconds for seconds, _ in runs)
         statuses = runs[0][1]
         assert len(statuses) == ATTEMPTS
@@ -281,20 +295,21 @@ def sync() -> Section:
         naive_s, naive_statuses = timed(naive)
         assert naive_statuses == statuses
     return Section(
-        title="Kubernetes sync: 5,000 live attempts in 20 namespaces (issue 6, point 8)",
+        title="Kubernetes sync: 5,000 live attempts in 20 namespaces (issue 20, point 3)",
         intro=(
             f"{ATTEMPTS:,} running Jobs (one pod each) seeded into the fake API server, "
             f"{ATTEMPTS // NAMESPACES} per namespace. Gantry: `KubernetesBackend.sync`, one "
-            "list of Jobs and one of pods per namespace with the `gantry.io/attempt` "
-            "selector, best of 3. Baseline, the naive way, once: per attempt a read of its Job "
+            "list of Jobs and one of pods across all namespaces with the `gantry.io/attempt` "
+            f"selector, in pages of {LIST_PAGE} (`limit`/`continue`), best of 3. Baseline, "
+            "the naive way, once: per attempt a read of its Job "
             "and a list of its pods. Both through the official client over HTTP to "
             "127.0.0.1, mapped by the same `job_status`, to the same statuses (asserted)."
         ),
         columns=["approach", "requests", "time", "per attempt", "speedup"],
         rows=[
             [
-                "Gantry: list per namespace",
-                f"{2 * NAMESPACES}",
+                "Gantry: two cluster-wide paged lists",
+                f"{requests}",
                 ms(gantry_s),
                 f"{gantry_s / ATTEMPTS * 1e6:,.0f} µs",
                 ratio(naive_s, gantry_s),
@@ -308,8 +323,11 @@ def sync() -> Section:
             ],
         ],
         notes=[
-            "The fake serves from memory in the benchmark's own process: a real API server "
-            "adds network round trips and etcd reads per request, which widens the gap.",
+            f"Target ≤ 1 s: {'met' if gantry_s <= 1.0 else 'not met'} ({ms(gantry_s)}).",
+            "The fake serves from memory in the benchmark's own process (each object's JSON "
+            "written once per resourceVersion, as the API server's watch cache keeps it): a "
+            "real API server adds network round trips and etcd reads per request, which "
+            "widens the gap.",
         ],
     )
 

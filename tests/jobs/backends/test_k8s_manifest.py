@@ -28,9 +28,9 @@ from jobs.backends.k8s_manifest import (
     to_yaml,
 )
 from tests import TESTS
+from tests.k8s_schemas import validate
 
 GOLDEN = TESTS / "golden" / "k8s"
-PODGROUP_SCHEMA = TESTS / "k8s_fake" / "podgroup-v1beta1.schema.json"
 # The newest Kubernetes whose schemas kubernetes-validate bundles, and the oldest Gantry
 # supports (podFailurePolicy with onPodConditions is GA from 1.31).
 K8S_VERSIONS = ("1.31", kubernetes_validate.utils.latest_version())
@@ -111,17 +111,6 @@ def shape(name: str, *, token: str = "") -> list[dict]:
     return render(spec_for(**spec_overrides), settings_, token=token)
 
 
-def validate(obj: dict, version: str) -> None:
-    """kubernetes-validate for built-in kinds (strict: unknown fields fail). PodGroup is a
-    Volcano CRD, absent from the official schemas: it is checked against the schema of its
-    CRD (volcano-sh/volcano, scheduling.volcano.sh_podgroups.yaml, v1beta1), vendored."""
-    if obj["kind"] == "PodGroup":
-        schema = json.loads(PODGROUP_SCHEMA.read_text())
-        jsonschema.validate(obj, schema, cls=jsonschema.Draft202012Validator)
-    else:
-        kubernetes_validate.validate(obj, version, strict=True)
-
-
 def by_kind(objects: list[dict]) -> dict[str, dict]:
     return {obj["kind"]: obj for obj in objects}
 
@@ -157,6 +146,49 @@ def test_the_validator_does_reject_a_wrong_manifest():
     group["spec"]["minMembers"] = 2
     with pytest.raises(jsonschema.ValidationError):
         validate(group, K8S_VERSIONS[-1])
+
+
+def wrong_manifests() -> list[tuple[str, dict]]:
+    """Objects kubernetes-validate refuses, each for another reason."""
+    typo = by_kind(shape("single-gpu"))["Job"]
+    typo["spec"]["template"]["spec"]["containers"][0]["resource"] = {}
+    deadline = by_kind(shape("single-gpu"))["Job"]
+    deadline["spec"]["activeDeadlineSeconds"] = "7200"
+    no_image_name = by_kind(shape("multi-node"))["Job"]
+    del no_image_name["spec"]["template"]["spec"]["containers"][0]["name"]
+    bad_port = by_kind(shape("multi-node"))["Service"]
+    bad_port["spec"]["ports"][0]["port"] = "rendezvous"
+    bad_policy = by_kind(shape("multi-gpu"))["Job"]
+    bad_policy["spec"]["podFailurePolicy"]["rules"][0]["onPodConditions"][0]["kind"] = "x"
+    secret_list = by_kind(shape("single-gpu"))["Secret"]
+    secret_list["stringData"] = ["GANTRY_ATTEMPT_TOKEN"]
+    return [
+        ("unknown field", typo),
+        ("wrong type", deadline),
+        ("required field missing", no_image_name),
+        ("int-or-string given a name", bad_port),
+        ("unknown field in a nested list", bad_policy),
+        ("list for a map", secret_list),
+    ]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_the_cached_validator_refuses_what_kubernetes_validate_refuses(version):
+    for why, obj in wrong_manifests():
+        with pytest.raises(kubernetes_validate.ValidationError) as theirs:
+            kubernetes_validate.validate(obj, version, strict=True)
+        with pytest.raises(kubernetes_validate.ValidationError) as ours:
+            validate(obj, version)
+        assert (list(ours.value.path), ours.value.message, ours.value.version) == (
+            list(theirs.value.path),
+            theirs.value.message,
+            theirs.value.version,
+        ), why
+    for name in SHAPES:
+        for obj in shape(name):
+            if obj["kind"] != "PodGroup":
+                assert kubernetes_validate.validate(obj, version, strict=True)
+                validate(obj, version)
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))

@@ -14,7 +14,6 @@ and kubernetes-validate accepts every object. Last, what the submit accepts rend
 every backend, and what it refuses is refused with a message per field.
 """
 
-import functools
 import json
 import os
 import re
@@ -23,7 +22,6 @@ import subprocess
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-import kubernetes_validate.utils
 import pytest
 import yaml
 from django.core.exceptions import ValidationError
@@ -344,16 +342,6 @@ def test_sbatch_render_refuses_what_it_cannot_quote_instead_of_writing_it(overri
 
 
 # --- Kubernetes ----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module", autouse=True)
-def k8s_schemas_read_once():
-    """kubernetes-validate reads its JSON schemas (megabytes) on every call; read each file
-    once, so hundreds of manifests can be checked in seconds."""
-    read = kubernetes_validate.utils.schema_contents
-    kubernetes_validate.utils.schema_contents = functools.cache(read)
-    yield
-    kubernetes_validate.utils.schema_contents = read
 
 
 QUEUEING = {
