@@ -179,6 +179,7 @@ def test_quota_and_capacity_edits_save_while_the_broker_is_down_and_their_work_r
     }
     assert sorted(AuditEvent.objects.values_list("action", flat=True)) == [
         "cluster.capacity",
+        "quota.overcommit",  # confirmed: 8 + 16 guaranteed on two 8-GPU nodes
         "quota.update",
     ]
     failed_sends = [r for r in caplog.records if "in on_commit()" in r.getMessage()]

@@ -351,8 +351,9 @@ def test_finance_opens_a_statement_drills_down_and_exports_csv(world, persona_pa
     assert download.suggested_filename == "gantry-usage-vision-20250301-20250331.csv"
     rows = list(csv.reader(io.StringIO(Path(download.path()).read_text())))
     assert rows[0] == FINANCE_CSV_HEADER
-    assert rows[2][rows[0].index("user")] == "alice"
-    assert rows[2][rows[0].index("cost")] == "15.00"
+    # One line per project, user, flavor, cluster and rate card: alice's A100 line first.
+    assert rows[1][rows[0].index("user")] == "alice"
+    assert rows[1][rows[0].index("cost")] == "15.00"
     assert rows == [FINANCE_CSV_HEADER, *MARCH_ROWS]
 
 
