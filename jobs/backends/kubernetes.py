@@ -12,14 +12,12 @@ or its settings and everything converges); a manifest the server refuses (400/42
 missing namespace Gantry may not create, is a PermanentBackendError.
 """
 
-import contextlib
-import gc
 import hashlib
 import json
 import os
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import urllib3
@@ -266,49 +264,32 @@ class KubernetesBackend:
         return backend_job_id(namespace, name)
 
     def sync(self, refs: list[JobRef]) -> dict[str, JobStatus]:
-        """Two lists whatever the number of attempts and namespaces: the Jobs and the pods
-        labelled ``gantry.io/attempt`` in all namespaces, in pages of ``LIST_PAGE``; per
-        namespace where Gantry may not list cluster-wide (a Role per namespace)."""
-        api = self.api()  # wrong settings say so even when there is nothing to follow
-        wanted: dict[tuple[str, str], str] = {}  # (namespace, job) -> ref name
+        """One list of Jobs and one of pods per namespace, selected by ``gantry.io/attempt``."""
+        wanted: dict[str, dict[str, str]] = defaultdict(dict)  # namespace -> job -> ref name
         for ref in refs:
             where = split_backend_job_id(ref.backend_job_id)
             if where is not None:
-                wanted[where] = ref.name
-        if not wanted:
-            return {}
-        with _gc_paused():
-            return self._sync(api, wanted)
-
-    def _sync(
-        self, api: client.ApiClient, wanted: dict[tuple[str, str], str]
-    ) -> dict[str, JobStatus]:
-        core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
-        namespaces = sorted({namespace for namespace, _ in wanted})
-        jobs = self._list_attempt_objects(
-            "list jobs",
-            batch.list_job_for_all_namespaces,
-            batch.list_namespaced_job,
-            namespaces,
-            keep=lambda job: _namespaced_name(job) in wanted,
-        )
-        pods_by_job: dict[tuple[str, str], list[dict]] = defaultdict(list)
-        for pod in self._list_attempt_objects(
-            "list pods",
-            core.list_pod_for_all_namespaces,
-            core.list_namespaced_pod,
-            namespaces,
-            keep=lambda pod: _owner_key(pod) in wanted,
-        ):
-            pods_by_job[_owner_key(pod)].append(pod)
+                wanted[where[0]][where[1]] = ref.name
         statuses: dict[str, JobStatus] = {}
-        for job in jobs:
-            key = _namespaced_name(job)
-            status = job_status(job, pods_by_job[key])
-            if status.state in ("FAILED", "PREEMPTED") and not is_finished(job):
-                # Kubernetes would keep the pod (and its GPUs) retrying the pull forever.
-                self._delete_job(*key, "Background")
-            statuses[wanted[key]] = status
+        core, batch = client.CoreV1Api(self.api()), client.BatchV1Api(self.api())
+        for namespace in sorted(wanted):
+            jobs = self._list(batch.list_namespaced_job, namespace)
+            pods = self._list(core.list_namespaced_pod, namespace)
+            pods_by_job: dict[str, list[dict]] = defaultdict(list)
+            for pod in pods:
+                owner = owner_job(pod)
+                if owner in wanted[namespace]:
+                    pods_by_job[owner].append(pod)
+            for job in jobs:
+                name = job["metadata"]["name"]
+                ref_name = wanted[namespace].get(name)
+                if ref_name is None:
+                    continue
+                status = job_status(job, pods_by_job[name])
+                if status.state in ("FAILED", "PREEMPTED") and not is_finished(job):
+                    # Kubernetes would keep the pod (and its GPUs) retrying the pull forever.
+                    self._delete_job(namespace, name, "Background")
+                statuses[ref_name] = status
         return statuses
 
     def cancel(self, ref: JobRef) -> None:
@@ -364,10 +345,6 @@ class KubernetesBackend:
         """The GPU nodes (labelled ``nvidia.com/gpu.product``) and every pod bound to a node
         and not finished, in all namespaces (what uses the GPUs is not only Gantry's): two
         lists, each in pages of ``LIST_PAGE``."""
-        with _gc_paused():
-            return self._inventory()
-
-    def _inventory(self) -> Inventory:
         core = client.CoreV1Api(self.api())
         nodes = self._list_all("list nodes", core.list_node, label_selector=GPU_PRODUCT_LABEL)
         gpu_nodes = {node["metadata"]["name"] for node in nodes}
@@ -406,54 +383,25 @@ class KubernetesBackend:
         response = self._call("list", fn, *args, **kwargs)
         return json.loads(response.data).get("items") or []
 
-    def _list_attempt_objects(
-        self,
-        what: str,
-        everywhere: Callable[..., Any],
-        per_namespace: Callable[..., Any],
-        namespaces: list[str],
-        *,
-        keep: Callable[[dict], bool],
-    ) -> list[dict]:
-        """Gantry's objects of one kind that ``keep`` wants: one paged list across all
-        namespaces, or, if that is forbidden (403), one per namespace."""
-        try:
-            return self._list_all(
-                what, everywhere, keep=keep, label_selector=ATTEMPT_LABEL, forbidden=_Forbidden
-            )
-        except _Forbidden:
-            return [
-                item
-                for namespace in namespaces
-                for item in self._list_all(
-                    what, per_namespace, namespace, keep=keep, label_selector=ATTEMPT_LABEL
-                )
-            ]
-
     def _list_all(
         self,
         what: str,
         fn: Callable[..., Any],
-        *args: Any,
+        *,
         keep: Callable[[dict], bool] = lambda item: True,
-        forbidden: type[Exception] | None = None,
-        **kwargs: Any,
+        **kwargs,
     ) -> list[dict]:
-        """The items of a list that ``keep`` wants, page by page. A continue token that
-        expired between two pages (410: etcd compacted past it) restarts the list once, so
-        the items come from one consistent snapshot. A 403 raises ``forbidden`` if given
-        (the caller has another way), else it is the usual transient error."""
-        tolerate = (410, 403) if forbidden is not None else (410,)
+        """The items of a cluster-wide list that ``keep`` wants, page by page. A continue
+        token that expired between two pages (410: etcd compacted past it) restarts the
+        list once, so the items come from one consistent snapshot."""
         for _ in range(2):
             items: list[dict] = []
             token = None
             while True:
                 response = self._call(
-                    what, fn, *args, limit=LIST_PAGE, _continue=token, tolerate=tolerate, **kwargs
+                    what, fn, limit=LIST_PAGE, _continue=token, tolerate=(410,), **kwargs
                 )
                 if isinstance(response, ApiException):
-                    if response.status == 403 and forbidden is not None:
-                        raise forbidden
                     break
                 body = json.loads(response.data)
                 items.extend(item for item in body.get("items") or [] if keep(item))
@@ -575,35 +523,6 @@ class KubernetesBackend:
 
 class _AlreadyExists(Exception):
     pass
-
-
-class _Forbidden(Exception):
-    pass
-
-
-def _namespaced_name(obj: dict) -> tuple[str, str]:
-    meta = obj["metadata"]
-    return meta.get("namespace", ""), meta["name"]
-
-
-def _owner_key(pod: dict) -> tuple[str, str]:
-    """The (namespace, name) of the Job that controls the pod; no name if none does."""
-    return pod["metadata"].get("namespace", ""), owner_job(pod) or ""
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off while big lists are read and mapped: a sync of
-    5,000 attempts parses millions of containers, none in a cycle and all gone when the
-    sync returns, and the collections they would trigger cost more than the parse
-    (measured: 3x). Leaves the collector as it found it."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _status_message(exc: ApiException) -> str:

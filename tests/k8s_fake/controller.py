@@ -203,7 +203,6 @@ class Controller:
                 self._sync_job(job)
             self._expire_finished()
             self.store.collect_garbage()
-            self.store.forget_encodings()
 
     def _finish_deletions(self) -> None:
         for pod in list(self.store.iter("pods")):

@@ -294,18 +294,21 @@ def _handler_for(api: FakeApiServer):
                     field_selector=query.get("fieldSelector"),
                     limit=limit,
                     continue_token=query.get("continue") or "",
-                    encoded=True,
                 )
                 list_meta: dict = {"resourceVersion": rv}
                 if token:
                     list_meta["continue"] = token
                     list_meta["remainingItemCount"] = remaining
                 kind = RESOURCES[plural][1]
-                head = json.dumps(
-                    {"kind": f"{kind}List", "apiVersion": api_version, "metadata": list_meta}
+                self._send(
+                    200,
+                    {
+                        "kind": f"{kind}List",
+                        "apiVersion": api_version,
+                        "metadata": list_meta,
+                        "items": items,
+                    },
                 )
-                # The items were written under the store's lock; spliced in as they are.
-                self._send(200, f'{head[:-1]}, "items": [{", ".join(items)}]}}'.encode())
             elif method == "GET":
                 self._send(200, store.get(plural, scope, name))
             elif method == "POST" and name is None:

@@ -281,9 +281,6 @@ class Store:
         self.rv = 1
         self.events: deque[WatchEvent] = deque(maxlen=EVENT_LOG_SIZE)
         self._names = itertools.count(1)
-        # id(obj) -> (obj, resourceVersion, JSON text): the serialized form of each object,
-        # written once per version, as the API server's watch cache keeps it.
-        self._encodings: dict[int, tuple[dict, str, str]] = {}
 
     # reads
 
@@ -329,13 +326,10 @@ class Store:
         field_selector: str | None = None,
         limit: int = 0,
         continue_token: str = "",
-        encoded: bool = False,
-    ) -> tuple[list, str, str, int]:
+    ) -> tuple[list[dict], str, str, int]:
         """Matching objects in key order (namespace, name) as etcd keeps them: at most
-        ``limit`` (0: all) after the key the continue token names. Returns the items (copies,
-        or with ``encoded`` each as its JSON text, written under the lock as the server
-        sends it), the resourceVersion, the next continue token ("" at the end) and how
-        many remain.
+        ``limit`` (0: all) after the key the continue token names. Returns the items, the
+        resourceVersion, the next continue token ("" at the end) and how many remain.
 
         A token older than the event log (what etcd compaction does) is 410 Expired. The
         pages are not a snapshot: objects changed between them show as they are now."""
@@ -359,37 +353,20 @@ class Store:
                 (
                     obj
                     for obj in self.iter(plural, namespace)
-                    if (after is None or _key(obj) > after)
-                    and labels_ok((obj.get("metadata") or {}).get("labels") or {})
-                    and fields_ok(obj)
+                    if labels_ok((obj.get("metadata") or {}).get("labels") or {}) and fields_ok(obj)
                 ),
                 key=_key,
             )
+            if after is not None:
+                matching = [obj for obj in matching if _key(obj) > after]
             page = matching[:limit] if limit > 0 else matching
             remaining = len(matching) - len(page)
             token = _encode_continue(started_rv, _key(page[-1])) if remaining else ""
-            items = [self._encoded(obj) if encoded else copy.deepcopy(obj) for obj in page]
-            return items, str(self.rv), token, remaining
-
-    def _encoded(self, obj: dict) -> str:
-        version = obj["metadata"].get("resourceVersion", "")
-        cached = self._encodings.get(id(obj))
-        if cached is not None and cached[0] is obj and cached[1] == version:
-            return cached[2]
-        text = json.dumps(obj)
-        self._encodings[id(obj)] = (obj, version, text)
-        return text
-
-    def forget_encodings(self) -> None:
-        """Drop every serialized form: the controller changes stored objects in place, and
-        a change it did not record with a new resourceVersion must still show."""
-        with self.lock:
-            self._encodings.clear()
+            return [copy.deepcopy(obj) for obj in page], str(self.rv), token, remaining
 
     # writes
 
     def _emit(self, kind: str, plural: str, obj: dict) -> None:
-        self._encodings.pop(id(obj), None)
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
         namespace = obj["metadata"].get("namespace", "")
