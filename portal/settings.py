@@ -255,6 +255,10 @@ SPECTACULAR_SETTINGS = {
         "RunStateEnum": "jobs.models.RunState",
         "AttemptStateEnum": "jobs.models.AttemptState",
     },
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "portal.openapi.every_operation_may_answer_400",
+    ],
 }
 
 # One cache for every web worker and host: the API's throttles count there, so a limit holds

@@ -30,17 +30,23 @@ if _xdist_worker and not os.environ.get("GANTRY_TEST_WORKER_ISOLATED"):
             raise RuntimeError(f"no Redis database left for xdist worker {_xdist_worker}")
         os.environ["CELERY_BROKER_URL"] = f"{_match.group(1)}/{_db}"
     os.environ["GANTRY_DATA_DIR"] = os.environ["GANTRY_DATA_DIR"].rstrip("/") + f"-{_xdist_worker}"
-    # Metric files too: what the controller process set before it started the workers is
-    # shared by all of them, and exact counts in one worker would see the others'.
-    os.environ["GANTRY_METRICS_DIR"] = os.environ["GANTRY_DATA_DIR"] + "/metrics"
+    # Metric files too (they follow the data directory): the controller process's reset is
+    # not the worker's.
     os.environ.pop("GANTRY_TEST_METRICS_FRESH", None)
     os.environ["GANTRY_TEST_WORKER_ISOLATED"] = "1"  # the processes tests start keep it as is
 
 # The first test process empties the metric files of earlier sessions before any process
 # records (portal/metrics_files.py); processes started after it inherit the directory.
-os.environ.setdefault("GANTRY_METRICS_DIR", os.environ["GANTRY_DATA_DIR"].rstrip("/") + "/metrics")
+# They live below the data directory (GANTRY_METRICS_DIR is not exported): a process a test
+# starts with a data directory of its own (make run, gunicorn) then has metric files of its
+# own too, and cannot empty this process's when it starts.
 if not os.environ.get("GANTRY_TEST_METRICS_FRESH"):
-    host_metrics_reset(Path(os.environ["GANTRY_METRICS_DIR"]))
+    host_metrics_reset(
+        Path(
+            os.environ.get("GANTRY_METRICS_DIR")
+            or os.environ["GANTRY_DATA_DIR"].rstrip("/") + "/metrics"
+        )
+    )
     os.environ["GANTRY_TEST_METRICS_FRESH"] = "1"
 
 from portal.settings import *  # noqa: E402, F403

@@ -817,6 +817,9 @@ def slurm_world(world, slurm_env, accounts, unique_attempt_ids):
 
 def submit_and_admit(world, **overrides) -> tuple[Run, Attempt]:
     run = run_submit(user=world.researcher_a, data=experiment_input(world, **overrides))
+    # As the sync task keeps it (every few seconds): an inventory older than
+    # GANTRY_INVENTORY_MAX_AGE_S places nothing, and earlier tests may have taken that long.
+    cluster_refresh_inventory(cluster=world.slurm)
     admission_run_cycle()
     attempt = Attempt.objects.get(run=run)
     assert attempt.cluster_id == world.slurm.pk
