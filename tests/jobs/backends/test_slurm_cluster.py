@@ -817,9 +817,6 @@ def slurm_world(world, slurm_env, accounts, unique_attempt_ids):
 
 def submit_and_admit(world, **overrides) -> tuple[Run, Attempt]:
     run = run_submit(user=world.researcher_a, data=experiment_input(world, **overrides))
-    # As the sync task keeps it (every few seconds): an inventory older than
-    # GANTRY_INVENTORY_MAX_AGE_S places nothing, and earlier tests may have taken that long.
-    cluster_refresh_inventory(cluster=world.slurm)
     admission_run_cycle()
     attempt = Attempt.objects.get(run=run)
     assert attempt.cluster_id == world.slurm.pk
@@ -882,6 +879,9 @@ def test_services_take_a_run_from_queued_to_succeeded_on_slurm(slurm_world):
 
 def test_outage_leaves_runs_in_place_and_converges_without_loss_or_duplicates(slurm_world):
     world = slurm_world
+    # As the sync task keeps it (every few seconds): an inventory older than
+    # GANTRY_INVENTORY_MAX_AGE_S places nothing, and earlier tests may have taken that long.
+    cluster_refresh_inventory(cluster=world.slurm)
     running, running_attempt = submit_and_admit(world, command="sleep 8")
     attempt_submit(attempt_id=running_attempt.pk)
     waiting, waiting_attempt = submit_and_admit(world, command="sleep 2")
