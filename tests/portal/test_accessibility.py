@@ -331,6 +331,11 @@ def test_vendored_libraries_are_served_from_static_with_their_licence():
     assert loads and all(
         "{% static 'vendor/plotly/plotly-4.1.1.min.js' %}" in line for line in loads
     )
+    htmx = ROOT / "static" / "vendor" / "htmx"
+    assert sorted(path.name for path in htmx.iterdir()) == ["LICENSE.txt", "htmx-2.0.11.min.js"]
+    base = (ROOT / "templates" / "base.html").read_text()
+    assert "{% static 'vendor/htmx/htmx-2.0.11.min.js' %}" in base
+    assert '"allowEval": false' in base
 
 
 def test_a_field_error_sits_next_to_its_field_and_describes_it(world, rf):
