@@ -49,6 +49,17 @@ def backend_for(cluster) -> Backend:
     return factory(cluster)
 
 
+def spec_for_people(backend: str, stored: str) -> str:
+    """An attempt's stored spec as a person reads it: Kubernetes manifests are stored as
+    the JSON the API server receives and shown as YAML; scripts and the simulator's JSON
+    as they are."""
+    if backend == "kubernetes":
+        from jobs.backends.k8s_manifest import stored_as_yaml  # pure: no client loaded
+
+        return stored_as_yaml(stored)
+    return stored
+
+
 __all__ = [
     "MULTI_NODE_ENV",
     "Backend",
@@ -65,4 +76,5 @@ __all__ = [
     "backend_for",
     "inventory_items",
     "register",
+    "spec_for_people",
 ]

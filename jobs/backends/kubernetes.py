@@ -46,7 +46,7 @@ from jobs.backends.k8s_manifest import (
     label_value,
     parse_settings,
     render,
-    to_yaml,
+    to_json,
     token_secret_name,
 )
 from jobs.backends.k8s_status import (
@@ -235,7 +235,7 @@ class KubernetesBackend:
     # --- the interface ----------------------------------------------------------------------
 
     def render(self, spec: JobSpec) -> str:
-        return to_yaml(render(spec, self.settings))
+        return to_json(render(spec, self.settings))
 
     def submit(self, spec: JobSpec, *, may_exist: bool = True) -> str:
         """Create the attempt's objects, or adopt the Job already named after the attempt

@@ -9,10 +9,13 @@ import ssl
 from pathlib import Path
 
 import pytest
+import yaml
+from django.template.loader import render_to_string
+from django.utils.html import escape
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from jobs.backends import backend_for
+from jobs.backends import backend_for, spec_for_people
 from jobs.backends import kubernetes as kubernetes_backend
 from jobs.backends.base import (
     Inventory,
@@ -333,9 +336,7 @@ def test_a_job_of_the_same_name_that_is_not_ours_is_not_adopted(fake):
     k8s = backend(fake)
     fake.store.create("namespaces", "", {"metadata": {"name": "gantry-vision"}})
     foreign = k8s.render(spec(attempt_id=8))  # another attempt's job under our name
-    import yaml
-
-    job = list(yaml.safe_load_all(foreign))[-1]
+    job = json.loads(foreign)[-1]
     job["metadata"]["name"] = "gantry-a7"
     fake.store.create("jobs", "gantry-vision", job)
     with pytest.raises(PermanentBackendError, match="belongs to something else"):
@@ -1103,8 +1104,18 @@ def test_a_run_goes_from_queued_to_succeeded_on_kubernetes(k8s_world):
     run.refresh_from_db()
     assert (run.state, attempt.state) == (RunState.PENDING, AttemptState.PENDING)
     assert attempt.backend_job_id == f"gantry-vision/gantry-a{attempt.pk}"
-    assert f"name: gantry-a{attempt.pk}" in attempt.rendered_spec
-    assert "kind: Job" in attempt.rendered_spec and "<redacted>" in attempt.rendered_spec
+    # Stored as the JSON the API server receives (the token redacted), shown as YAML.
+    stored = json.loads(attempt.rendered_spec)
+    assert [obj["kind"] for obj in stored] == ["Secret", "Job"]
+    assert stored[-1]["metadata"]["name"] == f"gantry-a{attempt.pk}"
+    assert "<redacted>" in attempt.rendered_spec
+    shown = spec_for_people("kubernetes", attempt.rendered_spec)
+    assert list(yaml.safe_load_all(shown)) == stored
+    assert shown.startswith("apiVersion: v1\nkind: Secret\n")
+    page = render_to_string("jobs/_attempt_record.html", {"attempt": attempt, "runtime": []})
+    assert f'<pre class="code">{escape(shown)}</pre>' in page
+    job_head = f"---\napiVersion: batch/v1\nkind: Job\nmetadata:\n  name: gantry-a{attempt.pk}\n"
+    assert job_head in shown
     for _ in range(3):
         _sync(world, 1)
     run.refresh_from_db()

@@ -25,6 +25,8 @@ from jobs.backends.k8s_manifest import (
     object_name,
     parse_settings,
     render,
+    stored_as_yaml,
+    to_json,
     to_yaml,
 )
 from tests import TESTS
@@ -752,3 +754,22 @@ def test_the_stored_yaml_does_not_depend_on_libyaml_being_installed():
     assert to_yaml(hostile) == yaml.dump_all(
         hostile, Dumper=PurePython, sort_keys=False, allow_unicode=True, width=100
     )
+
+
+def test_manifests_are_stored_as_json_and_read_as_the_same_yaml():
+    for name in ("single-gpu", "multi-node", "volcano"):
+        objects = shape(name)
+        stored = to_json(objects)
+        assert json.loads(stored) == objects
+        assert stored_as_yaml(stored) == to_yaml(objects)
+    # Non-ASCII stays readable in both (an annotation with a project name, say).
+    assert to_json([{"a": "Müller"}]) == '[{"a": "Müller"}]'
+    assert stored_as_yaml('[{"a": "Müller"}]') == "a: Müller\n"
+
+
+def test_text_that_is_not_a_stored_manifest_list_is_shown_as_it_is():
+    earlier = to_yaml(shape("single-gpu"))  # attempts stored before manifests were JSON
+    assert stored_as_yaml(earlier) == earlier
+    assert stored_as_yaml("") == ""
+    assert stored_as_yaml('{"kind": "Job"}') == '{"kind": "Job"}'
+    assert stored_as_yaml("[1, 2]") == "[1, 2]"
