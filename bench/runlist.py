@@ -81,14 +81,15 @@ INSERT INTO jobs_experiment (
     id, tenant_id, project_id, owner_id, flavor_id, nodes, gpus_per_node, name, image_id,
     image_reference, command, env, code_repository, code_commit, dataset_uri,
     dataset_version, params, priority, max_runtime_minutes, max_restarts, checkpoint_dir,
-    gantry_version, created_at)
+    gantry_version, created_at, topology_level, topology_mode)
 SELECT e + 1, (%(tenants)s::bigint[])[t + 1],
        (%(projects)s::bigint[])[t * {projects} + {h2} %% {projects} + 1],
        (%(users)s::int[])[t * {users} + {h3} %% {users} + 1],
        (%(flavors)s::bigint[])[{h4} %% {flavors} + 1],
        CASE WHEN gpus > 8 THEN 2 ELSE 1 END, least(gpus, 8), 'experiment-' || e, %(image)s,
        %(reference)s, 'python train.py', '{{}}', '', '', '', '', '{{}}', 50, 1440, 0, '',
-       'bench', %(start)s::timestamptz + make_interval(secs => e * %(step)s * {per})
+       'bench', %(start)s::timestamptz + make_interval(secs => e * %(step)s * {per}),
+       '', 'preferred'
 FROM (
     SELECT e, floor({tenants} * {u1} * {u1})::int AS t,
            (ARRAY[1, 1, 2, 4, 8, 8, 16])[{h5} %% 7 + 1] AS gpus
