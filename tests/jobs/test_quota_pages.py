@@ -1225,7 +1225,8 @@ def test_new_pages_have_no_inline_scripts_styles_or_handlers(client, busy_world)
         assert response.status_code == 200, url
         content = response.content.decode()
         assert re.findall(r"<script[^>]*>", content) == [
-            '<script src="/static/gantry/gantry.js" defer>'
+            '<script src="/static/vendor/htmx/htmx-2.0.11.min.js" defer>',
+            '<script src="/static/gantry/gantry.js" defer>',
         ], url
         assert " style=" not in content, url
         assert re.search(r"\son[a-z]+=", content) is None, url

@@ -132,7 +132,8 @@ def test_pages_have_no_inline_scripts_styles_or_handlers(client, world):
     for url in urls:
         content = client.get(url).content.decode()
         assert re.findall(r"<script[^>]*>", content) == [
-            '<script src="/static/gantry/gantry.js" defer>'
+            '<script src="/static/vendor/htmx/htmx-2.0.11.min.js" defer>',
+            '<script src="/static/gantry/gantry.js" defer>',
         ], url
         assert " style=" not in content, url
         assert re.search(r"\son[a-z]+=", content) is None, url
