@@ -4,6 +4,8 @@ tokens on their account page, the secret shown once."""
 
 import hashlib
 import re
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,6 +13,7 @@ import time_machine
 from django.contrib.auth.models import User
 from django.contrib.sessions.models import Session
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import connection, transaction
 from django.test import Client
 from django.urls import reverse
 
@@ -280,6 +283,67 @@ def test_a_change_to_a_membership_removed_meanwhile_is_does_not_exist(world):
     with pytest.raises(Membership.DoesNotExist):
         membership_remove(membership=alice, actor=world.tenant_admin_a)
     assert not AuditEvent.objects.exists()
+
+
+def lock_waiters() -> int:
+    """Other sessions of this database waiting on a row lock now."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0]
+
+
+def test_two_admins_stepping_down_at_once_leave_one_admin(transactional_db, world):
+    """tara and alice, the two admins, step down at the same moment: the first holds the
+    tenant's admin memberships locked until it commits, the second waits for it, then sees
+    that it would leave no admin and is refused."""
+    Membership.objects.filter(user=world.researcher_a).update(role=TENANT_ADMIN)
+    tara, alice = membership(world, world.tenant_admin_a), membership(world, world.researcher_a)
+    first_changed, commit_first = threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                membership_role_change(membership=tara, role=RESEARCHER, actor=world.platform_admin)
+                first_changed.set()
+                commit_first.wait(timeout=30)
+        finally:
+            connection.close()
+
+    def second() -> None:
+        try:
+            membership_role_change(membership=alice, role=RESEARCHER, actor=world.platform_admin)
+            outcome["second"] = "changed"
+        except ValidationError as refused:
+            outcome["second"] = refused.messages
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    threads[0].start()
+    assert first_changed.wait(timeout=30)
+    threads[1].start()
+    deadline = time.monotonic() + 30
+    while lock_waiters() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lock_waiters() == 1  # the second change waits for the first one's locks
+    commit_first.set()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert outcome == {
+        "second": [
+            "alice is the last tenant admin of vision and cannot be demoted: make another "
+            "member tenant admin first."
+        ]
+    }
+    assert roles(world.vision) == {"alice": TENANT_ADMIN, "arthur": RESEARCHER, "tara": RESEARCHER}
+    assert [row[2:] for row in audit_rows()] == [
+        ("membership.role_change", "tara@vision", {"role": "tenant_admin"}, {"role": "researcher"})
+    ]
 
 
 # --- removing -------------------------------------------------------------------------------
