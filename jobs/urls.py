@@ -17,6 +17,13 @@ urlpatterns = [
     path("quotas/", views.quota_list, name="quota_list"),
     path("quotas/edit/", views.quota_edit, name="quota_edit"),
     path("tenants/<slug:slug>/members/", views.tenant_members, name="tenant_members"),
+    path("tenants/<slug:slug>/members/add/", views.member_add, name="member_add"),
+    path("tenants/<slug:slug>/members/<int:user_id>/role/", views.member_role, name="member_role"),
+    path(
+        "tenants/<slug:slug>/members/<int:user_id>/remove/",
+        views.member_remove,
+        name="member_remove",
+    ),
     path("clusters/", views.cluster_list, name="cluster_list"),
     path("clusters/nodes/", views.cluster_nodes, name="cluster_nodes"),
     path("clusters/<slug:name>/capacity/", views.cluster_capacity, name="cluster_capacity"),

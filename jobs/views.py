@@ -75,16 +75,21 @@ from jobs.services import templates as template_services
 from jobs.services.specs import experiment_spec
 from jobs.services.submission import run_rerun
 from jobs.services.templates import TEMPLATE_FIELDS, template_save, template_submit
+from tenants import services as tenant_services
 from tenants.access import (
     is_platform_admin,
     is_tenant_admin,
+    membership_can_manage,
+    roles_forget,
     tenant_list_submittable,
     tenant_list_viewable,
 )
-from tenants.forms import QuotaForm, quota_initial
+from tenants.forms import MemberAddForm, QuotaForm, quota_initial
 from tenants.http import ascii_id, form_page, or_404
+from tenants.models import Membership, Tenant
 from tenants.selectors import (
     flavor_list_manageable,
+    membership_get,
     project_list_submittable,
     quota_get_manageable,
     quota_list_for_tenant,
@@ -545,9 +550,22 @@ def quota_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def tenant_members(request: HttpRequest, slug: str) -> HttpResponse:
-    """A tenant's members with what their runs hold now, beside the tenant's quota use
-    (for its tenant admins and platform admins)."""
+    """A tenant's members with what their runs hold now, beside the tenant's quota use, and
+    the forms that add members, change their roles and remove them (for its tenant admins
+    and platform admins, the only ones who see the page)."""
     tenant = or_404(capacity.tenant_get_members_viewable, user=request.user, slug=slug)
+    return _members_page(request, tenant)
+
+
+def _members_page(
+    request: HttpRequest,
+    tenant: Tenant,
+    *,
+    add_form: MemberAddForm | None = None,
+    error: str = "",
+) -> HttpResponse:
+    """The members page; 400 when it shows a refused change (``add_form`` errors, ``error``)."""
+    add_form = add_form or MemberAddForm()
     return render(
         request,
         "jobs/tenant_members.html",
@@ -557,7 +575,85 @@ def tenant_members(request: HttpRequest, slug: str) -> HttpResponse:
             "usages": capacity.quota_usage_list(
                 quotas=list(quota_list_for_tenant(tenant=tenant)), tenant=tenant
             ),
+            "add_form": add_form,
+            "roles": Membership.Role.choices,
+            "error": error,
         },
+        status=400 if error or add_form.errors else 200,
+    )
+
+
+def _after_member_change(request: HttpRequest, tenant: Tenant, message: str) -> HttpResponse:
+    """Back to the members page, or to the tenant's quotas when the change took the user's
+    own right to manage members (a tenant admin who stepped down or left)."""
+    messages.success(request, message)
+    roles_forget(request.user)
+    if membership_can_manage(user=request.user, tenant=tenant):
+        return redirect("jobs:tenant_members", slug=tenant.slug)
+    return redirect(f"{reverse('jobs:quota_list')}?tenant={tenant.slug}")
+
+
+@login_required
+@require_POST
+def member_add(request: HttpRequest, slug: str) -> HttpResponse:
+    tenant = or_404(capacity.tenant_get_members_viewable, user=request.user, slug=slug)
+    form = MemberAddForm(request.POST)
+    if form.is_valid():
+        try:
+            membership = tenant_services.membership_add(
+                tenant=tenant,
+                identifier=form.cleaned_data["user"],
+                role=form.cleaned_data["role"],
+                actor=request.user,
+            )
+        except ValidationError as exc:
+            form.add_service_errors(exc)
+        else:
+            messages.success(
+                request,
+                f"Added {membership.user.get_username()} to {tenant.slug} as "
+                f"{membership.get_role_display().lower()}.",
+            )
+            return redirect("jobs:tenant_members", slug=tenant.slug)
+    return _members_page(request, tenant, add_form=form)
+
+
+@login_required
+@require_POST
+def member_role(request: HttpRequest, slug: str, user_id: int) -> HttpResponse:
+    tenant = or_404(capacity.tenant_get_members_viewable, user=request.user, slug=slug)
+    membership = or_404(membership_get, tenant=tenant, user_id=user_id)
+    try:
+        changed = or_404(
+            tenant_services.membership_role_change,
+            membership=membership,
+            role=request.POST.get("role", ""),
+            actor=request.user,
+        )
+    except ValidationError as exc:
+        return _members_page(request, tenant, error=" ".join(exc.messages))
+    return _after_member_change(
+        request,
+        tenant,
+        f"{changed.user.get_username()} is now {changed.get_role_display().lower()} of "
+        f"{tenant.slug}.",
+    )
+
+
+@login_required
+@require_POST
+def member_remove(request: HttpRequest, slug: str, user_id: int) -> HttpResponse:
+    tenant = or_404(capacity.tenant_get_members_viewable, user=request.user, slug=slug)
+    membership = or_404(membership_get, tenant=tenant, user_id=user_id)
+    try:
+        or_404(tenant_services.membership_remove, membership=membership, actor=request.user)
+    except ValidationError as exc:
+        return _members_page(request, tenant, error=" ".join(exc.messages))
+    return _after_member_change(
+        request,
+        tenant,
+        f"Removed {membership.user.get_username()} from {tenant.slug}. Their runs stay; they "
+        f"can no longer submit to {tenant.slug}.",
     )
 
 

@@ -10,14 +10,19 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse_lazy
 from django.utils import timezone
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from tenants.authentication import Lockout, client_ip, login_lockout, refused_by_lockout
+from tenants.forms import ApiTokenForm
 from tenants.http import or_404
+from tenants.models import ApiToken
 from tenants.oidc import oidc_enabled
 from tenants.selectors import api_token_get_own, api_token_list_own
 from tenants.services import (
+    API_TOKEN_DEFAULT_DAYS,
     CredentialsRevokedBecause,
+    api_token_issue,
     api_token_revoke,
     user_credentials_revoke,
 )
@@ -89,6 +94,21 @@ class PasswordChangeView(auth_views.PasswordChangeView):
 @login_required
 @require_GET
 def account(request: HttpRequest) -> HttpResponse:
+    return _account_page(request, form=_new_token_form())
+
+
+def _new_token_form() -> ApiTokenForm:
+    return ApiTokenForm(initial={"name": "api", "expires_in_days": API_TOKEN_DEFAULT_DAYS})
+
+
+def _account_page(
+    request: HttpRequest,
+    *,
+    form: ApiTokenForm,
+    created: tuple[ApiToken, str] | None = None,
+) -> HttpResponse:
+    """The account page; 400 while the token form has errors. ``created`` is a token just
+    made and its secret, shown in this one answer only."""
     return render(
         request,
         "registration/account.html",
@@ -97,8 +117,35 @@ def account(request: HttpRequest) -> HttpResponse:
             "has_password": signed_in(request.user).has_usable_password(),
             "oidc_provider_name": settings.GANTRY_OIDC_PROVIDER_NAME,
             "now": timezone.now(),
+            "form": form,
+            "created": created,
         },
+        status=400 if form.errors else 200,
     )
+
+
+@never_cache
+@login_required
+@require_POST
+def api_token_create_own(request: HttpRequest) -> HttpResponse:
+    """Create a token and show its secret in this answer, the only place it ever appears: it
+    is not redirected to (a redirect would have to keep the secret in the session until the
+    next page), and the answer is marked no-store so no cache keeps it either. Reloading
+    sends the form again and makes another token; the list shows both."""
+    form = ApiTokenForm(request.POST)
+    if form.is_valid():
+        days = form.cleaned_data["expires_in_days"]
+        try:
+            created = api_token_issue(
+                user=request.user,
+                name=form.cleaned_data["name"],
+                expires_in_days=API_TOKEN_DEFAULT_DAYS if days is None else days,
+            )
+        except ValidationError as exc:
+            form.add_service_errors(exc)
+        else:
+            return _account_page(request, form=_new_token_form(), created=created)
+    return _account_page(request, form=form)
 
 
 @login_required

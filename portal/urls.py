@@ -15,6 +15,7 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("accounts/", accounts.account, name="account"),
     path("accounts/password/", accounts.PasswordChangeView.as_view(), name="password_change"),
+    path("accounts/tokens/new/", accounts.api_token_create_own, name="api_token_create"),
     path(
         "accounts/tokens/<int:token_id>/revoke/",
         accounts.api_token_revoke_own,

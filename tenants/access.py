@@ -105,6 +105,19 @@ def audit_tenant_ids(*, user: UserLike) -> frozenset[int] | None:
     )
 
 
+def membership_can_manage(*, user: UserLike, tenant: Tenant) -> bool:
+    """Tenant admins of ``tenant`` and platform admins add, re-role and remove its members."""
+    return is_platform_admin(user) or is_tenant_admin(user, tenant.pk)
+
+
+def roles_forget(user: UserLike) -> None:
+    """Drop the roles cached on ``user`` for the request: after a change of the user's own
+    membership, the rest of the request must see the new roles."""
+    for cache in (_GLOBAL_ROLES_CACHE, _TENANT_ROLES_CACHE):
+        if hasattr(user, cache):
+            delattr(user, cache)
+
+
 def idle_policy_can_edit(*, user: UserLike, tenant: Tenant) -> bool:
     """Tenant admins of ``tenant`` and platform admins set its idle-GPU policy."""
     return is_platform_admin(user) or is_tenant_admin(user, tenant.pk)

@@ -56,7 +56,7 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         if token.outlived_password:
             raise exceptions.AuthenticationFailed(
                 "Token revoked: the account's password changed since it was made. "
-                "Create a new one (POST /api/v1/tokens/ or gantry login)."
+                "Create a new one (your account page, POST /api/v1/tokens/ or gantry login)."
             )
         if token.expires_at is not None and token.expires_at <= now:
             raise exceptions.AuthenticationFailed("Token expired.")

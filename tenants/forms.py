@@ -3,7 +3,12 @@
 from django import forms
 from django.core.exceptions import ValidationError
 
-from tenants.models import IDLE_POLICY_MAX_MIN, Quota
+from tenants.models import IDLE_POLICY_MAX_MIN, ApiToken, Membership, Quota, max_length_of
+from tenants.services import (
+    API_TOKEN_DEFAULT_DAYS,
+    API_TOKEN_MAX_DAYS,
+    MEMBER_IDENTIFIER_MAX_LENGTH,
+)
 
 
 class ServiceErrorsMixin(forms.BaseForm):
@@ -111,4 +116,43 @@ class IdlePolicyForm(ServiceErrorsMixin, forms.Form):
         widget=_number(min=1, max=IDLE_POLICY_MAX_MIN),
         help_text="The run is cancelled; it must be later than the warning. "
         "Leave empty to never cancel.",
+    )
+
+
+class MemberAddForm(ServiceErrorsMixin, forms.Form):
+    # Named like the service's error key, so "no such user" sits next to this field.
+    user = forms.CharField(
+        label="Username or e-mail address",
+        help_text="Exactly as the person's Gantry account has it. They must have signed in "
+        "to Gantry once (or been given an account) before they can be added.",
+        widget=forms.TextInput(
+            attrs={
+                "spellcheck": "false",
+                "autocomplete": "off",
+                "maxlength": MEMBER_IDENTIFIER_MAX_LENGTH,
+            }
+        ),
+    )
+    role = forms.CharField(
+        label="Role",
+        widget=forms.Select(choices=Membership.Role.choices),
+        initial=Membership.Role.RESEARCHER,
+        help_text="Researchers submit runs; tenant admins also manage members, templates and "
+        "the idle-GPU policy.",
+    )
+
+
+class ApiTokenForm(ServiceErrorsMixin, forms.Form):
+    name = forms.CharField(
+        label="Name",
+        help_text="What the token is for, e.g. the laptop or the script that uses it.",
+        widget=forms.TextInput(
+            attrs={"autocomplete": "off", "maxlength": max_length_of(ApiToken, "name")}
+        ),
+    )
+    expires_in_days = forms.IntegerField(
+        required=False,
+        label="Expires after (days)",
+        widget=_number(min=1, max=API_TOKEN_MAX_DAYS),
+        help_text=f"1 to {API_TOKEN_MAX_DAYS} days; empty: {API_TOKEN_DEFAULT_DAYS}.",
     )

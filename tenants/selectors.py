@@ -11,6 +11,7 @@ from tenants.models import (
     ApiToken,
     AuditEvent,
     GpuFlavor,
+    Membership,
     Notification,
     Project,
     Quota,
@@ -28,6 +29,12 @@ def project_list_submittable(*, user: UserLike) -> QuerySet[Project]:
 def tenant_get_viewable(*, user: UserLike, slug: str) -> Tenant:
     """The tenant, or DoesNotExist alike for a missing tenant and one the user may not see."""
     return tenant_list_viewable(user=user).get(slug=slug)
+
+
+def membership_get(*, tenant: Tenant, user_id: int) -> Membership:
+    """The membership of user ``user_id`` in ``tenant`` (which the caller has checked the
+    user may manage); DoesNotExist for anybody who is not a member of it."""
+    return Membership.objects.select_related("user", "tenant").get(tenant=tenant, user_id=user_id)
 
 
 def quota_list_for_tenant(*, tenant: Tenant) -> QuerySet[Quota]:

@@ -20,7 +20,7 @@ from jobs.enqueue import admission_cycle_enqueue
 from jobs.models import HOLDING_STATES, Cluster, ClusterFlavor, Run, RunState
 from jobs.selectors.queue import gpu_hours_this_month, gpu_occupancy
 from jobs.services.backend_sync import cluster_refresh_inventory
-from tenants.access import is_platform_admin, is_tenant_admin, require_platform_admin
+from tenants.access import membership_can_manage, require_platform_admin
 from tenants.models import GpuFlavor, Membership, Quota, Tenant
 from tenants.selectors import tenant_get_viewable
 from tenants.services import MAX_STORED_INT, audit_record, quota_update
@@ -68,10 +68,11 @@ def member_usage_list(*, tenant: Tenant) -> list[MemberUsage]:
 
 
 def tenant_get_members_viewable(*, user: UserLike, slug: str) -> Tenant:
-    """The tenant whose members ``user`` may list: its tenant admins and platform admins.
-    DoesNotExist for a tenant the user cannot see; 403 for one they see but do not administer."""
+    """The tenant whose members ``user`` may list and manage: its tenant admins and platform
+    admins. DoesNotExist for a tenant the user cannot see; 403 for one they see but do not
+    administer."""
     tenant = tenant_get_viewable(user=user, slug=slug)
-    if not (is_platform_admin(user) or is_tenant_admin(user, tenant.pk)):
+    if not membership_can_manage(user=user, tenant=tenant):
         raise PermissionDenied("Only the tenant's admins and platform admins see its members.")
     return tenant
 

@@ -355,6 +355,37 @@ window.GantryCharts = (function () {
     }
   }
 
+  // A copy button ([data-copy] naming a field's id) copies the field's value to the
+  // clipboard; hidden without this script, where the field is there to select and copy.
+  // Where the clipboard is refused, the value is selected for the reader to copy.
+  function copyButton(button) {
+    var field = document.getElementById(button.getAttribute("data-copy"));
+    var status = button.parentElement.querySelector("[data-copy-status]");
+    if (!field) {
+      return;
+    }
+    function say(message) {
+      if (status) {
+        status.textContent = message;
+      }
+    }
+    function selectInstead() {
+      field.focus();
+      field.select();
+      say("Selected: press Ctrl+C (⌘C) to copy.");
+    }
+    button.hidden = false;
+    button.addEventListener("click", function () {
+      if (!navigator.clipboard || !window.isSecureContext) {
+        selectInstead();
+        return;
+      }
+      navigator.clipboard.writeText(field.value).then(function () {
+        say("Copied.");
+      }, selectInstead);
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     restoreSubmissionKey();
     // A log tail is read from its end: show its last lines first.
@@ -365,6 +396,7 @@ window.GantryCharts = (function () {
     document.querySelectorAll("[data-poll-url]").forEach(poll);
     document.querySelectorAll("[data-preview-url]").forEach(preview);
     document.querySelectorAll("select[data-filter-by]").forEach(filterProjects);
+    document.querySelectorAll("button[data-copy]").forEach(copyButton);
 
     document.querySelectorAll("select[data-autosubmit]").forEach(function (select) {
       select.addEventListener("change", function () {

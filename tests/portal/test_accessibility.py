@@ -92,6 +92,22 @@ def wrong_password(page) -> None:
         page.click("form button[type=submit]")
 
 
+def create_token(page) -> None:
+    """The account page's token form sent: the answer that shows the new token once."""
+    page.fill("#id_name", "laptop")
+    with page.expect_navigation():
+        page.click("form[data-token-create] button[type=submit]")
+    assert page.locator("#new-token").count() == 1
+
+
+def add_unknown_member(page) -> None:
+    """The members page after a refused addition: the error next to its field."""
+    page.fill("#id_user", "nobody-by-this-name")
+    with page.expect_navigation():
+        page.click("form[data-member-add] button[type=submit]")
+    assert page.locator("[data-field=user] .errorlist").count() == 1
+
+
 def audit_pages(browser, live_server, username: str, steps: list) -> dict[str, list[str]]:
     """Each step is a path to open or a (name, action) pair run on the page; the violations
     axe finds after each, by step."""
@@ -135,6 +151,12 @@ def test_main_pages_have_no_serious_or_critical_violations(browser, live_server,
             "/tenants/vision/goodput/?days=30&by=day",
             "/notifications/",
             "/clusters/nodes/",
+            "/accounts/",
+            ("account page showing a new token", create_token),
+        ],
+        "tara": [
+            "/tenants/vision/members/",
+            ("members page with a refused addition", add_unknown_member),
         ],
         "bob": [f"/runs/{borrowed}/", f"/runs/{resumed}/telemetry/"],
         "fiona": [

@@ -89,6 +89,7 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     ("password_change", "GET"):                 (302, 200, 200, 200, 200, 200),
     ("password_change", "POST"):                (302, 302, 302, 302, 302, 302),
     ("password_change", "PUT"):                 (302, 200, 200, 200, 200, 200),
+    ("api_token_create", "POST"):               (302, 200, 200, 200, 200, 200),
     ("api_token_revoke", "POST"):               (302, 302, 404, 404, 404, 404),
     # single sign-on is off unless GANTRY_OIDC_ISSUER is set
     ("oidc_authentication_init", "GET"):        (404, 404, 404, 404, 404, 404),
@@ -174,6 +175,9 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     ("jobs:experiment_spec", "GET"):            (302, 200, 404, 200, 200, 200),
     ("jobs:quota_list", "GET"):                 (302, 200, 200, 200, 200, 200),
     ("jobs:tenant_members", "GET"):             (302, 403, 404, 200, 403, 200),
+    ("jobs:member_add", "POST"):                (302, 403, 404, 302, 403, 302),
+    ("jobs:member_role", "POST"):               (302, 403, 404, 302, 403, 302),
+    ("jobs:member_remove", "POST"):             (302, 403, 404, 302, 403, 302),
     ("jobs:quota_edit", "GET"):                 (302, 404, 404, 404, 404, 200),
     ("jobs:quota_edit", "POST"):                (302, 404, 404, 404, 404, 302),
     ("jobs:cluster_list", "GET"):               (302, 404, 404, 404, 404, 200),
@@ -293,6 +297,7 @@ def objects(world) -> Objects:
 def paths(objects: Objects) -> dict[str, str]:
     """One URL per pattern name, about tenant A's objects."""
     run_id, experiment_id = objects.run.pk, objects.experiment.pk
+    alice_id = objects.users[ALICE].pk
     vision_month = ["vision", objects.month]
     today = timezone.now().date()
     export = urlencode({"tenant": "vision", "from": objects.month, "to": today})
@@ -304,6 +309,7 @@ def paths(objects: Objects) -> dict[str, str]:
         "logout": reverse("logout"),
         "account": reverse("account"),
         "password_change": reverse("password_change"),
+        "api_token_create": reverse("api_token_create"),
         "api_token_revoke": reverse("api_token_revoke", args=[objects.alice_token_id]),
         "oidc_authentication_init": reverse("oidc_authentication_init"),
         "oidc_authentication_callback": reverse("oidc_authentication_callback"),
@@ -370,6 +376,9 @@ def paths(objects: Objects) -> dict[str, str]:
         "jobs:experiment_spec": reverse("jobs:experiment_spec", args=[experiment_id]),
         "jobs:quota_list": f"{reverse('jobs:quota_list')}?tenant=vision",
         "jobs:tenant_members": reverse("jobs:tenant_members", args=["vision"]),
+        "jobs:member_add": reverse("jobs:member_add", args=["vision"]),
+        "jobs:member_role": reverse("jobs:member_role", args=["vision", alice_id]),
+        "jobs:member_remove": reverse("jobs:member_remove", args=["vision", alice_id]),
         "jobs:quota_edit": f"{reverse('jobs:quota_edit')}?tenant=vision&flavor=a100-80gb",
         "jobs:cluster_list": reverse("jobs:cluster_list"),
         "jobs:cluster_nodes": reverse("jobs:cluster_nodes"),
@@ -433,6 +442,9 @@ def bodies(objects: Objects) -> dict[str, dict]:
         },
         "tenants:flavor_edit": {"name": "A100 renamed", "memory_gb": "80", "gpu_fraction": "1"},
         "tenants:idle_policy": {"idle_notify_after_min": "30", "idle_cancel_after_min": "60"},
+        "api_token_create": {"name": "matrix", "expires_in_days": "30"},
+        "jobs:member_add": {"user": "fiona", "role": "researcher"},
+        "jobs:member_role": {"role": "tenant_admin"},
         "jobs:run_submit": {
             "tenant": "vision",
             "project": experiment.project.slug,

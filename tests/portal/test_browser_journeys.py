@@ -238,9 +238,13 @@ def test_researcher_and_platform_admin_journeys_with_a_real_worker(
 
 
 def rows_of(page: Page, table: str) -> list[list[str]]:
-    """The cell texts of each body row of the table marked ``data-table``."""
+    """The cell texts of each body row of the table marked ``data-table``; a cell holding a
+    select reads as its chosen option."""
     return page.locator(f"table[data-table={table}] tbody tr").evaluate_all(
-        "rows => rows.map(row => [...row.cells].map(cell => cell.innerText.trim()))"
+        """rows => rows.map(row => [...row.cells].map(cell => {
+            const select = cell.querySelector("select");
+            return select ? select.selectedOptions[0].text : cell.innerText.trim();
+        }))"""
     )
 
 
@@ -260,9 +264,9 @@ def test_tenant_admin_sees_members_and_quota_use_and_cancels_a_members_run(
     page.locator("main a[href='/tenants/vision/members/']").click()
     expect(page.locator("h1")).to_have_text("Members of Vision Lab")
     assert rows_of(page, "members") == [
-        ["tara", "Tenant admin", "0", "0", "0"],
-        ["alice", "Researcher", "2", "1", "0"],
-        ["arthur", "Researcher", "0", "0", "1"],
+        ["tara", "Tenant admin", "0", "0", "0", "Remove"],
+        ["alice", "Researcher", "2", "1", "0", "Remove"],
+        ["arthur", "Researcher", "0", "0", "1", "Remove"],
     ]
     assert rows_of(page, "quota-use") == [
         ["a100-80gb", "2", "16", "0", "0.00"],

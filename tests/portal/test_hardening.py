@@ -254,11 +254,12 @@ def pages_for(world, hostile) -> dict[str, list[str]]:
         reverse("telemetry:unmapped_samples"),
         reverse("admin:index"),
     ]
+    members = [reverse("jobs:tenant_members", args=["vision"])]
     return {
         "researcher_a": common,
-        "tenant_admin_a": common,
+        "tenant_admin_a": common + members,
         "finance": common,
-        "platform_admin": common + admin,
+        "platform_admin": common + admin + members,
     }
 
 
@@ -276,8 +277,9 @@ def visit(client, urls: list[str]) -> dict[str, object]:
 # The POST forms each persona must meet on the pages above: proof the scan saw them.
 EXPECTED_FORMS = {
     "researcher_a": {"/accounts/logout/", "/runs/new/", "cancel", "rerun", "/accounts/password/",
-                     "revoke", "/notifications/read/"},
-    "tenant_admin_a": {"/accounts/logout/", "cancel", "/templates/", "delete", "idle-policy"},
+                     "revoke", "/notifications/read/", "/accounts/tokens/new/"},
+    "tenant_admin_a": {"/accounts/logout/", "cancel", "/templates/", "delete", "idle-policy",
+                       "/members/add/", "/role/", "/remove/"},
     "finance": {"/accounts/logout/", "/notifications/read/"},
     "platform_admin": {"/accounts/logout/", "/quotas/edit/", "status", "recheck", "visibility",
                        "/flavors/new/", "/images/import/", "capacity", "/test/", "/finance/rates/",
@@ -322,7 +324,11 @@ def test_payloads_are_shown_as_text_where_people_typed_them(client, world, hosti
             reverse("telemetry:tenant_goodput", args=["vision"]),  # tenant name
             reverse("jobs:quota_list"),  # tenant name
         ],
-        "tenant_admin_a": [reverse("jobs:template_list"), reverse("tenants:audit_list")],
+        "tenant_admin_a": [
+            reverse("jobs:template_list"),
+            reverse("tenants:audit_list"),
+            reverse("jobs:tenant_members", args=["vision"]),  # tenant name
+        ],
         "platform_admin": [
             reverse("tenants:flavor_list"),
             reverse("jobs:quota_edit") + "?tenant=vision&flavor=a100-80gb",

@@ -15,7 +15,7 @@ from tests.tenants.test_audit_log import admin_form_data
 NEW_PASSWORD = "a-much-longer-new-passphrase-41"
 OUTLIVED = {
     "detail": "Token revoked: the account's password changed since it was made. "
-    "Create a new one (POST /api/v1/tokens/ or gantry login)."
+    "Create a new one (your account page, POST /api/v1/tokens/ or gantry login)."
 }
 
 
