@@ -312,7 +312,7 @@
               control: row.controls.key,
               message:
                 row.data.key +
-                " is not a valid name: letters, digits and _, not starting with a digit.",
+                " is not a valid variable name: letters, digits and _, not starting with a digit, at most 128 characters.",
             });
           }
           entries.push([row.data.key, JSON.stringify(row.data.value)]);

@@ -87,7 +87,8 @@ def test_a_bad_env_name_is_hinted_then_refused_next_to_the_field(world, persona_
     add_variable(page, 1, "FOO BAR", "1")
     hint = editor(page, "env").locator(".kv-hints li")
     expect(hint).to_have_text(
-        "FOO BAR is not a valid name: letters, digits and _, not starting with a digit."
+        "FOO BAR is not a valid variable name: letters, digits and _, not starting with a "
+        "digit, at most 128 characters."
     )
     # A hint only: the server decides.
     page.get_by_role("button", name="Submit").click()
