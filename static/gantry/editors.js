@@ -480,6 +480,9 @@
               problems.push({ control: row.controls.value, message: name + ": enter a JSON object, e.g. {}." });
               return;
             }
+          } else if (field.choices && row.data.value === "") {
+            problems.push({ control: row.controls.value, message: name + ": choose a value." });
+            return;
           } else {
             json = JSON.stringify(row.data.value);
           }
@@ -516,12 +519,19 @@
     if (!values) {
       return null;
     }
+    var groups = dataList(values, "data-fields")
+      .filter(function (field) {
+        return field.name.indexOf(".") !== -1;
+      })
+      .map(function (field) {
+        return field.name.split(".")[0];
+      });
     try {
       var parsed = parseJson(values.value.trim() || "{}");
       var flat = {};
       Object.keys(parsed.value || {}).forEach(function (key) {
         var item = parsed.value[key];
-        if (isObject(item) && ["resources", "code", "dataset"].indexOf(key) !== -1) {
+        if (isObject(item) && groups.indexOf(key) !== -1) {
           Object.keys(item).forEach(function (inner) {
             flat[key + "." + inner] = item[inner];
           });

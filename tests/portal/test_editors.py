@@ -230,8 +230,12 @@ def test_template_defaults_locks_and_ranges_are_saved_from_rows_and_shown_again(
     expect(editor(page, "ranges").locator(".kv-hints li")).to_have_text(
         "resources.gpus_per_node: min must not be greater than max."
     )
-    page.get_by_label("Range 1 min").fill("1")
+    page.get_by_label("Range 1 min").fill("3")
     page.get_by_label("Range 1 max").fill("4")
+    expect(editor(page, "ranges").locator(".kv-hints li")).to_have_text(
+        "resources.gpus_per_node: the default 2 is outside the range."
+    )
+    page.get_by_label("Range 1 min").fill("1")
     expect(editor(page, "ranges").locator(".kv-hints li")).to_have_count(0)
 
     advanced(page, "values")
