@@ -6,6 +6,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from jobs import spec
+from jobs.env_names import NAME_PATTERN
 from jobs.models import Experiment, ExperimentTemplate, TopologyMode
 from jobs.services.submission import ExperimentInput
 from tenants.forms import ServiceErrorsMixin
@@ -24,14 +25,34 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    # json.loads would keep the last of two equal keys silently; a form row given twice is
+    # more likely a mistake than an override.
+    value: dict = {}
+    for key, item in pairs:
+        if key in value:
+            raise _DuplicateKey(f"{key} is given twice: give each name once.")
+        value[key] = item
+    return value
+
+
 def _parse_json(text: str):
-    """JSON as PostgreSQL's jsonb can store it: no NaN/Infinity, no NUL characters."""
+    """JSON as PostgreSQL's jsonb can store it: no NaN/Infinity, no NUL characters, no key
+    given twice in one object."""
     if not text.strip():
         return {}
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(
+            text, parse_constant=_reject_constant, object_pairs_hook=_refuse_duplicate_keys
+        )
     except RecursionError:
         raise ValidationError(TOO_DEEP) from None
+    except _DuplicateKey as exc:
+        raise ValidationError(str(exc)) from None
     except ValueError as exc:
         raise ValidationError(f"Not valid JSON: {exc}") from None
     if json_depth(value) > MAX_JSON_DEPTH:
@@ -43,6 +64,24 @@ def _parse_json(text: str):
 
 def _select(**attrs) -> forms.Select:
     return forms.Select(attrs=attrs)
+
+
+def _json_textarea(rows: int, editor: str, **attrs) -> forms.Textarea:
+    """A JSON textarea that static/gantry/editors.js shows as a structured ``editor`` (the
+    textarea stays the field the form sends, as its "Advanced: JSON" view)."""
+    return forms.Textarea(
+        attrs={
+            "rows": rows,
+            "spellcheck": "false",
+            "class": "mono",
+            "data-editor": editor,
+            **attrs,
+        }
+    )
+
+
+# The env names the submit accepts, for the editor's hints (the server checks them again).
+ENV_NAME_PATTERN = "^" + NAME_PATTERN.pattern.removeprefix(r"\A").removesuffix(r"\Z") + "$"
 
 
 class RunSubmitForm(ServiceErrorsMixin, forms.Form):
@@ -92,14 +131,14 @@ class RunSubmitForm(ServiceErrorsMixin, forms.Form):
         required=False,
         initial="{}",
         label="Parameters",
-        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "class": "mono"}),
+        widget=_json_textarea(4, "params"),
         help_text='A JSON object of hyperparameters, e.g. {"lr": 0.1}. At most 64 KiB.',
     )
     env = forms.CharField(
         required=False,
         initial="{}",
         label="Environment",
-        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "class": "mono"}),
+        widget=_json_textarea(3, "env", **{"data-key-pattern": ENV_NAME_PATTERN}),
         help_text="A JSON object of variable names to strings. No secrets: it is stored as is.",
     )
     flavor = forms.CharField(required=False, label="GPU flavor", widget=_select(required=True))
@@ -297,6 +336,21 @@ def initial_from_template(template: ExperimentTemplate) -> dict:
     return initial
 
 
+def _template_field_meta(field: spec.SpecField) -> dict:
+    meta: dict = {"name": field.dotted, "type": field.type}
+    if field.field == "topology_mode":
+        meta["choices"] = list(TopologyMode.values)
+    if field.field == "command":
+        meta["multiline"] = True
+    return meta
+
+
+# What the defaults editor offers: the fields a template sets, with their JSON types.
+_TEMPLATE_FIELDS_META = json.dumps(
+    [_template_field_meta(spec.BY_DOTTED[name]) for name in spec.TEMPLATE_FIELDS]
+)
+
+
 class TemplateForm(ServiceErrorsMixin, forms.Form):
     """Types only; ``jobs.services.template_save`` checks values, locks and ranges."""
 
@@ -308,21 +362,34 @@ class TemplateForm(ServiceErrorsMixin, forms.Form):
     values = forms.CharField(
         required=False,
         initial="{}",
-        widget=forms.Textarea(attrs={"rows": 10, "spellcheck": "false", "class": "mono"}),
+        label="Defaults",
+        widget=_json_textarea(10, "template-values", **{"data-fields": _TEMPLATE_FIELDS_META}),
         help_text='Defaults as a partial spec (JSON), e.g. {"image": "…", "resources": '
         '{"flavor": "a100-80gb", "nodes": 1, "gpus_per_node": 2}}.',
     )
     locked = forms.CharField(
         required=False,
-        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "class": "mono"}),
+        label="Locked fields",
+        widget=forms.Textarea(
+            attrs={
+                "rows": 3,
+                "spellcheck": "false",
+                "class": "mono",
+                "data-editor": "template-locks",
+                "data-fields": json.dumps(spec.TEMPLATE_FIELDS),
+            }
+        ),
         help_text="Spec fields submissions may not change, one per line, e.g. image or "
-        "resources.flavor.",
+        "resources.flavor. A locked field needs a default.",
     )
     ranges = forms.CharField(
         required=False,
         initial="{}",
-        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "class": "mono"}),
-        help_text='Allowed ranges (JSON), e.g. {"resources.gpus_per_node": {"min": 1, "max": 4}}.',
+        widget=_json_textarea(
+            4, "template-ranges", **{"data-fields": json.dumps(spec.RANGE_FIELDS)}
+        ),
+        help_text='Allowed ranges (JSON), e.g. {"resources.gpus_per_node": {"min": 1, "max": 4}}. '
+        "A ranged field needs a default inside its range.",
     )
 
     def __init__(self, *args, tenants=None, allow_global=False, **kwargs):

@@ -85,6 +85,32 @@ def submit_empty_form(page) -> None:
     assert page.locator(".field-invalid").count() >= 1
 
 
+def submit_form_with_editor_rows(page) -> None:
+    """The submit form's params and env as rows (static/gantry/editors.js), one of them
+    hinted as a bad name, and their JSON view open."""
+    page.get_by_role("button", name="Add parameter").click()
+    page.get_by_label("Parameter 1 name").fill("lr")
+    page.get_by_label("Parameter 1 type").select_option("number")
+    page.get_by_label("Parameter 1 value").fill("0.1")
+    page.get_by_role("button", name="Add variable").click()
+    page.get_by_label("Variable 1 name").fill("BAD NAME")
+    page.locator('[data-field="params"] summary').click()
+    assert page.locator('[data-field="env"] .kv-hints li').count() == 1
+
+
+def template_form_with_editor_rows(page) -> None:
+    """The template form's defaults, locks and ranges as rows and checkboxes."""
+    page.get_by_role("button", name="Add default").click()
+    page.get_by_label("Default 1 field").select_option("resources.gpus_per_node")
+    page.get_by_label("Default 1 value").fill("2")
+    page.get_by_role("checkbox", name="resources.gpus_per_node").check()
+    page.get_by_role("button", name="Add range").click()
+    page.get_by_label("Range 1 field").select_option("resources.gpus_per_node")
+    page.get_by_label("Range 1 min").fill("1")
+    page.get_by_label("Range 1 max").fill("4")
+    page.locator('[data-field="values"] summary').click()
+
+
 def wrong_password(page) -> None:
     page.fill("input[name=username]", "alice")
     page.fill("input[name=password]", "not-the-password")
@@ -143,6 +169,7 @@ def test_main_pages_have_no_serious_or_critical_violations(browser, live_server,
             "/",
             f"/runs/{waiting}/",
             "/runs/new/",
+            ("submit form with editor rows", submit_form_with_editor_rows),
             ("submit form with errors", submit_empty_form),
             f"/experiments/{experiment}/",
             "/quotas/",
@@ -164,7 +191,15 @@ def test_main_pages_have_no_serious_or_critical_violations(browser, live_server,
             f"/finance/vision/{last_month():%Y-%m}/",
             "/platform/kpis/",
         ],
-        "admin": ["/audit/", "/images/", "/templates/", "/clusters/", "/clusters/nodes/"],
+        "admin": [
+            "/audit/",
+            "/images/",
+            "/templates/",
+            "/templates/new/",
+            ("template form with editor rows", template_form_with_editor_rows),
+            "/clusters/",
+            "/clusters/nodes/",
+        ],
     }
     found = {}
     for username, pages in steps.items():

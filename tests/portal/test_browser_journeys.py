@@ -576,6 +576,7 @@ def end_sessions_of(user) -> int:
 def test_a_session_ending_mid_form_keeps_the_input_through_the_login(world, persona_page, tmp_path):
     page = persona_page(world.researcher_a)
     fill_submit_form(page, "after-login")
+    page.locator('[data-field="params"] summary').click()  # Advanced: JSON
     page.fill("#id_params", '{"lr": 0.05}')
     key = page.locator("input[name=submission_key]").input_value()
     assert end_sessions_of(world.researcher_a) == 1
