@@ -244,20 +244,20 @@ def test_a_sent_form_and_an_export_show_that_their_answer_is_coming(browser, liv
 
 NAVIGATION = {
     "researcher_a": {
-        "Work": ["Runs", "Submit", "Images", "Quotas", "Nodes"],
+        "Work": ["Runs", "Experiments", "Submit", "Images", "Quotas", "Nodes"],
         "Reports": ["Goodput"],
     },
     "tenant_admin_a": {
-        "Work": ["Runs", "Submit", "Templates", "Images", "Quotas", "Nodes"],
+        "Work": ["Runs", "Experiments", "Submit", "Templates", "Images", "Quotas", "Nodes"],
         "Reports": ["Goodput", "Finance"],
         "Platform": ["Audit"],
     },
     "finance": {
-        "Work": ["Runs", "Images", "Quotas", "Nodes"],
+        "Work": ["Runs", "Experiments", "Images", "Quotas", "Nodes"],
         "Reports": ["Goodput", "Finance", "KPIs"],
     },
     "platform_admin": {
-        "Work": ["Runs", "Templates", "Images", "Quotas", "Nodes"],
+        "Work": ["Runs", "Experiments", "Templates", "Images", "Quotas", "Nodes"],
         "Reports": ["Goodput", "Finance", "KPIs"],
         "Platform": ["Clusters", "Flavors", "Registries", "Unmapped", "Audit", "Admin"],
     },
