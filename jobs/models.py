@@ -4,6 +4,7 @@ from django.db import models
 from django.db.models import Q
 
 from images.models import Image
+from jobs.durations import RunDuration
 from tenants.models import GpuFlavor, Project, Tenant, slug_validator
 
 COMMIT_PATTERN = r"^[0-9a-f]{40}$"
@@ -155,6 +156,10 @@ class Experiment(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        indexes = [
+            # The experiments list, newest first (keyset pages, jobs.selectors.experiments).
+            models.Index(fields=["tenant", "-created_at", "-id"], name="experiment_tenant_recent"),
+        ]
         constraints = [
             models.CheckConstraint(condition=Q(nodes__gte=1), name="experiment_nodes_positive"),
             models.CheckConstraint(
@@ -172,6 +177,15 @@ class Experiment(models.Model):
     @property
     def topology_required(self) -> bool:
         return bool(self.topology_level) and self.topology_mode == TopologyMode.REQUIRED
+
+    @property
+    def image_repository(self) -> str:
+        return self.image_reference.partition("@")[0]
+
+    @property
+    def image_digest(self) -> str:
+        """``sha256:…`` as run ("" for a reference without a digest)."""
+        return self.image_reference.partition("@")[2]
 
 
 class RunState(models.TextChoices):
@@ -246,6 +260,10 @@ class Run(models.Model):
     # that show runs (jobs.selectors.runs ``runs_place_in_line``): counted when read, never
     # stored, since every admission would shift it for every run behind.
     queue_position: int | None = None
+    # What a run list shows beside it, set by ``runs_usage`` (jobs.selectors.runs) for a
+    # page of runs at once: the GPU-hours its attempts held, and how long it waited or ran.
+    gpu_hours: float | None = None
+    duration: RunDuration | None = None
     failure_reason = models.CharField(max_length=16, choices=FailureReason.choices, blank=True)
     restarts = models.PositiveIntegerField(default=0)
     submitted_at = models.DateTimeField(auto_now_add=True, db_index=True)

@@ -11,6 +11,7 @@ urlpatterns = [
     path("runs/<int:run_id>/status/", views.run_status, name="run_status"),
     path("runs/<int:run_id>/log/", views.run_log_download, name="run_log_download"),
     path("runs/<int:run_id>/cancel/", views.run_cancel, name="run_cancel"),
+    path("experiments/", views.experiment_list, name="experiment_list"),
     path("experiments/<int:experiment_id>/", views.experiment_detail, name="experiment_detail"),
     path("experiments/<int:experiment_id>/rerun/", views.experiment_rerun, name="experiment_rerun"),
     path("experiments/diff/", views.experiment_compare, name="experiment_diff"),

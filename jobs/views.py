@@ -50,8 +50,13 @@ from jobs.reproducibility import experiment_diff, runtime_rows
 from jobs.selectors import logs
 from jobs.selectors.estimates import run_start_estimate
 from jobs.selectors.experiments import (
+    ExperimentFilters,
     experiment_attempts,
+    experiment_compare_choices,
+    experiment_filter_projects,
+    experiment_filter_templates,
     experiment_get_viewable,
+    experiment_page_viewable,
     experiment_pair_get_viewable,
     experiment_record,
 )
@@ -68,6 +73,7 @@ from jobs.selectors.runs import (
     run_get_viewable,
     run_page_viewable,
     run_submitted_with,
+    runs_usage,
 )
 from jobs.selectors.templates import template_get_manageable, template_get_usable
 from jobs.services import capacity, lifecycle, submission
@@ -98,6 +104,12 @@ from tenants.selectors import (
 from tenants.types import UserLike
 
 RUNS_PER_PAGE = 25
+EXPERIMENTS_PER_PAGE = 25
+# The experiments offered to compare with on an experiment page; the experiments list
+# (in its compare mode) finds any other.
+COMPARE_CHOICES = 50
+# The first page of the run list refreshes itself this often (htmx polling its rows).
+RUN_LIST_REFRESH_S = 5
 # The run list counts matching runs up to here, then says "more than".
 RUN_COUNT_LIMIT = 10_000
 MAX_RUN_ID = 2**63 - 1  # a BigAutoField
@@ -129,14 +141,18 @@ DRAFT_OWNER_SALT = "gantry.jobs.run_submit.draft_owner"
 _LIST_DEFERRED = ("experiment__command", "experiment__params", "experiment__env")
 
 
+@never_cache
 @login_required
 @require_GET
 def run_list(request: HttpRequest) -> HttpResponse:
+    """The runs the user may read, newest first. Its first page refreshes itself: the page
+    polls itself with ``partial=rows`` for the results alone (filters kept)."""
     state = request.GET.get("state", "")
     invalid_state = state if state and state not in RunState.values else ""
     if invalid_state:
         state = ""
     tenant = request.GET.get("tenant", "")
+    mine = request.GET.get("mine") == "1"
     before = _cursor(request.GET.get("before", ""))
     after = None if before is not None else _cursor(request.GET.get("after", ""))
     page = run_page_viewable(
@@ -144,26 +160,30 @@ def run_list(request: HttpRequest) -> HttpResponse:
         size=RUNS_PER_PAGE,
         states=[state] if state else [],
         tenant_slug=tenant,
+        submitted_by=request.user if mine else None,
         before=before,
         after=after,
         count_up_to=RUN_COUNT_LIMIT,
     )
-    return render(
-        request,
-        "jobs/run_list.html",
-        {
-            "page": page,
-            "runs": page.runs,
-            "RunState": RunState,
-            "states": RunState.choices,
-            "state": state,
-            "invalid_state": invalid_state,
-            "tenants": page.tenants,
-            "tenant": tenant,
-            "filtered": bool(state or tenant),
-            "paged": before is not None or after is not None,
-        },
-    )
+    runs_usage(page.runs, now=timezone.now())
+    paged = before is not None or after is not None
+    context = {
+        "page": page,
+        "runs": page.runs,
+        "RunState": RunState,
+        "states": RunState.choices,
+        "state": state,
+        "invalid_state": invalid_state,
+        "tenants": page.tenants,
+        "tenant": tenant,
+        "mine": mine,
+        "filtered": bool(state or tenant or mine),
+        "paged": paged,
+        "refresh_s": None if paged else RUN_LIST_REFRESH_S,
+    }
+    if request.GET.get("partial") == "rows":
+        return render(request, "jobs/_run_results.html", context)
+    return render(request, "jobs/run_list.html", context)
 
 
 def _cursor(value: str) -> int | None:
@@ -412,6 +432,62 @@ def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
     return redirect("jobs:run_detail", run_id=run.pk)
 
 
+# Longer than any stored value of its field: the filter could match nothing longer.
+_FILTER_MAX_CHARS = {"name": 200, "owner": 150, "image": 400, "commit": 40}
+
+
+@login_required
+@require_GET
+def experiment_list(request: HttpRequest) -> HttpResponse:
+    """The experiments the user may read, newest first, searched by name and filtered by
+    owner, project, image, commit and template (all in the query string). With
+    ``compare=<id>`` it picks the other side of a comparison: the experiments of that
+    one's tenant, each with a link to the diff."""
+    query = request.GET
+    texts = {name: query.get(name, "").strip()[:limit] for name, limit in _FILTER_MAX_CHARS.items()}
+    project, template = ascii_id(query.get("project")), ascii_id(query.get("template"))
+    unknown = [
+        label
+        for label, field, value in (
+            ("project", "project", project),
+            ("template", "template", template),
+        )
+        if query.get(field) and value is None
+    ]
+    compare_with = None
+    if query.get("compare"):
+        compare_with = or_404(
+            experiment_get_viewable, user=request.user, experiment_id=_positive_id(query["compare"])
+        )
+    filters = ExperimentFilters(
+        **texts,
+        mine=query.get("mine") == "1",
+        project=project,
+        template=template,
+        tenant=compare_with.tenant_id if compare_with else None,
+    )
+    before = _cursor(query.get("before", ""))
+    after = None if before is not None else _cursor(query.get("after", ""))
+    page = experiment_page_viewable(
+        user=request.user, size=EXPERIMENTS_PER_PAGE, filters=filters, before=before, after=after
+    )
+    return render(
+        request,
+        "jobs/experiment_list.html",
+        {
+            "page": page,
+            "rows": page.rows,
+            "filters": filters,
+            "filtered": filters.any,
+            "unknown": unknown,
+            "projects": experiment_filter_projects(tenants=page.tenants),
+            "templates": experiment_filter_templates(tenants=page.tenants),
+            "compare_with": compare_with,
+            "paged": before is not None or after is not None,
+        },
+    )
+
+
 @login_required
 @require_GET
 def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
@@ -438,6 +514,10 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
             ],
             "can_rerun": experiment_can_rerun(user=request.user, experiment=experiment),
             "submission_key": uuid.uuid4(),  # of the re-run form
+            "compare_choices": experiment_compare_choices(
+                experiment=experiment, limit=COMPARE_CHOICES
+            ),
+            "compare_choices_limit": COMPARE_CHOICES,
         },
     )
 

@@ -44,7 +44,15 @@ def navigation_groups(
 ):
     """The groups of links a user with these roles sees, empty groups left out.
     ``finance_reader``: the finance pages answer the user (``finance.access``)."""
-    work = [_link(request, "Runs", "jobs:run_list")]
+    work = [
+        _link(request, "Runs", "jobs:run_list"),
+        _link(
+            request,
+            "Experiments",
+            "jobs:experiment_list",
+            pages=("jobs:experiment_detail", "jobs:experiment_diff"),
+        ),
+    ]
     if member:
         work.append(_link(request, "Submit", "jobs:run_submit"))
     if admin or tenant_admin:

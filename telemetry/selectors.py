@@ -25,6 +25,7 @@ from django.db.models import (
 from django.db.models.functions import Coalesce, TruncDay, TruncHour, TruncMinute, TruncWeek
 from django.utils import timezone
 
+from jobs.durations import duration_text
 from jobs.models import Attempt, AttemptState, Checkpoint, Run
 from telemetry import accounting, diagnosis
 from telemetry.models import AttemptAccounting, GpuMinute, SdkEvent, StepWindow, UnmappedSamples
@@ -102,21 +103,6 @@ _RESOLUTIONS = (
 
 def _percent(part: float, whole: float) -> float | None:
     return part * 100 / whole if whole else None
-
-
-def duration_text(seconds: float) -> str:
-    """Wall time for people: "45 s", "12 min 05 s", "3 h 05 min", "2 d 4 h"."""
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes} min {seconds:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours} h {minutes:02d} min"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h"
 
 
 @dataclass(frozen=True, slots=True)

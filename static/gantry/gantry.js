@@ -394,6 +394,23 @@ window.GantryCharts = (function () {
     });
     localizeTimes(document);
     document.querySelectorAll("[data-poll-url]").forEach(poll);
+    // What htmx swaps in (a live list polling itself) shows its times like the page does.
+    document.body.addEventListener("htmx:load", function (event) {
+      localizeTimes(event.detail.elt);
+    });
+    // A poll answered from another address was sent to the login page (the session ended):
+    // go through it with the whole page instead of drawing it inside the list.
+    document.body.addEventListener("htmx:beforeSwap", function (event) {
+      var xhr = event.detail.xhr;
+      var asked = event.detail.pathInfo && event.detail.pathInfo.requestPath;
+      if (xhr && xhr.responseURL && asked) {
+        var answered = new URL(xhr.responseURL).pathname;
+        if (answered !== new URL(asked, window.location.href).pathname) {
+          event.detail.shouldSwap = false;
+          window.location.reload();
+        }
+      }
+    });
     document.querySelectorAll("[data-preview-url]").forEach(preview);
     document.querySelectorAll("select[data-filter-by]").forEach(filterProjects);
     document.querySelectorAll("button[data-copy]").forEach(copyButton);

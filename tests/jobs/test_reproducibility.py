@@ -560,7 +560,13 @@ def test_experiment_page_links_to_compare(client, world):
 
     assert f'<form method="get" action="{reverse("jobs:experiment_diff")}"' in content
     assert f'<input type="hidden" name="a" value="{b.pk}">' in content
-    assert f'name="b" id="compare-b" min="1" required value="{a.pk}">' in content
+    # Picked from a list, the experiment it was cloned from chosen already.
+    run_a = Run.objects.get(experiment=a)
+    assert '<select name="b" id="compare-b" required>' in content
+    assert (
+        f'<option value="{a.pk}" selected>#{a.pk} resnet-baseline · 1 run, latest #{run_a.pk} · '
+        f"{a.created_at:%Y-%m-%d} (cloned from)</option>"
+    ) in content
 
 
 def test_diff_across_tenants_is_404_even_for_who_may_read_both(client, world):
@@ -902,8 +908,9 @@ def test_experiment_page_uses_a_fixed_number_of_queries(
     assert Attempt.objects.count() == 4
     url = reverse("jobs:experiment_detail", args=[run.experiment_id])
 
-    # The runs table is paginated: one COUNT more than an unpaginated list.
-    with django_assert_max_num_queries(10):
+    # The runs table is paginated: one COUNT more than an unpaginated list; the experiments
+    # to compare with, with their runs, are one query more.
+    with django_assert_max_num_queries(11):
         response = client.get(url)
 
     assert response.status_code == 200

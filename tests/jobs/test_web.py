@@ -196,13 +196,16 @@ def test_run_list_row_shows_the_run_at_a_glance(client, world):
 
     content = client.get(reverse("jobs:run_list")).content.decode()
 
-    assert f'<a href="/runs/{run.pk}/">#{run.pk}</a>' in content
-    assert f'<a href="/experiments/{run.experiment_id}/">resnet-baseline</a>' in content
+    assert f'<a id="run-{run.pk}-link" href="/runs/{run.pk}/">#{run.pk}</a>' in content
+    assert (
+        f'<a id="run-{run.pk}-experiment" href="/experiments/{run.experiment_id}/">'
+        "resnet-baseline</a>"
+    ) in content
     assert "<td>vision / detection</td>" in content
     assert '<span class="badge badge-queued">Queued</span>' in content
     assert "2×4 a100-80gb" in content
     assert "Waiting for admission" in content
-    assert "<td>alice</td>" in content
+    assert '<div class="muted">by alice</div>' in content
 
 
 def test_finance_sees_runs_of_every_tenant_and_filters_by_tenant(client, world):
@@ -288,8 +291,9 @@ def test_run_list_uses_a_fixed_number_of_queries(client, world, django_assert_ma
     for i in range(29):
         submit(world, name=f"many-{i}", user=world.researcher_a2)
 
-    # (one of them places the page's queued runs in line)
-    with django_assert_max_num_queries(10), CaptureQueriesContext(connection) as many_runs:
+    # (one of them places the page's queued runs in line, one reads their attempts' times
+    # for the duration and GPU-hour columns)
+    with django_assert_max_num_queries(11), CaptureQueriesContext(connection) as many_runs:
         response = client.get(reverse("jobs:run_list"))
 
     assert len(response.context["runs"]) == 25

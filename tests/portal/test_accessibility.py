@@ -172,6 +172,9 @@ def test_main_pages_have_no_serious_or_critical_violations(browser, live_server,
             ("submit form with editor rows", submit_form_with_editor_rows),
             ("submit form with errors", submit_empty_form),
             f"/experiments/{experiment}/",
+            "/experiments/",
+            f"/experiments/?compare={experiment}",
+            "/?mine=1",
             "/quotas/",
             "/images/",
             f"/runs/{input_bound}/telemetry/",
@@ -301,20 +304,20 @@ def test_a_sent_form_and_an_export_show_that_their_answer_is_coming(browser, liv
 
 NAVIGATION = {
     "researcher_a": {
-        "Work": ["Runs", "Submit", "Images", "Quotas", "Nodes"],
+        "Work": ["Runs", "Experiments", "Submit", "Images", "Quotas", "Nodes"],
         "Reports": ["Goodput"],
     },
     "tenant_admin_a": {
-        "Work": ["Runs", "Submit", "Templates", "Images", "Quotas", "Nodes"],
+        "Work": ["Runs", "Experiments", "Submit", "Templates", "Images", "Quotas", "Nodes"],
         "Reports": ["Goodput", "Finance"],
         "Platform": ["Audit"],
     },
     "finance": {
-        "Work": ["Runs", "Images", "Quotas", "Nodes"],
+        "Work": ["Runs", "Experiments", "Images", "Quotas", "Nodes"],
         "Reports": ["Goodput", "Finance", "KPIs"],
     },
     "platform_admin": {
-        "Work": ["Runs", "Templates", "Images", "Quotas", "Nodes"],
+        "Work": ["Runs", "Experiments", "Templates", "Images", "Quotas", "Nodes"],
         "Reports": ["Goodput", "Finance", "KPIs"],
         "Platform": ["Clusters", "Flavors", "Registries", "Unmapped", "Audit", "Admin"],
     },

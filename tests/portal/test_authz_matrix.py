@@ -169,6 +169,8 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     ("jobs:run_status", "GET"):                 (302, 200, 404, 200, 200, 200),
     ("jobs:run_log_download", "GET"):           (302, 200, 404, 200, 200, 200),
     ("jobs:run_cancel", "POST"):                (302, 302, 404, 302, 403, 302),
+    # the experiments list in its compare mode: picking the other side for vision's experiment
+    ("jobs:experiment_list", "GET"):            (302, 200, 404, 200, 200, 200),
     ("jobs:experiment_detail", "GET"):          (302, 200, 404, 200, 200, 200),
     ("jobs:experiment_rerun", "POST"):          (302, 302, 404, 302, 403, 403),
     ("jobs:experiment_diff", "GET"):            (302, 200, 404, 200, 200, 200),
@@ -368,6 +370,7 @@ def paths(objects: Objects) -> dict[str, str]:
         "jobs:run_status": reverse("jobs:run_status", args=[run_id]),
         "jobs:run_log_download": reverse("jobs:run_log_download", args=[run_id]),
         "jobs:run_cancel": reverse("jobs:run_cancel", args=[run_id]),
+        "jobs:experiment_list": f"{reverse('jobs:experiment_list')}?compare={experiment_id}",
         "jobs:experiment_detail": reverse("jobs:experiment_detail", args=[experiment_id]),
         "jobs:experiment_rerun": reverse("jobs:experiment_rerun", args=[experiment_id]),
         "jobs:experiment_diff": (

@@ -53,6 +53,12 @@ def make_runs(world: World, count: int) -> None:
     )
 
 
+def make_experiments(world: World, count: int) -> None:
+    """``count`` experiments of alice's (vision), one run each."""
+    for number in range(count):
+        run_submit(user=world.researcher_a, data=experiment_input(world, name=f"exp-{number:02}"))
+
+
 def make_templates(world: World, count: int) -> None:
     ExperimentTemplate.objects.bulk_create(
         ExperimentTemplate(tenant=world.vision, name=f"template-{number:02}")
@@ -193,6 +199,9 @@ def finance_runs_url(world: World) -> str:
 LIST_PAGES = {
     "runs": ListPage("researcher_a", lambda w: reverse("jobs:run_list"), 25, "runs", make_runs),
     "runs of an experiment": ListPage("researcher_a", experiment_url, 25, "runs", make_runs),
+    "experiments": ListPage(
+        "researcher_a", lambda w: reverse("jobs:experiment_list"), 25, "rows", make_experiments
+    ),
     "templates": ListPage(
         "platform_admin", lambda w: reverse("jobs:template_list"), 50, "templates", make_templates
     ),
@@ -291,6 +300,13 @@ EMPTY_PAGES = {
         lambda w: reverse("jobs:run_list"),
         keep,
         "No runs yet",
+        "Submit an experiment</a> to start one.",
+    ),
+    "experiments": (
+        "researcher_a",
+        lambda w: reverse("jobs:experiment_list"),
+        keep,
+        "No experiments yet",
         "Submit an experiment</a> to start one.",
     ),
     "templates": (
