@@ -8,7 +8,6 @@ says the form needs without one."""
 
 import re
 from datetime import UTC, datetime
-from html.parser import HTMLParser
 
 import pytest
 import time_machine
@@ -22,6 +21,7 @@ from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import cluster_sync
 from portal.demo import DEMO_PASSWORD, demo_seed
 from tests import REPOSITORY
+from tests.html_support import post_form
 
 pytestmark = pytest.mark.django_db
 
@@ -56,90 +56,6 @@ class Scenario:
         self.nodes, self.gpus_per_node, self.flavor = int(nodes), int(gpus), flavor
         needed = re.search(r"Without the template, choose (.*?) yourself", text).group(1)
         self.fields_without_template = set(re.findall(r"\*\*([^*]+)\*\*", needed))
-
-
-class PostForm(HTMLParser):
-    """The values a browser sends for the page's POST form to ``action``: enabled inputs
-    (checkboxes when checked), each select's selected option (else its first), textareas
-    (without the one line break after the tag that browsers drop). Also the labels of the
-    fields the browser requires that have no value yet."""
-
-    def __init__(self, action: str):
-        super().__init__(convert_charrefs=True)
-        self.action = action
-        self.values: dict[str, str] = {}
-        self.labels: dict[str, str] = {}  # field id -> label text
-        self.required_ids: dict[str, str] = {}  # field id -> name, of required fields
-        self._in_form = False
-        self._select: str | None = None
-        self._first_option: str | None = None
-        self._option: str | None = None
-        self._textarea: str | None = None
-        self._label_for: str | None = None
-
-    def handle_starttag(self, tag, attrs):
-        attrs = dict(attrs)
-        if tag == "form":
-            self._in_form = attrs.get("method") == "post" and attrs.get("action") == self.action
-        if tag == "label" and attrs.get("for"):
-            self._label_for = attrs["for"]
-            self.labels[self._label_for] = ""
-        if not self._in_form or "disabled" in attrs:
-            return
-        name = attrs.get("name")
-        if name and "required" in attrs and attrs.get("id"):
-            self.required_ids[attrs["id"]] = name
-        if tag == "input" and name:
-            if attrs.get("type") in ("checkbox", "radio") and "checked" not in attrs:
-                return
-            if attrs.get("type") not in ("submit", "button"):
-                self.values[name] = attrs.get("value", "")
-        elif tag == "select" and name:
-            self._select, self._first_option = name, None
-        elif tag == "option" and self._select:
-            value = attrs.get("value", "")
-            if self._first_option is None:
-                self._first_option = value
-            if "selected" in attrs:
-                self.values[self._select] = value
-        elif tag == "textarea" and name:
-            self._textarea = name
-            self.values[name] = ""
-
-    def handle_endtag(self, tag):
-        if tag == "form":
-            self._in_form = False
-        elif tag == "label":
-            self._label_for = None
-        elif tag == "select" and self._select:
-            self.values.setdefault(self._select, self._first_option or "")
-            self._select = None
-        elif tag == "textarea" and self._textarea:
-            value = self.values[self._textarea]
-            self.values[self._textarea] = value[1:] if value.startswith("\n") else value
-            self._textarea = None
-
-    def handle_data(self, data):
-        if self._textarea:
-            self.values[self._textarea] += data
-        if self._label_for:
-            self.labels[self._label_for] += data
-
-    def fields_without_value(self) -> set[str]:
-        return {
-            self.label(field_id)
-            for field_id, name in self.required_ids.items()
-            if not self.values.get(name, "").strip()
-        }
-
-    def label(self, field_id: str) -> str:
-        return self.labels[field_id].strip().removesuffix("*").strip()
-
-
-def post_form(html: str, action: str) -> PostForm:
-    form = PostForm(action)
-    form.feed(html)
-    return form
 
 
 def test_the_readme_names_a_template_every_field_and_the_values_it_fills_in():
