@@ -125,6 +125,7 @@ def test_main_pages_have_no_serious_or_critical_violations(browser, live_server,
         "": ["/accounts/login/", ("login with a wrong password", wrong_password)],
         "alice": [
             "/",
+            "/runs/",
             f"/runs/{waiting}/",
             "/runs/new/",
             ("submit form with errors", submit_empty_form),
@@ -137,12 +138,14 @@ def test_main_pages_have_no_serious_or_critical_violations(browser, live_server,
             "/clusters/nodes/",
         ],
         "bob": [f"/runs/{borrowed}/", f"/runs/{resumed}/telemetry/"],
+        "tara": ["/"],
         "fiona": [
+            "/",
             "/finance/",
             f"/finance/vision/{last_month():%Y-%m}/",
             "/platform/kpis/",
         ],
-        "admin": ["/audit/", "/images/", "/templates/", "/clusters/", "/clusters/nodes/"],
+        "admin": ["/", "/audit/", "/images/", "/templates/", "/clusters/", "/clusters/nodes/"],
     }
     found = {}
     for username, pages in steps.items():
