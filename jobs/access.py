@@ -82,6 +82,12 @@ def template_list_manageable(*, user: UserLike) -> QuerySet[ExperimentTemplate]:
     return templates.filter(tenant__in=tenants)
 
 
+def run_can_submit(*, user: UserLike) -> bool:
+    """The submit form is for members of a tenant (``tenant_list_submittable`` is not
+    empty): global roles are not enough. No query beyond the request's cached roles."""
+    return bool(tenant_roles(user))
+
+
 def run_can_cancel(*, user: UserLike, run: Run) -> bool:
     return (
         run.submitted_by_id == user.pk

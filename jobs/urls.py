@@ -4,7 +4,7 @@ from jobs import views
 
 app_name = "jobs"
 urlpatterns = [
-    path("", views.run_list, name="run_list"),
+    path("runs/", views.run_list, name="run_list"),
     path("runs/new/", views.run_submit, name="run_submit"),
     path("runs/preview/", views.run_preview, name="run_preview"),
     path("runs/<int:run_id>/", views.run_detail, name="run_detail"),

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from django.urls import reverse
 
 from finance.access import finance_can_read
+from jobs.access import run_can_submit
 from tenants.access import is_finance, is_platform_admin, tenant_roles
 from tenants.models import Membership
 from tenants.selectors import notification_unread_count
@@ -102,12 +103,14 @@ def navigation(request):
             admin=admin,
             finance=finance,
             finance_reader=finance_can_read(user=user),
-            member=bool(roles),
+            member=run_can_submit(user=user),
             tenant_admin=tenant_admin,
         ),
         "nav_is_platform_admin": admin,
         "nav_is_finance": finance,
-        "nav_can_submit": bool(roles),
+        # Page actions use the same answers as the links: the submit button and links of
+        # the run list show only where the submit form takes the user.
+        "nav_can_submit": run_can_submit(user=user),
         "nav_can_audit": admin or tenant_admin,
         "nav_unread_notifications": notification_unread_count(user=user),
     }

@@ -5,6 +5,8 @@ It tells a story (tests/portal/test_demo.py holds it to each part):
 - three tenants with different quotas: vision (16 guaranteed A100 GPUs, may borrow 8, a hard
   monthly budget), nlp (8 guaranteed, may borrow 16, no budget), climate (8, no borrowing, a
   soft budget);
+- a template, ``first-run``, that fills in the submit form for the README's first run: it
+  starts at once, on the H100 node that vision is guaranteed and nobody else uses;
 - live runs placed by the first admission cycle: ``yolo-xl`` of vision waits, and says why
   (vision's guarantee and borrow limit are used up) and where it stands in the queue;
   ``dpr-sweep`` of nlp runs on borrowed GPUs, preemptible;
@@ -47,6 +49,7 @@ from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_sync import cluster_refresh_inventory
 from jobs.services.estimates import estimates_refresh
 from jobs.services.submission import ExperimentInput, run_submit
+from jobs.services.templates import template_save
 from jobs.services.usage import usage_record_attempt
 from jobs.simulation import STARTUP_S, Workload
 from telemetry import services as telemetry_services
@@ -78,6 +81,9 @@ PYTORCH_DIGEST = "sha256:6a3d1f0b9c5e2d4a8f7b1c0e9d8a7f6b5c4d3e2f1a0b9c8d7e6f5a4
 JAX_DIGEST = "sha256:0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0"
 MEGATRON_DIGEST = "sha256:9b8a7c6d5e4f30211203f4e5d6c7b8a99b8a7c6d5e4f30211203f4e5d6c7b8a9"
 NIGHTLY_DIGEST = "sha256:1111222233334444555566667777888899990000aaaabbbbccccddddeeeeffff"
+# The README's first run: a template of vision that fills in every field the submit form
+# needs, for a run that starts at once (see ``_first_run_template``).
+FIRST_RUN_TEMPLATE = "first-run"
 COMMITS = (
     "3f2c1a9e8d7b6c5a4f3e2d1c0b9a8f7e6d5c4b3a",
     "a1b2c3d4e5f60718293a4b5c6d7e8f9011223344",
@@ -200,6 +206,8 @@ def demo_seed(*, speedup: int = 30) -> None:
         status=Image.Status.PENDING,
     )
 
+    _first_run_template(tenant=tenants["vision"], image=pytorch, actor=people["tara"])
+
     def request(
         username: str, tenant: str, project: str, name: str, image: Image, **extra: Any
     ) -> Run:
@@ -260,7 +268,7 @@ def demo_seed(*, speedup: int = 30) -> None:
     request("alice", "vision", "detection", "yolo-large", pytorch, env=long_job)
     request("alice", "vision", "segmentation", "unet-sweep-2", pytorch, env=long_job)
     request("alice", "vision", "detection", "yolo-xl", pytorch, env=long_job, nodes=2)
-    # One H100 node: the other is vision's guarantee, free for a first submit of the demo.
+    # One H100 node: the other is vision's guarantee, free for the README's first run.
     request("bob", "nlp", "llm", "llama-pretrain", megatron, env=long_job, flavor="h100-80gb")
     request("bob", "nlp", "retrieval", "dpr-index", pytorch, env=long_job)
     request("bob", "nlp", "retrieval", "dpr-sweep", pytorch, env=long_job, gpus_per_node=4)
@@ -298,6 +306,27 @@ def demo_seed(*, speedup: int = 30) -> None:
     admission_run_cycle(now=timezone.now())  # after the live runs' submits
     # And the first start estimates, so waiting runs say when they should start at once.
     estimates_refresh(now=timezone.now())
+
+
+def _first_run_template(*, tenant: Tenant, image: Image, actor: User) -> None:
+    """One node of 8 H100 GPUs: vision's guarantee of the flavor, which no other vision run
+    uses and no other tenant may borrow (the H100 guarantees add up to the two nodes), so
+    its first run is admitted at once whatever else the demo runs. An A100 run would wait:
+    vision's guarantee of those is in use and ``yolo-xl`` heads its queue."""
+    template_save(
+        actor=actor,
+        tenant=tenant,
+        name=FIRST_RUN_TEMPLATE,
+        description="A first run: one node of 8 H100 GPUs, which vision is guaranteed.",
+        values={
+            "project": "detection",
+            "image": image.reference,
+            "command": "python train.py --epochs 3",
+            "resources": {"flavor": "h100-80gb", "nodes": 1, "gpus_per_node": 8},
+        },
+        locked=[],
+        ranges={},
+    )
 
 
 def _oldest_submit() -> datetime:

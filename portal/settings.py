@@ -123,7 +123,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
 LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "jobs:run_list"
+LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
 # Password logins are refused for a while after repeated failures (tenants/authentication.py);
 # OpenID Connect logins go through the second backend (tenants/oidc.py).

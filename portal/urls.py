@@ -8,6 +8,7 @@ from portal.security import csp_update
 from tenants.oidc import OidcCallbackView, OidcLoginView
 
 urlpatterns = [
+    path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
     path("metrics", metrics.metrics, name="metrics"),

@@ -674,6 +674,15 @@ def goodput_by_period(
     ]
 
 
+def goodput_of_runs(*, runs: QuerySet[Run], since: datetime, until: datetime) -> GpuSeconds:
+    """The accounting of ``runs``' attempts that finished in [since, until), summed (a
+    person's own runs on the home page): one query."""
+    sums = AttemptAccounting.objects.filter(
+        attempt__run__in=runs, attempt__finished_at__gte=since, attempt__finished_at__lt=until
+    ).aggregate(**_ACCOUNTING_SUMS)
+    return GpuSeconds.from_sums(sums)
+
+
 def goodput_by_user(
     *, tenant: Tenant, since: datetime, until: datetime
 ) -> list[tuple[str, GpuSeconds]]:

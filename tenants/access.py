@@ -74,6 +74,15 @@ def is_tenant_admin(user: UserLike, tenant_id: int) -> bool:
     return tenant_roles(user).get(tenant_id) == Membership.Role.TENANT_ADMIN
 
 
+def tenant_ids_administered(user: UserLike) -> list[int]:
+    """The tenants the user is a tenant admin of (active ones), by id."""
+    return sorted(
+        tenant_id
+        for tenant_id, role in tenant_roles(user).items()
+        if role == Membership.Role.TENANT_ADMIN
+    )
+
+
 def tenant_list_viewable(*, user: UserLike) -> QuerySet[Tenant]:
     """Tenants whose runs and experiments the user may read."""
     if sees_all_tenants(user):

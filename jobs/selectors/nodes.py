@@ -99,6 +99,35 @@ class FlavorView:
     largest_gangs: tuple[GangSize, ...]
     domains: tuple[DomainView, ...]
 
+    def _gpus_of(self, *occupants: Occupant) -> int:
+        return sum(
+            group.gpus
+            for domain in self.domains
+            for node in domain.nodes
+            for group in node.groups
+            if group.occupant in occupants
+        )
+
+    @property
+    def held(self) -> int:
+        """GPUs Gantry's runs hold, the user's own tenants' and others' alike."""
+        return self._gpus_of(Occupant.RUN, Occupant.OTHER_TENANT)
+
+    @property
+    def outside(self) -> int:
+        return self._gpus_of(Occupant.OUTSIDE)
+
+    @property
+    def unused(self) -> int:
+        """GPUs on nodes that take no work (drained, cordoned, out of date)."""
+        return self._gpus_of(Occupant.UNUSED)
+
+    @property
+    def held_percent(self) -> float | None:
+        """Gantry's share of the GPUs that could take its work (all but outside and unused)."""
+        usable = self.gpus - self.outside - self.unused
+        return None if usable <= 0 else 100 * self.held / usable
+
 
 @dataclass(frozen=True, slots=True)
 class ClusterView:

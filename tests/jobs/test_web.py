@@ -76,14 +76,23 @@ def test_login_page_renders(client):
     assert 'action="/accounts/login/"' in content
 
 
-def test_login_with_the_right_password_goes_to_the_runs(client, world):
+def test_login_with_the_right_password_goes_to_the_home_page(client, world):
     response = client.post(reverse("login"), {"username": "alice", "password": PASSWORD})
 
     assert response.status_code == 302
-    assert response.url == reverse("jobs:run_list")
-    page = client.get(reverse("jobs:run_list"))
+    assert response.url == reverse("home") == "/"
+    page = client.get(reverse("home"))
     assert page.status_code == 200
     assert page.context["user"] == world.researcher_a
+
+
+def test_login_with_next_goes_there_instead(client, world):
+    runs = reverse("jobs:run_list")
+    response = client.post(
+        f"{reverse('login')}?next={runs}", {"username": "alice", "password": PASSWORD}
+    )
+
+    assert (response.status_code, response.url) == (302, "/runs/")
 
 
 def test_login_with_a_wrong_password_says_so(client, world):

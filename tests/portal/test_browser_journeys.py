@@ -406,7 +406,7 @@ def test_readme_pages_on_the_demo(demo_instant, persona_page, tmp_path):
     experiment = finished.experiment
 
     page = persona_page(people["alice"], DEMO_PASSWORD)
-    page.goto("/")
+    page.goto("/runs/")
     expect(page.locator(f"a[href='/runs/{waiting.pk}/']").first).to_be_visible()
     expect(page.locator("main")).to_contain_text(waiting.get_wait_reason_display())
     picture(page, "runs")

@@ -221,7 +221,7 @@ def test_every_login_brings_the_roles_in_line_with_the_groups(client, sso, world
 def test_next_must_stay_on_gantry_and_deactivation_ends_the_session(client, sso):
     response = sso_login(client, sso, next_url="https://evil.example/steal")
 
-    assert response["Location"] == reverse("jobs:run_list")
+    assert response["Location"] == reverse("home")
     assert logged_in_username(client) == "olga"
     User.objects.filter(username="olga").update(is_active=False)
     assert logged_in_username(client) is None
