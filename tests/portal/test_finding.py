@@ -104,7 +104,7 @@ def test_the_mine_toggle_of_the_run_list(world, persona_page):
     arthur = submit(world, user=world.researcher_a2)
     page = persona_page(world.researcher_a)
 
-    page.goto("/")
+    page.goto("/runs/")
     assert row_ids(page) == [arthur.pk, alice.pk]
     page.get_by_role("link", name="Mine", exact=True).click()
     page.wait_for_url(re.compile(r"/\?mine=1$"))
@@ -138,7 +138,7 @@ def test_the_run_list_updates_in_place_as_runs_change(world, persona_page, tmp_p
     first = submit(world)
     second = submit(world, user=world.researcher_a2)
     page = persona_page(world.researcher_a)
-    page.goto("/")
+    page.goto("/runs/")
     page.evaluate("window.__marker = 1")
     assert rows_in_page(page) == [(second.pk, "QUEUED"), (first.pk, "QUEUED")]
 
