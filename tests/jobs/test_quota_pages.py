@@ -1168,7 +1168,7 @@ def test_every_wait_reason_reads_well_on_the_run_page(client, world, reason):
     )
     client.force_login(world.researcher_a)
 
-    status = client.get(reverse("jobs:run_status", args=[run.pk])).content.decode()
+    status = client.get(reverse("jobs:run_live", args=[run.pk])).content.decode()
     listing = client.get(reverse("jobs:run_list")).content.decode()
 
     assert (
@@ -1225,7 +1225,8 @@ def test_new_pages_have_no_inline_scripts_styles_or_handlers(client, busy_world)
         assert response.status_code == 200, url
         content = response.content.decode()
         assert re.findall(r"<script[^>]*>", content) == [
-            '<script src="/static/gantry/gantry.js" defer>'
+            '<script src="/static/vendor/htmx/htmx-2.0.11.min.js" defer>',
+            '<script src="/static/gantry/gantry.js" defer>',
         ], url
         assert " style=" not in content, url
         assert re.search(r"\son[a-z]+=", content) is None, url

@@ -464,6 +464,7 @@ def test_pages_with_charts_load_vendored_plotly_and_no_inline_script(client, wor
     content = page(client, world.researcher_a, telemetry_url(run))
 
     assert re.findall(r"<script[^>]*>", content) == [
+        '<script src="/static/vendor/htmx/htmx-2.0.11.min.js" defer>',
         '<script src="/static/gantry/gantry.js" defer>',
         f'<script src="{PLOTLY}" defer>',
         f'<script src="{TELEMETRY_JS}" defer>',
