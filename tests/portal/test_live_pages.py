@@ -8,6 +8,7 @@ so each step is seen on its own.
 """
 
 import pytest
+from django.contrib.sessions.models import Session
 from playwright.sync_api import Page, expect
 
 from jobs.models import Attempt, Run, RunEvent, RunState
@@ -18,6 +19,7 @@ from jobs.services.backend_sync import attempt_cancel, attempt_report_runtime, c
 from jobs.services.lifecycle import run_cancel
 from jobs.services.submission import run_submit
 from portal.celery import app as celery_app
+from tests.browser_support import login
 from tests.conftest import experiment_input
 from tests.jobs.test_lifecycle import age_simulated_jobs, run_to_running
 
@@ -140,8 +142,13 @@ def test_the_run_page_follows_a_run_from_queued_to_succeeded_without_reloading(w
     )
     assert page.evaluate("document.activeElement.id") == "run-cancel-button"
 
+    spec = page.locator(f"#attempt-{attempt.pk}-spec")
+    spec.locator("summary").click()
+    expect(spec).to_have_attribute("open", "")
+
     attempt_report_runtime(attempt=attempt, report={"driver_version": "550.54.15"})
     expect(page.locator("#run-runtime dt:text-is('Driver') + dd")).to_have_text("550.54.15")
+    expect(spec).to_have_attribute("open", "")  # the section was redrawn, the spec kept open
 
     age_simulated_jobs(1)  # 1000 simulated seconds: past the job's 630
     cluster_sync(cluster=world.cluster)
@@ -183,3 +190,17 @@ def test_a_cancelled_run_page_shows_its_attempt_cancelled_without_reloading(worl
     run.refresh_from_db()
     assert (run.state, run.attempts.get().state) == (RunState.CANCELLED, "CANCELLED")
     assert_every_section_agrees_with_the_database(page, run)
+
+
+def test_a_run_page_whose_session_ended_goes_to_the_login_and_back(world, persona_page):
+    run = run_submit(user=world.researcher_a, data=experiment_input(world, name="logged-out"))
+    page = persona_page(world.researcher_a)
+    page.goto(f"/runs/{run.pk}/")
+    expect(badge(page)).to_have_text("Queued")
+
+    Session.objects.all().delete()  # the session ends (expired, or logged out elsewhere)
+
+    page.wait_for_url(f"**/accounts/login/?next=/runs/{run.pk}/")
+    login(page, world.researcher_a.username)
+    page.wait_for_url(f"**/runs/{run.pk}/")
+    expect(badge(page)).to_have_text("Queued")
