@@ -10,6 +10,7 @@ from functools import wraps
 from itertools import groupby
 
 import yaml
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
@@ -25,7 +26,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from images.access import image_list_usable_by_tenants
-from jobs import spec
+from jobs import live, spec
 from jobs.access import (
     experiment_can_rerun,
     experiment_list_viewable,
@@ -373,29 +374,58 @@ def _attempt_records(attempts) -> list[tuple]:
     return [(attempt, runtime_rows(attempt.runtime_env)) for attempt in attempts]
 
 
-@login_required
-@require_GET
-def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = or_404(run_get_viewable, user=request.user, run_id=run_id)
+# The live sections of the run page: (element id, template), each swapped in on its own.
+RUN_LIVE_SECTIONS = (
+    ("run-status", "jobs/live/_status.html"),
+    ("run-placement", "jobs/live/_placement.html"),
+    ("run-events", "jobs/live/_events.html"),
+    ("run-attempts", "jobs/live/_attempts.html"),
+    ("run-logs", "jobs/live/_logs.html"),
+    ("run-runtime", "jobs/live/_runtime.html"),
+)
+
+
+def _run_live_sections(request: HttpRequest, run) -> dict[str, live.LiveSection]:
     context = _status_context(request, run)
+    attempts = list(context["attempts"])
+    context["attempts"] = attempts
+    context["latest_attempt"] = attempts[-1] if attempts else None
+    context["attempt_records"] = _attempt_records(attempts)
     context["logs"], context["logs_cut"] = run_log_tail(
         run=run, lines=LOG_TAIL_LINES, max_chars=LOG_TAIL_MAX_CHARS
     )
     context["log_tail_lines"] = LOG_TAIL_LINES
     context["log_tail_kib"] = LOG_TAIL_MAX_CHARS // 1024
-    context["attempt_records"] = _attempt_records(context["attempts"])
-    context["can_rerun"] = experiment_can_rerun(user=request.user, experiment=run.experiment)
-    context["submission_key"] = uuid.uuid4()  # of the re-run form
+    return live.sections_render(request=request, templates=RUN_LIVE_SECTIONS, context=context)
+
+
+@login_required
+@require_GET
+def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = or_404(run_get_viewable, user=request.user, run_id=run_id)
+    sections = _run_live_sections(request, run)
+    context = {
+        "run": run,
+        "live": {key.removeprefix("run-"): section for key, section in sections.items()},
+        "live_poll_ms": settings.GANTRY_LIVE_POLL_MS,
+        "can_rerun": experiment_can_rerun(user=request.user, experiment=run.experiment),
+        "submission_key": uuid.uuid4(),  # of the re-run form
+    }
     return render(request, "jobs/run_detail.html", context)
 
 
 @never_cache
 @login_required
 @require_GET
-def run_status(request: HttpRequest, run_id: int) -> HttpResponse:
-    """The live part of the run page, polled by gantry.js until the run is terminal."""
+def run_live(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The run page's live sections that changed since the versions the page sent (all of
+    them without versions), for htmx to swap out of band. Nothing changed: 204, or 286
+    (htmx stops polling) once the run has finished, as the page then shows its end."""
     run = or_404(run_get_viewable, user=request.user, run_id=run_id)
-    return render(request, "jobs/_run_status.html", _status_context(request, run))
+    changed = live.sections_changed(_run_live_sections(request, run).values(), request.GET)
+    if changed:
+        return render(request, "jobs/live/_changed.html", {"sections": changed})
+    return HttpResponse(status=live.HTMX_STOP_POLLING if run.is_terminal else 204)
 
 
 @login_required

@@ -305,6 +305,11 @@ GANTRY_ADMISSION_INTERVAL_S = env_int("GANTRY_ADMISSION_INTERVAL_S", default=5)
 # longer than this: what the inputs' digest cannot see is decided again at least this often.
 GANTRY_ADMISSION_FULL_EVERY_S = env_int("GANTRY_ADMISSION_FULL_EVERY_S", default=60)
 GANTRY_SYNC_INTERVAL_S = env_int("GANTRY_SYNC_INTERVAL_S", default=3)
+# How often an open run page asks for what changed (its live sections; it stops once the
+# run has finished and the page shows it).
+GANTRY_LIVE_POLL_MS = env_int("GANTRY_LIVE_POLL_MS", default=3000)
+if GANTRY_LIVE_POLL_MS < 200:
+    raise ImproperlyConfigured("GANTRY_LIVE_POLL_MS must be at least 200 (milliseconds)")
 GANTRY_BUDGET_CHECK_INTERVAL_S = env_int("GANTRY_BUDGET_CHECK_INTERVAL_S", default=60)
 GANTRY_TELEMETRY_INTERVAL_S = env_int("GANTRY_TELEMETRY_INTERVAL_S", default=30)
 # Raw telemetry bodies are kept this long after they are rolled up into minutes, so a

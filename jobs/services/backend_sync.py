@@ -417,7 +417,19 @@ def _attempt_finish(*, attempt: Attempt, status: JobStatus, now, common: dict) -
         Attempt.objects.filter(pk=attempt.pk).update(
             state=AttemptState.PREEMPTED, failure_reason="PREEMPTED"
         )
-        run_requeue_after_preemption(run=run, attempt=attempt)
+        if run.cancel_requested_at is None:
+            run_requeue_after_preemption(run=run, attempt=attempt)
+        else:  # cancelled while its job was being taken off: it ends here, not in the queue
+            run_transition(
+                run=run,
+                to=RunState.CANCELLED,
+                expected=(RunState.PREEMPTED,),
+                reason="CANCELLED",
+                message="Cancelled as requested",
+                attempt=attempt,
+                finished_at=finished_at,
+                failure_reason="CANCELLED",
+            )
         return 1
     if state == AttemptState.SUCCEEDED:
         run_transition(

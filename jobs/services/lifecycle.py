@@ -9,6 +9,7 @@ from django.utils import timezone
 from jobs.access import run_can_cancel
 from jobs.enqueue import admission_cycle_enqueue, attempt_cancel_enqueue
 from jobs.models import (
+    LIVE_ATTEMPT_STATES,
     Attempt,
     AttemptState,
     Run,
@@ -63,6 +64,11 @@ def run_transition(
 def run_cancel(*, run: Run, actor: UserLike | None, system_reason: str = "") -> Run:
     """Cancel a run: at once if it holds no backend job yet, else through the backend.
 
+    A run and its attempt end together: a run whose job is still on the cluster (running,
+    or preempted with the job not yet gone) is only marked as cancel requested here, and
+    ends as cancelled when the sync sees its attempt end. Cancelling it at once would leave
+    a cancelled run with a running attempt (and the job on the cluster unaccounted for).
+
     Gantry itself cancels (a tenant's idle-GPU policy) with ``actor`` None and a
     ``system_reason``: that becomes the message of the run's event, and no person's
     permission is checked. A person's cancel is audited as "run.cancel" (Gantry's are in
@@ -75,7 +81,11 @@ def run_cancel(*, run: Run, actor: UserLike | None, system_reason: str = "") -> 
     run = Run.objects.select_for_update().get(pk=run.pk)
     now = timezone.now()
     before = {"state": run.state, "cancel_requested": run.cancel_requested_at is not None}
-    if run.state in (RunState.QUEUED, RunState.ADMITTED, RunState.PREEMPTED):
+    latest = run.attempts.order_by("-number").first()
+    job_on_cluster = latest is not None and latest.state in LIVE_ATTEMPT_STATES
+    if run.state in (RunState.QUEUED, RunState.ADMITTED, RunState.PREEMPTED) and not (
+        run.state == RunState.PREEMPTED and job_on_cluster
+    ):
         run_transition(
             run=run,
             to=RunState.CANCELLED,
@@ -99,7 +109,7 @@ def run_cancel(*, run: Run, actor: UserLike | None, system_reason: str = "") -> 
         _run_cancel_audit(run=run, actor=actor, before=before)
         admission_cycle_enqueue()
         return run
-    if run.state in (RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING):
+    if run.state in (RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING, RunState.PREEMPTED):
         if run.cancel_requested_at is None:
             Run.objects.filter(pk=run.pk).update(cancel_requested_at=now)
             run.cancel_requested_at = now
@@ -116,8 +126,8 @@ def run_cancel(*, run: Run, actor: UserLike | None, system_reason: str = "") -> 
                 actor=None if actor is None else signed_in(actor),
             )
             _run_cancel_audit(run=run, actor=actor, before=before)
-            latest = run.attempts.order_by("-number").first()
             assert latest is not None  # a run that was submitted has an attempt
+            # A preempted run's job is being cancelled already; asking again is harmless.
             attempt_cancel_enqueue(latest.pk)
         return run
     raise ValidationError({"state": f"The run is already {run.get_state_display().lower()}."})

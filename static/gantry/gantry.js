@@ -163,75 +163,47 @@ window.GantryCharts = (function () {
     return id ? document.getElementById(id) : null;
   }
 
-  // Replace a container's content with a server-rendered fragment, periodically, until the
-  // fragment marks itself terminal with [data-terminal].
-  function poll(container) {
-    var url = container.getAttribute("data-poll-url");
-    var interval = parseInt(container.getAttribute("data-poll-interval"), 10) || 2000;
-    var failures = 0;
-    var timer = null;
-    var shown = null; // the last fragment put in the page, without its per-request CSRF token
-
-    function withoutToken(html) {
-      return html.replace(/name="csrfmiddlewaretoken" value="[^"]*"/g, "");
-    }
-
-    function schedule(delay) {
-      timer = window.setTimeout(tick, delay);
-    }
-
-    function tick() {
-      timer = null;
-      if (document.hidden) {
-        return; // resumed by the visibilitychange listener
-      }
-      fetch(url, {
-        credentials: "same-origin",
-        headers: { "X-Requested-With": "XMLHttpRequest" },
-        cache: "no-store",
-      })
-        .then(function (response) {
-          if (response.redirected) {
-            window.location.reload(); // the session ended: go through the login page
-            return null;
-          }
-          if (!response.ok) {
-            throw new Error("HTTP " + response.status);
-          }
-          return response.text();
-        })
-        .then(function (html) {
-          if (html === null) {
-            return;
-          }
-          failures = 0;
-          // Replace only on change, so focus (e.g. on the cancel button) survives a poll.
-          if (withoutToken(html) !== shown) {
-            shown = withoutToken(html);
-            container.innerHTML = html;
-            localizeTimes(container);
-          }
-          if (!container.querySelector("[data-terminal]")) {
-            schedule(interval);
-          }
-        })
-        .catch(function () {
-          failures += 1;
-          if (failures < 10) {
-            schedule(interval * Math.min(2 ** failures, 15));
-          }
-        });
-    }
-
-    document.addEventListener("visibilitychange", function () {
-      if (!document.hidden && timer === null && !container.querySelector("[data-terminal]")) {
-        tick();
-      }
+  // Live sections (jobs/live.py): htmx polls the page's [data-live-poll-ms] element and swaps
+  // in the sections that changed, out of band. What the page does to its own content on
+  // load is done to each swapped section too.
+  function showLogsFromTheirEnd() {
+    document.querySelectorAll("pre.logs:not([data-scrolled])").forEach(function (log) {
+      log.scrollTop = log.scrollHeight;
+      log.setAttribute("data-scrolled", "");
     });
-    if (!container.querySelector("[data-terminal]")) {
-      schedule(interval);
-    }
   }
+
+  function livePoller(event) {
+    var element = event.detail && event.detail.elt;
+    return (
+      element &&
+      element.hasAttribute &&
+      (element.hasAttribute("data-live-poll-ms") || element.hasAttribute("data-live-list"))
+    );
+  }
+
+  document.addEventListener("htmx:oobAfterSwap", function () {
+    localizeTimes(document);
+    showLogsFromTheirEnd();
+  });
+  // A page in a hidden tab skips its polls (the run page's and the run list's); the next one
+  // after it is shown catches up.
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    if (livePoller(event) && document.hidden) {
+      event.preventDefault();
+    }
+  });
+  // The session ended: the poll was answered by the login page. Load the page again, which
+  // goes through the login form and back.
+  document.addEventListener("htmx:afterRequest", function (event) {
+    var xhr = event.detail.xhr;
+    if (livePoller(event) && xhr && xhr.responseURL) {
+      var asked = new URL(event.detail.requestConfig.path, window.location.href).pathname;
+      if (new URL(xhr.responseURL).pathname !== asked) {
+        window.location.reload();
+      }
+    }
+  });
 
   // Show only the projects of the chosen tenant (options are grouped by tenant slug).
   function filterProjects(select) {
@@ -389,11 +361,8 @@ window.GantryCharts = (function () {
   document.addEventListener("DOMContentLoaded", function () {
     restoreSubmissionKey();
     // A log tail is read from its end: show its last lines first.
-    document.querySelectorAll("pre.logs").forEach(function (log) {
-      log.scrollTop = log.scrollHeight;
-    });
+    showLogsFromTheirEnd();
     localizeTimes(document);
-    document.querySelectorAll("[data-poll-url]").forEach(poll);
     // What htmx swaps in (a live list polling itself) shows its times like the page does.
     document.body.addEventListener("htmx:load", function (event) {
       localizeTimes(event.detail.elt);
@@ -422,7 +391,7 @@ window.GantryCharts = (function () {
     });
 
     // Confirmation for destructive forms, then the busy state; delegated so it also covers
-    // polled fragments. Every form sends one request: a second click while the first is on
+    // live sections swapped in. Every form sends one request: a second click while the first is on
     // its way is dropped, and its submit button shows that the answer is coming. (Forms
     // marked [data-submit-once] are also deduped by the server, with a one-time key per
     // form.) The button is not disabled: a disabled submitter would drop its name and value

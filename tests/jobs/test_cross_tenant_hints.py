@@ -55,7 +55,7 @@ def _hints(reclaimer: Run) -> tuple[str, ...]:
     return ("vision", "Vision Lab", "detection", "alice", f"run {reclaimer.pk}")
 
 
-@pytest.mark.parametrize("page", ["jobs:run_detail", "jobs:run_status"])
+@pytest.mark.parametrize("page", ["jobs:run_detail", "jobs:run_live"])
 def test_the_run_page_shows_the_owner_no_other_tenant(world, client, preempted, page):
     lent, reclaimer = preempted
     client.force_login(world.researcher_b)
@@ -69,7 +69,7 @@ def test_the_run_page_shows_the_owner_no_other_tenant(world, client, preempted, 
 def test_the_run_page_shows_a_platform_admin_who_reclaimed(world, client, preempted):
     lent, reclaimer = preempted
     client.force_login(world.platform_admin)
-    text = client.get(reverse("jobs:run_status", args=[lent.pk])).content.decode()
+    text = client.get(reverse("jobs:run_live", args=[lent.pk])).content.decode()
     assert (
         f"tenant vision reclaimed 8 h100-80gb GPUs of its guarantee on sim-1 for run {reclaimer.pk}"
         in text
@@ -79,7 +79,7 @@ def test_the_run_page_shows_a_platform_admin_who_reclaimed(world, client, preemp
 def test_finance_reads_the_neutral_text_too(world, client, preempted):
     lent, reclaimer = preempted
     client.force_login(world.finance)
-    text = client.get(reverse("jobs:run_status", args=[lent.pk])).content.decode()
+    text = client.get(reverse("jobs:run_live", args=[lent.pk])).content.decode()
     assert NEUTRAL in text
     assert f"run {reclaimer.pk}" not in text
 

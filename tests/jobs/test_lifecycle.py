@@ -14,7 +14,7 @@ from jobs.selectors.runs import runs_place_in_line
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import attempt_cancel, cluster_sync
-from jobs.services.lifecycle import run_cancel
+from jobs.services.lifecycle import run_cancel, run_preempt
 from jobs.services.submission import run_submit
 from jobs.services.usage import usage_record_attempt
 from tenants.models import Quota
@@ -179,6 +179,117 @@ def test_cancel_running_run_goes_through_the_backend(world, django_capture_on_co
     run.refresh_from_db()
     assert run.state == RunState.CANCELLED
     assert SimulatedJob.objects.get().state == "CANCELLED"
+
+
+def _to_running(world, run: Run) -> None:
+    admission_run_cycle()
+    attempt_submit(attempt_id=run.attempts.get().pk)
+    cluster_sync(cluster=world.cluster)
+
+
+def _queued(world, run: Run) -> None:
+    pass
+
+
+def _admitted(world, run: Run) -> None:
+    admission_run_cycle()
+
+
+def _pending(world, run: Run) -> None:
+    admission_run_cycle()
+    attempt_submit(attempt_id=run.attempts.get().pk)
+
+
+def _preempted_job_still_running(world, run: Run) -> None:
+    _to_running(world, run)
+    run.refresh_from_db()
+    run_preempt(run=run, message="reclaimed")
+
+
+@pytest.mark.parametrize(
+    ("advance", "state_before"),
+    [
+        (_queued, RunState.QUEUED),
+        (_admitted, RunState.ADMITTED),
+        (_pending, RunState.PENDING),
+        (_to_running, RunState.RUNNING),
+        (_preempted_job_still_running, RunState.PREEMPTED),
+    ],
+)
+def test_every_cancel_path_closes_the_attempt_with_the_run(
+    world, django_capture_on_commit_callbacks, advance, state_before
+):
+    """A cancelled run never keeps an attempt that is created, submitting, pending or
+    running, not even for a moment: the run ends with its attempt, whichever state it was
+    cancelled in."""
+
+    def open_attempts_of_a_finished_run() -> list[str]:
+        run.refresh_from_db()
+        if not run.is_terminal:
+            return []
+        return [a.state for a in run.attempts.all() if a.finished_at is None]
+
+    run = submit(world)
+    with django_capture_on_commit_callbacks(execute=False):
+        advance(world, run)
+        run.refresh_from_db()
+        assert run.state == state_before
+        run_cancel(run=run, actor=world.researcher_a)
+    assert open_attempts_of_a_finished_run() == []
+    for attempt in Attempt.objects.filter(run=run):
+        attempt_cancel(attempt_id=attempt.pk)  # what the queued cancel task does
+    run.refresh_from_db()
+    attempts = list(run.attempts.values_list("state", "finished_at"))
+    assert run.state == RunState.CANCELLED
+    assert [state for state, _ in attempts if state not in ("CANCELLED", "PREEMPTED")] == []
+    assert [finished for _, finished in attempts if finished is None] == []
+    assert SimulatedJob.objects.filter(state__in=("PENDING", "RUNNING")).count() == 0
+
+
+def test_cancel_of_a_preempted_run_waits_for_its_job_then_ends_it_instead_of_requeueing(
+    world, django_capture_on_commit_callbacks
+):
+    run = submit(world)
+    _to_running(world, run)
+    run.refresh_from_db()
+    with django_capture_on_commit_callbacks(execute=False):
+        run_preempt(run=run, message="reclaimed")
+    attempt = run.attempts.get()
+
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        run_cancel(run=run, actor=world.researcher_a)
+
+    run.refresh_from_db()
+    attempt.refresh_from_db()
+    assert len(callbacks) == 1  # the cancel of the attempt's job, asked again
+    assert (run.state, run.cancel_requested_at is not None, attempt.state) == (
+        RunState.PREEMPTED,
+        True,
+        AttemptState.RUNNING,
+    )
+    assert list(run.events.values_list("to_state", "reason"))[-1] == (
+        "PREEMPTED",
+        "CANCEL_REQUESTED",
+    )
+
+    attempt_cancel(attempt_id=attempt.pk)
+
+    run.refresh_from_db()
+    attempt.refresh_from_db()
+    assert (run.state, run.failure_reason, run.finished_at) == (
+        RunState.CANCELLED,
+        "CANCELLED",
+        attempt.finished_at,
+    )
+    assert (attempt.state, attempt.failure_reason) == (AttemptState.PREEMPTED, "PREEMPTED")
+    assert list(run.events.values_list("to_state", "reason", "message"))[-1] == (
+        "CANCELLED",
+        "CANCELLED",
+        "Cancelled as requested",
+    )
+    with django_capture_on_commit_callbacks(execute=False):
+        assert admission_run_cycle().admitted == 0
+    assert run.attempts.count() == 1
 
 
 def test_cancel_of_a_finished_run_is_refused_and_changes_nothing(world):

@@ -1168,7 +1168,7 @@ def test_every_wait_reason_reads_well_on_the_run_page(client, world, reason):
     )
     client.force_login(world.researcher_a)
 
-    status = client.get(reverse("jobs:run_status", args=[run.pk])).content.decode()
+    status = client.get(reverse("jobs:run_live", args=[run.pk])).content.decode()
     listing = client.get(reverse("jobs:run_list")).content.decode()
 
     assert (

@@ -147,6 +147,7 @@ def test_pages_have_no_inline_scripts_styles_or_handlers(client, world):
         editors = ['<script src="/static/gantry/editors.js" defer>']
         expected = scripts + editors if url == reverse("jobs:run_submit") else scripts
         assert re.findall(r"<script[^>]*>", content) == expected, url
+        assert re.search(r"\shx-on|\sdata-hx-on", content) is None, url
         assert " style=" not in content, url
         assert re.search(r"\son[a-z]+=", content) is None, url
         assert '<link rel="stylesheet" href="/static/gantry/gantry.css">' in content, url
@@ -157,7 +158,7 @@ ANONYMOUS_REQUESTS = [
     ("get", "jobs:run_submit", False),
     ("post", "jobs:run_submit", False),
     ("get", "jobs:run_detail", True),
-    ("get", "jobs:run_status", True),
+    ("get", "jobs:run_live", True),
     ("post", "jobs:run_cancel", True),
     ("get", "jobs:experiment_detail", True),
 ]
@@ -511,7 +512,7 @@ def test_run_again_prefills_the_form_from_a_viewable_experiment(client, world):
     assert client.get(reverse("jobs:run_submit"), {"from": run.experiment_id}).status_code == 404
 
 
-# --- run detail and live status --------------------------------------------------------------
+# --- run detail and its live sections -------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -526,7 +527,9 @@ def test_run_detail_is_shown_to_readers_of_the_tenant(client, world, persona):
     assert response.status_code == 200
     content = response.content.decode()
     assert (
-        f'<div class="live" data-poll-url="/runs/{run.pk}/status/" data-poll-interval="2000">'
+        f'<div class="live" id="run-live" hx-get="/runs/{run.pk}/live/" hx-trigger="every 3000ms" '
+        'hx-swap="none" hx-sync="this:drop" hx-include="[data-live-version]" '
+        'data-live-poll-ms="3000">'
     ) in content
     assert '<span class="badge badge-queued">Queued</span>' in content
     assert "Waiting for the next admission cycle" in content
@@ -547,7 +550,7 @@ def test_run_detail_shows_why_and_where_a_run_waits(client, world):
     )
     client.force_login(world.researcher_a)
 
-    content = client.get(reverse("jobs:run_status", args=[run.pk])).content.decode()
+    content = client.get(reverse("jobs:run_live", args=[run.pk])).content.decode()
 
     assert (
         "<strong>Not enough GPUs, even by reclaiming</strong>: "
@@ -555,32 +558,13 @@ def test_run_detail_shows_why_and_where_a_run_waits(client, world):
     ) in content
 
 
-@pytest.mark.parametrize("name", ["jobs:run_detail", "jobs:run_status"])
+@pytest.mark.parametrize("name", ["jobs:run_detail", "jobs:run_live"])
 def test_run_pages_are_404_for_other_tenants_and_missing_runs(client, world, name):
     run = submit(world)
     client.force_login(world.researcher_b)
 
     assert client.get(reverse(name, args=[run.pk])).status_code == 404
     assert client.get(reverse(name, args=[run.pk + 1000])).status_code == 404
-
-
-def test_status_fragment_has_the_live_part_and_marks_terminal_runs(client, world):
-    run = submit(world)
-    client.force_login(world.researcher_a)
-
-    live = client.get(reverse("jobs:run_status", args=[run.pk]))
-    run_cancel(run=run, actor=world.researcher_a)
-    finished = client.get(reverse("jobs:run_status", args=[run.pk]))
-
-    assert live.status_code == 200
-    assert "<html" not in live.content.decode()
-    assert "data-terminal" not in live.content.decode()
-    assert "Cancel run" in live.content.decode()
-    assert finished.status_code == 200
-    assert '<div class="status-head" data-terminal>' in finished.content.decode()
-    assert '<span class="badge badge-cancelled">Cancelled</span>' in finished.content.decode()
-    assert "Cancel run" not in finished.content.decode()
-    assert "no-cache" in finished["Cache-Control"]
 
 
 def test_cancel_button_only_for_who_may_cancel(client, world):

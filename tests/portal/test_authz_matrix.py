@@ -166,7 +166,7 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     ("jobs:run_submit", "POST"):                (302, 302, 400, 302, 400, 400),
     ("jobs:run_preview", "GET"):                (302, 200, 400, 200, 400, 400),
     ("jobs:run_detail", "GET"):                 (302, 200, 404, 200, 200, 200),
-    ("jobs:run_status", "GET"):                 (302, 200, 404, 200, 200, 200),
+    ("jobs:run_live", "GET"):                 (302, 200, 404, 200, 200, 200),
     ("jobs:run_log_download", "GET"):           (302, 200, 404, 200, 200, 200),
     ("jobs:run_cancel", "POST"):                (302, 302, 404, 302, 403, 302),
     # the experiments list in its compare mode: picking the other side for vision's experiment
@@ -367,7 +367,7 @@ def paths(objects: Objects) -> dict[str, str]:
         "jobs:run_submit": f"{reverse('jobs:run_submit')}?from={experiment_id}",
         "jobs:run_preview": f"{reverse('jobs:run_preview')}?{preview}",
         "jobs:run_detail": reverse("jobs:run_detail", args=[run_id]),
-        "jobs:run_status": reverse("jobs:run_status", args=[run_id]),
+        "jobs:run_live": reverse("jobs:run_live", args=[run_id]),
         "jobs:run_log_download": reverse("jobs:run_log_download", args=[run_id]),
         "jobs:run_cancel": reverse("jobs:run_cancel", args=[run_id]),
         "jobs:experiment_list": f"{reverse('jobs:experiment_list')}?compare={experiment_id}",

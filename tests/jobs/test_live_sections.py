@@ -1,0 +1,262 @@
+"""The run page's live sections: versioned by content, sent back only when they changed, and
+the end of polling once a finished run is shown whole (jobs.live, jobs.views.run_live)."""
+
+import re
+
+import pytest
+from django.urls import reverse
+from django.utils.safestring import mark_safe
+
+from jobs.live import LiveSection, section_version, sections_changed
+from jobs.models import Attempt, RunState, SimulatedJob
+from jobs.selectors.logs import run_logs
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.backend_submit import attempt_submit
+from jobs.services.backend_sync import attempt_report_runtime, cluster_sync
+from jobs.services.lifecycle import run_cancel
+from tests.jobs.test_lifecycle import age_simulated_jobs, submit
+
+SECTION = re.compile(
+    r'<div id="(run-[a-z]+)" class="live-section"( hx-swap-oob="true")?>'
+    r'<input type="hidden" name="\1" value="([0-9a-f]{16})" data-live-version>'
+)
+ALL_SECTIONS = [
+    "run-status",
+    "run-placement",
+    "run-events",
+    "run-attempts",
+    "run-logs",
+    "run-runtime",
+]
+NEVER_CACHED = "max-age=0, no-cache, no-store, must-revalidate, private"
+
+
+def sections_in(html: str) -> dict[str, tuple[bool, str]]:
+    """Each live section of an answer, in order: (swapped out of band, version)."""
+    return {id_: (bool(oob), version) for id_, oob, version in SECTION.findall(html)}
+
+
+def versions_of(html: str) -> dict[str, str]:
+    return {id_: version for id_, (_, version) in sections_in(html).items()}
+
+
+def section_html(html: str, section_id: str) -> str:
+    """The content of one section of an answer, up to the next section."""
+    start = html.index(f'<div id="{section_id}" ')
+    end = html.find('<div id="run-', start + 1)
+    return html[start : end if end != -1 else len(html)]
+
+
+def live(client, run, shown: dict[str, str] | None = None):
+    return client.get(reverse("jobs:run_live", args=[run.pk]), shown or {})
+
+
+# --- jobs.live -------------------------------------------------------------------------------
+
+
+def test_a_section_version_ignores_the_csrf_token_and_sees_every_other_change():
+    form = '<form><input type="hidden" name="csrfmiddlewaretoken" value="{}"><b>{}</b></form>'
+
+    first = section_version(form.format("a" * 64, "Running"))
+    same = section_version(form.format("b" * 64, "Running"))
+    other = section_version(form.format("a" * 64, "Succeeded"))
+
+    assert first == same
+    assert first != other
+    assert re.fullmatch(r"[0-9a-f]{16}", first)
+
+
+def test_changed_sections_are_those_the_page_does_not_show_in_this_version():
+    sections = [
+        LiveSection("run-status", mark_safe("<p>Running</p>"), "1111111111111111"),
+        LiveSection("run-logs", mark_safe("<pre>step 1</pre>"), "2222222222222222"),
+        LiveSection("run-events", mark_safe("<ol></ol>"), "3333333333333333"),
+    ]
+    shown = {"run-status": "1111111111111111", "run-logs": "0000000000000000"}
+
+    assert [section.id for section in sections_changed(sections, shown)] == [
+        "run-logs",
+        "run-events",
+    ]
+
+
+# --- the run page and its live answer ----------------------------------------------------------
+
+
+def test_the_run_page_shows_every_live_section_in_the_version_the_live_answer_has(client, world):
+    run = submit(world)
+    client.force_login(world.researcher_a)
+
+    page = client.get(reverse("jobs:run_detail", args=[run.pk])).content.decode()
+    answer = live(client, run)
+
+    assert answer.status_code == 200
+    assert "<html" not in answer.content.decode()
+    assert list(sections_in(page)) == ALL_SECTIONS
+    assert [oob for oob, _ in sections_in(page).values()] == [False] * 6
+    assert list(sections_in(answer.content.decode())) == ALL_SECTIONS
+    assert [oob for oob, _ in sections_in(answer.content.decode()).values()] == [True] * 6
+    # The cancel form's token differs between the two renders: the versions do not.
+    assert 'id="run-cancel-button"' in section_html(page, "run-status")
+    assert versions_of(answer.content.decode()) == versions_of(page)
+
+
+def test_only_changed_sections_come_back_and_polling_stops_once_the_end_is_shown(client, world):
+    run = submit(world)
+    client.force_login(world.researcher_a)
+    page = client.get(reverse("jobs:run_detail", args=[run.pk])).content.decode()
+
+    unchanged = live(client, run, versions_of(page))
+    run_cancel(run=run, actor=world.researcher_a)
+    after_cancel = live(client, run, versions_of(page))
+    html = after_cancel.content.decode()
+    shown_to_the_end = live(client, run, versions_of(page) | versions_of(html))
+
+    assert (unchanged.status_code, unchanged.content) == (204, b"")
+    assert after_cancel.status_code == 200
+    assert list(sections_in(html)) == ["run-status", "run-placement", "run-events"]
+    assert '<span class="badge badge-cancelled">Cancelled</span>' in section_html(
+        html, "run-status"
+    )
+    assert "Cancel run" not in html
+    assert "<dd data-cluster>never admitted</dd>" in section_html(html, "run-placement")
+    assert '<span class="timeline-state">QUEUED → CANCELLED</span>' in section_html(
+        html, "run-events"
+    )
+    assert (shown_to_the_end.status_code, shown_to_the_end.content) == (286, b"")
+    for answer in (unchanged, after_cancel, shown_to_the_end):
+        assert answer["Cache-Control"] == NEVER_CACHED
+
+
+def test_a_finished_run_that_the_page_does_not_show_whole_yet_is_sent_before_polling_stops(
+    client, world
+):
+    run = submit(world)
+    run_cancel(run=run, actor=world.researcher_a)
+    client.force_login(world.researcher_a)
+
+    stale = live(client, run, {"run-status": "0" * 16})
+
+    assert stale.status_code == 200
+    assert list(sections_in(stale.content.decode())) == ALL_SECTIONS
+
+
+def test_each_section_follows_the_run_from_queued_to_succeeded(client, world):
+    run = submit(world)
+    client.force_login(world.researcher_a)
+    page = client.get(reverse("jobs:run_detail", args=[run.pk])).content.decode()
+    assert "<dd data-cluster>not admitted yet</dd>" in section_html(page, "run-placement")
+    assert "No logs yet" in section_html(page, "run-logs")
+    shown = versions_of(page)
+
+    admission_run_cycle()
+    attempt = Attempt.objects.get(run=run)
+    attempt_submit(attempt_id=attempt.pk)
+    cluster_sync(cluster=world.cluster)  # placed and started on a virtual node
+    running = live(client, run, shown).content.decode()
+    shown |= versions_of(running)
+
+    assert list(sections_in(running)) == ALL_SECTIONS
+    assert '<span class="badge badge-running">Running</span>' in section_html(running, "run-status")
+    placement = section_html(running, "run-placement")
+    assert "<dd data-cluster>sim-1</dd>" in placement
+    assert '<dd class="mono" data-nodes>sim-1-a100-80gb-00</dd>' in placement
+    assert "<dd>0 of 0</dd>" in placement
+    assert "<td>1</td>\n        <td>sim-1</td>" in section_html(running, "run-attempts")
+    assert '<span class="badge badge-running">Running</span>' in section_html(
+        running, "run-attempts"
+    )
+    logs = section_html(running, "run-logs")
+    assert "[simulator] started on sim-1-a100-80gb-00" in logs
+    assert "The last 200 lines of the latest attempt's log." in logs
+    assert '<h3>Attempt 1 <span class="muted">on sim-1</span>' in section_html(
+        running, "run-runtime"
+    )
+
+    attempt_report_runtime(attempt=attempt, report={"driver_version": "550.54.15"})
+    reported = live(client, run, shown).content.decode()
+    shown |= versions_of(reported)
+
+    assert list(sections_in(reported)) == ["run-events", "run-runtime"]
+    assert '<dt>Driver</dt><dd class="mono">550.54.15</dd>' in section_html(reported, "run-runtime")
+
+    age_simulated_jobs(1)  # past the simulated job's 630 s
+    cluster_sync(cluster=world.cluster)
+    finished = live(client, run, shown).content.decode()
+    shown |= versions_of(finished)
+    run.refresh_from_db()
+
+    assert run.state == RunState.SUCCEEDED
+    assert set(sections_in(finished)) == {
+        "run-status",
+        "run-placement",
+        "run-events",
+        "run-attempts",
+        "run-logs",
+        "run-runtime",
+    }
+    assert '<span class="badge badge-succeeded">Succeeded</span>' in section_html(
+        finished, "run-status"
+    )
+    assert f'<time datetime="{run.finished_at.isoformat()}">' in section_html(
+        finished, "run-placement"
+    )
+    last_line = run_logs(run=run).splitlines()[-1]
+    assert last_line.startswith("[simulator] finished SUCCEEDED exit=0")
+    assert last_line in section_html(finished, "run-logs")
+    assert SimulatedJob.objects.get().state == "SUCCEEDED"
+    assert live(client, run, shown).status_code == 286
+
+
+def test_a_finished_run_page_is_not_polled(client, world):
+    run = submit(world)
+    run_cancel(run=run, actor=world.researcher_a)
+    client.force_login(world.researcher_a)
+
+    page = client.get(reverse("jobs:run_detail", args=[run.pk])).content.decode()
+
+    assert '<div class="live" id="run-live" data-live-poll-ms="3000">' in page
+    assert "hx-get" not in page
+
+
+def test_the_poll_interval_is_a_setting(client, world, settings):
+    settings.GANTRY_LIVE_POLL_MS = 250
+    run = submit(world)
+    client.force_login(world.researcher_a)
+
+    page = client.get(reverse("jobs:run_detail", args=[run.pk])).content.decode()
+
+    assert 'hx-trigger="every 250ms"' in page
+    assert 'data-live-poll-ms="250"' in page
+
+
+# --- who may read it -------------------------------------------------------------------------
+
+
+def test_the_live_answer_needs_a_login(client, world):
+    run = submit(world)
+    url = reverse("jobs:run_live", args=[run.pk])
+
+    response = client.get(url)
+
+    assert response.status_code == 302
+    assert response["Location"] == f"/accounts/login/?next=/runs/{run.pk}/live/"
+
+
+@pytest.mark.parametrize("persona", ["researcher_b", "researcher_a"])
+def test_the_live_answer_is_404_for_other_tenants_exactly_as_for_a_missing_run(
+    client, world, persona
+):
+    run = submit(world, user=world.researcher_b, tenant="nlp", project="llm")
+    client.force_login(getattr(world, persona))
+    outsider = persona == "researcher_a"
+
+    response = live(client, run)
+    missing = client.get(reverse("jobs:run_live", args=[run.pk + 1000]))
+
+    assert response.status_code == (404 if outsider else 200)
+    assert missing.status_code == 404
+    if outsider:
+        assert b"resnet-baseline" not in response.content
+    else:
+        assert response["Cache-Control"] == NEVER_CACHED
