@@ -1,28 +1,31 @@
-"""The portal under load (issue 10, acceptance 6): 100 people at once for 60 seconds.
+"""The portal under load (issue 10, acceptance 6; issue 20, point 4): 100 people at once
+for 60 seconds, on the web stack before and after issue 20.4, in the same run.
 
-The stack as production runs it (docker-compose.yml): gunicorn with 3 workers in front of
-PostgreSQL, a Celery worker and beat on Redis running admission every second, and the
-simulator cluster, so that submitted runs are really admitted, started and finished. Its
-database is ``<DATABASE_URL's name>_load``, emptied and seeded here: 4 tenants with a
-guarantee and a borrow limit on two flavors that fill a 96-GPU cluster exactly, 13
-researchers (password and API token) and a tenant admin each, and 20,000 finished runs of
-history. Settings are the tests' (``tests.settings``) with DEBUG off; they differ from
-production only in the development secret key, plain HTTP (no HTTPS redirect, no secure-only
-cookies) and a fast password hasher, so that 100 logins do not cost a minute of CPU.
+The stack as production runs it (docker-compose.yml): gunicorn in front of PostgreSQL, a
+Celery worker and beat on Redis running admission every second, and the simulator cluster,
+so that submitted runs are really admitted, started and finished. *Before*: gunicorn as the
+compose file ran it until issue 20.4 (3 sync workers); *after*: as it runs now
+(``portal/gunicorn_conf.py``). Each stack gets a database seeded afresh,
+``<DATABASE_URL's name>_load``: 4 tenants with a guarantee and a borrow limit on two flavors
+that fill a 96-GPU cluster exactly, 13 researchers (password and API token) and a tenant
+admin each, and 20,000 finished runs of history. Settings are the tests' (``tests.settings``)
+with DEBUG off; they differ from production only in the development secret key, plain HTTP
+(no HTTPS redirect, no secure-only cookies) and a fast password hasher, so that 100 logins
+do not cost a minute of CPU.
 
 Locust (``bench/locustfile.py``) drives it over HTTP on 127.0.0.1, ``--users 100
 --spawn-rate 20 --run-time 60s``: 40 researchers' scripts submit runs and list and read
-them with a token, 50 researchers and 10 tenant admins log in and browse the run list (and
-older pages), run pages, quotas and run telemetry, 2 to 8 s apart, and 2 health probes ask
+them with a token, 50 researchers and 10 tenant admins log in and browse their home page,
+the run list (and older pages), run pages, quotas and run telemetry, 2 to 8 s apart; a run
+page or run list they open polls its live parts as the browser does; 2 health probes ask
 ``/healthz`` every second. Checked: no 5xx answer (gunicorn's access log, besides Locust's
 count) and no over-admission, sampled every 2 s during the run and after it: for every
 cluster and flavor, GPUs held by runs (admitted to running) at most its capacity; for every
 tenant and flavor, at most guarantee + borrow limit.
 
-Baseline, in the same run and before the load: one client alone doing each kind of
-request in turn without pause for 20 s. Its times are what each request costs the portal
-with nobody else around; the difference under load is queueing for the 3 workers and the
-machine's 2 cores.
+Alone, on the stack after, before its load: one client doing each kind of request in turn
+without pause for 20 s. Its times are what each request costs the portal with nobody else
+around; the difference under load is queueing for the workers and the machine's 2 cores.
 """
 
 import csv
@@ -338,8 +341,44 @@ def run_outcomes(first_run_id: int) -> dict[str, int]:
 # --- the benchmark --------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Stack:
+    label: str
+    web: list[str]  # gunicorn's arguments after the application, besides the bind address
+    note: str
+
+
+# Before: the web container as docker-compose.yml ran it until issue 20.4 (3 sync workers).
+# After: as it runs it now, portal/gunicorn_conf.py (threaded workers sized for the machine).
+BEFORE = Stack("before", ["--workers", "3", "--timeout", "60"], "3 sync workers")
+AFTER = Stack(
+    "after",
+    ["--config", "python:portal.gunicorn_conf"],
+    "portal/gunicorn_conf.py: {workers} gthread workers × {threads} threads",
+)
+
+
 def run() -> list[Section]:
-    directory = Path(tempfile.mkdtemp(prefix="gantry-load-"))
+    results = {}
+    for stack in (BEFORE, AFTER):
+        sys.stderr.write(f"bench: load: the stack {stack.label} ({stack.note})…\n")
+        results[stack.label] = run_stack(stack, alone=stack is AFTER)
+    section = report(results)
+    problems = [f"{label}: {problem}" for label, r in results.items() for problem in r.problems()]
+    problems += results["after"].targets_missed(results["before"])
+    if any(not r.ok() for r in results.values()):
+        sys.stderr.write(section.markdown())
+        raise AssertionError(f"load: {'; '.join(problems)}")
+    for r in results.values():
+        shutil.rmtree(r.directory)
+    section.notes += [f"Missed: {problem}." for problem in problems]
+    return [section]
+
+
+def run_stack(stack: Stack, *, alone: bool) -> "Result":
+    """Seed, start the stack, warm it up, optionally measure one client alone, then the
+    load; the processes are stopped whatever happens."""
+    directory = Path(tempfile.mkdtemp(prefix=f"gantry-load-{stack.label}-"))
     people = seed(directory)
     first_run_id = Run.objects.aggregate(last=Max("id"))["last"]
     port = free_port()
@@ -354,15 +393,19 @@ def run() -> list[Section]:
         "GANTRY_LOG_LEVEL": "WARNING",
         "GANTRY_ADMISSION_INTERVAL_S": "1",
         "GANTRY_SYNC_INTERVAL_S": "1",
+        "GANTRY_WEB_BIND": f"127.0.0.1:{port}",
+        "GANTRY_WEB_ACCESS_LOG": str(directory / "access.log"),
     }
     access_log = directory / "access.log"
     connection.close()  # the children get their own; this one waits idle otherwise
     processes = []
+    baseline: dict[str, Kind] = {}
+    baseline_failures: dict[str, int] = {}
     try:
         web = start(
             [
-                sys.executable, "-m", "gunicorn", "portal.wsgi:application",
-                "--bind", f"127.0.0.1:{port}", "--workers", "3", "--timeout", "60",
+                sys.executable, "-m", "gunicorn", "portal.wsgi:application", *stack.web,
+                "--bind", f"127.0.0.1:{port}",
                 "--access-logfile", str(access_log), "--access-logformat", "%(s)s %(m)s %(U)s",
             ],
             env,
@@ -395,14 +438,15 @@ def run() -> list[Section]:
         processes.append(process)
         process.wait()
 
-        sys.stderr.write(f"bench: load: one client alone for {BASELINE_S} s…\n")
-        process, prefix = locust(
-            base, people, directory, "baseline", users=1, seconds=BASELINE_S,
-            classes=["SequentialClient"],
-        )  # fmt: skip
-        processes.append(process)
-        process.wait()
-        baseline, baseline_failures = read_stats(prefix)
+        if alone:
+            sys.stderr.write(f"bench: load: one client alone for {BASELINE_S} s…\n")
+            process, prefix = locust(
+                base, people, directory, "baseline", users=1, seconds=BASELINE_S,
+                classes=["SequentialClient"],
+            )  # fmt: skip
+            processes.append(process)
+            process.wait()
+            baseline, baseline_failures = read_stats(prefix)
 
         sys.stderr.write(f"bench: load: {USERS} people for {DURATION_S} s…\n")
         admission = Admission()
@@ -440,7 +484,9 @@ def run() -> list[Section]:
             stop(started_process)
         people.unlink()  # API tokens; the logs stay if something went wrong
         connection.close()
-    result = Result(
+    return Result(
+        stack=stack,
+        directory=directory,
         baseline=baseline,
         loaded=loaded,
         failures=failures | {f"alone, {key}": n for key, n in baseline_failures.items()},
@@ -450,19 +496,15 @@ def run() -> list[Section]:
         alive=alive,
         seconds=load_seconds,
         cpu=cpu_used,
+        load_average=os.getloadavg(),
     )
-    section = report(result)
-    problems = result.problems()
-    if problems:
-        sys.stderr.write(section.markdown())
-        raise AssertionError(f"load: {'; '.join(problems)} (logs in {directory})")
-    shutil.rmtree(directory)
-    return [section]
 
 
 @dataclass
 class Result:
-    baseline: dict[str, Kind]
+    stack: Stack
+    directory: Path
+    baseline: dict[str, Kind]  # one client alone (measured on one stack only)
     loaded: dict[str, Kind]
     failures: dict[str, int]
     errors_5xx: int
@@ -471,8 +513,10 @@ class Result:
     alive: dict[str, bool]
     seconds: float
     cpu: dict[str, float]  # CPU seconds of the gunicorn ("web"), Celery and database work
+    load_average: tuple[float, float, float]
 
     def problems(self) -> list[str]:
+        """What makes the run wrong, not slow: the benchmark fails on these."""
         problems = [f"{name} died" for name, alive in self.alive.items() if not alive]
         if self.errors_5xx:
             problems.append(f"{self.errors_5xx} answers were 5xx")
@@ -481,72 +525,113 @@ class Result:
             problems.append("no submitted run started: admission or the worker did not run")
         return problems
 
+    def ok(self) -> bool:
+        return not self.problems()
+
+    def throughput(self) -> float:
+        return self.loaded["Aggregated"].requests / self.seconds
+
+    def targets_missed(self, before: "Result") -> list[str]:
+        """Issue 20.4's targets, for the stack after: no failed request, p95 ≤ 300 ms for
+        every kind of request, at least twice the throughput of the stack before."""
+        missed = []
+        failed = sum(kind.failures for name, kind in self.loaded.items() if name != "Aggregated")
+        if failed:
+            missed.append(f"{failed} requests failed")
+        slow = [
+            f"{name} ({kind.p95_ms:,.0f} ms)"
+            for name, kind in sorted(self.loaded.items())
+            if name != "Aggregated" and kind.p95_ms is not None and kind.p95_ms > P95_TARGET_MS
+        ]
+        if slow:
+            missed.append(f"p95 above {P95_TARGET_MS} ms: {', '.join(slow)}")
+        ratio = self.throughput() / before.throughput()
+        if ratio < 2:
+            missed.append(f"throughput {ratio:.2f}× the stack before's, not 2×")
+        return missed
+
+
+P95_TARGET_MS = 300
+
 
 def milliseconds(value: float | None) -> str:
     return "–" if value is None else f"{value:,.0f} ms"
 
 
-def report(result: Result) -> Section:
+def report(results: dict[str, Result]) -> Section:
+    before, after = results["before"], results["after"]
+    from portal import gunicorn_conf
+
+    after_note = after.stack.note.format(
+        workers=gunicorn_conf.workers, threads=gunicorn_conf.threads
+    )
     section = Section(
         title=f"Load: {USERS} people for {DURATION_S} s",
         intro=(
-            "gunicorn (3 workers, as in docker-compose.yml) on PostgreSQL, a Celery worker "
-            "and beat running admission every second, the simulator cluster (96 GPUs, 60× "
-            f"sped up); Locust on 127.0.0.1, `--users {USERS} --spawn-rate {SPAWN_RATE} "
-            f"--run-time {DURATION_S}s`: 40 researchers' scripts submit and read runs with API "
-            "tokens, 50 researchers and 10 tenant admins of 4 tenants log in and browse, 2 to "
-            "8 s apart, and 2 probes ask `/healthz` every second (`bench/load.py`, "
-            "`bench/locustfile.py`). Baseline, in the same run before the load: one client "
-            f"alone doing each kind of request in turn without pause for {BASELINE_S} s, what "
-            "a request costs with nobody else around. Times are Locust's (whole milliseconds, "
-            "coarser above 100 ms)."
+            "The stack of docker-compose.yml, twice in one run, each on a freshly seeded "
+            f"database: *before*, gunicorn as it ran until issue 20.4 ({before.stack.note}); "
+            f"*after*, gunicorn as it runs now ({after_note}); both on PostgreSQL with a "
+            "Celery worker and beat running admission every second and the simulator cluster "
+            f"(96 GPUs, 60× sped up). Locust on 127.0.0.1, `--users {USERS} --spawn-rate "
+            f"{SPAWN_RATE} --run-time {DURATION_S}s`: 40 researchers' scripts submit and read "
+            "runs with API tokens, 50 researchers and 10 tenant admins of 4 tenants log in "
+            "and browse, 2 to 8 s apart, a run page or the run list they open polling its "
+            "live parts as the browser does (twice, at the page's own interval: 3 s and 5 s) "
+            "before they move on, and 2 probes ask `/healthz` every second "
+            "(`bench/load.py`, `bench/locustfile.py`). *Alone*: one client doing each kind of "
+            f"request in turn without pause for {BASELINE_S} s on the stack after, before its "
+            "load: what a request costs with nobody else around. Times are Locust's (whole "
+            "milliseconds, coarser above 100 ms)."
         ),
-        columns=["request", "requests", "failed", "p50", "p95", "per second", "alone: p50",
-                 "alone: p95"],
+        columns=["request", "requests (before / after)", "failed", "p50 before", "p95 before",
+                 "p50 after", "p95 after", "alone: p50", "alone: p95"],
     )  # fmt: skip
-    names = [*sorted(name for name in result.loaded if name != "Aggregated"), "Aggregated"]
+    names = sorted(set(before.loaded) | set(after.loaded) - {"Aggregated"})
+    names = [name for name in names if name != "Aggregated"] + ["Aggregated"]
     for name in names:
-        kind = result.loaded[name]
-        alone = result.baseline.get(name)
+        old, new = before.loaded.get(name), after.loaded.get(name)
+        alone = after.baseline.get(name)
         section.rows.append(
             [
                 "all requests" if name == "Aggregated" else name,
-                f"{kind.requests:,}",
-                f"{kind.failures:,}",
-                milliseconds(kind.p50_ms),
-                milliseconds(kind.p95_ms),
-                f"{kind.per_second:,.1f}",
+                f"{old.requests if old else 0:,} / {new.requests if new else 0:,}",
+                f"{old.failures if old else 0:,} / {new.failures if new else 0:,}",
+                milliseconds(old.p50_ms if old else None),
+                milliseconds(old.p95_ms if old else None),
+                milliseconds(new.p50_ms if new else None),
+                milliseconds(new.p95_ms if new else None),
                 milliseconds(alone.p50_ms if alone else None),
                 milliseconds(alone.p95_ms if alone else None),
             ]
         )
-    admission = result.admission
-    outcomes = result.outcomes
-    requests = max(1, result.loaded["Aggregated"].requests)
+    for result in (before, after):
+        admission = result.admission
+        outcomes = result.outcomes
+        requests = max(1, result.loaded["Aggregated"].requests)
+        section.notes += [
+            f"*{result.stack.label.capitalize()}*: throughput {result.throughput():,.1f} "
+            f"requests/s over {result.seconds:,.0f} s; 5xx answers: {result.errors_5xx}; "
+            "failed requests by message: "
+            + (", ".join(f"{key} ×{n}" for key, n in sorted(result.failures.items())) or "none")
+            + f". Admission checked {admission.samples} times: "
+            + (
+                "no pool above its capacity, no tenant above its guarantee + borrow limit"
+                if not admission.violations
+                else "; ".join(admission.violations)
+            )
+            + f" (at most {admission.peak_held} of 96 GPUs held). Runs submitted "
+            f"{outcomes['submitted']:,}: admitted {outcomes['admitted']:,}, started "
+            f"{outcomes['started']:,}, succeeded {outcomes['succeeded']:,}, preempted "
+            f"{outcomes['preempted']:,}. CPU: gunicorn {result.cpu['web']:,.1f} s "
+            f"({1000 * result.cpu['web'] / requests:,.1f} ms a request), PostgreSQL "
+            f"{result.cpu['database']:,.1f} s ({1000 * result.cpu['database'] / requests:,.1f} "
+            f"ms a request, Celery's queries included), Celery's worker "
+            f"{result.cpu['celery']:,.1f} s. Load average at the end: "
+            + " / ".join(f"{value:.1f}" for value in result.load_average)
+            + " (1 / 5 / 15 min).",
+        ]
     section.notes += [
-        f"5xx answers: {result.errors_5xx} (gunicorn's access log). Failed requests by "
-        "message: "
-        + (", ".join(f"{key} ×{n}" for key, n in sorted(result.failures.items())) or "none")
-        + ".",
-        f"Admission checked {admission.samples} times during and after the load: "
-        + (
-            "no pool held more GPUs than its capacity and no tenant more than its guarantee "
-            "+ borrow limit"
-            if not admission.violations
-            else "; ".join(admission.violations)
-        )
-        + f"; at most {admission.peak_held} of 96 GPUs held at once.",
-        f"Runs submitted during the benchmark: {outcomes['submitted']:,}; admitted "
-        f"{outcomes['admitted']:,}, started {outcomes['started']:,}, succeeded "
-        f"{outcomes['succeeded']:,}, preempted {outcomes['preempted']:,} by the end.",
-        f"CPU used during the load: gunicorn's workers {result.cpu['web']:,.1f} s, "
-        f"{1000 * result.cpu['web'] / requests:,.0f} ms a request; PostgreSQL "
-        f"{result.cpu['database']:,.1f} s ({1000 * result.cpu['database'] / requests:,.0f} ms "
-        f"a request, Celery's queries included); Celery's worker {result.cpu['celery']:,.1f} s.",
-        f"One client alone managed {result.baseline['Aggregated'].per_second:,.1f} requests/s.",
-        f"Throughput: {result.loaded['Aggregated'].per_second:,.1f} requests/s over "
-        f"{result.seconds:,.0f} s. Load average of the machine at the end: "
-        + " / ".join(f"{value:.1f}" for value in os.getloadavg())
-        + " (1 / 5 / 15 min; other work shares its 2 cores).",
+        f"Throughput, after ÷ before: {after.throughput() / before.throughput():.2f}×. "
+        f"One client alone managed {after.baseline['Aggregated'].per_second:,.1f} requests/s.",
     ]
     return section

@@ -1,6 +1,8 @@
 """Locust users of ``python -m bench load``: researchers of several tenants who submit and
 follow runs through the API, researchers and tenant admins who browse the pages after
-logging in, and a health probe.
+logging in, and a health probe. A person reading a run page or the run list leaves it open:
+the page polls its live parts as the browser does (``LIVE_READS`` polls, each after the
+page's own interval), sending the section versions it shows.
 
 ``bench/load.py`` starts Locust with the users' credentials in the JSON file named by
 GANTRY_LOAD_USERS (written when it seeds the database), and reads back the request
@@ -15,11 +17,16 @@ import random
 import re
 from pathlib import Path
 
+import gevent
 from locust import FastHttpUser, between, constant, constant_pacing, task
 
 USERS = json.loads(Path(os.environ["GANTRY_LOAD_USERS"]).read_text())
 THINK = between(2, 8)  # seconds between two actions of one person: reading, typing
 RUN_LINK = re.compile(r'href="/runs/(\d+)/"')
+LIVE_VERSION = re.compile(r'<input type="hidden" name="([^"]+)" value="([^"]*)" data-live-version>')
+LIVE_POLL_MS = re.compile(r'hx-get="(/runs/\d+/live/)" hx-trigger="every (\d+)ms"')
+LIST_POLL_S = re.compile(r'hx-get="([^"]*partial=rows[^"]*)" hx-trigger="every (\d+)s"')
+LIVE_READS = 2  # polls while a person reads a page they opened (then they think)
 CSRF = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
 OLDER_LINK = re.compile(r'href="\?([^"]*before=\d+[^"]*)" rel="next"')
 _next = {kind: itertools.count() for kind in USERS}
@@ -126,19 +133,37 @@ class Person(FastHttpUser):
                 "password": account["password"],
                 "csrfmiddlewaretoken": token.group(1),
             },
-            name="page: log in (and the run list it leads to)",
+            name="page: log in (and the home page it leads to)",
             catch_response=True,
         ) as response:
-            expect(response, 200)  # the redirect to the run list, followed
+            expect(response, 200)  # the redirect to the home page, followed
+            if response.status_code == 200:
+                self.remember([int(i) for i in RUN_LINK.findall(response.text)])
+
+    def home(self) -> None:
+        with self.client.get("/", name="page: home", catch_response=True) as response:
+            expect(response, 200)
+            if response.status_code == 200:
+                self.remember([int(i) for i in RUN_LINK.findall(response.text)])
 
     def run_list(self, name: str, query: str = "") -> None:
-        with self.client.get(f"/{query}", name=name, catch_response=True) as response:
+        with self.client.get(f"/runs/{query}", name=name, catch_response=True) as response:
             expect(response, 200)
             if response.status_code != 200:
                 return
-            self.remember([int(i) for i in RUN_LINK.findall(response.text)])
-            older = OLDER_LINK.search(response.text)
+            text = response.text
+            self.remember([int(i) for i in RUN_LINK.findall(text)])
+            older = OLDER_LINK.search(text)
             self.older = older.group(1).replace("&amp;", "&") if older else None
+        polled = LIST_POLL_S.search(text)
+        for _ in range(LIVE_READS if polled else 0):
+            self._sleep(int(polled.group(2)))
+            url = "/runs/" + polled.group(1).replace("&amp;", "&")
+            with self.client.get(url, name="live: run list rows", catch_response=True) as response:
+                expect(response, 200)
+
+    def _sleep(self, seconds: float) -> None:
+        gevent.sleep(seconds)  # Locust's users are greenlets
 
     def runs(self) -> None:
         self.run_list("page: run list")
@@ -147,11 +172,30 @@ class Person(FastHttpUser):
 
     def run_page(self) -> None:
         run_id = self.some_run()
-        if run_id is not None:
+        if run_id is None:
+            return
+        with self.client.get(
+            f"/runs/{run_id}/", name="page: run detail", catch_response=True
+        ) as response:
+            expect(response, 200)
+            if response.status_code != 200:
+                return
+            text = response.text
+        polled = LIVE_POLL_MS.search(text)
+        versions = dict(LIVE_VERSION.findall(text))
+        for _ in range(LIVE_READS if polled else 0):
+            self._sleep(int(polled.group(2)) / 1000)
             with self.client.get(
-                f"/runs/{run_id}/", name="page: run detail", catch_response=True
-            ) as response:
-                expect(response, 200)
+                polled.group(1), params=versions, name="live: run page sections",
+                catch_response=True,
+            ) as response:  # fmt: skip
+                if response.status_code not in (200, 204, 286):
+                    expect(response, 200)
+                    return
+                response.success()
+                versions |= dict(LIVE_VERSION.findall(response.text or ""))
+                if response.status_code == 286:  # the run ended and the page shows it
+                    return
 
     def quotas(self) -> None:
         with self.client.get("/quotas/", name="page: quotas", catch_response=True) as response:
@@ -185,7 +229,13 @@ class BrowserResearcher(Person):
     """A researcher in the portal: logs in once, then reads pages."""
 
     weight = 50
-    tasks = {Person.runs: 4, Person.run_page: 3, Person.quotas: 1, Person.telemetry: 1}
+    tasks = {
+        Person.home: 2,
+        Person.runs: 4,
+        Person.run_page: 3,
+        Person.quotas: 1,
+        Person.telemetry: 1,
+    }
 
     def on_start(self) -> None:
         super().on_start()
@@ -196,7 +246,13 @@ class TenantAdmin(Person):
     """A tenant admin in the portal: quotas first, then the tenant's runs."""
 
     weight = 10
-    tasks = {Person.quotas: 3, Person.runs: 3, Person.run_page: 2, Person.telemetry: 1}
+    tasks = {
+        Person.home: 2,
+        Person.quotas: 3,
+        Person.runs: 3,
+        Person.run_page: 2,
+        Person.telemetry: 1,
+    }
 
     def on_start(self) -> None:
         super().on_start()
@@ -217,6 +273,9 @@ class SequentialClient(Person):
 
     wait_time = constant(0)
 
+    def _sleep(self, seconds: float) -> None:
+        pass  # polls right away: what each costs, not how often a page sends it
+
     def on_start(self) -> None:
         super().on_start()
         self.api_start()
@@ -227,6 +286,7 @@ class SequentialClient(Person):
         self.api_submit()
         self.api_list_runs()
         self.api_run_detail()
+        self.home()
         self.runs()
         self.run_page()
         self.quotas()

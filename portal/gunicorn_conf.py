@@ -9,8 +9,7 @@ both numbers can be set (docs/operations.md). Measured in docs/benchmarks.md (*L
 import os
 
 
-def _count(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
+def _count(name: str, value: str | None, default: int) -> int:
     if not value:
         return default
     number = int(value)
@@ -19,12 +18,16 @@ def _count(name: str, default: int) -> int:
     return number
 
 
-bind = os.environ.get("GANTRY_WEB_BIND", "127.0.0.1:8000")  # the container sets 0.0.0.0:8000
+# docker-compose.yml passes --bind 0.0.0.0:8000 (inside the container, published on the host's
+# loopback only).
+bind = os.environ.get("GANTRY_WEB_BIND") or "127.0.0.1:8000"
 worker_class = "gthread"
-workers = _count("GANTRY_WEB_WORKERS", (os.cpu_count() or 1) + 1)
-threads = _count("GANTRY_WEB_THREADS", 4)
+workers = _count(
+    "GANTRY_WEB_WORKERS", os.environ.get("GANTRY_WEB_WORKERS"), (os.cpu_count() or 1) + 1
+)
+threads = _count("GANTRY_WEB_THREADS", os.environ.get("GANTRY_WEB_THREADS"), 4)
 timeout = 60
 # Connections of a browser that keeps them open are held for this long between requests,
 # without a thread waiting on them (gthread parks them).
 keepalive = 5
-accesslog = os.environ.get("GANTRY_WEB_ACCESS_LOG", "-")
+accesslog = os.environ.get("GANTRY_WEB_ACCESS_LOG") or "-"

@@ -34,6 +34,8 @@ DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 ENV_EXAMPLE = ROOT / ".env.example"
 SETTINGS_FILE = ROOT / "portal" / "settings.py"
+# gunicorn's settings read the environment too (the web server's own knobs).
+GUNICORN_CONF_FILE = ROOT / "portal" / "gunicorn_conf.py"
 COMPOSE_SCHEMA = TESTS / "data" / "compose-spec.json"
 
 REQUIRED_SERVICES = {"postgres", "redis", "web", "worker", "beat"}
@@ -51,8 +53,16 @@ WSGI_TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 def settings_variables() -> dict[str, int]:
-    """Every environment variable portal/settings.py reads, with the line that reads it."""
-    tree = ast.parse(SETTINGS_FILE.read_text(), filename=str(SETTINGS_FILE))
+    """Every environment variable portal/settings.py and portal/gunicorn_conf.py read, with
+    the line that reads it."""
+    found: dict[str, int] = {}
+    for path in (SETTINGS_FILE, GUNICORN_CONF_FILE):
+        found |= {name: line for name, line in _variables_read(path).items() if name not in found}
+    return found
+
+
+def _variables_read(path) -> dict[str, int]:
+    tree = ast.parse(path.read_text(), filename=str(path))
     found: dict[str, int] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and (
@@ -65,7 +75,7 @@ def settings_variables() -> dict[str, int]:
         else:
             continue
         if not (isinstance(name_node, ast.Constant) and isinstance(name_node.value, str)):
-            pytest.fail(f"settings.py:{node.lineno} reads a variable whose name is not a literal")
+            pytest.fail(f"{path.name}:{node.lineno} reads a variable whose name is not a literal")
         found.setdefault(name_node.value, node.lineno)
     return found
 
