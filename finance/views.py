@@ -30,13 +30,13 @@ from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
-from openpyxl import Workbook
 
 from finance import access, selectors
 from finance.access import rate_card_can_manage
 from finance.forms import ExportForm, RateCardForm, StatementChoiceForm
 from finance.selectors import DIMENSIONS, BurnDown, MonthUsage, Statement, platform_currency
 from finance.services import rate_card_add
+from finance.spreadsheet import usage_workbook_write
 from tenants.http import or_404
 
 DRILL_DOWN_PER_PAGE = 50
@@ -391,13 +391,14 @@ def export_xlsx(request: HttpRequest) -> HttpResponseBase:
             "Download it as CSV, or choose a shorter range.",
         )
         return _index(request, export_form=form, status=400)
-    workbook = Workbook(write_only=True)
-    sheet = workbook.create_sheet("Usage")
-    sheet.append(selectors.EXPORT_COLUMNS)
-    for cells in _export_cells(selectors.export_rows(**query, currency=platform_currency() or "")):
-        sheet.append(cells)
+    currency = platform_currency() or ""
     buffer = SpooledTemporaryFile(max_size=XLSX_SPOOL_BYTES)  # noqa: SIM115 (FileResponse closes it)
-    workbook.save(buffer)
+    usage_workbook_write(
+        _export_cells(selectors.export_rows(**query, currency=currency)),
+        columns=selectors.EXPORT_COLUMNS,
+        currency=currency,
+        into=buffer,
+    )
     buffer.seek(0)
     return FileResponse(
         buffer,
