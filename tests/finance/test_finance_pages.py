@@ -200,12 +200,12 @@ def test_statement_totals_in_gpu_hours_and_cents(client, world, march):
     assert kpi(content, "waste-cost") == "3.75 EUR"
     assert kpi(content, "unpriced") == "2.00 GPU-hours"
     assert table_rows(content, "waste") == [
-        ["Lost work", "0.00"],
-        ["Startup", "0.50"],
-        ["Checkpointing", "0.00"],
-        ["Idle", "1.00"],
-        ["Input wait", "0.00"],
-        ["Communication wait", "0.00"],
+        ["Lost work", "0 GPU-h"],
+        ["Startup", "0.50 GPU-h"],
+        ["Checkpointing", "0 GPU-h"],
+        ["Idle", "1.00 GPU-h"],
+        ["Input wait", "0 GPU-h"],
+        ["Communication wait", "0 GPU-h"],
     ]
 
 

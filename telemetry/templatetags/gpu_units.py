@@ -1,0 +1,43 @@
+"""``{% load gpu_units %}``: GPU time and shares in the unit that makes them readable.
+
+A startup of 14 GPU-seconds is "14 GPU-s", not "0.00" GPU-hours; a share of 0.03 % is
+"<0.1 %", not "0.0 %". Zero stays zero.
+"""
+
+from django import template
+
+register = template.Library()
+
+SECONDS_PER_MINUTE = 60
+SECONDS_PER_HOUR = 3600
+# Below a tenth of a GPU-hour two places of hours say too little ("0.04"): minutes instead.
+HOURS_FROM_S = SECONDS_PER_HOUR // 10
+
+
+@register.filter
+def gpu_time(gpu_seconds) -> str:
+    """GPU-seconds as GPU-hours (2 places) from a tenth of a GPU-hour up, GPU-minutes
+    (1 place) from one GPU-minute up, whole GPU-seconds below that."""
+    if gpu_seconds is None or gpu_seconds == "":
+        return ""
+    seconds = float(gpu_seconds)
+    if seconds == 0:
+        return "0 GPU-h"
+    if seconds >= HOURS_FROM_S:
+        return f"{seconds / SECONDS_PER_HOUR:,.2f} GPU-h"
+    if seconds >= SECONDS_PER_MINUTE:
+        return f"{seconds / SECONDS_PER_MINUTE:.1f} GPU-min"
+    if seconds < 0.5:
+        return "<1 GPU-s"
+    return f"{seconds:.0f} GPU-s"
+
+
+@register.filter
+def share_percent(percent) -> str:
+    """A share of a whole, to one place; a non-zero share too small for that is "<0.1 %"."""
+    if percent is None or percent == "":
+        return "—"
+    value = float(percent)
+    if 0 < value < 0.05:
+        return "<0.1 %"
+    return f"{value:.1f} %"
