@@ -33,11 +33,13 @@ def gpu_time(gpu_seconds) -> str:
 
 
 @register.filter
-def share_percent(percent) -> str:
-    """A share of a whole, to one place; a non-zero share too small for that is "<0.1 %"."""
+def share_percent(percent, places: int = 1) -> str:
+    """A share of a whole to ``places`` places; a non-zero share too small for them reads
+    "<0.1 %" (or "<1 %" with no places), never as zero."""
     if percent is None or percent == "":
         return "—"
-    value = float(percent)
-    if 0 < value < 0.05:
-        return "<0.1 %"
-    return f"{value:.1f} %"
+    value, places = float(percent), int(places)
+    shown = f"{value:.{places}f}"
+    if value > 0 and float(shown) == 0:
+        return f"<{10.0**-places:.{places}f} %"
+    return f"{shown} %"

@@ -374,6 +374,25 @@ def test_budget_burn_down_per_flavor(client, world, march):
     assert used["y"][-1] == 16.0
     assert budget["y"] == [20] * 31
     assert h100["name"] == "h100-80gb used" and h100["y"][19] == 2.0
+    assert chart["y_range"] is None  # the budget is in sight of the use: Plotly scales
+
+
+def test_a_budget_far_above_the_use_does_not_flatten_it(client, world, march):
+    """16 GPU-hours of a 5,000 GPU-hour budget: the axis ends a quarter above the use, the
+    budget is named with its size and the use with its share."""
+    Quota.objects.filter(tenant=world.vision, flavor=world.a100).update(
+        monthly_gpu_hour_budget=5000
+    )
+
+    content = get(client, world.finance, STATEMENT_URL).content.decode()
+
+    chart = chart_payload(content, "burn-chart-data")
+    assert chart["y_range"] == [0, 20.0]
+    assert [(line["name"], line["y"][-1]) for line in chart["lines"]] == [
+        ("a100-80gb used (0.3 % of its budget)", 16.0),
+        ("a100-80gb budget (5,000 GPU-hours, above the scale)", 5000),
+        ("h100-80gb used", 2.0),
+    ]
 
 
 def test_statement_uses_a_fixed_number_of_queries(

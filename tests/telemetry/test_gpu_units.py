@@ -44,6 +44,13 @@ def test_share_percent_never_shows_a_non_zero_share_as_zero(percent, shown):
     assert share_percent(percent) == shown
 
 
+@pytest.mark.parametrize(
+    ("percent", "shown"), [(0, "0 %"), (0.4, "<1 %"), (0.5, "<1 %"), (0.8, "1 %"), (25, "25 %")]
+)
+def test_share_percent_in_whole_percent_for_the_budget_meter(percent, shown):
+    assert share_percent(percent, 0) == shown
+
+
 def test_a_startup_of_fourteen_gpu_seconds_reads_as_such_beside_its_share():
     share = {"gpu_s": 14, "percent": 2.4}
 
