@@ -67,9 +67,11 @@ def usage_workbook_write(
     """Write the export's ``rows`` (in ``columns`` order) as the sheet "Usage" into ``into``."""
     workbook = Workbook(write_only=True)
     sheet: WriteOnlyWorksheet = workbook.create_sheet("Usage")
+    # Set up by the worksheet (Worksheet._setup), though the stubs do not declare it.
+    dimensions = sheet.column_dimensions  # type: ignore[attr-defined]
     formats = column_formats(columns, currency)
     for index, (name, number_format) in enumerate(zip(columns, formats, strict=True), start=1):
-        sheet.column_dimensions[get_column_letter(index)].width = column_width(name, number_format)
+        dimensions[get_column_letter(index)].width = column_width(name, number_format)
     sheet.freeze_panes = "A2"
     bold = Font(bold=True)
     header = []

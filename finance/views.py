@@ -166,7 +166,7 @@ def _burn_chart(burn: BurnDown) -> dict | None:
         (value for flavor in burn.flavors for value in flavor.cumulative_hours if value),
         default=Decimal(0),
     )
-    budgets = [flavor.budget_gpu_hours for flavor in burn.budgeted]
+    budgets = [flavor.budget_gpu_hours or 0 for flavor in burn.budgeted]
     off_scale = bool(used_top and budgets and min(budgets) > BUDGET_OFF_SCALE * used_top)
     lines = []
     for group, flavor in enumerate(burn.flavors):
