@@ -30,16 +30,19 @@ from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
-from openpyxl import Workbook
 
 from finance import access, selectors
 from finance.access import rate_card_can_manage
 from finance.forms import ExportForm, RateCardForm, StatementChoiceForm
 from finance.selectors import DIMENSIONS, BurnDown, MonthUsage, Statement, platform_currency
 from finance.services import rate_card_add
+from finance.spreadsheet import usage_workbook_write
+from telemetry.templatetags.gpu_units import share_percent
 from tenants.http import or_404
 
 DRILL_DOWN_PER_PAGE = 50
+# A budget more than this many times the month's use would flatten the use to the axis.
+BUDGET_OFF_SCALE = 4
 # An XLSX file is a zip that is only complete at its end, so it is built whole before it is
 # sent (in a temporary file that spills to disk above XLSX_SPOOL_BYTES). The cap keeps that
 # bounded: 100 000 rows is years of a large tenant, far below Excel's 1 048 576 rows, and
@@ -153,15 +156,26 @@ def _trend_chart(trend: list[MonthUsage], *, money: bool, currency: str | None) 
 
 def _burn_chart(burn: BurnDown) -> dict | None:
     """Per flavor: allocated GPU-hours so far, day by day, and its budget as a dashed line
-    in the same colour."""
+    in the same colour. When every budget is far above the use (more than
+    ``BUDGET_OFF_SCALE`` times it), the axis ends a quarter above the use so that the use is
+    visible: the budgets are then named with their size and the use with its share of them."""
     if not burn.flavors:
         return None
     days = [f"{day:%Y-%m-%d}" for day in burn.days]
+    used_top = max(
+        (value for flavor in burn.flavors for value in flavor.cumulative_hours if value),
+        default=Decimal(0),
+    )
+    budgets = [flavor.budget_gpu_hours or 0 for flavor in burn.budgeted]
+    off_scale = bool(used_top and budgets and min(budgets) > BUDGET_OFF_SCALE * used_top)
     lines = []
     for group, flavor in enumerate(burn.flavors):
+        used_name = f"{flavor.flavor_slug} used"
+        if off_scale and flavor.used_percent is not None:
+            used_name += f" ({share_percent(flavor.used_percent)} of its budget)"
         lines.append(
             {
-                "name": f"{flavor.flavor_slug} used",
+                "name": used_name,
                 "group": group,
                 "dash": False,
                 "y": [
@@ -170,9 +184,12 @@ def _burn_chart(burn: BurnDown) -> dict | None:
             }
         )
         if flavor.budget_gpu_hours is not None:
+            budget_name = f"{flavor.flavor_slug} budget"
+            if off_scale:
+                budget_name += f" ({flavor.budget_gpu_hours:,} GPU-hours, above the scale)"
             lines.append(
                 {
-                    "name": f"{flavor.flavor_slug} budget",
+                    "name": budget_name,
                     "group": group,
                     "dash": True,
                     "y": [flavor.budget_gpu_hours] * len(days),
@@ -184,6 +201,7 @@ def _burn_chart(burn: BurnDown) -> dict | None:
         "unit": "GPU-hours",
         "x_title": "Day (UTC)",
         "y_title": "Allocated GPU-hours, cumulative",
+        "y_range": [0, _hours(used_top * Decimal("1.25"))] if off_scale else None,
         "lines": lines,
     }
 
@@ -391,13 +409,14 @@ def export_xlsx(request: HttpRequest) -> HttpResponseBase:
             "Download it as CSV, or choose a shorter range.",
         )
         return _index(request, export_form=form, status=400)
-    workbook = Workbook(write_only=True)
-    sheet = workbook.create_sheet("Usage")
-    sheet.append(selectors.EXPORT_COLUMNS)
-    for cells in _export_cells(selectors.export_rows(**query, currency=platform_currency() or "")):
-        sheet.append(cells)
+    currency = platform_currency() or ""
     buffer = SpooledTemporaryFile(max_size=XLSX_SPOOL_BYTES)  # noqa: SIM115 (FileResponse closes it)
-    workbook.save(buffer)
+    usage_workbook_write(
+        _export_cells(selectors.export_rows(**query, currency=currency)),
+        columns=selectors.EXPORT_COLUMNS,
+        currency=currency,
+        into=buffer,
+    )
     buffer.seek(0)
     return FileResponse(
         buffer,

@@ -453,7 +453,7 @@ def cmd_images(ctx: Context) -> int:
         (
             image["id"],
             f"{image['repository']}:{image['tag']}" if image["tag"] else image["repository"],
-            image["digest"][:19],
+            image["digest"],
             image["cuda_version"],
             " ".join(f"{name}={version}" for name, version in image["frameworks"].items()),
         )

@@ -27,6 +27,7 @@ from typing import Any, Self
 from urllib.parse import urlsplit
 
 import requests
+from requests.adapters import BaseAdapter
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +172,10 @@ class RegistryClient:
         password: str | None = None,
         ca_bundle: str | None = None,
         timeout: float = 10.0,
+        transport: BaseAdapter | None = None,
     ) -> None:
+        """``transport``, when given, answers every request to ``base_url`` in place of the
+        network (the demo's in-process registry, images.demo_registry)."""
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https"):
             raise ValueError(
@@ -200,6 +204,8 @@ class RegistryClient:
         # entry would even replace the Authorization header this client sets.
         self._session.trust_env = False
         self._session.verify = ca_bundle or True
+        if transport is not None:
+            self._session.mount(f"{self.base_url}/", transport)
         self._tokens: dict[tuple[str, str, str], _Token] = {}
         self._token_key_for: dict[str, tuple[str, str, str]] = {}  # repository -> last challenge
         self._basic_accepted = False

@@ -18,10 +18,12 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from images.demo_registry import DEMO_REGISTRY_HOST, DemoRegistryTransport
 from images.models import (
     MAX_REGISTRY_TIMEOUT_S,
     REGISTRY_HOST_PATTERN,
@@ -289,7 +291,8 @@ def registry_client_for(
     """A client for the registry, with the password read from the environment now.
 
     Raises RegistryMisconfigured when the secret's variable is unset or the CA bundle is
-    missing; the message names the variable, never its value.
+    missing; the message names the variable, never its value. With ``GANTRY_DEMO_REGISTRY``
+    on, the demo registry's host is answered in process (images.demo_registry).
     """
     username = password = None
     if registry.password_secret_ref:
@@ -307,9 +310,16 @@ def registry_client_for(
             password=password,
             ca_bundle=registry.ca_bundle_path or None,
             timeout=min(timeout, registry.timeout_s) if timeout else registry.timeout_s,
+            transport=_demo_transport(registry),
         )
     except ValueError as exc:
         raise RegistryMisconfigured(f"{registry.name}: {exc}") from None
+
+
+def _demo_transport(registry: Registry) -> DemoRegistryTransport | None:
+    if settings.GANTRY_DEMO_REGISTRY and registry.host == DEMO_REGISTRY_HOST:
+        return DemoRegistryTransport()
+    return None
 
 
 def registry_secret_is_set(registry: Registry) -> bool | None:

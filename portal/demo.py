@@ -29,12 +29,15 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
 from finance import services as finance_services
-from images.models import Image
+from images import services as image_services
+from images.demo_registry import DEMO_REGISTRY_URL
+from images.models import Image, Registry
 from jobs.models import (
     Attempt,
     AttemptState,
@@ -77,10 +80,13 @@ LOGINS = (
     DemoLogin("fiona", "finance", "all tenants"),
 )
 
-PYTORCH_DIGEST = "sha256:6a3d1f0b9c5e2d4a8f7b1c0e9d8a7f6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f"
-JAX_DIGEST = "sha256:0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0"
-MEGATRON_DIGEST = "sha256:9b8a7c6d5e4f30211203f4e5d6c7b8a99b8a7c6d5e4f30211203f4e5d6c7b8a9"
-NIGHTLY_DIGEST = "sha256:1111222233334444555566667777888899990000aaaabbbbccccddddeeeeffff"
+# What the demo's catalog imports from the demo registry: reference, description, status.
+DEMO_CATALOG = (
+    ("ml/pytorch:2.4-cuda12.4", "PyTorch 2.4 with CUDA 12.4", Image.Status.APPROVED),
+    ("ml/jax:0.4.30-cuda12", "JAX 0.4.30 with CUDA 12", Image.Status.APPROVED),
+    ("nlp/megatron:24.05", "Megatron-LM for the NLP group only", Image.Status.APPROVED),
+    ("ml/pytorch-nightly:nightly", "Awaiting review", Image.Status.PENDING),
+)
 # The README's first run: a template of vision that fills in every field the submit form
 # needs, for a run that starts at once (see ``_first_run_template``).
 FIRST_RUN_TEMPLATE = "first-run"
@@ -95,8 +101,17 @@ def demo_seeded() -> bool:
     return Tenant.objects.filter(slug="vision").exists()
 
 
+class DemoRegistryOff(Exception):
+    """The demo's images come from its in-process registry, which is switched off."""
+
+
 @transaction.atomic
 def demo_seed(*, speedup: int = 30) -> None:
+    if not settings.GANTRY_DEMO_REGISTRY:
+        raise DemoRegistryOff(
+            "The demo imports its images from the demo registry: set GANTRY_DEMO_REGISTRY=1 "
+            "(the default in embedded mode) for the seed and for the processes that serve it."
+        )
     a100 = GpuFlavor.objects.create(slug="a100-80gb", name="NVIDIA A100 80GB", memory_gb=80)
     h100 = GpuFlavor.objects.create(slug="h100-80gb", name="NVIDIA H100 80GB", memory_gb=80)
     cluster = Cluster.objects.create(
@@ -173,37 +188,26 @@ def demo_seed(*, speedup: int = 30) -> None:
         )
         people[username] = user
 
-    pytorch = Image.objects.create(
-        repository="registry.gantry.example/ml/pytorch",
-        digest=PYTORCH_DIGEST,
-        tag="2.4-cuda12.4",
-        description="PyTorch 2.4, CUDA 12.4, NCCL 2.21",
-        labels={"org.opencontainers.image.version": "2.4.0", "cuda": "12.4", "nccl": "2.21.5"},
-        status=Image.Status.APPROVED,
+    # The images come from the demo's registry (images/demo_registry.py, answered in process)
+    # through the same import a platform admin does, so the catalog holds what the registry
+    # says about each: CUDA, frameworks, NCCL, architecture, size, build time.
+    registry = image_services.registry_create(
+        name="demo", url=DEMO_REGISTRY_URL, timeout_s=5, actor=admin
     )
-    Image.objects.create(
-        repository="registry.gantry.example/ml/jax",
-        digest=JAX_DIGEST,
-        tag="0.4.30-cuda12",
-        description="JAX 0.4.30 with CUDA 12",
-        labels={"org.opencontainers.image.version": "0.4.30", "cuda": "12.3"},
-        status=Image.Status.APPROVED,
-    )
-    megatron = Image.objects.create(
-        repository="registry.gantry.example/nlp/megatron",
-        digest=MEGATRON_DIGEST,
-        tag="24.05",
-        description="Megatron-LM for the NLP group only",
-        status=Image.Status.APPROVED,
+    images = {}
+    for reference, description, status in DEMO_CATALOG:
+        image, _ = image_services.image_import(
+            registry=registry, reference=reference, description=description, actor=admin
+        )
+        if status != Image.Status.PENDING:
+            image = image_services.image_set_status(image=image, status=status, actor=admin)
+        images[reference] = image
+    pytorch = images["ml/pytorch:2.4-cuda12.4"]
+    megatron = image_services.image_set_visibility(
+        image=images["nlp/megatron:24.05"],
         visible_to_all=False,
-    )
-    megatron.allowed_tenants.add(tenants["nlp"])
-    Image.objects.create(
-        repository="registry.gantry.example/ml/pytorch-nightly",
-        digest=NIGHTLY_DIGEST,
-        tag="nightly",
-        description="Awaiting review",
-        status=Image.Status.PENDING,
+        allowed_tenants=[tenants["nlp"]],
+        actor=admin,
     )
 
     _first_run_template(tenant=tenants["vision"], image=pytorch, actor=people["tara"])
@@ -214,7 +218,8 @@ def demo_seed(*, speedup: int = 30) -> None:
         values: dict[str, Any] = {
             "tenant": tenant,
             "project": project,
-            "image": image.reference,
+            # By tag, as a researcher writes it: resolved to its digest by the demo registry.
+            "image": f"{image.repository}:{image.tag}",
             "command": "torchrun --nproc-per-node=$GPUS train.py --config configs/base.yaml",
             "flavor": "a100-80gb",
             "nodes": 1,
@@ -334,11 +339,13 @@ def _oldest_submit() -> datetime:
 
 
 def _date_the_world_before(moment: datetime) -> None:
-    """The demo's world existed before its history: tenants, people, images and the
-    cluster are dated ``moment``. (Audit rows are append-only: they keep the seed's time.)"""
+    """The demo's world existed before its history: tenants, people, the registry, its
+    images (imported and checked) and the cluster are dated ``moment``. (Audit rows are
+    append-only: they keep the seed's time.)"""
     Tenant.objects.update(created_at=moment)
     User.objects.update(date_joined=moment)
-    Image.objects.update(created_at=moment)
+    Image.objects.update(created_at=moment, last_checked_at=moment)
+    Registry.objects.update(created_at=moment)
 
 
 def previous_month(day: date) -> date:

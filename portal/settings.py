@@ -54,6 +54,9 @@ if not GANTRY_PUBLIC_URL.startswith(("http://", "https://")):
     raise ImproperlyConfigured(
         f"GANTRY_PUBLIC_URL must be an http(s) URL, got {GANTRY_PUBLIC_URL!r}"
     )
+# The demo's registry (images/demo_registry.py): its host, registry.gantry.example, answered
+# in process so the demo's image tags resolve without a registry to run. On in embedded mode.
+GANTRY_DEMO_REGISTRY = env_bool("GANTRY_DEMO_REGISTRY", default=EMBEDDED)
 CSRF_TRUSTED_ORIGINS = env_list("GANTRY_CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [

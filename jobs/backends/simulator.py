@@ -241,7 +241,9 @@ class SimulatorBackend:
         job.exit_code = outcome.exit_code
         job.failure_reason = outcome.failure_reason
         job.finished_at = job.started_at + timedelta(seconds=outcome.ends_at_s / self.speedup)
-        job.message = f"{workload.profile} workload ended after {outcome.ends_at_s:.0f}s"
+        job.message = simulated_outcome_message(
+            profile=workload.profile, simulated_s=outcome.ends_at_s, speedup=self.speedup
+        )
         job.save(update_fields=["state", "exit_code", "failure_reason", "finished_at", "message"])
 
     def _status(self, job: SimulatedJob) -> JobStatus:
@@ -274,6 +276,26 @@ class SimulatorBackend:
             )
             for step in checkpoint_steps(workload, elapsed_s=elapsed_s)
         )
+
+
+def simulated_outcome_message(*, profile: str, simulated_s: float, speedup: float) -> str:
+    """What a finished simulated job says: the work it simulated and the wall time it took,
+    which differ by the cluster's speedup (a run page shows the wall time)."""
+    wall_s = simulated_s / speedup
+    if speedup == 1:
+        return f"{profile} workload (simulated) ended after {_duration_text(wall_s)}"
+    return (
+        f"{profile} workload ended: {_duration_text(simulated_s)} of simulated work in "
+        f"{_duration_text(wall_s)} ({speedup:g}× faster than real time)"
+    )
+
+
+def _duration_text(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _workload_dict(workload: Workload) -> dict:

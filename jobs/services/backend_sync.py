@@ -403,7 +403,8 @@ def _attempt_finish(*, attempt: Attempt, status: JobStatus, now, common: dict) -
         finished_at=finished_at,
         exit_code=status.exit_code,
         failure_reason=reason,
-        failure_message=status.message[:2000],
+        # A success's message (what the workload did) is its run event's, not a failure's.
+        failure_message="" if state == AttemptState.SUCCEEDED else status.message[:2000],
         **common,
     )
     if not updated:

@@ -56,7 +56,13 @@
         hovertemplate: "%{y} " + chart.unit + "<extra>%{fullData.name}</extra>",
       };
     });
-    plot(element, traces, layout(element, chart));
+    var shape = layout(element, chart);
+    if (chart.y_range) {
+      // The server ends the axis above the use when the budgets would flatten it.
+      shape.yaxis.range = chart.y_range;
+      shape.yaxis.autorange = false;
+    }
+    plot(element, traces, shape);
   }
 
   var DRAW = { bar: barChart, lines: lineChart };

@@ -358,6 +358,45 @@ window.GantryCharts = (function () {
     });
   }
 
+  // Copy buttons (templates/images/_digest.html): the whole digest to the clipboard. Where the
+  // clipboard is not available (a page served over plain HTTP from another host), the text is
+  // selected for Ctrl+C instead. Delegated, so parts swapped in by htmx work too.
+  function selectText(element) {
+    var range = document.createRange();
+    range.selectNodeContents(element);
+    var selection = window.getSelection();
+    selection.removeAllRanges();
+    selection.addRange(range);
+  }
+
+  function copyText(button) {
+    var box = button.closest(".copyable");
+    var source = box && box.querySelector("[data-copy-source]");
+    var status = box && box.querySelector(".copy-status");
+    if (!source || !status) {
+      return;
+    }
+    var text = source.textContent.trim();
+    function say(message) {
+      status.textContent = message;
+      window.clearTimeout(button.copyTimer);
+      button.copyTimer = window.setTimeout(function () {
+        status.textContent = "";
+      }, 4000);
+    }
+    function selectInstead() {
+      selectText(source);
+      say("Selected: press Ctrl+C to copy");
+    }
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(function () {
+        say("Copied");
+      }, selectInstead);
+    } else {
+      selectInstead();
+    }
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     restoreSubmissionKey();
     // A log tail is read from its end: show its last lines first.
@@ -439,6 +478,11 @@ window.GantryCharts = (function () {
     });
 
     document.addEventListener("click", function (event) {
+      var copy = event.target.closest && event.target.closest("[data-copy]");
+      if (copy) {
+        copyText(copy);
+        return;
+      }
       var link = event.target.closest && event.target.closest("a[data-export]");
       if (link && event.button === 0 && !event.ctrlKey && !event.metaKey && !event.shiftKey) {
         event.preventDefault();

@@ -200,12 +200,12 @@ def test_statement_totals_in_gpu_hours_and_cents(client, world, march):
     assert kpi(content, "waste-cost") == "3.75 EUR"
     assert kpi(content, "unpriced") == "2.00 GPU-hours"
     assert table_rows(content, "waste") == [
-        ["Lost work", "0.00"],
-        ["Startup", "0.50"],
-        ["Checkpointing", "0.00"],
-        ["Idle", "1.00"],
-        ["Input wait", "0.00"],
-        ["Communication wait", "0.00"],
+        ["Lost work", "0 GPU-h"],
+        ["Startup", "0.50 GPU-h"],
+        ["Checkpointing", "0 GPU-h"],
+        ["Idle", "1.00 GPU-h"],
+        ["Input wait", "0 GPU-h"],
+        ["Communication wait", "0 GPU-h"],
     ]
 
 
@@ -374,6 +374,25 @@ def test_budget_burn_down_per_flavor(client, world, march):
     assert used["y"][-1] == 16.0
     assert budget["y"] == [20] * 31
     assert h100["name"] == "h100-80gb used" and h100["y"][19] == 2.0
+    assert chart["y_range"] is None  # the budget is in sight of the use: Plotly scales
+
+
+def test_a_budget_far_above_the_use_does_not_flatten_it(client, world, march):
+    """16 GPU-hours of a 5,000 GPU-hour budget: the axis ends a quarter above the use, the
+    budget is named with its size and the use with its share."""
+    Quota.objects.filter(tenant=world.vision, flavor=world.a100).update(
+        monthly_gpu_hour_budget=5000
+    )
+
+    content = get(client, world.finance, STATEMENT_URL).content.decode()
+
+    chart = chart_payload(content, "burn-chart-data")
+    assert chart["y_range"] == [0, 20.0]
+    assert [(line["name"], line["y"][-1]) for line in chart["lines"]] == [
+        ("a100-80gb used (0.3 % of its budget)", 16.0),
+        ("a100-80gb budget (5,000 GPU-hours, above the scale)", 5000),
+        ("h100-80gb used", 2.0),
+    ]
 
 
 def test_statement_uses_a_fixed_number_of_queries(
@@ -524,6 +543,31 @@ def test_the_index_leads_with_the_last_closed_month_and_links_the_month_to_date(
     assert 'name="month" value="2025-03"' in content
     assert 'name="from" value="2025-03-01"' in content
     assert 'name="to" value="2025-03-31"' in content
+
+
+@pytest.mark.parametrize(
+    ("now", "closed", "first_day", "last_day"),
+    [
+        (datetime(2025, 3, 1, 0, 0, 0, tzinfo=UTC), "2025-02", "2025-02-01", "2025-02-28"),
+        (datetime(2027, 1, 1, 0, 0, 0, tzinfo=UTC), "2026-12", "2026-12-01", "2026-12-31"),
+        (datetime(2024, 3, 1, 0, 0, 0, tzinfo=UTC), "2024-02", "2024-02-01", "2024-02-29"),
+        (datetime(2025, 7, 16, 13, 5, tzinfo=UTC), "2025-06", "2025-06-01", "2025-06-30"),
+        (datetime(2025, 7, 31, 23, 59, 59, tzinfo=UTC), "2025-06", "2025-06-01", "2025-06-30"),
+    ],
+    ids=["1st-midnight", "new-year-midnight", "leap-february", "mid-month", "last-second"],
+)
+def test_statement_and_exports_default_to_the_last_closed_month_whatever_the_day(
+    client, world, now, closed, first_day, last_day
+):
+    """The month finance reviews is the last one that is over, even at 00:00 UTC on the 1st:
+    the statement links, the month picker and the export range all default to it."""
+    with time_machine.travel(now, tick=False):
+        content = get(client, world.finance, "/finance/").content.decode()
+
+    assert f'href="/finance/vision/{closed}/" data-statement="closed"' in content
+    assert f'name="month" value="{closed}"' in content
+    assert f'name="from" value="{first_day}"' in content
+    assert f'name="to" value="{last_day}"' in content
 
 
 @time_machine.travel(datetime(2025, 4, 1, 0, 20, tzinfo=UTC), tick=False)
@@ -715,6 +759,43 @@ def test_xlsx_export_holds_the_same_rows_as_the_csv(client, world, march):
             Decimal(value) for value in expected[8:20]
         ]
         assert got[20] == "EUR"
+
+
+def test_xlsx_opens_ready_to_read_formatted_frozen_and_wide_enough(client, world, march):
+    """Dates as dates, GPU-hours and money as numbers in their formats (money in EUR), the
+    header bold and frozen, every column wide enough for its header and values."""
+    query = {"tenant": "vision", "from": "2025-03-01", "to": "2025-03-31"}
+
+    response = get(client, world.finance, export_url("xlsx", **query))
+
+    sheet = load_workbook(io.BytesIO(b"".join(response.streaming_content))).active
+    assert sheet.freeze_panes == "A2"
+    assert [cell.font.b for cell in sheet[1]] == [True] * 21
+    first = dict(zip(HEADER, sheet[2], strict=True))
+    assert first["from"].value == datetime(2025, 3, 1)
+    assert {name: cell.number_format for name, cell in first.items()} == {
+        "from": "yyyy-mm-dd", "to": "yyyy-mm-dd",
+        "tenant": "General", "project": "General", "user": "General", "flavor": "General",
+        "cluster": "General",
+        "price_per_gpu_hour": '#,##0.0000 "EUR"',
+        **dict.fromkeys(HEADER[8:17], "#,##0.00####"),
+        "cost": '#,##0.00 "EUR"', "effective_cost": '#,##0.00 "EUR"',
+        "waste_cost": '#,##0.00 "EUR"',
+        "currency": "General",
+    }  # fmt: skip
+    assert (first["price_per_gpu_hour"].value, first["cost"].value) == (2.5, 15)
+    widths = {
+        name: sheet.column_dimensions[cell.column_letter].width for name, cell in first.items()
+    }
+    assert widths == {
+        "from": 12, "to": 12, "tenant": 16, "project": 20, "user": 16, "flavor": 14,
+        "cluster": 14, "price_per_gpu_hour": 20, "allocated_gpu_h": 17, "effective_gpu_h": 17,
+        "lost_gpu_h": 14, "startup_gpu_h": 15, "checkpoint_gpu_h": 18, "idle_gpu_h": 14,
+        "input_wait_gpu_h": 18, "comm_wait_gpu_h": 17, "unpriced_gpu_h": 16, "cost": 14,
+        "effective_cost": 16, "waste_cost": 14, "currency": 10,
+    }  # fmt: skip
+    unpriced = dict(zip(HEADER, sheet[3], strict=True))
+    assert unpriced["price_per_gpu_hour"].value is None
 
 
 def test_xlsx_above_its_row_cap_is_refused_pointing_to_csv(client, world, march, monkeypatch):

@@ -573,6 +573,7 @@ def test_images_lists_only_approved_images_the_user_may_run(cli, alice, world):
     assert [(i["id"], i["reference"]) for i in images] == [(world.image.pk, world.image.reference)]
     assert code == 0
     assert "registry.example.org/ml/pytorch:2.4-cuda12" in out
+    assert out.splitlines()[1].split()[2] == world.image.digest  # whole, to copy
     assert "megatron" not in out
     assert "old" not in out
 

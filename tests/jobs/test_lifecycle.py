@@ -72,6 +72,13 @@ def test_run_goes_from_queued_to_succeeded_on_the_simulator(world):
         "RUNNING",
         "SUCCEEDED",
     ]
+    # What the simulated workload did, in simulated and in wall time, as the run's last event;
+    # nothing in the attempt's failure message.
+    assert attempt.failure_message == ""
+    assert run.events.last().message == (
+        "compute-bound workload ended: 10.5 min of simulated work in 1 s "
+        "(1000× faster than real time)"
+    )
 
 
 def test_redelivered_submit_creates_no_second_simulated_job(world):
@@ -530,4 +537,23 @@ def test_unreachable_backend_is_retried_then_given_up(world, monkeypatch, settin
     assert (run.state, attempt.state, attempt.failure_reason) == ("FAILED", "FAILED", "UNKNOWN")
     assert attempt.failure_message == (
         "backend unreachable for 10 minutes, giving up: connection refused by 127.0.0.1:1"
+    )
+
+
+@pytest.mark.parametrize(
+    ("simulated_s", "speedup", "message"),
+    [
+        (1230, 30, "compute-bound workload ended: 20.5 min of simulated work in 41 s "
+         "(30× faster than real time)"),
+        (6 * 3600, 60, "compute-bound workload ended: 6.0 h of simulated work in 6.0 min "
+         "(60× faster than real time)"),
+        (45, 1, "compute-bound workload (simulated) ended after 45 s"),
+    ],
+)  # fmt: skip
+def test_a_simulated_outcome_says_simulated_and_wall_time_apart(simulated_s, speedup, message):
+    from jobs.backends.simulator import simulated_outcome_message
+
+    assert (
+        simulated_outcome_message(profile="compute-bound", simulated_s=simulated_s, speedup=speedup)
+        == message
     )

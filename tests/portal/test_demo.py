@@ -270,3 +270,90 @@ def test_the_last_closed_month_has_a_run_of_every_tenant_whatever_the_day(demo):
         assert name in names, (slug, names)
         assert statement.total.allocated_gpu_s >= 8 * 5 * 3600
         assert statement.total.unpriced_gpu_s == 0
+
+
+DEMO_PYTORCH = (
+    "registry.gantry.example/ml/pytorch@"
+    "sha256:3c7c01d2195c3005ac24b2ccec80f994e8e2a850f7978a15be8b0e21bac9d87f"
+)
+
+
+def test_the_images_carry_what_the_demo_registry_says_of_them(demo):
+    """Imported from the demo registry as an admin imports from a real one: each image has
+    its CUDA, frameworks, NCCL, platform, size and build time."""
+    images = {
+        image.tag: (
+            image.repository,
+            image.status,
+            image.cuda_version,
+            image.frameworks,
+            image.nccl_version,
+            f"{image.os}/{image.architecture}",
+            image.size_bytes,
+            image.created,
+            image.registry.name,
+        )
+        for image in Image.objects.select_related("registry")
+    }
+    assert images == {
+        "2.4-cuda12.4": (
+            "registry.gantry.example/ml/pytorch", "approved", "12.4.1", {"pytorch": "2.4.0"},
+            "2.21.5", "linux/amd64", 7_421_821_642,
+            datetime(2024, 7, 25, 9, 14, 3, 512345, tzinfo=UTC), "demo",
+        ),
+        "0.4.30-cuda12": (
+            "registry.gantry.example/ml/jax", "approved", "12.3.2", {"jax": "0.4.30"},
+            "2.19.3", "linux/amd64", 4_522_508_798,
+            datetime(2024, 6, 19, 16, 40, 51, tzinfo=UTC), "demo",
+        ),
+        "24.05": (
+            "registry.gantry.example/nlp/megatron", "approved", "12.4.1.003",
+            {"pytorch": "2.4.0a0"}, "2.21.5", "linux/amd64", 11_144_266_354,
+            datetime(2024, 5, 28, 22, 3, 17, tzinfo=UTC), "demo",
+        ),
+        "nightly": (
+            "registry.gantry.example/ml/pytorch-nightly", "pending", "12.4.1",
+            {"pytorch": "2.5.0.dev20240801"}, "2.22.3", "linux/amd64", 6_145_704_429,
+            datetime(2024, 8, 1, 3, 2, 44, tzinfo=UTC), "demo",
+        ),
+    }  # fmt: skip
+    assert Image.objects.get(tag="2.4-cuda12.4").reference == DEMO_PYTORCH
+
+
+def test_a_tag_of_the_images_page_resolves_to_its_digest_at_submit(demo, client):
+    """What a researcher copies from the Images page (repository:tag) submits; the run
+    records the digest the demo registry resolves the tag to."""
+    client.force_login(User.objects.get(username="alice"))
+
+    response = client.post(
+        "/api/v1/runs/",
+        {
+            "tenant": "vision",
+            "project": "detection",
+            "flavor": "a100-80gb",
+            "nodes": 1,
+            "gpus_per_node": 1,
+            "command": "python train.py",
+            "image": "registry.gantry.example/ml/pytorch:2.4-cuda12.4",
+        },
+        content_type="application/json",
+    )
+
+    assert response.status_code == 201, response.content
+    run = Run.objects.select_related("experiment").get(pk=response.json()["id"])
+    assert run.experiment.image_reference == DEMO_PYTORCH
+    refused = client.post(
+        "/api/v1/runs/",
+        {
+            "tenant": "vision",
+            "project": "detection",
+            "flavor": "a100-80gb",
+            "nodes": 1,
+            "gpus_per_node": 1,
+            "command": "python train.py",
+            "image": "registry.gantry.example/ml/pytorch:2.5",
+        },
+        content_type="application/json",
+    )
+    assert refused.status_code == 400
+    assert refused.json()["image"] == ["registry.gantry.example/ml/pytorch:2.5 does not exist."]

@@ -16,7 +16,7 @@ from django.urls import Resolver404, resolve, reverse
 from images.models import Image
 from jobs.models import Run
 from jobs.services.submission import ExperimentInput, run_submit
-from portal.demo import DEMO_PASSWORD, PYTORCH_DIGEST, demo_seed
+from portal.demo import DEMO_PASSWORD, demo_seed
 from tenants.models import GlobalRole, Membership, Tenant
 from tests.conftest import make_user
 from tests.html_support import page_actions, post_form, texts
@@ -182,7 +182,7 @@ def test_the_home_page_costs_a_fixed_number_of_queries(demo, username, django_as
             data=ExperimentInput(
                 tenant="vision",
                 project="detection",
-                image=f"registry.gantry.example/ml/pytorch@{PYTORCH_DIGEST}",
+                image="registry.gantry.example/ml/pytorch:2.4-cuda12.4",
                 command="python train.py",
                 flavor="h100-80gb",
                 nodes=1,
@@ -231,7 +231,7 @@ def actions_on(html: str, page: str) -> list[str]:
 
 def pages_of_the_demo() -> dict[str, str]:
     waiting = Run.objects.get(experiment__name="yolo-xl")
-    pytorch = Image.objects.get(digest=PYTORCH_DIGEST)
+    pytorch = Image.objects.get(repository="registry.gantry.example/ml/pytorch")
     return {
         "home": "/",
         "runs": reverse("jobs:run_list"),

@@ -184,7 +184,12 @@ def kpi(content: str, name: str) -> str:
 
 
 def definition(content: str, name: str) -> str:
-    match = re.search(rf'<td class="help" data-definition="{name}">(.*?)</td>', content, re.S)
+    match = re.search(
+        r'<td class="help"><details class="definition"><summary>How is this measured</summary>'
+        rf'<p data-definition="{name}">(.*?)</p></details></td>',
+        content,
+        re.S,
+    )
     assert match, name
     return text(match.group(1))
 
@@ -260,6 +265,20 @@ def test_spans_across_a_dst_change_count_real_seconds():
     assert metrics.span_seconds(since, until) == 23 * 3600
     assert metrics.span_seconds(since, datetime(2025, 3, 30, 1, tzinfo=UTC)) == 2 * 3600
     assert metrics.span_seconds(until, since) == 0
+
+
+def test_the_definitions_fold_away_behind_how_is_this_measured(client, world):
+    content = page(client, world.platform_admin, **MARCH)
+
+    folded = re.findall(
+        r'<details class="definition"( open)?><summary>How is this measured</summary>'
+        r'<p data-definition="([a-z]+)">',
+        content,
+    )
+    assert folded == [
+        ("", name)
+        for name in ("queue", "startup", "success", "failures", "recovery", "goodput", "allocation")
+    ]
 
 
 # --- the KPIs, exactly ---------------------------------------------------------------------------

@@ -123,11 +123,11 @@ def test_waste_breakdown_of_an_attempt_in_gpu_hours_and_percent(client, world):
 
     content = page(client, world.researcher_a, telemetry_url(run))
 
-    assert category_row(content, "Allocated") == ["2.00"]
-    assert category_row(content, "Effective") == ["1.50 75.0 %"]
-    assert category_row(content, "Lost work") == ["0.00 0.0 %"]
-    assert category_row(content, "Idle") == ["0.33 16.7 %"]
-    assert category_row(content, "Input wait") == ["0.17 8.3 %"]
+    assert category_row(content, "Allocated") == ["2.00 GPU-h"]
+    assert category_row(content, "Effective") == ["1.50 GPU-h 75.0 %"]
+    assert category_row(content, "Lost work") == ["0 GPU-h 0.0 %"]
+    assert category_row(content, "Idle") == ["0.33 GPU-h 16.7 %"]
+    assert category_row(content, "Input wait") == ["0.17 GPU-h 8.3 %"]
     assert category_row(content, "Goodput") == ["75.0 %"]
     assert category_row(content, "Activity-weighted GPU-hours") == ["1.67"]
     assert '<dd data-kpi="goodput">75.0 %</dd>' in content
@@ -158,10 +158,22 @@ def test_the_run_column_sums_its_attempts(client, world):
     content = page(client, world.researcher_a, telemetry_url(run))
 
     # Attempt 1, attempt 2, the run.
-    assert category_row(content, "Allocated") == ["1.00", "2.00", "3.00"]
-    assert category_row(content, "Effective") == ["0.50 50.0 %", "1.50 75.0 %", "2.00 66.7 %"]
-    assert category_row(content, "Lost work") == ["0.50 50.0 %", "0.00 0.0 %", "0.50 16.7 %"]
-    assert category_row(content, "Idle") == ["0.00 0.0 %", "0.50 25.0 %", "0.50 16.7 %"]
+    assert category_row(content, "Allocated") == ["1.00 GPU-h", "2.00 GPU-h", "3.00 GPU-h"]
+    assert category_row(content, "Effective") == [
+        "0.50 GPU-h 50.0 %",
+        "1.50 GPU-h 75.0 %",
+        "2.00 GPU-h 66.7 %",
+    ]
+    assert category_row(content, "Lost work") == [
+        "0.50 GPU-h 50.0 %",
+        "0 GPU-h 0.0 %",
+        "0.50 GPU-h 16.7 %",
+    ]
+    assert category_row(content, "Idle") == [
+        "0 GPU-h 0.0 %",
+        "0.50 GPU-h 25.0 %",
+        "0.50 GPU-h 16.7 %",
+    ]
     assert category_row(content, "Goodput") == ["50.0 %", "75.0 %", "66.7 %"]
     assert row(content, '<th scope="row">Queue time') == [
         "1 min 00 s",
@@ -444,7 +456,7 @@ def test_running_and_pending_attempts_explain_themselves(client, world):
     )
     content = page(client, world.researcher_a, telemetry_url(run))
     assert "Accounting pending: the telemetry worker computes it" not in content
-    assert category_row(content, "Allocated") == ["1.00", "accounting pending", "1.00"]
+    assert category_row(content, "Allocated") == ["1.00 GPU-h", "accounting pending", "1.00 GPU-h"]
 
 
 def test_a_run_without_attempts_says_it_has_not_started(client, world):
@@ -713,10 +725,10 @@ def test_tenant_goodput_page_shows_exact_numbers(client, goodput_world):
     assert '<dd data-kpi="attempts">3</dd>' in content
     # User, attempts, allocated, effective, goodput, largest waste, activity-weighted.
     assert row(content, '<tr data-row="arthur">') == [
-        "arthur", "1", "4.00", "2.50", "62.5 %", "Input wait 1.00 GPU-hours, 25.0 %", "0.00",
+        "arthur", "1", "4.00", "2.50", "62.5 %", "Input wait 1.00 GPU-h, 25.0 %", "0.00",
     ]  # fmt: skip
     assert row(content, '<tr data-row="alice">') == [
-        "alice", "2", "3.00", "2.00", "66.7 %", "Lost work 0.50 GPU-hours, 16.7 %", "0.00",
+        "alice", "2", "3.00", "2.00", "66.7 %", "Lost work 0.50 GPU-h, 16.7 %", "0.00",
     ]  # fmt: skip
     assert row(content, '<tr data-row="segmentation">')[:5] == [
         "Seg segmentation", "1", "4.00", "2.50", "62.5 %",
