@@ -12,11 +12,15 @@ validated strict against the newest bundled Kubernetes, by ``kubernetes_validate
 
 Sync: the fake's store is seeded directly with 5,000 running Jobs (one pod each, the
 rendered manifest plus the status the controller would write), 250 per namespace.
-Gantry: ``KubernetesBackend.sync`` over all of them: one list of Jobs and one of pods per
-namespace. Baseline, the naive way, in the same run against the same server: per attempt,
-read its Job and list its pods (what a backend that follows one job at a time needs to tell
-the same things), mapped by the same ``job_status``. Both use the official client over
-HTTP on 127.0.0.1; the fake runs in the same process, so both pay for its JSON too.
+Gantry: ``KubernetesBackend.sync`` over all of them: one list of Jobs and one of pods
+across all namespaces, selected by ``gantry.io/attempt``, in pages of ``LIST_PAGE``
+(``limit``/``continue``). Baseline, the naive way, in the same run against the same
+server: per attempt, read its Job and list its pods (what a backend that follows one job at
+a time needs to tell the same things), mapped by the same ``job_status``. Both use the
+official client over HTTP on 127.0.0.1; the fake runs in the same process, so both pay for
+its work too: it serves each object as the JSON its last change wrote (as the API server's
+watch cache does) and reads a continued list from the key where the last page stopped (as
+etcd reads a range).
 """
 
 import json
@@ -244,7 +248,7 @@ def sync() -> Section:
     from kubernetes import client
 
     from jobs.backends.k8s_status import job_status
-    from jobs.backends.kubernetes import KubernetesBackend
+    from jobs.backends.kubernetes import LIST_PAGE, KubernetesBackend
     from jobs.models import Cluster
     from tests.k8s_fake import FakeKubernetes
 
@@ -264,7 +268,10 @@ def sync() -> Section:
         )
         backend = KubernetesBackend(cluster)
         backend.sync(refs[:10])  # connect
+        fake.server.record = True
         runs = [timed(lambda: backend.sync(refs)) for _ in range(3)]
+        requests = len(fake.server.requests) // len(runs)
+        fake.server.record = False
         gantry_s = min(seconds for seconds, _ in runs)
         statuses = runs[0][1]
         assert len(statuses) == ATTEMPTS
@@ -297,16 +304,17 @@ def sync() -> Section:
         intro=(
             f"{ATTEMPTS:,} running Jobs (one pod each) seeded into the fake API server, "
             f"{ATTEMPTS // NAMESPACES} per namespace. Gantry: `KubernetesBackend.sync`, one "
-            "list of Jobs and one of pods per namespace with the `gantry.io/attempt` "
-            "selector, best of 3. Baseline, the naive way, once: per attempt a read of its Job "
+            "list of Jobs and one of pods across all namespaces with the `gantry.io/attempt` "
+            f"selector, in pages of {LIST_PAGE} (`limit`/`continue`), best of 3. Baseline, "
+            "the naive way, once: per attempt a read of its Job "
             "and a list of its pods. Both through the official client over HTTP to "
             "127.0.0.1, mapped by the same `job_status`, to the same statuses (asserted)."
         ),
         columns=["approach", "requests", "time", "per attempt", "speedup"],
         rows=[
             [
-                "Gantry: list per namespace",
-                f"{2 * NAMESPACES}",
+                "Gantry: two cluster-wide paged lists",
+                f"{requests}",
                 ms(gantry_s),
                 f"{gantry_s / ATTEMPTS * 1e6:,.0f} µs",
                 ratio(naive_s, gantry_s),
@@ -320,8 +328,11 @@ def sync() -> Section:
             ],
         ],
         notes=[
-            "The fake serves from memory in the benchmark's own process: a real API server "
-            "adds network round trips and etcd reads per request, which widens the gap.",
+            f"Target ≤ 1 s: {'met' if gantry_s <= 1.0 else 'not met'} ({ms(gantry_s)}).",
+            "The fake serves from memory in the benchmark's own process, each object as the "
+            "JSON its last change wrote (what the API server's watch cache keeps), a "
+            "continued list from where the last page stopped: a real API server adds network "
+            "round trips per request, which widens the gap.",
         ],
     )
 

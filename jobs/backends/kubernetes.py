@@ -62,7 +62,7 @@ from jobs.backends.k8s_status import (
 from jobs.models import Cluster
 
 PODGROUP = ("scheduling.volcano.sh", "v1beta1", "podgroups")
-# Items per page of the cluster-wide lists of the inventory (what kubectl asks for).
+# Items per page of the lists of the sync and the inventory (what kubectl asks for).
 LIST_PAGE = 500
 
 _clients: dict[tuple[int, str], client.ApiClient] = {}
@@ -264,32 +264,44 @@ class KubernetesBackend:
         return backend_job_id(namespace, name)
 
     def sync(self, refs: list[JobRef]) -> dict[str, JobStatus]:
-        """One list of Jobs and one of pods per namespace, selected by ``gantry.io/attempt``."""
-        wanted: dict[str, dict[str, str]] = defaultdict(dict)  # namespace -> job -> ref name
+        """Two lists whatever the number of attempts and namespaces: the Jobs and the pods
+        labelled ``gantry.io/attempt`` in all namespaces, in pages of ``LIST_PAGE``; one
+        list of each per namespace with live attempts where Gantry may not list across
+        namespaces (403: a Role per namespace)."""
+        wanted: dict[tuple[str, str], str] = {}  # (namespace, job) -> ref name
         for ref in refs:
             where = split_backend_job_id(ref.backend_job_id)
             if where is not None:
-                wanted[where[0]][where[1]] = ref.name
+                wanted[where] = ref.name
+        api = self.api()  # wrong settings say so even when there is nothing to follow
+        if not wanted:
+            return {}
+        core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+        namespaces = sorted({namespace for namespace, _ in wanted})
+        jobs = self._list_attempt_objects(
+            "list jobs",
+            batch.list_job_for_all_namespaces,
+            batch.list_namespaced_job,
+            namespaces,
+            keep=lambda job: _namespaced_name(job) in wanted,
+        )
+        pods_by_job: dict[tuple[str, str], list[dict]] = defaultdict(list)
+        for pod in self._list_attempt_objects(
+            "list pods",
+            core.list_pod_for_all_namespaces,
+            core.list_namespaced_pod,
+            namespaces,
+            keep=lambda pod: _owner_key(pod) in wanted,
+        ):
+            pods_by_job[_owner_key(pod)].append(pod)
         statuses: dict[str, JobStatus] = {}
-        core, batch = client.CoreV1Api(self.api()), client.BatchV1Api(self.api())
-        for namespace in sorted(wanted):
-            jobs = self._list(batch.list_namespaced_job, namespace)
-            pods = self._list(core.list_namespaced_pod, namespace)
-            pods_by_job: dict[str, list[dict]] = defaultdict(list)
-            for pod in pods:
-                owner = owner_job(pod)
-                if owner in wanted[namespace]:
-                    pods_by_job[owner].append(pod)
-            for job in jobs:
-                name = job["metadata"]["name"]
-                ref_name = wanted[namespace].get(name)
-                if ref_name is None:
-                    continue
-                status = job_status(job, pods_by_job[name])
-                if status.state in ("FAILED", "PREEMPTED") and not is_finished(job):
-                    # Kubernetes would keep the pod (and its GPUs) retrying the pull forever.
-                    self._delete_job(namespace, name, "Background")
-                statuses[ref_name] = status
+        for job in jobs:
+            key = _namespaced_name(job)
+            status = job_status(job, pods_by_job[key])
+            if status.state in ("FAILED", "PREEMPTED") and not is_finished(job):
+                # Kubernetes would keep the pod (and its GPUs) retrying the pull forever.
+                self._delete_job(*key, "Background")
+            statuses[wanted[key]] = status
         return statuses
 
     def cancel(self, ref: JobRef) -> None:
@@ -383,25 +395,58 @@ class KubernetesBackend:
         response = self._call("list", fn, *args, **kwargs)
         return json.loads(response.data).get("items") or []
 
+    def _list_attempt_objects(
+        self,
+        what: str,
+        everywhere: Callable[..., Any],
+        per_namespace: Callable[..., Any],
+        namespaces: list[str],
+        *,
+        keep: Callable[[dict], bool],
+    ) -> list[dict]:
+        """Gantry's objects of one kind that ``keep`` wants: one paged list across all
+        namespaces or, where that is forbidden (403), one paged list per namespace."""
+        try:
+            return self._list_all(
+                what, everywhere, keep=keep, label_selector=ATTEMPT_LABEL, forbidden=_Forbidden
+            )
+        except _Forbidden:
+            return [
+                item
+                for namespace in namespaces
+                for item in self._list_all(
+                    f"{what} in {namespace}",
+                    per_namespace,
+                    namespace,
+                    keep=keep,
+                    label_selector=ATTEMPT_LABEL,
+                )
+            ]
+
     def _list_all(
         self,
         what: str,
         fn: Callable[..., Any],
-        *,
+        *args: Any,
         keep: Callable[[dict], bool] = lambda item: True,
-        **kwargs,
+        forbidden: type[Exception] | None = None,
+        **kwargs: Any,
     ) -> list[dict]:
-        """The items of a cluster-wide list that ``keep`` wants, page by page. A continue
-        token that expired between two pages (410: etcd compacted past it) restarts the
-        list once, so the items come from one consistent snapshot."""
+        """The items of a list that ``keep`` wants, page by page. A continue token that
+        expired between two pages (410: etcd compacted past it) restarts the list once, so
+        the items come from one consistent snapshot. A 403 raises ``forbidden`` if given
+        (the caller has another way), else it is the usual transient error."""
+        tolerate = (410, 403) if forbidden is not None else (410,)
         for _ in range(2):
             items: list[dict] = []
             token = None
             while True:
                 response = self._call(
-                    what, fn, limit=LIST_PAGE, _continue=token, tolerate=(410,), **kwargs
+                    what, fn, *args, limit=LIST_PAGE, _continue=token, tolerate=tolerate, **kwargs
                 )
                 if isinstance(response, ApiException):
+                    if response.status == 403 and forbidden is not None:
+                        raise forbidden
                     break
                 body = json.loads(response.data)
                 items.extend(item for item in body.get("items") or [] if keep(item))
@@ -523,6 +568,20 @@ class KubernetesBackend:
 
 class _AlreadyExists(Exception):
     pass
+
+
+class _Forbidden(Exception):
+    pass
+
+
+def _namespaced_name(obj: dict) -> tuple[str, str]:
+    meta = obj["metadata"]
+    return meta.get("namespace", ""), meta["name"]
+
+
+def _owner_key(pod: dict) -> tuple[str, str]:
+    """The (namespace, name) of the Job that controls the pod; no name if none does."""
+    return pod["metadata"].get("namespace", ""), owner_job(pod) or ""
 
 
 def _status_message(exc: ApiException) -> str:

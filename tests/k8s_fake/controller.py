@@ -203,6 +203,10 @@ class Controller:
                 self._sync_job(job)
             self._expire_finished()
             self.store.collect_garbage()
+            # Every change of the step was recorded (touch): clients read only recorded ones.
+            unrecorded = self.store.unrecorded()
+            if unrecorded:
+                raise AssertionError(f"changed in place, never recorded: {unrecorded}")
 
     def _finish_deletions(self) -> None:
         for pod in list(self.store.iter("pods")):

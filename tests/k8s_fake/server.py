@@ -294,21 +294,20 @@ def _handler_for(api: FakeApiServer):
                     field_selector=query.get("fieldSelector"),
                     limit=limit,
                     continue_token=query.get("continue") or "",
+                    as_text=True,
                 )
                 list_meta: dict = {"resourceVersion": rv}
                 if token:
                     list_meta["continue"] = token
+                if token and remaining is not None:
                     list_meta["remainingItemCount"] = remaining
                 kind = RESOURCES[plural][1]
-                self._send(
-                    200,
-                    {
-                        "kind": f"{kind}List",
-                        "apiVersion": api_version,
-                        "metadata": list_meta,
-                        "items": items,
-                    },
+                head = json.dumps(
+                    {"kind": f"{kind}List", "apiVersion": api_version, "metadata": list_meta}
                 )
+                # Each item as its change recorded it (the watch cache's serialized form).
+                body = f'{head[:-1]}, "items": [{", ".join(items)}]}}'
+                self._send(200, body.encode())
             elif method == "GET":
                 self._send(200, store.get(plural, scope, name))
             elif method == "POST" and name is None:

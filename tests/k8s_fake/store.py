@@ -1,10 +1,18 @@
 """The fake API server's storage: objects by resource, namespace and name, one global
 resourceVersion, an event log for watches, label and field selectors, owner-reference
-garbage collection. Thread-safe: every method takes the store's lock."""
+garbage collection. Thread-safe: every method takes the store's lock.
+
+Two forms of each object. The live one is the store's and the controller's working copy,
+changed in place. The recorded one is what every change writes, under a new
+resourceVersion (``_emit``): an immutable snapshot and its JSON text, as the API server's
+watch cache keeps them. Every read a client makes (get, list, watch) is served from the
+recorded form, so a client never sees a change that was not written, and a list sends the
+text written with the change instead of encoding the object again."""
 
 from __future__ import annotations
 
 import base64
+import bisect
 import copy
 import itertools
 import json
@@ -116,6 +124,8 @@ def label_matcher(selector: str | None) -> Callable[[dict], bool]:
                 checks.append(lambda lb, k=key: k in lb)
         else:
             raise ApiError(400, "BadRequest", f"unable to parse requirement: {term!r}")
+    if len(checks) == 1:
+        return checks[0]
     return lambda labels: all(check(labels) for check in checks)
 
 
@@ -259,6 +269,15 @@ class WatchEvent:
     obj: dict
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """An object as a change wrote it: never changed afterwards (a new change makes a new
+    one), so its text is its JSON for as long as it is the object's latest."""
+
+    obj: dict
+    text: str
+
+
 class Clock:
     """The fake cluster's time: starts at a whole second of real time, moves when told."""
 
@@ -278,6 +297,9 @@ class Store:
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self.objects: dict[str, dict[str, dict[str, dict]]] = {p: {} for p in RESOURCES}
+        # The same layout, each object's latest recorded form: what clients read.
+        self.recorded: dict[str, dict[str, dict[str, Recorded]]] = {p: {} for p in RESOURCES}
+        self._keys: dict[str, list[tuple[str, str]]] = {}  # plural -> sorted recorded keys
         self.rv = 1
         self.events: deque[WatchEvent] = deque(maxlen=EVENT_LOG_SIZE)
         self._names = itertools.count(1)
@@ -286,10 +308,10 @@ class Store:
 
     def get(self, plural: str, namespace: str, name: str) -> dict:
         with self.lock:
-            obj = self.objects[plural].get(namespace, {}).get(name)
-            if obj is None:
+            recorded = self.recorded[plural].get(namespace, {}).get(name)
+            if recorded is None:
                 raise not_found(plural, name)
-            return copy.deepcopy(obj)
+            return json.loads(recorded.text)
 
     def find(self, plural: str, namespace: str, name: str) -> dict | None:
         """The stored object itself (for the controller, under the lock), or None."""
@@ -326,17 +348,21 @@ class Store:
         field_selector: str | None = None,
         limit: int = 0,
         continue_token: str = "",
-    ) -> tuple[list[dict], str, str, int]:
-        """Matching objects in key order (namespace, name) as etcd keeps them: at most
-        ``limit`` (0: all) after the key the continue token names. Returns the items, the
-        resourceVersion, the next continue token ("" at the end) and how many remain.
+        as_text: bool = False,
+    ) -> tuple[list, str, str, int | None]:
+        """Matching objects in key order (namespace, name) as etcd keeps them, as last
+        recorded: at most ``limit`` (0: all), read from the key after the one the continue
+        token names, as etcd reads a range. Returns the items (copies, or with ``as_text``
+        each one's recorded JSON text), the resourceVersion, the next continue token (""
+        at the end) and how many remain (None with a selector: the API server does not
+        count them either).
 
         A token older than the event log (what etcd compaction does) is 410 Expired. The
         pages are not a snapshot: objects changed between them show as they are now."""
         labels_ok = label_matcher(label_selector)
         fields_ok = field_matcher(field_selector, plural)
+        selected = bool(label_selector or field_selector)
         with self.lock:
-            after: tuple[str, str] | None = None
             if continue_token:
                 started_rv, after = _decode_continue(continue_token)
                 if self.events and started_rv < self.events[0].rv - 1:
@@ -348,30 +374,84 @@ class Store:
                         "parameter.",
                     )
             else:
-                started_rv = self.rv
-            matching = sorted(
-                (
-                    obj
-                    for obj in self.iter(plural, namespace)
-                    if labels_ok((obj.get("metadata") or {}).get("labels") or {}) and fields_ok(obj)
-                ),
-                key=_key,
-            )
+                started_rv, after = self.rv, None
+            keys = self._sorted_keys(plural)
+            # The keys of the namespace asked for (all of them if none): one range.
+            first = 0 if namespace is None else bisect.bisect_left(keys, (namespace, ""))
+            end = len(keys) if namespace is None else bisect.bisect_left(keys, (namespace + "\0",))
             if after is not None:
-                matching = [obj for obj in matching if _key(obj) > after]
-            page = matching[:limit] if limit > 0 else matching
-            remaining = len(matching) - len(page)
-            token = _encode_continue(started_rv, _key(page[-1])) if remaining else ""
-            return [copy.deepcopy(obj) for obj in page], str(self.rv), token, remaining
+                first = max(first, bisect.bisect_right(keys, after))
+            recorded = self.recorded[plural]
+            page: list[Recorded] = []
+            more, last = False, first - 1
+            for index in range(first, end):
+                key = keys[index]
+                candidate = recorded[key[0]][key[1]]
+                obj = candidate.obj
+                if not (
+                    labels_ok((obj.get("metadata") or {}).get("labels") or {}) and fields_ok(obj)
+                ):
+                    continue
+                if limit > 0 and len(page) == limit:
+                    more = True
+                    break
+                page.append(candidate)
+                last = index
+            token = _encode_continue(started_rv, _key(page[-1].obj)) if more else ""
+            remaining = None if selected or not more else end - last - 1
+            items = [r.text if as_text else json.loads(r.text) for r in page]
+            return items, str(self.rv), token, remaining
+
+    def _sorted_keys(self, plural: str) -> list[tuple[str, str]]:
+        """Every recorded (namespace, name) of the resource in order, kept until one comes
+        or goes (etcd's key order)."""
+        keys = self._keys.get(plural)
+        if keys is None:
+            keys = self._keys[plural] = sorted(
+                (namespace, name)
+                for namespace, bucket in self.recorded[plural].items()
+                for name in bucket
+            )
+        return keys
+
+    def unrecorded(self) -> list[tuple[str, str, str]]:
+        """(resource, namespace, name) of every object changed in place since its last
+        recorded change, or never recorded: what no client could see. Empty, always."""
+        with self.lock:
+            return [
+                (plural, namespace, name)
+                for plural, buckets in self.objects.items()
+                for namespace, bucket in buckets.items()
+                for name, obj in bucket.items()
+                if (recorded := self.recorded[plural].get(namespace, {}).get(name)) is None
+                or recorded.obj != obj
+            ]
 
     # writes
 
     def _emit(self, kind: str, plural: str, obj: dict) -> None:
+        """Record a change: a new resourceVersion, the object's recorded form (gone with
+        DELETED) and the event watches send."""
         self.rv += 1
-        obj["metadata"]["resourceVersion"] = str(self.rv)
-        namespace = obj["metadata"].get("namespace", "")
-        self.events.append(WatchEvent(self.rv, kind, plural, namespace, copy.deepcopy(obj)))
+        meta = obj["metadata"]
+        meta["resourceVersion"] = str(self.rv)
+        namespace = meta.get("namespace", "")
+        recorded = self._record(plural, obj)
+        if kind == "DELETED":
+            self.recorded[plural].get(namespace, {}).pop(meta["name"], None)
+            self._keys.pop(plural, None)
+        self.events.append(WatchEvent(self.rv, kind, plural, namespace, recorded.obj))
         self.changed.notify_all()
+
+    def _record(self, plural: str, obj: dict) -> Recorded:
+        text = json.dumps(obj)
+        recorded = Recorded(json.loads(text), text)
+        meta = obj["metadata"]
+        bucket = self.recorded[plural].setdefault(meta.get("namespace", ""), {})
+        if meta["name"] not in bucket:
+            self._keys.pop(plural, None)
+        bucket[meta["name"]] = recorded
+        return recorded
 
     def create(self, plural: str, namespace: str, body: dict) -> dict:
         api_version, kind, namespaced, _ = RESOURCES[plural]
@@ -443,17 +523,21 @@ class Store:
             current = self.find(plural, namespace, name)
             if current is None:
                 raise not_found(plural, name)
+            # Applied to a copy: a patch refused halfway changes nothing.
+            patched = copy.deepcopy(current)
             if isinstance(patch, list):
                 if "json-patch" not in content_type:
                     raise ApiError(415, "UnsupportedMediaType", "a list body needs json-patch")
-                json_patch(current, copy.deepcopy(patch))
+                json_patch(patched, copy.deepcopy(patch))
             elif isinstance(patch, dict):
                 self._check_version(current, patch)
                 patch = copy.deepcopy(patch)
                 (patch.get("metadata") or {}).pop("resourceVersion", None)
-                merge_patch(current, patch)
+                merge_patch(patched, patch)
             else:
                 raise ApiError(400, "BadRequest", "the patch is not a JSON object or list")
+            current.clear()
+            current.update(patched)  # the same dict: the controller may hold it
             self._emit("MODIFIED", plural, current)
             return copy.deepcopy(current)
 
@@ -579,3 +663,4 @@ class Store:
         meta["resourceVersion"] = str(self.rv)
         bucket = self.objects[plural].setdefault(meta.get("namespace", ""), {})
         bucket[meta["name"]] = obj
+        self._record(plural, obj)

@@ -49,7 +49,7 @@ from jobs.services.backend_sync import attempt_cancel, cluster_refresh_inventory
 from jobs.services.lifecycle import run_cancel
 from jobs.services.submission import run_submit
 from tests.conftest import experiment_input
-from tests.k8s_fake import FakeKubernetes
+from tests.k8s_fake import ApiError, FakeKubernetes
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 DIGEST = "sha256:" + "a" * 64
@@ -228,6 +228,46 @@ def test_official_client_lists_pods_of_all_namespaces_by_field_and_in_pages(fake
     )
 
 
+def test_the_fake_serves_an_object_as_its_last_recorded_change_wrote_it(fake):
+    backend(fake).submit(spec())
+    store = fake.store
+    namespace = store.find("namespaces", "", "gantry-vision")
+    version = namespace["metadata"]["resourceVersion"]
+    namespace["metadata"]["labels"]["team"] = "x"  # in place, not recorded: never served
+
+    def served() -> list[tuple[str, str | None]]:
+        read = store.get("namespaces", "", "gantry-vision")
+        (listed,) = store.list_page("namespaces", None, as_text=True)[0]
+        return [
+            (obj["metadata"]["resourceVersion"], obj["metadata"]["labels"].get("team"))
+            for obj in (read, json.loads(listed))
+        ]
+
+    assert store.unrecorded() == [("namespaces", "", "gantry-vision")]
+    assert served() == [(version, None), (version, None)]
+    with pytest.raises(AssertionError, match="changed in place, never recorded"):
+        fake.controller.step()
+    store.touch("namespaces", namespace)
+    assert store.unrecorded() == []
+    assert served() == [(str(store.rv), "x"), (str(store.rv), "x")]
+    assert store.rv > int(version)
+
+
+def test_a_patch_refused_halfway_changes_nothing(fake):
+    k8s = backend(fake)
+    k8s.submit(spec())
+    before = fake.store.get("jobs", "gantry-vision", "gantry-a7")
+    operations = [
+        {"op": "replace", "path": "/spec/parallelism", "value": 9},
+        {"op": "move", "from": "/spec/parallelism", "path": "/spec/completions"},
+    ]
+    with pytest.raises(ApiError) as refused:
+        fake.store.patch("jobs", "gantry-vision", "gantry-a7", operations, "json-patch+json")
+    assert (refused.value.code, refused.value.message) == (422, "unsupported JSON patch op move")
+    assert fake.store.get("jobs", "gantry-vision", "gantry-a7") == before
+    assert fake.store.unrecorded() == []
+
+
 def test_watch_streams_changes_and_resumes_from_a_resource_version(fake):
     api = official_client(fake)
     core = client.CoreV1Api(api)
@@ -379,22 +419,164 @@ def test_a_job_goes_pending_running_succeeded(fake):
     assert (done.finished_at - running.started_at).total_seconds() >= 300
 
 
-def test_sync_lists_once_per_namespace_whatever_the_number_of_attempts(fake):
-    k8s = backend(fake)
+def submitted_in_three_namespaces(fake, k8s) -> list[JobRef]:
+    """Twelve attempts, running: gantry-a10 … gantry-a21 in vision, nlp, audio in turn."""
     refs = []
     for attempt_id, tenant in enumerate(["vision", "nlp", "audio"] * 4, start=10):
         refs.append(JobRef(f"gantry-a{attempt_id}", k8s.submit(spec(attempt_id, tenant=tenant))))
     fake.controller.advance(1, steps=3)
+    return refs
+
+
+def test_sync_is_two_cluster_wide_lists_whatever_the_number_of_attempts(fake):
+    k8s = backend(fake)
+    refs = submitted_in_three_namespaces(fake, k8s)
     fake.server.requests.clear()
     statuses = k8s.sync(refs)
     assert set(statuses) == {ref.name for ref in refs}
     assert {s.state for s in statuses.values()} == {"RUNNING"}
-    lists = [(r.path, r.query.get("labelSelector")) for r in fake.server.requests]
-    assert sorted(lists) == sorted(
-        (f"/{api}/namespaces/gantry-{tenant}/{kind}", "gantry.io/attempt")
-        for tenant in ("vision", "nlp", "audio")
-        for api, kind in (("apis/batch/v1", "jobs"), ("api/v1", "pods"))
-    )
+    assert [(r.path, r.query) for r in fake.server.requests] == [
+        ("/apis/batch/v1/jobs", {"labelSelector": "gantry.io/attempt", "limit": "500"}),
+        ("/api/v1/pods", {"labelSelector": "gantry.io/attempt", "limit": "500"}),
+    ]
+
+
+# The 13 Jobs of submitted_in_three_namespaces and gantry-a99 (nlp) in etcd's key order
+# (namespace, name), 5 a page.
+PAGES_OF_FIVE = [
+    [
+        "audio/gantry-a12",
+        "audio/gantry-a15",
+        "audio/gantry-a18",
+        "audio/gantry-a21",
+        "nlp/gantry-a11",
+    ],
+    ["nlp/gantry-a14", "nlp/gantry-a17", "nlp/gantry-a20", "nlp/gantry-a99", "vision/gantry-a10"],
+    ["vision/gantry-a13", "vision/gantry-a16", "vision/gantry-a19"],
+]
+
+
+def served_pages(fake, monkeypatch, *, compact_once: bool = False) -> dict[str, list[list[str]]]:
+    """Record each page the store serves, per resource, as namespace/job (a pod by the Job
+    that owns it); with ``compact_once``, compact etcd just before the first continued page."""
+    served: dict[str, list[list[str]]] = {"jobs": [], "pods": []}
+    list_page = fake.store.list_page
+
+    compacted: list[int] = []
+
+    def recording(plural, *args, **kwargs):
+        if compact_once and kwargs.get("continue_token") and not compacted:
+            compacted.append(1)
+            compact(fake)
+        items, rv, token, remaining = list_page(plural, *args, **kwargs)
+        names = []
+        for item in items:
+            meta = json.loads(item)["metadata"]
+            owner = meta.get("ownerReferences", [{"name": meta["name"]}])[0]["name"]
+            names.append(f"{meta['namespace'].removeprefix('gantry-')}/{owner}")
+        served[plural].append(names)
+        return items, rv, token, remaining
+
+    monkeypatch.setattr(fake.store, "list_page", recording)
+    return served
+
+
+def test_a_sync_over_many_pages_gives_every_attempt_exactly_once(fake, monkeypatch):
+    k8s = backend(fake)
+    refs = submitted_in_three_namespaces(fake, k8s)
+    # Another attempt that is not asked about: listed (same label), left out.
+    k8s.submit(spec(99, tenant="nlp"))
+    fake.controller.advance(1, steps=3)
+    whole = k8s.sync(refs)
+    assert sorted(whole) == sorted(ref.name for ref in refs)
+    monkeypatch.setattr(kubernetes_backend, "LIST_PAGE", 5)
+    served = served_pages(fake, monkeypatch)
+    fake.server.requests.clear()
+    assert k8s.sync(refs) == whole
+    assert [(r.path, "continue" in r.query, r.query["limit"]) for r in fake.server.requests] == [
+        ("/apis/batch/v1/jobs", False, "5"),
+        ("/apis/batch/v1/jobs", True, "5"),
+        ("/apis/batch/v1/jobs", True, "5"),
+        ("/api/v1/pods", False, "5"),
+        ("/api/v1/pods", True, "5"),
+        ("/api/v1/pods", True, "5"),
+    ]
+    # Each page continues where the last stopped: every Job and pod exactly once.
+    assert served == {"jobs": PAGES_OF_FIVE, "pods": PAGES_OF_FIVE}
+
+
+def test_a_sync_whose_list_expires_between_pages_starts_it_again(fake, monkeypatch):
+    k8s = backend(fake)
+    refs = submitted_in_three_namespaces(fake, k8s)
+    k8s.submit(spec(99, tenant="nlp"))
+    fake.controller.advance(1, steps=3)
+    whole = k8s.sync(refs)
+    monkeypatch.setattr(kubernetes_backend, "LIST_PAGE", 5)
+    served = served_pages(fake, monkeypatch, compact_once=True)
+    fake.server.requests.clear()
+    assert k8s.sync(refs) == whole
+    # The Jobs' second page is refused (410 Expired, nothing served): the list starts again.
+    assert [(r.path, "continue" in r.query) for r in fake.server.requests] == [
+        ("/apis/batch/v1/jobs", False),
+        ("/apis/batch/v1/jobs", True),
+        ("/apis/batch/v1/jobs", False),
+        ("/apis/batch/v1/jobs", True),
+        ("/apis/batch/v1/jobs", True),
+        ("/api/v1/pods", False),
+        ("/api/v1/pods", True),
+        ("/api/v1/pods", True),
+    ]
+    assert served == {"jobs": [PAGES_OF_FIVE[0], *PAGES_OF_FIVE], "pods": PAGES_OF_FIVE}
+
+
+def test_a_sync_where_cluster_wide_lists_are_forbidden_lists_each_namespace(fake, monkeypatch):
+    k8s = backend(fake)
+    refs = submitted_in_three_namespaces(fake, k8s)
+    k8s.submit(spec(99, tenant="nlp"))  # not asked about
+    k8s.submit(spec(98, tenant="speech"))  # not asked about, nor its namespace
+    fake.controller.advance(1, steps=3)
+    whole = k8s.sync(refs)
+    monkeypatch.setattr(kubernetes_backend, "LIST_PAGE", 3)
+    served = served_pages(fake, monkeypatch)
+    fake.server.fail_next(1, status=403, path=r"^/apis/batch/v1/jobs$")
+    fake.server.fail_next(1, status=403, path=r"^/api/v1/pods$")
+    fake.server.requests.clear()
+    assert k8s.sync(refs) == whole
+    tenants = ("audio", "nlp", "vision")
+    assert [(r.path, "continue" in r.query) for r in fake.server.requests] == [
+        ("/apis/batch/v1/jobs", False),
+        *(
+            (f"/apis/batch/v1/namespaces/gantry-{tenant}/jobs", page > 0)
+            for tenant in tenants
+            for page in range(2)
+        ),
+        ("/api/v1/pods", False),
+        *(
+            (f"/api/v1/namespaces/gantry-{tenant}/pods", page > 0)
+            for tenant in tenants
+            for page in range(2)
+        ),
+    ]
+    # The refused lists served nothing; each namespace in pages of 3 (speech never asked).
+    per_namespace = [
+        ["audio/gantry-a12", "audio/gantry-a15", "audio/gantry-a18"],
+        ["audio/gantry-a21"],
+        ["nlp/gantry-a11", "nlp/gantry-a14", "nlp/gantry-a17"],
+        ["nlp/gantry-a20", "nlp/gantry-a99"],
+        ["vision/gantry-a10", "vision/gantry-a13", "vision/gantry-a16"],
+        ["vision/gantry-a19"],
+    ]
+    assert served == {"jobs": per_namespace, "pods": per_namespace}
+
+
+def test_a_sync_forbidden_in_a_namespace_too_is_a_transient_error(fake):
+    k8s = backend(fake)
+    refs = submitted_in_three_namespaces(fake, k8s)
+    fake.server.fail_next(1, status=403, path=r"^/apis/batch/v1/jobs$")
+    fake.server.fail_next(1, status=403, path=r"^/apis/batch/v1/namespaces/gantry-nlp/jobs$")
+    with pytest.raises(TransientBackendError) as refused:
+        k8s.sync(refs)
+    assert str(refused.value) == "list jobs in gantry-nlp: forbidden (403): injected fault 403"
 
 
 def test_sync_leaves_out_jobs_the_cluster_no_longer_has(fake):
