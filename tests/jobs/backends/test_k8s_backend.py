@@ -3,6 +3,7 @@ official client over real HTTP on 127.0.0.1; status mapping and inventory as pur
 functions; and one run's whole life through jobs.services."""
 
 import datetime as dt
+import gc
 import ipaddress
 import json
 import ssl
@@ -577,6 +578,31 @@ def test_a_sync_forbidden_in_a_namespace_too_is_a_transient_error(fake):
     with pytest.raises(TransientBackendError) as refused:
         k8s.sync(refs)
     assert str(refused.value) == "list jobs in gantry-nlp: forbidden (403): injected fault 403"
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_a_sync_maps_with_the_collector_paused_and_leaves_it_as_it_was(
+    fake, monkeypatch, enabled_before
+):
+    k8s = backend(fake)
+    refs = submitted_in_three_namespaces(fake, k8s)
+    seen = []
+    real = kubernetes_backend.job_status
+    monkeypatch.setattr(
+        kubernetes_backend,
+        "job_status",
+        lambda job, pods: seen.append(gc.isenabled()) or real(job, pods),
+    )
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled_before else gc.disable()
+        statuses = k8s.sync(refs)
+        after = gc.isenabled()
+    finally:
+        gc.enable() if was else gc.disable()
+    assert len(statuses) == len(refs) == len(seen) == 12
+    assert set(seen) == {False}
+    assert after is enabled_before
 
 
 def test_sync_leaves_out_jobs_the_cluster_no_longer_has(fake):
