@@ -591,7 +591,8 @@ def test_experiment_detail_shows_the_reproducibility_record(client, world):
 
     assert response.status_code == 200
     content = response.content.decode()
-    assert f'<dd class="mono">{world.image.reference}</dd>' in content
+    # The whole reference, selectable, with a button that copies it.
+    assert f'<code class="copyable-text" data-copy-source>{world.image.reference}</code>' in content
     assert f"https://git.example.org/vision/detection.git @ {COMMIT}" in content
     assert "s3://datasets/imagenet (version 2024-01)" in content
     pretty_params = "{\n  &quot;batch_size&quot;: 256,\n  &quot;lr&quot;: 0.1\n}"

@@ -84,6 +84,8 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     ("login", "POST"):                          (302, 302, 302, 302, 302, 302),
     ("login", "PUT"):                           (200, 200, 200, 200, 200, 200),
     ("logout", "POST"):                         (302, 302, 302, 302, 302, 302),
+    # the home page: a section for each role the person holds, none for another's
+    ("home", "GET"):                            (302, 200, 200, 200, 200, 200),
     # the person's own account: alice's token is nobody else's to revoke
     ("account", "GET"):                         (302, 200, 200, 200, 200, 200),
     ("password_change", "GET"):                 (302, 200, 200, 200, 200, 200),
@@ -305,6 +307,7 @@ def paths(objects: Objects) -> dict[str, str]:
     export = urlencode({"tenant": "vision", "from": objects.month, "to": today})
     preview = urlencode({"tenant": "vision", "flavor": "a100-80gb", "nodes": 1, "gpus_per_node": 2})
     return {
+        "home": reverse("home"),
         "healthz": reverse("healthz"),
         "readyz": reverse("readyz"),
         "login": reverse("login"),

@@ -406,6 +406,9 @@ def test_readme_pages_on_the_demo(demo_instant, persona_page, tmp_path):
     experiment = finished.experiment
 
     page = persona_page(people["alice"], DEMO_PASSWORD)
+    page.goto("/")
+    expect(page.locator("main")).to_contain_text(waiting.experiment.name)
+    picture(page, "home")
     page.goto("/runs/")
     expect(page.locator(f"a[href='/runs/{waiting.pk}/']").first).to_be_visible()
     expect(page.locator("main")).to_contain_text(waiting.get_wait_reason_display())
@@ -434,6 +437,9 @@ def test_readme_pages_on_the_demo(demo_instant, persona_page, tmp_path):
     for image in Image.objects.filter(status=Image.Status.APPROVED, visible_to_all=True):
         expect(page.locator("main")).to_contain_text(image.repository)
     picture(page, "images")
+    page.goto("/experiments/")
+    expect(page.locator("main")).to_contain_text(experiment.name)
+    picture(page, "experiments")
     page.goto(f"/experiments/{experiment.pk}/")
     expect(page.locator("h1")).to_have_text(experiment.name)
     expect(page.locator("main")).to_contain_text(experiment.code_commit)

@@ -296,6 +296,7 @@ def test_each_persona_sees_exactly_the_actions_it_may_take(demo):
             "POST images:image_recheck",
             "POST images:image_status",
             "POST images:image_visibility",
+            "images:registry_edit",  # the demo registry the image was imported from
         ],
         ("admin", "idle policy"): ["POST tenants:idle_policy"],
         ("admin", "templates"): [

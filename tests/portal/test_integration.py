@@ -134,8 +134,8 @@ def test_embedded_default_serves_runs_and_stops_everything(tmp_path):
             body={
                 "tenant": "vision",
                 "project": "detection",
-                "image": "registry.gantry.example/ml/pytorch@sha256:"
-                "6a3d1f0b9c5e2d4a8f7b1c0e9d8a7f6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f",
+                # By tag: the demo's registry resolves it as a registry would.
+                "image": "registry.gantry.example/ml/pytorch:2.4-cuda12.4",
                 "command": "python train.py",
                 "flavor": "h100-80gb",
                 "nodes": 1,
