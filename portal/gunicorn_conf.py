@@ -1,9 +1,12 @@
 """gunicorn's settings for the portal: ``gunicorn -c python:portal.gunicorn_conf portal.wsgi``.
 
-Threaded workers (gthread): a request spends much of its time waiting on PostgreSQL, and
-a thread of the same process serves another meanwhile; one process per core (plus one) runs
-Python, whose lock lets one thread at a time compute. Sized for the machine by default,
-both numbers can be set (docs/operations.md). Measured in docs/benchmarks.md (*Load*).
+One process per core, plus one, each serving one request at a time (sync workers): a
+request of the portal computes far longer than it waits on PostgreSQL (~25 ms of CPU for
+~1 ms of database), so threads would only queue on Python's lock. Measured on 2 cores with
+100 people: p95 330 ms with 3 sync workers, 820 ms with 3 workers of 4 threads
+(docs/benchmarks.md, *Load*). ``GANTRY_WEB_THREADS`` above 1 runs threaded workers (gthread)
+for hosts whose requests wait more than they compute. Both numbers can be set
+(docs/operations.md).
 """
 
 import os
@@ -21,13 +24,10 @@ def _count(name: str, value: str | None, default: int) -> int:
 # docker-compose.yml passes --bind 0.0.0.0:8000 (inside the container, published on the host's
 # loopback only).
 bind = os.environ.get("GANTRY_WEB_BIND") or "127.0.0.1:8000"
-worker_class = "gthread"
 workers = _count(
     "GANTRY_WEB_WORKERS", os.environ.get("GANTRY_WEB_WORKERS"), (os.cpu_count() or 1) + 1
 )
-threads = _count("GANTRY_WEB_THREADS", os.environ.get("GANTRY_WEB_THREADS"), 4)
+threads = _count("GANTRY_WEB_THREADS", os.environ.get("GANTRY_WEB_THREADS"), 1)
+worker_class = "gthread" if threads > 1 else "sync"
 timeout = 60
-# Connections of a browser that keeps them open are held for this long between requests,
-# without a thread waiting on them (gthread parks them).
-keepalive = 5
 accesslog = os.environ.get("GANTRY_WEB_ACCESS_LOG") or "-"

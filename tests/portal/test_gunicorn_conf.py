@@ -1,5 +1,5 @@
-"""gunicorn's settings (portal/gunicorn_conf.py): threaded workers sized for the machine,
-each number settable, nonsense refused at start."""
+"""gunicorn's settings (portal/gunicorn_conf.py): sync workers sized for the machine, threads
+on request, each number settable, nonsense refused at start."""
 
 import importlib
 
@@ -16,10 +16,10 @@ def loaded(monkeypatch, **env: str):
     return importlib.reload(gunicorn_conf)
 
 
-def test_defaults_are_one_worker_per_core_plus_one_with_four_threads(monkeypatch):
+def test_defaults_are_one_sync_worker_per_core_plus_one(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     conf = loaded(monkeypatch)
-    assert (conf.worker_class, conf.workers, conf.threads) == ("gthread", 3, 4)
+    assert (conf.worker_class, conf.workers, conf.threads) == ("sync", 3, 1)
     assert conf.bind == "127.0.0.1:8000"  # loopback unless told otherwise
     assert conf.timeout == 60
 
@@ -27,7 +27,10 @@ def test_defaults_are_one_worker_per_core_plus_one_with_four_threads(monkeypatch
 def test_every_number_can_be_set_and_empty_means_the_default(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 8)
     conf = loaded(monkeypatch, GANTRY_WEB_WORKERS="5", GANTRY_WEB_THREADS="", GANTRY_WEB_BIND="")
-    assert (conf.workers, conf.threads, conf.bind) == (5, 4, "127.0.0.1:8000")
+    assert (conf.worker_class, conf.workers, conf.threads) == ("sync", 5, 1)
+    assert conf.bind == "127.0.0.1:8000"
+    conf = loaded(monkeypatch, GANTRY_WEB_THREADS="4")
+    assert (conf.worker_class, conf.workers, conf.threads) == ("gthread", 9, 4)
 
 
 @pytest.mark.parametrize("value", ["0", "-2"])
