@@ -2,11 +2,12 @@
 
 One process per core, plus one, each serving one request at a time (sync workers): a
 request of the portal computes far longer than it waits on PostgreSQL (~25 ms of CPU for
-~1 ms of database), so threads would only queue on Python's lock. Measured on 2 cores with
-100 people: p95 330 ms with 3 sync workers, 820 ms with 3 workers of 4 threads
-(docs/benchmarks.md, *Load*). ``GANTRY_WEB_THREADS`` above 1 runs threaded workers (gthread)
-for hosts whose requests wait more than they compute. Both numbers can be set
-(docs/operations.md).
+~1–3 ms of database), so threads in a process mostly queue on Python's lock. Measured on 2
+cores with 100 people (docs/benchmarks.md, *Load*), 4 threads a worker gave no more
+throughput (1.01× in one run, 0.97× in another) and no steadier p95 (390 vs 430 ms, 820 vs
+330 ms): the simpler model stays the default. ``GANTRY_WEB_THREADS`` above 1 runs threaded
+workers (gthread) for hosts whose requests wait more than they compute. Both numbers can be
+set (docs/operations.md).
 """
 
 import os
