@@ -432,6 +432,27 @@ def _attempt_finish(*, attempt: Attempt, status: JobStatus, now, common: dict) -
                 failure_reason="CANCELLED",
             )
         return 1
+    # A job that started and ended between two syncs (a sync held up by an outage, a short
+    # job): its run's timeline still says it ran, when the backend says it started.
+    ran_at = status.started_at or (finished_at if state == AttemptState.SUCCEEDED else None)
+    if (
+        ran_at is not None
+        and run.state in (RunState.SUBMITTING, RunState.PENDING)
+        and run_transition(
+            run=run,
+            to=RunState.RUNNING,
+            expected=(RunState.SUBMITTING, RunState.PENDING),
+            reason="STARTED",
+            message=f"Ran on {', '.join(status.node_list) or attempt.cluster.name}",
+            attempt=attempt,
+            started_at=ran_at,
+            wait_reason="",
+            wait_message="",
+        )
+    ):
+        metrics.run_started(
+            cluster=attempt.cluster.name, admitted_at=run.admitted_at, started_at=ran_at
+        )
     if state == AttemptState.SUCCEEDED:
         run_transition(
             run=run,

@@ -1305,6 +1305,29 @@ def _sync(world, seconds=10.0):
     cluster_sync(cluster=world.k8s)
 
 
+def test_a_job_that_ran_between_two_syncs_still_ran_in_its_runs_timeline(k8s_world):
+    world = k8s_world
+    run, attempt = _submitted_run(world)
+    # Scheduled, started and finished while no sync looked (an outage held the syncs up).
+    world.fake.controller.advance(1, steps=3)
+    world.fake.controller.advance(120, steps=3)
+    cluster_sync(cluster=world.k8s)
+    run.refresh_from_db()
+    attempt.refresh_from_db()
+    assert (run.state, attempt.state) == (RunState.SUCCEEDED, AttemptState.SUCCEEDED)
+    assert list(run.events.values_list("to_state", "reason")) == [
+        ("QUEUED", "SUBMITTED"),
+        ("ADMITTED", "ADMITTED"),
+        ("SUBMITTING", "SUBMITTING"),
+        ("PENDING", "SUBMITTED"),
+        ("RUNNING", "STARTED"),
+        ("SUCCEEDED", "SUCCEEDED"),
+    ]
+    # When the cluster says it started, not when Gantry saw it.
+    assert run.started_at == attempt.started_at
+    assert attempt.started_at < attempt.finished_at == run.finished_at
+
+
 def test_a_run_goes_from_queued_to_succeeded_on_kubernetes(k8s_world):
     world = k8s_world
     run, attempt = _submitted_run(world)

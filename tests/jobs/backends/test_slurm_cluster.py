@@ -823,6 +823,24 @@ def submit_and_admit(world, **overrides) -> tuple[Run, Attempt]:
     return run, attempt
 
 
+def submit_and_admit_after_restart(world, *, timeout: float = 60, **overrides):
+    """``submit_and_admit`` once slurmctld, just restarted, reports its nodes again: the
+    inventory is read anew each second (as the sync task does) until admission places the
+    run; the run's wait message says why if it never does."""
+    run = run_submit(user=world.researcher_a, data=experiment_input(world, **overrides))
+    deadline = time.monotonic() + timeout
+    while True:
+        cluster_refresh_inventory(cluster=world.slurm)
+        admission_run_cycle()
+        attempt = Attempt.objects.filter(run=run).first()
+        if attempt is not None:
+            assert attempt.cluster_id == world.slurm.pk
+            return run, attempt
+        run.refresh_from_db()
+        assert time.monotonic() < deadline, (run.wait_reason, run.wait_message)
+        time.sleep(1)
+
+
 def sync_until(world, runs: list[Run], states, *, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -938,7 +956,7 @@ def test_outage_leaves_runs_in_place_and_converges_without_loss_or_duplicates(sl
         settings=cluster("slurm-test", transport="rest").settings
     )
     world.slurm.refresh_from_db()
-    rest_run, rest_attempt = submit_and_admit(world, command="sleep 1")
+    rest_run, rest_attempt = submit_and_admit_after_restart(world, command="sleep 1")
     assert run_script("down", "slurmrestd").returncode == 0
     try:
         with pytest.raises(TransientBackendError, match=r"unreachable \(connection refused\)"):
