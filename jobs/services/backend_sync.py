@@ -364,26 +364,36 @@ def attempt_apply_status(*, attempt: Attempt, status: JobStatus, now) -> int:
         updated = Attempt.objects.filter(
             pk=attempt.pk, state__in=(AttemptState.SUBMITTING, AttemptState.PENDING)
         ).update(state=AttemptState.RUNNING, started_at=status.started_at or now, **common)
-        if updated and run_transition(
-            run=run,
-            to=RunState.RUNNING,
-            expected=(RunState.SUBMITTING, RunState.PENDING),
-            reason="STARTED",
-            message=f"Running on {', '.join(status.node_list) or attempt.cluster.name}",
-            attempt=attempt,
-            started_at=run.started_at or status.started_at or now,
-            wait_reason="",
-            wait_message="",
-        ):
-            metrics.run_started(
-                cluster=attempt.cluster.name,
-                admitted_at=run.admitted_at,
+        if updated:
+            _run_started(
+                run=run,
+                attempt=attempt,
                 started_at=status.started_at or now,
+                message=f"Running on {', '.join(status.node_list) or attempt.cluster.name}",
             )
         return int(adopted or updated)
     if status.state == "PENDING":
         return int(adopted)
     return int(adopted or _attempt_finish(attempt=attempt, status=status, now=now, common=common))
+
+
+def _run_started(*, run: Run, attempt: Attempt, started_at, message: str) -> None:
+    """The run is RUNNING since its attempt's job started (a run that restarts keeps its
+    first start)."""
+    if run_transition(
+        run=run,
+        to=RunState.RUNNING,
+        expected=(RunState.SUBMITTING, RunState.PENDING),
+        reason="STARTED",
+        message=message,
+        attempt=attempt,
+        started_at=run.started_at or started_at,
+        wait_reason="",
+        wait_message="",
+    ):
+        metrics.run_started(
+            cluster=attempt.cluster.name, admitted_at=run.admitted_at, started_at=started_at
+        )
 
 
 def _attempt_finish(*, attempt: Attempt, status: JobStatus, now, common: dict) -> int:
@@ -435,23 +445,12 @@ def _attempt_finish(*, attempt: Attempt, status: JobStatus, now, common: dict) -
     # A job that started and ended between two syncs (a sync held up by an outage, a short
     # job): its run's timeline still says it ran, when the backend says it started.
     ran_at = status.started_at or (finished_at if state == AttemptState.SUCCEEDED else None)
-    if (
-        ran_at is not None
-        and run.state in (RunState.SUBMITTING, RunState.PENDING)
-        and run_transition(
+    if ran_at is not None and run.state in (RunState.SUBMITTING, RunState.PENDING):
+        _run_started(
             run=run,
-            to=RunState.RUNNING,
-            expected=(RunState.SUBMITTING, RunState.PENDING),
-            reason="STARTED",
-            message=f"Ran on {', '.join(status.node_list) or attempt.cluster.name}",
             attempt=attempt,
             started_at=ran_at,
-            wait_reason="",
-            wait_message="",
-        )
-    ):
-        metrics.run_started(
-            cluster=attempt.cluster.name, admitted_at=run.admitted_at, started_at=ran_at
+            message=f"Ran on {', '.join(status.node_list) or attempt.cluster.name}",
         )
     if state == AttemptState.SUCCEEDED:
         run_transition(
