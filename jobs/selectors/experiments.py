@@ -7,6 +7,7 @@ from django.db.models.functions import Coalesce
 
 from jobs.access import experiment_list_viewable
 from jobs.models import Attempt, Experiment, ExperimentTemplate, Run, RunState
+from jobs.selectors.paging import keyset_page
 from tenants.access import tenant_list_viewable
 from tenants.models import Project, Tenant
 from tenants.types import UserLike, signed_in
@@ -135,32 +136,14 @@ def experiment_page_viewable(
     listed = _with_runs(
         matching.select_related("project", "owner", "template").defer(*EXPERIMENT_LIST_DEFERRED)
     )
-    newest_first = ("-created_at", "-id")
-    if before is None and after is None:
-        rows = list(listed.order_by(*newest_first)[: size + 1])
-        has_newer, has_older = False, len(rows) > size
-        rows = rows[:size]
-    else:
-        cursor = before if before is not None else after
-        assert cursor is not None  # one of them is given on this branch
-        readable = Experiment.objects.filter(pk=cursor, tenant_id__in=tenant_ids)
-        at = Subquery(readable.order_by().values("created_at"))
-        if before is not None:
-            rows = list(
-                listed.filter(
-                    Q(created_at__lt=at) | Q(created_at=at, pk__lt=cursor), created_at__lte=at
-                ).order_by(*newest_first)[: size + 1]
-            )
-            has_newer, has_older = True, len(rows) > size
-            rows = rows[:size]
-        else:
-            rows = list(
-                listed.filter(
-                    Q(created_at__gt=at) | Q(created_at=at, pk__gt=cursor), created_at__gte=at
-                ).order_by("created_at", "id")[: size + 1]
-            )
-            has_newer, has_older = len(rows) > size, True
-            rows = rows[:size][::-1]
+    rows, has_newer, has_older = keyset_page(
+        listed,
+        readable=Experiment.objects.filter(tenant_id__in=tenant_ids),
+        field="created_at",
+        size=size,
+        before=before,
+        after=after,
+    )
     by_id = {tenant.pk: tenant for tenant in tenants}
     for experiment in rows:
         experiment.tenant = by_id[experiment.tenant_id]

@@ -7,7 +7,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import F, Q, QuerySet, Subquery, TextField, Value
+from django.db.models import F, QuerySet, TextField, Value
 from django.db.models.functions import Coalesce, NullIf
 
 from jobs.access import run_list_viewable
@@ -19,6 +19,7 @@ from jobs.models import (
     RunState,
 )
 from jobs.reproducibility import attempt_id_from_token
+from jobs.selectors.paging import keyset_page
 from tenants.access import is_platform_admin, tenant_list_viewable
 from tenants.models import Tenant
 from tenants.types import UserLike, signed_in
@@ -91,36 +92,14 @@ def run_page_viewable(
         .prefetch_related("submitted_by")
         .defer(*RUN_LIST_DEFERRED)
     )
-    newest_first = ("-submitted_at", "-id")
-    if before is None and after is None:
-        rows = list(listed.order_by(*newest_first)[: size + 1])
-        has_newer, has_older = False, len(rows) > size
-        rows = rows[:size]
-    else:
-        cursor = before if before is not None else after
-        assert cursor is not None  # one of them is given on this branch
-        readable = Run.objects.filter(pk=cursor, tenant_id__in=[t.pk for t in tenants])
-        at = Subquery(readable.order_by().values("submitted_at"))
-        # (submitted_at, id) beyond the cursor's: the bound on submitted_at alone is what an
-        # index range can use, the rest breaks ties between equal times.
-        if before is not None:
-            rows = list(
-                listed.filter(
-                    Q(submitted_at__lt=at) | Q(submitted_at=at, pk__lt=cursor),
-                    submitted_at__lte=at,
-                ).order_by(*newest_first)[: size + 1]
-            )
-            has_newer, has_older = True, len(rows) > size
-            rows = rows[:size]
-        else:
-            rows = list(
-                listed.filter(
-                    Q(submitted_at__gt=at) | Q(submitted_at=at, pk__gt=cursor),
-                    submitted_at__gte=at,
-                ).order_by("submitted_at", "id")[: size + 1]
-            )
-            has_newer, has_older = len(rows) > size, True
-            rows = rows[:size][::-1]
+    rows, has_newer, has_older = keyset_page(
+        listed,
+        readable=Run.objects.filter(tenant_id__in=[t.pk for t in tenants]),
+        field="submitted_at",
+        size=size,
+        before=before,
+        after=after,
+    )
     by_id = {tenant.pk: tenant for tenant in tenants}
     for run in rows:
         run.tenant = by_id[run.tenant_id]
