@@ -272,6 +272,7 @@ class SequentialClient(Person):
     while nobody else uses the portal."""
 
     wait_time = constant(0)
+    probe = True  # asks /healthz too
 
     def _sleep(self, seconds: float) -> None:
         pass  # polls right away: what each costs, not how often a page sends it
@@ -291,4 +292,12 @@ class SequentialClient(Person):
         self.run_page()
         self.quotas()
         self.telemetry()
-        self.healthz()
+        if self.probe:
+            self.healthz()
+
+
+class Flood(SequentialClient):
+    """Several of these at once: the people's kinds of request without their pauses, so
+    that the portal, not the people, sets how many requests a second are served."""
+
+    probe = False

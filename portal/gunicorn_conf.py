@@ -3,9 +3,9 @@
 One process per core, plus one, each serving one request at a time (sync workers): a
 request of the portal computes far longer than it waits on PostgreSQL (~25 ms of CPU for
 ~1–3 ms of database), so threads in a process mostly queue on Python's lock. Measured on 2
-cores with 100 people (docs/benchmarks.md, *Load*), 4 threads a worker gave no more
-throughput (1.01× in one run, 0.97× in another) and no steadier p95 (390 vs 430 ms, 820 vs
-330 ms): the simpler model stays the default. ``GANTRY_WEB_THREADS`` above 1 runs threaded
+cores with 100 people (docs/benchmarks-notes.md, *Load: the worker model*), 4 threads a
+worker gave no more throughput (1.01× in two runs) and no steadier p95 (390 vs 430 ms, 250
+vs 200 ms): the simpler model stays the default. ``GANTRY_WEB_THREADS`` above 1 runs threaded
 workers (gthread) for hosts whose requests wait more than they compute. Both numbers can be
 set (docs/operations.md).
 """
