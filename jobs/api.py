@@ -45,6 +45,7 @@ from jobs.selectors.runs import (
     run_page_viewable,
 )
 from jobs.serializers import (
+    RUN_COLUMNS,
     ErrorSerializer,
     ExperimentFilterSerializer,
     ExperimentInputSerializer,
@@ -179,6 +180,7 @@ class RunViewSet(viewsets.GenericViewSet):
             tenant_slug=query.validated_data.get("tenant", ""),
             before=query.validated_data.get("before"),
             after=query.validated_data.get("after"),
+            columns=RUN_COLUMNS,
         )
         url = request.build_absolute_uri()
         body = {

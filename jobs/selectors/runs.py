@@ -63,6 +63,7 @@ def run_page_viewable(
     before: int | None = None,
     after: int | None = None,
     count_up_to: int | None = None,
+    columns: Collection[str] = (),
 ) -> RunPage:
     """A page of the runs the user may read, in ``states`` (any if empty), of the tenant
     ``tenant_slug`` if given (none if the user may not read it), submitted by
@@ -74,6 +75,10 @@ def run_page_viewable(
     The same queries whatever the page and however many runs match: the readable
     tenants, the page, its submitters (none for an empty page), and with ``count_up_to`` a
     count of the matching runs that stops after that many.
+
+    ``columns``, if given, are the only ones loaded (``QuerySet.only``, related ones as
+    ``experiment__name``), for a caller that reads no others; else all but the large
+    experiment fields. A column read but not loaded costs a query per run.
     """
     tenants = list(tenant_list_viewable(user=user))
     # The ids go into the SQL as values, so PostgreSQL walks the (tenant, submitted_at)
@@ -87,11 +92,10 @@ def run_page_viewable(
     # Joining all seven tables costs PostgreSQL far more to plan (~10 ms, beyond five
     # tables) than to run: the tenants are at hand already and the submitters come in a
     # query of their own.
-    listed = (
-        runs.select_related("experiment__project", "flavor", "cluster")
-        .prefetch_related("submitted_by")
-        .defer(*RUN_LIST_DEFERRED)
+    listed = runs.select_related("experiment__project", "flavor", "cluster").prefetch_related(
+        "submitted_by"
     )
+    listed = listed.only(*columns) if columns else listed.defer(*RUN_LIST_DEFERRED)
     rows, has_newer, has_older = keyset_page(
         listed,
         readable=Run.objects.filter(tenant_id__in=[t.pk for t in tenants]),
@@ -200,11 +204,7 @@ def run_events(*, run: Run, user: UserLike) -> QuerySet[RunEvent]:
         if is_platform_admin(user)
         else F("message")
     )
-    return (
-        run.events.select_related("actor", "attempt")
-        .annotate(shown_message=shown)
-        .order_by("at", "id")
-    )
+    return run.events.select_related("actor").annotate(shown_message=shown).order_by("at", "id")
 
 
 def run_attempts(*, run: Run) -> QuerySet[Attempt]:
