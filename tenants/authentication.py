@@ -29,6 +29,11 @@ from rest_framework import authentication, exceptions
 from tenants.models import ApiToken, LoginFailure, max_length_of
 
 
+# "Last used" is kept to the minute: a script calling the API many times a second would
+# otherwise write the token's row on every request.
+TOKEN_LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
 class ApiTokenAuthentication(authentication.BaseAuthentication):
     """``Authorization: Bearer gty_…`` (``Token`` is accepted too). Only hashes are stored."""
 
@@ -60,7 +65,8 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             )
         if token.expires_at is not None and token.expires_at <= now:
             raise exceptions.AuthenticationFailed("Token expired.")
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        if token.last_used_at is None or now - token.last_used_at >= TOKEN_LAST_USED_RESOLUTION:
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         return token.user, token
 
     def authenticate_header(self, request):

@@ -4,6 +4,7 @@ import dataclasses
 from datetime import timedelta
 
 import pytest
+import time_machine
 from django.core.cache import cache
 from django.urls import reverse
 from django.utils import timezone
@@ -219,14 +220,22 @@ def test_no_token_is_401_with_bearer_challenge(world):
     assert response["WWW-Authenticate"] == 'Bearer realm="api"'
 
 
-def test_last_used_at_is_recorded(world):
+def test_last_used_at_is_recorded_to_the_minute(world):
     token, secret = api_token_create(user=world.researcher_a)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION="Token " + secret)
+    first = timezone.now().replace(microsecond=0) + timedelta(hours=1)
 
-    assert client.get(RUNS).status_code == 200
-    token.refresh_from_db()
-    assert token.last_used_at is not None
+    def used_at(moment):
+        with time_machine.travel(moment, tick=False):
+            assert client.get(RUNS).status_code == 200
+        token.refresh_from_db()
+        return token.last_used_at
+
+    assert used_at(first) == first
+    # Within the minute the row is not written again (one write a minute, not a request).
+    assert used_at(first + timedelta(seconds=59)) == first
+    assert used_at(first + timedelta(seconds=60)) == first + timedelta(seconds=60)
 
 
 # --- submit -----------------------------------------------------------------------------
@@ -545,11 +554,12 @@ def test_lists_use_a_fixed_number_of_queries(world, django_assert_num_queries):
         submit(world, world.researcher_a)
     admission_run_cycle()  # some runs get a cluster, which the list shows
 
-    # token, its last_used_at, global roles, memberships, then tenants, page, its
-    # submitters and the queued ones' places in line for runs, count and page for experiments
+    # token, its last_used_at (the first use in a minute only), global roles, memberships,
+    # then tenants, page, its submitters and the queued ones' places in line for runs, count
+    # and page for experiments
     with django_assert_num_queries(8):
         runs_page = client.get(RUNS)
-    with django_assert_num_queries(6):
+    with django_assert_num_queries(5):
         experiments_page = client.get(EXPERIMENTS)
 
     assert len(runs_page.json()["results"]) == experiments_page.json()["count"] == 11
