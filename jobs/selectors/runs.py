@@ -63,6 +63,7 @@ def run_page_viewable(
     before: int | None = None,
     after: int | None = None,
     count_up_to: int | None = None,
+    fields: Collection[str] = (),
 ) -> RunPage:
     """A page of the runs the user may read, in ``states`` (any if empty), of the tenant
     ``tenant_slug`` if given (none if the user may not read it), submitted by
@@ -73,7 +74,9 @@ def run_page_viewable(
     the filters (a run that has left the filtered state still marks where a page ends).
     The same queries whatever the page and however many runs match: the readable
     tenants, the page, its submitters (none for an empty page), and with ``count_up_to`` a
-    count of the matching runs that stops after that many.
+    count of the matching runs that stops after that many. With ``fields`` (as for
+    ``QuerySet.only``), the runs and their experiment, project, flavor and cluster load
+    these fields alone; else all but the experiment's large ones.
     """
     tenants = list(tenant_list_viewable(user=user))
     # The ids go into the SQL as values, so PostgreSQL walks the (tenant, submitted_at)
@@ -87,11 +90,10 @@ def run_page_viewable(
     # Joining all seven tables costs PostgreSQL far more to plan (~10 ms, beyond five
     # tables) than to run: the tenants are at hand already and the submitters come in a
     # query of their own.
-    listed = (
-        runs.select_related("experiment__project", "flavor", "cluster")
-        .prefetch_related("submitted_by")
-        .defer(*RUN_LIST_DEFERRED)
+    listed = runs.select_related("experiment__project", "flavor", "cluster").prefetch_related(
+        "submitted_by"
     )
+    listed = listed.only(*fields) if fields else listed.defer(*RUN_LIST_DEFERRED)
     rows, has_newer, has_older = keyset_page(
         listed,
         readable=Run.objects.filter(tenant_id__in=[t.pk for t in tenants]),
