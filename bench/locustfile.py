@@ -2,7 +2,8 @@
 follow runs through the API, researchers and tenant admins who browse the pages after
 logging in, and a health probe. A person reading a run page or the run list leaves it open:
 the page polls its live parts as the browser does (``LIVE_READS`` polls, each after the
-page's own interval), sending the section versions it shows.
+page's own interval), sending the versions it shows (the run page's sections, the run
+list's results).
 
 ``bench/load.py`` starts Locust with the users' credentials in the JSON file named by
 GANTRY_LOAD_USERS (written when it seeds the database), and reads back the request
@@ -26,6 +27,9 @@ RUN_LINK = re.compile(r'href="/runs/(\d+)/"')
 LIVE_VERSION = re.compile(r'<input type="hidden" name="([^"]+)" value="([^"]*)" data-live-version>')
 LIVE_POLL_MS = re.compile(r'hx-get="(/runs/\d+/live/)" hx-trigger="every (\d+)ms"')
 LIST_POLL_S = re.compile(r'hx-get="([^"]*partial=rows[^"]*)" hx-trigger="every (\d+)s"')
+LIST_VERSION = re.compile(
+    r'<input type="hidden" name="shown" value="([^"]*)" data-live-list-version>'
+)
 LIVE_READS = 2  # polls while a person reads a page they opened (then they think)
 CSRF = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
 OLDER_LINK = re.compile(r'href="\?([^"]*before=\d+[^"]*)" rel="next"')
@@ -156,11 +160,20 @@ class Person(FastHttpUser):
             older = OLDER_LINK.search(text)
             self.older = older.group(1).replace("&amp;", "&") if older else None
         polled = LIST_POLL_S.search(text)
+        shown = LIST_VERSION.search(text)
         for _ in range(LIVE_READS if polled else 0):
             self._sleep(int(polled.group(2)))
             url = "/runs/" + polled.group(1).replace("&amp;", "&")
-            with self.client.get(url, name="live: run list rows", catch_response=True) as response:
-                expect(response, 200)
+            params = {"shown": shown.group(1)} if shown else {}
+            with self.client.get(
+                url, params=params, name="live: run list rows", catch_response=True
+            ) as response:
+                if response.status_code not in (200, 204):  # 204: the list shows no change
+                    expect(response, 200)
+                    return
+                response.success()
+                if response.status_code == 200:
+                    shown = LIST_VERSION.search(response.text or "")
 
     def _sleep(self, seconds: float) -> None:
         gevent.sleep(seconds)  # Locust's users are greenlets

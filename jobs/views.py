@@ -7,6 +7,7 @@ objects are 404, exactly like missing ones.
 import json
 import uuid
 from functools import wraps
+from http import HTTPStatus
 from itertools import groupby
 
 import yaml
@@ -20,6 +21,7 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -31,6 +33,7 @@ from jobs.access import (
     experiment_can_rerun,
     experiment_list_viewable,
     run_can_cancel,
+    run_can_submit,
     run_list_viewable,
     template_list_manageable,
     template_list_usable,
@@ -48,6 +51,7 @@ from jobs.forms import (
 )
 from jobs.models import Cluster, RunState
 from jobs.reproducibility import experiment_diff, runtime_rows
+from jobs.run_rows import RUN_ROW_FIELDS, run_row, run_row_html, run_rows_version
 from jobs.selectors import logs
 from jobs.selectors.estimates import run_start_estimate
 from jobs.selectors.experiments import (
@@ -147,7 +151,9 @@ _LIST_DEFERRED = ("experiment__command", "experiment__params", "experiment__env"
 @require_GET
 def run_list(request: HttpRequest) -> HttpResponse:
     """The runs the user may read, newest first. Its first page refreshes itself: the page
-    polls itself with ``partial=rows`` for the results alone (filters kept)."""
+    polls itself with ``partial=rows`` for the results alone (filters kept), sending the
+    version of the results it shows as ``shown``; the answer is 204, nothing to swap, while
+    the results would render the same."""
     state = request.GET.get("state", "")
     invalid_state = state if state and state not in RunState.values else ""
     if invalid_state:
@@ -165,25 +171,46 @@ def run_list(request: HttpRequest) -> HttpResponse:
         before=before,
         after=after,
         count_up_to=RUN_COUNT_LIMIT,
+        columns=RUN_ROW_FIELDS,
     )
-    runs_usage(page.runs, now=timezone.now())
+    now = timezone.now()
+    runs_usage(page.runs, now=now)
+    rows = [run_row(run, now=now) for run in page.runs]
     paged = before is not None or after is not None
-    context = {
+    partial = request.GET.get("partial") == "rows"
+    # The query the links of the results keep: the filters and the page, not what a poll
+    # adds (each link sets ``partial`` itself).
+    query = request.GET.copy()
+    query.pop("partial", None)
+    query.pop("shown", None)
+    results = {
         "page": page,
         "runs": page.runs,
-        "RunState": RunState,
-        "states": RunState.choices,
         "state": state,
-        "invalid_state": invalid_state,
-        "tenants": page.tenants,
         "tenant": tenant,
         "mine": mine,
         "filtered": bool(state or tenant or mine),
         "paged": paged,
         "refresh_s": None if paged else RUN_LIST_REFRESH_S,
+        "query": query,
+        "nav_can_submit": run_can_submit(user=request.user),
     }
-    if request.GET.get("partial") == "rows":
-        return render(request, "jobs/_run_results.html", context)
+    # All else the results show follows from the query.
+    version = run_rows_version(
+        rows, page.newer, page.older, page.count, sorted(query.lists()), results["nav_can_submit"]
+    )
+    if partial and request.GET.get("shown") == version:
+        return HttpResponse(status=HTTPStatus.NO_CONTENT)  # htmx swaps nothing
+    results |= {"rows_html": [run_row_html(row) for row in rows], "version": version}
+    if partial:
+        # The results alone, without the page's context processors (navigation, counts).
+        return HttpResponse(render_to_string("jobs/_run_results.html", results))
+    context = {
+        **results,
+        "states": RunState.choices,
+        "invalid_state": invalid_state,
+        "tenants": page.tenants,
+    }
     return render(request, "jobs/run_list.html", context)
 
 

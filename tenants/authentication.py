@@ -28,7 +28,6 @@ from rest_framework import authentication, exceptions
 
 from tenants.models import ApiToken, LoginFailure, max_length_of
 
-
 # "Last used" is kept to the minute: a script calling the API many times a second would
 # otherwise write the token's row on every request.
 TOKEN_LAST_USED_RESOLUTION = timedelta(minutes=1)

@@ -1,11 +1,14 @@
 """Finding things in a real browser (headless Debian Chromium through Playwright, see
 tests/browser_support.py): searching and filtering the experiments list, picking the other
 side of a comparison, the run list's "Mine" toggle, and the run list refreshing itself in
-place while the runs change through the real services.
+place while the runs change through the real services, its polls answered "no change"
+while they hold.
 """
 
 import re
+from datetime import timedelta
 
+from django.db.models import F
 from playwright.sync_api import Page, expect
 
 from jobs.models import Run, RunState
@@ -157,3 +160,25 @@ def test_the_run_list_updates_in_place_as_runs_change(world, persona_page, tmp_p
     assert rows_in_page(page) == rows_in_database(world.researcher_a)
     assert len(rows_in_page(page)) == 3
     screenshot(page, "run-list-live", tmp_path)
+
+
+def test_the_run_list_poll_sends_the_version_shown_and_swaps_nothing_while_it_holds(
+    world, persona_page
+):
+    ended = [submit(world), submit(world, user=world.researcher_a2)]
+    for run in ended:
+        run_cancel(run=run, actor=run.submitted_by)
+    # Submitted days ago and ended: nothing the rows show changes while the test runs.
+    Run.objects.update(submitted_at=F("submitted_at") - timedelta(days=3))
+    page = persona_page(world.researcher_a)
+    page.goto("/runs/")
+    shown = page.locator("[data-live-list-version]").get_attribute("value")
+    rows = page.locator("#run-results").inner_html()
+
+    with page.expect_response(lambda response: "partial=rows" in response.url) as polled:
+        pass
+
+    assert polled.value.status == 204
+    assert f"shown={shown}" in polled.value.url
+    assert page.locator("#run-results").inner_html() == rows
+    assert rows_in_page(page) == rows_in_database(world.researcher_a)
