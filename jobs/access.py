@@ -97,5 +97,7 @@ def run_can_cancel(*, user: UserLike, run: Run) -> bool:
 
 
 def experiment_can_rerun(*, user: UserLike, experiment: Experiment) -> bool:
-    """Re-running spends the tenant's quota: membership is required, like submitting."""
-    return tenant_list_submittable(user=user).filter(pk=experiment.tenant_id).exists()
+    """Re-running spends the tenant's quota: membership is required, like submitting
+    (``tenant_list_submittable``: a membership in an active tenant, read from the request's
+    cached roles)."""
+    return experiment.tenant_id in tenant_roles(user)

@@ -21,6 +21,7 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
+from django.template.defaultfilters import timesince_filter
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
@@ -401,39 +402,144 @@ def _attempt_records(attempts) -> list[tuple]:
     return [(attempt, runtime_rows(attempt.runtime_env)) for attempt in attempts]
 
 
-# The live sections of the run page: (element id, template), each swapped in on its own.
+def _status_inputs(context) -> tuple:
+    run, estimate = context["run"], context["start_estimate"]
+    return (
+        run.pk,
+        run.state,
+        run.borrowed,
+        run.over_budget,
+        run.wait_reason,
+        run.wait_message,
+        run.queue_position,
+        run.tenant.slug,
+        run.failure_reason,
+        run.cancel_requested_at is not None,
+        context["can_cancel"],
+        estimate is not None,
+        context["start_summary"],
+        estimate and estimate.estimated_at,
+        estimate and timesince_filter(estimate.estimated_at),
+    )
+
+
+def _placement_inputs(context) -> tuple:
+    run, latest = context["run"], context["latest_attempt"]
+    return (
+        run.cluster.name if run.cluster else None,
+        run.is_terminal,
+        latest and latest.node_list,
+        latest and latest.placement,
+        run.restarts,
+        run.experiment.max_restarts,
+        run.started_at,
+        run.finished_at,
+    )
+
+
+def _events_inputs(context) -> tuple:
+    return tuple(
+        (
+            event.at,
+            event.from_state,
+            event.to_state,
+            event.reason,
+            event.shown_message,
+            event.actor.get_username() if event.actor else None,
+        )
+        for event in context["events"]
+    )
+
+
+def _attempts_inputs(context) -> tuple:
+    return tuple(
+        (
+            attempt.number,
+            attempt.cluster.name,
+            attempt.backend_job_id,
+            attempt.state,
+            attempt.node_list,
+            attempt.placement,
+            attempt.started_at,
+            attempt.finished_at,
+            attempt.exit_code,
+            attempt.failure_reason,
+            attempt.failure_message,
+            attempt.backend_error,
+        )
+        for attempt in context["attempts"]
+    )
+
+
+def _logs_inputs(context) -> tuple:
+    return (
+        context["run"].pk,
+        context["logs"],
+        context["logs_cut"],
+        context["log_tail_lines"],
+        context["log_tail_kib"],
+    )
+
+
+def _runtime_inputs(context) -> tuple:
+    return tuple(
+        (
+            attempt.pk,
+            attempt.number,
+            attempt.cluster.name,
+            attempt.cluster.backend,
+            attempt.state,
+            attempt.runtime_reported_at,
+            runtime,
+            attempt.node_list,
+            attempt.gpu_uuids,
+            attempt.rendered_spec,
+        )
+        for attempt, runtime in context["attempt_records"]
+    )
+
+
+# The live sections of the run page, each swapped in on its own; the inputs of each are what
+# its template shows (a poll compares versions of them, and renders only what changed).
 RUN_LIVE_SECTIONS = (
-    ("run-status", "jobs/live/_status.html"),
-    ("run-placement", "jobs/live/_placement.html"),
-    ("run-events", "jobs/live/_events.html"),
-    ("run-attempts", "jobs/live/_attempts.html"),
-    ("run-logs", "jobs/live/_logs.html"),
-    ("run-runtime", "jobs/live/_runtime.html"),
+    live.LiveSectionSpec("run-status", "jobs/live/_status.html", _status_inputs),
+    live.LiveSectionSpec("run-placement", "jobs/live/_placement.html", _placement_inputs),
+    live.LiveSectionSpec("run-events", "jobs/live/_events.html", _events_inputs),
+    live.LiveSectionSpec("run-attempts", "jobs/live/_attempts.html", _attempts_inputs),
+    live.LiveSectionSpec("run-logs", "jobs/live/_logs.html", _logs_inputs),
+    live.LiveSectionSpec("run-runtime", "jobs/live/_runtime.html", _runtime_inputs),
 )
 
 
-def _run_live_sections(request: HttpRequest, run) -> dict[str, live.LiveSection]:
+def _run_live_context(request: HttpRequest, run) -> dict:
     context = _status_context(request, run)
     attempts = list(context["attempts"])
     context["attempts"] = attempts
+    context["events"] = list(context["events"])
     context["latest_attempt"] = attempts[-1] if attempts else None
     context["attempt_records"] = _attempt_records(attempts)
     context["logs"], context["logs_cut"] = run_log_tail(
-        run=run, lines=LOG_TAIL_LINES, max_chars=LOG_TAIL_MAX_CHARS
+        run=run, lines=LOG_TAIL_LINES, max_chars=LOG_TAIL_MAX_CHARS, attempts=attempts
     )
     context["log_tail_lines"] = LOG_TAIL_LINES
     context["log_tail_kib"] = LOG_TAIL_MAX_CHARS // 1024
-    return live.sections_render(request=request, templates=RUN_LIVE_SECTIONS, context=context)
+    return context
 
 
 @login_required
 @require_GET
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
     run = or_404(run_get_viewable, user=request.user, run_id=run_id)
-    sections = _run_live_sections(request, run)
+    live_context = _run_live_context(request, run)
+    sections = live.sections_render(
+        request=request,
+        specs=RUN_LIVE_SECTIONS,
+        context=live_context,
+        versions=live.sections_versions(specs=RUN_LIVE_SECTIONS, context=live_context),
+    )
     context = {
         "run": run,
-        "live": {key.removeprefix("run-"): section for key, section in sections.items()},
+        "live": {section.id.removeprefix("run-"): section for section in sections},
         "live_poll_ms": settings.GANTRY_LIVE_POLL_MS,
         "can_rerun": experiment_can_rerun(user=request.user, experiment=run.experiment),
         "submission_key": uuid.uuid4(),  # of the re-run form
@@ -447,11 +553,21 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 def run_live(request: HttpRequest, run_id: int) -> HttpResponse:
     """The run page's live sections that changed since the versions the page sent (all of
     them without versions), for htmx to swap out of band. Nothing changed: 204, or 286
-    (htmx stops polling) once the run has finished, as the page then shows its end."""
+    (htmx stops polling) once the run has finished, as the page then shows its end. Only
+    the changed sections are rendered."""
     run = or_404(run_get_viewable, user=request.user, run_id=run_id)
-    changed = live.sections_changed(_run_live_sections(request, run).values(), request.GET)
+    context = _run_live_context(request, run)
+    versions = live.sections_versions(specs=RUN_LIVE_SECTIONS, context=context)
+    changed = live.sections_changed(versions, request.GET)
     if changed:
-        return render(request, "jobs/live/_changed.html", {"sections": changed})
+        sections = live.sections_render(
+            request=request,
+            specs=RUN_LIVE_SECTIONS,
+            context=context,
+            versions=versions,
+            only=changed,
+        )
+        return render(request, "jobs/live/_changed.html", {"sections": sections})
     return HttpResponse(status=live.HTMX_STOP_POLLING if run.is_terminal else 204)
 
 

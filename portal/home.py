@@ -13,6 +13,7 @@ A person with several roles gets each of their sections. Every section costs a f
 number of queries whatever the number of runs, tenants and clusters.
 """
 
+from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
@@ -116,12 +117,21 @@ def _waiting(runs: QuerySet[Run]) -> list[Run]:
     return waiting
 
 
+def _all_shown(waiting: list[Run]) -> bool:
+    """Whether the first runs in line are all there are (fewer than a full list): their
+    number is then known without counting them."""
+    return len(waiting) < WAITING_RUNS_SHOWN
+
+
 def _researcher(*, user: UserLike, now: datetime) -> ResearcherSection:
     mine = run_list_viewable(user=user).filter(submitted_by_id=user.pk)
+    waiting = _waiting(mine)
     return ResearcherSection(
         recent=list(_run_rows(mine).order_by("-submitted_at", "-id")[:RECENT_RUNS]),
-        waiting=_waiting(mine),
-        waiting_count=mine.filter(state=RunState.QUEUED).count(),
+        waiting=waiting,
+        waiting_count=len(waiting)
+        if _all_shown(waiting)
+        else mine.filter(state=RunState.QUEUED).count(),
         goodput=goodput_of_runs(runs=mine, since=now - timedelta(days=GOODPUT_DAYS), until=now),
         goodput_days=GOODPUT_DAYS,
     )
@@ -139,13 +149,18 @@ def _tenant_admin(*, user: UserLike, tenant_ids: list[int]) -> list[Administered
         .values_list("tenant_id", "count")
     )
     queued = run_list_viewable(user=user).filter(tenant_id__in=tenant_ids, state=RunState.QUEUED)
-    waiting_counts = dict(
-        queued.order_by()
-        .values_list("tenant_id")
-        .annotate(count=Count("id"))
-        .values_list("tenant_id", "count")
-    )
     waiting = _waiting(queued)
+    if _all_shown(waiting):
+        waiting_counts = Counter(run.tenant_id for run in waiting)
+    else:
+        waiting_counts = Counter(
+            dict(
+                queued.order_by()
+                .values_list("tenant_id")
+                .annotate(count=Count("id"))
+                .values_list("tenant_id", "count")
+            )
+        )
     return [
         AdministeredTenant(
             tenant=tenant,

@@ -1,6 +1,6 @@
 """Reads of a run's logs from its backend: tails and whole downloads."""
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from jobs import metrics
 from jobs.backends import (
@@ -14,13 +14,20 @@ from jobs.models import (
 )
 
 
-def _latest_submitted_attempt(run: Run) -> Attempt | None:
-    attempt = run.attempts.select_related("cluster").order_by("-number").first()
+def _latest_submitted_attempt(
+    run: Run, attempts: Sequence[Attempt] | None = None
+) -> Attempt | None:
+    """``attempts``: all the run's attempts in number order (with their clusters), when the
+    caller has them already."""
+    if attempts is None:
+        attempt = run.attempts.select_related("cluster").order_by("-number").first()
+    else:
+        attempt = attempts[-1] if attempts else None
     return attempt if attempt is not None and attempt.backend_job_id else None
 
 
-def run_logs(*, run: Run, tail: int = 200) -> str:
-    attempt = _latest_submitted_attempt(run)
+def run_logs(*, run: Run, tail: int = 200, attempts: Sequence[Attempt] | None = None) -> str:
+    attempt = _latest_submitted_attempt(run, attempts)
     if attempt is None:
         return ""
     try:
@@ -44,11 +51,14 @@ def text_tail(text: str, *, max_chars: int) -> tuple[str, bool]:
     return tail, True
 
 
-def run_log_tail(*, run: Run, lines: int, max_chars: int) -> tuple[str, bool]:
+def run_log_tail(
+    *, run: Run, lines: int, max_chars: int, attempts: Sequence[Attempt] | None = None
+) -> tuple[str, bool]:
     """The end of the latest attempt's log for a page: ``lines`` lines at most, and no more
     than ``max_chars`` characters however long they are (a multi-MB log must not become a
-    multi-MB page); with whether it was cut to ``max_chars``."""
-    return text_tail(run_logs(run=run, tail=lines), max_chars=max_chars)
+    multi-MB page); with whether it was cut to ``max_chars``. ``attempts``: all the run's
+    attempts in number order, when the caller has them (no query for the latest)."""
+    return text_tail(run_logs(run=run, tail=lines, attempts=attempts), max_chars=max_chars)
 
 
 # Backends that cannot stream a whole log give this many of its last lines for a download.

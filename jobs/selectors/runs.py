@@ -178,9 +178,11 @@ def runs_usage(runs: Sequence[Run], *, now: datetime) -> None:
 
 
 def run_get_viewable(*, user: UserLike, run_id: int) -> Run:
-    """The run, or DoesNotExist alike for a missing run and another tenant's run."""
+    """The run, or DoesNotExist alike for a missing run and another tenant's run; its
+    place in line if it is queued (a query only then: other runs have none)."""
     run = run_list_viewable(user=user).select_related("experiment__image").get(pk=run_id)
-    runs_place_in_line([run])
+    if run.state == RunState.QUEUED:
+        runs_place_in_line([run])
     return run
 
 

@@ -202,7 +202,7 @@ def test_the_experiments_list_costs_the_same_queries_for_3_and_40_experiments(
 
 # The session and its user, the navigation (roles, notifications, finance access), the
 # readable tenants, the page with its run counts, the project and template choices.
-EXPERIMENT_LIST_QUERIES = 9
+EXPERIMENT_LIST_QUERIES = 8
 
 
 # --- comparing by picking -------------------------------------------------------------------

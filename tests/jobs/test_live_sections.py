@@ -1,19 +1,25 @@
-"""The run page's live sections: versioned by content, sent back only when they changed, and
-the end of polling once a finished run is shown whole (jobs.live, jobs.views.run_live)."""
+"""The run page's live sections: versioned by what they show, sent back only when they
+changed, and the end of polling once a finished run is shown whole (jobs.live,
+jobs.views.run_live)."""
 
 import re
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.contrib.auth.models import User
+from django.test import RequestFactory
 from django.urls import reverse
-from django.utils.safestring import mark_safe
+from django.utils import timezone
 
-from jobs.live import LiveSection, section_version, sections_changed
-from jobs.models import Attempt, RunState, SimulatedJob
+from jobs.live import section_version, sections_changed, sections_render, sections_versions
+from jobs.models import Attempt, Run, RunState, SimulatedJob, WaitReason
 from jobs.selectors.logs import run_logs
+from jobs.selectors.runs import run_get_viewable
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import attempt_report_runtime, cluster_sync
 from jobs.services.lifecycle import run_cancel
+from jobs.views import RUN_LIVE_SECTIONS, _run_live_context
 from tests.jobs.test_lifecycle import age_simulated_jobs, submit
 
 SECTION = re.compile(
@@ -54,30 +60,133 @@ def live(client, run, shown: dict[str, str] | None = None):
 # --- jobs.live -------------------------------------------------------------------------------
 
 
-def test_a_section_version_ignores_the_csrf_token_and_sees_every_other_change():
-    form = '<form><input type="hidden" name="csrfmiddlewaretoken" value="{}"><b>{}</b></form>'
+def test_a_section_version_follows_its_inputs_and_the_time_zone_they_are_shown_in():
+    inputs = ("RUNNING", datetime(2025, 3, 1, 12, 0, tzinfo=UTC), ["node-1", "node-2"], None)
 
-    first = section_version(form.format("a" * 64, "Running"))
-    same = section_version(form.format("b" * 64, "Running"))
-    other = section_version(form.format("a" * 64, "Succeeded"))
+    first = section_version("run-status", inputs)
+    same = section_version("run-status", (*inputs[:2], ["node-1", "node-2"], None))
+    other = section_version("run-status", ("SUCCEEDED", *inputs[1:]))
+    other_section = section_version("run-placement", inputs)
+    with timezone.override("Europe/Berlin"):
+        elsewhere = section_version("run-status", inputs)
 
     assert first == same
-    assert first != other
+    assert len({first, other, other_section, elsewhere}) == 4
     assert re.fullmatch(r"[0-9a-f]{16}", first)
 
 
+def test_a_section_input_must_be_plain_data(world):
+    with pytest.raises(TypeError, match="plain data, not Tenant"):
+        section_version("run-status", (world.vision,))
+
+
 def test_changed_sections_are_those_the_page_does_not_show_in_this_version():
-    sections = [
-        LiveSection("run-status", mark_safe("<p>Running</p>"), "1111111111111111"),
-        LiveSection("run-logs", mark_safe("<pre>step 1</pre>"), "2222222222222222"),
-        LiveSection("run-events", mark_safe("<ol></ol>"), "3333333333333333"),
-    ]
+    versions = {
+        "run-status": "1111111111111111",
+        "run-logs": "2222222222222222",
+        "run-events": "3333333333333333",
+    }
     shown = {"run-status": "1111111111111111", "run-logs": "0000000000000000"}
 
-    assert [section.id for section in sections_changed(sections, shown)] == [
-        "run-logs",
-        "run-events",
-    ]
+    assert sections_changed(versions, shown) == ["run-logs", "run-events"]
+
+
+# --- versions from inputs against versions of the HTML ----------------------------------------
+
+_CSRF_TOKEN = re.compile(r'name="csrfmiddlewaretoken" value="[^"]*"')
+
+
+def rendered_sections(run, user) -> dict[str, tuple[str, str]]:
+    """Each live section of the run page as ``user`` sees it now: (HTML without its CSRF
+    token, version)."""
+    request = RequestFactory().get("/")
+    request.user = User.objects.get(pk=user.pk)  # roles cached afresh, as per request
+    run = run_get_viewable(user=request.user, run_id=run.pk)
+    context = _run_live_context(request, run)
+    versions = sections_versions(specs=RUN_LIVE_SECTIONS, context=context)
+    sections = sections_render(
+        request=request, specs=RUN_LIVE_SECTIONS, context=context, versions=versions
+    )
+    return {
+        section.id: (_CSRF_TOKEN.sub("", section.html), section.version) for section in sections
+    }
+
+
+def assert_versions_follow_html(snapshots: list[dict[str, tuple[str, str]]]) -> None:
+    """Across every pair of snapshots, a section has the same version exactly when it has
+    the same HTML: never a stale section, never a needless swap."""
+    for section_id in ALL_SECTIONS:
+        seen = [snapshot[section_id] for snapshot in snapshots]
+        for html_a, version_a in seen:
+            for html_b, version_b in seen:
+                assert (html_a == html_b) == (version_a == version_b), (section_id, html_a, html_b)
+
+
+def test_section_versions_change_exactly_when_their_html_does_through_a_run_life(world):
+    viewers = (world.researcher_a, world.researcher_a2, world.tenant_admin_a, world.platform_admin)
+    snapshots = []
+
+    def snapshot():
+        for viewer in viewers:
+            snapshots.append(rendered_sections(run, viewer))
+
+    ahead = submit(world, priority=90)
+    run = submit(world)
+    snapshot()
+    Run.objects.filter(pk=run.pk).update(
+        wait_reason=WaitReason.QUOTA, wait_message="tenant vision uses its 16 GPUs"
+    )
+    snapshot()
+    estimated_at = timezone.now() - timedelta(minutes=3)
+    Run.objects.filter(pk=run.pk).update(
+        start_estimated_at=estimated_at,
+        start_latest_at=estimated_at + timedelta(hours=2),
+        start_expected_at=estimated_at + timedelta(hours=1),
+    )
+    snapshot()
+    Run.objects.filter(pk=run.pk).update(start_estimated_at=estimated_at - timedelta(hours=1))
+    snapshot()
+    run_cancel(run=ahead, actor=world.researcher_a)  # one place up in line
+    snapshot()
+    Run.objects.filter(pk=run.pk).update(wait_reason="", wait_message="")
+    admission_run_cycle()
+    snapshot()
+    attempt = Attempt.objects.get(run=run)
+    attempt_submit(attempt_id=attempt.pk)
+    snapshot()
+    cluster_sync(cluster=world.cluster)
+    snapshot()
+    Attempt.objects.filter(pk=attempt.pk).update(last_seen_at=timezone.now())  # not shown
+    snapshot()
+    attempt_report_runtime(attempt=attempt, report={"driver_version": "550.54.15"})
+    snapshot()
+    age_simulated_jobs(300)
+    snapshot()
+    Run.objects.filter(pk=run.pk).update(borrowed=True, over_budget=True)
+    snapshot()
+    age_simulated_jobs(400)
+    cluster_sync(cluster=world.cluster)
+    snapshot()
+
+    assert Run.objects.get(pk=run.pk).state == RunState.SUCCEEDED
+    assert_versions_follow_html(snapshots)
+    # Not shown, so no change: the sync's last_seen_at moved no version.
+    assert snapshots[7 * len(viewers)] == snapshots[8 * len(viewers)]
+
+
+def test_section_versions_change_exactly_when_their_html_does_through_a_cancel(world):
+    run = submit(world)
+    snapshots = [rendered_sections(run, world.researcher_a)]
+    admission_run_cycle()
+    attempt_submit(attempt_id=Attempt.objects.get(run=run).pk)
+    cluster_sync(cluster=world.cluster)
+    snapshots.append(rendered_sections(run, world.researcher_a))
+    run_cancel(run=run, actor=world.researcher_a)
+    snapshots.append(rendered_sections(run, world.researcher_a))
+    cluster_sync(cluster=world.cluster)
+    snapshots.append(rendered_sections(run, world.researcher_a))
+
+    assert_versions_follow_html(snapshots)
 
 
 # --- the run page and its live answer ----------------------------------------------------------

@@ -166,14 +166,17 @@ def test_finance_sees_last_months_statements_and_what_is_still_open(demo):
 
 
 # Queries of the home page: the request's own (session, user, roles, notification badge)
-# plus each section's, the same whatever the number of runs, tenants and clusters.
-HOME_QUERIES = {"alice": 10, "tara": 19, "admin": 17, "fiona": 8}
+# plus each section's, at most this many whatever the number of runs, tenants and clusters
+# (a list of waiting runs shorter than a full one is its own count: no COUNT query then).
+HOME_QUERIES = {"alice": 9, "tara": 18, "admin": 16, "fiona": 7}
 
 
 @pytest.mark.parametrize("username", PERSONAS)
-def test_the_home_page_costs_a_fixed_number_of_queries(demo, username, django_assert_num_queries):
+def test_the_home_page_costs_a_fixed_number_of_queries(
+    demo, username, django_assert_max_num_queries
+):
     client = client_of(username)
-    with django_assert_num_queries(HOME_QUERIES[username]):
+    with django_assert_max_num_queries(HOME_QUERIES[username]):
         assert client.get("/").status_code == 200
     alice = User.objects.get(username="alice")
     for number in range(15):
@@ -190,7 +193,7 @@ def test_the_home_page_costs_a_fixed_number_of_queries(demo, username, django_as
                 name=f"more-{number}",
             ),
         )
-    with django_assert_num_queries(HOME_QUERIES[username]):
+    with django_assert_max_num_queries(HOME_QUERIES[username]):
         assert client.get("/").status_code == 200
 
 
