@@ -11,7 +11,8 @@ DATABASE_URL (created and migrated here, so the tests' database is never touched
 Celery on its in-memory broker: tasks enqueued on commit are dropped, not run. ``runlist``
 and ``load`` use databases of their own, named after DATABASE_URL's (``<name>_runlist``,
 ``<name>_load``); ``load`` also starts gunicorn, a Celery worker and beat on the Redis of
-CELERY_BROKER_URL.
+CELERY_BROKER_URL (the cache too), twice: for the code of an earlier commit (it needs this
+repository's history, as a clone has it) and for this checkout.
 """
 
 import os

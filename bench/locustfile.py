@@ -285,7 +285,6 @@ class SequentialClient(Person):
     while nobody else uses the portal."""
 
     wait_time = constant(0)
-    probe = True  # asks /healthz too
 
     def _sleep(self, seconds: float) -> None:
         pass  # polls right away: what each costs, not how often a page sends it
@@ -305,12 +304,28 @@ class SequentialClient(Person):
         self.run_page()
         self.quotas()
         self.telemetry()
-        if self.probe:
-            self.healthz()
+        self.healthz()
 
 
-class Flood(SequentialClient):
-    """Several of these at once: the people's kinds of request without their pauses, so
-    that the portal, not the people, sets how many requests a second are served."""
+# The flood: the same people without their pauses (reading, thinking, the pages' poll
+# intervals), in the same proportions, so that the portal, not the people, sets how many
+# requests a second are served.
 
-    probe = False
+
+def _no_pause(self, seconds: float) -> None:
+    pass
+
+
+class ApiFlood(ApiResearcher):
+    wait_time = constant(0)
+    _sleep = _no_pause
+
+
+class BrowserFlood(BrowserResearcher):
+    wait_time = constant(0)
+    _sleep = _no_pause
+
+
+class AdminFlood(TenantAdmin):
+    wait_time = constant(0)
+    _sleep = _no_pause
