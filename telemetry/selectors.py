@@ -1,12 +1,14 @@
 """Reads of the telemetry app."""
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from datetime import date, datetime, timedelta
+from datetime import date, datetime, timedelta, tzinfo
 from fractions import Fraction
 from itertools import groupby
 from typing import Any
 
+from django.db import connection, models
 from django.db.models import (
     Avg,
     Count,
@@ -14,7 +16,6 @@ from django.db.models import (
     Exists,
     F,
     FloatField,
-    Func,
     Max,
     OuterRef,
     Q,
@@ -65,12 +66,6 @@ def attempts_pending_accounting(*, limit: int) -> QuerySet[Attempt]:
     )
 
 
-def accounting_for_attempts(*, attempt_ids: list[int]) -> dict[int, AttemptAccounting]:
-    return {
-        row.attempt_id: row for row in AttemptAccounting.objects.filter(attempt_id__in=attempt_ids)
-    }
-
-
 # --- pages: a run's telemetry, a tenant's goodput, unmapped samples -------------------------
 #
 # Plain data out: the views turn it into tables and chart series. Every function answers in
@@ -95,9 +90,9 @@ STEP_PART_LABELS = {
 # day. Enough to see the shape of a run; few enough for the browser to draw at once.
 MAX_CHART_POINTS = 720
 _RESOLUTIONS = (
-    ("minute", TruncMinute, timedelta(minutes=1)),
-    ("hour", TruncHour, timedelta(hours=1)),
-    ("day", TruncDay, timedelta(days=1)),
+    ("minute", timedelta(minutes=1)),
+    ("hour", timedelta(hours=1)),
+    ("day", timedelta(days=1)),
 )
 
 
@@ -133,17 +128,6 @@ class GpuSeconds:
     activity_weighted: float = 0.0
     queue_s: float | None = None
     attempts: int = 0
-
-    @classmethod
-    def from_row(cls, row: AttemptAccounting) -> "GpuSeconds":
-        return cls(
-            allocated=row.allocated_gpu_s,
-            effective=row.effective_gpu_s,
-            **{name: getattr(row, f"{name}_gpu_s") for name in accounting.WASTE},
-            activity_weighted=row.activity_weighted_gpu_s,
-            queue_s=row.queue_s,
-            attempts=1,
-        )
 
     @classmethod
     def from_sums(cls, sums: Mapping[str, Any]) -> "GpuSeconds":
@@ -293,21 +277,6 @@ class StepSplit:
         return duration_text(self.checkpoint_s)
 
 
-# Named apart from the model's fields, which they would shadow inside the query.
-_STEP_SUMS = {
-    "sum_windows": Count("pk"),
-    "sum_steps": Sum("steps"),
-    "sum_step_s": Sum(F("steps") * F("step_time_s"), output_field=FloatField()),
-    "sum_data_wait_s": Sum("data_wait_s"),
-    "sum_comm_wait_s": Sum("comm_wait_s"),
-    "sum_checkpoint_s": Sum("checkpoint_s"),
-}
-
-
-def _step_split(row: Mapping[str, Any]) -> StepSplit:
-    return StepSplit(**{name.removeprefix("sum_"): row[name] or 0 for name in _STEP_SUMS})
-
-
 @dataclass(frozen=True, slots=True)
 class GpuSummary:
     """One GPU of one attempt over the attempt: means of the minute rollups (0-1)."""
@@ -415,22 +384,235 @@ def chart_resolution(*, first: datetime | None, last: datetime | None) -> str:
     ``MAX_CHART_POINTS`` points per line."""
     if first is None or last is None:
         return "minute"
-    for name, _, step in _RESOLUTIONS:
+    for name, step in _RESOLUTIONS:
         if last - first <= step * MAX_CHART_POINTS:
             return name
     return _RESOLUTIONS[-1][0]
-
-
-def _trunc(resolution: str, field: str) -> Func:
-    return next(trunc for name, trunc, _ in _RESOLUTIONS if name == resolution)(field)
 
 
 def _percent_of_one(value: float | None) -> float | None:
     return None if value is None else round(value * 100, 1)
 
 
+def _in_sql(sql: str, params: list) -> list[tuple]:
+    """Rows of a hand-written query. The page's reads are few, small and on every visit:
+    SQL spares the ORM's compilation of each (most of their cost) and its per-value
+    converters; identifiers come from model metadata, every value is a parameter."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def _table(model: type[models.Model]) -> str:
+    return connection.ops.quote_name(model._meta.db_table)
+
+
+def _bucket_sql(column: str) -> str:
+    """``column`` truncated to a bucket of the current time zone's wall time (as the ORM's
+    ``Trunc*`` writes it); the two parameters are the resolution and the zone's name."""
+    return f"DATE_TRUNC(%s, {column} AT TIME ZONE %s)"
+
+
+def _bucket_params(resolution: str) -> tuple[list, tzinfo]:
+    """The parameters of ``_bucket_sql`` and the zone that turns a bucket back into the
+    aware datetime the ORM would have made of it."""
+    zone = timezone.get_current_timezone()
+    # What the ORM binds for the zone (Postgres reads a "+05:00" offset the other way).
+    name = connection.ops._prepare_tzname_delta(  # type: ignore[attr-defined]
+        timezone.get_current_timezone_name()
+    )
+    return [resolution, name], zone
+
+
+def accounting_by_attempt(*, attempt_ids: list[int]) -> dict[int, GpuSeconds]:
+    """The stored accounting of each of ``attempt_ids`` that has one."""
+    if connection.vendor != "postgresql":
+        return _accounting_by_attempt_orm(attempt_ids)
+    names = ("allocated", *accounting.CATEGORIES, "activity_weighted")
+    columns = ", ".join(f"{name}_gpu_s" for name in names)
+    rows = _in_sql(
+        f"SELECT attempt_id, {columns}, queue_s FROM {_table(AttemptAccounting)} "  # noqa: S608
+        "WHERE attempt_id = ANY(%s)",
+        [attempt_ids],
+    )
+    return {
+        attempt_id: GpuSeconds(**dict(zip(names, gpu_s, strict=True)), queue_s=queue_s, attempts=1)
+        for attempt_id, *gpu_s, queue_s in rows
+    }
+
+
 def gpu_summaries(*, attempt_ids: list[int]) -> list[GpuSummary]:
     """Per attempt and GPU: minutes, mean activities, peak memory, minutes with XIDs."""
+    if connection.vendor != "postgresql":
+        return _gpu_summaries_orm(attempt_ids)
+    rows = _in_sql(
+        "SELECT attempt_id, host, gpu, COUNT(*), COUNT(activity), AVG(activity), "  # noqa: S608
+        "AVG(sm_active), COUNT(tensor_active), AVG(tensor_active), MAX(fb_used), "
+        f"COUNT(*) FILTER (WHERE xid <> 0) FROM {_table(GpuMinute)} "
+        "WHERE attempt_id = ANY(%s) GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
+        [attempt_ids],
+    )
+    return [GpuSummary(*row) for row in rows]
+
+
+def gpu_activity_series(*, numbers: dict[int, int], resolution: str) -> list[GpuSeries]:
+    """Activity, SM and tensor activity in percent per attempt and GPU over time, averaged
+    per ``resolution`` bucket. ``numbers``: attempt id -> attempt number."""
+    if connection.vendor != "postgresql":
+        return _gpu_activity_series_orm(numbers, resolution)
+    params, zone = _bucket_params(resolution)
+    rows = _in_sql(
+        f"SELECT attempt_id, host, gpu, {_bucket_sql('minute')}, AVG(activity), "  # noqa: S608
+        f"AVG(sm_active), AVG(tensor_active) FROM {_table(GpuMinute)} "
+        "WHERE attempt_id = ANY(%s) GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4",
+        [*params, list(numbers)],
+    )
+    series: list[GpuSeries] = []
+    for (attempt_id, host, gpu), group in groupby(rows, key=lambda row: row[:3]):
+        points = list(group)
+        series.append(
+            GpuSeries(
+                attempt_id=attempt_id,
+                attempt_number=numbers[attempt_id],
+                host=host,
+                gpu=gpu,
+                times=[point[3].replace(tzinfo=zone) for point in points],
+                activity=[_percent_of_one(point[4]) for point in points],
+                sm_active=[_percent_of_one(point[5]) for point in points],
+                tensor_active=[_percent_of_one(point[6]) for point in points],
+            )
+        )
+    return series
+
+
+_STEP_SUMS_SQL = (
+    "COUNT(*), SUM(steps), SUM(steps * step_time_s), SUM(data_wait_s), SUM(comm_wait_s), "
+    "SUM(checkpoint_s)"
+)
+
+
+def _step_split(sums: Sequence[Any]) -> StepSplit:
+    """From the ``_STEP_SUMS_SQL`` of a group (None where nothing summed)."""
+    windows, steps, step_s, data_wait_s, comm_wait_s, checkpoint_s = sums
+    return StepSplit(
+        windows=windows,
+        steps=steps or 0,
+        step_s=step_s or 0,
+        data_wait_s=data_wait_s or 0,
+        comm_wait_s=comm_wait_s or 0,
+        checkpoint_s=checkpoint_s or 0,
+    )
+
+
+def step_split_by_attempt(*, attempt_ids: list[int]) -> dict[int, StepSplit]:
+    if connection.vendor != "postgresql":
+        return _step_split_by_attempt_orm(attempt_ids)
+    rows = _in_sql(
+        f"SELECT attempt_id, {_STEP_SUMS_SQL} FROM {_table(StepWindow)} "  # noqa: S608
+        "WHERE attempt_id = ANY(%s) GROUP BY 1 ORDER BY 1",
+        [attempt_ids],
+    )
+    return {attempt_id: _step_split(sums) for attempt_id, *sums in rows}
+
+
+def step_split_series(
+    *, attempt_ids: list[int], resolution: str
+) -> list[tuple[datetime, StepSplit]]:
+    """The step time split per ``resolution`` bucket of the windows' start, all attempts
+    together (they do not overlap in time)."""
+    if connection.vendor != "postgresql":
+        return _step_split_series_orm(attempt_ids, resolution)
+    params, zone = _bucket_params(resolution)
+    rows = _in_sql(
+        f"SELECT {_bucket_sql('start')}, {_STEP_SUMS_SQL} FROM {_table(StepWindow)} "  # noqa: S608
+        "WHERE attempt_id = ANY(%s) GROUP BY 1 ORDER BY 1",
+        [*params, attempt_ids],
+    )
+    return [(bucket.replace(tzinfo=zone), _step_split(sums)) for bucket, *sums in rows]
+
+
+def run_checkpoint_marks(*, run_id: int, numbers: dict[int, int]) -> list[CheckpointMark]:
+    """The run's checkpoints and the SDK's saved / restored events, in time order.
+    ``numbers``: attempt id -> attempt number of the run's attempts.
+
+    A save the SDK reported is also a checkpoint of the run: it is listed once, as the SDK
+    timed it (as accounting counts it); the other checkpoints came from the cluster."""
+    if connection.vendor != "postgresql":
+        return _run_checkpoint_marks_orm(run_id, numbers)
+    saved, restored = SdkEvent.Type.CHECKPOINT_SAVED, SdkEvent.Type.CHECKPOINT_RESTORED
+    events = _in_sql(
+        f"SELECT e.attempt_id, e.ts, e.type, e.payload FROM {_table(SdkEvent)} e "  # noqa: S608
+        f"JOIN {_table(Attempt)} a ON a.id = e.attempt_id "
+        "WHERE e.attempt_id = ANY(%s) AND e.type IN (%s, %s) ORDER BY a.number, e.ts, e.id",
+        [list(numbers), saved.value, restored.value],
+    )
+    marks = []
+    for attempt_id, at, kind, payload in events:
+        data = json.loads(payload) if isinstance(payload, str) else payload
+        marks.append(
+            CheckpointMark(
+                attempt_id=attempt_id,
+                attempt_number=numbers[attempt_id],
+                at=at,
+                kind="saved" if kind == saved else "restored",
+                reported_by="SDK",
+                step=data["step"],
+                uri=data["uri"],
+                seconds=data["seconds"],
+            )
+        )
+    saved_by_sdk = {(mark.attempt_id, mark.step) for mark in marks if mark.kind == "saved"}
+    checkpoints = _in_sql(
+        "SELECT attempt_id, saved_at, step, uri, save_seconds "  # noqa: S608
+        f"FROM {_table(Checkpoint)} WHERE run_id = %s ORDER BY step",
+        [run_id],
+    )
+    marks.extend(
+        CheckpointMark(
+            attempt_id=attempt_id,
+            attempt_number=numbers[attempt_id],
+            at=at,
+            kind="saved",
+            reported_by="cluster",
+            step=step,
+            uri=uri,
+            seconds=save_seconds or None,
+        )
+        for attempt_id, at, step, uri, save_seconds in checkpoints
+        if (attempt_id, step) not in saved_by_sdk
+    )
+    return sorted(marks, key=lambda mark: (mark.at, mark.attempt_id, mark.reported_by))
+
+
+# The same reads through the ORM, for SQLite (the embedded mode): its SQL has no
+# DATE_TRUNC, AT TIME ZONE, = ANY or FILTER. On PostgreSQL the tests hold both to the same
+# answers.
+
+_TRUNC = {"minute": TruncMinute, "hour": TruncHour, "day": TruncDay}
+_STEP_SUMS = {
+    "sum_windows": Count("pk"),
+    "sum_steps": Sum("steps"),
+    "sum_step_s": Sum(F("steps") * F("step_time_s"), output_field=FloatField()),
+    "sum_data_wait_s": Sum("data_wait_s"),
+    "sum_comm_wait_s": Sum("comm_wait_s"),
+    "sum_checkpoint_s": Sum("checkpoint_s"),
+}
+
+
+def _accounting_by_attempt_orm(attempt_ids: list[int]) -> dict[int, GpuSeconds]:
+    return {
+        row.attempt_id: GpuSeconds(
+            allocated=row.allocated_gpu_s,
+            **{name: getattr(row, f"{name}_gpu_s") for name in accounting.CATEGORIES},
+            activity_weighted=row.activity_weighted_gpu_s,
+            queue_s=row.queue_s,
+            attempts=1,
+        )
+        for row in AttemptAccounting.objects.filter(attempt_id__in=attempt_ids)
+    }
+
+
+def _gpu_summaries_orm(attempt_ids: list[int]) -> list[GpuSummary]:
     rows = (
         GpuMinute.objects.filter(attempt_id__in=attempt_ids)
         .values("attempt_id", "host", "gpu")
@@ -449,12 +631,10 @@ def gpu_summaries(*, attempt_ids: list[int]) -> list[GpuSummary]:
     return [GpuSummary(**row) for row in rows]
 
 
-def gpu_activity_series(*, numbers: dict[int, int], resolution: str) -> list[GpuSeries]:
-    """Activity, SM and tensor activity in percent per attempt and GPU over time, averaged
-    per ``resolution`` bucket. ``numbers``: attempt id -> attempt number."""
+def _gpu_activity_series_orm(numbers: dict[int, int], resolution: str) -> list[GpuSeries]:
     rows = (
         GpuMinute.objects.filter(attempt_id__in=numbers)
-        .annotate(bucket=_trunc(resolution, "minute"))
+        .annotate(bucket=_TRUNC[resolution]("minute"))
         .values("attempt_id", "host", "gpu", "bucket")
         .annotate(
             mean_activity=Avg("activity"),
@@ -483,37 +663,30 @@ def gpu_activity_series(*, numbers: dict[int, int], resolution: str) -> list[Gpu
     return series
 
 
-def step_split_by_attempt(*, attempt_ids: list[int]) -> dict[int, StepSplit]:
+def _step_split_by_attempt_orm(attempt_ids: list[int]) -> dict[int, StepSplit]:
     rows = (
         StepWindow.objects.filter(attempt_id__in=attempt_ids)
         .values("attempt_id")
         .annotate(**_STEP_SUMS)
         .order_by("attempt_id")
     )
-    return {row["attempt_id"]: _step_split(row) for row in rows}
+    return {row["attempt_id"]: _step_split_orm(row) for row in rows}
 
 
-def step_split_series(
-    *, attempt_ids: list[int], resolution: str
+def _step_split_series_orm(
+    attempt_ids: list[int], resolution: str
 ) -> list[tuple[datetime, StepSplit]]:
-    """The step time split per ``resolution`` bucket of the windows' start, all attempts
-    together (they do not overlap in time)."""
     rows = (
         StepWindow.objects.filter(attempt_id__in=attempt_ids)
-        .annotate(bucket=_trunc(resolution, "start"))
+        .annotate(bucket=_TRUNC[resolution]("start"))
         .values("bucket")
         .annotate(**_STEP_SUMS)
         .order_by("bucket")
     )
-    return [(row["bucket"], _step_split(row)) for row in rows]
+    return [(row["bucket"], _step_split_orm(row)) for row in rows]
 
 
-def run_checkpoint_marks(*, run_id: int, numbers: dict[int, int]) -> list[CheckpointMark]:
-    """The run's checkpoints and the SDK's saved / restored events, in time order.
-    ``numbers``: attempt id -> attempt number of the run's attempts.
-
-    A save the SDK reported is also a checkpoint of the run: it is listed once, as the SDK
-    timed it (as accounting counts it); the other checkpoints came from the cluster."""
+def _run_checkpoint_marks_orm(run_id: int, numbers: dict[int, int]) -> list[CheckpointMark]:
     events = SdkEvent.objects.filter(
         attempt_id__in=numbers,
         type__in=(SdkEvent.Type.CHECKPOINT_SAVED, SdkEvent.Type.CHECKPOINT_RESTORED),
@@ -547,6 +720,10 @@ def run_checkpoint_marks(*, run_id: int, numbers: dict[int, int]) -> list[Checkp
         if (checkpoint.attempt_id, checkpoint.step) not in saved_by_sdk
     )
     return sorted(marks, key=lambda mark: (mark.at, mark.attempt_id, mark.reported_by))
+
+
+def _step_split_orm(row: Mapping[str, Any]) -> StepSplit:
+    return StepSplit(**{name.removeprefix("sum_"): row[name] or 0 for name in _STEP_SUMS})
 
 
 def _signals(*, attempt: Attempt, gpus: list[GpuSummary], steps: StepSplit) -> diagnosis.Signals:
@@ -590,15 +767,18 @@ def run_telemetry(*, run: Run, attempts: list[Attempt], now: datetime) -> RunTel
             (attempt.finished_at or now for attempt in attempts if attempt.started_at), default=None
         ),
     )
-    accounted = accounting_for_attempts(attempt_ids=attempt_ids)
+    if not attempts:  # nothing to read: spare the queries
+        return RunTelemetry(
+            attempts=[], resolution=resolution, gpu_series=[], step_series=[], checkpoints=[]
+        )
+    accounted = accounting_by_attempt(attempt_ids=attempt_ids)
     summaries = gpu_summaries(attempt_ids=attempt_ids)
     splits = step_split_by_attempt(attempt_ids=attempt_ids)
     items = []
     for attempt in attempts:
-        row = accounted.get(attempt.pk)
+        seconds = accounted.get(attempt.pk)
         gpus = [gpu for gpu in summaries if gpu.attempt_id == attempt.pk]
         steps = splits.get(attempt.pk, StepSplit())
-        seconds = GpuSeconds.from_row(row) if row is not None else None
         findings = None
         if seconds is not None:
             signals = _signals(attempt=attempt, gpus=gpus, steps=steps)

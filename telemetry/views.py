@@ -55,9 +55,11 @@ def _label(text: str) -> str:
     return escape(text)
 
 
-def _chart_time(moment: datetime) -> str:
-    """Plotly ignores time zones: send local wall time and name the zone on the axis."""
-    return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S")
+def _chart_times(moments: list[datetime]) -> list[str]:
+    """Plotly ignores time zones: send local wall time and name the zone on the axis. As
+    ``timezone.localtime`` does, with the zone looked up once for the whole series."""
+    zone = timezone.get_current_timezone()
+    return [moment.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S") for moment in moments]
 
 
 def _time_axis() -> str:
@@ -129,7 +131,7 @@ def _activity_chart(telemetry: RunTelemetry) -> dict | None:
         "lines": [
             {
                 "name": _label(f"Attempt {line.attempt_number} · {line.host} GPU {line.gpu}"),
-                "x": [_chart_time(moment) for moment in line.times],
+                "x": _chart_times(line.times),
                 "activity": line.activity,
                 "sm_active": line.sm_active,
                 "tensor_active": line.tensor_active,
@@ -138,7 +140,7 @@ def _activity_chart(telemetry: RunTelemetry) -> dict | None:
         ],
         "markers": {
             "name": "Checkpoints",
-            "x": [_chart_time(mark.at) for mark in marks],
+            "x": _chart_times([mark.at for mark in marks]),
             "y": [MARKER_Y] * len(marks),
             "text": [
                 _label(
@@ -157,7 +159,7 @@ def _steps_chart(telemetry: RunTelemetry) -> dict | None:
     splits = [split for _, split in telemetry.step_series]
     return _bar_chart(
         orientation="v",
-        categories=[_chart_time(bucket) for bucket, _ in telemetry.step_series],
+        categories=_chart_times([bucket for bucket, _ in telemetry.step_series]),
         unit="% of step time",
         traces=[
             (key, label, [round(getattr(split, f"{key}_share") * 100, 1) for split in splits])
