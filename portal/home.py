@@ -17,31 +17,62 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
-from django.db.models import Count, QuerySet
+from django.contrib.auth.models import User
+from django.db import connection
+from django.db.models import Count
 from django.http import QueryDict
 from django.utils import timezone
 
 from finance import selectors as finance_selectors
 from finance.access import finance_tenant_list
 from jobs.access import run_can_submit, run_list_viewable
-from jobs.models import Run, RunState
+from jobs.models import Experiment, Run, RunState
 from jobs.selectors.clusters import ClusterHealth, cluster_health_list
 from jobs.selectors.nodes import FlavorView, cluster_node_map
 from jobs.selectors.runs import runs_place_in_line
 from jobs.services.capacity import QuotaUsage, quota_usage_list
 from telemetry.kpis.forms import KpiFilterForm, kpi_filter_data
 from telemetry.kpis.selectors import KpiScope, PlatformKpis, platform_kpis
-from telemetry.selectors import GpuSeconds, goodput_of_runs
-from tenants.access import is_finance, is_platform_admin, tenant_ids_administered
-from tenants.models import Membership, Tenant
+from telemetry.selectors import GpuSeconds, goodput_of_runs_submitted
+from tenants.access import (
+    is_finance,
+    is_platform_admin,
+    sees_all_tenants,
+    tenant_ids_administered,
+    tenant_roles,
+)
+from tenants.models import GpuFlavor, Membership, Project, Tenant
 from tenants.selectors import quota_list_viewable
 from tenants.types import UserLike
 
 RECENT_RUNS = 5
 WAITING_RUNS_SHOWN = 10
 GOODPUT_DAYS = 30
-# What a run row never shows: the experiment's large fields stay in the database.
-_RUN_ROW_DEFERRED = ("experiment__command", "experiment__params", "experiment__env")
+# What a run row of the home page shows, and the related names it shows beside the run's
+# own fields (attributes of the Run, read by templates/home.html; nothing else is loaded).
+_RUN_ROW_FIELDS = (
+    "id",
+    "experiment_id",
+    "tenant_id",
+    "flavor_id",
+    "submitted_by_id",
+    "priority",
+    "state",
+    "wait_reason",
+    "submitted_at",
+    "start_latest_at",
+    "start_expected_at",
+    "start_note",
+)
+_RUN_ROW_NAMES = {
+    "experiment_name": "e.name",
+    "experiment_nodes": "e.nodes",
+    "experiment_gpus_per_node": "e.gpus_per_node",
+    "tenant_slug": "t.slug",
+    "project_slug": "p.slug",
+    "flavor_slug": "f.slug",
+    "submitter_username": "u.username",
+}
 
 
 @dataclass(frozen=True)
@@ -102,17 +133,57 @@ def home_for(*, user: UserLike, now: datetime) -> Home:
     )
 
 
-def _run_rows(runs: QuerySet[Run]) -> QuerySet[Run]:
-    return runs.select_related("experiment").defer(*_RUN_ROW_DEFERRED)
+# Columns beside a run's fields: the number of runs its query matched (all of them, not
+# only those shown), and which of the researcher's two lists it belongs to.
+_MATCHING = "home_matching"
+_LIST = "home_list"
 
 
-def _waiting(runs: QuerySet[Run]) -> list[Run]:
-    """The first queued runs in line (priority, then submission), with their places."""
-    waiting = list(
-        _run_rows(runs.filter(state=RunState.QUEUED)).order_by("-priority", "submitted_at", "id")[
-            :WAITING_RUNS_SHOWN
+def _run_rows(
+    *, user: UserLike, where: str, params: list, order: str, limit: int
+) -> tuple[str, list]:
+    """SQL of the first ``limit`` runs the user may read (as ``run_list_viewable``: runs of
+    active tenants, all of them for global roles, else those of the user's tenants) that
+    match ``where``, in ``order``; with the count of all that match (``_MATCHING``)."""
+    quote = connection.ops.quote_name
+    columns = ", ".join(
+        [
+            f"r.{quote(str(field.column))}"  # a concrete field always has its column
+            for field in Run._meta.concrete_fields
+            if field.attname in _RUN_ROW_FIELDS
         ]
+        + [f"{column} AS {name}" for name, column in _RUN_ROW_NAMES.items()]
+        + [f"count(*) OVER () AS {_MATCHING}"]
     )
+    viewable = ""
+    if not sees_all_tenants(user):
+        tenant_ids = sorted(tenant_roles(user))
+        viewable = f" AND r.tenant_id IN ({', '.join(['%s'] * len(tenant_ids)) or 'NULL'})"
+        params = [*tenant_ids, *params]
+    # Identifiers from model metadata (quoted), fragments from this module; every value
+    # is a parameter.
+    return (
+        f"SELECT {columns} FROM {quote(Run._meta.db_table)} r "  # noqa: S608
+        f"JOIN {quote(Tenant._meta.db_table)} t ON t.id = r.tenant_id "
+        f"JOIN {quote(Experiment._meta.db_table)} e ON e.id = r.experiment_id "
+        f"JOIN {quote(Project._meta.db_table)} p ON p.id = e.project_id "
+        f"JOIN {quote(GpuFlavor._meta.db_table)} f ON f.id = r.flavor_id "
+        f"JOIN {quote(User._meta.db_table)} u ON u.id = r.submitted_by_id "
+        f"WHERE t.active{viewable} AND {where} ORDER BY {order} LIMIT {int(limit)}"
+    ), params
+
+
+# The order of the line (as admission orders it), and of the latest runs.
+_IN_LINE = "r.priority DESC, r.submitted_at, r.id"
+_LATEST = "r.submitted_at DESC, r.id DESC"
+
+
+def _runs(sql: str, params: list) -> list[Run]:
+    """Runs (only the fields of a home row, the names beside) of a ``_run_rows`` query."""
+    return list(Run.objects.raw(sql, params))
+
+
+def _waiting_places(waiting: list[Run]) -> list[Run]:
     runs_place_in_line(waiting)
     return waiting
 
@@ -124,15 +195,42 @@ def _all_shown(waiting: list[Run]) -> bool:
 
 
 def _researcher(*, user: UserLike, now: datetime) -> ResearcherSection:
-    mine = run_list_viewable(user=user).filter(submitted_by_id=user.pk)
-    waiting = _waiting(mine)
+    """The user's latest runs and first waiting ones, in one query (both lists side by
+    side), the number waiting counted by the same query."""
+    user_id = user.pk
+    assert user_id is not None  # a member of a tenant: signed in
+    recent_sql, recent_params = _run_rows(
+        user=user,
+        where="r.submitted_by_id = %s",
+        params=[user.pk],
+        order=_LATEST,
+        limit=RECENT_RUNS,
+    )
+    waiting_sql, waiting_params = _run_rows(
+        user=user,
+        where="r.submitted_by_id = %s AND r.state = %s",
+        params=[user.pk, RunState.QUEUED],
+        order=_IN_LINE,
+        limit=WAITING_RUNS_SHOWN,
+    )
+    rows = _runs(
+        # Both queries from _run_rows; their values are parameters.
+        f"SELECT 0 AS {_LIST}, latest.* FROM ({recent_sql}) latest "  # noqa: S608
+        f"UNION ALL SELECT 1, in_line.* FROM ({waiting_sql}) in_line",
+        [*recent_params, *waiting_params],
+    )
+    recent = [run for run in rows if getattr(run, _LIST) == 0]
+    waiting = _waiting_places([run for run in rows if getattr(run, _LIST) == 1])
     return ResearcherSection(
-        recent=list(_run_rows(mine).order_by("-submitted_at", "-id")[:RECENT_RUNS]),
+        recent=recent,
         waiting=waiting,
-        waiting_count=len(waiting)
-        if _all_shown(waiting)
-        else mine.filter(state=RunState.QUEUED).count(),
-        goodput=goodput_of_runs(runs=mine, since=now - timedelta(days=GOODPUT_DAYS), until=now),
+        waiting_count=getattr(waiting[0], _MATCHING) if waiting else 0,
+        goodput=goodput_of_runs_submitted(
+            submitted_by_id=user_id,
+            tenant_ids=None if sees_all_tenants(user) else tenant_roles(user).keys(),
+            since=now - timedelta(days=GOODPUT_DAYS),
+            until=now,
+        ),
         goodput_days=GOODPUT_DAYS,
     )
 
@@ -148,11 +246,24 @@ def _tenant_admin(*, user: UserLike, tenant_ids: list[int]) -> list[Administered
         .annotate(count=Count("id"))
         .values_list("tenant_id", "count")
     )
-    queued = run_list_viewable(user=user).filter(tenant_id__in=tenant_ids, state=RunState.QUEUED)
-    waiting = _waiting(queued)
+    in_tenants = ", ".join(["%s"] * len(tenant_ids))
+    waiting = _waiting_places(
+        _runs(
+            *_run_rows(
+                user=user,
+                where=f"r.tenant_id IN ({in_tenants}) AND r.state = %s",
+                params=[*tenant_ids, RunState.QUEUED],
+                order=_IN_LINE,
+                limit=WAITING_RUNS_SHOWN,
+            )
+        )
+    )
     if _all_shown(waiting):
         waiting_counts = Counter(run.tenant_id for run in waiting)
     else:
+        queued = run_list_viewable(user=user).filter(
+            tenant_id__in=tenant_ids, state=RunState.QUEUED
+        )
         waiting_counts = Counter(
             dict(
                 queued.order_by()

@@ -5,6 +5,7 @@ Telemetry rows are written with the ORM, so every number on the pages is known e
 
 import json
 import re
+from dataclasses import fields
 from datetime import UTC, datetime, time, timedelta
 
 import pytest
@@ -764,6 +765,60 @@ def test_unknown_period_values_fall_back_to_the_defaults(client, goodput_world):
 
     assert '<option value="30" selected>Last 30 days</option>' in content
     assert '<option value="day" selected>Per day</option>' in content
+
+
+def goodput_of_runs_orm(*, runs, since: datetime, until: datetime) -> GpuSeconds:
+    """The ORM aggregate goodput_of_runs_submitted replaces: the reference of its parity."""
+    sums = AttemptAccounting.objects.filter(
+        attempt__run__in=runs, attempt__finished_at__gte=since, attempt__finished_at__lt=until
+    ).aggregate(**selectors._ACCOUNTING_SUMS)
+    return GpuSeconds.from_sums(sums)
+
+
+def test_goodput_of_runs_submitted_equals_the_orm_aggregate_of_the_same_runs(
+    goodput_world, django_assert_num_queries
+):
+    world = goodput_world
+    finished(
+        world,
+        submit(world),
+        days_ago=3,
+        allocated=5400,
+        startup=600,
+        queue_s=12.5,
+        activity_weighted=1234.5,
+    )
+    mixed = submit(world)
+    attempt_of(world, mixed, start=today_at(1), state=AttemptState.RUNNING)  # not finished
+    users = [world.researcher_a, world.researcher_a2, world.researcher_b, world.platform_admin]
+    scopes = [None, [world.vision.pk], [world.nlp.pk], [world.vision.pk, world.nlp.pk], []]
+    windows = [window(1), window(3), window(7), window(30), window(60)]
+    seen = set()
+    for user in users:
+        for tenant_ids in scopes:
+            for since, until in windows:
+                runs = Run.objects.filter(submitted_by_id=user.pk, tenant__active=True)
+                if tenant_ids is not None:
+                    runs = runs.filter(tenant_id__in=tenant_ids)
+                with django_assert_num_queries(1):
+                    found = selectors.goodput_of_runs_submitted(
+                        submitted_by_id=user.pk, tenant_ids=tenant_ids, since=since, until=until
+                    )
+                expected = goodput_of_runs_orm(runs=runs, since=since, until=until)
+                assert found == expected, (user, tenant_ids, since)
+                assert [type(getattr(found, f.name)) for f in fields(found)] == [
+                    type(getattr(expected, f.name)) for f in fields(expected)
+                ]
+                seen.add(found.attempts)
+    assert seen >= {0, 1, 2, 3}  # the cases compared are not all empty
+    world.vision.active = False
+    world.vision.save(update_fields=["active"])
+    assert selectors.goodput_of_runs_submitted(
+        submitted_by_id=world.researcher_a.pk,
+        tenant_ids=None,
+        since=window(60)[0],
+        until=window(60)[1],
+    ) == GpuSeconds.from_sums(dict.fromkeys(selectors._ACCOUNTING_SUMS) | {"attempts": 0})
 
 
 def test_goodput_without_finished_attempts_says_so(client, world):
