@@ -46,6 +46,7 @@ from jobs.selectors.runs import (
 )
 from jobs.serializers import (
     RUN_COLUMNS,
+    RUN_DETAIL_COLUMNS,
     ErrorSerializer,
     ExperimentFilterSerializer,
     ExperimentInputSerializer,
@@ -99,7 +100,7 @@ class RunLogsSerializer(serializers.Serializer):
 
 
 def _created(request, run: Run) -> Response:
-    run = or_404(run_get_viewable, user=request.user, run_id=run.pk)
+    run = or_404(run_get_viewable, user=request.user, run_id=run.pk, columns=RUN_DETAIL_COLUMNS)
     location = request.build_absolute_uri(reverse("api:run-detail", args=[run.pk]))
     return Response(
         RunDetailSerializer(run, context={"request": request}).data,

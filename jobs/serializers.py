@@ -221,6 +221,15 @@ RUN_COLUMNS = (
     "cluster__name",
 )
 
+# The columns RunDetailSerializer reads of a run got through run_get_viewable (which selects
+# its tenant and submitter too); its attempts and events come in queries of their own.
+RUN_DETAIL_COLUMNS = (
+    *RUN_COLUMNS,
+    "tenant__slug",
+    "submitted_by__username",
+    "experiment__image_reference",
+)
+
 
 class RunSerializer(serializers.ModelSerializer):
     experiment_name = serializers.CharField(source="experiment.name", read_only=True)

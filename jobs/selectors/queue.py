@@ -55,18 +55,23 @@ def resource_refusals(
     gpus_per_node: int,
     topology_level: str = "",
     topology_mode: str = "",
+    flavor_known: bool | None = None,
 ) -> dict[str, list[str]]:
     """Why a run of this shape is refused at submit, by field; empty when it is not: the
     flavor, node and GPU counts the enabled clusters have, the tenant's quota (none, a per-run
     maximum, guarantee + borrow limit) and whether any placement could ever exist. The submit
-    validation and the submit form's preview both ask this, so they never disagree."""
+    validation and the submit form's preview both ask this, so they never disagree.
+    ``flavor_known``: whether a GpuFlavor of slug ``flavor`` exists, for a caller that has
+    looked it up already (None: this looks)."""
     errors: dict[str, list[str]] = {}
 
     def refuse(name: str, message: str) -> None:
         errors.setdefault(name, []).append(message)
 
     limits = flavor_node_limits()
-    if not GpuFlavor.objects.filter(slug=flavor).exists():
+    if flavor_known is None:
+        flavor_known = GpuFlavor.objects.filter(slug=flavor).exists()
+    if not flavor_known:
         refuse("flavor", "Unknown GPU flavor.")
     elif flavor not in limits:
         refuse("flavor", "No enabled cluster offers this GPU flavor.")
@@ -83,7 +88,8 @@ def resource_refusals(
         refuse("gpus_per_node", f"A {flavor} node has at most {max_gpus} GPUs.")
     if tenant is not None and not errors:
         _quota_refusals(refuse, tenant=tenant, flavor=flavor, gpus=nodes * gpus_per_node)
-    levels = topology_levels_offered(flavor=flavor)
+    # The levels are read only to judge a level asked for (most runs ask for none).
+    levels = topology_levels_offered(flavor=flavor) if topology_level else []
     if topology_level and topology_level not in levels:
         refuse(
             "topology_level",
@@ -105,7 +111,8 @@ def resource_refusals(
 
 def _quota_refusals(refuse, *, tenant: Tenant, flavor: str, gpus: int) -> None:
     """What the tenant's quota could never admit."""
-    quota = Quota.objects.filter(tenant=tenant, flavor__slug=flavor).first()
+    # One quota per (tenant, flavor): no order to ask for (the default one joins two tables).
+    quota = Quota.objects.filter(tenant=tenant, flavor__slug=flavor).order_by().first()
     ceiling = 0 if quota is None else quota.guaranteed_gpus + quota.borrow_limit_gpus
     if quota is None or ceiling == 0:
         refuse("flavor", f"Tenant {tenant.slug} has no quota for {flavor}.")

@@ -96,7 +96,8 @@ def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
     known = _check(errors, "tenant", tenant is not None, "Unknown tenant, or you are not a member.")
     if known and tenant is not None:
         resolved["tenant"] = tenant
-        project = tenant.projects.filter(slug=data.project).first()
+        # One project per (tenant, slug): no order to ask for (the default one joins tenants).
+        project = tenant.projects.filter(slug=data.project).order_by().first()
         if _check(errors, "project", project is not None, "Unknown project for this tenant."):
             resolved["project"] = project
         resolved["image"] = _resolve_image(errors, tenant=tenant, reference=data.image)
@@ -115,6 +116,7 @@ def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
         gpus_per_node=data.gpus_per_node,
         topology_level=data.topology_level,
         topology_mode=data.topology_mode,
+        flavor_known=flavor is not None,
     ).items():
         errors.setdefault(name, []).extend(messages)
     if flavor is not None and "flavor" not in errors:
