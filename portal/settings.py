@@ -118,6 +118,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # requests health-check a kept one (CONN_HEALTH_CHECKS). A server that does not answer
     # at all must fail the task or request in seconds, not hold it: libpq waits forever.
     DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = 10
+    # Parameters bound by the server, and a query a connection has sent twice is prepared:
+    # PostgreSQL then stops planning it again (planning the run lists' joins costs
+    # it more than running them; docs/benchmarks.md, *Load*). Off behind a connection pooler
+    # that cannot keep prepared statements (PgBouncer in transaction mode before 1.21).
+    if env_bool("GANTRY_DB_PREPARED_STATEMENTS", default=True):
+        DATABASES["default"]["OPTIONS"] |= {"server_side_binding": True, "prepare_threshold": 2}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -139,7 +139,8 @@ SUMMARY = (
     "print(json.dumps({'embedded': settings.EMBEDDED, 'debug': settings.DEBUG,\n"
     "  'secret_key': settings.SECRET_KEY, 'engine': database['ENGINE'],\n"
     "  'name': str(database['NAME']), 'broker': settings.CELERY_BROKER_URL,\n"
-    "  'admission_interval': settings.GANTRY_ADMISSION_INTERVAL_S}))\n"
+    "  'admission_interval': settings.GANTRY_ADMISSION_INTERVAL_S,\n"
+    "  'options': database.get('OPTIONS', {})}))\n"
 )
 
 
@@ -194,7 +195,44 @@ def test_production_mode_with_secret_key_starts_strict(tmp_path):
         "name": "gantry",
         "broker": "redis://redis:6379/0",
         "admission_interval": 9,
+        "options": {"connect_timeout": 10, "server_side_binding": True, "prepare_threshold": 2},
     }
+
+
+def test_prepared_statements_can_be_turned_off_for_a_pooler(tmp_path):
+    result = load_settings(
+        tmp_path,
+        GANTRY_EMBEDDED="0",
+        DJANGO_SECRET_KEY="a-real-secret-from-the-environment",
+        DATABASE_URL="postgres://gantry:pw@db:5432/gantry",
+        GANTRY_DB_PREPARED_STATEMENTS="0",
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["options"] == {"connect_timeout": 10}
+
+
+@pytest.mark.django_db
+def test_a_query_sent_twice_is_prepared_by_postgresql():
+    """What the setting buys: once a connection has sent a query twice, PostgreSQL keeps its
+    plan (a prepared statement) instead of planning it again."""
+    from django.contrib.auth.models import User
+    from django.db import connection
+
+    def prepared() -> int:
+        """This connection's prepared statements of the lookup below."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+                ['%FROM "auth_user" WHERE "auth_user"."username" = $2 LIMIT 1'],
+            )
+            return cursor.fetchone()[0]
+
+    assert prepared() == 0
+    for _ in range(2):
+        User.objects.filter(username="nobody-here").exists()
+        assert prepared() == 0
+    User.objects.filter(username="nobody-here").exists()
+    assert prepared() == 1
 
 
 def test_embedded_mode_needs_no_configuration(tmp_path):
