@@ -19,7 +19,7 @@ from jobs.models import (
     RunState,
 )
 from jobs.reproducibility import attempt_id_from_token
-from jobs.selectors.paging import keyset_page
+from jobs.selectors.run_page_sql import PageFilter, runs_count_sql, runs_page_sql
 from tenants.access import is_platform_admin, tenant_list_viewable
 from tenants.models import Tenant
 from tenants.types import UserLike, signed_in
@@ -73,44 +73,44 @@ def run_page_viewable(
     A cursor run only marks a position: it must be readable by the user but need not match
     the filters (a run that has left the filtered state still marks where a page ends).
     The same queries whatever the page and however many runs match: the readable
-    tenants, the page, its submitters (none for an empty page), and with ``count_up_to`` a
-    count of the matching runs that stops after that many.
+    tenants, the page with its related rows and submitters (``runs_page_sql``: one
+    statement, none where no tenant matches), the queued runs' places in line (none for an
+    empty page), and with ``count_up_to`` a count of the matching runs that stops after
+    that many.
 
-    ``columns``, if given, are the only ones loaded (``QuerySet.only``, related ones as
-    ``experiment__name``), for a caller that reads no others; else all but the large
-    experiment fields. A column read but not loaded costs a query per run.
+    ``columns``, if given, are the only ones loaded (as ``QuerySet.only`` would load them,
+    related ones as ``experiment__name``), for a caller that reads no others; else all but
+    the large experiment fields. A column read but not loaded costs a query per run. Of
+    the submitter, its id and username are loaded.
     """
     tenants = list(tenant_list_viewable(user=user))
     # The ids go into the SQL as values, so PostgreSQL walks the (tenant, submitted_at)
     # index of exactly these tenants instead of guessing from a subquery.
     tenant_ids = [t.pk for t in tenants if not tenant_slug or t.slug == tenant_slug]
-    runs = Run.objects.filter(tenant_id__in=tenant_ids)
-    if states:
-        runs = runs.filter(state__in=states)
-    if submitted_by is not None:
-        runs = runs.filter(submitted_by=signed_in(submitted_by))
-    # Joining all seven tables costs PostgreSQL far more to plan (~10 ms, beyond five
-    # tables) than to run: the tenants are at hand already and the submitters come in a
-    # query of their own.
-    listed = runs.select_related("experiment__project", "flavor", "cluster").prefetch_related(
-        "submitted_by"
+    where = PageFilter(
+        tenant_ids=tenant_ids,
+        readable_tenant_ids=[t.pk for t in tenants],
+        states=list(states),
+        submitted_by_id=None if submitted_by is None else signed_in(submitted_by).pk,
     )
-    listed = listed.only(*columns) if columns else listed.defer(*RUN_LIST_DEFERRED)
-    rows, has_newer, has_older = keyset_page(
-        listed,
-        readable=Run.objects.filter(tenant_id__in=[t.pk for t in tenants]),
-        field="submitted_at",
-        size=size,
-        before=before,
-        after=after,
-    )
+    rows: list[Run] = []
+    has_newer = has_older = False
+    if tenant_ids:  # else no run matches, and nothing is asked
+        rows, has_newer, has_older = runs_page_sql(
+            where=where,
+            size=size,
+            before=before,
+            after=after,
+            columns=columns,
+            deferred=RUN_LIST_DEFERRED,
+        )
     by_id = {tenant.pk: tenant for tenant in tenants}
     for run in rows:
         run.tenant = by_id[run.tenant_id]
     runs_place_in_line(rows)
     count = None
     if count_up_to is not None:
-        found = runs.order_by().values("pk")[: count_up_to + 1].count()
+        found = runs_count_sql(where=where, up_to=count_up_to + 1) if tenant_ids else 0
         count = RunCount(value=min(found, count_up_to), capped=found > count_up_to)
     return RunPage(
         runs=rows,

@@ -571,9 +571,9 @@ def test_lists_use_a_fixed_number_of_queries(world, django_assert_num_queries):
     admission_run_cycle()  # some runs get a cluster, which the list shows
 
     # token, its last_used_at (the first use in a minute only), roles (global ones and
-    # memberships, one query), then tenants, page, its submitters and the queued ones'
-    # places in line for runs, count and page for experiments
-    with django_assert_num_queries(7):
+    # memberships, one query), then tenants, page (its submitters joined in) and the queued
+    # ones' places in line for runs, count and page for experiments
+    with django_assert_num_queries(6):
         runs_page = client.get(RUNS)
     with django_assert_num_queries(4):
         experiments_page = client.get(EXPERIMENTS)

@@ -123,8 +123,9 @@ def test_the_run_list_costs_the_same_queries_for_5_and_60_runs(world):
     assert {key: len(sql) for key, sql in many.items()} == {
         key: len(sql) for key, sql in few.items()
     }
-    # The page itself, the queued runs' places in line, and on the HTML page the count that
-    # stops at 10,000; the cursor run is a subquery of the page's query, not a query of its own.
+    # The page itself (its related rows and submitters joined in), the queued runs' places
+    # in line, and on the HTML page the count that stops at 10,000; the cursor run is a
+    # subquery of the page's query, not a query of its own.
     assert {key: run_table_queries(sql) for key, sql in many.items()} == {
         (persona, kind, page): 3 if kind == "html" else 2
         for persona in PERSONAS
