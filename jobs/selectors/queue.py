@@ -30,6 +30,7 @@ from jobs.models import (
     TopologyMode,
 )
 from jobs.selectors.estimates import start_preview
+from jobs.selectors.submit_context import SubmitContext
 from tenants.access import tenant_list_submittable
 from tenants.models import GpuFlavor, Quota, Tenant
 from tenants.types import UserLike
@@ -55,25 +56,29 @@ def resource_refusals(
     gpus_per_node: int,
     topology_level: str = "",
     topology_mode: str = "",
-    flavor_known: bool | None = None,
+    context: SubmitContext | None = None,
 ) -> dict[str, list[str]]:
     """Why a run of this shape is refused at submit, by field; empty when it is not: the
     flavor, node and GPU counts the enabled clusters have, the tenant's quota (none, a per-run
     maximum, guarantee + borrow limit) and whether any placement could ever exist. The submit
     validation and the submit form's preview both ask this, so they never disagree.
-    ``flavor_known``: whether a GpuFlavor of slug ``flavor`` exists, for a caller that has
-    looked it up already (None: this looks)."""
+    ``context``: the submit context of ``tenant`` and ``flavor`` (the flavor, its node
+    limits, the tenant's quota of it), for a caller that has read it already (None: this
+    reads them)."""
     errors: dict[str, list[str]] = {}
 
     def refuse(name: str, message: str) -> None:
         errors.setdefault(name, []).append(message)
 
-    limits = flavor_node_limits()
-    if flavor_known is None:
+    if context is None:
+        limits = flavor_node_limits().get(flavor)
         flavor_known = GpuFlavor.objects.filter(slug=flavor).exists()
+    else:
+        limits = context.node_limits
+        flavor_known = context.flavor is not None
     if not flavor_known:
         refuse("flavor", "Unknown GPU flavor.")
-    elif flavor not in limits:
+    elif limits is None:
         refuse("flavor", "No enabled cluster offers this GPU flavor.")
     if nodes < 1:
         refuse("nodes", "Must be at least 1.")
@@ -81,13 +86,22 @@ def resource_refusals(
         refuse("gpus_per_node", "Must be at least 1.")
     if errors:
         return errors
-    max_nodes, max_gpus = limits[flavor]
+    assert limits is not None  # else refused above
+    max_nodes, max_gpus = limits
     if nodes > max_nodes:
         refuse("nodes", f"At most {max_nodes} nodes of {flavor}.")
     if gpus_per_node > max_gpus:
         refuse("gpus_per_node", f"A {flavor} node has at most {max_gpus} GPUs.")
     if tenant is not None and not errors:
-        _quota_refusals(refuse, tenant=tenant, flavor=flavor, gpus=nodes * gpus_per_node)
+        if context is None:
+            # One quota per (tenant, flavor): no order to ask for (the default one joins two
+            # tables).
+            quota = Quota.objects.filter(tenant=tenant, flavor__slug=flavor).order_by().first()
+        else:
+            quota = context.quota
+        _quota_refusals(
+            refuse, tenant=tenant, flavor=flavor, quota=quota, gpus=nodes * gpus_per_node
+        )
     # The levels are read only to judge a level asked for (most runs ask for none).
     levels = topology_levels_offered(flavor=flavor) if topology_level else []
     if topology_level and topology_level not in levels:
@@ -109,10 +123,8 @@ def resource_refusals(
     return errors
 
 
-def _quota_refusals(refuse, *, tenant: Tenant, flavor: str, gpus: int) -> None:
-    """What the tenant's quota could never admit."""
-    # One quota per (tenant, flavor): no order to ask for (the default one joins two tables).
-    quota = Quota.objects.filter(tenant=tenant, flavor__slug=flavor).order_by().first()
+def _quota_refusals(refuse, *, tenant: Tenant, flavor: str, quota: Quota | None, gpus: int) -> None:
+    """What the tenant's quota of the flavor (None: it has none) could never admit."""
     ceiling = 0 if quota is None else quota.guaranteed_gpus + quota.borrow_limit_gpus
     if quota is None or ceiling == 0:
         refuse("flavor", f"Tenant {tenant.slug} has no quota for {flavor}.")

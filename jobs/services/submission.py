@@ -34,8 +34,8 @@ from jobs.models import (
 )
 from jobs.selectors.queue import resource_refusals
 from jobs.selectors.runs import run_submitted_with
-from tenants.access import tenant_list_submittable
-from tenants.models import MAX_ID, GpuFlavor, max_length_of
+from jobs.selectors.submit_context import submit_context
+from tenants.models import MAX_ID, max_length_of
 from tenants.types import UserLike, signed_in
 
 try:
@@ -92,21 +92,30 @@ def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
     errors: dict[str, list[str]] = {}
     resolved: dict = {}
 
-    tenant = tenant_list_submittable(user=user).filter(slug=data.tenant).first()
+    # The tenant, project, pinned image, flavor, quota and node limits in one query.
+    context = submit_context(
+        user=user,
+        tenant=data.tenant,
+        project=data.project,
+        flavor=data.flavor,
+        image=_image_pin(data.image),
+    )
+    tenant = context.tenant
     known = _check(errors, "tenant", tenant is not None, "Unknown tenant, or you are not a member.")
     if known and tenant is not None:
         resolved["tenant"] = tenant
-        # One project per (tenant, slug): no order to ask for (the default one joins tenants).
-        project = tenant.projects.filter(slug=data.project).order_by().first()
+        project = context.project
         if _check(errors, "project", project is not None, "Unknown project for this tenant."):
             resolved["project"] = project
-        resolved["image"] = _resolve_image(errors, tenant=tenant, reference=data.image)
+        resolved["image"] = _resolve_image(
+            errors, tenant=tenant, reference=data.image, pinned=context.image
+        )
         if data.cloned_from is not None:
             resolved["cloned_from_id"] = _check_cloned_from(
                 errors, user=user, tenant=tenant, experiment_id=data.cloned_from
             )
 
-    flavor = GpuFlavor.objects.filter(slug=data.flavor).first()
+    flavor = context.flavor
     # The same checks the submit form's preview makes (jobs.selectors.queue.admission_preview),
     # so the preview can never promise a wait for what the submit refuses.
     for name, messages in resource_refusals(
@@ -116,7 +125,7 @@ def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
         gpus_per_node=data.gpus_per_node,
         topology_level=data.topology_level,
         topology_mode=data.topology_mode,
-        flavor_known=flavor is not None,
+        context=context,
     ).items():
         errors.setdefault(name, []).extend(messages)
     if flavor is not None and "flavor" not in errors:
@@ -217,8 +226,16 @@ def _check_cloned_from(errors, *, user: UserLike, tenant, experiment_id) -> int 
     return experiment_id if found else None
 
 
-def _resolve_image(errors, *, tenant, reference: str) -> Image | None:
+def _image_pin(reference: str) -> tuple[str, str] | None:
+    """(repository, digest) of a reference pinned by a well-formed digest, else None."""
+    repository, at, digest = (reference or "").strip().partition("@")
+    return (repository, digest) if at and re.fullmatch(DIGEST_PATTERN, digest) else None
+
+
+def _resolve_image(errors, *, tenant, reference: str, pinned: Image | None) -> Image | None:
     """The approved image visible to the tenant that ``reference`` names, pinned by digest.
+    ``pinned``: the image ``submit_context`` found usable by the tenant for a reference
+    pinned by digest (``_image_pin``).
 
     ``repository@sha256:…`` is looked up as given. ``repository:tag`` is accepted only to be
     resolved: the registry of the repository's host says which digest the tag points to now,
@@ -257,9 +274,8 @@ def _resolve_image(errors, *, tenant, reference: str) -> Image | None:
     if not re.fullmatch(DIGEST_PATTERN, digest):
         _check(errors, "image", False, "Invalid digest: expected sha256: and 64 lowercase hex.")
         return None
-    image = image_list_usable(tenant=tenant).filter(repository=repository, digest=digest).first()
-    _check(errors, "image", image is not None, "This image is not approved for this tenant.")
-    return image
+    _check(errors, "image", pinned is not None, "This image is not approved for this tenant.")
+    return pinned
 
 
 def _submit_once(*, user: UserLike, submission_key: UUID | None, create: Callable[[], Run]) -> Run:

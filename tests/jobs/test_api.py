@@ -294,11 +294,11 @@ def test_submit_uses_a_fixed_number_of_queries(world, django_assert_num_queries)
     client = client_for(world.researcher_a)
     client.get(RUNS)  # the token's last_used_at is written on its first use in a minute
 
-    # token; a savepoint (set, released) around roles, tenant, project, image, flavor, the
-    # flavors' node limits, the quota, the nodes a placement needs and the experiment, run
-    # and event inserts; then the run as the response shows it, its place in line, attempts
-    # and events. No topology level asked for: the levels are not read.
-    with django_assert_num_queries(18):
+    # token; a savepoint (set, released) around roles, the submit context (tenant, project,
+    # image, flavor, quota, node limits: one query), the nodes a placement needs and the
+    # experiment, run and event inserts; then the run as the response shows it, its place in
+    # line, attempts and events. No topology level asked for: the levels are not read.
+    with django_assert_num_queries(13):
         response = client.post(RUNS, body(world), format="json")
 
     assert response.status_code == 201
