@@ -17,7 +17,7 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.core import signing
 from django.core.exceptions import ValidationError
-from django.core.paginator import Paginator
+from django.core.paginator import Page, Paginator
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
@@ -769,6 +769,20 @@ def experiment_compare(request: HttpRequest) -> HttpResponse:
 # --- quotas and capacity -------------------------------------------------------------------
 
 
+class _FirstPageCountingPaginator(Paginator):
+    """A Paginator that reads the first page with one row more than it shows and counts only
+    if that row is there: a first page with room to spare holds every item, so its count is
+    its length (most tenants have fewer quotas than a page). Other pages as Paginator."""
+
+    def get_page(self, number) -> Page:
+        if number not in (None, "", "1") or self.orphans:
+            return super().get_page(number)
+        rows = list(self.object_list[: self.per_page + 1])
+        if len(rows) <= self.per_page:
+            self.__dict__["count"] = len(rows)  # Paginator.count is a cached_property
+        return Page(rows[: self.per_page], 1, self)
+
+
 @login_required
 @require_GET
 def quota_list(request: HttpRequest) -> HttpResponse:
@@ -779,7 +793,7 @@ def quota_list(request: HttpRequest) -> HttpResponse:
     tenant = next((t for t in tenants if t.slug == slug), None)
     if slug:
         quotas = quotas.filter(tenant__slug=slug)
-    page = Paginator(quotas, QUOTAS_PER_PAGE).get_page(request.GET.get("page"))
+    page = _FirstPageCountingPaginator(quotas, QUOTAS_PER_PAGE).get_page(request.GET.get("page"))
     can_manage = is_platform_admin(request.user)
     return render(
         request,

@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connection
-from django.db.models import JSONField, OuterRef, Subquery, Sum
+from django.db.models import Sum
 from django.utils import timezone
 
 from jobs import admission, placement
@@ -26,9 +26,9 @@ from jobs.models import (
     FairShareUsage,
     Run,
     RunState,
-    TenantMonthUsage,
     TopologyMode,
 )
+from jobs.selectors import holding_sql
 from jobs.selectors.estimates import start_preview
 from jobs.selectors.submit_context import SubmitContext
 from tenants.access import tenant_list_submittable
@@ -201,41 +201,36 @@ def cluster_nodes(*, now, clusters: Iterable[Cluster] | None = None) -> list[adm
 
     A cluster whose inventory is out of date (past ``inventory_valid_until``) keeps its
     nodes, so held runs are still counted, but none takes work until the next refresh."""
-    rows = ClusterNode.objects.order_by("cluster__name", "name")
-    if clusters is None:
-        rows = rows.filter(cluster__enabled=True)
-    else:
-        rows = rows.filter(cluster__in=list(clusters))
+    rows = holding_sql.cluster_node_rows(
+        cluster_ids=None if clusters is None else [cluster.pk for cluster in clusters]
+    )
     nodes = []
-    for row in rows.values(
-        "cluster__name",
-        "cluster__inventory_at",
-        "cluster__inventory_valid_until",
-        "flavor__slug",
-        "name",
-        "gpus",
-        "gpus_used",
-        "gpus_used_by_gantry",
-        "schedulable",
-        "reason",
-        "path",
-    ):
-        cluster, seen = row["cluster__name"], row["cluster__inventory_at"]
-        schedulable, reason = row["schedulable"], row["reason"]
-        valid_until = row["cluster__inventory_valid_until"]
+    for (
+        cluster,
+        seen,
+        valid_until,
+        flavor,
+        name,
+        gpus,
+        gpus_used,
+        gpus_used_by_gantry,
+        schedulable,
+        reason,
+        path,
+    ) in rows:
         if schedulable and valid_until is not None and valid_until < now:
             schedulable = False
             reason = f"not seen by {cluster}'s inventory since {seen:%Y-%m-%d %H:%M:%S} UTC"
         nodes.append(
             admission.ClusterNode(
                 cluster=cluster,
-                flavor=row["flavor__slug"],
-                name=row["name"],
-                gpus=row["gpus"],
-                outside=max(0, row["gpus_used"] - row["gpus_used_by_gantry"]),
+                flavor=flavor,
+                name=name,
+                gpus=gpus,
+                outside=max(0, gpus_used - gpus_used_by_gantry),
                 schedulable=schedulable,
                 reason=reason,
-                path=tuple(row["path"]),
+                path=tuple(path),
             )
         )
     return nodes
@@ -244,42 +239,34 @@ def cluster_nodes(*, now, clusters: Iterable[Cluster] | None = None) -> list[adm
 def held_runs() -> tuple[admission.HeldRun, ...]:
     """Every run that holds GPUs now, with the nodes it holds them on (where the backend
     runs it if it said so, else where admission placed it), in one query."""
-    live = Attempt.objects.filter(
-        run=OuterRef("pk"), state__in=(AttemptState.CREATED, *LIVE_ATTEMPT_STATES)
-    ).order_by("-number")
-    rows = (
-        Run.objects.filter(state__in=HOLDING_STATES)
-        .annotate(
-            attempt_nodes=Subquery(live.values("node_list")[:1], output_field=JSONField()),
-            attempt_placement=Subquery(live.values("placement")[:1], output_field=JSONField()),
-        )
-        .values(
-            "id",
-            "tenant__slug",
-            "flavor__slug",
-            "cluster__name",
-            "gpus",
-            "priority",
-            "admitted_at",
-            "submitted_at",
-            "borrowed",
-            "attempt_nodes",
-            "attempt_placement",
-        )
+    rows = holding_sql.held_run_rows(
+        holding=HOLDING_STATES, live=(AttemptState.CREATED, *LIVE_ATTEMPT_STATES)
     )
     return tuple(
         admission.HeldRun(
-            id=row["id"],
-            tenant=row["tenant__slug"],
-            flavor=row["flavor__slug"],
-            cluster=row["cluster__name"],
-            gpus=row["gpus"],
-            priority=row["priority"],
-            admitted=(row["admitted_at"] or row["submitted_at"]).timestamp(),
-            borrowed=row["borrowed"],
-            nodes=tuple(row["attempt_nodes"] or row["attempt_placement"] or ()),
+            id=run_id,
+            tenant=tenant,
+            flavor=flavor,
+            cluster=cluster,
+            gpus=gpus,
+            priority=priority,
+            admitted=(admitted_at or submitted_at).timestamp(),
+            borrowed=borrowed,
+            nodes=tuple(attempt_nodes or attempt_placement or ()),
         )
-        for row in rows
+        for (
+            run_id,
+            tenant,
+            flavor,
+            cluster,
+            gpus,
+            priority,
+            admitted_at,
+            submitted_at,
+            borrowed,
+            attempt_nodes,
+            attempt_placement,
+        ) in rows
     )
 
 
@@ -388,21 +375,17 @@ def admission_snapshot(
 
 def gpu_hours_this_month(*, now, tenant=None) -> dict[tuple[str, str], float]:
     """Allocated GPU-hours this month per (tenant, flavor): finished attempts from the
-    ledger, running ones prorated up to ``now``."""
+    ledger, running ones prorated up to ``now``. ``tenant``: only this one (or its id)."""
     month = month_start(now)
+    tenant_id = None if tenant is None else getattr(tenant, "pk", tenant)
     seconds: dict[tuple[str, str], float] = defaultdict(float)
-    ledger = TenantMonthUsage.objects.filter(month=month.date())
-    live = Attempt.objects.filter(state__in=LIVE_ATTEMPT_STATES, started_at__isnull=False)
-    if tenant is not None:
-        ledger, live = ledger.filter(tenant=tenant), live.filter(run__tenant=tenant)
-    for tenant_slug, flavor, gpu_seconds in ledger.values_list(
-        "tenant__slug", "flavor__slug", "gpu_seconds"
+    for tenant_slug, flavor, gpu_seconds in holding_sql.month_usage_rows(
+        month=month.date(), tenant_id=tenant_id
     ):
         seconds[(tenant_slug, flavor)] += gpu_seconds
-    for tenant_slug, flavor, gpus, started in live.values_list(
-        "run__tenant__slug", "run__flavor__slug", "run__gpus", "started_at"
+    for tenant_slug, flavor, gpus, started in holding_sql.started_attempt_rows(
+        live=LIVE_ATTEMPT_STATES, tenant_id=tenant_id
     ):
-        assert started is not None  # filtered on started_at__isnull=False
         seconds[(tenant_slug, flavor)] += gpus * max(
             0.0, (now - max(started, month)).total_seconds()
         )

@@ -18,6 +18,7 @@ from jobs import metrics
 from jobs.backends import BackendError, backend_for, inventory_items
 from jobs.enqueue import admission_cycle_enqueue
 from jobs.models import HOLDING_STATES, Cluster, ClusterFlavor, Run, RunState
+from jobs.selectors import holding_sql
 from jobs.selectors.queue import gpu_hours_this_month, gpu_occupancy
 from jobs.services.backend_sync import cluster_refresh_inventory
 from tenants.access import membership_can_manage, require_platform_admin
@@ -243,18 +244,12 @@ def flavor_overcommit(*, flavor: GpuFlavor) -> Overcommit | None:
 
 
 def flavor_overcommits() -> list[Overcommit]:
-    """Every flavor whose guarantees exceed its capacity, by slug; two queries."""
-    guaranteed = (
-        Quota.objects.values("flavor_id", "flavor__slug")
-        .annotate(gpus=Sum("guaranteed_gpus"))
-        .values_list("flavor_id", "flavor__slug", "gpus")
-    )
-    capacity = flavor_capacity()
+    """Every flavor whose guarantees exceed its capacity, by slug; one query."""
     return sorted(
         (
-            Overcommit(flavor=slug, guaranteed=gpus, capacity=capacity.get(flavor_id, 0))
-            for flavor_id, slug, gpus in guaranteed
-            if gpus > capacity.get(flavor_id, 0)
+            Overcommit(flavor=slug, guaranteed=guaranteed, capacity=capacity)
+            for slug, guaranteed, capacity in holding_sql.flavor_guarantee_rows()
+            if guaranteed > capacity
         ),
         key=lambda overcommit: overcommit.flavor,
     )
