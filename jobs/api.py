@@ -256,7 +256,8 @@ class RunViewSet(viewsets.GenericViewSet):
         query = RunLogsQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         run = or_404(run_get_viewable, user=request.user, run_id=int(pk))
-        latest = run_attempts(run=run).last()
+        attempts = run_attempts(run=run)
+        latest = attempts[-1] if attempts else None
         body = {
             "run": run.pk,
             "attempt": latest.number if latest else None,

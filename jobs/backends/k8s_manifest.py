@@ -20,6 +20,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import yaml
@@ -679,6 +680,10 @@ def to_json(objects: list[dict[str, Any]]) -> str:
     return json.dumps(objects, ensure_ascii=False)
 
 
+# The run page shows each attempt's spec on every load (its poll when it changes), and YAML's
+# emitter is slow; a spec never changes once stored, and the YAML depends on nothing else
+# (the whole stored text is the key), so the latest ones are kept.
+@lru_cache(maxsize=64)
 def stored_as_yaml(stored: str) -> str:
     """A stored manifest list as YAML for a person to read; other text as it is (attempts
     stored before manifests were kept as JSON hold YAML already)."""

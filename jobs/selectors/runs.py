@@ -7,10 +7,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import F, QuerySet, TextField, Value
-from django.db.models.functions import Coalesce, NullIf
 
-from jobs.access import run_list_viewable
 from jobs.durations import run_duration
 from jobs.models import (
     Attempt,
@@ -20,7 +17,8 @@ from jobs.models import (
 )
 from jobs.reproducibility import attempt_id_from_token
 from jobs.selectors.run_page_sql import PageFilter, runs_count_sql, runs_page_sql
-from tenants.access import is_platform_admin, tenant_list_viewable
+from jobs.selectors.run_sql import run_attempts_sql, run_events_sql, run_get_sql
+from tenants.access import is_platform_admin, sees_all_tenants, tenant_list_viewable, tenant_roles
 from tenants.models import Tenant
 from tenants.types import UserLike, signed_in
 
@@ -181,14 +179,14 @@ def run_get_viewable(*, user: UserLike, run_id: int, columns: Collection[str] = 
     """The run, or DoesNotExist alike for a missing run and another tenant's run; its
     place in line if it is queued (a query only then: other runs have none).
 
-    ``columns``, if given, are the only ones loaded (``QuerySet.only``, related ones as
-    ``experiment__name``), for a caller that reads no others: the ORM compiles a query of a
-    few dozen columns rather than of the ~280 of seven whole rows. Else whole rows, the
-    experiment's image too. A column read but not loaded costs a query."""
-    runs = run_list_viewable(user=user)
-    run = (runs.only(*columns) if columns else runs.select_related("experiment__image")).get(
-        pk=run_id
-    )
+    ``columns``, if given, are the only ones loaded (as ``QuerySet.only`` loads them,
+    related ones as ``experiment__name``), for a caller that reads no others. Else whole
+    rows, the experiment's image too. A column read but not loaded costs a query. One
+    statement (``run_get_sql``), as ``run_list_viewable`` would select the run."""
+    readable = None if sees_all_tenants(user) else sorted(tenant_roles(user))
+    run = run_get_sql(run_id=run_id, tenant_ids=readable, columns=tuple(columns))
+    if run is None:
+        raise Run.DoesNotExist("Run matching query does not exist.")
     if run.state == RunState.QUEUED:
         runs_place_in_line([run])
     return run
@@ -205,20 +203,16 @@ def attempt_get_for_token(*, token: str) -> Attempt | None:
     return None
 
 
-def run_events(*, run: Run, user: UserLike) -> QuerySet[RunEvent]:
-    """The run's timeline as ``user`` may read it: each event's ``shown_message`` is its
-    admin-only detail (which may name other tenants and their runs) for platform admins,
-    and the neutral message for everyone else."""
-    shown = (
-        Coalesce(NullIf("admin_detail", Value("")), "message", output_field=TextField())
-        if is_platform_admin(user)
-        else F("message")
-    )
-    return run.events.select_related("actor").annotate(shown_message=shown).order_by("at", "id")
+def run_events(*, run: Run, user: UserLike) -> list[RunEvent]:
+    """The run's timeline as ``user`` may read it, with each event's actor: its
+    ``shown_message`` is its admin-only detail (which may name other tenants and their runs)
+    for platform admins, and the neutral message for everyone else. One statement."""
+    return run_events_sql(run=run, admin_detail=is_platform_admin(user))
 
 
-def run_attempts(*, run: Run) -> QuerySet[Attempt]:
-    return run.attempts.select_related("cluster").order_by("number")
+def run_attempts(*, run: Run) -> list[Attempt]:
+    """The run's attempts by number, each with its cluster, in one statement."""
+    return run_attempts_sql(run=run)
 
 
 def run_submitted_with(*, user: UserLike, submission_key: UUID | None) -> Run | None:

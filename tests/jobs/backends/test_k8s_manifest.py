@@ -773,3 +773,15 @@ def test_text_that_is_not_a_stored_manifest_list_is_shown_as_it_is():
     assert stored_as_yaml("") == ""
     assert stored_as_yaml('{"kind": "Job"}') == '{"kind": "Job"}'
     assert stored_as_yaml("[1, 2]") == "[1, 2]"
+
+
+def test_the_yaml_of_a_stored_spec_is_kept_by_its_whole_text():
+    stored_as_yaml.cache_clear()
+    single, multi = to_json(shape("single-gpu")), to_json(shape("multi-node"))
+    first = stored_as_yaml(single)
+    assert stored_as_yaml(multi) == to_yaml(shape("multi-node"))  # another text, its own YAML
+    assert stored_as_yaml(single) is first  # the same text again: not written again
+    assert stored_as_yaml.cache_info().hits == 1
+    changed = single.replace('"gantry-', '"other-', 1)
+    assert changed != single
+    assert stored_as_yaml(changed) == to_yaml(json.loads(changed))
