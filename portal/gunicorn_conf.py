@@ -1,8 +1,9 @@
 """gunicorn's settings for the portal: ``gunicorn -c python:portal.gunicorn_conf portal.wsgi``.
 
 One process per core, plus one, each serving one request at a time (sync workers): a
-request of the portal computes far longer than it waits on PostgreSQL (~25 ms of CPU for
-~1–3 ms of database), so threads in a process mostly queue on Python's lock. Measured on 2
+request of the portal computes longer than it waits on PostgreSQL (~11 ms of CPU for ~3 ms
+of database under the load benchmark's flood), so threads in a process mostly queue on
+Python's lock; on 2 cores, 5 processes served 0.85× the requests of 3. Measured on 2
 cores with 100 people (docs/benchmarks-notes.md, *Load: the worker model*), 4 threads a
 worker gave no more throughput (1.01× in two runs) and no steadier p95 (390 vs 430 ms, 250
 vs 200 ms): the simpler model stays the default. ``GANTRY_WEB_THREADS`` above 1 runs threaded
