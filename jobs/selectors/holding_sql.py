@@ -8,26 +8,21 @@ Table and column names come from the models; values are always parameters. Plain
 PostgreSQL and SQLite both run.
 """
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from datetime import date
 from functools import lru_cache
 from typing import Any
 
 from django.db import connection
-from django.db.models import Field, Model
+from django.db.models import Model
 
 from jobs.models import Attempt, Cluster, ClusterFlavor, ClusterNode, Run, TenantMonthUsage
+from jobs.selectors.sql import Converter, field_of, orm_converter, placeholders
 from tenants.models import GpuFlavor, Quota, Tenant
 
 
 def _table(model: type[Model]) -> str:
     return _quoted(connection.vendor, model, None)
-
-
-def _field(model: type[Model], name: str) -> Field:
-    field = model._meta.get_field(name)
-    assert isinstance(field, Field)  # a concrete column, not a reverse relation
-    return field
 
 
 def _column(alias: str, model: type[Model], name: str) -> str:
@@ -38,32 +33,19 @@ def _column(alias: str, model: type[Model], name: str) -> str:
 def _quoted(vendor: str, model: type[Model], name: str | None) -> str:
     """The quoted name of ``model``'s table (``name`` None) or of the column of its field
     ``name``, as the connection's database (``vendor``) quotes it: looked up once."""
-    column = model._meta.db_table if name is None else _field(model, name).column
+    column = model._meta.db_table if name is None else field_of(model, name).column
     assert column is not None
     return connection.ops.quote_name(column)
 
 
 def _placeholders(values: Collection[Any]) -> str:
-    return ", ".join(["%s"] * len(values))
-
-
-Converter = Callable[[Any], Any]
+    return placeholders(len(values))
 
 
 def _converter(model: type[Model], name: str) -> Converter | None:
     """value -> the value the ORM would give for ``model.name`` (None: as read)."""
-    field = _field(model, name)
-    column = field.get_col(model._meta.db_table)
-    converters = connection.ops.get_db_converters(column) + field.get_db_converters(connection)
-    if not converters:
-        return None
-
-    def convert(value: Any) -> Any:
-        for converter in converters:
-            value = converter(value, column, connection)
-        return value
-
-    return convert
+    field = field_of(model, name)
+    return orm_converter(field, field.get_col(model._meta.db_table))
 
 
 def _rows(sql: str, params: Sequence[Any], fields: Sequence[tuple[type[Model], str]]) -> list:

@@ -19,6 +19,10 @@ from django.db import connection
 from django.db.models import Field, Model
 
 from jobs.models import Experiment, Run
+from jobs.selectors.sql import field_of as _field
+from jobs.selectors.sql import orm_converter
+from jobs.selectors.sql import placeholders as _marks
+from jobs.selectors.sql import quoted_column as _quoted
 
 # The relations the page loads with each run (as select_related names them), each with the
 # alias of its table in the statement and the relation it hangs from ("" for the run).
@@ -151,21 +155,6 @@ def _filter_sql(*, tenants: int, states: int, mine: bool) -> str:
 def _column(name: str, model: type[Model] = Run) -> str:
     """The column of ``model``'s field ``name``, quoted."""
     return _quoted(_field(model, name))
-
-
-def _field(model: type[Model], name: str) -> Field:
-    field = model._meta.pk if name == "pk" else model._meta.get_field(name)
-    assert isinstance(field, Field)
-    return field
-
-
-def _quoted(field: Field) -> str:
-    assert field.column is not None
-    return connection.ops.quote_name(field.column)
-
-
-def _marks(count: int) -> str:
-    return ", ".join(["%s"] * count)
 
 
 @lru_cache(maxsize=256)
@@ -341,21 +330,17 @@ def _built(rows: list[tuple], loaded: dict[str, _Loaded]) -> list[Run]:
 def _reader(part: _Loaded):
     """row, db -> the instance of ``part``'s model its columns hold, through the converters
     the ORM applies to those fields (SQLite's datetimes and booleans, JSON)."""
-    converting = []
-    for index, field in enumerate(part.fields):
-        column = field.get_col(part.model._meta.db_table)
-        converters = connection.ops.get_db_converters(column) + field.get_db_converters(connection)
-        if converters:
-            converting.append((index, column, converters))
+    converting = [
+        (index, convert)
+        for index, field in enumerate(part.fields)
+        if (convert := orm_converter(field, field.get_col(part.model._meta.db_table)))
+    ]
     attnames, model, start, end = part.attnames, part.model, part.start, part.end
 
     def read(row: tuple, db: str) -> Model:
         values = list(row[start:end])
-        for index, column, converters in converting:
-            value = values[index]
-            for converter in converters:
-                value = converter(value, column, connection)
-            values[index] = value
+        for index, convert in converting:
+            values[index] = convert(values[index])
         return model.from_db(db, attnames, values)
 
     return read

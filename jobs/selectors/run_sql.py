@@ -21,7 +21,10 @@ from django.db import connection
 from django.db.models import Field, ForeignKey, Model
 
 from jobs.models import Attempt, Run, RunEvent
-from jobs.selectors.run_page_sql import _field, _Loaded, _marks, _model, _quoted, _reader
+from jobs.selectors.run_page_sql import _Loaded, _model, _reader
+from jobs.selectors.sql import field_of as _field
+from jobs.selectors.sql import placeholders as _marks
+from jobs.selectors.sql import quoted_column as _quoted
 from tenants.models import Tenant
 
 # The relations read with a run (as select_related names them: those of run_list_viewable,

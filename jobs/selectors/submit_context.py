@@ -8,7 +8,7 @@ projects, ``image_list_usable``, ``GpuFlavor`` by slug, the tenant's ``Quota``,
 ``flavor_node_limits``); tests/jobs/test_submit_context.py holds it to them.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -17,6 +17,7 @@ from django.db.models import Field, Model
 
 from images.models import Image
 from jobs.models import Cluster, ClusterFlavor
+from jobs.selectors.sql import orm_converter
 from tenants.access import tenant_roles
 from tenants.models import GpuFlavor, Project, Quota, Tenant
 from tenants.types import UserLike
@@ -44,20 +45,18 @@ class _Rows:
         self.model = model
         self.columns = [f"{alias}.{quote(_column(field))}" for field in fields]
         self.names = [field.attname for field in fields]
-        self.converters: list[tuple[int, list[Callable[..., Any]], Any]] = []
-        for index, field in enumerate(fields):
-            column = field.get_col(alias)
-            found = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
-            if found:
-                self.converters.append((index, found, column))
+        self.converters = [
+            (index, convert)
+            for index, field in enumerate(fields)
+            if (convert := orm_converter(field, field.get_col(alias)))
+        ]
 
     def build(self, values: Sequence[Any]) -> Any:
         if values[0] is None:  # the primary key: no row joined
             return None
         values = list(values)
-        for index, converters, column in self.converters:
-            for converter in converters:
-                values[index] = converter(values[index], column, connection)
+        for index, convert in self.converters:
+            values[index] = convert(values[index])
         return self.model.from_db(connection.alias, self.names, values)
 
 
