@@ -509,17 +509,24 @@ def run_stack(stack: Stack, *, alone: bool) -> "Result":
 
         sys.stderr.write(f"bench: load: a flood of {FLOOD_USERS} clients for {FLOOD_S} s…\n")
         started = time.monotonic()
-        web_before = cpu_seconds(web.pid)
         process, prefix = locust(
             base, people, directory, "flood", users=FLOOD_USERS, seconds=FLOOD_S,
             classes=FLOOD_CLASSES,
         )  # fmt: skip
         processes.append(process)
+        flood_processes = {"web": web, "celery": worker, "beat": beat, "locust": process}
+        flood_before = {name: cpu_seconds(p.pid) for name, p in flood_processes.items()}
+        database_before = database_cpu()
         while process.poll() is None:
-            web_cpu = cpu_seconds(web.pid)
+            flood_now = {name: cpu_seconds(p.pid) for name, p in flood_processes.items()}
+            database = database_cpu()
             check_admission(admission)
             time.sleep(SAMPLE_EVERY_S)
         flood_seconds = time.monotonic() - started
+        flood_cpu = {name: flood_now[name] - flood_before[name] for name in flood_now}
+        flood_cpu["database"] = sum(
+            seconds - database_before.get(pid, 0.0) for pid, seconds in database.items()
+        )
         flood, flood_failures = read_stats(prefix)
         # Afterwards: a few more admission cycles with runs ending and the queue draining.
         for _ in range(3):
@@ -545,7 +552,7 @@ def run_stack(stack: Stack, *, alone: bool) -> "Result":
         | {f"flood, {key}": n for key, n in flood_failures.items()},
         flood=flood,
         flood_seconds=flood_seconds,
-        flood_web_cpu=web_cpu - web_before,
+        flood_cpu=flood_cpu,
         errors_5xx=server_errors(access_log),
         admission=admission,
         outcomes=outcomes,
@@ -565,7 +572,9 @@ class Result:
     failures: dict[str, int]
     flood: dict[str, Kind]
     flood_seconds: float
-    flood_web_cpu: float  # gunicorn's CPU seconds during the flood
+    # CPU seconds during the flood: gunicorn ("web"), Celery's worker and beat, the
+    # database (Celery's queries included) and Locust itself
+    flood_cpu: dict[str, float]
     errors_5xx: int
     admission: Admission
     outcomes: dict[str, int]
@@ -617,6 +626,13 @@ class Result:
 
 
 P95_TARGET_MS = 300
+FLOOD_CPU_NAMES = {
+    "web": "gunicorn",
+    "celery": "Celery's worker",
+    "beat": "beat",
+    "locust": "Locust",
+    "database": "PostgreSQL",
+}
 
 
 def milliseconds(value: float | None) -> str:
@@ -678,9 +694,12 @@ def report(before: Result, after: Result) -> Section:
             f"*{result.stack.label.capitalize()}*: people {result.people_rate():,.1f} "
             f"requests/s over {result.seconds:,.0f} s; flood {result.throughput():,.1f} "
             f"requests/s over {result.flood_seconds:,.0f} s (p50 {milliseconds(flood.p50_ms)}, "
-            f"p95 {milliseconds(flood.p95_ms)}, gunicorn "
-            f"{1000 * result.flood_web_cpu / max(1, flood.requests):,.1f} ms of CPU a "
-            f"request); 5xx answers: {result.errors_5xx}; failed requests by message: "
+            f"p95 {milliseconds(flood.p95_ms)}; CPU a request: "
+            + ", ".join(
+                f"{FLOOD_CPU_NAMES[name]} {1000 * seconds / max(1, flood.requests):,.1f} ms"
+                for name, seconds in result.flood_cpu.items()
+            )
+            + f"); 5xx answers: {result.errors_5xx}; failed requests by message: "
             + (", ".join(f"{key} ×{n}" for key, n in sorted(result.failures.items())) or "none")
             + f". Admission checked {admission.samples} times: "
             + (
