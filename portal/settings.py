@@ -313,6 +313,11 @@ GANTRY_ADMISSION_INTERVAL_S = env_int("GANTRY_ADMISSION_INTERVAL_S", default=5)
 # A cycle whose inputs did not change since the last full one skips deciding, but not for
 # longer than this: what the inputs' digest cannot see is decided again at least this often.
 GANTRY_ADMISSION_FULL_EVERY_S = env_int("GANTRY_ADMISSION_FULL_EVERY_S", default=60)
+# A change that calls for admission (a submit, a run that ended) starts a cycle this many
+# milliseconds later; changes in the meantime share it (Slurm's batch_sched_delay, shorter).
+GANTRY_ADMISSION_BATCH_MS = env_int("GANTRY_ADMISSION_BATCH_MS", default=500)
+if GANTRY_ADMISSION_BATCH_MS < 0:
+    raise ImproperlyConfigured("GANTRY_ADMISSION_BATCH_MS must be 0 or more (milliseconds)")
 GANTRY_SYNC_INTERVAL_S = env_int("GANTRY_SYNC_INTERVAL_S", default=3)
 # How often an open run page asks for what changed (its live sections; it stops once the
 # run has finished and the page shows it).
@@ -368,7 +373,8 @@ CELERY_BEAT_SCHEDULE = {
 GANTRY_FAIR_SHARE_HALF_LIFE_H = env_int("GANTRY_FAIR_SHARE_HALF_LIFE_H", default=24)
 # A run waiting longer than this holds the idle GPUs it is gathering (bounds starvation).
 GANTRY_STARVATION_AFTER_S = env_int("GANTRY_STARVATION_AFTER_S", default=1800)
-# How long a live attempt may be missing from its backend before it is declared LOST.
+# How long a live attempt may be missing from its backend before it is declared LOST (its
+# last sighting is kept to 15 s, jobs.services.backend_sync.LAST_SEEN_RESOLUTION, added here).
 GANTRY_LOST_GRACE_S = env_int("GANTRY_LOST_GRACE_S", default=120)
 # How long a submit keeps retrying an unreachable backend before the attempt fails.
 GANTRY_SUBMIT_GIVE_UP_S = env_int("GANTRY_SUBMIT_GIVE_UP_S", default=1800)

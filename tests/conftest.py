@@ -55,6 +55,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 )
 
 
+@pytest.fixture(autouse=True)
+def _no_admission_kick_left(request: pytest.FixtureRequest) -> None:
+    """Each test starts with no admission cycle marked as waiting (jobs.enqueue): a mark
+    left by an earlier test whose cycle never ran (no worker) would hold back this test's
+    kicks until it expires. The cache outlives tests (Redis, or a table tests don't flush)."""
+    if request.node.get_closest_marker("django_db") is not None:
+        from jobs.enqueue import admission_kick_clear
+
+        admission_kick_clear()
+
+
 def make_user(username: str) -> User:
     return User.objects.create_user(username=username, password=PASSWORD)
 

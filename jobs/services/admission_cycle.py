@@ -12,7 +12,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from jobs import admission, metrics
-from jobs.enqueue import attempt_submit_enqueue
+from jobs.enqueue import admission_kick_clear, attempt_submit_enqueue
 from jobs.models import (
     AdmissionState,
     Attempt,
@@ -77,6 +77,8 @@ def admission_run_cycle(*, now=None) -> AdmissionSummary | None:
     are in place. The fingerprint is read before the snapshot, so a change that commits in
     between makes the next cycle decide again rather than be missed."""
     started = time.perf_counter()
+    # Before anything is read: a change committed from here on sends a cycle of its own.
+    admission_kick_clear()
     summary = _admission_cycle_locked(now=now)
     if summary is not None:  # a cycle that found another admitter at work did nothing
         metrics.ADMISSION_CYCLE_SECONDS.observe(time.perf_counter() - started)

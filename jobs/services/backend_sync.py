@@ -2,7 +2,9 @@
 
 import json
 import logging
+from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -53,6 +55,12 @@ RUNTIME_REPORT_GRACE = timedelta(hours=1)
 
 
 MAX_RUNTIME_REPORT_BYTES = 64 * 1024
+
+# A live attempt the backend still reports as it was gets its "last seen" written only once
+# it is this old, not on every sync (every few seconds, for every live attempt): it only
+# tells when the backend lost the job, and an attempt is declared LOST only after
+# GANTRY_LOST_GRACE_S plus this.
+LAST_SEEN_RESOLUTION = timedelta(seconds=15)
 
 
 def attempt_cancel(*, attempt_id: int) -> None:
@@ -198,13 +206,38 @@ def _cluster_sync(*, cluster: Cluster) -> int:
         )
         raise
     Cluster.objects.filter(pk=cluster.pk).update(last_sync_at=now, last_error="")
+    recorded = _checkpoint_steps_recorded(live=live, statuses=statuses)
     changed = 0
     for attempt in live:
-        with log_context(run_id=attempt.run_id, attempt_id=attempt.pk):
-            changed += _attempt_sync(
-                attempt=attempt, status=statuses.get(attempt.name), backend=backend, now=now
+        status = statuses.get(attempt.name)
+        if status is not None and status.checkpoints:
+            known = recorded.get(attempt.pk, set())
+            status = replace(
+                status, checkpoints=tuple(c for c in status.checkpoints if c.step not in known)
             )
+        with log_context(run_id=attempt.run_id, attempt_id=attempt.pk):
+            changed += _attempt_sync(attempt=attempt, status=status, backend=backend, now=now)
     return changed
+
+
+def _checkpoint_steps_recorded(
+    *, live: list[Attempt], statuses: dict[str, JobStatus]
+) -> dict[int, set[int]]:
+    """The steps already recorded of each live attempt whose status reports checkpoints,
+    in one query: a backend may report every checkpoint so far on every sync (the
+    simulator does), and only new ones need writing."""
+    reporting = [
+        attempt.pk
+        for attempt in live
+        if (status := statuses.get(attempt.name)) is not None and status.checkpoints
+    ]
+    steps: dict[int, set[int]] = defaultdict(set)
+    if reporting:
+        for attempt_id, step in Checkpoint.objects.filter(attempt_id__in=reporting).values_list(
+            "attempt_id", "step"
+        ):
+            steps[attempt_id].add(step)
+    return steps
 
 
 def _attempt_sync(*, attempt: Attempt, status: JobStatus | None, backend, now) -> int:
@@ -220,14 +253,16 @@ def _attempt_sync(*, attempt: Attempt, status: JobStatus | None, backend, now) -
                 failure_reason="CANCELLED",
                 message="Deleted from the cluster as requested",
             )
-        elif attempt.last_seen_at and now - attempt.last_seen_at > timedelta(
-            seconds=settings.GANTRY_LOST_GRACE_S
+        elif attempt.last_seen_at and now - attempt.last_seen_at > (
+            timedelta(seconds=settings.GANTRY_LOST_GRACE_S) + LAST_SEEN_RESOLUTION
         ):
             status = JobStatus(
                 state="LOST", failure_reason="LOST", message="The backend no longer knows it"
             )
         else:
             return 0
+    if _still_running(attempt=attempt, status=status, now=now):
+        return 0  # nothing to write: no transaction either
     changed = attempt_apply_status(attempt=attempt, status=status, now=now)
     if backend.honours_placement and _placement_lapsed(attempt=attempt, status=status, now=now):
         changed += attempt_requeue_unplaced(
@@ -339,9 +374,7 @@ def checkpoints_record(*, attempt: Attempt, reports: Iterable[CheckpointReport])
 def attempt_apply_status(*, attempt: Attempt, status: JobStatus, now) -> int:
     """Apply what the backend reports about one attempt to the attempt and its run."""
     run = attempt.run
-    common = {"last_seen_at": now, "backend_error": ""}
-    if status.node_list:
-        common["node_list"] = status.node_list
+    common = _seen(status=status, now=now)
     checkpoints_record(attempt=attempt, reports=status.checkpoints)
     adopted = 0
     if attempt.state == AttemptState.SUBMITTING and status.backend_job_id:
@@ -358,7 +391,8 @@ def attempt_apply_status(*, attempt: Attempt, status: JobStatus, now) -> int:
     if status.state == attempt.state or (
         status.state == "PENDING" and attempt.state == AttemptState.SUBMITTING
     ):
-        Attempt.objects.filter(pk=attempt.pk).update(**common)
+        if adopted or _news(attempt=attempt, common=common, now=now):
+            Attempt.objects.filter(pk=attempt.pk).update(**common)
         return int(adopted)
     if status.state == "RUNNING":
         updated = Attempt.objects.filter(
@@ -375,6 +409,36 @@ def attempt_apply_status(*, attempt: Attempt, status: JobStatus, now) -> int:
     if status.state == "PENDING":
         return int(adopted)
     return int(adopted or _attempt_finish(attempt=attempt, status=status, now=now, common=common))
+
+
+def _seen(*, status: JobStatus, now) -> dict[str, Any]:
+    """The attempt's fields a status it was found in sets, whatever its state."""
+    common: dict[str, Any] = {"last_seen_at": now, "backend_error": ""}
+    if status.node_list:
+        common["node_list"] = status.node_list
+    return common
+
+
+def _still_running(*, attempt: Attempt, status: JobStatus, now) -> bool:
+    """A running attempt the backend reports running as it was, with no new checkpoint and
+    nothing to write (``_news``): most live attempts on most syncs."""
+    return (
+        attempt.state == AttemptState.RUNNING
+        and status.state == "RUNNING"
+        and not status.checkpoints
+        and not _news(attempt=attempt, common=_seen(status=status, now=now), now=now)
+    )
+
+
+def _news(*, attempt: Attempt, common: dict, now) -> bool:
+    """Whether a sync that found the attempt as it was has anything to write: an error to
+    clear, other nodes, or a "last seen" older than ``LAST_SEEN_RESOLUTION``."""
+    return (
+        attempt.backend_error != common["backend_error"]
+        or common.get("node_list", attempt.node_list) != attempt.node_list
+        or attempt.last_seen_at is None
+        or now - attempt.last_seen_at >= LAST_SEEN_RESOLUTION
+    )
 
 
 def _run_started(*, run: Run, attempt: Attempt, started_at, message: str) -> None:

@@ -39,7 +39,9 @@ def test_every_task_named_by_the_services_is_registered():
 @pytest.mark.django_db(transaction=True)
 def test_a_send_waits_for_the_commit_and_a_rollback_sends_nothing(monkeypatch):
     sent = []
-    monkeypatch.setattr(enqueue, "_send", lambda task, *args: sent.append((task, args)))
+    monkeypatch.setattr(
+        enqueue, "_send", lambda task, *args, countdown=None: sent.append((task, args))
+    )
 
     with transaction.atomic():
         enqueue.attempt_submit_enqueue([7, 8])
@@ -54,6 +56,50 @@ def test_a_send_waits_for_the_commit_and_a_rollback_sends_nothing(monkeypatch):
         ("jobs.tasks.attempt_submit", (8,)),
         ("jobs.tasks.attempt_cancel", (9,)),
     ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_of_changes_sends_one_admission_cycle_until_a_cycle_starts(monkeypatch, settings):
+    settings.GANTRY_ADMISSION_BATCH_MS = 500
+    sent = []
+    monkeypatch.setattr(
+        enqueue, "_send", lambda task, *args, countdown=None: sent.append((task, countdown))
+    )
+
+    # Given three changes, each committed, before any cycle starts
+    for _ in range(3):
+        with transaction.atomic():
+            enqueue.admission_cycle_enqueue()
+    # Then one cycle is sent, to start half a second later: it reads all three
+    assert sent == [(enqueue.ADMISSION_CYCLE, 0.5)]
+
+    # When that cycle starts, a change committed after it sends a new one
+    admission_run_cycle()
+    with transaction.atomic():
+        enqueue.admission_cycle_enqueue()
+    with transaction.atomic():
+        enqueue.admission_cycle_enqueue()
+    assert sent == [(enqueue.ADMISSION_CYCLE, 0.5), (enqueue.ADMISSION_CYCLE, 0.5)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_admission_cycle_that_could_not_be_sent_is_tried_again_by_the_next_change(
+    monkeypatch, caplog
+):
+    attempts = []
+
+    def broker_down(task, *args, countdown=None):
+        attempts.append(task)
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(enqueue, "_send", broker_down)
+    with caplog.at_level(logging.ERROR, logger="django.db.backends.base"):
+        for _ in range(2):
+            with transaction.atomic():
+                enqueue.admission_cycle_enqueue()
+    # Both tried (and logged): the failed send left no mark behind
+    assert attempts == [enqueue.ADMISSION_CYCLE, enqueue.ADMISSION_CYCLE]
+    assert len([r for r in caplog.records if "in on_commit()" in r.getMessage()]) == 2
 
 
 class PrivateRedis:

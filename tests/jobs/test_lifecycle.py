@@ -3,6 +3,7 @@
 from datetime import timedelta
 
 import pytest
+import time_machine
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
@@ -318,12 +319,41 @@ def test_lost_after_grace_when_backend_forgets_the_job(world, settings):
     cluster_sync(cluster=world.cluster)
     run.refresh_from_db()
     assert run.state == RunState.PENDING  # within the grace period nothing happens
+    # Last seen is kept to LAST_SEEN_RESOLUTION (15 s), so the grace is 60 s plus that
     Attempt.objects.filter(pk=attempt.pk).update(
-        last_seen_at=timezone.now() - timedelta(seconds=61)
+        last_seen_at=timezone.now() - timedelta(seconds=74)
+    )
+    cluster_sync(cluster=world.cluster)
+    run.refresh_from_db()
+    assert run.state == RunState.PENDING
+    Attempt.objects.filter(pk=attempt.pk).update(
+        last_seen_at=timezone.now() - timedelta(seconds=76)
     )
     cluster_sync(cluster=world.cluster)
     run.refresh_from_db()
     assert (run.state, run.failure_reason) == ("FAILED", "LOST")
+
+
+def test_a_sync_writes_last_seen_only_when_it_is_older_than_its_resolution(world):
+    # A run that runs for a simulated day: every sync below finds it RUNNING, as it was
+    run = submit(world, env={"GANTRY_SIM_DURATION_S": "86400"})
+    admission_run_cycle()
+    attempt = run.attempts.get()
+    attempt_submit(attempt_id=attempt.pk)
+    cluster_sync(cluster=world.cluster)
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.RUNNING
+    first_seen = attempt.last_seen_at
+    assert first_seen is not None
+
+    with time_machine.travel(first_seen + timedelta(seconds=14), tick=False):
+        cluster_sync(cluster=world.cluster)
+    assert Attempt.objects.get(pk=attempt.pk).last_seen_at == first_seen  # nothing written
+
+    later = first_seen + timedelta(seconds=15)
+    with time_machine.travel(later, tick=False):
+        cluster_sync(cluster=world.cluster)
+    assert Attempt.objects.get(pk=attempt.pk).last_seen_at == later
 
 
 @pytest.mark.parametrize(

@@ -264,6 +264,7 @@ def test_embedded_debug_is_on_only_when_asked_for(tmp_path, raw, debug):
         ("GANTRY_CELERY_EAGER", "2", "GANTRY_CELERY_EAGER must be a boolean"),
         ("GANTRY_ADMISSION_INTERVAL_S", "5s", "GANTRY_ADMISSION_INTERVAL_S must be an integer"),
         ("GANTRY_LOST_GRACE_S", "two minutes", "GANTRY_LOST_GRACE_S must be an integer"),
+        ("GANTRY_ADMISSION_BATCH_MS", "-1", "GANTRY_ADMISSION_BATCH_MS must be 0 or more"),
         ("DATABASE_URL", "mysql://db/gantry", "DATABASE_URL scheme 'mysql' is not supported"),
     ],
 )
