@@ -13,7 +13,7 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from tenants.authentication import Lockout, client_ip, login_lockout, refused_by_lockout
+from tenants.authentication import Lockout, refused_by_lockout
 from tenants.forms import ApiTokenForm
 from tenants.http import or_404
 from tenants.models import ApiToken
@@ -35,15 +35,11 @@ class LockoutAwareAuthenticationForm(AuthenticationForm):
     lockout: Lockout | None = None
 
     def clean(self):
-        username = self.cleaned_data.get("username")
-        if username is not None and self.request is not None:
-            self.lockout = login_lockout(username=username, ip_address=client_ip(self.request))
-            if self.lockout is not None:
-                raise ValidationError(self.lockout.message, code="locked")
         try:
             return super().clean()
         except ValidationError:
-            # Locked out while this login was on its way: say so, not "wrong password".
+            # The lockout is checked where the attempt is counted, in one step
+            # (``ThrottledModelBackend``): refused there, say so, not "wrong password".
             self.lockout = refused_by_lockout(self.request)
             if self.lockout is not None:
                 raise ValidationError(self.lockout.message, code="locked") from None
