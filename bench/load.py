@@ -7,14 +7,17 @@ sets it up (sync workers, one per core plus one) in front of PostgreSQL, a Celer
 beat on Redis running admission every second, and the simulator cluster, so that submitted
 runs are really admitted, started and finished. *Before*: the code of main at ``BEFORE_REF``
 (taken out of this repository with ``git archive``: the benchmark needs its history);
-*after*: this checkout. Each stack gets a database seeded afresh by this checkout's code (the
-schema is the same), ``<DATABASE_URL's name>_load``: 4 tenants with a guarantee and a borrow
-limit on two flavors that fill a 96-GPU cluster exactly, 13 researchers (password and API
-token) and a tenant admin each, and 20,000 finished runs of history. Settings are the tests'
-(``tests.settings``) with DEBUG off; they differ from production only in the development
-secret key, plain HTTP (no HTTPS redirect, no secure-only cookies) and a fast password
-hasher, so that 100 logins do not cost a minute of CPU; the cache is on Redis, as in
-docker-compose.yml.
+*after*: this checkout. Both stacks run side by side and take turns (the people on before,
+then on after; the flood in rounds, before, after, after, before), so that a machine whose
+speed drifts (other guests of its host) weighs on both alike. Each has a Redis database of
+its own (broker and cache) and a PostgreSQL database seeded alike by this checkout's code
+(the schema is the same), ``<DATABASE_URL's name>_load_<before|after>``: 4 tenants with a
+guarantee and a borrow limit on two flavors that fill a 96-GPU cluster exactly, 13
+researchers (password and API token) and a tenant admin each, and 20,000 finished runs of
+history. Settings are the tests' (``tests.settings``) with DEBUG off; they differ from
+production only in the development secret key, plain HTTP (no HTTPS redirect, no
+secure-only cookies) and a fast password hasher, so that 100 logins do not cost a minute of
+CPU; the cache is on Redis, as in docker-compose.yml.
 
 Locust (``bench/locustfile.py``) drives it over HTTP on 127.0.0.1.
 
@@ -25,9 +28,9 @@ Locust (``bench/locustfile.py``) drives it over HTTP on 127.0.0.1.
   2 health probes ask ``/healthz`` every second. Their pace, not the portal, sets how many
   requests a second they make: what this measures is how long each request waits.
 - *Flood*: ``FLOOD_USERS`` of the same people (4 scripts, 5 researchers and a tenant admin,
-  as the people's proportions) without any pause for ``FLOOD_S`` seconds: the requests a
-  second the stack serves when it, not the people, is the limit. This is the throughput
-  compared.
+  as the people's proportions) without any pause, ``FLOOD_S`` seconds in rounds of
+  ``FLOOD_ROUND_S``: the requests a second the stack serves when it, not the people, is the
+  limit. This is the throughput compared.
 - *Alone* (after only, before its load): one such client for 20 s: what each request costs
   with nobody else around.
 
@@ -53,15 +56,18 @@ import urllib.request
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import make_password
+from django.core.management import call_command
 from django.db import connection
 from django.db.models import Count, Max, Sum
 
 from bench.cpu import cpu_seconds
 from bench.cycle import truncate, vacuum
+from bench.db import ensure_database
 from bench.report import Section
 from bench.runlist import seed_history
 from images.models import Image
@@ -84,7 +90,13 @@ QUOTA = {"a100-80gb": (16, 16), "h100-80gb": (8, 8)}  # flavor: guaranteed, borr
 PASSWORD = "load-bench-password"  # noqa: S105 (a throwaway account of a throwaway database)
 LOAD_CLASSES = ("ApiResearcher", "BrowserResearcher", "TenantAdmin", "HealthProbe")
 FLOOD_CLASSES = ("ApiFlood", "BrowserFlood", "AdminFlood")  # the people's, without pauses
-FLOOD_USERS, FLOOD_S = 10, 30
+FLOOD_USERS = 10
+# The flood in rounds, the stacks taking turns (before, after, after, before): 30 s each.
+FLOOD_ORDER = ("before", "after", "after", "before")
+FLOOD_ROUND_S = 15
+FLOOD_S = FLOOD_ROUND_S * FLOOD_ORDER.count("after")
+SETTLE_S = 20  # after a stack's people: its runs (5 to 20 s) end before the next phase
+WARM_UP = ["SequentialClient"]
 # main when the work on issue 20.4's per-request costs began (the run list at /runs/, live
 # pages, the load benchmark's people): the code the benchmark measures this checkout against.
 BEFORE_REF = "284ad1ee44c25ad26a8331228d7df97af3f96537"
@@ -384,10 +396,29 @@ WEB = ["--config", "python:portal.gunicorn_conf"]
 
 
 def run() -> list[Section]:
-    results = {}
-    for stack in (BEFORE, AFTER):
-        sys.stderr.write(f"bench: load: the {stack.label} stack…\n")
-        results[stack.label] = run_stack(stack, alone=stack is AFTER)
+    """Both stacks run side by side, each on a database of its own, and take turns: the
+    people on before, then on after; then the flood in rounds, before, after, after, before.
+    A machine whose speed drifts (other guests of its host) then weighs on both alike."""
+    stacks: dict[str, Live] = {}
+    try:
+        for stack in (BEFORE, AFTER):
+            sys.stderr.write(f"bench: load: starting the {stack.label} stack…\n")
+            stacks[stack.label] = stack_start(stack)
+        for live in stacks.values():
+            people_phase(live, alone=live.stack is AFTER)
+        sys.stderr.write(
+            f"bench: load: a flood of {FLOOD_USERS} clients, {len(FLOOD_ORDER)} rounds of "
+            f"{FLOOD_ROUND_S} s…\n"
+        )
+        for label in FLOOD_ORDER:
+            flood_round(stacks[label])
+        results = {label: stack_finish(live) for label, live in stacks.items()}
+    finally:
+        for live in stacks.values():
+            for process in reversed(live.processes):
+                stop(process)
+            live.people.unlink(missing_ok=True)  # API tokens; the logs stay on failure
+        connection.close()
     before, after = results["before"], results["after"]
     section = report(before, after)
     problems = [f"{label}: {problem}" for label, r in results.items() for problem in r.problems()]
@@ -400,24 +431,66 @@ def run() -> list[Section]:
     return [section]
 
 
-def run_stack(stack: Stack, *, alone: bool) -> "Result":
-    """Seed, start the stack, warm it up, optionally measure one client alone, then the
-    load; the processes are stopped whatever happens."""
+@dataclass
+class Live:
+    """A started stack and what its phases measured so far."""
+
+    stack: Stack
+    directory: Path
+    database: str
+    people: Path
+    first_run_id: int
+    base: str
+    web: subprocess.Popen
+    worker: subprocess.Popen
+    beat: subprocess.Popen
+    processes: list[subprocess.Popen]
+    admission: Admission = field(default_factory=Admission)
+    baseline: dict[str, Kind] = field(default_factory=dict)
+    loaded: dict[str, Kind] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    cpu: dict[str, float] = field(default_factory=dict)
+    load_average: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    flood_rounds: list[dict[str, Kind]] = field(default_factory=list)
+    flood_seconds: float = 0.0
+    flood_cpu: dict[str, float] = field(default_factory=dict)
+
+
+def use_database(name: str) -> None:
+    """Point this process's connection at ``name`` (it reads the settings' dict)."""
+    connection.close()
+    settings.DATABASES["default"]["NAME"] = name
+
+
+def stack_start(stack: Stack) -> Live:
+    """Its own database (``<name>_<label>``, migrated and seeded afresh), its processes,
+    warmed up."""
     directory = Path(tempfile.mkdtemp(prefix=f"gantry-load-{stack.label}-"))
     tree = source_tree(stack.ref, directory) if stack.ref else ROOT
+    given = urlsplit(os.environ["DATABASE_URL"])
+    database = f"{given.path.lstrip('/')}_{stack.label}"
+    url = urlunsplit(given._replace(path=f"/{database}"))
+    ensure_database(url)
+    use_database(database)
+    call_command("migrate", verbosity=0)
     people = seed(directory)
     broker = os.environ.get("CELERY_BROKER_URL", settings.CELERY_BROKER_URL)
     first_run_id = Run.objects.aggregate(last=Max("id"))["last"]
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = os.environ | {
+        "DATABASE_URL": url,
         # The environment's, not settings': an earlier benchmark of the same run set up
-        # Django with the in-memory broker, which no other process can reach.
-        "CELERY_BROKER_URL": broker,
-        # As docker-compose.yml: the cache (throttles, lockouts) on Redis, not in the
-        # database the embedded default uses. Its keys carry Django's prefix; nothing in the
-        # stack empties the cache.
-        "GANTRY_CACHE_URL": broker if broker.startswith("redis://") else "db://",
+        # Django with the in-memory broker, which no other process can reach. Each stack
+        # has a Redis database of its own (the next one after the given), for its tasks
+        # and its cache (throttles, lockouts), as docker-compose.yml has it on Redis.
+        "CELERY_BROKER_URL": _redis_database(broker, offset=1 if stack is AFTER else 0),
+        "GANTRY_CACHE_URL": (
+            _redis_database(broker, offset=1 if stack is AFTER else 0)
+            if broker.startswith("redis://")
+            else "db://"
+        ),
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "GANTRY_DEBUG": "0",
         "GANTRY_DATA_DIR": str(directory),
@@ -429,17 +502,15 @@ def run_stack(stack: Stack, *, alone: bool) -> "Result":
         # The stack's own code first, whatever this environment installed in editable mode.
         "PYTHONPATH": str(tree),
     }
-    access_log = directory / "access.log"
     connection.close()  # the children get their own; this one waits idle otherwise
-    processes = []
-    baseline: dict[str, Kind] = {}
-    baseline_failures: dict[str, int] = {}
+    processes: list[subprocess.Popen] = []
+    live = None
     try:
         web = start(
             [
                 sys.executable, "-m", "gunicorn", "portal.wsgi:application", *WEB,
-                "--bind", f"127.0.0.1:{port}",
-                "--access-logfile", str(access_log), "--access-logformat", "%(s)s %(m)s %(U)s",
+                "--bind", f"127.0.0.1:{port}", "--access-logfile",
+                str(directory / "access.log"), "--access-logformat", "%(s)s %(m)s %(U)s",
             ],
             env,
             directory / "gunicorn.log",
@@ -455,6 +526,7 @@ def run_stack(stack: Stack, *, alone: bool) -> "Result":
             directory / "celery.log",
             cwd=tree,
         )  # fmt: skip
+        processes.append(worker)
         beat = start(
             [
                 sys.executable, "-m", "celery", "-A", "portal", "beat", "--loglevel", "WARNING",
@@ -464,103 +536,146 @@ def run_stack(stack: Stack, *, alone: bool) -> "Result":
             directory / "celery.log",
             cwd=tree,
         )  # fmt: skip
-        processes += [worker, beat]
+        processes.append(beat)
+        live = Live(
+            stack=stack, directory=directory, database=database, people=people,
+            first_run_id=first_run_id, base=base, web=web, worker=worker, beat=beat,
+            processes=processes,
+        )  # fmt: skip
         wait_ready(base, web)
         # Every gunicorn worker loads views and templates on its first requests.
-        process, _ = locust(
-            base, people, directory, "warm-up", users=3, seconds=WARM_UP_S,
-            classes=["SequentialClient"],
-        )  # fmt: skip
-        processes.append(process)
-        process.wait()
+        drive(live, "warm-up", users=3, seconds=WARM_UP_S, classes=WARM_UP)
+        return live
+    except BaseException:
+        for process in reversed(processes):
+            stop(process)
+        raise
 
-        if alone:
-            sys.stderr.write(f"bench: load: one client alone for {BASELINE_S} s…\n")
-            process, prefix = locust(
-                base, people, directory, "baseline", users=1, seconds=BASELINE_S,
-                classes=["SequentialClient"],
-            )  # fmt: skip
-            processes.append(process)
-            process.wait()
-            baseline, baseline_failures = read_stats(prefix)
 
-        sys.stderr.write(f"bench: load: {USERS} people for {DURATION_S} s…\n")
-        admission = Admission()
-        started = time.monotonic()
-        cpu_before = {name: cpu_seconds(p.pid) for name, p in (("web", web), ("celery", worker))}
-        database_before = database_cpu()
-        process, prefix = locust(
-            base, people, directory, "load", users=USERS, seconds=DURATION_S,
-            classes=LOAD_CLASSES,
-        )  # fmt: skip
-        processes.append(process)
-        while process.poll() is None:
-            cpu = {name: cpu_seconds(p.pid) for name, p in (("web", web), ("celery", worker))}
-            database = database_cpu()
-            check_admission(admission)
-            time.sleep(SAMPLE_EVERY_S)
-        load_seconds = time.monotonic() - started
-        # As last sampled while Locust ran: afterwards the workers' CPU is no longer the load's.
-        cpu_used = {name: cpu[name] - cpu_before[name] for name in cpu}
-        cpu_used["database"] = sum(
-            seconds - database_before.get(pid, 0.0) for pid, seconds in database.items()
+def _redis_database(url: str, *, offset: int) -> str:
+    """``url`` with its Redis database number moved up by ``offset`` (others as they are)."""
+    parts = urlsplit(url)
+    if parts.scheme != "redis" or not offset:
+        return url
+    number = (int(parts.path.lstrip("/") or 0) + offset) % 16  # Redis has 16 by default
+    return urlunsplit(parts._replace(path=f"/{number}"))
+
+
+def drive(
+    live: Live, label: str, *, users: int, seconds: int, classes
+) -> tuple[dict[str, Kind], dict[str, int], float, dict[str, float]]:
+    """Locust against the stack, its admission checked as it goes: its statistics and
+    failures, how long it took, and the CPU seconds each process used meanwhile (as last
+    sampled while Locust ran: afterwards the workers' CPU is no longer the load's)."""
+    use_database(live.database)
+    locust_process, prefix = locust(
+        live.base, live.people, live.directory, label, users=users, seconds=seconds,
+        classes=classes,
+    )  # fmt: skip
+    live.processes.append(locust_process)
+    measured = {
+        "web": live.web, "celery": live.worker, "beat": live.beat, "locust": locust_process,
+    }  # fmt: skip
+    started = time.monotonic()
+    cpu_before = {name: cpu_seconds(p.pid) for name, p in measured.items()}
+    database_before = database_cpu()
+    cpu_now, database_now = dict(cpu_before), dict(database_before)
+    while locust_process.poll() is None:
+        cpu_now = {name: cpu_seconds(p.pid) for name, p in measured.items()}
+        database_now = database_cpu()
+        check_admission(live.admission)
+        time.sleep(SAMPLE_EVERY_S)
+    elapsed = time.monotonic() - started
+    cpu = {name: cpu_now[name] - cpu_before[name] for name in measured}
+    cpu["database"] = sum(
+        seconds - database_before.get(pid, 0.0) for pid, seconds in database_now.items()
+    )
+    kinds, failures = read_stats(prefix)
+    return kinds, failures, elapsed, cpu
+
+
+def people_phase(live: Live, *, alone: bool) -> None:
+    if alone:
+        sys.stderr.write(f"bench: load: {live.stack.label}: one client alone for {BASELINE_S} s…\n")
+        live.baseline, failures, _, _ = drive(
+            live, "baseline", users=1, seconds=BASELINE_S, classes=WARM_UP
         )
-        loaded, failures = read_stats(prefix)
+        live.failures |= {f"alone, {key}": n for key, n in failures.items()}
+    sys.stderr.write(f"bench: load: {live.stack.label}: {USERS} people for {DURATION_S} s…\n")
+    live.loaded, failures, live.seconds, live.cpu = drive(
+        live, "load", users=USERS, seconds=DURATION_S, classes=LOAD_CLASSES
+    )
+    live.failures |= failures
+    live.load_average = os.getloadavg()
+    # Its runs end and its queue drains before the other stack is measured.
+    time.sleep(SETTLE_S)
+    check_admission(live.admission)
 
-        sys.stderr.write(f"bench: load: a flood of {FLOOD_USERS} clients for {FLOOD_S} s…\n")
-        started = time.monotonic()
-        process, prefix = locust(
-            base, people, directory, "flood", users=FLOOD_USERS, seconds=FLOOD_S,
-            classes=FLOOD_CLASSES,
-        )  # fmt: skip
-        processes.append(process)
-        flood_processes = {"web": web, "celery": worker, "beat": beat, "locust": process}
-        flood_before = {name: cpu_seconds(p.pid) for name, p in flood_processes.items()}
-        database_before = database_cpu()
-        while process.poll() is None:
-            flood_now = {name: cpu_seconds(p.pid) for name, p in flood_processes.items()}
-            database = database_cpu()
-            check_admission(admission)
-            time.sleep(SAMPLE_EVERY_S)
-        flood_seconds = time.monotonic() - started
-        flood_cpu = {name: flood_now[name] - flood_before[name] for name in flood_now}
-        flood_cpu["database"] = sum(
-            seconds - database_before.get(pid, 0.0) for pid, seconds in database.items()
-        )
-        flood, flood_failures = read_stats(prefix)
-        # Afterwards: a few more admission cycles with runs ending and the queue draining.
-        for _ in range(3):
-            time.sleep(SAMPLE_EVERY_S)
-            check_admission(admission)
-        outcomes = run_outcomes(first_run_id)
-        alive = {
-            name: p.poll() is None
-            for name, p in (("gunicorn", web), ("worker", worker), ("beat", beat))
-        }
-    finally:
-        for started_process in reversed(processes):
-            stop(started_process)
-        people.unlink()  # API tokens; the logs stay if something went wrong
-        connection.close()
+
+def flood_round(live: Live) -> None:
+    label = f"flood-{len(live.flood_rounds) + 1}"
+    kinds, failures, seconds, cpu = drive(
+        live, label, users=FLOOD_USERS, seconds=FLOOD_ROUND_S, classes=FLOOD_CLASSES
+    )
+    live.flood_rounds.append(kinds)
+    live.flood_seconds += seconds
+    for name, used in cpu.items():
+        live.flood_cpu[name] = live.flood_cpu.get(name, 0.0) + used
+    for key, n in failures.items():
+        live.failures[f"flood, {key}"] = live.failures.get(f"flood, {key}", 0) + n
+
+
+def stack_finish(live: Live) -> "Result":
+    """A few more admission checks with runs ending and the queue draining; then what
+    became of the runs submitted, and whether every process lived through it."""
+    use_database(live.database)
+    for _ in range(3):
+        time.sleep(SAMPLE_EVERY_S)
+        check_admission(live.admission)
+    outcomes = run_outcomes(live.first_run_id)
+    alive = {
+        name: p.poll() is None
+        for name, p in (("gunicorn", live.web), ("worker", live.worker), ("beat", live.beat))
+    }
+    connection.close()
     return Result(
-        stack=stack,
-        directory=directory,
-        baseline=baseline,
-        loaded=loaded,
-        failures=failures
-        | {f"alone, {key}": n for key, n in baseline_failures.items()}
-        | {f"flood, {key}": n for key, n in flood_failures.items()},
-        flood=flood,
-        flood_seconds=flood_seconds,
-        flood_cpu=flood_cpu,
-        errors_5xx=server_errors(access_log),
-        admission=admission,
+        stack=live.stack,
+        directory=live.directory,
+        baseline=live.baseline,
+        loaded=live.loaded,
+        failures=live.failures,
+        flood=_rounds_together(live.flood_rounds),
+        flood_seconds=live.flood_seconds,
+        flood_cpu=live.flood_cpu,
+        errors_5xx=server_errors(live.directory / "access.log"),
+        admission=live.admission,
         outcomes=outcomes,
         alive=alive,
-        seconds=load_seconds,
-        cpu=cpu_used,
-        load_average=os.getloadavg(),
+        seconds=live.seconds,
+        cpu=live.cpu,
+        load_average=live.load_average,
     )
+
+
+def _rounds_together(rounds: list[dict[str, Kind]]) -> dict[str, Kind]:
+    """The flood's rounds as one: requests and failures added up; p50 and p95 those of the
+    slowest round (percentiles of parts do not add up)."""
+    together: dict[str, Kind] = {}
+    for kinds in rounds:
+        for name, kind in kinds.items():
+            seen = together.get(name)
+            if seen is None:
+                together[name] = kind
+                continue
+            together[name] = Kind(
+                name=name,
+                requests=seen.requests + kind.requests,
+                failures=seen.failures + kind.failures,
+                p50_ms=max(seen.p50_ms or 0, kind.p50_ms or 0) or None,
+                p95_ms=max(seen.p95_ms or 0, kind.p95_ms or 0) or None,
+                per_second=seen.per_second + kind.per_second,
+            )
+    return together
 
 
 @dataclass
@@ -648,9 +763,12 @@ def report(before: Result, after: Result) -> Section:
             "The stack of docker-compose.yml (gunicorn as portal/gunicorn_conf.py sets it up: "
             f"{gunicorn_conf.workers} {gunicorn_conf.worker_class} workers here), on "
             "PostgreSQL with a Celery worker and beat running admission every second and the "
-            "simulator cluster (96 GPUs, 60× sped up), twice in one run, each on a freshly "
-            f"seeded database: *before*, the code of main at {BEFORE_REF[:7]}; *after*, this "
-            f"checkout. Locust on 127.0.0.1. *People*: `--users {USERS} --spawn-rate "
+            "simulator cluster (96 GPUs, 60× sped up), twice side by side in one run, each on "
+            f"a database of its own, seeded alike: *before*, the code of main at "
+            f"{BEFORE_REF[:7]}; *after*, this checkout. They take turns, so that a drift in "
+            "the machine's speed weighs on both: the people on before, then on after, then "
+            f"the flood in rounds of {FLOOD_ROUND_S} s ({', '.join(FLOOD_ORDER)}). Locust on "
+            f"127.0.0.1. *People*: `--users {USERS} --spawn-rate "
             f"{SPAWN_RATE} --run-time {DURATION_S}s`: 40 researchers' scripts submit and read "
             "runs with API tokens, 50 researchers and 10 tenant admins of 4 tenants log in "
             "and browse, 2 to 8 s apart, a run page or the run list they open polling its "
@@ -658,7 +776,8 @@ def report(before: Result, after: Result) -> Section:
             "before they move on, and 2 probes ask `/healthz` every second; their pace sets "
             "the requests a second. *Flood*: "
             f"{FLOOD_USERS} of the same people (4 scripts, 5 researchers, a tenant admin) "
-            f"without any pause for {FLOOD_S} s: the throughput of the stack at its limit. "
+            f"without any pause for {FLOOD_S} s in all: the throughput of the stack at its "
+            "limit. "
             f"*Alone*: one such client for {BASELINE_S} s on the after stack before its load: "
             "what a request costs with nobody else around (`bench/load.py`, "
             "`bench/locustfile.py`). Times are Locust's (whole milliseconds, coarser above "
@@ -693,8 +812,8 @@ def report(before: Result, after: Result) -> Section:
         section.notes += [
             f"*{result.stack.label.capitalize()}*: people {result.people_rate():,.1f} "
             f"requests/s over {result.seconds:,.0f} s; flood {result.throughput():,.1f} "
-            f"requests/s over {result.flood_seconds:,.0f} s (p50 {milliseconds(flood.p50_ms)}, "
-            f"p95 {milliseconds(flood.p95_ms)}; CPU a request: "
+            f"requests/s over {result.flood_seconds:,.0f} s (slowest round: p50 "
+            f"{milliseconds(flood.p50_ms)}, p95 {milliseconds(flood.p95_ms)}; CPU a request: "
             + ", ".join(
                 f"{FLOOD_CPU_NAMES[name]} {1000 * seconds / max(1, flood.requests):,.1f} ms"
                 for name, seconds in result.flood_cpu.items()
