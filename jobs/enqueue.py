@@ -28,8 +28,12 @@ ATTEMPT_SUBMIT = "jobs.tasks.attempt_submit"
 ATTEMPT_CANCEL = "jobs.tasks.attempt_cancel"
 
 
-def _send(task: str, *args: int, countdown: float | None = None) -> None:
-    current_app.tasks[task].apply_async(args=args, countdown=countdown)
+def _send(task: str, *args: int, countdown: float = 0) -> None:
+    """Send ``task`` now, or to start ``countdown`` seconds from now."""
+    if countdown > 0:
+        current_app.tasks[task].apply_async(args=args, countdown=countdown)
+    else:
+        current_app.tasks[task].apply_async(args=args)
 
 
 def after_commit(task: str, *args: int) -> None:
@@ -60,7 +64,7 @@ def admission_cycle_enqueue() -> None:
         if not _admission_kick_claim():
             return  # a cycle that has not started yet will read this change
         try:
-            _send(ADMISSION_CYCLE, countdown=settings.GANTRY_ADMISSION_BATCH_MS / 1000 or None)
+            _send(ADMISSION_CYCLE, countdown=settings.GANTRY_ADMISSION_BATCH_MS / 1000)
         except Exception:
             admission_kick_clear()  # not sent: the next change tries again
             raise

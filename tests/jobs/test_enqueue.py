@@ -40,7 +40,7 @@ def test_every_task_named_by_the_services_is_registered():
 def test_a_send_waits_for_the_commit_and_a_rollback_sends_nothing(monkeypatch):
     sent = []
     monkeypatch.setattr(
-        enqueue, "_send", lambda task, *args, countdown=None: sent.append((task, args))
+        enqueue, "_send", lambda task, *args, countdown=0: sent.append((task, args))
     )
 
     with transaction.atomic():
@@ -63,7 +63,7 @@ def test_a_burst_of_changes_sends_one_admission_cycle_until_a_cycle_starts(monke
     settings.GANTRY_ADMISSION_BATCH_MS = 500
     sent = []
     monkeypatch.setattr(
-        enqueue, "_send", lambda task, *args, countdown=None: sent.append((task, countdown))
+        enqueue, "_send", lambda task, *args, countdown=0: sent.append((task, countdown))
     )
 
     # Given three changes, each committed, before any cycle starts
@@ -88,7 +88,7 @@ def test_an_admission_cycle_that_could_not_be_sent_is_tried_again_by_the_next_ch
 ):
     attempts = []
 
-    def broker_down(task, *args, countdown=None):
+    def broker_down(task, *args, countdown=0):
         attempts.append(task)
         raise ConnectionError("broker down")
 
