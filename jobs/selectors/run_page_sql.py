@@ -13,14 +13,14 @@ Plain SQL that PostgreSQL and SQLite both run.
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection
 from django.db.models import Field, Model
 
 from jobs.models import Experiment, Run
+from jobs.selectors.sql import Loaded, Statement, instance_reader, related_model
 from jobs.selectors.sql import field_of as _field
-from jobs.selectors.sql import orm_converter
 from jobs.selectors.sql import placeholders as _marks
 from jobs.selectors.sql import quoted_column as _quoted
 
@@ -43,30 +43,6 @@ _ALIASES = {
     _SUBMITTER: "u",
 }
 _NEWEST_FIRST, _OLDEST_FIRST = "DESC", "ASC"
-
-
-@dataclass(frozen=True)
-class _Loaded:
-    """The columns of one model the page loads, in the model's field order (what
-    ``Model.from_db`` takes), and where they start in a row of the statement."""
-
-    model: type[Model]
-    fields: tuple[Field, ...]
-    start: int
-
-    @property
-    def attnames(self) -> list[str]:
-        return [field.attname for field in self.fields]
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.fields)
-
-
-@dataclass(frozen=True)
-class _Statement:
-    sql: str
-    loaded: dict[str, _Loaded]  # relation -> its columns in the row
 
 
 @dataclass(frozen=True)
@@ -168,19 +144,19 @@ def _statement(
     mine: bool,
     cursor: str,
     readable_tenants: int,
-) -> _Statement:
+) -> Statement:
     """The SQL of a page of this shape on this database (parameters: the tenant ids, the
     states, the submitter, the cursor's, the limit), and where each model's columns are in
     its rows."""
     quote = connection.ops.quote_name
-    loaded: dict[str, _Loaded] = {}
+    loaded: dict[str, Loaded] = {}
     start = 0
     for relation, fields in _columns(columns, deferred).items():
-        loaded[relation] = _Loaded(model=_model(relation), fields=fields, start=start)
+        loaded[relation] = Loaded(model=related_model(Run, relation), fields=fields, start=start)
         start += len(fields)
-    user = _model(_SUBMITTER)
+    user = related_model(Run, _SUBMITTER)
     username = _field(user, user.USERNAME_FIELD)  # type: ignore[attr-defined]
-    loaded[_SUBMITTER] = _Loaded(model=user, fields=(_field(user, "pk"), username), start=start)
+    loaded[_SUBMITTER] = Loaded(model=user, fields=(_field(user, "pk"), username), start=start)
 
     run_table, submitted_at, run_id = (
         quote(Run._meta.db_table),
@@ -220,7 +196,7 @@ def _statement(
 
     def joined(relation: str, on: str, *, outer: bool = False) -> str:
         """The join of ``relation``'s table, by its primary key, to foreign key ``on``."""
-        model, alias = _model(relation), _ALIASES[relation]
+        model, alias = related_model(Run, relation), _ALIASES[relation]
         kind = "LEFT JOIN" if outer else "JOIN"
         return (
             f"{kind} {quote(model._meta.db_table)} {alias} ON {alias}.{_column('pk', model)} = {on}"
@@ -241,16 +217,7 @@ def _statement(
             f"ORDER BY r.{submitted_at} {order}, r.{run_id} {order}",
         )
     )
-    return _Statement(sql=sql, loaded=loaded)
-
-
-def _model(relation: str) -> type[Model]:
-    model: type[Model] = Run
-    for name in relation.split("__") if relation else ():
-        related = model._meta.get_field(name).related_model
-        assert isinstance(related, type)
-        model = related
-    return model
+    return Statement(sql=sql, loaded=loaded)
 
 
 def _columns(columns: tuple[str, ...], deferred: tuple[str, ...]) -> dict[str, tuple[Field, ...]]:
@@ -269,7 +236,7 @@ def _columns(columns: tuple[str, ...], deferred: tuple[str, ...]) -> dict[str, t
         relation, _, name = column.rpartition("__")
         if relation not in named:
             raise ValueError(f"The run page loads no relation {relation!r} ({column})")
-        named[relation].add(_model(relation)._meta.get_field(name).name)
+        named[relation].add(related_model(Run, relation)._meta.get_field(name).name)
     skipped: dict[str, set[str]] = {relation: set() for relation in relations}
     for column in deferred:
         relation, _, name = column.rpartition("__")
@@ -279,7 +246,7 @@ def _columns(columns: tuple[str, ...], deferred: tuple[str, ...]) -> dict[str, t
         wanted = named[relation] | followed.get(relation, set())
         chosen[relation] = tuple(
             field
-            for field in _model(relation)._meta.concrete_fields
+            for field in related_model(Run, relation)._meta.concrete_fields
             if (
                 field.primary_key or field.name in wanted
                 if columns
@@ -289,11 +256,11 @@ def _columns(columns: tuple[str, ...], deferred: tuple[str, ...]) -> dict[str, t
     return chosen
 
 
-def _built(rows: list[tuple], loaded: dict[str, _Loaded]) -> list[Run]:
+def _built(rows: list[tuple], loaded: dict[str, Loaded]) -> list[Run]:
     """The runs of ``rows``, each with its related objects attached as select_related (and
     prefetch_related for the submitter) attaches them."""
     db = connection.alias
-    readers = {relation: _reader(part) for relation, part in loaded.items()}
+    readers = {relation: instance_reader(part) for relation, part in loaded.items()}
     run_reader = readers.pop(_RUN)
     shared: dict[str, dict[Any, Model]] = {relation: {} for relation in readers}
     experiment_field = Run._meta.get_field("experiment")
@@ -313,9 +280,9 @@ def _built(rows: list[tuple], loaded: dict[str, _Loaded]) -> list[Run]:
             instance = known[pk] = readers[relation](row, db)
         return instance
 
-    runs = []
+    runs: list[Run] = []
     for row in rows:
-        run = run_reader(row, db)
+        run = cast(Run, run_reader(row, db))
         experiment = related(_EXPERIMENT, row)
         assert experiment is not None
         project_field.set_cached_value(experiment, related(_PROJECT, row))
@@ -325,22 +292,3 @@ def _built(rows: list[tuple], loaded: dict[str, _Loaded]) -> list[Run]:
         submitter_field.set_cached_value(run, related(_SUBMITTER, row))
         runs.append(run)
     return runs
-
-
-def _reader(part: _Loaded):
-    """row, db -> the instance of ``part``'s model its columns hold, through the converters
-    the ORM applies to those fields (SQLite's datetimes and booleans, JSON)."""
-    converting = [
-        (index, convert)
-        for index, field in enumerate(part.fields)
-        if (convert := orm_converter(field, field.get_col(part.model._meta.db_table)))
-    ]
-    attnames, model, start, end = part.attnames, part.model, part.start, part.end
-
-    def read(row: tuple, db: str) -> Model:
-        values = list(row[start:end])
-        for index, convert in converting:
-            values[index] = convert(values[index])
-        return model.from_db(db, attnames, values)
-
-    return read

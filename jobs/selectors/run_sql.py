@@ -12,16 +12,15 @@ PostgreSQL and SQLite both run (tests/jobs/test_run_sql.py holds each to the ORM
 replaced, on both).
 """
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any, cast
 
 from django.db import connection
-from django.db.models import Field, ForeignKey, Model
+from django.db.models import Field, ForeignKey
 
 from jobs.models import Attempt, Run, RunEvent
-from jobs.selectors.run_page_sql import _Loaded, _model, _reader
+from jobs.selectors.sql import Loaded, Statement, related_model
 from jobs.selectors.sql import field_of as _field
 from jobs.selectors.sql import placeholders as _marks
 from jobs.selectors.sql import quoted_column as _quoted
@@ -41,17 +40,6 @@ _ALIASES = {
 }
 _WITHOUT_COLUMNS = tuple(_ALIASES)
 _WITH_COLUMNS = tuple(relation for relation in _ALIASES if relation != "experiment__image")
-
-
-@dataclass(frozen=True)
-class _Statement:
-    sql: str
-    loaded: dict[str, _Loaded]  # relation -> its columns in the row
-
-    @cached_property
-    def readers(self) -> dict[str, Callable[[tuple, str], Model]]:
-        """relation -> row, db -> its instance (the converters looked up once)."""
-        return {relation: _reader(part) for relation, part in self.loaded.items()}
 
 
 def run_get_sql(
@@ -147,15 +135,15 @@ def run_events_sql(*, run: Run, admin_detail: bool) -> list[RunEvent]:
 
 
 @lru_cache(maxsize=64)
-def _run_statement(*, vendor: str, columns: tuple[str, ...], tenants: int | None) -> _Statement:
+def _run_statement(*, vendor: str, columns: tuple[str, ...], tenants: int | None) -> Statement:
     """The SQL of a run of this shape on this database (parameters: the run's id, True for
     the tenant's ``active``, and the readable tenants' ids if limited), and where each
     model's columns are in its row."""
     quote = connection.ops.quote_name
-    loaded: dict[str, _Loaded] = {}
+    loaded: dict[str, Loaded] = {}
     start = 0
     for relation, fields in _run_columns(columns).items():
-        loaded[relation] = _Loaded(model=_model(relation), fields=fields, start=start)
+        loaded[relation] = Loaded(model=related_model(Run, relation), fields=fields, start=start)
         start += len(fields)
     selected = ", ".join(
         f"{_ALIASES[relation]}.{_quoted(field)}"
@@ -167,8 +155,8 @@ def _run_statement(*, vendor: str, columns: tuple[str, ...], tenants: int | None
         if not relation:
             continue
         holder, _, name = relation.rpartition("__")
-        key = _field(_model(holder), name)
-        model = _model(relation)
+        key = _field(related_model(Run, holder), name)
+        model = related_model(Run, relation)
         kind = "LEFT JOIN" if key.null else "JOIN"
         alias = _ALIASES[relation]
         joins.append(
@@ -185,7 +173,7 @@ def _run_statement(*, vendor: str, columns: tuple[str, ...], tenants: int | None
         f"SELECT {selected} FROM {quote(Run._meta.db_table)} r "  # noqa: S608 (identifiers from metadata)
         f"{' '.join(joins)} WHERE {' AND '.join(conditions)}"
     )
-    return _Statement(sql=sql, loaded=loaded)
+    return Statement(sql=sql, loaded=loaded)
 
 
 def _run_columns(columns: tuple[str, ...]) -> dict[str, tuple[Field, ...]]:
@@ -203,12 +191,12 @@ def _run_columns(columns: tuple[str, ...]) -> dict[str, tuple[Field, ...]]:
         relation, _, name = column.rpartition("__")
         if relation not in named:
             raise ValueError(f"A run is read with no relation {relation!r} ({column})")
-        named[relation].add(_model(relation)._meta.get_field(name).name)
+        named[relation].add(related_model(Run, relation)._meta.get_field(name).name)
     wanted = {relation: named[relation] | followed[relation] for relation in relations}
     return {
         relation: tuple(
             field
-            for field in _model(relation)._meta.concrete_fields
+            for field in related_model(Run, relation)._meta.concrete_fields
             if not columns or field.primary_key or field.name in wanted[relation]
         )
         for relation in relations
@@ -216,16 +204,16 @@ def _run_columns(columns: tuple[str, ...]) -> dict[str, tuple[Field, ...]]:
 
 
 @lru_cache(maxsize=8)
-def _events_statement(*, vendor: str, admin_detail: bool) -> _Statement:
+def _events_statement(*, vendor: str, admin_detail: bool) -> Statement:
     """The SQL of a run's events with their actors and shown message (parameter: the run's
     id); the shown message is the last column."""
     quote = connection.ops.quote_name
-    actor_model = _model_of(RunEvent, "actor")
+    actor_model = related_model(RunEvent, "actor")
     event_fields = tuple(RunEvent._meta.concrete_fields)
     actor_fields = tuple(actor_model._meta.concrete_fields)
     loaded = {
-        "": _Loaded(model=RunEvent, fields=event_fields, start=0),
-        "actor": _Loaded(model=actor_model, fields=actor_fields, start=len(event_fields)),
+        "": Loaded(model=RunEvent, fields=event_fields, start=0),
+        "actor": Loaded(model=actor_model, fields=actor_fields, start=len(event_fields)),
     }
     message = f"e.{_quoted(_field(RunEvent, 'message'))}"
     shown = (
@@ -245,25 +233,19 @@ def _events_statement(*, vendor: str, admin_detail: bool) -> _Statement:
         f"WHERE e.{_quoted(_field(RunEvent, 'run'))} = %s "
         f"ORDER BY e.{_quoted(_field(RunEvent, 'at'))}, e.{_quoted(_field(RunEvent, 'id'))}"
     )
-    return _Statement(sql=sql, loaded=loaded)
-
-
-def _model_of(model: type[Model], name: str) -> type[Model]:
-    related = model._meta.get_field(name).related_model
-    assert isinstance(related, type)
-    return related
+    return Statement(sql=sql, loaded=loaded)
 
 
 @lru_cache(maxsize=4)
-def _attempts_statement(*, vendor: str) -> _Statement:
+def _attempts_statement(*, vendor: str) -> Statement:
     """The SQL of a run's attempts with their clusters (parameter: the run's id)."""
     quote = connection.ops.quote_name
-    cluster_model = _model("cluster")
+    cluster_model = related_model(Run, "cluster")
     attempt_fields = tuple(Attempt._meta.concrete_fields)
     cluster_fields = tuple(cluster_model._meta.concrete_fields)
     loaded = {
-        "": _Loaded(model=Attempt, fields=attempt_fields, start=0),
-        "cluster": _Loaded(model=cluster_model, fields=cluster_fields, start=len(attempt_fields)),
+        "": Loaded(model=Attempt, fields=attempt_fields, start=0),
+        "cluster": Loaded(model=cluster_model, fields=cluster_fields, start=len(attempt_fields)),
     }
     selected = ", ".join(
         [f"a.{_quoted(field)}" for field in attempt_fields]
@@ -276,4 +258,4 @@ def _attempts_statement(*, vendor: str) -> _Statement:
         f"WHERE a.{_quoted(_field(Attempt, 'run'))} = %s "
         f"ORDER BY a.{_quoted(_field(Attempt, 'number'))}"
     )
-    return _Statement(sql=sql, loaded=loaded)
+    return Statement(sql=sql, loaded=loaded)
