@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -16,7 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from django.db import connection, connections, transaction
 
+from tenants.authentication import Lockout, _login_lock_key, login_attempt_begin
+from tenants.models import LoginFailure
 from tenants.throttling import Limit, claim
 from tests import REPOSITORY
 from tests.celery_support import free_port, wait_for
@@ -167,3 +171,93 @@ def test_the_login_lockout_holds_for_concurrent_guesses(portal):
     # Locked out even with the right password.
     right = {"username": users["guesser"], "password": PASSWORD}
     assert _post(f"{base}/api/v1/tokens/", right) == 429
+
+
+# --- the lockout's lock on PostgreSQL, with threads ------------------------------------------
+
+
+def _in_threads(count: int, target) -> list:
+    """``target`` in ``count`` threads at once, each on a database connection of its own."""
+
+    def work(_):
+        try:
+            return target()
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        return list(pool.map(work, range(count)))
+
+
+def _hold_login_lock(username: str, held: threading.Event, release: threading.Event) -> None:
+    """What an attempt in flight on ``username`` holds: its lock, until ``release``."""
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_login_lock_key(username)])
+            held.set()
+            release.wait(timeout=30)
+    finally:
+        connections.close_all()
+
+
+def _waiting_for_login_lock(username: str) -> bool:
+    """Whether an attempt waits for ``username``'s lock now (PostgreSQL's lock table shows
+    a bigint advisory key as its high and low 32 bits)."""
+    key = _login_lock_key(username)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+            "AND classid = %s AND objid = %s",
+            [key >> 32, key & 0xFFFFFFFF],
+        )
+        return cursor.fetchone()[0] > 0
+
+
+pg_only = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="the lock is PostgreSQL's advisory lock"
+)
+
+
+@pg_only
+def test_concurrent_attempts_on_one_username_count_exactly(transactional_db):
+    username = f"guessed-{uuid.uuid4().hex[:8]}"
+
+    outcomes = _in_threads(
+        9, lambda: login_attempt_begin(username=username, ip_address="192.0.2.7")
+    )
+
+    # Five attempts counted before the limit, four refused: none slipped in unseen.
+    assert sum(outcome is None for outcome in outcomes) == 5
+    assert sum(isinstance(outcome, Lockout) for outcome in outcomes) == 4
+    assert LoginFailure.objects.filter(username=username).count() == 5
+
+
+@pg_only
+def test_an_attempt_in_flight_holds_up_its_username_only(transactional_db):
+    held, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=_hold_login_lock, args=("Alice", held, release))
+    holder.start()
+    try:
+        assert held.wait(timeout=30)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+
+            def begin(username: str):
+                try:
+                    return login_attempt_begin(username=username, ip_address="192.0.2.8")
+                finally:
+                    connections.close_all()
+
+            same = pool.submit(begin, " alice ")  # the same username, as the form may send it
+            # Another username goes through while alice's attempt is in flight…
+            assert pool.submit(begin, "bob").result(timeout=30) is None
+            assert LoginFailure.objects.filter(username="bob").count() == 1
+            # …alice's next attempt waits for it.
+            wait_for(lambda: _waiting_for_login_lock("alice"), timeout=30, what="the wait")
+            assert not same.done()
+            assert LoginFailure.objects.filter(username="alice").count() == 0
+            release.set()
+            assert same.result(timeout=30) is None
+        assert LoginFailure.objects.filter(username="alice").count() == 1
+    finally:
+        release.set()
+        holder.join(timeout=30)
