@@ -21,7 +21,9 @@ CPU; the cache is on Redis, as in docker-compose.yml.
 
 Locust (``bench/locustfile.py``) drives it over HTTP on 127.0.0.1.
 
-- *People*: ``--users 100 --spawn-rate 20 --run-time 60s``: 40 researchers' scripts submit
+- *People*: ``--users 100 --spawn-rate 20 --run-time 60s``, spread over each second (Locust
+  starts the 20 users of a second at one instant; a person waits a moment of that second
+  first, as people arriving at that rate do, not all at once): 40 researchers' scripts submit
   runs and list and read them with a token, 50 researchers and 10 tenant admins log in and
   browse their home page, the run list (and older pages), run pages, quotas and run telemetry,
   2 to 8 s apart; a run page or run list they open polls its live parts as the browser does;
@@ -769,7 +771,9 @@ def report(before: Result, after: Result) -> Section:
             "the machine's speed weighs on both: the people on before, then on after, then "
             f"the flood in rounds of {FLOOD_ROUND_S} s ({', '.join(FLOOD_ORDER)}). Locust on "
             f"127.0.0.1. *People*: `--users {USERS} --spawn-rate "
-            f"{SPAWN_RATE} --run-time {DURATION_S}s`: 40 researchers' scripts submit and read "
+            f"{SPAWN_RATE} --run-time {DURATION_S}s`, each person arriving at a moment of "
+            "their second (Locust starts a second's 20 at one instant), one after the other: "
+            "40 researchers' scripts submit and read "
             "runs with API tokens, 50 researchers and 10 tenant admins of 4 tenants log in "
             "and browse, 2 to 8 s apart, a run page or the run list they open polling its "
             "live parts as the browser does (twice, at the page's own interval: 3 s and 5 s) "

@@ -51,6 +51,12 @@ def expect(response, status: int) -> None:
         response.success()
 
 
+# Locust starts the users of each second of its spawn rate at one instant (20 at once, a
+# second apart); people arriving at that rate come one after the other. Each waits for a
+# moment of that second first.
+ARRIVAL_SPREAD_S = 1.0
+
+
 class Person(FastHttpUser):
     abstract = True
     wait_time = THINK
@@ -58,6 +64,7 @@ class Person(FastHttpUser):
     def on_start(self) -> None:
         self.run_ids: list[int] = []
         self.older: str | None = None
+        gevent.sleep(random.uniform(0, ARRIVAL_SPREAD_S))
 
     def remember(self, ids: list[int]) -> None:
         if ids:
