@@ -9,7 +9,9 @@ runs are really admitted, started and finished. *Before*: the code of main at ``
 (taken out of this repository with ``git archive``: the benchmark needs its history);
 *after*: this checkout. Both stacks run side by side and take turns (the people on before,
 then on after; the flood in rounds, before, after, after, before), so that a machine whose
-speed drifts (other guests of its host) weighs on both alike. Each has a Redis database of
+speed drifts (other guests of its host) weighs on both alike; while one is measured, the
+other's Celery worker and beat are paused, so that its background work (runs that end,
+a queue that drains) does not weigh on the stack measured. Each has a Redis database of
 its own (broker and cache) and a PostgreSQL database seeded alike by this checkout's code
 (the schema is the same), ``<DATABASE_URL's name>_load_<before|after>``: 4 tenants with a
 guarantee and a borrow limit on two flavors that fill a 96-GPU cluster exactly, 13
@@ -98,6 +100,7 @@ FLOOD_ORDER = ("before", "after", "after", "before")
 FLOOD_ROUND_S = 15
 FLOOD_S = FLOOD_ROUND_S * FLOOD_ORDER.count("after")
 SETTLE_S = 20  # after a stack's people: its runs (5 to 20 s) end before the next phase
+RESUME_S = 5  # a stack whose background work was paused catches up before it is measured
 WARM_UP = ["SequentialClient"]
 # main when the work on issue 20.4's per-request costs began (the run list at /runs/, live
 # pages, the load benchmark's people): the code the benchmark measures this checkout against.
@@ -407,16 +410,21 @@ def run() -> list[Section]:
             sys.stderr.write(f"bench: load: starting the {stack.label} stack…\n")
             stacks[stack.label] = stack_start(stack)
         for live in stacks.values():
+            stack_measured_alone(live, stacks.values())
             people_phase(live, alone=live.stack is AFTER)
         sys.stderr.write(
             f"bench: load: a flood of {FLOOD_USERS} clients, {len(FLOOD_ORDER)} rounds of "
             f"{FLOOD_ROUND_S} s…\n"
         )
         for label in FLOOD_ORDER:
+            stack_measured_alone(stacks[label], stacks.values())
             flood_round(stacks[label])
+        for live in stacks.values():
+            background_resume(live)
         results = {label: stack_finish(live) for label, live in stacks.items()}
     finally:
         for live in stacks.values():
+            background_resume(live)  # a stopped process would not see SIGTERM
             for process in reversed(live.processes):
                 stop(process)
             live.people.unlink(missing_ok=True)  # API tokens; the logs stay on failure
@@ -457,6 +465,35 @@ class Live:
     flood_rounds: list[dict[str, Kind]] = field(default_factory=list)
     flood_seconds: float = 0.0
     flood_cpu: dict[str, float] = field(default_factory=dict)
+    paused: bool = False  # its Celery worker and beat, while another stack is measured
+
+
+def stack_measured_alone(live: Live, stacks) -> None:
+    """Only ``live``'s background work runs: the other stacks' Celery worker and beat are
+    paused (SIGSTOP), as if each stack had the machine to itself, as in production. Their
+    gunicorn is left running: it serves nobody meanwhile, and its arbiter would take workers
+    it found silent after a pause for hung ones. A stack resumed here first catches up on
+    what its beat and worker missed, before it is measured."""
+    for other in stacks:
+        if other is not live:
+            background_pause(other)
+    if live.paused:
+        background_resume(live)
+        time.sleep(RESUME_S)
+
+
+def background_pause(live: Live) -> None:
+    if not live.paused:
+        for process in (live.worker, live.beat):
+            os.killpg(process.pid, signal.SIGSTOP)  # each leads a process group of its own
+        live.paused = True
+
+
+def background_resume(live: Live) -> None:
+    if live.paused:
+        for process in (live.worker, live.beat):
+            os.killpg(process.pid, signal.SIGCONT)
+        live.paused = False
 
 
 def use_database(name: str) -> None:
@@ -769,7 +806,10 @@ def report(before: Result, after: Result) -> Section:
             f"a database of its own, seeded alike: *before*, the code of main at "
             f"{BEFORE_REF[:7]}; *after*, this checkout. They take turns, so that a drift in "
             "the machine's speed weighs on both: the people on before, then on after, then "
-            f"the flood in rounds of {FLOOD_ROUND_S} s ({', '.join(FLOOD_ORDER)}). Locust on "
+            f"the flood in rounds of {FLOOD_ROUND_S} s ({', '.join(FLOOD_ORDER)}); while one "
+            "is measured, the other's Celery worker and beat are paused (SIGSTOP), so each "
+            "has the machine to itself, and a stack resumed catches up for "
+            f"{RESUME_S} s first. Locust on "
             f"127.0.0.1. *People*: `--users {USERS} --spawn-rate "
             f"{SPAWN_RATE} --run-time {DURATION_S}s`, each person arriving at a moment of "
             "their second (Locust starts a second's 20 at one instant), one after the other: "
