@@ -292,8 +292,8 @@ class Run(models.Model):
         indexes = [
             models.Index(fields=["state", "flavor"], name="run_state_flavor"),
             models.Index(fields=["tenant", "-submitted_at"], name="run_tenant_recent"),
-            # A person's latest runs (the home page, the run list's "Mine"): the first few
-            # read from the index, not found among every run of their tenants.
+            # A person's latest runs (their home page): the first few read from the index,
+            # not found among every run of their tenants.
             models.Index(
                 fields=["submitted_by", "-submitted_at", "-id"], name="run_submitter_recent"
             ),
