@@ -28,7 +28,8 @@ Locust (``bench/locustfile.py``) drives it over HTTP on 127.0.0.1.
   first, as people arriving at that rate do, not all at once): 40 researchers' scripts submit
   runs and list and read them with a token, 50 researchers and 10 tenant admins log in and
   browse their home page, the run list (and older pages), run pages, quotas and run telemetry,
-  2 to 8 s apart; a run page or run list they open polls its live parts as the browser does;
+  2 to 8 s apart (from the home page their log-in leads to as well); a run page or run
+  list they open polls its live parts as the browser does;
   2 health probes ask ``/healthz`` every second. Their pace, not the portal, sets how many
   requests a second they make: what this measures is how long each request waits.
 - *Flood*: ``FLOOD_USERS`` of the same people (4 scripts, 5 researchers and a tenant admin,
@@ -815,7 +816,8 @@ def report(before: Result, after: Result) -> Section:
             "their second (Locust starts a second's 20 at one instant), one after the other: "
             "40 researchers' scripts submit and read "
             "runs with API tokens, 50 researchers and 10 tenant admins of 4 tenants log in "
-            "and browse, 2 to 8 s apart, a run page or the run list they open polling its "
+            "and browse, 2 to 8 s apart (from their log-in's home page too), a run page or "
+            "the run list they open polling its "
             "live parts as the browser does (twice, at the page's own interval: 3 s and 5 s) "
             "before they move on, and 2 probes ask `/healthz` every second; their pace sets "
             "the requests a second. *Flood*: "

@@ -260,6 +260,7 @@ class BrowserResearcher(Person):
     def on_start(self) -> None:
         super().on_start()
         self.log_in("browser")
+        self.wait()  # reads the home page the log-in led to before the next click
 
 
 class TenantAdmin(Person):
@@ -277,6 +278,7 @@ class TenantAdmin(Person):
     def on_start(self) -> None:
         super().on_start()
         self.log_in("admin")
+        self.wait()  # reads the home page the log-in led to before the next click
 
 
 class HealthProbe(Person):
