@@ -30,10 +30,7 @@ ATTEMPT_CANCEL = "jobs.tasks.attempt_cancel"
 
 def _send(task: str, *args: int, countdown: float = 0) -> None:
     """Send ``task`` now, or to start ``countdown`` seconds from now."""
-    if countdown > 0:
-        current_app.tasks[task].apply_async(args=args, countdown=countdown)
-    else:
-        current_app.tasks[task].apply_async(args=args)
+    current_app.tasks[task].apply_async(args=args, countdown=countdown or None)
 
 
 def after_commit(task: str, *args: int) -> None:
