@@ -29,8 +29,9 @@ ATTEMPT_CANCEL = "jobs.tasks.attempt_cancel"
 
 
 def _send(task: str, *args: int, countdown: float = 0) -> None:
-    """Send ``task`` now, or to start ``countdown`` seconds from now."""
-    current_app.tasks[task].apply_async(args=args, countdown=countdown or None)
+    """Send ``task`` now, or to start ``countdown`` seconds from now (Celery gives a task
+    an ETA only for a countdown above 0)."""
+    current_app.tasks[task].apply_async(args=args, countdown=countdown)
 
 
 def after_commit(task: str, *args: int) -> None:
