@@ -19,6 +19,11 @@ urlpatterns = [
     path("quotas/edit/", views.quota_edit, name="quota_edit"),
     path("tenants/<slug:slug>/members/", views.tenant_members, name="tenant_members"),
     path("tenants/<slug:slug>/members/add/", views.member_add, name="member_add"),
+    path(
+        "tenants/<slug:slug>/invitations/<int:invitation_id>/revoke/",
+        views.invitation_revoke,
+        name="invitation_revoke",
+    ),
     path("tenants/<slug:slug>/members/<int:user_id>/role/", views.member_role, name="member_role"),
     path(
         "tenants/<slug:slug>/members/<int:user_id>/remove/",

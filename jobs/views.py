@@ -87,6 +87,7 @@ from jobs.services import templates as template_services
 from jobs.services.specs import experiment_spec
 from jobs.services.submission import run_rerun
 from jobs.services.templates import TEMPLATE_FIELDS, template_save, template_submit
+from tenants import invitations as tenant_invitations
 from tenants import services as tenant_services
 from tenants.access import (
     is_platform_admin,
@@ -98,9 +99,12 @@ from tenants.access import (
 )
 from tenants.forms import MemberAddForm, QuotaForm, quota_initial
 from tenants.http import ascii_id, form_page, or_404
-from tenants.models import Membership, Tenant
+from tenants.invitations import invitation_sent_message, member_add_or_invite
+from tenants.models import Invitation, Membership, Tenant
 from tenants.selectors import (
     flavor_list_manageable,
+    invitation_get_pending,
+    invitation_list_pending,
     membership_get,
     project_list_submittable,
     quota_get_manageable,
@@ -843,6 +847,8 @@ def _members_page(
                 quotas=list(quota_list_for_tenant(tenant=tenant)), tenant=tenant
             ),
             "add_form": add_form,
+            "adds_directly": is_platform_admin(request.user),
+            "invitations": invitation_list_pending(tenant=tenant, now=timezone.now()),
             "roles": Membership.Role.choices,
             "error": error,
         },
@@ -867,22 +873,41 @@ def member_add(request: HttpRequest, slug: str) -> HttpResponse:
     form = MemberAddForm(request.POST)
     if form.is_valid():
         try:
-            membership = tenant_services.membership_add(
+            added = member_add_or_invite(
                 tenant=tenant,
                 identifier=form.cleaned_data["user"],
                 role=form.cleaned_data["role"],
                 actor=request.user,
+                now=timezone.now(),
             )
         except ValidationError as exc:
             form.add_service_errors(exc)
         else:
-            messages.success(
-                request,
-                f"Added {membership.user.get_username()} to {tenant.slug} as "
-                f"{membership.get_role_display().lower()}.",
-            )
+            if isinstance(added, Invitation):
+                messages.success(request, invitation_sent_message(added))
+            else:
+                messages.success(
+                    request,
+                    f"Added {added.user.get_username()} to {tenant.slug} as "
+                    f"{added.get_role_display().lower()}.",
+                )
             return redirect("jobs:tenant_members", slug=tenant.slug)
     return _members_page(request, tenant, add_form=form)
+
+
+@login_required
+@require_POST
+def invitation_revoke(request: HttpRequest, slug: str, invitation_id: int) -> HttpResponse:
+    tenant = or_404(capacity.tenant_get_members_viewable, user=request.user, slug=slug)
+    invitation = or_404(invitation_get_pending, tenant=tenant, invitation_id=invitation_id)
+    or_404(
+        tenant_invitations.invitation_revoke,
+        invitation=invitation,
+        actor=request.user,
+        now=timezone.now(),
+    )
+    messages.success(request, f"Withdrew the invitation of {invitation.identifier}.")
+    return redirect("jobs:tenant_members", slug=tenant.slug)
 
 
 @login_required

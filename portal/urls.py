@@ -36,6 +36,7 @@ urlpatterns = [
     ),
     path("api/v1/", include("portal.api_urls")),
     path("notifications/", include("tenants.notification_urls")),
+    path("accounts/invitations/", include("tenants.invitation_urls")),
     path("images/", include("images.urls")),
     path("finance/", include("finance.urls")),
     path("", include("telemetry.urls")),

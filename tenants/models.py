@@ -117,6 +117,52 @@ class Membership(models.Model):
         return f"{self.user} in {self.tenant} ({self.role})"
 
 
+class Invitation(models.Model):
+    """A tenant admin's offer of membership to whoever owns a username or an e-mail address.
+
+    The inviter never learns whether such an account exists, nor which account an address
+    belongs to: the person sees the invitation once signed in (tenants/invitations.py) and
+    becomes a member only by accepting it.
+    """
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        ACCEPTED = "accepted", "Accepted"
+        DECLINED = "declined", "Declined"
+        REVOKED = "revoked", "Revoked"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invitations")
+    # A username as typed (exact), or an e-mail address in lower case.
+    identifier = models.CharField(max_length=254)
+    role = models.CharField(
+        max_length=20, choices=Membership.Role.choices, default=Membership.Role.RESEARCHER
+    )
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "identifier"],
+                condition=Q(state="pending"),
+                name="invitation_one_pending",
+            ),
+        ]
+        indexes = [models.Index(fields=["identifier", "state"], name="invitation_identifier")]
+
+    def __str__(self) -> str:
+        return f"{self.identifier} to {self.tenant} ({self.state})"
+
+
 class GpuFlavor(models.Model):
     """A kind of GPU a run can ask for: a full device or a MIG slice."""
 
@@ -303,6 +349,7 @@ class Notification(models.Model):
         BUDGET_100 = "budget_100", "Monthly budget spent"
         IDLE_WARNING = "idle_warning", "A run's GPUs are idle"
         IDLE_CANCELLED = "idle_cancelled", "A run was cancelled for idle GPUs"
+        INVITATION = "invitation", "An invitation to join a tenant"
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notifications"

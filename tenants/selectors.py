@@ -1,5 +1,7 @@
+from datetime import datetime
+
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from tenants.access import (
     NotVisible,
@@ -12,6 +14,7 @@ from tenants.models import (
     ApiToken,
     AuditEvent,
     GpuFlavor,
+    Invitation,
     Membership,
     Notification,
     Project,
@@ -40,6 +43,37 @@ def membership_get(*, tenant: Tenant, user_id: int) -> Membership:
 
 def quota_list_for_tenant(*, tenant: Tenant) -> QuerySet[Quota]:
     return Quota.objects.filter(tenant=tenant).select_related("flavor")
+
+
+def invitation_list_for_user(*, user: UserLike, now: datetime) -> QuerySet[Invitation]:
+    """The user's pending invitations to active tenants they are not a member of, newest
+    first: those naming their username, or their e-mail address (in any case)."""
+    user = signed_in(user)
+    names = Q(identifier=user.username)
+    if user.email:
+        names |= Q(identifier__iexact=user.email)
+    return (
+        Invitation.objects.filter(
+            names, state=Invitation.State.PENDING, expires_at__gt=now, tenant__active=True
+        )
+        .exclude(tenant__memberships__user=user)
+        .select_related("tenant", "invited_by")
+    )
+
+
+def invitation_list_pending(*, tenant: Tenant, now: datetime) -> QuerySet[Invitation]:
+    """The tenant's invitations still waiting for an answer, for its members page."""
+    return Invitation.objects.filter(
+        tenant=tenant, state=Invitation.State.PENDING, expires_at__gt=now
+    ).select_related("invited_by")
+
+
+def invitation_get_pending(*, tenant: Tenant, invitation_id: int) -> Invitation:
+    """A pending invitation of ``tenant`` (which the caller has checked the user may manage);
+    DoesNotExist for any other."""
+    return Invitation.objects.select_related("tenant").get(
+        tenant=tenant, pk=invitation_id, state=Invitation.State.PENDING
+    )
 
 
 def notification_list_for_user(*, user: UserLike) -> QuerySet[Notification]:

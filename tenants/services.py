@@ -12,7 +12,7 @@ from django.core.validators import RegexValidator
 from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
-from tenants.access import idle_policy_can_edit, membership_can_manage
+from tenants.access import idle_policy_can_edit, is_platform_admin, membership_can_manage
 from tenants.models import (
     IDLE_POLICY_MAX_MIN,
     ApiToken,
@@ -124,14 +124,14 @@ def membership_set(*, user: UserLike, tenant: Tenant, role: str, actor: UserLike
     return membership
 
 
-def _require_member_manager(*, actor: UserLike, tenant: Tenant) -> None:
+def require_member_manager(*, actor: UserLike, tenant: Tenant) -> None:
     if not membership_can_manage(user=actor, tenant=tenant):
         raise PermissionDenied(
             f"Only tenant admins of {tenant.slug} and platform admins manage its members."
         )
 
 
-def _check_role(role: str) -> None:
+def check_role(role: str) -> None:
     if role not in Membership.Role.values:
         labels = " or ".join(str(label).lower() for label in Membership.Role.labels)
         raise ValidationError({"role": [f"Choose a role: {labels}."]})
@@ -171,16 +171,20 @@ def _user_by_username_or_email(identifier: str) -> User:
 
 @transaction.atomic
 def membership_add(*, tenant: Tenant, identifier: str, role: str, actor: UserLike) -> Membership:
-    """Make an existing, active user a member of ``tenant`` with ``role``; audited as
-    "membership.add".
+    """Make an existing, active user a member of ``tenant`` with ``role``, without asking
+    them; audited as "membership.add". Platform admins only: they manage every account, while
+    tenant admins invite people (tenants/invitations.py), who join by accepting.
 
     ``identifier`` is the user's exact username or e-mail address. Raises PermissionDenied
-    unless the actor administers the tenant or the platform, ValidationError for an unknown
-    user (alike for an inactive one), a user who is a member already or an unknown role;
-    nothing is written then.
+    unless the actor is a platform admin, ValidationError for an unknown user (alike for an
+    inactive one), a user who is a member already or an unknown role; nothing is written
+    then.
     """
-    _require_member_manager(actor=actor, tenant=tenant)
-    _check_role(role)
+    if not is_platform_admin(actor):
+        raise PermissionDenied(
+            f"Only platform admins add people to {tenant.slug} directly; tenant admins invite them."
+        )
+    check_role(role)
     identifier = identifier.strip()
     if not identifier:
         raise ValidationError({"user": ["Enter a username or an e-mail address."]})
@@ -246,8 +250,8 @@ def membership_role_change(*, membership: Membership, role: str, actor: UserLike
     actor administers the tenant or the platform, ValidationError for an unknown role or the
     last admin, DoesNotExist when the membership is gone; nothing is written then.
     """
-    _require_member_manager(actor=actor, tenant=membership.tenant)
-    _check_role(role)
+    require_member_manager(actor=actor, tenant=membership.tenant)
+    check_role(role)
     membership, admins = _lock_for_change(membership)
     before = membership.role
     if before == role:
@@ -277,7 +281,7 @@ def membership_remove(*, membership: Membership, actor: UserLike) -> None:
     platform, ValidationError for the last admin, DoesNotExist when the membership is gone
     already; nothing is written then.
     """
-    _require_member_manager(actor=actor, tenant=membership.tenant)
+    require_member_manager(actor=actor, tenant=membership.tenant)
     membership, admins = _lock_for_change(membership)
     _refuse_losing_the_last_admin(membership, admins, doing="removed")
     membership.delete()

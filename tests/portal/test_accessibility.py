@@ -127,8 +127,8 @@ def create_token(page) -> None:
 
 
 def add_unknown_member(page) -> None:
-    """The members page after a refused addition: the error next to its field."""
-    page.fill("#id_user", "nobody-by-this-name")
+    """The members page after a refused invitation: the error next to its field."""
+    page.fill("#id_user", "alice")
     with page.expect_navigation():
         page.click("form[data-member-add] button[type=submit]")
     assert page.locator("[data-field=user] .errorlist").count() == 1
@@ -184,6 +184,7 @@ def test_main_pages_have_no_serious_or_critical_violations(browser, live_server,
             "/clusters/nodes/",
             "/accounts/",
             ("account page showing a new token", create_token),
+            "/accounts/invitations/",
         ],
         "tara": [
             "/",

@@ -58,6 +58,7 @@ from jobs.services.backend_sync import cluster_sync
 from jobs.services.specs import experiment_spec
 from jobs.services.submission import experiment_input_of, run_submit
 from jobs.services.templates import template_save
+from tenants.invitations import membership_invite
 from tenants.models import Notification
 from tenants.services import api_token_create, notification_create
 from tests.conftest import COMMIT, PASSWORD, experiment_input
@@ -125,6 +126,10 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     # notifications: only ever the user's own
     ("notifications:list", "GET"):              (302, 200, 200, 200, 200, 200),
     ("notifications:read_all", "POST"):         (302, 302, 302, 302, 302, 302),
+    # invitations: only the invitee (fiona, by her username) answers hers
+    ("invitations:list", "GET"):                (302, 200, 200, 200, 200, 200),
+    ("invitations:accept", "POST"):             (302, 404, 404, 404, 302, 404),
+    ("invitations:decline", "POST"):            (302, 404, 404, 404, 302, 404),
     # image catalog: researchers read what they may run, platform admins manage it
     ("images:image_list", "GET"):               (302, 200, 200, 200, 200, 200),
     ("images:image_import", "GET"):             (302, 404, 404, 404, 404, 200),
@@ -182,6 +187,7 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     ("jobs:member_add", "POST"):                (302, 403, 404, 302, 403, 302),
     ("jobs:member_role", "POST"):               (302, 403, 404, 302, 403, 302),
     ("jobs:member_remove", "POST"):             (302, 403, 404, 302, 403, 302),
+    ("jobs:invitation_revoke", "POST"):         (302, 403, 404, 302, 403, 302),
     ("jobs:quota_edit", "GET"):                 (302, 404, 404, 404, 404, 200),
     ("jobs:quota_edit", "POST"):                (302, 404, 404, 404, 404, 302),
     ("jobs:cluster_list", "GET"):               (302, 404, 404, 404, 404, 200),
@@ -230,6 +236,7 @@ class Objects:
     users: dict
     tokens: dict[str, str]  # persona -> the secret of an API token of theirs
     alice_token_id: int
+    invitation_id: int  # vision's invitation of fiona
 
 
 @dataclass(frozen=True)
@@ -295,6 +302,13 @@ def objects(world) -> Objects:
         users=users,
         tokens={persona: secret for persona, (_, secret) in tokens.items()},
         alice_token_id=tokens[ALICE][0].pk,
+        invitation_id=membership_invite(
+            tenant=world.vision,
+            identifier="fiona",
+            role="researcher",
+            actor=world.tenant_admin_a,
+            now=timezone.now(),
+        ).pk,
     )
 
 
@@ -340,6 +354,9 @@ def paths(objects: Objects) -> dict[str, str]:
         "api:experiment-rerun": reverse("api:experiment-rerun", args=[experiment_id]),
         "notifications:list": reverse("notifications:list"),
         "notifications:read_all": reverse("notifications:read_all"),
+        "invitations:list": reverse("invitations:list"),
+        "invitations:accept": reverse("invitations:accept", args=[objects.invitation_id]),
+        "invitations:decline": reverse("invitations:decline", args=[objects.invitation_id]),
         "images:image_list": reverse("images:image_list"),
         "images:image_import": reverse("images:image_import"),
         "images:image_detail": reverse("images:image_detail", args=[objects.image.pk]),
@@ -385,6 +402,9 @@ def paths(objects: Objects) -> dict[str, str]:
         "jobs:member_add": reverse("jobs:member_add", args=["vision"]),
         "jobs:member_role": reverse("jobs:member_role", args=["vision", alice_id]),
         "jobs:member_remove": reverse("jobs:member_remove", args=["vision", alice_id]),
+        "jobs:invitation_revoke": reverse(
+            "jobs:invitation_revoke", args=["vision", objects.invitation_id]
+        ),
         "jobs:quota_edit": f"{reverse('jobs:quota_edit')}?tenant=vision&flavor=a100-80gb",
         "jobs:cluster_list": reverse("jobs:cluster_list"),
         "jobs:cluster_nodes": reverse("jobs:cluster_nodes"),

@@ -1,7 +1,7 @@
 """Issue 22.4 in a real browser (headless Debian Chromium through Playwright, against a live
-server): a tenant admin adds a user, changes the role, removes them and reads it all in the
-audit log; a researcher creates an API token, sees it once, copies it, uses it against the
-API, sees its last use and revokes it."""
+server): a tenant admin invites a user, who accepts; the admin changes the role, removes them
+and reads it all in the audit log; a researcher creates an API token, sees it once, copies
+it, uses it against the API, sees its last use and revokes it."""
 
 import json
 import re
@@ -31,7 +31,7 @@ def accept_and_record(page: Page) -> list[str]:
     return asked
 
 
-def test_a_tenant_admin_adds_a_user_changes_the_role_and_removes_them(
+def test_a_tenant_admin_invites_a_user_changes_the_role_and_removes_them(
     world, persona_page, tmp_path
 ):
     page = persona_page(world.tenant_admin_a)
@@ -39,19 +39,26 @@ def test_a_tenant_admin_adds_a_user_changes_the_role_and_removes_them(
     page.goto("/tenants/vision/members/")
     expect(page.locator("h1")).to_have_text("Members of Vision Lab")
 
-    # A name that matches nobody exactly: the error sits by the field, nobody is added.
-    page.get_by_label("Username or e-mail address").fill("fio")
-    page.get_by_role("button", name="Add member").click()
-    expect(page.locator("[data-field=user] .errorlist")).to_have_text(
-        "No user has this username or e-mail address."
-    )
-    assert page.get_by_label("Username or e-mail address").get_attribute("aria-invalid") == "true"
-
+    # Tara invites fiona; the answer would be the same for a name that matches nobody.
     page.get_by_label("Username or e-mail address").fill("fiona")
     page.locator("[data-member-add] select[name=role]").select_option("researcher")
-    page.get_by_role("button", name="Add member").click()
-    expect(page.locator(".messages")).to_have_text("Added fiona to vision as researcher.")
-    assert page.url.endswith("/tenants/vision/members/")
+    page.get_by_role("button", name="Send invitation").click()
+    expect(page.locator(".messages")).to_contain_text(
+        "Invited fiona to vision as researcher. If that is the username or e-mail address of an "
+        "active account, its owner sees the invitation when signed in and joins once they "
+        "accept it;"
+    )
+    assert [row[:3] for row in rows_of(page, "invitations")] == [["fiona", "Researcher", "tara"]]
+    assert [row[0] for row in rows_of(page, "members")] == ["tara", "alice", "arthur"]
+
+    # Fiona finds it once signed in, and joins by accepting it.
+    invitee = persona_page(world.finance)
+    invitee.goto("/accounts/invitations/")
+    invitee.get_by_role("button", name="Join vision").click()
+    expect(invitee.locator(".messages")).to_have_text("You joined vision as researcher.")
+
+    page.reload()
+    assert page.locator("table[data-table=invitations]").count() == 0
     assert rows_of(page, "members") == [
         ["tara", "Tenant admin", "0", "0", "0", "Remove"],
         ["alice", "Researcher", "0", "0", "0", "Remove"],
@@ -95,9 +102,10 @@ def test_a_tenant_admin_adds_a_user_changes_the_role_and_removes_them(
     assert audit == [
         ["tara", "membership.remove", "fiona@vision", "role: tenant_admin → —"],
         ["tara", "membership.role_change", "fiona@vision", "role: researcher → tenant_admin"],
-        ["tara", "membership.add", "fiona@vision", "role: — → researcher"],
+        ["fiona", "invitation.accept", "fiona@vision", "role: — → researcher"],
+        ["tara", "invitation.send", "fiona to vision", "role: — → researcher"],
     ]
-    assert AuditEvent.objects.count() == 3
+    assert AuditEvent.objects.count() == 4
 
 
 def api_runs(live_server, secret: str) -> int:

@@ -1,6 +1,7 @@
-"""Issue 22.4, people: tenant admins add existing users to their tenant, change roles and
-remove members (services and the members page), with audit rows; every user creates API
-tokens on their account page, the secret shown once."""
+"""Issue 22.4, people: platform admins add existing users to a tenant (tenant admins invite
+them: test_invitations.py), tenant admins change roles and remove members (services and the
+members page), with audit rows; every user creates API tokens on their account page, the
+secret shown once."""
 
 import hashlib
 import re
@@ -21,6 +22,7 @@ from jobs.access import run_list_viewable
 from jobs.models import Run, RunState
 from jobs.services.submission import run_submit
 from tenants.access import tenant_list_submittable
+from tenants.invitations import membership_invite
 from tenants.models import ApiToken, AuditEvent, Membership
 from tenants.services import (
     API_TOKEN_MAX_DAYS,
@@ -66,16 +68,29 @@ def membership(world, user) -> Membership:
 # --- adding ---------------------------------------------------------------------------------
 
 
-def test_a_tenant_admin_adds_a_user_by_username_with_an_audit_row(world):
+def test_a_platform_admin_adds_a_user_by_username_with_an_audit_row(world):
     added = membership_add(
-        tenant=world.vision, identifier=" fiona ", role=RESEARCHER, actor=world.tenant_admin_a
+        tenant=world.vision, identifier=" fiona ", role=RESEARCHER, actor=world.platform_admin
     )
 
     assert (added.user, added.tenant, added.role) == (world.finance, world.vision, RESEARCHER)
     assert roles(world.vision) == VISION_BEFORE | {"fiona": RESEARCHER}
     assert audit_rows() == [
-        ("tara", "vision", "membership.add", "fiona@vision", None, {"role": "researcher"})
+        ("paul", "vision", "membership.add", "fiona@vision", None, {"role": "researcher"})
     ]
+
+
+def test_a_tenant_admin_cannot_add_anybody_directly(world):
+    with pytest.raises(PermissionDenied) as refused:
+        membership_add(
+            tenant=world.vision, identifier="fiona", role=RESEARCHER, actor=world.tenant_admin_a
+        )
+
+    assert str(refused.value) == (
+        "Only platform admins add people to vision directly; tenant admins invite them."
+    )
+    assert roles(world.vision) == VISION_BEFORE
+    assert not AuditEvent.objects.exists()
 
 
 def test_a_user_is_found_by_e_mail_address_whatever_its_case(world):
@@ -120,7 +135,7 @@ def test_an_inactive_user_is_refused_exactly_like_an_unknown_one(world):
                 tenant=world.vision,
                 identifier=identifier,
                 role=RESEARCHER,
-                actor=world.tenant_admin_a,
+                actor=world.platform_admin,
             )
         assert refused.value.message_dict == UNKNOWN
     assert roles(world.vision) == VISION_BEFORE
@@ -149,7 +164,7 @@ def test_bad_additions_are_refused_and_change_nothing(world, identifier, role, e
 
     with pytest.raises(ValidationError) as refused:
         membership_add(
-            tenant=world.vision, identifier=identifier, role=role, actor=world.tenant_admin_a
+            tenant=world.vision, identifier=identifier, role=role, actor=world.platform_admin
         )
 
     assert refused.value.message_dict == errors
@@ -162,8 +177,8 @@ def test_only_tenant_and_platform_admins_manage_members(world, persona):
     actor = getattr(world, persona)
     alice = membership(world, world.researcher_a)
     attempts = [
-        lambda: membership_add(
-            tenant=world.vision, identifier="fiona", role=RESEARCHER, actor=actor
+        lambda: membership_invite(
+            tenant=world.vision, identifier="fiona", role=RESEARCHER, actor=actor, now=NOW
         ),
         lambda: membership_role_change(membership=alice, role=TENANT_ADMIN, actor=actor),
         lambda: membership_remove(membership=alice, actor=actor),
@@ -181,8 +196,12 @@ def test_only_tenant_and_platform_admins_manage_members(world, persona):
 
 def test_a_tenant_admin_manages_only_their_own_tenant(world):
     with pytest.raises(PermissionDenied):
-        membership_add(
-            tenant=world.nlp, identifier="alice", role=RESEARCHER, actor=world.tenant_admin_a
+        membership_invite(
+            tenant=world.nlp,
+            identifier="alice",
+            role=RESEARCHER,
+            actor=world.tenant_admin_a,
+            now=NOW,
         )
     with pytest.raises(PermissionDenied):
         membership_remove(
@@ -494,8 +513,8 @@ def test_memberships_of_other_tenants_and_unknown_ids_are_404(client, world):
     assert roles(world.vision) == VISION_BEFORE
 
 
-def test_an_admin_adds_a_member_from_the_page(client, world):
-    client.force_login(world.tenant_admin_a)
+def test_a_platform_admin_adds_a_member_from_the_page(client, world):
+    client.force_login(world.platform_admin)
 
     response = client.post(add_url(), {"user": "fiona", "role": TENANT_ADMIN})
 
@@ -518,7 +537,7 @@ def test_an_admin_adds_a_member_from_the_page(client, world):
 def test_a_refused_addition_shows_the_error_by_its_field_and_changes_nothing(
     client, world, data, error
 ):
-    client.force_login(world.tenant_admin_a)
+    client.force_login(world.platform_admin)
 
     response = client.post(add_url(), data)
 
