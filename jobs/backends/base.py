@@ -51,11 +51,11 @@ class JobSpec:
     gpus_per_node: int
     max_runtime_s: int
     checkpoint_dir: str = ""
+    api_url: str = ""  # where the job reports (GANTRY_API_URL)
     resume_step: int | None = None  # set when resuming from a checkpoint
     resume_uri: str = ""
     # A secret: the job gets it as GANTRY_ATTEMPT_TOKEN; a rendered spec shows "<redacted>".
     attempt_token: str = field(default="", repr=False)
-    api_url: str = ""  # where the job reports (GANTRY_API_URL)
     # Where admission placed the gang: the nodes the job must start on (sorted names), and
     # the topology level the experiment asked for (a name of the cluster's levels, such as
     # "leaf"), required or only preferred. Empty: the backend places the job itself.

@@ -47,13 +47,13 @@ def job_spec_for(attempt: Attempt) -> JobSpec:
         gpus_per_node=experiment.gpus_per_node,
         max_runtime_s=experiment.max_runtime_minutes * 60,
         checkpoint_dir=experiment.checkpoint_dir,
+        # Where the job reports its runtime, with the token the backend passes it separately.
+        api_url=f"{settings.GANTRY_PUBLIC_URL}/api/v1",
         resume_step=checkpoint.step if checkpoint else None,
         resume_uri=checkpoint.uri if checkpoint else "",
         attempt_token=reproducibility.attempt_token(
             secret=settings.SECRET_KEY, attempt_id=attempt.pk
         ),
-        # Where the job reports its runtime, with the token the backend passes it separately.
-        api_url=f"{settings.GANTRY_PUBLIC_URL}/api/v1",
         placement=tuple(attempt.placement),
         topology_level=experiment.topology_level,
         topology_required=experiment.topology_required,
