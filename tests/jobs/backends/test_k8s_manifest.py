@@ -92,7 +92,15 @@ SHAPES = {
             "resume_uri": "s3://ckpt/run-17/step-1200",
         },
     ),
-    "multi-node": ({}, {"nodes": 4, "gpus_per_node": 8}),
+    "multi-node": (
+        {},
+        {
+            "nodes": 4,
+            "gpus_per_node": 8,
+            # Written with every "$" doubled: Kubernetes reads "$$" back as "$".
+            "command": "torchrun --nnodes=$WORLD_SIZE --node_rank=$RANK train.py --tag '$(HOME)'",
+        },
+    ),
     "mig": ({}, {"flavor": "a100-1g.10gb", "gpus_per_node": 1}),
     "kueue": (
         {
