@@ -12,6 +12,7 @@ variables. Strings are Python text: ``$``, ``(`` and ``)`` are ASCII, and UTF-8 
 their bytes inside another character, so text and bytes expand alike.
 """
 
+import base64
 from collections.abc import Mapping
 from typing import Any
 
@@ -86,9 +87,15 @@ def container_process(
 def pod_process(
     objects: list[Mapping[str, Any]], *, index: int = 0
 ) -> tuple[list[str], dict[str, str]]:
-    """``container_process`` for the container of pod ``index`` of the Job among a rendered
-    attempt's objects, with the Secrets among them."""
-    secrets = {o["metadata"]["name"]: o["stringData"] for o in objects if o["kind"] == "Secret"}
+    """``container_process`` for the container of pod ``index`` of the Job among an
+    attempt's objects (as rendered, or as an API server keeps them), with the Secrets among
+    them."""
+    secrets = {
+        o["metadata"]["name"]: o.get("stringData")
+        or {key: base64.b64decode(value).decode() for key, value in o["data"].items()}
+        for o in objects
+        if o["kind"] == "Secret"
+    }
     job = next(o for o in objects if o["kind"] == "Job")
     template = job["spec"]["template"]
     annotations = {

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jobs.backends.base import COMMAND_SHELL, JobSpec
-from jobs.backends.k8s_manifest import literal, parse_settings, render
+from jobs.backends.k8s_manifest import literal
 from jobs.backends.simulator import SimulatorBackend
 from jobs.backends.slurm_script import batch_job
 from jobs.models import Attempt
@@ -30,8 +30,11 @@ from jobs.services.backend_submit import job_spec_for
 from jobs.services.submission import run_submit
 from tests.conftest import experiment_input
 from tests.jobs.backends.kubernetes_expansion import expand, pod_process
-from tests.jobs.backends.test_k8s_manifest import BASE_SETTINGS
+from tests.jobs.backends.test_k8s_backend import TOKEN as K8S_TOKEN
+from tests.jobs.backends.test_k8s_backend import TOKEN_ENV as K8S_TOKEN_ENV
+from tests.jobs.backends.test_k8s_backend import backend as kubernetes
 from tests.jobs.backends.test_render_injection import slurm_settings
+from tests.k8s_fake import FakeKubernetes
 
 TOKEN = "gat_12.c2VjcmV0LXRva2Vu"
 DOLLARS = ["$", "$$", "$$$", "$(", "$()", "$(A", "end$", "$(LR)", "$$(LR)", "${LR}", "$LR"]
@@ -138,7 +141,7 @@ def hostile_spec(world, command: str) -> JobSpec:
 
 
 def test_a_hostile_experiment_gets_the_same_argv_and_env_bytes_on_every_backend(
-    world, recorder, tmp_path
+    world, recorder, tmp_path, monkeypatch
 ):
     record, bin_dir = recorder
     out = record.parent / "out"
@@ -155,8 +158,16 @@ def test_a_hostile_experiment_gets_the_same_argv_and_env_bytes_on_every_backend(
     names = set(expected_env)
     seen: dict[str, tuple[list[str], dict[str, str]]] = {}
 
-    # Kubernetes: the container as the kubelet starts it.
-    objects = render(spec, parse_settings(BASE_SETTINGS), token=TOKEN)
+    # Kubernetes: the objects as the (fake) API server keeps them after the backend's
+    # submit, and the container as the kubelet starts it from them.
+    monkeypatch.setenv(K8S_TOKEN_ENV, K8S_TOKEN)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    with FakeKubernetes(token=K8S_TOKEN) as fake:
+        kubernetes(fake).submit(spec)
+        objects = [
+            fake.store.get("secrets", "gantry-vision", f"{spec.name}-token"),
+            fake.store.get("jobs", "gantry-vision", spec.name),
+        ]
     argv, env = pod_process(objects)
     run(argv, {**env, "PATH": "/usr/bin:/bin"})
     seen["kubernetes"] = recorded(out)
@@ -206,7 +217,7 @@ def test_a_hostile_experiment_gets_the_same_argv_and_env_bytes_on_every_backend(
         assert (backend, argv) == (backend, expected_argv)
         assert (backend, the_job_s(env, names)) == (backend, expected_env)
     # The token is in its Secret only, never in the Job that runs the command.
-    assert TOKEN not in json.dumps([o for o in objects if o["kind"] != "Secret"])
+    assert TOKEN not in json.dumps(objects[1])
 
 
 @pytest.mark.parametrize(
