@@ -173,12 +173,12 @@ def test_a_hostile_experiment_gets_the_same_argv_and_env_bytes_on_every_backend(
     seen["kubernetes"] = recorded(out)
 
     # Slurm: the batch script run by bash, through srun and each container runtime.
-    for runtime in ("pyxis", "apptainer", "none"):
-        job = batch_job(spec, slurm_settings(transport="cli", runtime=runtime))
+    for transport, runtime in (("cli", "pyxis"), ("rest", "apptainer"), ("cli", "none")):
+        job = batch_job(spec, slurm_settings(transport=transport, runtime=runtime))
         script = tmp_path / "job.sh"
         script.write_text(job.script, encoding="utf-8")
         run(["/bin/bash", str(script)], {**job.environment, "PATH": str(bin_dir)}, cwd=tmp_path)
-        seen[f"slurm {runtime}"] = recorded(out)
+        seen[f"slurm {transport} {runtime}"] = recorded(out)
 
     # The simulator: what it records it runs (with the token it never shows).
     rendered = json.loads(SimulatorBackend(world.cluster).render(spec))
@@ -213,6 +213,7 @@ def test_a_hostile_experiment_gets_the_same_argv_and_env_bytes_on_every_backend(
         "a pid",
         "3e-4",
     ]
+    assert len(seen) == 5
     for backend, (argv, env) in seen.items():
         assert (backend, argv) == (backend, expected_argv)
         assert (backend, the_job_s(env, names)) == (backend, expected_env)
