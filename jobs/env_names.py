@@ -16,12 +16,16 @@ another on the cluster:
   ``UID``, ``PPID``, ``RANDOM``, ``PWD``, ``SHLVL``, ``IFS``, …): refused rather than silently
   changed. The list was measured with bash 5.2 (``export NAME=v`` and ``NAME=v bash -c``);
   tested in ``tests/jobs/test_env_names.py``;
-- Gantry's own: the attempt token and the API URL it gives every job.
+- Gantry's own: every variable Gantry puts in a job's environment itself
+  (``jobs.reproducibility.GANTRY_ENV``: the attempt token, the API URL, the image, the
+  checkpoint directory, the checkpoint a resumed attempt starts from), so the program never
+  reads a value other than the one Gantry meant, on any backend. Other ``GANTRY_*`` names
+  are the program's (``GANTRY_SIM_*`` steer the simulator).
 """
 
 import re
 
-from jobs.reproducibility import RESERVED_ENV
+from jobs.reproducibility import GANTRY_ENV
 
 NAME_PATTERN = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 
@@ -42,22 +46,18 @@ BASH_REFUSES = frozenset(
         "SRANDOM", "UID", "_",
     }
 )  # fmt: skip
-GANTRY_NAMES = frozenset(RESERVED_ENV)  # the attempt token and the API URL
 
 
-def env_name_refusal(name: str, *, set_by_gantry: frozenset[str] = frozenset()) -> str | None:
+def env_name_refusal(name: str) -> str | None:
     """Why an experiment may not set ``name``, as the person submitting should read it; None
-    when it may. Renderers pass the names Gantry itself added to a job's env
-    (``set_by_gantry``), which pass; everything else is checked as at submit."""
-    if name in set_by_gantry:
-        return None
+    when it may. The renderers ask again for records older than a rule."""
     if not isinstance(name, str) or not NAME_PATTERN.match(name):
         return (
             f"{name!r} is not a valid variable name: letters, digits and _, not starting with "
             "a digit, at most 128 characters."
         )
-    if name in GANTRY_NAMES:
-        return f"{name} is set by Gantry for every job; leave it out."
+    if name in GANTRY_ENV:
+        return f"{name} is set by Gantry itself ({GANTRY_ENV[name]}); leave it out."
     if name in HOST_SIDE_NAMES or name.startswith(HOST_SIDE_PREFIXES):
         return (
             f"{name} is read by the cluster's launcher, the dynamic loader or the shell outside "

@@ -4,12 +4,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from jobs.reproducibility import gantry_environment
+
 # The key of a cluster's settings that belongs to the telemetry collector (where to read
 # GPU metrics), not to the backend: backends skip it when they check their settings.
 TELEMETRY_SETTINGS_KEY = "telemetry"
 # What Gantry sets in every task of a multi-node job (torch.distributed's rendezvous): such
 # a job's own environment may not set them too.
 MULTI_NODE_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+# What runs the experiment's command, a shell line as its author typed it, on every backend:
+# one shell, so the line means the same everywhere (``$'…'``, ``[[ ]]``, ``echo -e`` differ
+# between bash and a POSIX sh such as dash).
+COMMAND_SHELL = ("/bin/bash", "-c")
 
 
 class BackendError(Exception):
@@ -39,12 +45,13 @@ class JobSpec:
     project: str
     image: str  # always repository@sha256:…
     command: str
-    env: dict[str, str]
+    env: dict[str, str]  # the experiment's own; Gantry's are added by ``job_env``
     flavor: str
     nodes: int
     gpus_per_node: int
     max_runtime_s: int
     checkpoint_dir: str = ""
+    api_url: str = ""  # where the job reports (GANTRY_API_URL)
     resume_step: int | None = None  # set when resuming from a checkpoint
     resume_uri: str = ""
     # A secret: the job gets it as GANTRY_ATTEMPT_TOKEN; a rendered spec shows "<redacted>".
@@ -55,6 +62,19 @@ class JobSpec:
     placement: tuple[str, ...] = ()
     topology_level: str = ""
     topology_required: bool = False
+
+
+def job_env(spec: JobSpec) -> dict[str, str]:
+    """The environment every backend gives the job, its token aside: the experiment's
+    variables and Gantry's own (``jobs.reproducibility.GANTRY_ENV``), sorted by name."""
+    gantry = gantry_environment(
+        api_url=spec.api_url,
+        image=spec.image,
+        checkpoint_dir=spec.checkpoint_dir,
+        resume_uri=spec.resume_uri,
+        resume_step=spec.resume_step,
+    )
+    return dict(sorted({**spec.env, **gantry}.items()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,12 +26,14 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import yaml
 
 from jobs.backends.base import (
+    COMMAND_SHELL,
     MULTI_NODE_ENV,
     TELEMETRY_SETTINGS_KEY,
     JobSpec,
     PermanentBackendError,
+    job_env,
 )
-from jobs.env_names import GANTRY_NAMES, env_name_refusal
+from jobs.env_names import env_name_refusal
 
 LABEL_PREFIX = "gantry.io/"
 TENANT_LABEL = "gantry.io/tenant"
@@ -367,6 +369,16 @@ def attempt_annotations(spec: JobSpec) -> dict[str, str]:
 # --- rendering -----------------------------------------------------------------------------
 
 
+def literal(value: str) -> str:
+    """``value`` written so that the container gets exactly these bytes.
+
+    In a container's ``command``, ``args`` and ``env[].value``, Kubernetes replaces
+    ``$(NAME)`` by the value of the container's variable NAME (the attempt token is one) and
+    reads ``$$`` as ``$``; a ``$`` written twice always comes back as one, whatever follows
+    it. Gantry expands nothing there on purpose, so every such value goes through this."""
+    return value.replace("$", "$$")
+
+
 def _env(spec: JobSpec, settings: K8sSettings, *, name: str, secret: str) -> list[dict[str, Any]]:
     managed = {TOKEN_ENV, *(RANK_ENV if spec.nodes > 1 else ())}
     for key in spec.env:
@@ -377,16 +389,14 @@ def _env(spec: JobSpec, settings: K8sSettings, *, name: str, secret: str) -> lis
             )
         # The same names as at submit: the container's env reaches no host-side launcher
         # here, but a name must mean the same on every backend.
-        refusal = env_name_refusal(key, set_by_gantry=GANTRY_NAMES)
+        refusal = env_name_refusal(key)
         if refusal is not None:
             raise PermanentBackendError(refusal)
         if key in managed:
             raise PermanentBackendError(f"environment variable {key} is set by Gantry")
-    values = dict(spec.env)
-    if spec.resume_step is not None:
-        values.setdefault("GANTRY_RESUME_FROM", spec.resume_uri)
-        values.setdefault("GANTRY_RESUME_STEP", str(spec.resume_step))
-    env: list[dict[str, Any]] = [{"name": key, "value": values[key]} for key in sorted(values)]
+    env: list[dict[str, Any]] = [
+        {"name": key, "value": literal(value)} for key, value in job_env(spec).items()
+    ]
     if spec.nodes > 1:
         env += [
             {"name": "MASTER_ADDR", "value": f"{name}-0.{name}"},
@@ -576,9 +586,10 @@ def render(spec: JobSpec, settings: K8sSettings, *, token: str = "") -> list[dic
         "name": CONTAINER,
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
-        # The experiment's command is the shell line its author typed: it runs through a
-        # shell, as one argv element, never spliced into a string.
-        "command": ["/bin/sh", "-c", spec.command],
+        # The experiment's command is the shell line its author typed: it runs through the
+        # same shell as on every backend, as one argv element, never spliced into a string,
+        # with every "$" as typed.
+        "command": [*COMMAND_SHELL, literal(spec.command)],
         "env": _env(spec, settings, name=name, secret=secret),
         "resources": {"limits": {flavor.resource: str(spec.gpus_per_node)}},
         # The tail of the log becomes the termination message of a failed container: how

@@ -27,7 +27,9 @@ from jobs.backends.base import (
     JobStatus,
     NodeInventory,
     PermanentBackendError,
+    job_env,
 )
+from jobs.env_names import env_name_refusal
 from jobs.models import Cluster, SimulatedJob
 from jobs.reproducibility import job_environment
 from jobs.simulation import (
@@ -70,7 +72,9 @@ class SimulatorBackend:
                 "cluster": self.cluster.name,
                 "image": spec.image,
                 "command": spec.command,
-                "env": job_environment(spec.env, attempt_token=spec.attempt_token, redacted=True),
+                "env": job_environment(
+                    job_env(spec), attempt_token=spec.attempt_token, redacted=True
+                ),
                 "flavor": spec.flavor,
                 "nodes": spec.nodes,
                 "gpus_per_node": spec.gpus_per_node,
@@ -173,8 +177,13 @@ class SimulatorBackend:
         )
 
     def _workload(self, spec: JobSpec) -> Workload:
+        # The names every backend refuses, so a run means the same here as on a cluster.
+        for key in spec.env:
+            refusal = env_name_refusal(key)
+            if refusal is not None:
+                raise PermanentBackendError(refusal)
         try:
-            return Workload.from_env(spec.env)
+            return Workload.from_env(job_env(spec))
         except ValueError as exc:
             raise PermanentBackendError(str(exc)) from None
 

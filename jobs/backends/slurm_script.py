@@ -26,13 +26,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from jobs.backends.base import (
+    COMMAND_SHELL,
     TELEMETRY_SETTINGS_KEY,
     Inventory,
     JobSpec,
     JobStatus,
     NodeInventory,
+    job_env,
 )
-from jobs.env_names import GANTRY_NAMES, env_name_refusal
+from jobs.env_names import env_name_refusal
 
 TRANSPORTS = ("rest", "cli")
 CONTAINER_RUNTIMES = ("pyxis", "apptainer", "none")
@@ -451,13 +453,14 @@ def _launcher(spec: JobSpec, settings: SlurmSettings) -> tuple[list[str], str]:
     user's PATH is meant for the program, and may not even be valid on the node), and kept
     read-only.
     """
+    shell = " ".join(COMMAND_SHELL)
     find = [
         'readonly gantry_srun="$(command -v srun)"',
         '[ -n "$gantry_srun" ] || { echo "gantry: srun not found on $(hostname)" >&2; exit 127; }',
     ]
     if settings.container_runtime == "pyxis":
         image = shell_quote(enroot_image(spec.image))
-        return find, f'"$gantry_srun" --container-image={image} /bin/bash -c'
+        return find, f'"$gantry_srun" --container-image={image} {shell}'
     if settings.container_runtime == "apptainer":
         enroot_image(spec.image)  # the same check: pinned by digest
         find += [
@@ -465,8 +468,8 @@ def _launcher(spec: JobSpec, settings: SlurmSettings) -> tuple[list[str], str]:
             '[ -n "$gantry_apptainer" ] || { echo "gantry: apptainer not found" >&2; exit 127; }',
         ]
         image = shell_quote("docker://" + spec.image)
-        return find, f'"$gantry_srun" "$gantry_apptainer" exec --nv {image} /bin/bash -c'
-    return find, '"$gantry_srun" /bin/bash -c'
+        return find, f'"$gantry_srun" "$gantry_apptainer" exec --nv {image} {shell}'
+    return find, f'"$gantry_srun" {shell}'
 
 
 def batch_job(
@@ -507,7 +510,7 @@ def batch_job(
         signal = f"USR1@{signal_before}" if spec.checkpoint_dir else ""
 
     for key in spec.env:
-        refusal = env_name_refusal(key, set_by_gantry=GANTRY_NAMES)
+        refusal = env_name_refusal(key)
         if refusal is not None:
             raise RenderError(refusal)
     if spec.topology_required and not _LEVEL_NAME.match(spec.topology_level):
@@ -586,13 +589,10 @@ def _script(job: BatchJob, spec: JobSpec, settings: SlurmSettings) -> str:
         ]
     find, launch = _launcher(spec, settings)
     lines += find
-    exports = {**spec.env, "GANTRY_IMAGE": spec.image}
-    if spec.checkpoint_dir:
-        exports["GANTRY_CHECKPOINT_DIR"] = spec.checkpoint_dir
     lines += [
         "# The experiment's env is exported by the step's own shell, in the container, before",
         "# the command: this batch shell, srun and the container runtime never see it.",
-        f"{launch} {shell_quote(step_command(exports, spec.command))} &",
+        f"{launch} {shell_quote(step_command(job_env(spec), spec.command))} &",
         "gantry_step=$!",
         "# wait returns early when a trapped signal arrives: wait until the step is gone.",
         'while kill -0 "$gantry_step" 2>/dev/null; do wait "$gantry_step"; done',

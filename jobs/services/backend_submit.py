@@ -31,13 +31,7 @@ logger = logging.getLogger(__name__)
 
 def job_spec_for(attempt: Attempt) -> JobSpec:
     experiment = attempt.run.experiment
-    env = {str(k): str(v) for k, v in experiment.env.items()}
     checkpoint = attempt.resumed_from
-    if checkpoint is not None:
-        # How a job learns where to resume: the same two variables on every backend.
-        env |= {"GANTRY_RESUME_FROM": checkpoint.uri, "GANTRY_RESUME_STEP": str(checkpoint.step)}
-    # Where the job reports its runtime, with the token the backend passes it separately.
-    env[reproducibility.API_URL_ENV] = f"{settings.GANTRY_PUBLIC_URL}/api/v1"
     return JobSpec(
         name=attempt.name,
         attempt_id=attempt.pk,
@@ -46,12 +40,15 @@ def job_spec_for(attempt: Attempt) -> JobSpec:
         project=experiment.project.slug,
         image=experiment.image_reference,
         command=experiment.command,
-        env=env,
+        # The experiment's own; each backend adds Gantry's (jobs.backends.base.job_env).
+        env={str(k): str(v) for k, v in experiment.env.items()},
         flavor=experiment.flavor.slug,
         nodes=experiment.nodes,
         gpus_per_node=experiment.gpus_per_node,
         max_runtime_s=experiment.max_runtime_minutes * 60,
         checkpoint_dir=experiment.checkpoint_dir,
+        # Where the job reports its runtime, with the token the backend passes it separately.
+        api_url=f"{settings.GANTRY_PUBLIC_URL}/api/v1",
         resume_step=checkpoint.step if checkpoint else None,
         resume_uri=checkpoint.uri if checkpoint else "",
         attempt_token=reproducibility.attempt_token(

@@ -303,6 +303,20 @@ def test_submit_validation_error_names_the_dotted_field(cli, alice, world, tmp_p
     assert Run.objects.count() == 0
 
 
+def test_submit_of_a_variable_gantry_sets_says_why(cli, alice, world, tmp_path):
+    path = spec_file(tmp_path, world, env={"GANTRY_CHECKPOINT_DIR": "/mine"})
+
+    code, out, err = cli("submit", str(path))
+
+    assert code == 4
+    assert (
+        "  env: GANTRY_CHECKPOINT_DIR is set by Gantry itself (the experiment's checkpoint "
+        "directory); leave it out.\n"
+    ) in err
+    assert out == ""
+    assert Experiment.objects.count() == 0
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

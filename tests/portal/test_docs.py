@@ -6,6 +6,7 @@ import re
 
 import yaml
 
+from jobs.reproducibility import GANTRY_ENV
 from tests import REPOSITORY
 
 ROOT = REPOSITORY
@@ -54,8 +55,9 @@ def test_the_guides_name_only_settings_that_exist():
         for guide in GUIDES
         for name in re.findall(r"`((?:GANTRY|DJANGO)_[A-Z0-9_]+)`", guide.read_text())
     }
-    # Names of variables that settings point at (tokens of clusters, Prometheus), not settings.
-    examples = {"GANTRY_PROM_TOKEN"}
+    # Names of variables that settings point at (tokens of clusters, Prometheus), and the
+    # variables Gantry sets in a job's environment: not settings.
+    examples = {"GANTRY_PROM_TOKEN", *GANTRY_ENV}
 
     assert named - examples <= known, named - examples - known
     assert {"DJANGO_SECRET_KEY", "GANTRY_OIDC_ISSUER", "GANTRY_PUBLIC_URL"} <= named

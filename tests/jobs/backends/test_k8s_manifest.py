@@ -30,6 +30,7 @@ from jobs.backends.k8s_manifest import (
     to_yaml,
 )
 from tests import TESTS
+from tests.jobs.backends.kubernetes_expansion import pod_process
 from tests.k8s_schemas import validate
 
 GOLDEN = TESTS / "golden" / "k8s"
@@ -68,7 +69,8 @@ def spec_for(**overrides) -> JobSpec:
         "project": "detection",
         "image": f"registry.example.org/ml/pytorch@{DIGEST}",
         "command": "python train.py --epochs 3",
-        "env": {"GANTRY_API_URL": "https://gantry.example.org/api/v1", "LR": "0.1"},
+        "env": {"LR": "0.1"},
+        "api_url": "https://gantry.example.org/api/v1",
         "flavor": "a100-80gb",
         "nodes": 1,
         "gpus_per_node": 1,
@@ -90,7 +92,15 @@ SHAPES = {
             "resume_uri": "s3://ckpt/run-17/step-1200",
         },
     ),
-    "multi-node": ({}, {"nodes": 4, "gpus_per_node": 8}),
+    "multi-node": (
+        {},
+        {
+            "nodes": 4,
+            "gpus_per_node": 8,
+            # Written with every "$" doubled: Kubernetes reads "$$" back as "$".
+            "command": "torchrun --nnodes=$WORLD_SIZE --node_rank=$RANK train.py --tag '$(HOME)'",
+        },
+    ),
     "mig": ({}, {"flavor": "a100-1g.10gb", "gpus_per_node": 1}),
     "kueue": (
         {
@@ -255,12 +265,13 @@ def test_single_gpu_job_fields():
     container = pod["containers"][0]
     assert container["image"] == f"registry.example.org/ml/pytorch@{DIGEST}"
     assert container["imagePullPolicy"] == "IfNotPresent"
-    assert container["command"] == ["/bin/sh", "-c", "python train.py --epochs 3"]
+    assert container["command"] == ["/bin/bash", "-c", "python train.py --epochs 3"]
     assert "args" not in container
     assert container["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert [e["name"] for e in container["env"]] == [
         "GANTRY_API_URL",
+        "GANTRY_IMAGE",
         "LR",
         "GANTRY_ATTEMPT_TOKEN",
     ]
@@ -656,9 +667,10 @@ def test_commands_and_env_values_pass_through_as_single_argv_elements(command, v
     objects = render(
         spec_for(command=command, env={"USER_VALUE": value}), parse_settings(BASE_SETTINGS)
     )
-    container = container_of(objects)
-    assert container["command"] == ["/bin/sh", "-c", command]
-    assert env_of(objects)["USER_VALUE"]["value"] == value
+    argv, env = pod_process(objects)
+    # As the container gets them, after Kubernetes' own $(NAME) expansion.
+    assert argv == ["/bin/bash", "-c", command]
+    assert env["USER_VALUE"] == value
     assert list(yaml.safe_load_all(to_yaml(objects))) == objects
 
 
@@ -671,7 +683,10 @@ def test_invalid_env_names_are_refused(name):
         render(spec_for(env={name: "x"}), parse_settings(BASE_SETTINGS))
 
 
-@pytest.mark.parametrize("name", ["GANTRY_ATTEMPT_TOKEN", "RANK", "MASTER_ADDR", "WORLD_SIZE"])
+@pytest.mark.parametrize(
+    "name",
+    ["GANTRY_ATTEMPT_TOKEN", "GANTRY_IMAGE", "GANTRY_RESUME_FROM", "RANK", "MASTER_ADDR"],
+)
 def test_env_names_gantry_sets_itself_are_refused_where_it_sets_them(name):
     with pytest.raises(PermanentBackendError, match="set by Gantry"):
         render(spec_for(env={name: "x"}, nodes=2), parse_settings(BASE_SETTINGS))

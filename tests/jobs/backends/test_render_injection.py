@@ -34,6 +34,7 @@ from jobs.backends.k8s_manifest import (
     MAX_OBJECT_NAME,
     PROJECT_LABEL,
     TENANT_LABEL,
+    literal,
     parse_settings,
     render,
     to_yaml,
@@ -49,6 +50,7 @@ from jobs.models import Attempt
 from jobs.services.backend_submit import job_spec_for
 from jobs.services.submission import ExperimentInput, run_submit
 from tests.conftest import experiment_input
+from tests.jobs.backends.kubernetes_expansion import pod_process
 from tests.jobs.backends.test_k8s_manifest import (
     BASE_SETTINGS,
     DNS_1035,
@@ -198,6 +200,11 @@ def step_exports(spec: JobSpec) -> dict[str, str]:
         **spec.env,
         "GANTRY_IMAGE": spec.image,
         **({"GANTRY_CHECKPOINT_DIR": spec.checkpoint_dir} if spec.checkpoint_dir else {}),
+        **(
+            {"GANTRY_RESUME_FROM": spec.resume_uri, "GANTRY_RESUME_STEP": str(spec.resume_step)}
+            if spec.resume_step is not None
+            else {}
+        ),
     }
 
 
@@ -232,6 +239,7 @@ def benign(spec: JobSpec) -> JobSpec:
         command="x",
         env=dict.fromkeys(spec.env, "x"),
         checkpoint_dir="x" if spec.checkpoint_dir else "",
+        resume_uri="x",
         image=f"x@{DIGEST}",
         project="x",
     )
@@ -251,7 +259,6 @@ def test_sbatch_script_keeps_hostile_values_inert_and_exact(sandbox, data):
     transport = data.draw(st.sampled_from(["cli", "rest"]), label="transport")
     runtime = data.draw(st.sampled_from(["pyxis", "apptainer", "none"]), label="runtime")
     env = data.draw(st.dictionaries(ENV_NAMES, text, max_size=3), label="env")
-    env["GANTRY_RESUME_FROM"] = data.draw(text, label="resume uri")
     repository = data.draw(
         st.one_of(st.just("registry.example.org/ml/pytorch"), text.filter(lambda s: "@" not in s)),
         label="image repository",
@@ -270,6 +277,8 @@ def test_sbatch_script_keeps_hostile_values_inert_and_exact(sandbox, data):
         gpus_per_node=data.draw(st.integers(1, 8), label="gpus_per_node"),
         max_runtime_s=data.draw(st.integers(60, 30 * 24 * 3600), label="max_runtime_s"),
         checkpoint_dir=data.draw(st.one_of(st.just(""), text), label="checkpoint_dir"),
+        resume_step=1200,
+        resume_uri=data.draw(text, label="resume uri"),
         attempt_token=TOKEN,
     )
     slurm = slurm_settings(transport=transport, runtime=runtime)
@@ -431,20 +440,22 @@ def test_manifests_keep_hostile_values_in_their_own_fields_and_stay_valid(data):
     job = objects[-1]
     pod = job["spec"]["template"]
     container = pod["spec"]["containers"][0]
-    assert container["command"] == ["/bin/sh", "-c", command]
-    received = {item["name"]: item.get("value") for item in container["env"]}
+    # What the container gets, after Kubernetes' own $(NAME) expansion, is what was typed.
+    argv, received = pod_process(objects)
+    assert argv == ["/bin/bash", "-c", command]
     assert {name: received[name] for name in env} == env
     assert pod["metadata"]["labels"][ATTEMPT_LABEL] == "41"
     assert TOKEN not in json.dumps(objects)
-    # Each value is where it belongs and nowhere else.
+    # Each value is where it belongs and nowhere else (there with every "$" doubled, which
+    # Kubernetes reads back as one).
     command_path = ("Job", "spec", "template", "spec", "containers", 0, "command", 2)
-    assert paths_holding(objects, command) == {command_path}
+    assert paths_holding(objects, literal(command)) == {command_path}
     assert paths_holding(objects, "⟦t⟧") == metadata_paths(objects, TENANT_LABEL)
     assert paths_holding(objects, "⟦p⟧") == metadata_paths(objects, PROJECT_LABEL)
     env_index = {item["name"]: i for i, item in enumerate(container["env"])}
     for name, value in env.items():
         where = ("Job", "spec", "template", "spec", "containers", 0, "env", env_index[name])
-        assert paths_holding(objects, value) == {(*where, "value")}
+        assert paths_holding(objects, literal(value)) == {(*where, "value")}
     if resume:
         where = ("Job", "spec", "template", "spec", "containers", 0, "env")
         assert paths_holding(objects, "⟦r⟧") == {(*where, env_index["GANTRY_RESUME_FROM"], "value")}

@@ -37,6 +37,7 @@ from jobs.backends import (
     PermanentBackendError,
     TransientBackendError,
 )
+from jobs.backends.base import job_env
 from jobs.backends.slurm import QuotaLimit, SlurmBackend, mirror_quotas
 from jobs.backends.slurm_script import (
     UNKNOWN_TOPOLOGY,
@@ -673,7 +674,7 @@ def test_hostile_strings_reach_the_job_verbatim(slurm_env, accounts, transport):
     assert status.state == "SUCCEEDED", read_output(s.name, job_id)
     out = job_dir / f"verbatim-{job_id}"
     # The step's shell runs the env's exports, then the command exactly (issue 21.1).
-    exports = {**s.env, "GANTRY_IMAGE": s.image}
+    exports = job_env(s)
     assert Path(f"{out}.cmd").read_text() == step_command(exports, command)
     pairs = Path(f"{out}.env").read_bytes().decode().split("\0")[:-1]
     received = dict(pair.split("=", 1) for pair in pairs)
@@ -718,7 +719,7 @@ def test_an_env_naming_another_job_never_reaches_its_allocation(slurm_env, accou
         out = Path(os.environ["GANTRY_SLURM_JOB_DIR"]) / f"alloc-{SESSION}"
         probe = spec(command=f'echo "$SLURM_JOB_ID" > {shell_quote(str(out))}')
         job = b.job(probe)
-        benign = {"GANTRY_IMAGE": probe.image}
+        benign = job_env(probe)
         forced = {**benign, "SLURM_JOB_ID": other_id}
         script = job.script.replace(
             shell_quote(step_command(benign, probe.command)),

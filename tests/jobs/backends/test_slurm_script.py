@@ -78,7 +78,8 @@ def job_spec(**overrides) -> JobSpec:
         "project": "detection",
         "image": IMAGE,
         "command": "python train.py --epochs 3",
-        "env": {"GANTRY_API_URL": "https://gantry.example.org/api/v1", "LR": "0.1"},
+        "env": {"LR": "0.1"},
+        "api_url": "https://gantry.example.org/api/v1",
         "flavor": "a100-80gb",
         "nodes": 2,
         "gpus_per_node": 8,
@@ -349,7 +350,8 @@ def test_render_refuses_a_placement_it_cannot_express(overrides, message):
 )
 def test_container_runtime_syntax(runtime, launch):
     job = batch_job(
-        job_spec(command="nvidia-smi", env={}), slurm_settings(container_runtime=runtime)
+        job_spec(command="nvidia-smi", env={}, api_url=""),
+        slurm_settings(container_runtime=runtime),
     )
     step = shlex.quote(f"export GANTRY_IMAGE={IMAGE}; nvidia-smi")
     assert launch.format(d="a" * 64).replace("nvidia-smi", step) in job.script.splitlines()
@@ -502,7 +504,7 @@ def test_hostile_command_and_env_reach_the_job_verbatim(sandbox, data):
 
     argv, received = run_rendered(job.script, sandbox, environment=job.environment)
 
-    exports = {**env, "GANTRY_IMAGE": IMAGE}
+    exports = {**env, "GANTRY_API_URL": "https://gantry.example.org/api/v1", "GANTRY_IMAGE": IMAGE}
     assert argv == ["/bin/bash", "-c", step_command(exports, command)]
     # srun gets none of the experiment's env, only Gantry's token; the step's shell exports
     # every value exactly before the command.
@@ -515,7 +517,7 @@ def test_hostile_command_and_env_reach_the_job_verbatim(sandbox, data):
 
 def test_pyxis_image_and_command_arrive_as_separate_arguments(sandbox):
     command = 'echo "$(hostname)"; exit 3 # it\'s'
-    job = batch_job(job_spec(command=command, env={}), slurm_settings())
+    job = batch_job(job_spec(command=command, env={}, api_url=""), slurm_settings())
     argv, received = run_rendered(job.script, sandbox, environment=job.environment)
     assert argv == [
         "--container-image=registry.example.org#ml/pytorch:sha256:" + "a" * 64,
