@@ -92,6 +92,11 @@ def _describe(exc: BaseException) -> str:
 
 @register(Cluster.Backend.KUBERNETES)
 class KubernetesBackend:
+    # The scheduler binds pending pods as GPUs free, and Gantry can neither hold a node for
+    # a pod nor put its pod first without a PriorityClass over other tenants' workloads:
+    # admission does not preempt for GPUs a pending outside pod would take (docs/kubernetes.md).
+    reclaim_first = False
+
     @property
     def honours_placement(self) -> bool:
         """Node affinity pins the pods, except under Kueue, which places them itself."""
