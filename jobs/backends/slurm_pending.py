@@ -60,7 +60,7 @@ def _nodes(value: object) -> tuple[str, ...]:
     try:
         return tuple(expand_hostlist(text))
     except ValueError as exc:
-        raise PendingError(f"node list {text!r}: {exc}") from None
+        raise PendingError(str(exc)) from None
 
 
 def _claims(
@@ -129,7 +129,7 @@ def parse_squeue_pending(text: str, settings: SlurmSettings) -> list[PendingClai
         if not gpus:
             continue
         try:
-            begins = _start(start)
+            begins, expected, eligible = _start(start), _nodes(planned), _nodes(required)
         except PendingError as exc:
             raise PendingError(f"job {job_id}: {exc}") from None
         claims += _claims(
@@ -140,8 +140,8 @@ def parse_squeue_pending(text: str, settings: SlurmSettings) -> list[PendingClai
             settings=settings,
             priority=_number(priority, "priority", job_id),
             start=begins,
-            expected=_nodes(planned),
-            eligible=_nodes(required),
+            expected=expected,
+            eligible=eligible,
         )
     return claims
 
@@ -170,7 +170,7 @@ def parse_rest_pending(payload: Mapping[str, Any], settings: SlurmSettings) -> l
         if not gpus:
             continue
         try:
-            begins = _start(job.get("start_time"))
+            begins, eligible = _start(job.get("start_time")), _nodes(job.get("required_nodes"))
         except PendingError as exc:
             raise PendingError(f"job {job_id}: {exc}") from None
         claims += _claims(
@@ -182,6 +182,6 @@ def parse_rest_pending(payload: Mapping[str, Any], settings: SlurmSettings) -> l
             priority=_number(job.get("priority"), "priority", job_id),
             start=begins,
             expected=(),
-            eligible=_nodes(job.get("required_nodes")),
+            eligible=eligible,
         )
     return claims
