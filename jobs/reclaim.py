@@ -10,6 +10,9 @@ run would still wait (docs/admission.md, "Reclaiming on a shared cluster").
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from jobs.backends.base import PendingClaim
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +85,7 @@ def stolen_reason(
     )
 
 
-def queues_of(records: Mapping[str, Mapping]) -> dict[str, OutsideQueue]:
+def queues_of(records: Mapping[str, Mapping[str, Any]]) -> dict[str, OutsideQueue]:
     """The queues of ``Cluster.outside_claims`` records (``claims_record``), by cluster."""
     return {
         cluster: OutsideQueue(
@@ -105,8 +108,8 @@ def queues_of(records: Mapping[str, Mapping]) -> dict[str, OutsideQueue]:
 
 
 def claims_record(
-    claims: Iterable, *, error: str, reclaim_first: bool, flavors: Iterable[str]
-) -> dict:
+    claims: Iterable[PendingClaim], *, error: str, reclaim_first: bool, flavors: Iterable[str]
+) -> dict[str, Any]:
     """What ``Cluster.outside_claims`` keeps of an inventory's ``PendingClaim`` rows (those
     of flavors Gantry knows): ``claims`` for admission, in the backend's order (priority
     first where it has one), and ``next`` for people, with the backend's priority, expected

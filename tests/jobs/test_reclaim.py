@@ -1,9 +1,11 @@
 """A preemption is made only when its freed GPUs reach the reclaiming run (issue 31, point 4):
 the pure rule, and how the outside queue is kept between the inventory and admission."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
+import time_machine
+from django.utils import timezone
 
 from jobs.admission import (
     Admit,
@@ -19,7 +21,16 @@ from jobs.admission import (
     nodes_of,
 )
 from jobs.backends.base import PendingClaim
+from jobs.backends.simulator import SimulatorBackend
+from jobs.enqueue import ATTEMPT_CANCEL
+from jobs.models import Attempt, AttemptState, RunState, SimulatedJob
+from jobs.models import Run as RunModel
 from jobs.reclaim import OutsideClaim, OutsideQueue, claims_record, queues_of
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.backend_submit import attempt_redrive_deferred_cancels, attempt_submit
+from jobs.services.backend_sync import attempt_cancel
+from tenants.models import Quota as QuotaModel
+from tests.jobs.test_lifecycle import run_to_running, submit
 
 A100 = "a100-80gb"
 NODES = ("c1-a100-80gb-00", "c1-a100-80gb-01")
@@ -166,3 +177,74 @@ def test_the_inventorys_claims_reach_admission_in_the_backends_order():
             ),
         )
     }
+
+
+# --- through the services: a preempted job is cancelled once the reclaiming one is queued
+
+
+def sent(callbacks, task: str) -> list[str]:
+    """The arguments of every ``task`` sent by the captured on-commit callbacks."""
+    prefix = f"send {task}"
+    return [c.__qualname__[len(prefix) :] for c in callbacks if c.__qualname__.startswith(prefix)]
+
+
+@pytest.fixture
+def reclaim_first_simulator(monkeypatch):
+    """The simulator as a backend that starts a reclaiming run first (as Slurm through the
+    CLI does): its preempted jobs are cancelled only once the reclaiming one is submitted."""
+    monkeypatch.setattr(SimulatorBackend, "reclaim_first", True)
+
+
+def test_a_preempted_job_is_cancelled_only_after_the_reclaiming_job_was_submitted(
+    world, reclaim_first_simulator, django_capture_on_commit_callbacks
+):
+    QuotaModel.objects.filter(tenant=world.nlp, flavor=world.h100).update(
+        guaranteed_gpus=0, borrow_limit_gpus=16
+    )
+    h100 = {"tenant": "nlp", "project": "llm", "flavor": "h100-80gb", "gpus_per_node": 8}
+    lent = submit(world, user=world.researcher_b, nodes=2, **h100)
+    run_to_running(world, lent)
+    assert RunModel.objects.get(pk=lent.pk).state == RunState.RUNNING
+    victim = lent.attempts.get()
+
+    reclaimer = submit(world, flavor="h100-80gb", gpus_per_node=8)
+    with django_capture_on_commit_callbacks() as callbacks:
+        admission_run_cycle()
+    reclaiming = Attempt.objects.get(run=reclaimer)
+    victim.refresh_from_db()
+    assert victim.preempted_for_id == reclaiming.pk
+    assert sent(callbacks, ATTEMPT_CANCEL) == [f"({victim.pk},)"]
+
+    # The cancel task, run before the reclaiming job is submitted, leaves the job running;
+    attempt_cancel(attempt_id=victim.pk)
+    assert SimulatedJob.objects.get(name=victim.name).state == "RUNNING"
+    assert attempt_redrive_deferred_cancels() == 0
+    # the submit sends it again, and then it cancels.
+    with django_capture_on_commit_callbacks() as callbacks:
+        attempt_submit(attempt_id=reclaiming.pk)
+    assert sent(callbacks, ATTEMPT_CANCEL) == [f"({victim.pk},)"]
+    attempt_cancel(attempt_id=victim.pk)
+    assert SimulatedJob.objects.get(name=victim.name).state == "CANCELLED"
+    assert RunModel.objects.get(pk=lent.pk).state == RunState.QUEUED
+
+
+def test_a_deferred_cancel_whose_sender_died_is_sent_again_by_the_sync(
+    world, reclaim_first_simulator, django_capture_on_commit_callbacks
+):
+    QuotaModel.objects.filter(tenant=world.nlp, flavor=world.h100).update(
+        guaranteed_gpus=0, borrow_limit_gpus=16
+    )
+    h100 = {"tenant": "nlp", "project": "llm", "flavor": "h100-80gb", "gpus_per_node": 8}
+    lent = submit(world, user=world.researcher_b, nodes=2, **h100)
+    run_to_running(world, lent)
+    victim = lent.attempts.get()
+    reclaimer = submit(world, flavor="h100-80gb", gpus_per_node=8)
+    admission_run_cycle()
+    reclaiming = Attempt.objects.get(run=reclaimer)
+    # The reclaiming job reached the backend, but the worker died before sending the cancel.
+    Attempt.objects.filter(pk=reclaiming.pk).update(state=AttemptState.PENDING)
+    assert attempt_redrive_deferred_cancels() == 0  # its own submit may still send it
+    later = timezone.now() + timedelta(seconds=31)
+    with time_machine.travel(later), django_capture_on_commit_callbacks() as callbacks:
+        assert attempt_redrive_deferred_cancels() == 1
+    assert sent(callbacks, ATTEMPT_CANCEL) == [f"({victim.pk},)"]
