@@ -56,6 +56,7 @@ from jobs.backends.slurm_script import (
     batch_job,
     describe_errors,
     error_numbers,
+    is_operator,
     is_transient_error_number,
     is_transient_text,
     jwt_claims,
@@ -496,6 +497,7 @@ class SlurmBackend:
             # reason rather than failing the task that looked the backend up.
             self._settings, self._error = None, str(exc)
         self._transport: CliTransport | RestTransport | None = None
+        self._reclaim_first: bool | None = None
 
     @property
     def settings(self) -> SlurmSettings:
@@ -640,10 +642,27 @@ class SlurmBackend:
 
     @property
     def reclaim_first(self) -> bool:
-        try:
-            return reclaims_first(self.settings)
-        except PermanentBackendError:
+        """The settings ask for it and the CLI's user may set a job's priority (root, or a
+        Slurm operator: sbatch ignores ``--priority`` of anyone else without a word). Asked
+        of Slurm once per backend, with the inventory that records it."""
+        if self._reclaim_first is None:
+            try:
+                wanted = reclaims_first(self.settings)
+            except PermanentBackendError:
+                wanted = False
+            self._reclaim_first = wanted and self._may_set_priority()
+        return self._reclaim_first
+
+    def _may_set_priority(self) -> bool:
+        if os.getuid() == 0:
+            return True
+        cli = self.transport if isinstance(self.transport, CliTransport) else None
+        if cli is None:
             return False
+        level = cli.read(
+            ["sacctmgr", "-n", "-P", "show", "user", _current_user(), "format=AdminLevel"]
+        )
+        return is_operator(level)
 
     def inventory(self) -> Inventory:
         """Four fixed CLI calls (``scontrol -d show node``, ``squeue`` of the jobs holding
@@ -654,6 +673,7 @@ class SlurmBackend:
         found = node_inventory(
             transport.nodes(), self.settings, jobs=jobs, topology=transport.topology()
         )
+        self._reclaim_first = None  # asked again with each inventory
         return replace(found, claims=tuple(claims), claims_error=claims_error)
 
     def mirror_quotas(self, quotas: Iterable[QuotaLimit]) -> list[list[str]]:

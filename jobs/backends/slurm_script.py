@@ -558,11 +558,22 @@ def batch_job(
 
 
 def reclaims_first(settings: SlurmSettings) -> bool:
-    """Whether a reclaiming job starts on the GPUs its preemption frees before outside jobs
-    waiting for them: submitted with ``--priority=TOP`` (sbatch, as an operator) before the
-    cancel. slurmrestd v0.0.38 cannot: its user is not an operator, and it creates no
-    reservations either."""
+    """Whether a reclaiming job is to start on the GPUs its preemption frees before outside
+    jobs waiting for them: submitted with ``--priority=TOP`` (sbatch, as an operator) before
+    the cancel. slurmrestd v0.0.38 cannot: its user is not an operator, and it creates no
+    reservations either. Whether the CLI's user is an operator is checked apart
+    (``is_operator``): Slurm ignores the option of anyone else without a word."""
     return settings.transport == "cli" and settings.reclaim_priority
+
+
+# AdminLevel values (``sacctmgr show user … format=AdminLevel``) that may set a priority.
+OPERATOR_LEVELS = frozenset({"Operator", "Administrator"})
+
+
+def is_operator(admin_level: str) -> bool:
+    """``sacctmgr -n -P show user NAME format=AdminLevel``: "Administrator", "Operator",
+    "None", or nothing for a user Slurm does not know."""
+    return admin_level.strip() in OPERATOR_LEVELS
 
 
 def _one_leaf_switch(spec: JobSpec, settings: SlurmSettings) -> bool:

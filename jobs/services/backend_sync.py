@@ -78,9 +78,11 @@ def attempt_cancel(*, attempt_id: int) -> None:
     if attempt.state not in LIVE_ATTEMPT_STATES:
         return
     backend = backend_for(attempt.cluster)
+    # What admission assumed when it preempted: the backend's answer with the inventory.
+    reclaim_first = bool((attempt.cluster.outside_claims or {}).get("reclaim_first"))
     if (
         attempt.preempted_for_id is not None
-        and backend.reclaim_first
+        and reclaim_first
         and Attempt.objects.filter(
             pk=attempt.preempted_for_id, state__in=RECLAIM_NOT_SUBMITTED
         ).exists()

@@ -23,12 +23,12 @@ from jobs.admission import (
 from jobs.backends.base import PendingClaim
 from jobs.backends.simulator import SimulatorBackend
 from jobs.enqueue import ATTEMPT_CANCEL
-from jobs.models import Attempt, AttemptState, RunState, SimulatedJob
+from jobs.models import Attempt, AttemptState, Cluster, RunState, SimulatedJob
 from jobs.models import Run as RunModel
 from jobs.reclaim import OutsideClaim, OutsideQueue, claims_record, queues_of
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_redrive_deferred_cancels, attempt_submit
-from jobs.services.backend_sync import attempt_cancel
+from jobs.services.backend_sync import attempt_cancel, cluster_refresh_inventory
 from tenants.models import Quota as QuotaModel
 from tests.jobs.test_lifecycle import run_to_running, submit
 
@@ -189,10 +189,15 @@ def sent(callbacks, task: str) -> list[str]:
 
 
 @pytest.fixture
-def reclaim_first_simulator(monkeypatch):
+def reclaim_first_simulator(world, monkeypatch):
     """The simulator as a backend that starts a reclaiming run first (as Slurm through the
-    CLI does): its preempted jobs are cancelled only once the reclaiming one is submitted."""
+    CLI does), recorded with its inventory: its preempted jobs are cancelled only once the
+    reclaiming one is submitted."""
     monkeypatch.setattr(SimulatorBackend, "reclaim_first", True)
+    cluster_refresh_inventory(cluster=world.cluster)
+    assert Cluster.objects.get(pk=world.cluster.pk).outside_claims == {
+        "reclaim_first": True, "error": "", "claims": [], "next": []
+    }  # fmt: skip
 
 
 def test_a_preempted_job_is_cancelled_only_after_the_reclaiming_job_was_submitted(

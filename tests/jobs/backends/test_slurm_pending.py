@@ -12,7 +12,7 @@ from jobs.backends.slurm_pending import (
     parse_rest_pending,
     parse_squeue_pending,
 )
-from jobs.backends.slurm_script import SlurmSettings, batch_job
+from jobs.backends.slurm_script import SlurmSettings, batch_job, is_operator
 from tests.jobs.backends.test_slurm_script import job_spec as spec
 
 SETTINGS = SlurmSettings.parse(
@@ -153,3 +153,14 @@ def test_a_reclaiming_job_asks_for_top_priority_only_through_the_cli():
     )  # fmt: skip
     job = batch_job(reclaiming, rest)
     assert not job.top_priority and "priority" not in job.rest_submission()["job"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "operator"),
+    [("Administrator\n", True), ("Operator\n", True), ("None\n", False), ("", False)],
+)
+def test_only_an_operator_may_put_a_job_first(answer, operator):
+    # sacctmgr -n -P show user NAME format=AdminLevel; "" for a user Slurm does not know.
+    # Slurm 22.05 ignores --priority=TOP of anyone else without a word (tried on the test
+    # cluster: the job of a user with AdminLevel None got the usual priority).
+    assert is_operator(answer) is operator
