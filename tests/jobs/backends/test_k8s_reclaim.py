@@ -3,6 +3,9 @@ wait for GPUs are in the inventory, and admission does not preempt a borrowed ru
 such a pod would be bound to first (issue 31, point 4; docs/kubernetes.md, "Reclaiming")."""
 
 import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
 
 from jobs.backends import PendingClaim
 from jobs.models import Attempt, Cluster, Run, RunState
@@ -96,6 +99,11 @@ def test_no_preemption_for_gpus_an_outside_pod_would_be_bound_to_first(k8s_world
         {"job": "pod research/train-0", "flavor": "a100-80gb", "nodes": 1, "gpus_per_node": 8,
          "eligible": []}
     ]  # fmt: skip
+    # (which a platform admin reads on the cluster's admin page)
+    admin = Client()
+    admin.force_login(User.objects.create_superuser("root", "root@gantry.example", "x" * 16))
+    page = admin.get(reverse("admin:jobs_cluster_change", args=[world.k8s.pk]))
+    assert "pod research/train-0" in page.content.decode()
 
     # when vision asks for 1 x 8 within its guarantee, nlp keeps its GPUs and vision waits,
     vision = run_submit(user=world.researcher_a, data=experiment_input(world, gpus_per_node=8))
