@@ -32,6 +32,7 @@ class ClusterAdmin(AuditedAdmin):
         "inventory_error",
         "topology_levels",
         "inventory_problems",
+        "outside_claims",
     ]
 
 

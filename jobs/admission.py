@@ -14,7 +14,9 @@ The rules (design §5):
   on one cluster: tried lowest priority first, then newest, until their freed GPUs make a
   placement, then trimmed so that every victim left is needed for it; the cluster that
   needs the fewest preempted GPUs wins. A preemption that frees GPUs which do not help is
-  never made.
+  never made, nor one whose freed GPUs a job waiting in the cluster's own queue from
+  outside Gantry would take first (``jobs.reclaim``; not where the backend starts the
+  reclaiming run there first).
 - Borrowing: beyond the guarantee, up to ``borrow_limit``, only onto free GPUs; such runs
   are marked borrowed (preemptible). Competing borrowers take turns by weighted fair share:
   the tenant with the least decayed usage per weight goes first.
@@ -45,6 +47,7 @@ from functools import partial
 from typing import TypeVar, cast
 
 from jobs import placement
+from jobs.reclaim import OutsideQueue, outside_taker, stolen_reason
 
 _T = TypeVar("_T")
 
@@ -159,6 +162,9 @@ class Snapshot:
     starvation_after_s: float = float("inf")
     # cluster -> the names of its topology levels, widest first (one per path element)
     levels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # cluster -> the jobs from outside Gantry waiting for its GPUs (``jobs.reclaim``);
+    # a cluster not named has none.
+    outside: Mapping[str, OutsideQueue] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -563,6 +569,27 @@ class _State:
         self._hold(pool, run.id, dict.fromkeys(where.nodes, run.gpus_per_node), self.now)
         self.usage[(run.tenant, run.flavor)] += run.gpus
 
+    def stolen(
+        self, pool: _Pool, victims: list[HeldRun], outside: Mapping[str, OutsideQueue]
+    ) -> str:
+        """Why preempting ``victims`` on ``pool`` would not reach the reclaiming run: an
+        outside job the cluster would start on the freed GPUs first (``jobs.reclaim``)."""
+        queue = outside.get(pool.cluster)
+        if queue is None:
+            return ""
+        freed: dict[str, int] = defaultdict(int)
+        for victim in victims:
+            for name, gpus in self.held_on[victim.id].items():
+                freed[name] += gpus
+        free = {name: pool.free[name] for name, node in pool.nodes.items() if node.schedulable}
+        taker = outside_taker(queue, flavor=pool.flavor, free=free, freed=freed)
+        if taker is None:
+            return ""
+        return stolen_reason(
+            taker, cluster=pool.cluster, flavor=pool.flavor,
+            gpus=sum(v.gpus for v in victims), victims=len(victims),
+        )  # fmt: skip
+
     def preempt(self, victim: HeldRun) -> None:
         pool = self.pools[(victim.cluster, victim.flavor)]
         pool.borrowed.remove(victim)
@@ -739,19 +766,24 @@ def decide(snapshot: Snapshot, *, explain: bool = True) -> Decisions:
                 continue
             fit = state.best_fit(run)
             victims: list[HeldRun] = []
+            stolen = ""  # why a preemption that would make room is not made
             if fit is None:
                 options = []
                 for candidate in state.pools_by_flavor[run.flavor]:
                     found = state.victims(run, candidate)
                     if found is not None:
                         chosen, where = found
+                        why = state.stolen(candidate, chosen, snapshot.outside)
+                        if why:
+                            stolen = stolen or why
+                            continue
                         cost = (sum(v.gpus for v in chosen), len(chosen), candidate.cluster)
                         options.append((cost, candidate, chosen, where))
                 if options:
                     _, pool, victims, where = min(options, key=lambda option: option[0])
                     fit = (pool, where)
             if fit is None:
-                block(key, run, Wait.CAPACITY, partial(capacity_reason, run))
+                block(key, run, Wait.CAPACITY, stolen or partial(capacity_reason, run))
                 state.reserve(run, reservations)
                 continue
             pool, where = fit

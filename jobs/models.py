@@ -35,6 +35,9 @@ class Cluster(models.Model):
     inventory_error = models.TextField(blank=True)
     topology_levels = models.JSONField(default=list, blank=True)
     inventory_problems = models.JSONField(default=list, blank=True)
+    # Jobs from outside Gantry waiting for GPUs, as the last inventory read them
+    # (``jobs.services.capacity.outside_claims_of``): what admission must not preempt for.
+    outside_claims = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["name"]
@@ -385,6 +388,11 @@ class Attempt(models.Model):
     )
     runtime_reported_at = models.DateTimeField(
         null=True, blank=True, help_text="When the job last reported a changed runtime"
+    )
+    # Preempted for this attempt of another run: where the backend starts that one first
+    # (``reclaim_first``), this attempt's job is cancelled only once that one was submitted.
+    preempted_for = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reclaimed_from"
     )
 
     class Meta:

@@ -64,6 +64,7 @@ def sync_all_clusters() -> None:
             with log_context(cluster=cluster.name):
                 logger.warning("cluster %s: %s", cluster.name, exc)
     backend_submit.attempt_redrive_stuck_submits()
+    backend_submit.attempt_redrive_deferred_cancels()
 
 
 @shared_task

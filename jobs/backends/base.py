@@ -62,6 +62,9 @@ class JobSpec:
     placement: tuple[str, ...] = ()
     topology_level: str = ""
     topology_required: bool = False
+    # It takes GPUs that a preemption is freeing for it: a backend that can (``reclaim_first``)
+    # starts it there before any job that was queued for them earlier.
+    reclaiming: bool = False
 
 
 def job_env(spec: JobSpec) -> dict[str, str]:
@@ -123,14 +126,35 @@ class NodeInventory:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingClaim:
+    """A job from outside Gantry that waits for GPUs of a flavor: the cluster starts it as
+    soon as GPUs it fits on come free, before a job Gantry submits after it."""
+
+    job: str  # how the backend names it: "Slurm job 812", "pod team-a/train-0"
+    flavor: str
+    nodes: int
+    gpus_per_node: int
+    priority: int | None = None  # the backend's own figure, where it has one
+    expected_start: datetime | None = None  # the backend's estimate (Slurm: squeue --start)
+    expected_nodes: tuple[str, ...] = ()  # where the backend plans to start it, if it says
+    # The only nodes it may run on (a required node list or node selector); empty: any
+    # node of its flavor.
+    eligible: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Inventory:
     """What a cluster has: its GPU nodes, the names of its topology levels (widest first,
     one per element of a node's path) and problems worth showing an operator (a topology
-    label that no node carries, a node reporting an impossible GPU count)."""
+    label that no node carries, a node reporting an impossible GPU count); and the jobs
+    from outside Gantry waiting for GPUs (``claims``), with ``claims_error`` saying why
+    that queue could not be read whole (then no preemption relies on it)."""
 
     nodes: tuple[NodeInventory, ...]
     levels: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
+    claims: tuple[PendingClaim, ...] = ()
+    claims_error: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +184,11 @@ class Backend(Protocol):
     # Whether the job starts on the nodes admission placed it on. Not with a queueing layer
     # that places jobs itself (Kueue): its wait is then its own, never a lapsed placement.
     honours_placement: bool
+    # Whether a job submitted for GPUs a preemption frees starts there before the jobs from
+    # outside Gantry that were waiting for them (Slurm: submitted with top priority before
+    # the preempted jobs are cancelled). Where not, admission does not preempt for GPUs a
+    # waiting outside job would take (``Inventory.claims``).
+    reclaim_first: bool
 
     def render(self, spec: JobSpec) -> str:
         """The exact script or manifest the backend will receive."""

@@ -20,6 +20,7 @@ import os
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import urllib3
@@ -51,6 +52,7 @@ from jobs.backends.k8s_manifest import (
     to_json,
     token_secret_name,
 )
+from jobs.backends.k8s_pending import PENDING_UNBOUND_PODS, pending_claims
 from jobs.backends.k8s_status import (
     LIVE_BOUND_PODS,
     backend_job_id,
@@ -92,6 +94,11 @@ def _describe(exc: BaseException) -> str:
 
 @register(Cluster.Backend.KUBERNETES)
 class KubernetesBackend:
+    # The scheduler binds pending pods as GPUs free, and Gantry can neither hold a node for
+    # a pod nor put its pod first without a PriorityClass over other tenants' workloads:
+    # admission does not preempt for GPUs a pending outside pod would take (docs/kubernetes.md).
+    reclaim_first = False
+
     @property
     def honours_placement(self) -> bool:
         """Node affinity pins the pods, except under Kueue, which places them itself."""
@@ -362,9 +369,9 @@ class KubernetesBackend:
         return response.data.decode("utf-8", "replace")
 
     def inventory(self) -> Inventory:
-        """The GPU nodes (labelled ``nvidia.com/gpu.product``) and every pod bound to a node
-        and not finished, in all namespaces (what uses the GPUs is not only Gantry's): two
-        lists, each in pages of ``LIST_PAGE``."""
+        """The GPU nodes (labelled ``nvidia.com/gpu.product``), every pod bound to a node
+        and not finished, in all namespaces (what uses the GPUs is not only Gantry's), and
+        the pods waiting for a node: three lists, each in pages of ``LIST_PAGE``."""
         core = client.CoreV1Api(self.api())
         nodes = self._list_all("list nodes", core.list_node, label_selector=GPU_PRODUCT_LABEL)
         gpu_nodes = {node["metadata"]["name"] for node in nodes}
@@ -379,7 +386,19 @@ class KubernetesBackend:
             if nodes
             else []
         )
-        return node_inventory(nodes, pods, self.settings)
+        # Pods waiting for a node, of every namespace: those asking for GPUs from outside
+        # Gantry are what a preemption's GPUs would go to first (``reclaim_first``).
+        waiting = (
+            self._list_all(
+                "list pending pods",
+                core.list_pod_for_all_namespaces,
+                field_selector=PENDING_UNBOUND_PODS,
+            )
+            if nodes
+            else []
+        )
+        found = node_inventory(nodes, pods, self.settings)
+        return replace(found, claims=tuple(pending_claims(waiting, self.settings)))
 
     def test_connection(self) -> str:
         """One sentence saying the settings work; raises a BackendError saying what does not

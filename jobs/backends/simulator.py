@@ -50,6 +50,9 @@ LIVE = ("PENDING", "RUNNING")
 class SimulatorBackend:
     inventory_max_age_s = None  # its nodes are its settings, its load its own jobs
     honours_placement = True
+    # Nothing but Gantry runs on it: no job from outside waits for what a preemption frees
+    # (its inventory has no claims), so there is no order of submit and cancel to keep.
+    reclaim_first = False
 
     def __init__(self, cluster: Cluster):
         self.cluster = cluster

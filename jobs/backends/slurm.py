@@ -31,8 +31,15 @@ from jobs.backends.base import (
     JobRef,
     JobSpec,
     JobStatus,
+    PendingClaim,
     PermanentBackendError,
     TransientBackendError,
+)
+from jobs.backends.slurm_pending import (
+    SQUEUE_PENDING_FORMAT,
+    PendingError,
+    parse_rest_pending,
+    parse_squeue_pending,
 )
 from jobs.backends.slurm_script import (
     HOLDING_JOB_STATES,
@@ -49,6 +56,7 @@ from jobs.backends.slurm_script import (
     batch_job,
     describe_errors,
     error_numbers,
+    is_operator,
     is_transient_error_number,
     is_transient_text,
     jwt_claims,
@@ -61,6 +69,7 @@ from jobs.backends.slurm_script import (
     parse_squeue_gpus,
     parse_squeue_json,
     quota_commands,
+    reclaims_first,
     slurm_message,
 )
 from jobs.backends.slurm_script import (
@@ -240,6 +249,20 @@ class CliTransport:
             self.read(["squeue", "-a", "-h", "-t", states, "-o", SQUEUE_GPU_FORMAT])
         )
 
+    def queue(self) -> tuple[list[SlurmJob], list[PendingClaim], str]:
+        """The jobs holding nodes; the outside jobs waiting for GPUs, with their priority,
+        expected start and planned nodes (``squeue -t PD``); and why those could not be
+        read ("" when they could)."""
+        holding = self.gpu_jobs()
+        text = self.read(
+            ["squeue", "-a", "-h", "-t", "PD", "-o", SQUEUE_PENDING_FORMAT],
+            env={"SLURM_TIME_FORMAT": "%s"},
+        )
+        try:
+            return holding, parse_squeue_pending(text, self.settings), ""
+        except PendingError as exc:
+            return holding, [], f"squeue's pending jobs could not be read: {exc}"
+
     def topology(self) -> str | None:
         """``scontrol show topology``: empty without topology/tree (22.05 then says "No
         topology information available" on stderr and exits 0)."""
@@ -361,11 +384,22 @@ class RestTransport:
         raise PermanentBackendError(f"Slurm refused the job: {message}")
 
     def live_jobs(self) -> list[SlurmJob]:
-        payload = self.read(f"/slurm/{REST_API}/jobs")
+        return self._jobs(self.read(f"/slurm/{REST_API}/jobs"))
+
+    def _jobs(self, payload: dict) -> list[SlurmJob]:
         try:
             return parse_squeue_json(payload, source="rest")
         except ValueError as exc:
             raise TransientBackendError(f"slurmrestd at {self.url}: {exc}") from None
+
+    def queue(self) -> tuple[list[SlurmJob], list[PendingClaim], str]:
+        """As the CLI's, from one ``GET /jobs`` (v0.0.38 cannot filter by state)."""
+        payload = self.read(f"/slurm/{REST_API}/jobs")
+        jobs = self._jobs(payload)
+        try:
+            return jobs, parse_rest_pending(payload, self.settings), ""
+        except PendingError as exc:
+            return jobs, [], f"slurmrestd's pending jobs could not be read: {exc}"
 
     def _slurmdb_jobs(self, names: list[str], *, since_days: int = 0) -> list[SlurmJob] | None:
         """Jobs by name from slurmdbd; None when slurmrestd does not serve the slurmdbd API
@@ -463,6 +497,7 @@ class SlurmBackend:
             # reason rather than failing the task that looked the backend up.
             self._settings, self._error = None, str(exc)
         self._transport: CliTransport | RestTransport | None = None
+        self._reclaim_first: bool | None = None
 
     @property
     def settings(self) -> SlurmSettings:
@@ -605,17 +640,41 @@ class SlurmBackend:
 
         return chunks()
 
-    def inventory(self) -> Inventory:
-        """Three fixed CLI calls (``scontrol -d show node``, ``squeue`` of the jobs holding
-        nodes, ``scontrol show topology``) or two REST calls (``/nodes``, ``/jobs``),
-        whatever the number of nodes."""
-        transport = self.transport
-        return node_inventory(
-            transport.nodes(),
-            self.settings,
-            jobs=transport.gpu_jobs(),
-            topology=transport.topology(),
+    @property
+    def reclaim_first(self) -> bool:
+        """The settings ask for it and the CLI's user may set a job's priority (root, or a
+        Slurm operator: sbatch ignores ``--priority`` of anyone else without a word). Asked
+        of Slurm once per backend, with the inventory that records it."""
+        if self._reclaim_first is None:
+            try:
+                wanted = reclaims_first(self.settings)
+            except PermanentBackendError:
+                wanted = False
+            self._reclaim_first = wanted and self._may_set_priority()
+        return self._reclaim_first
+
+    def _may_set_priority(self) -> bool:
+        if os.getuid() == 0:
+            return True
+        cli = self.transport if isinstance(self.transport, CliTransport) else None
+        if cli is None:
+            return False
+        level = cli.read(
+            ["sacctmgr", "-n", "-P", "show", "user", _current_user(), "format=AdminLevel"]
         )
+        return is_operator(level)
+
+    def inventory(self) -> Inventory:
+        """Four fixed CLI calls (``scontrol -d show node``, ``squeue`` of the jobs holding
+        nodes and of those pending, ``scontrol show topology``) or two REST calls
+        (``/nodes``, ``/jobs``), whatever the number of nodes and jobs."""
+        transport = self.transport
+        jobs, claims, claims_error = transport.queue()
+        found = node_inventory(
+            transport.nodes(), self.settings, jobs=jobs, topology=transport.topology()
+        )
+        self._reclaim_first = None  # asked again with each inventory
+        return replace(found, claims=tuple(claims), claims_error=claims_error)
 
     def mirror_quotas(self, quotas: Iterable[QuotaLimit]) -> list[list[str]]:
         """Make Slurm enforce the tenants' GPU limits too: an account and a QOS with

@@ -154,6 +154,10 @@ class SlurmSettings:
     # topology.conf's lines, for transport rest (slurmrestd v0.0.38 has no topology
     # endpoint); None: not given.
     topology: tuple[str, ...] | None = None
+    # A job that reclaims GPUs from a preemption is submitted with ``--priority=TOP`` before
+    # the preempted jobs are cancelled, so Slurm starts it there before outside jobs that
+    # were waiting (docs/slurm.md, "Reclaiming"). Needs the CLI as a Slurm operator.
+    reclaim_priority: bool = True
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], *, cluster: str = "") -> "SlurmSettings":
@@ -240,6 +244,10 @@ class SlurmSettings:
         if len(set(levels)) != len(levels):
             raise fail("setting 'topology_levels' names a level twice")
         values["topology_levels"] = tuple(levels)
+        reclaim = raw.get("reclaim_priority", True)
+        if not isinstance(reclaim, bool):
+            raise fail("setting 'reclaim_priority' must be true or false")
+        values["reclaim_priority"] = reclaim
         if "topology" in raw:
             lines = raw["topology"]
             if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
@@ -363,6 +371,7 @@ class BatchJob:
     environment: dict[str, str] = field(repr=False)
     nodelist: str = ""  # the nodes admission chose, comma-separated; empty: Slurm places
     switches: int = 0  # at most this many leaf switches (``--switches``); 0: no limit
+    top_priority: bool = False  # it reclaims preempted GPUs: ``--priority=TOP``
 
     def sbatch_options(self) -> list[str]:
         """The options as sbatch arguments, in the order of the script's #SBATCH lines."""
@@ -387,6 +396,8 @@ class BatchJob:
         ]
         if self.signal:
             options.append(f"--signal={self.signal}")
+        if self.top_priority:
+            options.append("--priority=TOP")
         options += ["--no-requeue", f"--chdir={self.workdir}", f"--output={self.output}"]
         return options
 
@@ -544,8 +555,28 @@ def batch_job(
         environment=job_env,
         nodelist=",".join(placement),
         switches=1 if _one_leaf_switch(spec, settings) and settings.transport == "cli" else 0,
+        top_priority=spec.reclaiming and reclaims_first(settings),
     )
     return replace(job, script=_script(job, spec, settings))
+
+
+def reclaims_first(settings: SlurmSettings) -> bool:
+    """Whether a reclaiming job is to start on the GPUs its preemption frees before outside
+    jobs waiting for them: submitted with ``--priority=TOP`` (sbatch, as an operator) before
+    the cancel. slurmrestd v0.0.38 cannot: its user is not an operator, and it creates no
+    reservations either. Whether the CLI's user is an operator is checked apart
+    (``is_operator``): Slurm ignores the option of anyone else without a word."""
+    return settings.transport == "cli" and settings.reclaim_priority
+
+
+# AdminLevel values (``sacctmgr show user … format=AdminLevel``) that may set a priority.
+OPERATOR_LEVELS = frozenset({"Operator", "Administrator"})
+
+
+def is_operator(admin_level: str) -> bool:
+    """``sacctmgr -n -P show user NAME format=AdminLevel``: "Administrator", "Operator",
+    "None", or nothing for a user Slurm does not know."""
+    return admin_level.strip() in OPERATOR_LEVELS
 
 
 def _one_leaf_switch(spec: JobSpec, settings: SlurmSettings) -> bool:
@@ -573,6 +604,11 @@ def _script(job: BatchJob, spec: JobSpec, settings: SlurmSettings) -> str:
                 if _one_leaf_switch(spec, settings)
                 else "(a switch count cannot say it)."
             )
+        )
+    if job.top_priority:
+        lines.append(
+            "# It takes GPUs a preemption frees: first in Slurm's queue, so no job waiting "
+            "there takes them."
         )
     if settings.container_runtime == "none":
         lines.append("# container_runtime none: the command runs on the node, not in the image.")

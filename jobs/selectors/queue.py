@@ -28,6 +28,7 @@ from jobs.models import (
     RunState,
     TopologyMode,
 )
+from jobs.reclaim import queues_of
 from jobs.selectors import holding_sql
 from jobs.selectors.estimates import start_preview
 from jobs.selectors.submit_context import SubmitContext
@@ -369,6 +370,7 @@ def admission_snapshot(
         now=now.timestamp(),
         starvation_after_s=settings.GANTRY_STARVATION_AFTER_S,
         levels={name: tuple(cluster.topology_levels) for name, cluster in clusters.items()},
+        outside=queues_of({name: cluster.outside_claims for name, cluster in clusters.items()}),
     )
     return snapshot, clusters
 
@@ -539,8 +541,10 @@ def admission_fingerprint(*, now: datetime) -> tuple[str, datetime] | None:
         ),
         "clusters": (
             # Not inventory_valid_until: each refresh moves it; when it passes is a moment.
+            # Outside jobs as admission reads them: not their expected starts ("next").
             f"SELECT count(*), sum(hashtext(concat_ws('|', id, name, enabled, "  # noqa: S608
-            f"topology_levels::text)))::text FROM {_table(Cluster)}",
+            "topology_levels::text, (outside_claims - 'next')::text)))::text "
+            f"FROM {_table(Cluster)}",
             [],
         ),
         "quotas": (

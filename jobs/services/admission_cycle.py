@@ -103,14 +103,6 @@ def _admission_cycle_locked(*, now=None) -> AdmissionSummary | None:
     fair_share_update(holding=holding, now=now)
     decisions = admission.decide(snapshot)
 
-    preempted = 0
-    if decisions.preempted:
-        victims = Run.objects.in_bulk([p.run_id for p in decisions.preempted])
-        for preempt in decisions.preempted:
-            preempted += run_preempt(
-                run=victims[preempt.run_id], message=preempt.message, admin_detail=preempt.detail
-            )
-
     admitted_ids = [d.run_id for d in decisions.admitted]
     runs = Run.objects.select_related("flavor").in_bulk(admitted_ids)
     attempt_counts = dict(
@@ -161,6 +153,19 @@ def _admission_cycle_locked(*, now=None) -> AdmissionSummary | None:
                     resumed_from=latest_checkpoints.get(run.pk),
                     placement=list(decision.nodes),
                 )
+            )
+    # After the admissions: each preempted run's job is cancelled for the reclaiming run's
+    # attempt, which a backend that starts it first submits before that cancel.
+    preempted = 0
+    if decisions.preempted:
+        victims = Run.objects.in_bulk([p.run_id for p in decisions.preempted])
+        reclaiming = {attempt.run_id: attempt for attempt in new_attempts}
+        for preempt in decisions.preempted:
+            preempted += run_preempt(
+                run=victims[preempt.run_id],
+                message=preempt.message,
+                admin_detail=preempt.detail,
+                for_attempt=reclaiming.get(preempt.by_run_id),
             )
     reservations = {r.run_id: r for r in decisions.reservations}
     # Only reasons are written, and only where they changed (``written``, read with the

@@ -5,6 +5,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from jobs import metrics, reproducibility
@@ -15,9 +16,14 @@ from jobs.backends import (
     TransientBackendError,
     backend_for,
 )
-from jobs.enqueue import admission_cycle_enqueue, attempt_submit_enqueue
+from jobs.enqueue import (
+    admission_cycle_enqueue,
+    attempt_cancel_enqueue,
+    attempt_submit_enqueue,
+)
 from jobs.log_context import log_context
 from jobs.models import (
+    LIVE_ATTEMPT_STATES,
     Attempt,
     AttemptState,
     Run,
@@ -57,15 +63,27 @@ def job_spec_for(attempt: Attempt) -> JobSpec:
         placement=tuple(attempt.placement),
         topology_level=experiment.topology_level,
         topology_required=experiment.topology_required,
+        reclaiming=attempt.reclaimed_from.exists(),
     )
 
 
 def attempt_submit(*, attempt_id: int) -> None:
     """Send an admitted attempt to its backend. Safe to call again for the same attempt:
-    the backend adopts the job already named after the attempt."""
+    the backend adopts the job already named after the attempt. Once it is there (or was
+    refused), the jobs preempted for it are cancelled (``attempt_cancel`` waits for this)."""
     attempt = attempt_get_for_work(attempt_id)
     with log_context(run_id=attempt.run_id, attempt_id=attempt.pk, cluster=attempt.cluster.name):
         _attempt_submit(attempt)
+    attempt_cancel_preempted_for(attempt_id=attempt_id)
+
+
+def attempt_cancel_preempted_for(*, attempt_id: int) -> None:
+    """Send the cancels of the live jobs preempted for the attempt, if it left SUBMITTING."""
+    submitted = ~Q(preempted_for__state__in=(AttemptState.CREATED, AttemptState.SUBMITTING))
+    for victim in Attempt.objects.filter(
+        submitted, preempted_for_id=attempt_id, state__in=LIVE_ATTEMPT_STATES
+    ).values_list("pk", flat=True):
+        attempt_cancel_enqueue(victim)
 
 
 def _attempt_submit(attempt: Attempt) -> None:
@@ -155,6 +173,25 @@ def _attempt_fail_submit(attempt: Attempt, run: Run, exc: PermanentBackendError)
 
 
 STUCK_SUBMIT_AFTER = timedelta(seconds=30)
+
+
+def attempt_redrive_deferred_cancels() -> int:
+    """Re-send the cancels of preempted jobs whose reclaiming attempt was submitted long
+    enough ago that its own submit should have sent them (a worker that died in between)."""
+    cutoff = timezone.now() - STUCK_SUBMIT_AFTER
+    ids = list(
+        Attempt.objects.filter(
+            state__in=LIVE_ATTEMPT_STATES,
+            run__state=RunState.PREEMPTED,
+            preempted_for__isnull=False,
+            preempted_for__created_at__lt=cutoff,
+        )
+        .exclude(preempted_for__state__in=(AttemptState.CREATED, AttemptState.SUBMITTING))
+        .values_list("pk", flat=True)
+    )
+    for attempt_id in ids:
+        attempt_cancel_enqueue(attempt_id)
+    return len(ids)
 
 
 def attempt_redrive_stuck_submits() -> int:

@@ -36,6 +36,7 @@ from jobs.models import (
     RunState,
     WaitReason,
 )
+from jobs.reclaim import claims_record
 from jobs.selectors.runs import attempt_get_for_work
 from jobs.services.lifecycle import (
     attempt_accept,
@@ -63,11 +64,31 @@ MAX_RUNTIME_REPORT_BYTES = 64 * 1024
 LAST_SEEN_RESOLUTION = timedelta(seconds=15)
 
 
+# The reclaiming attempt has not reached its backend yet: a job it preempts stays until then.
+RECLAIM_NOT_SUBMITTED = (AttemptState.CREATED, AttemptState.SUBMITTING)
+
+
 def attempt_cancel(*, attempt_id: int) -> None:
+    """Cancel an attempt's job. A job preempted for another run's attempt on a backend that
+    starts that attempt first (``reclaim_first``) waits until it was submitted: cancelled
+    earlier, its GPUs would go to whatever waited in the backend's queue. The reclaiming
+    attempt's submit sends this again (``attempt_submit``), and so does the periodic
+    re-drive (``attempt_redrive_deferred_cancels``)."""
     attempt = attempt_get_for_work(attempt_id)
     if attempt.state not in LIVE_ATTEMPT_STATES:
         return
     backend = backend_for(attempt.cluster)
+    # What admission assumed when it preempted: the backend's answer with the inventory.
+    reclaim_first = bool((attempt.cluster.outside_claims or {}).get("reclaim_first"))
+    if (
+        attempt.preempted_for_id is not None
+        and reclaim_first
+        and Attempt.objects.filter(
+            pk=attempt.preempted_for_id, state__in=RECLAIM_NOT_SUBMITTED
+        ).exists()
+    ):
+        logger.info("cancel deferred until attempt %s is submitted", attempt.preempted_for_id)
+        return
     with log_context(run_id=attempt.run_id, attempt_id=attempt.pk, cluster=attempt.cluster.name):
         with metrics.backend_call(cluster=attempt.cluster.name, operation="cancel"):
             backend.cancel(JobRef(name=attempt.name, backend_job_id=attempt.backend_job_id))
@@ -156,6 +177,12 @@ def _cluster_refresh_inventory(*, cluster: Cluster, now) -> None:
             inventory_error="",
             topology_levels=list(inventory.levels),
             inventory_problems=problems[:50],
+            outside_claims=claims_record(
+                inventory.claims,
+                error=inventory.claims_error,
+                reclaim_first=backend.reclaim_first,
+                flavors=flavors,
+            ),
         )
 
 

@@ -146,10 +146,14 @@ def _run_cancel_audit(*, run: Run, actor: UserLike | None, before: dict) -> None
     )
 
 
-def run_preempt(*, run: Run, message: str, admin_detail: str = "") -> int:
+def run_preempt(
+    *, run: Run, message: str, admin_detail: str = "", for_attempt: Attempt | None = None
+) -> int:
     """Take a borrowed run off its GPUs. It is requeued once its backend job is gone and
     resumes from its latest checkpoint when admitted again. ``message`` names no other
-    tenant; ``admin_detail`` (platform admins only) may say who reclaimed the GPUs."""
+    tenant; ``admin_detail`` (platform admins only) may say who reclaimed the GPUs.
+    ``for_attempt``: the reclaiming run's attempt; on a backend that starts it first, the
+    job here is cancelled once that one was submitted (``attempt_cancel``)."""
     holding = (RunState.ADMITTED, RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING)
     if not run_transition(
         run=run,
@@ -168,6 +172,8 @@ def run_preempt(*, run: Run, message: str, admin_detail: str = "") -> int:
             )
         run_requeue_after_preemption(run=run, attempt=attempt)
         return 1
+    if for_attempt is not None:
+        Attempt.objects.filter(pk=attempt.pk).update(preempted_for=for_attempt)
     attempt_cancel_enqueue(attempt.pk)
     return 1
 

@@ -850,7 +850,7 @@ def test_inventory_reads_the_topology_and_names_the_nodes_that_lack_a_label(fake
     )
 
 
-def test_inventory_is_two_cluster_wide_lists_of_gpu_nodes_and_of_live_bound_pods(fake):
+def test_inventory_is_three_cluster_wide_lists_of_gpu_nodes_bound_pods_and_waiting_pods(fake):
     inventory_world(fake)
     fake.server.requests.clear()
     backend(fake, **INVENTORY_SETTINGS).inventory()
@@ -862,6 +862,10 @@ def test_inventory_is_two_cluster_wide_lists_of_gpu_nodes_and_of_live_bound_pods
                 "fieldSelector": "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
                 "limit": "500",
             },
+        ),
+        (
+            "/api/v1/pods",
+            {"fieldSelector": "spec.nodeName=,status.phase=Pending", "limit": "500"},
         ),
     ]
 
@@ -892,7 +896,8 @@ def test_big_lists_are_paged_and_an_expired_page_restarts_the_list(fake, monkeyp
     assert backend(fake, **INVENTORY_SETTINGS).inventory() == whole
     pages = [(r.path, "continue" in r.query) for r in fake.server.requests]
     # Nodes: 8 GPU-labelled, 2 a page; the second page expires, the list starts again.
-    # Pods: 7 bound and live (the Succeeded, Failed and unbound ones are left out).
+    # Pods: 7 bound and live (the Succeeded, Failed and unbound ones are left out); then
+    # the one waiting for a node.
     assert pages == [
         ("/api/v1/nodes", False),
         ("/api/v1/nodes", True),
@@ -900,6 +905,7 @@ def test_big_lists_are_paged_and_an_expired_page_restarts_the_list(fake, monkeyp
         *[("/api/v1/nodes", True)] * 3,
         ("/api/v1/pods", False),
         *[("/api/v1/pods", True)] * 3,
+        ("/api/v1/pods", False),
     ]
 
 
