@@ -29,7 +29,7 @@ from jobs.backends.base import (
     PermanentBackendError,
 )
 from jobs.models import Cluster, SimulatedJob
-from jobs.reproducibility import job_environment
+from jobs.reproducibility import job_environment_shown
 from jobs.simulation import (
     STARTUP_S,
     SimLayout,
@@ -70,7 +70,7 @@ class SimulatorBackend:
                 "cluster": self.cluster.name,
                 "image": spec.image,
                 "command": spec.command,
-                "env": job_environment(spec.env, attempt_token=spec.attempt_token, redacted=True),
+                "env": job_environment_shown(spec.env),
                 "flavor": spec.flavor,
                 "nodes": spec.nodes,
                 "gpus_per_node": spec.gpus_per_node,

@@ -1,6 +1,7 @@
 """Submitting attempts to their cluster's backend, exactly once."""
 
 import logging
+from dataclasses import replace
 from datetime import timedelta
 
 from django.conf import settings
@@ -20,6 +21,7 @@ from jobs.log_context import log_context
 from jobs.models import (
     Attempt,
     AttemptState,
+    AttemptToken,
     Run,
     RunState,
 )
@@ -36,7 +38,8 @@ def job_spec_for(attempt: Attempt) -> JobSpec:
     if checkpoint is not None:
         # How a job learns where to resume: the same two variables on every backend.
         env |= {"GANTRY_RESUME_FROM": checkpoint.uri, "GANTRY_RESUME_STEP": str(checkpoint.step)}
-    # Where the job reports its runtime, with the token the backend passes it separately.
+    # Where the job reports its runtime, with the token the backend passes it separately
+    # (issued by the submit, ``attempt_token_issue``: a spec built for rendering has none).
     env[reproducibility.API_URL_ENV] = f"{settings.GANTRY_PUBLIC_URL}/api/v1"
     return JobSpec(
         name=attempt.name,
@@ -54,9 +57,6 @@ def job_spec_for(attempt: Attempt) -> JobSpec:
         checkpoint_dir=experiment.checkpoint_dir,
         resume_step=checkpoint.step if checkpoint else None,
         resume_uri=checkpoint.uri if checkpoint else "",
-        attempt_token=reproducibility.attempt_token(
-            secret=settings.SECRET_KEY, attempt_id=attempt.pk
-        ),
         placement=tuple(attempt.placement),
         topology_level=experiment.topology_level,
         topology_required=experiment.topology_required,
@@ -104,9 +104,13 @@ def _attempt_submit(attempt: Attempt) -> None:
             may_exist = not claimed
         elif attempt.state != AttemptState.SUBMITTING:
             return  # already submitted: a redelivered task has nothing to do
+        # Committed before the backend is called, so a job that starts before this worker
+        # records it (or after this worker died) can report. A retry adds a token and keeps
+        # the earlier ones: the job it may adopt holds one of those.
+        token = attempt_token_issue(attempt=attempt)
     try:
         with metrics.backend_call(cluster=attempt.cluster.name, operation="submit"):
-            job_id = backend.submit(spec, may_exist=may_exist)
+            job_id = backend.submit(replace(spec, attempt_token=token), may_exist=may_exist)
     except TransientBackendError as exc:
         waited = (timezone.now() - attempt.created_at).total_seconds()
         logger.warning("submit to %s failed, retrying: %s", attempt.cluster.name, exc)
@@ -134,6 +138,18 @@ def _attempt_submit(attempt: Attempt) -> None:
         # Cancelled or preempted while the job was on its way: take it off the cluster too.
         with metrics.backend_call(cluster=attempt.cluster.name, operation="cancel"):
             backend.cancel(JobRef(name=attempt.name, backend_job_id=job_id))
+
+
+def attempt_token_issue(*, attempt: Attempt) -> str:
+    """A new random token for a job of ``attempt``: its digest is stored, the token itself
+    is returned once, for the backend to hand to the job, and never stored or logged."""
+    token = reproducibility.attempt_token_new(attempt_id=attempt.pk)
+    AttemptToken.objects.create(
+        attempt=attempt,
+        digest=reproducibility.attempt_token_digest(token),
+        issued_at=timezone.now(),
+    )
+    return token
 
 
 def _attempt_fail_submit(attempt: Attempt, run: Run, exc: PermanentBackendError) -> None:
