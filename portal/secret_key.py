@@ -4,6 +4,7 @@ Never a constant in the code: a key anyone can read from the source signs sessio
 password-reset links anyone could forge. Production takes ``DJANGO_SECRET_KEY`` instead.
 """
 
+import contextlib
 import os
 import secrets
 import stat
@@ -40,10 +41,9 @@ def _create(path: Path) -> None:
             file.write(secrets.token_urlsafe(SECRET_KEY_BYTES) + "\n")
             file.flush()
             os.fsync(file.fileno())
-        try:
+        # Fails when another process got there first: its key is the key.
+        with contextlib.suppress(FileExistsError):
             os.link(candidate, path)
-        except FileExistsError:
-            pass  # another process got there first: its key is the key
     finally:
         os.unlink(candidate)
 
