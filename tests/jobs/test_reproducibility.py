@@ -133,6 +133,8 @@ def test_only_a_tokens_shape_names_an_attempt():
     random_part = attempt_token_new(attempt_id=42).partition(".")[2]
 
     assert attempt_id_of_token(f"gat_43.{random_part}") == 43
+    assert attempt_id_of_token(f"gat_{2**63 - 1}.{random_part}") == 2**63 - 1
+    assert attempt_id_of_token(f"gat_{2**63}.{random_part}") is None
     assert attempt_id_of_token(f"gat_042.{random_part}") is None
     assert attempt_id_of_token(f"gat_+42.{random_part}") is None
     assert attempt_id_of_token(f"gat_٤٢.{random_part}") is None
@@ -758,8 +760,19 @@ def test_a_token_can_only_write_its_own_attempt(world, attempts):
         "Attempt",
         "Attempt a b",
         "Attempt gat_999999.O0-XIyl_M4dGVRCHGfg1kxGEyxALFl8LuVxG80S_0oE",
+        "Attempt gat_99999999999999999999.O0-XIyl_M4dGVRCHGfg1kxGEyxALFl8LuVxG80S_0oE",
+        "Attempt gat_9223372036854775807.O0-XIyl_M4dGVRCHGfg1kxGEyxALFl8LuVxG80S_0oE",
     ],
-    ids=["none", "bad-signature", "garbage", "no-token", "two-tokens", "foreign"],
+    ids=[
+        "none",
+        "bad-signature",
+        "garbage",
+        "no-token",
+        "two-tokens",
+        "foreign",
+        "beyond-bigint",
+        "largest-bigint",
+    ],
 )
 def test_no_or_an_invalid_token_is_401_and_changes_nothing(world, attempts, authorization):
     client = APIClient()
