@@ -56,7 +56,10 @@ def _read(path: Path) -> str:
         raise ImproperlyConfigured(
             f"{path} is readable by others (mode {stat.S_IMODE(info.st_mode):o}): chmod 600 {path}"
         )
-    key = path.read_text(encoding="ascii").strip()
+    try:
+        key = path.read_text(encoding="ascii").strip()
+    except UnicodeDecodeError:
+        key = ""  # not a key this module wrote
     if len(key) < MIN_KEY_LENGTH:
         raise ImproperlyConfigured(
             f"{path} holds no usable key ({len(key)} characters, at least {MIN_KEY_LENGTH}): "

@@ -117,21 +117,22 @@ def test_a_key_from_the_environment_wins_and_nothing_is_written(tmp_path):
             "(everybody is logged out)",
         ),
         ("", 0o600, "holds no usable key (0 characters, at least 50): remove it to make a new"),
+        ("é" * 86, 0o600, "holds no usable key (0 characters, at least 50): remove it to make"),
     ],
-    ids=["group-readable", "world-readable", "short", "empty"],
+    ids=["group-readable", "world-readable", "short", "empty", "not-ascii"],
 )
 def test_a_key_file_others_can_read_or_that_holds_no_key_stops_the_start(
     tmp_path, content, mode, error
 ):
     path = tmp_path / "secret_key"
-    path.write_text(content)
+    path.write_bytes(content.encode("utf-8"))
     path.chmod(mode)
 
     with pytest.raises(ImproperlyConfigured) as refused:
         embedded_secret_key(tmp_path)
 
     assert str(refused.value).startswith(f"{path} " + error.format(path=path))
-    assert path.read_text() == content  # left for the operator to look at
+    assert path.read_bytes() == content.encode("utf-8")  # left for the operator to look at
 
 
 def test_a_key_path_that_is_not_a_file_stops_the_start(tmp_path):
