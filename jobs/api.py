@@ -5,8 +5,6 @@ exactly like a missing one. The runtime report is the one endpoint a job calls: 
 only the job's per-attempt token, which names the attempt it may write.
 """
 
-import io
-
 from django.contrib.auth.models import AnonymousUser
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -23,7 +21,6 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import (
     APIException,
     AuthenticationFailed,
-    ParseError,
     PermissionDenied,
     ValidationError,
 )
@@ -40,6 +37,7 @@ from jobs.selectors.experiments import experiment_get_viewable
 from jobs.selectors.logs import run_logs
 from jobs.selectors.runs import (
     attempt_get_for_token,
+    attempt_token_refusal,
     run_attempts,
     run_get_viewable,
     run_page_viewable,
@@ -63,7 +61,7 @@ from jobs.services.lifecycle import run_cancel
 from jobs.services.submission import run_rerun, run_submit
 from tenants.http import or_404
 from tenants.models import Quota
-from tenants.parsers import JsonTextParser
+from tenants.parsers import BoundedJsonTextParser, JsonTextParser
 from tenants.selectors import quota_list_viewable
 
 # Ids are positive: the routes match digits only, so "-1" is no API path at all.
@@ -333,8 +331,9 @@ class ExperimentViewSet(viewsets.GenericViewSet):
 
 
 class AttemptTokenAuthentication(authentication.BaseAuthentication):
-    """``Authorization: Attempt gat_<attempt id>.<signature>``: the token a job finds in
-    ``GANTRY_ATTEMPT_TOKEN``. It is derived from the secret key, never stored."""
+    """``Authorization: Attempt gat_<attempt id>.<random>``: the token a job finds in
+    ``GANTRY_ATTEMPT_TOKEN``. Random, stored only as a digest, valid for one attempt while
+    it is live (submitting, pending or running, and no later attempt of its run exists)."""
 
     keyword = b"attempt"
 
@@ -351,6 +350,10 @@ class AttemptTokenAuthentication(authentication.BaseAuthentication):
         attempt = attempt_get_for_token(token=token)
         if attempt is None:
             raise AuthenticationFailed("Invalid attempt token.")
+        refusal = attempt_token_refusal(attempt)
+        if refusal is not None:
+            # Only the holder of a genuine token learns this: it names the holder's attempt.
+            raise AuthenticationFailed(refusal)
         return AnonymousUser(), attempt
 
     def authenticate_header(self, request):
@@ -385,19 +388,17 @@ class AttemptTokenApi(APIView):
 
 # The answers every attempt-token endpoint shares, for its OpenAPI schema.
 ATTEMPT_TOKEN_RESPONSES = {
-    401: OpenApiResponse(ErrorSerializer, description="No or an invalid attempt token."),
-    409: OpenApiResponse(ErrorSerializer, description="The attempt ended more than an hour ago."),
+    401: OpenApiResponse(
+        ErrorSerializer, description="No or an invalid attempt token, or its attempt has ended."
+    ),
+    409: OpenApiResponse(
+        ErrorSerializer, description="The attempt ended while the request was handled."
+    ),
 }
 
 
-class RuntimeReportParser(JsonTextParser):
-    """JSON of at most ``MAX_RUNTIME_REPORT_BYTES``: a larger body is refused unread."""
-
-    def parse(self, stream, media_type=None, parser_context=None):
-        body = stream.read(MAX_RUNTIME_REPORT_BYTES + 1)
-        if len(body) > MAX_RUNTIME_REPORT_BYTES:
-            raise ParseError(f"The report is larger than {MAX_RUNTIME_REPORT_BYTES // 1024} KiB.")
-        return super().parse(io.BytesIO(body), media_type, parser_context)
+class RuntimeReportParser(BoundedJsonTextParser):
+    max_bytes = MAX_RUNTIME_REPORT_BYTES
 
 
 @extend_schema(tags=["attempts"])
@@ -408,8 +409,12 @@ class AttemptRuntimeReportApi(AttemptTokenApi):
         request=RuntimeReportSerializer,
         responses={
             200: RuntimeReportResultSerializer,
-            400: OpenApiResponse(description="Field name → list of messages."),
+            400: OpenApiResponse(
+                description="Field name → list of messages; or malformed JSON, or a body "
+                "that is not UTF-8 text."
+            ),
             **ATTEMPT_TOKEN_RESPONSES,
+            413: OpenApiResponse(ErrorSerializer, description="The body is over 64 KiB."),
         },
     )
     def post(self, request):

@@ -335,6 +335,14 @@ class AttemptState(models.TextChoices):
 
 
 LIVE_ATTEMPT_STATES = (AttemptState.SUBMITTING, AttemptState.PENDING, AttemptState.RUNNING)
+# An attempt in one of these is over for good: its job is gone and its token dead.
+ENDED_ATTEMPT_STATES = (
+    AttemptState.SUCCEEDED,
+    AttemptState.FAILED,
+    AttemptState.CANCELLED,
+    AttemptState.PREEMPTED,
+    AttemptState.LOST,
+)
 
 
 class Checkpoint(models.Model):
@@ -409,6 +417,23 @@ class Attempt(models.Model):
     def name(self) -> str:
         """The backend object's name: derived from the id, so a resubmit can find it."""
         return f"gantry-a{self.pk}"
+
+
+class AttemptToken(models.Model):
+    """A token issued to a job of the attempt, kept only as its SHA-256.
+
+    One per submit try: a retried submit cannot know which token an earlier try handed the
+    cluster (its job may be adopted), so every digest issued while the attempt is being
+    submitted stays valid; each is random and names this attempt only. All die with the
+    attempt: a token is refused once the attempt is no longer live (``jobs.api``).
+    """
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="tokens")
+    digest = models.CharField(max_length=64, unique=True)
+    issued_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"token of attempt {self.attempt_id} issued {self.issued_at:%Y-%m-%d %H:%M:%S}"
 
 
 class RunEvent(models.Model):

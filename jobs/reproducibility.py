@@ -1,13 +1,14 @@
 """Pure helpers of the reproducibility record: per-attempt tokens and experiment diffs.
 
-Plain data in, plain data out; no ORM, no settings. The secret is passed in by the caller.
+Plain data in, plain data out; no ORM, no settings.
 """
 
-import base64
 import hashlib
 import hmac
 import json
-from collections.abc import Mapping
+import re
+import secrets
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 ATTEMPT_TOKEN_PREFIX = "gat_"  # noqa: S105 (a prefix, not a password)
@@ -61,38 +62,50 @@ _EXPANDED_LABELS = {"env": "Environment", "params": "Parameter"}
 
 # --- per-attempt tokens ------------------------------------------------------------------
 
-
-def _attempt_mac(*, secret: str | bytes, attempt_id: int) -> str:
-    # Django's keys are strings or bytes (SECRET_KEY_FALLBACKS is typed either way).
-    key = secret.encode() if isinstance(secret, str) else secret
-    digest = hmac.new(key, f"gantry-attempt:{attempt_id}".encode(), hashlib.sha256).digest()
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-
-
-def attempt_token(*, secret: str, attempt_id: int) -> str:
-    """The token a job uses to report about its own attempt: ``gat_<id>.<HMAC>``.
-
-    Derived from the secret and the id, never stored: anyone holding it can write the
-    runtime report of that one attempt, and of no other.
-    """
-    return (
-        f"{ATTEMPT_TOKEN_PREFIX}{attempt_id}.{_attempt_mac(secret=secret, attempt_id=attempt_id)}"
-    )
+# ``gat_<attempt id>.<43 characters of base64url>``: 256 random bits. The id only says which
+# attempt's digests to compare with; the random part is the secret. Nothing in it derives
+# from a key, so reading the source (or the secret key) forges nothing.
+ATTEMPT_TOKEN_RANDOM_BYTES = 32
+_TOKEN_RANDOM_CHARS = 43  # base64url of 32 bytes, unpadded
+_TOKEN_RANDOM = re.compile(r"[A-Za-z0-9_-]{43}")
+_MAX_ID = 2**63 - 1  # a bigint: a larger id names no attempt (and would not fit a query)
 
 
-def attempt_id_from_token(*, secret: str | bytes, token: str) -> int | None:
-    """The attempt id a token was issued for, or None if the token is not genuine."""
+def attempt_token_new(*, attempt_id: int) -> str:
+    """A fresh token for one attempt, from the operating system's random source."""
+    random_part = secrets.token_urlsafe(ATTEMPT_TOKEN_RANDOM_BYTES)
+    assert len(random_part) == _TOKEN_RANDOM_CHARS
+    return f"{ATTEMPT_TOKEN_PREFIX}{attempt_id}.{random_part}"
+
+
+def attempt_token_digest(token: str) -> str:
+    """What is stored of a token: its SHA-256, hex. A token has 256 random bits, so a fast
+    hash is enough; the digest alone lets nobody report."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def attempt_id_of_token(token: str) -> int | None:
+    """The attempt id a token names, if it has a token's shape (canonical id, a random
+    part of the right length and alphabet); None otherwise. Says nothing of genuineness."""
     if not token.startswith(ATTEMPT_TOKEN_PREFIX):
         return None
-    raw_id, dot, mac = token[len(ATTEMPT_TOKEN_PREFIX) :].partition(".")
+    raw_id, dot, random_part = token[len(ATTEMPT_TOKEN_PREFIX) :].partition(".")
     # Only the canonical spelling of an id: no signs, no leading zeros, no other digits.
     if not dot or not raw_id.isascii() or not raw_id.isdigit() or raw_id != str(int(raw_id)):
         return None
-    attempt_id = int(raw_id)
-    expected = _attempt_mac(secret=secret, attempt_id=attempt_id)
-    if not hmac.compare_digest(mac.encode(), expected.encode()):
+    if not _TOKEN_RANDOM.fullmatch(random_part) or int(raw_id) > _MAX_ID:
         return None
-    return attempt_id
+    return int(raw_id)
+
+
+def attempt_token_matches(token: str, digests: Iterable[str]) -> bool:
+    """Whether the token's digest is one of ``digests``, each compared in constant time
+    (and all of them, so the time says nothing about which one matched)."""
+    mine = attempt_token_digest(token).encode()
+    matched = False
+    for digest in digests:
+        matched |= hmac.compare_digest(mine, digest.encode())
+    return matched
 
 
 # --- experiment diff -----------------------------------------------------------------------
@@ -193,15 +206,11 @@ def gantry_environment(
     return env
 
 
-def job_environment(
-    env: Mapping[str, str], *, attempt_token: str, redacted: bool
-) -> dict[str, str]:
-    """The environment a job runs with: its own variables plus its attempt token. Backends
-    render it with ``redacted=True`` (what is stored and shown) and give the job the real one.
-    """
-    if not attempt_token:
-        return dict(env)
-    return {**env, ATTEMPT_TOKEN_ENV: REDACTED if redacted else attempt_token}
+def job_environment_shown(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a job runs with as it is stored and shown: its own variables plus
+    its attempt token, redacted. Every job gets a token; it reaches the job apart from the
+    stored spec (docs/security.md), so what is stored never holds it."""
+    return {**env, ATTEMPT_TOKEN_ENV: REDACTED}
 
 
 # --- runtime report ------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Two modes:
 - embedded (``GANTRY_EMBEDDED=1``, what ``make run`` uses): SQLite and a filesystem Celery
-  broker under ``GANTRY_DATA_DIR``, a development secret key, nothing else to run;
+  broker under ``GANTRY_DATA_DIR``, a secret key generated there on first start, nothing
+  else to run;
 - production (default): every secret and connection must be given, see ``.env.example``.
 """
 
@@ -19,6 +20,7 @@ from portal.env import (
     parse_database_url,
 )
 from portal.metrics_files import metrics_dir_use
+from portal.secret_key import embedded_secret_key
 from tenants.oidc_roles import GroupRolesError, parse_group_roles
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -43,7 +45,8 @@ if GANTRY_METRICS_TOKEN and len(GANTRY_METRICS_TOKEN) < 32:
     raise ImproperlyConfigured("GANTRY_METRICS_TOKEN must be at least 32 characters")
 
 if EMBEDDED:
-    SECRET_KEY = env_str("DJANGO_SECRET_KEY", default="embedded-dev-only-not-a-secret")
+    # Generated on first start and kept in the data directory (0600): never a constant.
+    SECRET_KEY = env_str("DJANGO_SECRET_KEY", default="") or embedded_secret_key(DATA_DIR)
 else:
     SECRET_KEY = env_str("DJANGO_SECRET_KEY")
 

@@ -4,11 +4,9 @@ It takes only the job's per-attempt token (the same authentication as the runtim
 which names the one attempt whose events it may write.
 """
 
-import io
-
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
-from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from jobs.api import ATTEMPT_TOKEN_RESPONSES, AttemptTokenApi, Conflict
@@ -20,32 +18,11 @@ from telemetry.services import (
     AttemptClosed,
     sdk_events_ingest,
 )
-from tenants.parsers import JsonTextParser
+from tenants.parsers import BoundedJsonTextParser
 
 
-class PayloadTooLarge(APIException):
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_detail = f"The body is larger than {MAX_EVENTS_BODY_BYTES // 1024} KiB."
-    default_code = "payload_too_large"
-
-
-class EventsParser(JsonTextParser):
-    """JSON of at most ``MAX_EVENTS_BODY_BYTES``: a larger body is refused unread."""
-
-    def parse(self, stream, media_type=None, parser_context=None):
-        request = (parser_context or {}).get("request")
-        declared = request.META.get("CONTENT_LENGTH") if request is not None else None
-        if (
-            declared
-            and declared.isascii()
-            and declared.isdigit()
-            and int(declared) > MAX_EVENTS_BODY_BYTES
-        ):
-            raise PayloadTooLarge()
-        body = stream.read(MAX_EVENTS_BODY_BYTES + 1) if stream is not None else b""
-        if len(body) > MAX_EVENTS_BODY_BYTES:
-            raise PayloadTooLarge()
-        return super().parse(io.BytesIO(body), media_type, parser_context)
+class EventsParser(BoundedJsonTextParser):
+    max_bytes = MAX_EVENTS_BODY_BYTES
 
 
 class EventBatchSerializer(serializers.Serializer):
@@ -81,7 +58,9 @@ class AttemptEventsApi(AttemptTokenApi):
         request=EventBatchSerializer,
         responses={
             202: EventBatchResultSerializer,
-            400: OpenApiResponse(description="Malformed JSON or envelope."),
+            400: OpenApiResponse(
+                description="Malformed JSON or envelope, or a body that is not UTF-8 text."
+            ),
             **ATTEMPT_TOKEN_RESPONSES,
             413: OpenApiResponse(ErrorSerializer, description="The body is over 256 KiB."),
         },

@@ -17,7 +17,8 @@ from django.utils import timezone
 
 from jobs.backends import CheckpointReport
 from jobs.models import Attempt, AttemptState, Checkpoint, Cluster, SimulatedJob
-from jobs.services.backend_sync import RUNTIME_REPORT_GRACE, checkpoints_record
+from jobs.selectors.runs import attempt_token_refusal
+from jobs.services.backend_sync import checkpoints_record
 from jobs.simulation import Workload
 from telemetry import accounting
 from telemetry.collection import telemetry_collect
@@ -38,14 +39,14 @@ MAX_SEQ = 2**63 - 1
 # Timestamps outside these bounds are a broken clock, not telemetry.
 EARLIEST_TS = datetime(2000, 1, 1, tzinfo=UTC).timestamp()
 LATEST_TS = datetime(2100, 1, 1, tzinfo=UTC).timestamp()
-EVENTS_GRACE = RUNTIME_REPORT_GRACE  # the same rule as the runtime report
 SIMULATOR_SOURCE = "simulator"
 # Simulator attempts that ended longer ago than this are not collected again.
 SIMULATOR_RECENT = timedelta(days=1)
 
 
 class AttemptClosed(Exception):
-    """The attempt ended more than ``EVENTS_GRACE`` ago; its telemetry is settled."""
+    """The attempt is no longer live: its events (checkpoints above all, which a requeued
+    run resumes from) are settled, as its token is dead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,25 +136,20 @@ def _parse_event(raw, *, attempt: Attempt, source: str) -> tuple[int, StepWindow
     return seq, SdkEvent(attempt=attempt, source=source, seq=seq, type=kind, ts=ts, payload=payload)
 
 
-def sdk_events_ingest(
-    *, attempt: Attempt, source: str, events: list, now: datetime | None = None
-) -> IngestResult:
+def sdk_events_ingest(*, attempt: Attempt, source: str, events: list) -> IngestResult:
     """Store one SDK batch of ``attempt``: valid new events are kept, a ``seq`` already
     stored for (attempt, source) is a duplicate, anything malformed or unknown is rejected.
     New ``checkpoint_saved`` events are recorded as the run's checkpoints too, which a
-    requeued run resumes from. Raises ``AttemptClosed`` more than ``EVENTS_GRACE`` after the
-    attempt ended."""
-    now = now or timezone.now()
+    requeued run resumes from. Raises ``AttemptClosed`` once the attempt is no longer live,
+    so an ended attempt adds no checkpoint a later attempt could resume from."""
     if not 1 <= len(source) <= SOURCE_MAX_LENGTH:
         raise ValueError("source must be 1-64 characters")
     if len(events) > MAX_EVENTS_PER_BATCH:
         raise ValueError(f"At most {MAX_EVENTS_PER_BATCH} events per batch.")
-    attempt.refresh_from_db(fields=["finished_at"])
-    if attempt.finished_at is not None and now > attempt.finished_at + EVENTS_GRACE:
-        raise AttemptClosed(
-            f"Attempt {attempt.pk} ended at {attempt.finished_at:%Y-%m-%d %H:%M:%S %Z}; events "
-            "are accepted until one hour after an attempt ends."
-        )
+    attempt.refresh_from_db(fields=["state"])
+    refusal = attempt_token_refusal(attempt)
+    if refusal is not None:
+        raise AttemptClosed(refusal)
     rejected = 0
     parsed: dict[int, StepWindow | SdkEvent] = {}
     repeated = 0

@@ -1,11 +1,15 @@
 """The API's JSON parser: bodies whose every string is text PostgreSQL can store, nested
 no deeper than any request of Gantry's needs."""
 
+import io
 import json
 from collections.abc import Iterable
 
-from rest_framework.exceptions import ParseError
-from rest_framework.parsers import JSONParser
+from django.conf import settings
+from rest_framework import status
+from rest_framework.exceptions import APIException, ParseError
+from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.renderers import JSONRenderer
 
 # Parameters, env and template values are a few levels deep; 32 is far beyond them and far
 # below where Python's recursion limit turns parsing or rendering into a 500.
@@ -55,3 +59,46 @@ class JsonTextParser(JSONParser):
                 "which is not Unicode text."
             ) from None
         return data
+
+
+class PayloadTooLarge(APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "The body is too large."
+    default_code = "payload_too_large"
+
+
+class BoundedJsonTextParser(BaseParser):
+    """JSON text (as ``JsonTextParser``) of at most ``max_bytes``: a larger body is 413,
+    refused on its declared length before it is read, else once ``max_bytes + 1`` bytes
+    are in; bytes that are not text in the request's charset (UTF-8 unless it names
+    another) are 400 with the first bad byte.
+
+    Not a ``JSONParser`` subclass on purpose: DRF reads the whole body into memory before
+    calling those (and Django then answers a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``
+    with a bare HTML 400); this one gets the stream and reads no further than its limit."""
+
+    media_type = "application/json"
+    renderer_class = JSONRenderer
+    max_bytes: int
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        context = parser_context or {}
+        request = context.get("request")
+        declared = request.META.get("CONTENT_LENGTH", "") if request is not None else ""
+        if declared.isascii() and declared.isdigit() and int(declared) > self.max_bytes:
+            raise self._too_large()
+        body = stream.read(self.max_bytes + 1) if stream is not None else b""
+        if len(body) > self.max_bytes:
+            raise self._too_large()
+        encoding = context.get("encoding") or settings.DEFAULT_CHARSET
+        try:
+            body.decode(encoding)
+        except UnicodeDecodeError as exc:
+            raise ParseError(
+                f"The body is not {encoding} text: byte {exc.start} "
+                f"(0x{body[exc.start]:02x}) is {exc.reason}."
+            ) from None
+        return JsonTextParser().parse(io.BytesIO(body), media_type, context)
+
+    def _too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(f"The body is larger than {self.max_bytes // 1024} KiB.")

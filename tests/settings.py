@@ -14,7 +14,7 @@ from pathlib import Path
 
 from portal.metrics_files import host_metrics_reset
 
-os.environ.setdefault("GANTRY_EMBEDDED", "1")  # a development secret key is fine in tests
+os.environ.setdefault("GANTRY_EMBEDDED", "1")  # its key is generated in GANTRY_DATA_DIR
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gantry")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
 os.environ.setdefault("GANTRY_DATA_DIR", "/tmp/gantry-test-data")

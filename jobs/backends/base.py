@@ -55,6 +55,7 @@ class JobSpec:
     resume_step: int | None = None  # set when resuming from a checkpoint
     resume_uri: str = ""
     # A secret: the job gets it as GANTRY_ATTEMPT_TOKEN; a rendered spec shows "<redacted>".
+    # Set only on the copy the submit hands to ``submit``: a spec built to render has none.
     attempt_token: str = field(default="", repr=False)
     # Where admission placed the gang: the nodes the job must start on (sorted names), and
     # the topology level the experiment asked for (a name of the cluster's levels, such as

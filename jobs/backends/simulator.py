@@ -31,7 +31,7 @@ from jobs.backends.base import (
 )
 from jobs.env_names import env_name_refusal
 from jobs.models import Cluster, SimulatedJob
-from jobs.reproducibility import job_environment
+from jobs.reproducibility import job_environment_shown
 from jobs.simulation import (
     STARTUP_S,
     SimLayout,
@@ -75,9 +75,7 @@ class SimulatorBackend:
                 "cluster": self.cluster.name,
                 "image": spec.image,
                 "command": spec.command,
-                "env": job_environment(
-                    job_env(spec), attempt_token=spec.attempt_token, redacted=True
-                ),
+                "env": job_environment_shown(job_env(spec)),
                 "flavor": spec.flavor,
                 "nodes": spec.nodes,
                 "gpus_per_node": spec.gpus_per_node,

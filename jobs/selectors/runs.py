@@ -5,17 +5,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-from django.conf import settings
 from django.db import connection
+from django.db.models import Exists, OuterRef
 
 from jobs.durations import run_duration
 from jobs.models import (
+    ENDED_ATTEMPT_STATES,
     Attempt,
+    AttemptToken,
     Run,
     RunEvent,
     RunState,
 )
-from jobs.reproducibility import attempt_id_from_token
+from jobs.reproducibility import attempt_id_of_token, attempt_token_matches
 from jobs.selectors.run_page_sql import PageFilter, runs_count_sql, runs_page_sql
 from jobs.selectors.run_sql import run_attempts_sql, run_events_sql, run_get_sql
 from tenants.access import is_platform_admin, sees_all_tenants, tenant_list_viewable, tenant_roles
@@ -193,14 +195,38 @@ def run_get_viewable(*, user: UserLike, run_id: int, columns: Collection[str] = 
 
 
 def attempt_get_for_token(*, token: str) -> Attempt | None:
-    """The attempt a per-attempt token was issued for; None for anything not genuine.
-    Tokens made with a retired key (``SECRET_KEY_FALLBACKS``) still work, so rotating the
-    key does not cut off running jobs."""
-    for secret in (settings.SECRET_KEY, *settings.SECRET_KEY_FALLBACKS):
-        attempt_id = attempt_id_from_token(secret=secret, token=token)
-        if attempt_id is not None:
-            return Attempt.objects.filter(pk=attempt_id).first()
-    return None
+    """The attempt a genuine per-attempt token was issued for, with its run and whether a
+    later attempt of that run exists (``superseded``); None for anything not genuine (an
+    unknown id, a digest that matches none issued, a token of the old HMAC scheme).
+
+    Genuine is not enough to report: the caller refuses a token whose attempt has ended
+    (``jobs.api.AttemptTokenAuthentication``)."""
+    attempt_id = attempt_id_of_token(token)
+    if attempt_id is None:
+        return None
+    digests = AttemptToken.objects.filter(attempt_id=attempt_id).values_list("digest", flat=True)
+    if not attempt_token_matches(token, digests):
+        return None
+    later = Attempt.objects.filter(run_id=OuterRef("run_id"), number__gt=OuterRef("number"))
+    return (
+        Attempt.objects.select_related("run")
+        .annotate(superseded=Exists(later))
+        .filter(pk=attempt_id)
+        .first()
+    )
+
+
+def attempt_token_refusal(attempt: Attempt) -> str | None:
+    """Why a genuine token of ``attempt`` may no longer report, or None while it may: the
+    attempt ended, or a later attempt of its run replaced it (``superseded``, as
+    ``attempt_get_for_token`` annotates it)."""
+    if attempt.state in ENDED_ATTEMPT_STATES:
+        why = f"has ended ({attempt.get_state_display().lower()})"
+    elif getattr(attempt, "superseded", False):
+        why = "was replaced by a later attempt"
+    else:
+        return None
+    return f"Attempt {attempt.number} of run {attempt.run_id} {why}: its token is no longer valid."
 
 
 def run_events(*, run: Run, user: UserLike) -> list[RunEvent]:

@@ -1,6 +1,7 @@
 """Submitting attempts to their cluster's backend, exactly once."""
 
 import logging
+from dataclasses import replace
 from datetime import timedelta
 
 from django.conf import settings
@@ -26,6 +27,7 @@ from jobs.models import (
     LIVE_ATTEMPT_STATES,
     Attempt,
     AttemptState,
+    AttemptToken,
     Run,
     RunState,
 )
@@ -57,9 +59,6 @@ def job_spec_for(attempt: Attempt) -> JobSpec:
         api_url=f"{settings.GANTRY_PUBLIC_URL}/api/v1",
         resume_step=checkpoint.step if checkpoint else None,
         resume_uri=checkpoint.uri if checkpoint else "",
-        attempt_token=reproducibility.attempt_token(
-            secret=settings.SECRET_KEY, attempt_id=attempt.pk
-        ),
         placement=tuple(attempt.placement),
         topology_level=experiment.topology_level,
         topology_required=experiment.topology_required,
@@ -119,9 +118,13 @@ def _attempt_submit(attempt: Attempt) -> None:
             may_exist = not claimed
         elif attempt.state != AttemptState.SUBMITTING:
             return  # already submitted: a redelivered task has nothing to do
+        # Committed before the backend is called, so a job that starts before this worker
+        # records it (or after this worker died) can report. A retry adds a token and keeps
+        # the earlier ones: the job it may adopt holds one of those.
+        token = attempt_token_issue(attempt=attempt)
     try:
         with metrics.backend_call(cluster=attempt.cluster.name, operation="submit"):
-            job_id = backend.submit(spec, may_exist=may_exist)
+            job_id = backend.submit(replace(spec, attempt_token=token), may_exist=may_exist)
     except TransientBackendError as exc:
         waited = (timezone.now() - attempt.created_at).total_seconds()
         logger.warning("submit to %s failed, retrying: %s", attempt.cluster.name, exc)
@@ -149,6 +152,18 @@ def _attempt_submit(attempt: Attempt) -> None:
         # Cancelled or preempted while the job was on its way: take it off the cluster too.
         with metrics.backend_call(cluster=attempt.cluster.name, operation="cancel"):
             backend.cancel(JobRef(name=attempt.name, backend_job_id=job_id))
+
+
+def attempt_token_issue(*, attempt: Attempt) -> str:
+    """A new random token for a job of ``attempt``: its digest is stored, the token itself
+    is returned once, for the backend to hand to the job, and never stored or logged."""
+    token = reproducibility.attempt_token_new(attempt_id=attempt.pk)
+    AttemptToken.objects.create(
+        attempt=attempt,
+        digest=reproducibility.attempt_token_digest(token),
+        issued_at=timezone.now(),
+    )
+    return token
 
 
 def _attempt_fail_submit(attempt: Attempt, run: Run, exc: PermanentBackendError) -> None:

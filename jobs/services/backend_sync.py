@@ -37,7 +37,7 @@ from jobs.models import (
     WaitReason,
 )
 from jobs.reclaim import claims_record
-from jobs.selectors.runs import attempt_get_for_work
+from jobs.selectors.runs import attempt_get_for_work, attempt_token_refusal
 from jobs.services.lifecycle import (
     attempt_accept,
     pending_message,
@@ -48,11 +48,6 @@ from jobs.services.usage import usage_record_attempt
 from tenants.models import GpuFlavor, max_length_of
 
 logger = logging.getLogger(__name__)
-
-
-# A job may report its runtime while it runs and for this long after it ended (late
-# reporters, clocks a little apart); later reports are refused with 409.
-RUNTIME_REPORT_GRACE = timedelta(hours=1)
 
 
 MAX_RUNTIME_REPORT_BYTES = 64 * 1024
@@ -604,21 +599,17 @@ def attempt_report_runtime(*, attempt: Attempt, report: dict, now=None) -> bool:
 
     The latest report wins: ``runtime_env`` is replaced by it, and its node list and GPU
     UUIDs, when given, replace the attempt's. Reporting the same values again writes
-    nothing. Reports are accepted until ``RUNTIME_REPORT_GRACE`` after the attempt ended.
+    nothing. Reports are accepted while the attempt is live (its token dies when it ends);
+    one that arrives as it ends is refused with a reason (``state``).
     """
     now = now or timezone.now()
     encoded = json.dumps(report, separators=(",", ":"), sort_keys=True)
     if len(encoded.encode()) > MAX_RUNTIME_REPORT_BYTES:
         raise ValidationError({"report": f"At most {MAX_RUNTIME_REPORT_BYTES // 1024} KiB."})
     attempt = Attempt.objects.select_for_update().select_related("run").get(pk=attempt.pk)
-    if attempt.finished_at is not None and now > attempt.finished_at + RUNTIME_REPORT_GRACE:
-        raise ValidationError(
-            {
-                "state": f"Attempt {attempt.number} of run {attempt.run_id} ended at "
-                f"{attempt.finished_at:%Y-%m-%d %H:%M:%S %Z}; runtime reports are accepted "
-                "until one hour after an attempt ends."
-            }
-        )
+    refusal = attempt_token_refusal(attempt)
+    if refusal is not None:
+        raise ValidationError({"state": refusal})
     changes: dict[str, Any] = {"runtime_env": reproducibility.runtime_env_of(report)}
     for name in ("node_list", "gpu_uuids"):
         if name in report:

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 
 import pytest
 import schemathesis
-from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.core.cache import cache
 from django.core.cache.backends.base import CacheKeyWarning
@@ -45,7 +44,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from jobs.models import Attempt, ExperimentTemplate, Run
-from jobs.reproducibility import attempt_token
+from jobs.services.backend_submit import attempt_token_issue
 from jobs.services.submission import run_submit
 from tenants.api import TokenCreateThrottle
 from tenants.services import api_token_create
@@ -194,7 +193,7 @@ def wsgi_app():
 
 def _attempt_of(run: Run) -> str:
     attempt = Attempt.objects.get(run=run)
-    return f"Attempt {attempt_token(secret=django_settings.SECRET_KEY, attempt_id=attempt.pk)}"
+    return f"Attempt {attempt_token_issue(attempt=attempt)}"
 
 
 @pytest.fixture

@@ -5,14 +5,13 @@ that ``str.isdigit`` takes and ``int`` does not ("²"), or beyond a bigint."""
 import json
 
 import pytest
-from django.conf import settings
 from django.core.cache import cache
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from jobs.models import Experiment, Run
-from jobs.reproducibility import attempt_token
-from telemetry.models import SdkEvent
+from jobs.models import Checkpoint, Experiment, Run, RunEvent
+from jobs.services.backend_submit import attempt_token_issue
+from telemetry.models import AttemptAccounting, SdkEvent, StepWindow
 from tenants.http import ascii_id
 from tenants.models import ApiToken
 from tenants.parsers import MAX_JSON_DEPTH, json_depth
@@ -64,10 +63,7 @@ def test_json_nested_too_deep_is_400_on_every_json_endpoint(world, depth):
     run_to_running(world, run)
     attempt = run.attempts.get()
     job = APIClient()
-    job.credentials(
-        HTTP_AUTHORIZATION="Attempt "
-        + attempt_token(secret=settings.SECRET_KEY, attempt_id=attempt.pk)
-    )
+    job.credentials(HTTP_AUTHORIZATION="Attempt " + attempt_token_issue(attempt=attempt))
     person = bearer(world.researcher_a)
     before = counts()
     body = nested(depth)
@@ -187,3 +183,96 @@ def _submitted(world) -> Run:
     from jobs.services.submission import run_submit
 
     return run_submit(user=world.researcher_a, data=experiment_input(world))
+
+
+SDK_ENDPOINTS = [("api:attempt-report", 64), ("api:attempt-events", 256)]
+
+
+def _job_state(attempt) -> tuple:
+    attempt.refresh_from_db()
+    return (
+        counts(),
+        attempt.runtime_env,
+        attempt.runtime_reported_at,
+        Checkpoint.objects.count(),
+        RunEvent.objects.count(),
+        StepWindow.objects.count(),
+        AttemptAccounting.objects.count(),
+    )
+
+
+@pytest.fixture
+def job_client(world):
+    run = _submitted(world)
+    run_to_running(world, run)
+    attempt = run.attempts.get()
+    job = APIClient()
+    job.credentials(HTTP_AUTHORIZATION="Attempt " + attempt_token_issue(attempt=attempt))
+    return job, attempt
+
+
+@pytest.mark.parametrize(("endpoint", "limit_kib"), SDK_ENDPOINTS)
+def test_a_10_mb_body_on_an_sdk_endpoint_is_413_and_changes_nothing(
+    job_client, endpoint, limit_kib
+):
+    job, attempt = job_client
+    before = _job_state(attempt)
+    report = json.dumps({"source": "s", "events": [], "hostname": "x" * 10_000_000})
+
+    response = job.post(reverse(endpoint), report, content_type="application/json")
+
+    assert response.status_code == 413
+    assert response.json() == {"detail": f"The body is larger than {limit_kib} KiB."}
+    assert _job_state(attempt) == before
+
+
+@pytest.mark.parametrize(("endpoint", "limit_kib"), SDK_ENDPOINTS)
+def test_a_body_one_byte_over_the_limit_is_413_and_one_at_it_is_parsed(
+    job_client, endpoint, limit_kib
+):
+    job, attempt = job_client
+    before = _job_state(attempt)
+    head, tail = b'{"hostname": "', b'"}'
+
+    def body(size: int) -> bytes:
+        return head + b"x" * (size - len(head) - len(tail)) + tail
+
+    over = job.post(reverse(endpoint), body(limit_kib * 1024 + 1), content_type="application/json")
+    at = job.post(reverse(endpoint), body(limit_kib * 1024), content_type="application/json")
+
+    assert (over.status_code, over.json()) == (
+        413,
+        {"detail": f"The body is larger than {limit_kib} KiB."},
+    )
+    assert at.status_code == 400  # read and parsed: the fields are what is wrong with it
+    assert "detail" not in at.json()
+    assert _job_state(attempt) == before
+
+
+@pytest.mark.parametrize(("endpoint", "limit_kib"), SDK_ENDPOINTS)
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        (
+            b'{"hostname": "caf\xe9"}',
+            "The body is not utf-8 text: byte 17 (0xe9) is invalid continuation byte.",
+        ),
+        (b"\xff\xfe{}", "The body is not utf-8 text: byte 0 (0xff) is invalid start byte."),
+        (
+            b'{"source": "s", "events": [{"type": "ready", "seq": 1, "ts": 1e9}]}\xc3',
+            "The body is not utf-8 text: byte 67 (0xc3) is unexpected end of data.",
+        ),
+    ],
+    ids=["latin-1", "utf-16-bom", "cut-sequence"],
+)
+def test_a_body_that_is_not_utf8_is_400_with_the_bad_byte_and_changes_nothing(
+    job_client, endpoint, limit_kib, body, detail
+):
+    job, attempt = job_client
+    before = _job_state(attempt)
+
+    response = job.post(reverse(endpoint), body, content_type="application/json")
+
+    assert response.status_code == 400
+    assert response.json() == {"detail": detail}
+    assert _job_state(attempt) == before

@@ -1,10 +1,14 @@
 """The reproducibility record: re-run exactly, clone and edit, the side-by-side diff, and
 the runtime report a job sends with its per-attempt token (which is never stored)."""
 
+import base64
+import hashlib
+import hmac
 import io
 import json
 import logging
-from datetime import timedelta
+import re
+from dataclasses import replace
 
 import pytest
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -14,11 +18,22 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from images.models import Image
-from jobs.models import Attempt, Experiment, Run, RunEvent, RunState
+from jobs.models import (
+    ENDED_ATTEMPT_STATES,
+    Attempt,
+    AttemptState,
+    AttemptToken,
+    Experiment,
+    Run,
+    RunEvent,
+    RunState,
+)
 from jobs.reproducibility import (
     DiffRow,
-    attempt_id_from_token,
-    attempt_token,
+    attempt_id_of_token,
+    attempt_token_digest,
+    attempt_token_matches,
+    attempt_token_new,
     experiment_diff,
     flatten_params,
 )
@@ -26,8 +41,8 @@ from jobs.selectors.experiments import experiment_record
 from jobs.selectors.logs import run_logs
 from jobs.selectors.runs import attempt_get_for_work
 from jobs.services.admission_cycle import admission_run_cycle
-from jobs.services.backend_submit import attempt_submit, job_spec_for
-from jobs.services.backend_sync import cluster_sync
+from jobs.services.backend_submit import attempt_submit, attempt_token_issue, job_spec_for
+from jobs.services.backend_sync import attempt_report_runtime, cluster_sync
 from jobs.services.submission import run_rerun, run_submit
 from tenants.models import Membership, Quota
 from tenants.services import api_token_create
@@ -82,7 +97,8 @@ def submitted_attempt(world, **overrides) -> Attempt:
 
 
 def token_of(attempt: Attempt) -> str:
-    return job_spec_for(attempt_get_for_work(attempt.pk)).attempt_token
+    """A token for the attempt's job, as a submit issues one."""
+    return attempt_token_issue(attempt=attempt)
 
 
 def rerun_url(experiment_id: int) -> str:
@@ -104,26 +120,40 @@ def counts() -> tuple[int, int, int]:
 # --- per-attempt tokens (pure) ------------------------------------------------------------
 
 
-def test_attempt_token_is_the_hmac_of_the_id_in_base64url():
-    assert (
-        attempt_token(secret="test-secret", attempt_id=42)
-        == "gat_42.O0-XIyl_M4dGVRCHGfg1kxGEyxALFl8LuVxG80S_0oE"
-    )
+def test_attempt_tokens_are_random_and_name_their_attempt():
+    tokens = {attempt_token_new(attempt_id=42) for _ in range(100)}
+
+    assert len(tokens) == 100
+    for token in tokens:
+        assert re.fullmatch(r"gat_42\.[A-Za-z0-9_-]{43}", token)
+        assert attempt_id_of_token(token) == 42
 
 
-def test_a_token_names_only_the_attempt_it_was_made_for():
-    token = attempt_token(secret="test-secret", attempt_id=42)
-    mac = token.partition(".")[2]
+def test_only_a_tokens_shape_names_an_attempt():
+    random_part = attempt_token_new(attempt_id=42).partition(".")[2]
 
-    assert attempt_id_from_token(secret="test-secret", token=token) == 42
-    assert attempt_id_from_token(secret="another-secret", token=token) is None
-    assert attempt_id_from_token(secret="test-secret", token=f"gat_43.{mac}") is None
-    assert attempt_id_from_token(secret="test-secret", token=f"gat_042.{mac}") is None
-    assert attempt_id_from_token(secret="test-secret", token=f"gat_+42.{mac}") is None
-    assert attempt_id_from_token(secret="test-secret", token=f"gat_42.{mac[:-1]}") is None
-    assert attempt_id_from_token(secret="test-secret", token=f"gty_42.{mac}") is None
-    assert attempt_id_from_token(secret="test-secret", token="gat_42") is None
-    assert attempt_id_from_token(secret="test-secret", token="") is None
+    assert attempt_id_of_token(f"gat_43.{random_part}") == 43
+    assert attempt_id_of_token(f"gat_{2**63 - 1}.{random_part}") == 2**63 - 1
+    assert attempt_id_of_token(f"gat_{2**63}.{random_part}") is None
+    assert attempt_id_of_token(f"gat_042.{random_part}") is None
+    assert attempt_id_of_token(f"gat_+42.{random_part}") is None
+    assert attempt_id_of_token(f"gat_٤٢.{random_part}") is None
+    assert attempt_id_of_token(f"gat_42.{random_part[:-1]}") is None  # truncated
+    assert attempt_id_of_token(f"gat_42.{random_part}x") is None
+    assert attempt_id_of_token(f"gat_42.{random_part[:-1]}=") is None
+    assert attempt_id_of_token(f"gty_42.{random_part}") is None
+    assert attempt_id_of_token("gat_42") is None
+    assert attempt_id_of_token("") is None
+
+
+def test_a_token_matches_only_its_own_digest():
+    token, other = attempt_token_new(attempt_id=42), attempt_token_new(attempt_id=42)
+
+    assert attempt_token_digest(token) == hashlib.sha256(token.encode()).hexdigest()
+    assert attempt_token_matches(token, [attempt_token_digest(other), attempt_token_digest(token)])
+    assert not attempt_token_matches(token, [attempt_token_digest(other)])
+    assert not attempt_token_matches(token, [])
+    assert not attempt_token_matches(token[:-1], [attempt_token_digest(token)])
 
 
 # --- diff (pure) ----------------------------------------------------------------------------
@@ -606,22 +636,30 @@ def test_diff_page_needs_login(client, world):
 # --- what the backend receives ------------------------------------------------------------------
 
 
-def test_the_job_gets_its_token_and_the_api_url_but_the_stored_spec_is_redacted(world, settings):
+def test_a_submit_issues_one_token_stored_as_a_digest_and_the_stored_spec_is_redacted(
+    world, settings
+):
     settings.GANTRY_PUBLIC_URL = "https://gantry.example.org"
     attempt = submitted_attempt(world)
 
     spec = job_spec_for(attempt_get_for_work(attempt.pk))
 
-    assert spec.attempt_token == attempt_token(secret=settings.SECRET_KEY, attempt_id=attempt.pk)
+    # The spec built from the record carries no token: only the submit's copy does.
+    assert spec.attempt_token == ""
     assert spec.env == {"GANTRY_SIM_DURATION_S": "600"}
     assert spec.api_url == "https://gantry.example.org/api/v1"
-    assert spec.attempt_token not in repr(spec)
     assert json.loads(attempt.rendered_spec)["env"] == {
         "GANTRY_SIM_DURATION_S": "600",
         "GANTRY_API_URL": "https://gantry.example.org/api/v1",
         "GANTRY_IMAGE": world.image.reference,
         "GANTRY_ATTEMPT_TOKEN": "<redacted>",
     }
+    assert "gat_" not in attempt.rendered_spec
+    digests = list(AttemptToken.objects.filter(attempt=attempt).values_list("digest", flat=True))
+    assert len(digests) == 1
+    assert re.fullmatch(r"[0-9a-f]{64}", digests[0])
+    token = token_of(attempt)
+    assert token not in repr(replace(spec, attempt_token=token))
 
 
 # --- the runtime report -----------------------------------------------------------------------
@@ -719,8 +757,19 @@ def test_a_token_can_only_write_its_own_attempt(world, attempts):
         "Attempt",
         "Attempt a b",
         "Attempt gat_999999.O0-XIyl_M4dGVRCHGfg1kxGEyxALFl8LuVxG80S_0oE",
+        "Attempt gat_99999999999999999999.O0-XIyl_M4dGVRCHGfg1kxGEyxALFl8LuVxG80S_0oE",
+        "Attempt gat_9223372036854775807.O0-XIyl_M4dGVRCHGfg1kxGEyxALFl8LuVxG80S_0oE",
     ],
-    ids=["none", "bad-signature", "garbage", "no-token", "two-tokens", "foreign"],
+    ids=[
+        "none",
+        "bad-signature",
+        "garbage",
+        "no-token",
+        "two-tokens",
+        "foreign",
+        "beyond-bigint",
+        "largest-bigint",
+    ],
 )
 def test_no_or_an_invalid_token_is_401_and_changes_nothing(world, attempts, authorization):
     client = APIClient()
@@ -744,16 +793,49 @@ def test_a_users_api_token_or_session_cannot_report(client, world, attempts):
     assert not Attempt.objects.exclude(runtime_env={}).exists()
 
 
-def test_a_token_of_a_retired_secret_key_still_works(world, attempts, settings):
+def test_a_token_does_not_depend_on_the_secret_key(world, attempts, settings):
     a, _ = attempts
     token = token_of(a)
-    settings.SECRET_KEY_FALLBACKS = [settings.SECRET_KEY]
     settings.SECRET_KEY = "a-new-secret-key-after-rotation"
 
     response = job_client(token).post(REPORT_URL, {"cuda_version": "12.4"}, format="json")
 
     assert response.status_code == 200
     assert response.json()["attempt"] == a.pk
+
+
+def test_a_token_made_with_the_old_hmac_scheme_is_refused(world, attempts, settings):
+    # Given the token the old scheme derived from the secret key and the attempt id
+    a, _ = attempts
+    token_of(a)  # the attempt has a genuine token too
+    mac = hmac.new(
+        settings.SECRET_KEY.encode(), f"gantry-attempt:{a.pk}".encode(), hashlib.sha256
+    ).digest()
+    forged = f"gat_{a.pk}.{base64.urlsafe_b64encode(mac).rstrip(b'=').decode()}"
+
+    # When a report is posted with it
+    response = job_client(forged).post(REPORT_URL, FULL_REPORT, format="json")
+
+    # Then it is refused and nothing is recorded
+    assert response.status_code == 401
+    assert response.json() == {"detail": "Invalid attempt token."}
+    a.refresh_from_db()
+    assert (a.runtime_env, a.runtime_reported_at) == ({}, None)
+    assert not RunEvent.objects.filter(reason="RUNTIME_REPORTED").exists()
+
+
+def test_a_truncated_or_extended_token_is_refused(world, attempts):
+    a, _ = attempts
+    token = token_of(a)
+
+    for bad in (token[:-1], token[:20], token + "A", token.upper()):
+        response = job_client(bad).post(REPORT_URL, FULL_REPORT, format="json")
+        assert (response.status_code, response.json()) == (
+            401,
+            {"detail": "Invalid attempt token."},
+        )
+    a.refresh_from_db()
+    assert a.runtime_env == {}
 
 
 @pytest.mark.parametrize(
@@ -802,39 +884,68 @@ def test_bad_reports_are_400_and_store_nothing(world, attempts, report, errors):
     assert (a.runtime_env, a.runtime_reported_at) == ({}, None)
 
 
-def test_a_body_over_64_kib_is_400_unread(world, attempts):
+def test_a_body_over_64_kib_is_413_unread(world, attempts):
     a, _ = attempts
     report = {"node_list": [f"{i:0200d}" for i in range(400)]}  # valid items, 81 KB in all
     assert len(json.dumps(report)) > 64 * 1024
 
     response = job_client(token_of(a)).post(REPORT_URL, report, format="json")
 
-    assert response.status_code == 400
-    assert response.json() == {"detail": "The report is larger than 64 KiB."}
+    assert response.status_code == 413
+    assert response.json() == {"detail": "The body is larger than 64 KiB."}
     a.refresh_from_db()
     assert a.node_list == []
 
 
-def test_reports_are_accepted_until_an_hour_after_the_attempt_ended(world, attempts):
-    a, b = attempts
-    now = timezone.now()
-    Attempt.objects.filter(pk=a.pk).update(
-        state="SUCCEEDED", finished_at=now - timedelta(minutes=59)
-    )
-    Attempt.objects.filter(pk=b.pk).update(state="FAILED", finished_at=now - timedelta(minutes=61))
+@pytest.mark.parametrize("state", ENDED_ATTEMPT_STATES)
+def test_a_report_after_the_attempt_ended_is_refused_with_the_reason(world, attempts, state):
+    # Given a job's token, and its attempt ended a moment ago
+    a, _ = attempts
+    client = job_client(token_of(a))
+    Attempt.objects.filter(pk=a.pk).update(state=state, finished_at=timezone.now())
 
-    late = job_client(token_of(a)).post(REPORT_URL, {"cuda_version": "12.4"}, format="json")
-    too_late = job_client(token_of(b)).post(REPORT_URL, {"cuda_version": "12.4"}, format="json")
+    # When the job reports
+    response = client.post(REPORT_URL, {"cuda_version": "12.4"}, format="json")
 
-    assert late.status_code == 200
-    assert too_late.status_code == 409
-    b.refresh_from_db()
-    assert too_late.json() == {
-        "detail": f"Attempt 1 of run {b.run_id} ended at "
-        f"{b.finished_at:%Y-%m-%d %H:%M:%S} UTC; runtime reports are accepted until one hour "
-        "after an attempt ends."
+    # Then its token is dead, it is told why, and nothing is recorded
+    label = AttemptState(state).label.lower()
+    assert response.status_code == 401
+    assert response.json() == {
+        "detail": f"Attempt 1 of run {a.run_id} has ended ({label}): its token is no longer valid."
     }
-    assert b.runtime_env == {}
+    a.refresh_from_db()
+    assert (a.runtime_env, a.runtime_reported_at) == ({}, None)
+
+
+def test_a_token_of_an_attempt_a_later_attempt_replaced_is_refused(world, attempts):
+    # Given an attempt still marked live whose run already has a next attempt
+    a, _ = attempts
+    client = job_client(token_of(a))
+    Attempt.objects.create(run=a.run, number=2, cluster=a.cluster)
+
+    response = client.post(REPORT_URL, {"cuda_version": "12.4"}, format="json")
+
+    assert response.status_code == 401
+    assert response.json() == {
+        "detail": f"Attempt 1 of run {a.run_id} was replaced by a later attempt: its token is "
+        "no longer valid."
+    }
+    a.refresh_from_db()
+    assert a.runtime_env == {}
+
+
+def test_a_report_that_races_the_end_of_its_attempt_is_refused_by_the_service(world, attempts):
+    a, _ = attempts
+    Attempt.objects.filter(pk=a.pk).update(state="LOST", finished_at=timezone.now())
+
+    with pytest.raises(ValidationError) as refused:
+        attempt_report_runtime(attempt=a, report={"cuda_version": "12.4"})
+
+    assert refused.value.message_dict == {
+        "state": [f"Attempt 1 of run {a.run_id} has ended (lost): its token is no longer valid."]
+    }
+    a.refresh_from_db()
+    assert a.runtime_env == {}
 
 
 def test_the_runtime_report_endpoint_is_post_only(world, attempts):

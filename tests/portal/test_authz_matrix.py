@@ -40,7 +40,6 @@ from urllib.parse import urlencode
 
 import pytest
 from django.apps import apps
-from django.conf import settings
 from django.contrib.auth.models import Permission
 from django.core.cache import cache
 from django.db import connection, transaction
@@ -51,9 +50,8 @@ from django.utils import timezone
 from images.models import Image
 from images.services import registry_create
 from jobs.models import Attempt, Experiment, ExperimentTemplate, Run
-from jobs.reproducibility import attempt_token
 from jobs.services.admission_cycle import admission_run_cycle
-from jobs.services.backend_submit import attempt_submit
+from jobs.services.backend_submit import attempt_submit, attempt_token_issue
 from jobs.services.backend_sync import cluster_sync
 from jobs.services.specs import experiment_spec
 from jobs.services.submission import experiment_input_of, run_submit
@@ -724,7 +722,7 @@ def test_methods_without_a_row_are_refused(objects):
     cache.clear()
     urls = paths(objects)
     admin_client = clients(objects)[PAUL]
-    job_token = attempt_token(secret=settings.SECRET_KEY, attempt_id=objects.attempt.pk)
+    job_token = attempt_token_issue(attempt=objects.attempt)
     credentials = {
         "api:token-revoke": {"Authorization": f"Bearer {objects.tokens[PAUL]}"},
         "api:attempt-report": {"Authorization": f"Attempt {job_token}"},

@@ -86,9 +86,7 @@ def report_first_step(attempt: Attempt) -> None:
         "step_time_s": 1.0,
     }
     with time_machine.travel(begin + timedelta(minutes=1), tick=False):
-        result = sdk_events_ingest(
-            attempt=attempt, source="rank0", events=[window], now=begin + timedelta(minutes=1)
-        )
+        result = sdk_events_ingest(attempt=attempt, source="rank0", events=[window])
     assert (result.accepted, result.rejected) == (1, 0)
 
 

@@ -4,6 +4,7 @@ default exactly as ``make run`` starts it (SQLite, filesystem broker, gunicorn).
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import urllib.error
@@ -122,6 +123,10 @@ def test_embedded_default_serves_runs_and_stops_everything(tmp_path):
     try:
         wait_for(lambda: _ready(base), timeout=120, what="the embedded server")
         assert (data_dir / "gantry.sqlite3").exists()
+        # Its processes made one secret key on first start, readable by its owner only.
+        key = (data_dir / "secret_key").read_text()
+        assert stat.S_IMODE((data_dir / "secret_key").stat().st_mode) == 0o600
+        assert not list(data_dir.glob(".secret_key.*"))
         status, body = http(
             "POST", f"{base}/api/v1/tokens/", body={"username": "alice", "password": "gantry-demo"}
         )
@@ -162,6 +167,7 @@ def test_embedded_default_serves_runs_and_stops_everything(tmp_path):
         wait_for(lambda: _ready(base), timeout=120, what="the second start")
         status, again = http("GET", run_url, token=token)
         assert (status, again["state"]) == (200, "SUCCEEDED")
+        assert (data_dir / "secret_key").read_text() == key  # the same key again
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=30) == 0

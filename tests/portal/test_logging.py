@@ -15,7 +15,6 @@ import pytest
 
 from jobs.log_context import LogContextFilter, log_context
 from jobs.models import Attempt, AttemptState
-from jobs.reproducibility import attempt_token
 from portal.log_format import JsonFormatter
 from tests import REPOSITORY
 from tests.celery_support import celery_env, stop_process, wait_for
@@ -169,4 +168,4 @@ def test_a_worker_logs_a_submit_as_json_with_run_attempt_and_cluster(world, tmp_
     assert {"celery.worker.consumer.connection", "celery.app.trace"} <= {
         entry["logger"] for entry in logged
     }
-    assert attempt_token(secret=settings.SECRET_KEY, attempt_id=attempt.pk) not in text
+    assert f"gat_{attempt.pk}." not in text

@@ -4,14 +4,19 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.conf import settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from jobs.models import Attempt, AttemptState, Run, SimulatedJob
-from jobs.reproducibility import attempt_token
+from jobs.models import (
+    ENDED_ATTEMPT_STATES,
+    Attempt,
+    AttemptState,
+    Checkpoint,
+    Run,
+    SimulatedJob,
+)
 from jobs.services.admission_cycle import admission_run_cycle
-from jobs.services.backend_submit import attempt_submit
+from jobs.services.backend_submit import attempt_submit, attempt_token_issue
 from jobs.services.backend_sync import cluster_sync
 from jobs.services.submission import run_submit
 from jobs.simulation import Workload
@@ -20,6 +25,7 @@ from telemetry.accounting import WASTE, AttemptTimeline, Outcome, account
 from telemetry.accounting import StepWindow as AccountingWindow
 from telemetry.models import AttemptAccounting, GpuMinute, SdkEvent, StepWindow
 from telemetry.selectors import attempts_pending_accounting
+from telemetry.services import AttemptClosed, sdk_events_ingest
 from telemetry.simulated import SIGNALS, simulated_telemetry
 from tests.conftest import experiment_input
 
@@ -40,7 +46,7 @@ def admitted_attempt(world, **overrides) -> Attempt:
 
 def client_for(attempt: Attempt) -> APIClient:
     client = APIClient()
-    token = attempt_token(secret=settings.SECRET_KEY, attempt_id=attempt.pk)
+    token = attempt_token_issue(attempt=attempt)
     client.credentials(HTTP_AUTHORIZATION="Attempt " + token)
     return client
 
@@ -183,7 +189,7 @@ def test_wrong_or_missing_token_is_401_and_stores_nothing(world):
 def test_token_of_one_attempt_writes_only_that_attempt(world):
     mine = admitted_attempt(world)
     other = admitted_attempt(world, name="other-run")
-    mine_mac = attempt_token(secret=settings.SECRET_KEY, attempt_id=mine.pk).split(".", 1)[1]
+    mine_mac = attempt_token_issue(attempt=mine).split(".", 1)[1]
     spliced = APIClient()
     spliced.credentials(HTTP_AUTHORIZATION=f"Attempt gat_{other.pk}.{mine_mac}")
 
@@ -217,18 +223,40 @@ def test_limits_and_malformed_bodies(world):
     assert SdkEvent.objects.count() == 500
 
 
-def test_events_are_accepted_until_an_hour_after_the_attempt_ended(world):
+@pytest.mark.parametrize("state", ENDED_ATTEMPT_STATES)
+def test_events_of_an_ended_attempt_are_refused_with_the_reason_and_store_nothing(world, state):
+    # Given a job's client, and its attempt ended the instant after its last batch
     attempt = admitted_attempt(world)
     client = client_for(attempt)
-    ended = timezone.now() - timedelta(minutes=59)
-    Attempt.objects.filter(pk=attempt.pk).update(state=AttemptState.SUCCEEDED, finished_at=ended)
     assert post(client, batch(READY)).status_code == 202
+    Attempt.objects.filter(pk=attempt.pk).update(state=state, finished_at=timezone.now())
 
-    Attempt.objects.filter(pk=attempt.pk).update(finished_at=ended - timedelta(minutes=2))
-    response = post(client, batch({**READY, "seq": 2}))
+    # When it posts a checkpoint at a step far ahead
+    response = post(client, batch({**SAVED, "seq": 2, "step": 999_999}))
 
-    assert response.status_code == 409
+    # Then the token is dead, and neither the event nor the checkpoint is stored
+    assert response.status_code == 401
+    label = AttemptState(state).label.lower()
+    assert response.json() == {
+        "detail": f"Attempt 1 of run {attempt.run_id} has ended ({label}): its token is no "
+        "longer valid."
+    }
     assert SdkEvent.objects.count() == 1
+    assert not Checkpoint.objects.exists()
+
+
+def test_a_batch_that_races_the_end_of_its_attempt_is_refused_whole(world):
+    # Given an attempt that ended after its token was checked (the service sees the end)
+    attempt = admitted_attempt(world)
+    Attempt.objects.filter(pk=attempt.pk).update(
+        state=AttemptState.PREEMPTED, finished_at=timezone.now()
+    )
+
+    # When the batch reaches the service, then nothing is stored
+    with pytest.raises(AttemptClosed, match=r"^Attempt 1 of run \d+ has ended \(preempted\)"):
+        sdk_events_ingest(attempt=attempt, source=SOURCE, events=[SAVED])
+    assert not SdkEvent.objects.exists()
+    assert not Checkpoint.objects.exists()
 
 
 # --- accounting from SDK data -----------------------------------------------------------------
@@ -237,9 +265,6 @@ def test_events_are_accepted_until_an_hour_after_the_attempt_ended(world):
 def finished_attempt_with_sdk_data(world) -> Attempt:
     attempt = admitted_attempt(world)
     start = timezone.now().replace(microsecond=0) - timedelta(minutes=30)
-    Attempt.objects.filter(pk=attempt.pk).update(
-        state=AttemptState.SUCCEEDED, started_at=start, finished_at=start + timedelta(seconds=600)
-    )
     Run.objects.filter(pk=attempt.run_id).update(submitted_at=start - timedelta(seconds=90))
     t0 = start.timestamp()
     windows = [
@@ -264,7 +289,11 @@ def finished_attempt_with_sdk_data(world) -> Attempt:
         "uri": "s3://c",
         "seconds": 10,
     }
+    # Sent while it runs (an ended attempt's token is dead), then it ends.
     assert post(client_for(attempt), batch(*windows, saved)).json()["accepted"] == 6
+    Attempt.objects.filter(pk=attempt.pk).update(
+        state=AttemptState.SUCCEEDED, started_at=start, finished_at=start + timedelta(seconds=600)
+    )
     return attempt
 
 
@@ -301,9 +330,14 @@ def test_pending_accounting_picks_new_attempts_and_new_data_only(world):
 
     assert services.accounting_compute_pending(limit=10) == 1
     assert list(attempts_pending_accounting(limit=10)) == []
+    attempt.refresh_from_db()
 
-    late = {"type": "ready", "seq": 7, "ts": TS}
-    post(client_for(attempt), batch(late))
+    # A window collected after the end (the simulator's collector writes a finished job's
+    # last ones; the SDK cannot: the attempt's token died with it).
+    end = attempt.finished_at
+    StepWindow.objects.create(
+        attempt=attempt, source="simulator", seq=1, start=end, end=end, steps=1, step_time_s=1.0
+    )
     assert list(attempts_pending_accounting(limit=10)) == [attempt]
 
 

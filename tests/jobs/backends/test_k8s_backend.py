@@ -2,6 +2,7 @@
 official client over real HTTP on 127.0.0.1; status mapping and inventory as pure
 functions; and one run's whole life through jobs.services."""
 
+import base64
 import datetime as dt
 import gc
 import ipaddress
@@ -12,9 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils.html import escape
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
+from rest_framework.test import APIClient
 
 from jobs.backends import backend_for, spec_for_people
 from jobs.backends import kubernetes as kubernetes_backend
@@ -37,6 +40,7 @@ from jobs.backends.kubernetes import KubernetesBackend
 from jobs.models import (
     Attempt,
     AttemptState,
+    AttemptToken,
     Cluster,
     ClusterFlavor,
     ClusterNode,
@@ -1456,6 +1460,76 @@ def test_a_redelivered_submit_task_never_creates_a_second_job(k8s_world):
     assert [j["metadata"]["name"] for j in jobs] == [f"gantry-a{attempt.pk}"]
     assert world.fake.server.count("POST", r"/jobs$") == 1
     assert Attempt.objects.get(pk=attempt.pk).state == AttemptState.PENDING
+
+
+def _token_in_secret(world, attempt) -> str:
+    """The token the job's pods read: what the attempt's Secret holds on the cluster."""
+    secret = world.fake.store.get("secrets", "gantry-vision", f"gantry-a{attempt.pk}-token")
+    return base64.b64decode(secret["data"]["GANTRY_ATTEMPT_TOKEN"]).decode()
+
+
+def _reports_with(token: str) -> int:
+    job = APIClient()
+    job.credentials(HTTP_AUTHORIZATION="Attempt " + token)
+    return job.post(
+        reverse("api:attempt-report"), {"cuda_version": "12.4"}, format="json"
+    ).status_code
+
+
+def test_a_submit_retried_after_its_secret_was_created_leaves_the_job_a_valid_token(k8s_world):
+    # Given a first try that created the token's Secret, then failed to create the Job
+    world = k8s_world
+    run = run_submit(user=world.researcher_a, data=experiment_input(world))
+    admission_run_cycle()
+    attempt = Attempt.objects.get(run=run)
+    world.fake.server.fail_next(1, status=503, path=r"/jobs$")
+    with pytest.raises(TransientBackendError):
+        attempt_submit(attempt_id=attempt.pk)
+    first_token = _token_in_secret(world, attempt)
+
+    # When the submit is retried (a new token is issued, the Secret already exists)
+    attempt_submit(attempt_id=attempt.pk)
+
+    # Then the Job runs with the first try's token, and it reports; the stored spec holds
+    # no token, and the cluster holds one Job
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.PENDING
+    assert _token_in_secret(world, attempt) == first_token
+    assert AttemptToken.objects.filter(attempt=attempt).count() == 2
+    assert _reports_with(first_token) == 200
+    assert first_token not in attempt.rendered_spec
+    assert len(world.fake.store.list("jobs", "gantry-vision")[0]) == 1
+
+
+def test_a_job_adopted_after_a_worker_died_keeps_a_token_that_reports(k8s_world):
+    # Given a job created on the cluster by a submit whose worker died before recording it
+    world = k8s_world
+    run, attempt = _submitted_run(world)
+    Attempt.objects.filter(pk=attempt.pk).update(state=AttemptState.SUBMITTING)
+    Run.objects.filter(pk=run.pk).update(state=RunState.SUBMITTING)
+    token = _token_in_secret(world, attempt)
+
+    # When the redelivered submit adopts it
+    attempt_submit(attempt_id=attempt.pk)
+
+    # Then the job's token still reports, and no second Job was created
+    assert Attempt.objects.get(pk=attempt.pk).state == AttemptState.PENDING
+    assert _reports_with(token) == 200
+    assert world.fake.server.count("POST", r"/jobs$") == 1
+
+
+def test_the_token_of_a_job_dies_when_its_attempt_ends_on_kubernetes(k8s_world):
+    world = k8s_world
+    _, attempt = _submitted_run(world)
+    token = _token_in_secret(world, attempt)
+    assert _reports_with(token) == 200
+
+    world.fake.controller.advance(1, steps=3)
+    world.fake.controller.advance(120, steps=3)
+    cluster_sync(cluster=world.k8s)
+
+    assert Attempt.objects.get(pk=attempt.pk).state == AttemptState.SUCCEEDED
+    assert _reports_with(token) == 401
 
 
 def test_an_outage_leaves_runs_unchanged_and_visible_then_converges(k8s_world):
