@@ -19,10 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from django.db import connection, connections, transaction
-
 from django.contrib.auth import authenticate
 from django.contrib.auth.models import User
+from django.db import connection, connections, transaction
 from django.test import RequestFactory
 
 from tenants.authentication import Lockout, _login_lock_key, login_attempt_end, refused_by_lockout
