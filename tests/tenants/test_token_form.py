@@ -2,10 +2,10 @@
 however concurrently it is sent."""
 
 import re
-import uuid
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from django.test import Client
