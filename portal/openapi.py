@@ -32,13 +32,13 @@ def every_operation_may_answer_400(result, generator, request, public):
 class SchemaView(SpectacularAPIView):
     """The OpenAPI schema, generated once per process and served from memory.
 
-    Generating it walks every endpoint and serializer (about 3 s of CPU) and drf-spectacular's
-    generator is not meant to run in several threads at once: generated per request, a burst
-    of requests queued behind each other until workers timed out (3 of 120 concurrent
-    requests answered 5xx). The schema is public and the same for every caller, so each
-    process renders it once per version and format, under a lock, and keeps the bytes. The
-    key is bounded whatever clients send: a version only when it is an allowed one, the
-    renderer's class and media type, not the Accept header's text."""
+    Generating it walks every endpoint and serializer (about 3 s of CPU), and
+    drf-spectacular's generator is not thread-safe: generated per request, 22 of 200
+    concurrent requests answered 500 on threaded gunicorn workers (3 of 120 in the probe),
+    and on sync workers every request cost those 3 s. The schema is public and the same for
+    every caller, so each process renders it once per version and format, under a lock, and
+    keeps the bytes. The key is bounded whatever clients send: a version only when it is an
+    allowed one, the renderer's class and media type, not the Accept header's text."""
 
     _rendered: ClassVar[dict[tuple[str | None, type], bytes]] = {}
     _lock: ClassVar[threading.Lock] = threading.Lock()
