@@ -1,5 +1,7 @@
 """The person's own account: logging in (with the lockout), password, API tokens."""
 
+import uuid
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
@@ -14,6 +16,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from tenants.authentication import Lockout, refused_by_lockout
+from tenants.credentials import api_token_issue_once
 from tenants.forms import ApiTokenForm
 from tenants.http import or_404
 from tenants.models import ApiToken
@@ -22,7 +25,6 @@ from tenants.selectors import api_token_get_own, api_token_list_own
 from tenants.services import (
     API_TOKEN_DEFAULT_DAYS,
     CredentialsRevokedBecause,
-    api_token_issue,
     api_token_revoke,
     user_credentials_revoke,
 )
@@ -94,7 +96,13 @@ def account(request: HttpRequest) -> HttpResponse:
 
 
 def _new_token_form() -> ApiTokenForm:
-    return ApiTokenForm(initial={"name": "api", "expires_in_days": API_TOKEN_DEFAULT_DAYS})
+    return ApiTokenForm(
+        initial={
+            "submission_key": uuid.uuid4(),
+            "name": "api",
+            "expires_in_days": API_TOKEN_DEFAULT_DAYS,
+        }
+    )
 
 
 def _account_page(
@@ -126,21 +134,32 @@ def _account_page(
 def api_token_create_own(request: HttpRequest) -> HttpResponse:
     """Create a token and show its secret in this answer, the only place it ever appears: it
     is not redirected to (a redirect would have to keep the secret in the session until the
-    next page), and the answer is marked no-store so no cache keeps it either. Reloading
-    sends the form again and makes another token; the list shows both."""
+    next page), and the answer is marked no-store so no cache keeps it either. The form
+    makes one token however often it is sent (a double click, a reload, concurrent posts):
+    the other answers name the token it made."""
     form = ApiTokenForm(request.POST)
     if form.is_valid():
         days = form.cleaned_data["expires_in_days"]
         try:
-            created = api_token_issue(
+            token, secret = api_token_issue_once(
                 user=request.user,
                 name=form.cleaned_data["name"],
+                submission_key=form.cleaned_data["submission_key"],
                 expires_in_days=API_TOKEN_DEFAULT_DAYS if days is None else days,
             )
         except ValidationError as exc:
             form.add_service_errors(exc)
         else:
-            return _account_page(request, form=_new_token_form(), created=created)
+            if secret is None:
+                messages.info(
+                    request,
+                    f"This form was already submitted: it made the token {token.name} "
+                    f"(gty_{token.prefix}…), listed below. Its secret was shown once, in the "
+                    "answer to the first submission; revoke it and create another if you "
+                    "did not keep it.",
+                )
+                return _account_page(request, form=_new_token_form())
+            return _account_page(request, form=_new_token_form(), created=(token, secret))
     return _account_page(request, form=form)
 
 

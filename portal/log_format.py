@@ -11,6 +11,8 @@ import json
 import logging
 from datetime import UTC, datetime
 
+from django.core.exceptions import PermissionDenied
+
 from jobs.log_context import LOG_CONTEXT_FIELDS
 
 
@@ -31,3 +33,17 @@ class JsonFormatter(logging.Formatter):
         elif record.exc_text:
             line["exception"] = record.exc_text
         return json.dumps(line, ensure_ascii=False, default=str)
+
+
+class RefusalWithoutTraceback(logging.Filter):
+    """A request refused with PermissionDenied (403) is one log line, not a traceback.
+
+    Django logs the refusal with the exception attached, so every 403 wrote the stack of
+    the view that refused: noise that buried real errors. The line keeps the status, method
+    and path; a refusal is the code working as meant, so its stack tells nothing."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], PermissionDenied):
+            record.exc_info = None
+            record.exc_text = None
+        return True

@@ -418,7 +418,10 @@ LOGGING = {
         "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
         "json": {"()": "portal.log_format.JsonFormatter"},
     },
-    "filters": {"log_context": {"()": "jobs.log_context.LogContextFilter"}},
+    "filters": {
+        "log_context": {"()": "jobs.log_context.LogContextFilter"},
+        "refusal_without_traceback": {"()": "portal.log_format.RefusalWithoutTraceback"},
+    },
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
@@ -426,5 +429,7 @@ LOGGING = {
             "filters": ["log_context"],
         }
     },
+    # Where Django logs each 4xx/5xx answer: a 403 is one line (portal/log_format.py).
+    "loggers": {"django.request": {"filters": ["refusal_without_traceback"]}},
     "root": {"handlers": ["console"], "level": env_str("GANTRY_LOG_LEVEL", default="INFO")},
 }

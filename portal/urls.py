@@ -1,9 +1,9 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from portal import accounts, metrics, views
+from portal.openapi import DocsView, SchemaView
 from portal.security import csp_update
 from tenants.oidc import OidcCallbackView, OidcLoginView
 
@@ -26,12 +26,12 @@ urlpatterns = [
     path("oidc/authenticate/", OidcLoginView.as_view(), name="oidc_authentication_init"),
     path("oidc/callback/", OidcCallbackView.as_view(), name="oidc_authentication_callback"),
     path("admin/", admin.site.urls),
-    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/schema/", SchemaView.as_view(), name="api-schema"),
     # The split view serves Swagger UI's start-up script as a file of its own, so the page
     # needs no inline script; Swagger UI draws its icons from data: URLs.
     path(
         "api/docs/",
-        csp_update(img_src=["data:"])(SpectacularSwaggerSplitView.as_view(url_name="api-schema")),
+        csp_update(img_src=["data:"])(DocsView.as_view(url_name="api-schema")),
         name="api-docs",
     ),
     path("api/v1/", include("portal.api_urls")),

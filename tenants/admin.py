@@ -10,6 +10,7 @@ from django.contrib import admin
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 
+from tenants.credentials import user_deactivate
 from tenants.models import ApiToken, AuditEvent, GpuFlavor, Membership, Project, Quota, Tenant
 from tenants.services import (
     CredentialsRevokedBecause,
@@ -166,9 +167,11 @@ admin.site.unregister(Group)
 @admin.register(User)
 class AuditedUserAdmin(AuditedAdmin, UserAdmin):
     """Users; their global roles are their groups. The password hash is never recorded:
-    setting a password is audited as "user.password" without values."""
+    setting a password is audited as "user.password" without values. Deactivating, by the
+    form or the action, goes through ``user_deactivate``, which revokes tokens and sessions."""
 
     audit_exclude = ("password", "last_login")
+    actions = ["deactivate_selected"]
 
     def user_change_password(self, request, id, form_url=""):
         response = super().user_change_password(request, id, form_url)
@@ -185,12 +188,19 @@ class AuditedUserAdmin(AuditedAdmin, UserAdmin):
         return response
 
     def save_model(self, request, obj, form, change):
-        was_active = change and User.objects.filter(pk=obj.pk, is_active=True).exists()
+        deactivating = (
+            change and not obj.is_active and User.objects.filter(pk=obj.pk, is_active=True).exists()
+        )
+        if deactivating:
+            obj.is_active = True  # the form's other changes first, then the one deactivation
         super().save_model(request, obj, form, change)
-        if was_active and not obj.is_active:
-            user_credentials_revoke(
-                user=obj, actor=request.user, because=CredentialsRevokedBecause.DEACTIVATED
-            )
+        if deactivating:
+            user_deactivate(user=obj, actor=request.user)
+
+    @admin.action(description="Deactivate the selected users", permissions=["change"])
+    def deactivate_selected(self, request, queryset):
+        done = sum(user_deactivate(user=user, actor=request.user) for user in queryset)
+        self.message_user(request, f"{done} deactivated; their API tokens are revoked.")
 
 
 @admin.register(Group)

@@ -13,12 +13,7 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
-from tenants.authentication import (
-    ApiTokenAuthentication,
-    client_ip,
-    login_lockout,
-    refused_by_lockout,
-)
+from tenants.authentication import ApiTokenAuthentication, refused_by_lockout
 from tenants.models import ApiToken, max_length_of
 from tenants.parsers import JsonTextParser
 from tenants.services import (
@@ -102,9 +97,8 @@ class TokenCreateApi(APIView):
         serializer = TokenCreateRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        lockout = login_lockout(username=data["username"], ip_address=client_ip(request))
-        if lockout is not None:
-            raise Throttled(wait=lockout.retry_after_s, detail=lockout.message)
+        # The lockout is checked and the attempt counted by the login backend
+        # (``ThrottledModelBackend``), as for every password login.
         user = authenticate(request, username=data["username"], password=data["password"])
         lockout = refused_by_lockout(request)
         if lockout is not None:

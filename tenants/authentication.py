@@ -4,12 +4,13 @@ Password logins (the login page, Django admin's, the token endpoint of the API) 
 ``ThrottledModelBackend``: after ``GANTRY_LOGIN_FAILURE_LIMIT`` failures for one username, or
 ``GANTRY_LOGIN_FAILURE_LIMIT_PER_IP`` from one client address, within
 ``GANTRY_LOGIN_LOCKOUT_S`` seconds, further attempts are refused (even with the right
-password) until the oldest of those failures leaves the window. The failures are rows in the
-database, so every web worker counts the same ones, and each attempt is checked and counted
-in one atomic step before its password is (``login_attempt_begin``), so concurrent attempts
-cannot all slip under the limit. A successful login clears the failures of its username; the
-address's count only expires, so a person with an account of their own cannot reset the count
-of the address they guess from.
+password) until the oldest of those failures leaves the window. Only failures count: the
+password is checked first, then the attempt is decided and, if wrong, counted in one atomic
+step (``login_attempt_end``), so concurrent wrong attempts cannot all slip under the limit
+and concurrent right ones are never refused by attempts still in flight. The failures are
+rows in the database, so every web worker counts the same ones. A successful login clears
+the failures of its username; the address's count only expires, so a person with an account
+of their own cannot reset the count of the address they guess from.
 """
 
 import ipaddress
@@ -156,22 +157,29 @@ def _login_lock_key(username: str) -> int:
     return (_LOGIN_LOCK_NAMESPACE << 32) | zlib.crc32(_normalized(username).encode())
 
 
-def login_attempt_begin(
-    *, username: str, ip_address: str | None, now: datetime | None = None
+def login_attempt_end(
+    *, username: str, ip_address: str | None, succeeded: bool, now: datetime | None = None
 ) -> Lockout | None:
-    """Check the lockout and count this attempt, as one atomic step: the Lockout in force
-    (nothing counted), or None with the attempt recorded as a failure until its password
-    proves right (``login_failures_clear``). Counting before the password is checked is what
-    makes the limit hold for concurrent attempts on any number of workers: each one sees
-    the attempts in flight before it.
+    """Decide a login whose password has been checked, as one atomic step: the Lockout in
+    force (nothing counted: the login is refused whatever its password), or None with the
+    attempt settled: a wrong password counted as a failure, a right one clearing the
+    username's failures.
+
+    Deciding after the password check is what makes only failures count: an attempt still
+    in flight has proved nothing, so it cannot refuse another (eight people logging in as
+    one service account at once all get in). Deciding and counting in one step is what
+    makes the limit hold for concurrent wrong attempts on any number of workers: each one
+    is decided after the failures counted before it, so past the limit the answer is the
+    lockout, never the result of the password check.
 
     Attempts on one username take turns here (PostgreSQL: an advisory lock on the username;
-    SQLite: its IMMEDIATE transactions), so its limit holds exactly. Attempts on different
-    usernames do not wait for each other: a lock shared by every login made them queue one
-    behind the other whenever many people logged in at once (the morning, the load
-    benchmark's arrivals). The per-address limit is therefore checked without waiting for
-    attempts in flight on other usernames: concurrent guesses from one address can pass it
-    by at most the number of requests the portal serves at once."""
+    SQLite: its IMMEDIATE transactions), so its limit holds exactly; the password check
+    stays outside the lock, so they do not queue behind each other's hashing. Attempts on
+    different usernames do not wait for each other: a lock shared by every login made them
+    queue one behind the other whenever many people logged in at once. The per-address
+    limit is therefore checked without waiting for attempts on other usernames: concurrent
+    guesses from one address can pass it by at most the number of requests the portal
+    serves at once."""
     now = now or timezone.now()
     with transaction.atomic():
         if connection.vendor == "postgresql":
@@ -180,7 +188,10 @@ def login_attempt_begin(
         lockout = login_lockout(username=username, ip_address=ip_address, now=now)
         if lockout is not None:
             return lockout
-        login_failure_record(username=username, ip_address=ip_address, now=now)
+        if succeeded:
+            login_failures_clear(username=username)
+        else:
+            login_failure_record(username=username, ip_address=ip_address, now=now)
     return None
 
 
@@ -220,15 +231,18 @@ class ThrottledModelBackend(ModelBackend):
         if username is None or password is None:
             return None  # not a password login (e.g. OpenID Connect's callback)
         ip_address = client_ip(request) if request is not None else None
-        lockout = login_attempt_begin(username=username, ip_address=ip_address)
+        # A lockout already in force refuses without the cost of hashing the password.
+        lockout = login_lockout(username=username, ip_address=ip_address)
+        if lockout is None:
+            user = super().authenticate(request, username=username, password=password, **kwargs)
+            lockout = login_attempt_end(
+                username=username, ip_address=ip_address, succeeded=user is not None
+            )
         if lockout is not None:
-            # A lockout that began while this request was on its way (concurrent guesses):
-            # the view's own check passed, so it learns here that it is a lockout, not a
-            # wrong password (``refused_by_lockout``).
+            # The view learns here that it is a lockout, not a wrong password
+            # (``refused_by_lockout``), also when the lockout began while this request was
+            # on its way (concurrent guesses).
             if request is not None:
                 request.gantry_login_lockout = lockout
             raise PermissionDenied("login locked out")
-        user = super().authenticate(request, username=username, password=password, **kwargs)
-        if user is not None:
-            login_failures_clear(username=username)  # this attempt's count included
         return user

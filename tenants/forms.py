@@ -143,6 +143,15 @@ class MemberAddForm(ServiceErrorsMixin, forms.Form):
 
 
 class ApiTokenForm(ServiceErrorsMixin, forms.Form):
+    # A one-time key per rendered form (``api_token_issue_once``): sent twice, it makes one
+    # token.
+    submission_key = forms.UUIDField(
+        widget=forms.HiddenInput,
+        error_messages={
+            "required": "This form is out of date: open your account page again.",
+            "invalid": "This form is damaged: open your account page again.",
+        },
+    )
     name = forms.CharField(
         label="Name",
         help_text="What the token is for, e.g. the laptop or the script that uses it.",

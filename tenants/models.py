@@ -315,6 +315,19 @@ class ApiToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     # ``stamp_for(user)`` when the token was made; see the class docstring.
     credential_stamp = models.CharField(max_length=64)
+    # The one-time key of the account page's form that made the token: the same form sent
+    # twice (a double click, a reload, concurrent posts) makes one token
+    # (``api_token_issue_once``), as the submit form queues one run (``Run.submission_key``).
+    submission_key = models.UUIDField(null=True, blank=True, editable=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["user", "submission_key"],
+                condition=Q(submission_key__isnull=False),
+                name="apitoken_submission_key_once",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.user} {self.name} ({self.prefix}…)"

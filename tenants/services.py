@@ -2,6 +2,7 @@ import json
 from collections.abc import Collection
 from datetime import datetime, timedelta
 from decimal import Decimal
+from uuid import UUID
 
 from django.contrib.auth import SESSION_KEY
 from django.contrib.auth.models import Group, User
@@ -505,7 +506,11 @@ API_TOKEN_MAX_DAYS = 365
 
 
 def api_token_issue(
-    *, user: UserLike, name: str, expires_in_days: int = API_TOKEN_DEFAULT_DAYS
+    *,
+    user: UserLike,
+    name: str,
+    expires_in_days: int = API_TOKEN_DEFAULT_DAYS,
+    submission_key: UUID | None = None,
 ) -> tuple[ApiToken, str]:
     """A token a person asks for, on the account page or with ``POST /api/v1/tokens/``:
     one set of rules for both. ``name`` is 1 to 100 characters (trimmed), the token expires
@@ -524,12 +529,19 @@ def api_token_issue(
     if errors:
         raise ValidationError(errors)
     return api_token_create(
-        user=user, name=name, expires_at=timezone.now() + timedelta(days=expires_in_days)
+        user=user,
+        name=name,
+        expires_at=timezone.now() + timedelta(days=expires_in_days),
+        submission_key=submission_key,
     )
 
 
 def api_token_create(
-    *, user: UserLike, name: str = "api", expires_at: datetime | None = None
+    *,
+    user: UserLike,
+    name: str = "api",
+    expires_at: datetime | None = None,
+    submission_key: UUID | None = None,
 ) -> tuple[ApiToken, str]:
     """Create a token; returns the row and the secret, which is never stored or shown again.
 
@@ -546,6 +558,7 @@ def api_token_create(
             key_hash=ApiToken.hash_secret(secret),
             expires_at=expires_at,
             credential_stamp=ApiToken.stamp_for(owner),
+            submission_key=submission_key,
         )
         audit_record(
             actor=user,

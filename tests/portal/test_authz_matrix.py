@@ -466,7 +466,11 @@ def bodies(objects: Objects) -> dict[str, dict]:
         },
         "tenants:flavor_edit": {"name": "A100 renamed", "memory_gb": "80", "gpu_fraction": "1"},
         "tenants:idle_policy": {"idle_notify_after_min": "30", "idle_cancel_after_min": "60"},
-        "api_token_create": {"name": "matrix", "expires_in_days": "30"},
+        "api_token_create": {
+            "submission_key": "7c0ffee0-0000-4000-8000-000000000031",
+            "name": "matrix",
+            "expires_in_days": "30",
+        },
         "jobs:member_add": {"user": "fiona", "role": "researcher"},
         "jobs:member_role": {"role": "tenant_admin"},
         "jobs:run_submit": {

@@ -1,9 +1,12 @@
 """Issue 21.5: credentials follow the account. A password change, by any path, or a
 deactivation revokes the user's API tokens and ends their sessions."""
 
+import io
+
 import pytest
 from django.contrib.auth.models import User
 from django.contrib.sessions.models import Session
+from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
 
@@ -186,3 +189,89 @@ def test_a_refused_password_change_leaves_tokens_and_sessions_alone(world, alice
     assert phone.get(reverse("jobs:run_list")).status_code == 200
     assert sessions_of(world.researcher_a) == 2
     assert not AuditEvent.objects.filter(action="user.credentials_revoke").exists()
+
+
+# --- issue 31.2: every path that deactivates an account revokes what it held ---------------
+
+
+def _assert_deactivated_for_good(world, token: ApiToken, secret: str, session: Client) -> None:
+    """Inactive, the token revoked and the session gone, each recorded once; reactivated,
+    nothing of before comes back."""
+    alice = User.objects.get(pk=world.researcher_a.pk)
+    assert not alice.is_active
+    token.refresh_from_db()
+    assert token.revoked_at is not None
+    assert sessions_of(alice) == 0
+    assert runs_with(secret).status_code == 401
+    assert session.get(reverse("jobs:run_list")).status_code == 302
+    assert AuditEvent.objects.filter(action="user.deactivate").count() == 1
+    assert AuditEvent.objects.get(action="user.credentials_revoke").after == {
+        "because": "deactivated",
+        "tokens": 1,
+        "sessions": 1,
+    }
+    User.objects.filter(pk=alice.pk).update(is_active=True)
+    assert runs_with(secret).status_code == 401
+    assert session.get(reverse("jobs:run_list")).status_code == 302
+
+
+def _staff_client() -> Client:
+    admin = Client()
+    admin.force_login(User.objects.create_superuser("root", "root@gantry.example", PASSWORD))
+    return admin
+
+
+def test_deactivating_in_the_admin_form_goes_through_the_one_service(world, alice_token):
+    token, secret = alice_token
+    session = signed_in("alice")
+    admin = _staff_client()
+    url = reverse("admin:auth_user_change", args=[world.researcher_a.pk])
+    data = admin_form_data(admin.get(url))
+
+    changed = {k: v for k, v in data.items() if k != "is_active"} | {"first_name": "Alice"}
+    assert admin.post(url, changed).status_code == 302
+
+    assert User.objects.get(pk=world.researcher_a.pk).first_name == "Alice"
+    _assert_deactivated_for_good(world, token, secret, session)
+
+
+def test_deactivating_with_the_admin_action_revokes_the_tokens(world, alice_token):
+    token, secret = alice_token
+    session = signed_in("alice")
+
+    response = _staff_client().post(
+        reverse("admin:auth_user_changelist"),
+        {"action": "deactivate_selected", "_selected_action": [world.researcher_a.pk]},
+    )
+
+    assert response.status_code == 302
+    _assert_deactivated_for_good(world, token, secret, session)
+    assert User.objects.get(pk=world.researcher_b.pk).is_active
+
+
+def test_deactivating_with_the_management_command_revokes_the_tokens(world, alice_token):
+    token, secret = alice_token
+    session = signed_in("alice")
+    out = io.StringIO()
+
+    call_command("user_deactivate", "alice", stdout=out)
+    call_command("user_deactivate", "alice", stdout=out)  # again: nothing more happens
+
+    assert out.getvalue() == (
+        "Deactivated alice; API tokens and sessions revoked.\n"
+        "alice was inactive already; nothing changed.\n"
+    )
+    _assert_deactivated_for_good(world, token, secret, session)
+    with pytest.raises(CommandError, match=r"No user is named 'nobody'\."):
+        call_command("user_deactivate", "nobody")
+
+
+def test_a_token_of_an_account_made_inactive_by_any_other_means_is_refused(world, alice_token):
+    _, secret = alice_token
+
+    User.objects.filter(pk=world.researcher_a.pk).update(is_active=False)  # a shell, a script
+
+    assert (runs_with(secret).status_code, runs_with(secret).json()) == (
+        401,
+        {"detail": "Invalid or revoked token."},
+    )

@@ -7,6 +7,7 @@ import hashlib
 import re
 import threading
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -625,7 +626,8 @@ NOW = datetime(2025, 3, 4, 10, 30, tzinfo=UTC)
 
 
 def create_token(client, **data):
-    return client.post(reverse("api_token_create"), {"name": "laptop", **data})
+    form = {"submission_key": str(uuid.uuid4()), "name": "laptop"}
+    return client.post(reverse("api_token_create"), form | data)
 
 
 def new_secret(response) -> str:

@@ -3,6 +3,7 @@
 The tests that prove it start gunicorn with several worker processes, as production runs it,
 on each shared cache Gantry supports, and send concurrent requests."""
 
+import http.cookiejar
 import json
 import os
 import re
@@ -11,21 +12,28 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from django.contrib.auth import authenticate
+from django.contrib.auth.models import User
 from django.db import connection, connections, transaction
+from django.test import RequestFactory
 
-from tenants.authentication import Lockout, _login_lock_key, login_attempt_begin
+from tenants.authentication import Lockout, _login_lock_key, login_attempt_end, refused_by_lockout
 from tenants.models import LoginFailure
 from tenants.throttling import Limit, claim
 from tests import REPOSITORY
 from tests.celery_support import free_port, wait_for
 
 WORKERS = 3
+# Threads a worker: 12 requests served at once, more than the lockout's 5 failures, so
+# attempts in flight could lock a name if they were counted (issue 31.2).
+THREADS = 4
 PASSWORD = "a-long-enough-test-password-7"
 
 
@@ -102,13 +110,14 @@ def _redis_cache_url() -> str:
 
 @pytest.fixture(scope="module", params=["db://", "redis"], ids=["database-cache", "redis-cache"])
 def portal(request, tmp_path_factory):
-    """gunicorn with WORKERS worker processes on the embedded SQLite database, with the
+    """gunicorn with WORKERS worker processes of THREADS threads on the embedded SQLite
+    database, with the
     cache under test; yields (base URL, access log path, usernames)."""
     cache_url = request.param if request.param == "db://" else _redis_cache_url()
     tmp_path = tmp_path_factory.mktemp("portal")
     env = _env(tmp_path / "data", cache_url)
     run = uuid.uuid4().hex[:8]
-    users = {"ok": f"throttled-{run}", "guesser": f"guessed-{run}"}
+    users = {"ok": f"throttled-{run}", "guesser": f"guessed-{run}", "crowd": f"crowd-{run}"}
     manage = [sys.executable, "manage.py"]
     subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], cwd=REPOSITORY, env=env,
                    check=True, timeout=300)  # fmt: skip
@@ -123,7 +132,7 @@ def portal(request, tmp_path_factory):
     access_log = tmp_path / "access.log"
     server = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "portal.wsgi:application",
-         "--bind", f"127.0.0.1:{port}", "--workers", str(WORKERS),
+         "--bind", f"127.0.0.1:{port}", "--workers", str(WORKERS), "--threads", str(THREADS),
          "--access-logfile", str(access_log), "--access-logformat", "%(p)s %(U)s %(s)s"],
         cwd=REPOSITORY, env=env, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
@@ -173,6 +182,44 @@ def test_the_login_lockout_holds_for_concurrent_guesses(portal):
     assert _post(f"{base}/api/v1/tokens/", right) == 429
 
 
+def _log_in_on_the_page(base: str, username: str, password: str) -> int:
+    """The login page as a browser uses it (its CSRF cookie and field), not following the
+    redirect of a success: the status of the POST."""
+    opener = urllib.request.build_opener(
+        urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()), _NoRedirect
+    )
+    with opener.open(f"{base}/accounts/login/", timeout=30) as page:
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.read().decode())
+    assert token is not None
+    body = urllib.parse.urlencode(
+        {"csrfmiddlewaretoken": token[1], "username": username, "password": password}
+    ).encode()
+    request = urllib.request.Request(f"{base}/accounts/login/", data=body, method="POST")
+    try:
+        with opener.open(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def test_concurrent_logins_with_the_right_password_all_succeed_across_workers(portal):
+    base, _, users = portal
+    body = {"username": users["crowd"], "password": PASSWORD}
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        pages = list(pool.map(lambda _: _log_in_on_the_page(base, *body.values()), range(8)))
+    tokens = _burst(f"{base}/api/v1/tokens/", [body] * 8)
+
+    # Only failures count towards the lockout: eight logins at once are eight logins.
+    assert pages == [302] * 8
+    assert tokens == [201] * 8
+
+
 # --- the lockout's lock on PostgreSQL, with threads ------------------------------------------
 
 
@@ -218,22 +265,70 @@ pg_only = pytest.mark.skipif(
 )
 
 
+def _log_in(username: str, password: str, address: str):
+    """One password login through every authentication backend, as the views make it: the
+    user, "locked" when the lockout refused it, or None for a wrong password."""
+    request = RequestFactory().post("/accounts/login/", REMOTE_ADDR=address)
+    user = authenticate(request, username=username, password=password)
+    return "locked" if refused_by_lockout(request) is not None else user
+
+
 @pg_only
-def test_concurrent_attempts_on_one_username_count_exactly(transactional_db):
+def test_concurrent_logins_with_the_right_password_all_succeed(transactional_db, settings):
+    # Given an account, its password hashed as in production: checking it takes long enough
+    # for the attempts to overlap
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.PBKDF2PasswordHasher"]
+    user = User.objects.create_user("crowd", password=PASSWORD)
+
+    # When eight people log in with the right password at once, while four guess wrong
+    # (one short of the lockout, however they interleave)
+    def attempt(i: int):
+        password = PASSWORD if i < 8 else "wrong-again"
+        try:
+            return _log_in("crowd", password, f"192.0.2.{10 + i}")
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        outcomes = list(pool.map(attempt, range(12)))
+
+    # Then every right password gets in, and no attempt in flight counted against them:
+    # the wrong ones are wrong passwords, not a lockout.
+    assert outcomes[:8] == [user] * 8
+    assert outcomes[8:] == [None] * 4
+    assert LoginFailure.objects.filter(username="crowd").count() <= 4
+
+
+@pg_only
+def test_concurrent_wrong_passwords_count_exactly(transactional_db):
+    User.objects.create_user("guessed", password=PASSWORD)
+
+    outcomes = _in_threads(9, lambda: _log_in("guessed", "wrong-guess", "192.0.2.7"))
+
+    # Five failures counted before the limit, four refused: none slipped in unseen.
+    assert outcomes.count(None) == 5
+    assert outcomes.count("locked") == 4
+    assert LoginFailure.objects.filter(username="guessed").count() == 5
+    # The name is locked, even for the right password.
+    assert _log_in("guessed", PASSWORD, "192.0.2.9") == "locked"
+
+
+@pg_only
+def test_concurrent_attempts_on_one_username_are_decided_exactly(transactional_db):
     username = f"guessed-{uuid.uuid4().hex[:8]}"
 
     outcomes = _in_threads(
-        9, lambda: login_attempt_begin(username=username, ip_address="192.0.2.7")
+        9,
+        lambda: login_attempt_end(username=username, ip_address="192.0.2.7", succeeded=False),
     )
 
-    # Five attempts counted before the limit, four refused: none slipped in unseen.
     assert sum(outcome is None for outcome in outcomes) == 5
     assert sum(isinstance(outcome, Lockout) for outcome in outcomes) == 4
     assert LoginFailure.objects.filter(username=username).count() == 5
 
 
 @pg_only
-def test_an_attempt_in_flight_holds_up_its_username_only(transactional_db):
+def test_an_attempt_being_decided_holds_up_its_username_only(transactional_db):
     held, release = threading.Event(), threading.Event()
     holder = threading.Thread(target=_hold_login_lock, args=("Alice", held, release))
     holder.start()
@@ -241,15 +336,17 @@ def test_an_attempt_in_flight_holds_up_its_username_only(transactional_db):
         assert held.wait(timeout=30)
         with ThreadPoolExecutor(max_workers=2) as pool:
 
-            def begin(username: str):
+            def end(username: str):
                 try:
-                    return login_attempt_begin(username=username, ip_address="192.0.2.8")
+                    return login_attempt_end(
+                        username=username, ip_address="192.0.2.8", succeeded=False
+                    )
                 finally:
                     connections.close_all()
 
-            same = pool.submit(begin, " alice ")  # the same username, as the form may send it
-            # Another username goes through while alice's attempt is in flight…
-            assert pool.submit(begin, "bob").result(timeout=30) is None
+            same = pool.submit(end, " alice ")  # the same username, as the form may send it
+            # Another username goes through while alice's attempt is being decided…
+            assert pool.submit(end, "bob").result(timeout=30) is None
             assert LoginFailure.objects.filter(username="bob").count() == 1
             # …alice's next attempt waits for it.
             wait_for(lambda: _waiting_for_login_lock("alice"), timeout=30, what="the wait")

@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("tenants", "0006_api_token_credential_stamp"),
+        ("tenants", "0007_i31_api_token_submission_key"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
