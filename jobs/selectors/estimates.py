@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db.models import OuterRef, Subquery
+from django.db.models import Max, OuterRef, Subquery
 from django.utils import timezone
 
 from jobs import admission, estimates
@@ -14,10 +14,12 @@ from jobs.models import (
     HOLDING_STATES,
     LIVE_ATTEMPT_STATES,
     Attempt,
+    Cluster,
     Run,
     RunState,
     StartForecast,
 )
+from jobs.simulation import Workload, work_wall_s
 
 # How far back and how many finished runs the duration history reads.
 HISTORY_DAYS = 90
@@ -84,10 +86,56 @@ def _expected_runtime(history, *, experiment, template, shape, max_runtime_s: fl
     )
 
 
+def _simulator_speedups(snapshot: admission.Snapshot) -> dict[str, float]:
+    """flavor -> the speed-up a run of it gets when every enabled cluster that offers the
+    flavor is a simulator (the slowest of them, so the longest wall time); flavors that a
+    real cluster offers are absent: there, only history says how long a run takes."""
+    kinds = {
+        name: (backend, settings_)
+        for name, backend, settings_ in Cluster.objects.filter(enabled=True).values_list(
+            "name", "backend", "settings"
+        )
+    }
+    found: dict[str, float] = {}
+    real: set[str] = set()
+    for node in snapshot.nodes:
+        backend, cluster_settings = kinds.get(node.cluster, ("", {}))
+        if backend != Cluster.Backend.SIMULATOR:
+            real.add(node.flavor)
+            continue
+        speedup = float(cluster_settings.get("speedup", 1))
+        found[node.flavor] = min(speedup, found.get(node.flavor, speedup))
+    return {flavor: speedup for flavor, speedup in found.items() if flavor not in real}
+
+
+def _simulated_s(env: dict, *, resume_step: int | None, speedup: float | None) -> float | None:
+    """Wall seconds the simulated work of a run takes when its experiment declares that work
+    (``GANTRY_SIM_DURATION_S``) and a simulator runs it: known to the second, as the
+    simulator runs it exactly. None otherwise, and history predicts."""
+    if speedup is None or speedup <= 0 or "GANTRY_SIM_DURATION_S" not in env:
+        return None
+    hints = {str(k): str(v) for k, v in env.items()}
+    if resume_step:
+        hints["GANTRY_RESUME_STEP"] = str(resume_step)
+    try:
+        return work_wall_s(Workload.from_env(hints), speedup=speedup)
+    except ValueError:  # a hint the simulator refuses: its submit fails, nothing to predict
+        return None
+
+
 def estimate_inputs(*, snapshot: admission.Snapshot, now: datetime) -> EstimateInputs:
     """How long every run of the admission ``snapshot`` holds its GPUs, at the latest (max
-    runtimes) and as expected (history), in three queries."""
+    runtimes) and as expected, in five queries. Expected: for a run on a simulated cluster
+    that declares its simulated work, that work's wall time (to the second); else history.
+    Every figure is wall time, as every time limit is (jobs.simulation)."""
     history = _durations_by_key(now=now)
+    speedups = _simulator_speedups(snapshot)
+    cluster_speedups = {
+        name: float(cluster_settings.get("speedup", 1))
+        for name, cluster_settings in Cluster.objects.filter(
+            backend=Cluster.Backend.SIMULATOR
+        ).values_list("name", "settings")
+    }
     fields = (
         "id",
         "experiment__project_id",
@@ -98,34 +146,48 @@ def estimate_inputs(*, snapshot: admission.Snapshot, now: datetime) -> EstimateI
         "experiment__nodes",
         "experiment__gpus_per_node",
         "experiment__max_runtime_minutes",
+        "experiment__env",
     )
     max_runtimes: dict[int, float | None] = {}
     expected_runtimes: dict[int, float | None] = {}
-    for row in Run.objects.filter(state=RunState.QUEUED).values_list(*fields):
-        run_id, project, name, template, tenant, flavor, nodes, gpus_per_node, minutes = row
+    queued = Run.objects.filter(state=RunState.QUEUED).annotate(
+        resume_step=Max("checkpoints__step")
+    )
+    for row in queued.values_list(*fields, "resume_step"):
+        run_id, project, name, template, tenant, flavor, nodes, gpus_per_node, minutes = row[:9]
+        env, resume_step = row[9:]
         experiment = (project, name)
         max_runtimes[run_id] = minutes * 60.0
-        expected_runtimes[run_id] = _expected_runtime(
-            history,
-            experiment=experiment,
-            template=template,
-            shape=(tenant, flavor, nodes, gpus_per_node),
-            max_runtime_s=minutes * 60.0,
+        simulated = _simulated_s(env, resume_step=resume_step, speedup=speedups.get(flavor))
+        expected_runtimes[run_id] = (
+            min(minutes * 60.0, simulated)
+            if simulated is not None
+            else _expected_runtime(
+                history,
+                experiment=experiment,
+                template=template,
+                shape=(tenant, flavor, nodes, gpus_per_node),
+                max_runtime_s=minutes * 60.0,
+            )
         )
 
-    live_start = Attempt.objects.filter(
-        run=OuterRef("pk"), state__in=LIVE_ATTEMPT_STATES, started_at__isnull=False
-    ).order_by("-number")
-    held = Run.objects.filter(state__in=HOLDING_STATES).annotate(
-        attempt_started=Subquery(live_start.values("started_at")[:1])
+    live = Attempt.objects.filter(run=OuterRef("pk"), state__in=LIVE_ATTEMPT_STATES).order_by(
+        "-number"
     )
+    held = Run.objects.filter(state__in=HOLDING_STATES).annotate(
+        attempt_started=Subquery(live.filter(started_at__isnull=False).values("started_at")[:1]),
+        attempt_resume_step=Subquery(live.values("resumed_from__step")[:1]),
+    )
+    cluster_of = {run.id: run.cluster for run in snapshot.held}
     grace = settings.GANTRY_PLACEMENT_GRACE_S
     latest_ends: dict[int, float | None] = {}
     expected_ends: dict[int, float | None] = {}
     at = now.timestamp()
-    for row in held.values_list(*fields, "admitted_at", "submitted_at", "attempt_started"):
+    for row in held.values_list(
+        *fields, "admitted_at", "submitted_at", "attempt_started", "attempt_resume_step"
+    ):
         run_id, project, name, template, tenant, flavor, nodes, gpus_per_node, minutes = row[:9]
-        admitted, submitted, started = row[9:]
+        env, admitted, submitted, started, resume_step = row[9:]
         experiment = (project, name)
         max_runtime_s = minutes * 60.0
         if started is not None:
@@ -136,15 +198,22 @@ def estimate_inputs(*, snapshot: admission.Snapshot, now: datetime) -> EstimateI
             placed = (admitted or submitted).timestamp() + grace
             latest = max(at, placed) + max_runtime_s
         latest_ends[run_id] = latest
+        simulated = _simulated_s(
+            env, resume_step=resume_step, speedup=cluster_speedups.get(cluster_of.get(run_id, ""))
+        )
         expected_ends[run_id] = estimates.expected_end(
             started=started.timestamp() if started is not None else None,
             now=at,
-            expected_s=_expected_runtime(
-                history,
-                experiment=experiment,
-                template=template,
-                shape=(tenant, flavor, nodes, gpus_per_node),
-                max_runtime_s=max_runtime_s,
+            expected_s=(
+                simulated
+                if simulated is not None
+                else _expected_runtime(
+                    history,
+                    experiment=experiment,
+                    template=template,
+                    shape=(tenant, flavor, nodes, gpus_per_node),
+                    max_runtime_s=max_runtime_s,
+                )
             ),
             latest_end=latest,
         )

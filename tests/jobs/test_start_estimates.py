@@ -24,8 +24,14 @@ from tests.jobs.test_templates import make_template
 T0 = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
 
 
+# Runs that declare no simulated work: history predicts how long they take, as on a real
+# cluster (one that declares it is predicted by its work: tests/portal/test_demo_clock.py).
+NO_DECLARED_WORK: dict[str, str] = {}
+
+
 def submit(world, *, user=None, minutes=120, **overrides) -> Run:
     user = user or world.researcher_a
+    overrides.setdefault("env", NO_DECLARED_WORK)
     return run_submit(
         user=user,
         data=experiment_input(world, gpus_per_node=8, max_runtime_minutes=minutes, **overrides),
@@ -57,7 +63,9 @@ def full_cluster(world):
         succeeded(earlier, started=T0 - timedelta(days=1), minutes=40)
         again = run_submit(
             user=world.researcher_a,
-            data=experiment_input(world, gpus_per_node=8, max_runtime_minutes=120),
+            data=experiment_input(
+                world, gpus_per_node=8, max_runtime_minutes=120, env=NO_DECLARED_WORK
+            ),
         )
         succeeded(again, started=T0 - timedelta(hours=20), minutes=44)
     with time_machine.travel(T0, tick=False):
@@ -280,3 +288,22 @@ def test_refreshes_are_spaced_by_what_the_last_one_cost(world, settings):
     StartForecast.objects.update(computed_at=T0, duration_s=3.0)
     with time_machine.travel(T0 + timedelta(seconds=60), tick=False):
         assert estimates_refresh() is not None
+
+
+@pytest.mark.django_db
+def test_a_run_that_declares_its_simulated_work_is_expected_to_take_its_wall_time(world):
+    # Given sim-1 at 1000x and a history that says runs of this shape take 40 minutes.
+    with time_machine.travel(T0 - timedelta(days=1), tick=False):
+        for _ in range(3):
+            succeeded(submit(world), started=T0 - timedelta(days=1), minutes=40)
+    with time_machine.travel(T0, tick=False):
+        # When one run declares 2 simulated hours of work and another declares none.
+        declared = submit(world, env={"GANTRY_SIM_DURATION_S": "7200"}, name="declared")
+        undeclared = submit(world, name="undeclared")
+        snapshot, _ = admission_snapshot(now=T0)
+        inputs = estimate_inputs(snapshot=snapshot, now=T0)
+    # Then the declared one is expected to take its work's wall time, start-up included
+    # ((30 + 7200) / 1000 s), never more than its limit; the other what history says.
+    assert inputs.expected_runtimes[declared.pk] == 7.23
+    assert inputs.expected_runtimes[undeclared.pk] == 40 * 60.0
+    assert inputs.max_runtimes[declared.pk] == 120 * 60.0
