@@ -255,7 +255,9 @@ class Run(models.Model):
         default=False, help_text="Admitted past a soft monthly GPU-hour budget"
     )
     wait_reason = models.CharField(max_length=16, choices=WaitReason.choices, blank=True)
-    wait_message = models.CharField(max_length=500, blank=True)
+    # Long enough for a reason that names each of up to 8 nodes with its own figure and why
+    # its GPUs are not free (jobs.placement.explain), so none is cut off.
+    wait_message = models.CharField(max_length=1000, blank=True)
     # Its place in line among the queued runs of its flavor (1 is next), set by the selectors
     # that show runs (jobs.selectors.runs ``runs_place_in_line``): counted when read, never
     # stored, since every admission would shift it for every run behind.

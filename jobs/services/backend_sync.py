@@ -38,6 +38,7 @@ from jobs.models import (
 )
 from jobs.selectors.runs import attempt_get_for_work
 from jobs.services.lifecycle import (
+    WAIT_MESSAGE_MAX_LENGTH,
     attempt_accept,
     pending_message,
     run_requeue_after_preemption,
@@ -86,7 +87,6 @@ _NODE_FIELDS = (
     "path",
 )
 NODE_REASON_MAX_LENGTH = max_length_of(ClusterNode, "reason")
-WAIT_MESSAGE_MAX_LENGTH = max_length_of(Run, "wait_message")
 
 
 def cluster_refresh_inventory(*, cluster: Cluster, now=None) -> None:
