@@ -284,7 +284,7 @@ def test_the_largest_gangs_read_for_every_per_node_size():
             for size in gang_sizes([node_gpus])
         )
 
-    # The case: 4 nodes with 6 free each start a gang of 4 × 6 (not "0 × 8, or 4 × 4").
+    # The case: 4 nodes with 6 free each start a gang of 4 x 6 (it read "0 x 8, or 4 x 4").
     assert text([6, 6, 6, 6]) == "4 × 1–6; none with 7–8"
     assert text([8, 6, 6, 2]) == "1 × 7–8, 3 × 3–6, 4 × 1–2"
     assert text([8, 8]) == "2 × 1–8"
