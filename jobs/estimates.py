@@ -214,8 +214,8 @@ def simulate(
         left = queued[run_id]
         if left.flavor not in flavors:
             why = f"no enabled cluster has {left.flavor} GPUs"
-        elif (left.tenant, left.flavor) in waits and waits[(left.tenant, left.flavor)] in _STUCK:
-            why = _STUCK[waits[(left.tenant, left.flavor)]]
+        elif (left.tenant, left.flavor) in waits and waits[(left.tenant, left.flavor)] in STUCK:
+            why = STUCK[waits[(left.tenant, left.flavor)]]
         elif stopped == "horizon":
             why = f"it does not start within the {horizon_s / 3600:,.0f} hours looked ahead"
         elif stopped == "steps":
@@ -236,8 +236,9 @@ def simulate(
     return Forecast(starts=starts, steps=tuple(steps), until=until, ready=ready)
 
 
-# Waits that no run ending can lift: said as they are rather than as a missing bound.
-_STUCK: dict[admission.Wait, str] = {
+# Waits that no run ending can lift: said as they are rather than as a start time (the
+# forward simulation and the submit preview alike).
+STUCK: dict[admission.Wait, str] = {
     admission.Wait.NO_QUOTA: "the tenant has no quota for this flavor",
     admission.Wait.TOO_LARGE: "it is larger than the tenant's quota allows per run",
     admission.Wait.BUDGET_EXHAUSTED: (

@@ -274,10 +274,11 @@ class Run(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     # When a queued run should start (jobs.estimates, refreshed by jobs.tasks.estimate_starts
-    # at a bounded cadence, never per request): by ``start_latest_at`` if every run ahead
-    # uses its whole max runtime, about ``start_expected_at`` by how long such runs really
-    # take. No number, and ``start_note`` says why, where no bound exists.
-    start_latest_at = models.DateTimeField(null=True, blank=True)
+    # at a bounded cadence, never per request), two estimates, neither a promise (work let in
+    # first moves both): ``start_full_limits_at`` if every run ahead uses its whole max
+    # runtime, ``start_expected_at`` by how long such runs really take. No number, and
+    # ``start_note`` says why, where the runs ahead have no known end.
+    start_full_limits_at = models.DateTimeField(null=True, blank=True)
     start_expected_at = models.DateTimeField(null=True, blank=True)
     start_note = models.CharField(max_length=300, blank=True)
     # Where it should start and the runs whose end frees those nodes (ids, shown to a viewer

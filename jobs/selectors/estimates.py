@@ -241,18 +241,21 @@ def forecast_of(data: dict) -> estimates.Forecast:
 @dataclass(frozen=True)
 class StartPreview:
     expected: estimates.Start
-    latest: estimates.Start
+    full_limits: estimates.Start  # if every run ahead uses its whole max runtime
     computed_at: datetime  # of the forecast it comes from
 
     def summary(self, *, now: datetime) -> str:
-        latest, expected = _moment(self.latest.at), _moment(self.expected.at)
-        if latest is None:
-            return f"no start estimate: {self.latest.why}"
-        expected = min(expected or latest, latest)
+        full, expected = _moment(self.full_limits.at), _moment(self.expected.at)
+        if full is None:
+            return f"no start estimate: {self.full_limits.why}"
+        # The forecast is up to a refresh old: a start it put before now is now at the
+        # earliest, never a time already past.
+        full = max(full, now)
+        expected = max(min(expected or full, full), now)
         text = f"would start at about {when(expected, now=now)}"
-        if latest > expected:
-            text += f", by {when(latest, now=now)} at the latest"
-        return text
+        if full > expected:
+            text += f"; about {when(full, now=now)} {FULL_LIMITS}"
+        return text + f" (estimates of {when(self.computed_at, now=now)})"
 
 
 def start_preview(
@@ -268,15 +271,20 @@ def start_preview(
         mode: estimates.first_fit(
             forecast_of(data), run=probe, quota=quota, nodes=snapshot.nodes, levels=snapshot.levels
         )
-        for mode, data in (("latest", stored.latest), ("expected", stored.expected))
+        for mode, data in (("full_limits", stored.latest), ("expected", stored.expected))
     }
     return StartPreview(
-        expected=found["expected"], latest=found["latest"], computed_at=stored.computed_at
+        expected=found["expected"], full_limits=found["full_limits"], computed_at=stored.computed_at
     )
 
 
 def _moment(epoch: float | None) -> datetime | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, tz=UTC)
+
+
+# The one name of the second estimate, wherever it is shown. Not "latest": it assumes no
+# other work is let in first, which Gantry does not promise (docs/admission.md).
+FULL_LIMITS = "if every run ahead uses its full time limit"
 
 
 def when(moment: datetime, *, now: datetime) -> str:
@@ -293,7 +301,7 @@ def when(moment: datetime, *, now: datetime) -> str:
 class StartEstimate:
     """What a queued run should expect, for one viewer."""
 
-    latest: datetime | None
+    full_limits: datetime | None  # if every run ahead uses its whole max runtime
     expected: datetime | None
     note: str  # why there is no number
     cluster: str
@@ -303,13 +311,19 @@ class StartEstimate:
     estimated_at: datetime | None
 
     def summary(self, *, now: datetime) -> str:
-        if self.latest is None:
+        if self.full_limits is None:
             return f"No start estimate: {self.note}" if self.note else ""
-        expected = self.expected or self.latest
+        # Stored by the last refresh: a start it put before now reads as now, never as past.
+        full = max(self.full_limits, now)
+        expected = max(min(self.expected or full, full), now)
         text = f"Should start at about {when(expected, now=now)}"
-        if self.latest > expected:
-            text += f", by {when(self.latest, now=now)} at the latest"
-        text += " unless other work is let in first"
+        if full > expected:
+            text += f"; about {when(full, now=now)} {FULL_LIMITS}"
+        if self.estimated_at is not None:
+            text += f" (estimates of {when(self.estimated_at, now=now)}"
+        else:
+            text += " (estimates"
+        text += "; a run let in first can move them)"
         waits = [f"run {run_id}" for run_id in self.behind]
         if self.behind_elsewhere:
             waits.append(
@@ -338,7 +352,7 @@ def run_start_estimate(*, run: Run) -> StartEstimate | None:
     )
     placed = list(run.start_nodes or [])
     return StartEstimate(
-        latest=run.start_latest_at,
+        full_limits=run.start_full_limits_at,
         expected=run.start_expected_at,
         note=run.start_note,
         cluster=placed[0] if placed else "",

@@ -28,7 +28,7 @@ from jobs.services.usage import fair_share_update
 ADMISSION_LOCK_KEY = 0x67616E747279  # "gantry"
 # An admitted run has started waiting for nothing: its estimate goes with the wait.
 NO_START_ESTIMATE: dict[str, Any] = {
-    "start_latest_at": None,
+    "start_full_limits_at": None,
     "start_expected_at": None,
     "start_note": "",
     "start_nodes": [],

@@ -9,6 +9,11 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.RenameField(
+            model_name="run",
+            old_name="start_latest_at",
+            new_name="start_full_limits_at",
+        ),
         migrations.AlterField(
             model_name="run",
             name="wait_message",
