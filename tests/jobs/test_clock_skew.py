@@ -43,9 +43,9 @@ def apply(attempt_id: int, status: JobStatus, *, now: datetime) -> int:
             "(23:59:00 UTC): the clocks disagree",
         ),
         (
-            JobStatus(state="SUCCEEDED", started_at=T0 - timedelta(hours=2), finished_at=T0),
-            "sim-1 says the job started at 2026-05-31 21:58:00 UTC, 7,200 s before Gantry "
-            "submitted it: the clocks disagree",
+            JobStatus(state="SUCCEEDED", started_at=T0, finished_at=T0 + timedelta(minutes=3)),
+            "sim-1 says the job ended at 2026-06-01 00:01:00 UTC, 120 s after Gantry's clock "
+            "(23:59:00 UTC): the clocks disagree",
         ),
         (
             JobStatus(
