@@ -7,8 +7,9 @@ run ends, admitting what fits then, until every queued run has started, the hori
 reached or nothing more is known to end. What it assumes:
 
 - each held run frees its GPUs at ``ends[run]`` and each queued run holds its GPUs for
-  ``runtimes[run]`` once started: the maximum runtimes give the **latest** start, the
-  durations predicted from history (``jobs.selectors.estimates``) the **expected** one;
+  ``runtimes[run]`` once started: the maximum runtimes give the start **at full time
+  limits**, the durations predicted (``jobs.selectors.estimates``) the **expected** one;
+  neither is a promise, as other work can go first (docs/admission.md);
 - no other work arrives (a run with a higher priority, or one that fits where a waiting
   run does not, can still go first: the figure says so);
 - what never ends by what is known (jobs from outside Gantry, a node that takes no work,

@@ -34,7 +34,7 @@ _FIELDS = [
 @dataclass(frozen=True)
 class EstimateSummary:
     queued: int
-    with_bound: int  # runs with a latest start
+    with_bound: int  # runs with a start estimate (a number, not a reason)
     changed: int  # rows written
 
 
