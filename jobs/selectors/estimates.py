@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Max, OuterRef, Subquery
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from jobs import admission, estimates
@@ -14,6 +14,7 @@ from jobs.models import (
     HOLDING_STATES,
     LIVE_ATTEMPT_STATES,
     Attempt,
+    Checkpoint,
     Cluster,
     Run,
     RunState,
@@ -150,8 +151,12 @@ def estimate_inputs(*, snapshot: admission.Snapshot, now: datetime) -> EstimateI
     )
     max_runtimes: dict[int, float | None] = {}
     expected_runtimes: dict[int, float | None] = {}
+    # A requeued run resumes from its latest checkpoint: its work left starts there.
+    latest_checkpoint = (
+        Checkpoint.objects.filter(run=OuterRef("pk")).order_by("-step").values("step")[:1]
+    )
     queued = Run.objects.filter(state=RunState.QUEUED).annotate(
-        resume_step=Max("checkpoints__step")
+        resume_step=Subquery(latest_checkpoint)
     )
     for row in queued.values_list(*fields, "resume_step"):
         run_id, project, name, template, tenant, flavor, nodes, gpus_per_node, minutes = row[:9]
