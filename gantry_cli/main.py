@@ -135,11 +135,11 @@ def _start_estimate(run: dict[str, Any]) -> str:
     """When a queued run should start, in local time, or why there is no estimate."""
     if run["state"] != "QUEUED":
         return ""
-    latest, expected = run.get("start_latest_at"), run.get("start_expected_at")
-    if latest:
-        text = f"starts about {when(expected or latest)}"
-        if expected and expected != latest:
-            text += f", by {when(latest)} at the latest"
+    full, expected = run.get("start_full_limits_at"), run.get("start_expected_at")
+    if full:
+        text = f"starts about {when(expected or full)}"
+        if expected and expected != full:
+            text += f"; about {when(full)} if every run ahead uses its full time limit"
         return text
     if run.get("start_note"):
         return f"no start estimate: {run['start_note']}"

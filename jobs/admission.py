@@ -260,7 +260,14 @@ class _Pool:
         )
         self._placeable = {
             name: placement.Node(
-                name, node.gpus, self.available(name), node.schedulable, node.path, node.reason
+                name,
+                node.gpus,
+                self.available(name),
+                node.schedulable,
+                node.path,
+                node.reason,
+                outside=node.outside,
+                held=self.held(name),
             )
             for name, node in self.nodes.items()
         }
@@ -268,6 +275,10 @@ class _Pool:
 
     def available(self, name: str) -> int:
         return max(0, self.free[name] - self.reserved[name])
+
+    def held(self, name: str) -> int:
+        """GPUs of the node that are free but held back for a starving run."""
+        return min(self.reserved[name], max(0, self.free[name]))
 
     def _remembered(self, key: tuple[object, ...], compute: Callable[[], _T]) -> _T:
         """``compute()``, or what it gave for ``key`` at this version."""
@@ -292,7 +303,9 @@ class _Pool:
         self.reserved[name] += reserved
         if schedulable:
             self.tally[self.available(name)] += 1
-        self._placeable[name] = replace(self._placeable[name], free=self.available(name))
+        self._placeable[name] = replace(
+            self._placeable[name], free=self.available(name), held=self.held(name)
+        )
 
     def take(self, name: str, gpus: int) -> None:
         if name in self.nodes:

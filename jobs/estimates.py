@@ -7,8 +7,9 @@ run ends, admitting what fits then, until every queued run has started, the hori
 reached or nothing more is known to end. What it assumes:
 
 - each held run frees its GPUs at ``ends[run]`` and each queued run holds its GPUs for
-  ``runtimes[run]`` once started: the maximum runtimes give the **latest** start, the
-  durations predicted from history (``jobs.selectors.estimates``) the **expected** one;
+  ``runtimes[run]`` once started: the maximum runtimes give the start **at full time
+  limits**, the durations predicted (``jobs.selectors.estimates``) the **expected** one;
+  neither is a promise, as other work can go first (docs/admission.md);
 - no other work arrives (a run with a higher priority, or one that fits where a waiting
   run does not, can still go first: the figure says so);
 - what never ends by what is known (jobs from outside Gantry, a node that takes no work,
@@ -214,8 +215,8 @@ def simulate(
         left = queued[run_id]
         if left.flavor not in flavors:
             why = f"no enabled cluster has {left.flavor} GPUs"
-        elif (left.tenant, left.flavor) in waits and waits[(left.tenant, left.flavor)] in _STUCK:
-            why = _STUCK[waits[(left.tenant, left.flavor)]]
+        elif (left.tenant, left.flavor) in waits and waits[(left.tenant, left.flavor)] in STUCK:
+            why = STUCK[waits[(left.tenant, left.flavor)]]
         elif stopped == "horizon":
             why = f"it does not start within the {horizon_s / 3600:,.0f} hours looked ahead"
         elif stopped == "steps":
@@ -236,8 +237,9 @@ def simulate(
     return Forecast(starts=starts, steps=tuple(steps), until=until, ready=ready)
 
 
-# Waits that no run ending can lift: said as they are rather than as a missing bound.
-_STUCK: dict[admission.Wait, str] = {
+# Waits that no run ending can lift: said as they are rather than as a start time (the
+# forward simulation and the submit preview alike).
+STUCK: dict[admission.Wait, str] = {
     admission.Wait.NO_QUOTA: "the tenant has no quota for this flavor",
     admission.Wait.TOO_LARGE: "it is larger than the tenant's quota allows per run",
     admission.Wait.BUDGET_EXHAUSTED: (

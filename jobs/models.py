@@ -258,7 +258,9 @@ class Run(models.Model):
         default=False, help_text="Admitted past a soft monthly GPU-hour budget"
     )
     wait_reason = models.CharField(max_length=16, choices=WaitReason.choices, blank=True)
-    wait_message = models.CharField(max_length=500, blank=True)
+    # Long enough for a reason that names each of up to 8 nodes with its own figure and why
+    # its GPUs are not free (jobs.placement.explain), so none is cut off.
+    wait_message = models.CharField(max_length=1000, blank=True)
     # Its place in line among the queued runs of its flavor (1 is next), set by the selectors
     # that show runs (jobs.selectors.runs ``runs_place_in_line``): counted when read, never
     # stored, since every admission would shift it for every run behind.
@@ -275,10 +277,11 @@ class Run(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     # When a queued run should start (jobs.estimates, refreshed by jobs.tasks.estimate_starts
-    # at a bounded cadence, never per request): by ``start_latest_at`` if every run ahead
-    # uses its whole max runtime, about ``start_expected_at`` by how long such runs really
-    # take. No number, and ``start_note`` says why, where no bound exists.
-    start_latest_at = models.DateTimeField(null=True, blank=True)
+    # at a bounded cadence, never per request), two estimates, neither a promise (work let in
+    # first moves both): ``start_full_limits_at`` if every run ahead uses its whole max
+    # runtime, ``start_expected_at`` by how long such runs really take. No number, and
+    # ``start_note`` says why, where the runs ahead have no known end.
+    start_full_limits_at = models.DateTimeField(null=True, blank=True)
     start_expected_at = models.DateTimeField(null=True, blank=True)
     start_note = models.CharField(max_length=300, blank=True)
     # Where it should start and the runs whose end frees those nodes (ids, shown to a viewer

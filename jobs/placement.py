@@ -36,6 +36,9 @@ class Node:
     schedulable: bool = True
     path: tuple[str, ...] = ()  # topology domains, widest first; the node is implicit
     reason: str = ""  # why it is not schedulable, in the backend's words
+    # Why GPUs that are not busy with Gantry's runs are still not free, for the reasons:
+    outside: int = 0  # used by jobs from outside Gantry
+    held: int = 0  # reserved for a run waiting past the starvation limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,14 +135,14 @@ def explain(nodes: Sequence[Node], gang: Gang, *, flavor: str, levels: Sequence[
     if gang.required_level is not None and gang.nodes > 1:
         need += f" in one {level_name(levels, gang.required_level)}"
     working = sorted((node for node in nodes if node.schedulable), key=lambda n: n.name)
+    every = sorted(nodes, key=lambda n: n.name)
+    listed = len(every) <= EXPLAIN_NODES_LISTED
     parts = [need]
     if working:
         free = sum(node.free for node in working)
         most = max(node.free for node in working)
-        if len(working) <= EXPLAIN_NODES_LISTED:
-            per_node = ", ".join(f"{node.free}" for node in working)
-            span = working[0].name if len(working) == 1 else f"{working[0].name}…{working[-1].name}"
-            spread = f"{span}: {per_node}"
+        if listed:
+            spread = ", ".join(_node_figure(node) for node in every)
         else:
             tally: dict[int, int] = defaultdict(int)
             for node in working:
@@ -148,6 +151,7 @@ def explain(nodes: Sequence[Node], gang: Gang, *, flavor: str, levels: Sequence[
                 f"{count} node{'s' if count > 1 else ''} with {gpus}"
                 for gpus, count in sorted(tally.items(), reverse=True)
             )
+            spread += _not_free_totals(working)
         parts.append(f"{free} {flavor} GPUs are free, at most {most} on any node ({spread})")
         capable = [node for node in nodes if node.gpus >= gang.gpus_per_node]
         if len(capable) < gang.nodes:
@@ -166,9 +170,35 @@ def explain(nodes: Sequence[Node], gang: Gang, *, flavor: str, levels: Sequence[
                 )
     else:
         parts.append(f"no {flavor} node takes work now")
+    if listed and working:
+        return "; ".join(parts)  # the list above names the nodes that take no work
     unschedulable = sorted((node for node in nodes if not node.schedulable), key=lambda n: n.name)
     for node in unschedulable[:EXPLAIN_NODES_LISTED]:
-        parts.append(f"node {node.name} is {node.reason or 'not schedulable'}")
+        parts.append(f"node {node.name} takes no work ({node.reason or 'not schedulable'})")
     if len(unschedulable) > EXPLAIN_NODES_LISTED:
         parts.append(f"{len(unschedulable) - EXPLAIN_NODES_LISTED} more nodes take no work")
     return "; ".join(parts)
+
+
+def _node_figure(node: Node) -> str:
+    """One node and its own figure: the GPUs free on it, or why it takes no work, and why
+    GPUs Gantry's runs do not use are still not free."""
+    if not node.schedulable:
+        return f"{node.name}: takes no work ({node.reason or 'not schedulable'})"
+    why = []
+    if node.outside:
+        why.append(f"{node.outside} used from outside Gantry")
+    if node.held:
+        why.append(f"{node.held} reserved for a long-waiting run")
+    return f"{node.name}: {node.free}" + (f" ({', '.join(why)})" if why else "")
+
+
+def _not_free_totals(nodes: Sequence[Node]) -> str:
+    outside = sum(node.outside for node in nodes)
+    held = sum(node.held for node in nodes)
+    why = []
+    if outside:
+        why.append(f"{outside} used from outside Gantry")
+    if held:
+        why.append(f"{held} reserved for long-waiting runs")
+    return f"; not counted: {', '.join(why)}" if why else ""

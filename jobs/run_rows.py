@@ -30,7 +30,7 @@ from jobs.selectors.estimates import when
 RUN_ROW_FIELDS = (
     *("experiment", "tenant", "flavor", "cluster", "submitted_by", "gpus", "state"),
     *("borrowed", "over_budget", "wait_reason", "wait_message", "start_note"),
-    *("submitted_at", "started_at", "finished_at", "start_latest_at", "start_expected_at"),
+    *("submitted_at", "started_at", "finished_at", "start_full_limits_at", "start_expected_at"),
     *("experiment__name", "experiment__nodes", "experiment__gpus_per_node"),
     *("experiment__project__slug", "flavor__slug", "cluster__name"),
 )
@@ -89,12 +89,15 @@ def run_row(run: Run, *, now: datetime) -> RunRow:
         and run.state not in (RunState.RUNNING, RunState.PREEMPTED)
     )
     shows_wait = queued or waiting_elsewhere
-    latest, expected = run.start_latest_at, run.start_expected_at
+    full, expected = run.start_full_limits_at, run.start_expected_at
     starts_about = starts_by = ""
-    if queued and latest is not None:
-        starts_about = when(expected or latest, now=now)
-        if expected is not None and latest > expected:
-            starts_by = when(latest, now=now)
+    if queued and full is not None:
+        # Stored by the last refresh: never shown as a time already past.
+        full = max(full, now)
+        expected = max(min(expected or full, full), now)
+        starts_about = when(expected, now=now)
+        if full > expected:
+            starts_by = when(full, now=now)
     submitted_iso, submitted_title = _submitted(run.submitted_at, get_current_timezone())
     experiment = run.experiment
     return RunRow(
@@ -118,7 +121,7 @@ def run_row(run: Run, *, now: datetime) -> RunRow:
         queue_position=run.queue_position if queued else None,
         starts_about=starts_about,
         starts_by=starts_by,
-        start_note=run.start_note if queued and latest is None else "",
+        start_note=run.start_note if queued and run.start_full_limits_at is None else "",
         duration_kind=run.duration.kind,
         duration_text=run.duration.text,
         duration_label=run.duration.label,

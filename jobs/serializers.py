@@ -204,7 +204,7 @@ RUN_COLUMNS = (
     "wait_reason",
     "wait_message",
     "start_expected_at",
-    "start_latest_at",
+    "start_full_limits_at",
     "start_note",
     "start_estimated_at",
     "borrowed",
@@ -268,7 +268,7 @@ class RunSerializer(serializers.ModelSerializer):
             "wait_message",
             "queue_position",
             "start_expected_at",
-            "start_latest_at",
+            "start_full_limits_at",
             "start_note",
             "start_estimated_at",
             "cluster",
@@ -287,9 +287,10 @@ class RunSerializer(serializers.ModelSerializer):
                 "help_text": "When a queued run should start, by how long runs like the ones "
                 "ahead really take; null when there is no estimate (see start_note)."
             },
-            "start_latest_at": {
-                "help_text": "When a queued run starts at the latest if every run ahead uses "
-                "its whole max runtime and no other work is let in first."
+            "start_full_limits_at": {
+                "help_text": "When a queued run should start if every run ahead uses its "
+                "whole max runtime: an estimate, not a promise (a run let in first moves it); "
+                "null when there is no estimate (see start_note)."
             },
             "start_note": {"help_text": "Why a queued run has no start estimate."},
             "start_estimated_at": {"help_text": "When the estimates were computed."},
@@ -316,7 +317,9 @@ class RunSerializer(serializers.ModelSerializer):
             "wait_message": str(instance.wait_message),
             "queue_position": _integer(instance.queue_position),
             "start_expected_at": _datetime(instance.start_expected_at, zone) if queued else None,
-            "start_latest_at": _datetime(instance.start_latest_at, zone) if queued else None,
+            "start_full_limits_at": _datetime(instance.start_full_limits_at, zone)
+            if queued
+            else None,
             "start_note": str(instance.start_note) if queued else "",
             "start_estimated_at": _datetime(instance.start_estimated_at, zone) if queued else None,
             "cluster": None if cluster is None else str(cluster.name),

@@ -80,15 +80,22 @@ class Workload:
 @dataclass(frozen=True, slots=True)
 class Outcome:
     state: str  # RUNNING, SUCCEEDED, FAILED
-    ends_at_s: float  # simulated seconds after start when the job ends
+    ends_at_s: float  # wall seconds after start when the job ends
     exit_code: int | None = None
     failure_reason: str = ""
 
 
-def outcome_at(workload: Workload, *, elapsed_s: float, max_runtime_s: int) -> Outcome:
-    """Where a job that started ``elapsed_s`` simulated seconds ago stands."""
+def outcome_at(
+    workload: Workload, *, elapsed_s: float, max_runtime_s: float, speedup: float = 1.0
+) -> Outcome:
+    """Where a job that started ``elapsed_s`` seconds of wall time ago stands.
+
+    One clock for people: the time limit ``max_runtime_s`` is wall time, like every limit,
+    duration and estimate Gantry shows. The speed-up only shortens the simulated work: a
+    workload of ``duration_s`` simulated seconds takes ``duration_s / speedup`` seconds of
+    wall time, and a 1-minute limit stops it after one minute whatever the speed-up."""
     _, state, exit_code, reason = PROFILES[workload.profile]
-    ends_at = STARTUP_S + max(0, workload.end_step - workload.resume_step)
+    ends_at = work_wall_s(workload, speedup=speedup)
     if max_runtime_s < ends_at:
         if elapsed_s >= max_runtime_s:
             return Outcome("FAILED", max_runtime_s, None, "TIMEOUT")
@@ -98,6 +105,12 @@ def outcome_at(workload: Workload, *, elapsed_s: float, max_runtime_s: int) -> O
             return Outcome(state, ends_at, exit_code, reason)
         return Outcome("SUCCEEDED", ends_at, 0, "")
     return Outcome("RUNNING", ends_at)
+
+
+def work_wall_s(workload: Workload, *, speedup: float) -> float:
+    """Wall seconds the workload's simulated work takes (start-up included), time limit
+    aside: what the simulator knows of a job's length before it starts."""
+    return (STARTUP_S + max(0, workload.end_step - workload.resume_step)) / speedup
 
 
 def step_at(workload: Workload, *, elapsed_s: float) -> int:

@@ -277,7 +277,8 @@ def demo_seed(*, speedup: int = 30) -> None:
     request("bob", "nlp", "llm", "llama-pretrain", megatron, env=long_job, flavor="h100-80gb")
     request("bob", "nlp", "retrieval", "dpr-index", pytorch, env=long_job)
     request("bob", "nlp", "retrieval", "dpr-sweep", pytorch, env=long_job, gpus_per_node=4)
-    request("carol", "climate", "nowcasting", "radar-nowcast", pytorch, gpus_per_node=4)
+    request("carol", "climate", "nowcasting", "radar-nowcast", pytorch, gpus_per_node=4,
+            env={"GANTRY_SIM_DURATION_S": "1200"})  # fmt: skip
 
     # Last month, priced at the A100 rate before this month's rise. Submitted after the live
     # runs so that run and experiment numbers of the story above stay as the docs show them.

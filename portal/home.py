@@ -60,7 +60,7 @@ _RUN_ROW_FIELDS = (
     "state",
     "wait_reason",
     "submitted_at",
-    "start_latest_at",
+    "start_full_limits_at",
     "start_expected_at",
     "start_note",
 )

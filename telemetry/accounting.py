@@ -289,13 +289,19 @@ def goodput(accountings: Iterable[Accounting]) -> Fraction | None:
 @dataclass(frozen=True, slots=True)
 class ResumedAttempt:
     restored_step: int  # the checkpoint step the attempt started from
-    last_step: int  # the last step it reported
+    last_step: int  # the largest step it reported (step windows or checkpoints it saved)
+    succeeded: bool = False
+
+
+def recovered(attempt: ResumedAttempt) -> bool:
+    """A resumed attempt recovered when it got past the restored step or succeeded; one
+    that failed (or was preempted, lost or cancelled) before getting past it did not."""
+    return attempt.succeeded or attempt.last_step > attempt.restored_step
 
 
 def checkpoint_recovery_success(resumed: Iterable[ResumedAttempt]) -> Fraction | None:
-    """Resumed attempts that progressed past the restored step ÷ resumed attempts."""
+    """Recovered resumed attempts (``recovered``) ÷ resumed attempts."""
     attempts = list(resumed)
     if not attempts:
         return None
-    progressed = sum(1 for attempt in attempts if attempt.last_step > attempt.restored_step)
-    return Fraction(progressed, len(attempts))
+    return Fraction(sum(1 for attempt in attempts if recovered(attempt)), len(attempts))

@@ -1,4 +1,9 @@
-"""The built-in simulated cluster: virtual nodes with GPUs, driven by a sped-up clock.
+"""The built-in simulated cluster: virtual nodes with GPUs whose simulated work runs faster
+than real time.
+
+The speed-up shortens only the simulated work (a workload of 6 simulated hours takes 12
+minutes at 30×); every time a person sets or reads is wall time: a run's time limit stops
+it after that much wall time, and its start, end and duration are the wall clock's.
 
 Its jobs live in the ``SimulatedJob`` table, so the web process, workers and beat all see
 the same cluster. Cluster settings::
@@ -243,16 +248,22 @@ class SimulatorBackend:
     def _finish_if_done(self, job: SimulatedJob, now) -> None:
         assert job.started_at is not None  # called for running jobs only
         workload = Workload(**job.profile["workload"])
-        elapsed_s = (now - job.started_at).total_seconds() * self.speedup
-        outcome = outcome_at(workload, elapsed_s=elapsed_s, max_runtime_s=job.max_runtime_s)
+        outcome = outcome_at(
+            workload,
+            elapsed_s=(now - job.started_at).total_seconds(),
+            max_runtime_s=job.max_runtime_s,
+            speedup=self.speedup,
+        )
         if outcome.state == "RUNNING":
             return
         job.state = outcome.state
         job.exit_code = outcome.exit_code
         job.failure_reason = outcome.failure_reason
-        job.finished_at = job.started_at + timedelta(seconds=outcome.ends_at_s / self.speedup)
+        job.finished_at = job.started_at + timedelta(seconds=outcome.ends_at_s)
         job.message = simulated_outcome_message(
-            profile=workload.profile, simulated_s=outcome.ends_at_s, speedup=self.speedup
+            profile=workload.profile,
+            simulated_s=outcome.ends_at_s * self.speedup,
+            speedup=self.speedup,
         )
         job.save(update_fields=["state", "exit_code", "failure_reason", "finished_at", "message"])
 

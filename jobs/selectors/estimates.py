@@ -14,10 +14,13 @@ from jobs.models import (
     HOLDING_STATES,
     LIVE_ATTEMPT_STATES,
     Attempt,
+    Checkpoint,
+    Cluster,
     Run,
     RunState,
     StartForecast,
 )
+from jobs.simulation import Workload, work_wall_s
 
 # How far back and how many finished runs the duration history reads.
 HISTORY_DAYS = 90
@@ -84,10 +87,56 @@ def _expected_runtime(history, *, experiment, template, shape, max_runtime_s: fl
     )
 
 
+def _simulator_speedups(snapshot: admission.Snapshot) -> dict[str, float]:
+    """flavor -> the speed-up a run of it gets when every enabled cluster that offers the
+    flavor is a simulator (the slowest of them, so the longest wall time); flavors that a
+    real cluster offers are absent: there, only history says how long a run takes."""
+    kinds = {
+        name: (backend, settings_)
+        for name, backend, settings_ in Cluster.objects.filter(enabled=True).values_list(
+            "name", "backend", "settings"
+        )
+    }
+    found: dict[str, float] = {}
+    real: set[str] = set()
+    for node in snapshot.nodes:
+        backend, cluster_settings = kinds.get(node.cluster, ("", {}))
+        if backend != Cluster.Backend.SIMULATOR:
+            real.add(node.flavor)
+            continue
+        speedup = float(cluster_settings.get("speedup", 1))
+        found[node.flavor] = min(speedup, found.get(node.flavor, speedup))
+    return {flavor: speedup for flavor, speedup in found.items() if flavor not in real}
+
+
+def _simulated_s(env: dict, *, resume_step: int | None, speedup: float | None) -> float | None:
+    """Wall seconds the simulated work of a run takes when its experiment declares that work
+    (``GANTRY_SIM_DURATION_S``) and a simulator runs it: known to the second, as the
+    simulator runs it exactly. None otherwise, and history predicts."""
+    if speedup is None or speedup <= 0 or "GANTRY_SIM_DURATION_S" not in env:
+        return None
+    hints = {str(k): str(v) for k, v in env.items()}
+    if resume_step:
+        hints["GANTRY_RESUME_STEP"] = str(resume_step)
+    try:
+        return work_wall_s(Workload.from_env(hints), speedup=speedup)
+    except ValueError:  # a hint the simulator refuses: its submit fails, nothing to predict
+        return None
+
+
 def estimate_inputs(*, snapshot: admission.Snapshot, now: datetime) -> EstimateInputs:
     """How long every run of the admission ``snapshot`` holds its GPUs, at the latest (max
-    runtimes) and as expected (history), in three queries."""
+    runtimes) and as expected, in five queries. Expected: for a run on a simulated cluster
+    that declares its simulated work, that work's wall time (to the second); else history.
+    Every figure is wall time, as every time limit is (jobs.simulation)."""
     history = _durations_by_key(now=now)
+    speedups = _simulator_speedups(snapshot)
+    cluster_speedups = {
+        name: float(cluster_settings.get("speedup", 1))
+        for name, cluster_settings in Cluster.objects.filter(
+            backend=Cluster.Backend.SIMULATOR
+        ).values_list("name", "settings")
+    }
     fields = (
         "id",
         "experiment__project_id",
@@ -98,34 +147,52 @@ def estimate_inputs(*, snapshot: admission.Snapshot, now: datetime) -> EstimateI
         "experiment__nodes",
         "experiment__gpus_per_node",
         "experiment__max_runtime_minutes",
+        "experiment__env",
     )
     max_runtimes: dict[int, float | None] = {}
     expected_runtimes: dict[int, float | None] = {}
-    for row in Run.objects.filter(state=RunState.QUEUED).values_list(*fields):
-        run_id, project, name, template, tenant, flavor, nodes, gpus_per_node, minutes = row
+    # A requeued run resumes from its latest checkpoint: its work left starts there.
+    latest_checkpoint = (
+        Checkpoint.objects.filter(run=OuterRef("pk")).order_by("-step").values("step")[:1]
+    )
+    queued = Run.objects.filter(state=RunState.QUEUED).annotate(
+        resume_step=Subquery(latest_checkpoint)
+    )
+    for row in queued.values_list(*fields, "resume_step"):
+        run_id, project, name, template, tenant, flavor, nodes, gpus_per_node, minutes = row[:9]
+        env, resume_step = row[9:]
         experiment = (project, name)
         max_runtimes[run_id] = minutes * 60.0
-        expected_runtimes[run_id] = _expected_runtime(
-            history,
-            experiment=experiment,
-            template=template,
-            shape=(tenant, flavor, nodes, gpus_per_node),
-            max_runtime_s=minutes * 60.0,
+        simulated = _simulated_s(env, resume_step=resume_step, speedup=speedups.get(flavor))
+        expected_runtimes[run_id] = (
+            min(minutes * 60.0, simulated)
+            if simulated is not None
+            else _expected_runtime(
+                history,
+                experiment=experiment,
+                template=template,
+                shape=(tenant, flavor, nodes, gpus_per_node),
+                max_runtime_s=minutes * 60.0,
+            )
         )
 
-    live_start = Attempt.objects.filter(
-        run=OuterRef("pk"), state__in=LIVE_ATTEMPT_STATES, started_at__isnull=False
-    ).order_by("-number")
-    held = Run.objects.filter(state__in=HOLDING_STATES).annotate(
-        attempt_started=Subquery(live_start.values("started_at")[:1])
+    live = Attempt.objects.filter(run=OuterRef("pk"), state__in=LIVE_ATTEMPT_STATES).order_by(
+        "-number"
     )
+    held = Run.objects.filter(state__in=HOLDING_STATES).annotate(
+        attempt_started=Subquery(live.filter(started_at__isnull=False).values("started_at")[:1]),
+        attempt_resume_step=Subquery(live.values("resumed_from__step")[:1]),
+    )
+    cluster_of = {run.id: run.cluster for run in snapshot.held}
     grace = settings.GANTRY_PLACEMENT_GRACE_S
     latest_ends: dict[int, float | None] = {}
     expected_ends: dict[int, float | None] = {}
     at = now.timestamp()
-    for row in held.values_list(*fields, "admitted_at", "submitted_at", "attempt_started"):
+    for row in held.values_list(
+        *fields, "admitted_at", "submitted_at", "attempt_started", "attempt_resume_step"
+    ):
         run_id, project, name, template, tenant, flavor, nodes, gpus_per_node, minutes = row[:9]
-        admitted, submitted, started = row[9:]
+        env, admitted, submitted, started, resume_step = row[9:]
         experiment = (project, name)
         max_runtime_s = minutes * 60.0
         if started is not None:
@@ -136,15 +203,22 @@ def estimate_inputs(*, snapshot: admission.Snapshot, now: datetime) -> EstimateI
             placed = (admitted or submitted).timestamp() + grace
             latest = max(at, placed) + max_runtime_s
         latest_ends[run_id] = latest
+        simulated = _simulated_s(
+            env, resume_step=resume_step, speedup=cluster_speedups.get(cluster_of.get(run_id, ""))
+        )
         expected_ends[run_id] = estimates.expected_end(
             started=started.timestamp() if started is not None else None,
             now=at,
-            expected_s=_expected_runtime(
-                history,
-                experiment=experiment,
-                template=template,
-                shape=(tenant, flavor, nodes, gpus_per_node),
-                max_runtime_s=max_runtime_s,
+            expected_s=(
+                simulated
+                if simulated is not None
+                else _expected_runtime(
+                    history,
+                    experiment=experiment,
+                    template=template,
+                    shape=(tenant, flavor, nodes, gpus_per_node),
+                    max_runtime_s=max_runtime_s,
+                )
             ),
             latest_end=latest,
         )
@@ -172,18 +246,21 @@ def forecast_of(data: dict) -> estimates.Forecast:
 @dataclass(frozen=True)
 class StartPreview:
     expected: estimates.Start
-    latest: estimates.Start
+    full_limits: estimates.Start  # if every run ahead uses its whole max runtime
     computed_at: datetime  # of the forecast it comes from
 
     def summary(self, *, now: datetime) -> str:
-        latest, expected = _moment(self.latest.at), _moment(self.expected.at)
-        if latest is None:
-            return f"no start estimate: {self.latest.why}"
-        expected = min(expected or latest, latest)
+        full, expected = _moment(self.full_limits.at), _moment(self.expected.at)
+        if full is None:
+            return f"no start estimate: {self.full_limits.why}"
+        # The forecast is up to a refresh old: a start it put before now is now at the
+        # earliest, never a time already past.
+        full = max(full, now)
+        expected = max(min(expected or full, full), now)
         text = f"would start at about {when(expected, now=now)}"
-        if latest > expected:
-            text += f", by {when(latest, now=now)} at the latest"
-        return text
+        if full > expected:
+            text += f"; about {when(full, now=now)} {FULL_LIMITS}"
+        return text + f" (estimates of {when(self.computed_at, now=now)})"
 
 
 def start_preview(
@@ -199,15 +276,20 @@ def start_preview(
         mode: estimates.first_fit(
             forecast_of(data), run=probe, quota=quota, nodes=snapshot.nodes, levels=snapshot.levels
         )
-        for mode, data in (("latest", stored.latest), ("expected", stored.expected))
+        for mode, data in (("full_limits", stored.latest), ("expected", stored.expected))
     }
     return StartPreview(
-        expected=found["expected"], latest=found["latest"], computed_at=stored.computed_at
+        expected=found["expected"], full_limits=found["full_limits"], computed_at=stored.computed_at
     )
 
 
 def _moment(epoch: float | None) -> datetime | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, tz=UTC)
+
+
+# The one name of the second estimate, wherever it is shown. Not "latest": it assumes no
+# other work is let in first, which Gantry does not promise (docs/admission.md).
+FULL_LIMITS = "if every run ahead uses its full time limit"
 
 
 def when(moment: datetime, *, now: datetime) -> str:
@@ -224,7 +306,7 @@ def when(moment: datetime, *, now: datetime) -> str:
 class StartEstimate:
     """What a queued run should expect, for one viewer."""
 
-    latest: datetime | None
+    full_limits: datetime | None  # if every run ahead uses its whole max runtime
     expected: datetime | None
     note: str  # why there is no number
     cluster: str
@@ -234,13 +316,19 @@ class StartEstimate:
     estimated_at: datetime | None
 
     def summary(self, *, now: datetime) -> str:
-        if self.latest is None:
+        if self.full_limits is None:
             return f"No start estimate: {self.note}" if self.note else ""
-        expected = self.expected or self.latest
+        # Stored by the last refresh: a start it put before now reads as now, never as past.
+        full = max(self.full_limits, now)
+        expected = max(min(self.expected or full, full), now)
         text = f"Should start at about {when(expected, now=now)}"
-        if self.latest > expected:
-            text += f", by {when(self.latest, now=now)} at the latest"
-        text += " unless other work is let in first"
+        if full > expected:
+            text += f"; about {when(full, now=now)} {FULL_LIMITS}"
+        if self.estimated_at is not None:
+            text += f" (estimates of {when(self.estimated_at, now=now)}"
+        else:
+            text += " (estimates"
+        text += "; a run let in first can move them)"
         waits = [f"run {run_id}" for run_id in self.behind]
         if self.behind_elsewhere:
             waits.append(
@@ -269,7 +357,7 @@ def run_start_estimate(*, run: Run) -> StartEstimate | None:
     )
     placed = list(run.start_nodes or [])
     return StartEstimate(
-        latest=run.start_latest_at,
+        full_limits=run.start_full_limits_at,
         expected=run.start_expected_at,
         note=run.start_note,
         cluster=placed[0] if placed else "",

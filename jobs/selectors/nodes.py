@@ -94,10 +94,17 @@ class FlavorView:
     nodes: int
     gpus: int
     free: int
-    # The largest gang that could start now, per GPUs per node (largest first): how many
-    # nodes have that many GPUs free, anywhere in the cluster.
+    # The largest gang that could start now, for every number of GPUs per node from the
+    # largest node's down to 1: how many nodes have that many GPUs free, anywhere.
     largest_gangs: tuple[GangSize, ...]
     domains: tuple[DomainView, ...]
+
+    @property
+    def largest_gangs_text(self) -> str:
+        """The figure the nodes page and the admin home show: "1 × 5–8, 2 × 1–4" (nodes ×
+        GPUs per node), per-node sizes with the same number of nodes taken together, and
+        the sizes no gang could start with said as such ("none with 7–8")."""
+        return gangs_text(self.largest_gangs)
 
     def _gpus_of(self, *occupants: Occupant) -> int:
         return sum(
@@ -156,16 +163,30 @@ def _natural(text: str) -> tuple[str | int, ...]:
 
 
 def gang_sizes(node_gpus: Iterable[int]) -> list[int]:
-    """The GPUs per node worth a figure: each node size present, and every power of two
-    below the largest (8-GPU nodes: 8, 4, 2, 1), largest first."""
-    sizes = {gpus for gpus in node_gpus if gpus > 0}
-    if not sizes:
-        return []
-    power = 1
-    while power < max(sizes):
-        sizes.add(power)
-        power *= 2
-    return sorted(sizes, reverse=True)
+    """Every number of GPUs per node a gang could ask for on these nodes: from the largest
+    node's GPUs down to 1 (8-GPU nodes: 8, 7, …, 1)."""
+    largest = max((gpus for gpus in node_gpus if gpus > 0), default=0)
+    return list(range(largest, 0, -1))
+
+
+def gangs_text(gangs: Iterable[GangSize]) -> str:
+    """Largest gangs per GPUs per node, in words: runs of per-node sizes with the same number
+    of nodes as one range, largest first; the sizes no node could take last."""
+    groups: list[list[int]] = []  # [nodes, fewest GPUs per node, most]
+    for gang in sorted(gangs, key=lambda g: -g.gpus_per_node):
+        if groups and groups[-1][0] == gang.nodes:
+            groups[-1][1] = gang.gpus_per_node
+        else:
+            groups.append([gang.nodes, gang.gpus_per_node, gang.gpus_per_node])
+
+    def sizes(fewest: int, most: int) -> str:
+        return str(most) if fewest == most else f"{fewest}–{most}"
+
+    some = [f"{nodes} × {sizes(fewest, most)}" for nodes, fewest, most in groups if nodes]
+    none = [sizes(fewest, most) for nodes, fewest, most in groups if not nodes]
+    if not some:
+        return "none" if not none else f"none with {', '.join(none)}"
+    return ", ".join(some) + (f"; none with {', '.join(none)}" if none else "")
 
 
 def _named_runs(*, user: UserLike) -> dict[int, NamedRun]:

@@ -13,7 +13,7 @@ from django.db import connection
 from django.db.models import Sum
 from django.utils import timezone
 
-from jobs import admission, placement
+from jobs import admission, estimates, placement
 from jobs.calendar import month_start, next_month
 from jobs.models import (
     HOLDING_STATES,
@@ -487,9 +487,14 @@ def admission_preview(
         wait = next(w for w in decisions.waiting if w.run_id == -1)
         verdict = "wait"
         message = f"Would wait: {wait.message} (position {wait.position})"
-        preview = start_preview(probe=probe, snapshot=snapshot)
-        if preview is not None:
-            start = preview.summary(now=now)
+        if wait.reason in estimates.STUCK:
+            # Decided now, not by the stored forecast, which may predate it (a hard budget
+            # spent since the last refresh would otherwise read as a start already past).
+            start = f"no start estimate: {estimates.STUCK[wait.reason]}"
+        else:
+            preview = start_preview(probe=probe, snapshot=snapshot)
+            if preview is not None:
+                start = preview.summary(now=now)
     return AdmissionPreview(
         tenant=tenant,
         flavor=flavor,

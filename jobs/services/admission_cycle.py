@@ -22,13 +22,13 @@ from jobs.models import (
 )
 from jobs.selectors.queue import admission_fingerprint, admission_snapshot, gpus_held
 from jobs.services.bulk import rows_update
-from jobs.services.lifecycle import run_preempt, run_transition
+from jobs.services.lifecycle import WAIT_MESSAGE_MAX_LENGTH, run_preempt, run_transition
 from jobs.services.usage import fair_share_update
 
 ADMISSION_LOCK_KEY = 0x67616E747279  # "gantry"
 # An admitted run has started waiting for nothing: its estimate goes with the wait.
 NO_START_ESTIMATE: dict[str, Any] = {
-    "start_latest_at": None,
+    "start_full_limits_at": None,
     "start_expected_at": None,
     "start_note": "",
     "start_nodes": [],
@@ -138,7 +138,7 @@ def _admission_cycle_locked(*, now=None) -> AdmissionSummary | None:
             wait_reason="",
             wait_message=(
                 f"Placed on {cluster.name} ({', '.join(decision.nodes)}); being submitted"
-            )[:500],
+            )[:WAIT_MESSAGE_MAX_LENGTH],
             **NO_START_ESTIMATE,
         )
         if claimed:
@@ -179,7 +179,7 @@ def _admission_cycle_locked(*, now=None) -> AdmissionSummary | None:
             message += (
                 f"; {held.gpus} GPUs on {held.cluster} ({', '.join(held.nodes)}) are held for it"
             )
-        row = (wait.reason.value, message[:500])
+        row = (wait.reason.value, message[:WAIT_MESSAGE_MAX_LENGTH])
         if written.get(wait.run_id, row) != row:
             changed.append((wait.run_id, *row))
     rows_update(Run, ["wait_reason", "wait_message"], changed, state=RunState.QUEUED)

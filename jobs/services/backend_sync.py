@@ -5,7 +5,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -39,6 +39,7 @@ from jobs.models import (
 from jobs.reclaim import claims_record
 from jobs.selectors.runs import attempt_get_for_work, attempt_token_refusal
 from jobs.services.lifecycle import (
+    WAIT_MESSAGE_MAX_LENGTH,
     attempt_accept,
     pending_message,
     run_requeue_after_preemption,
@@ -102,7 +103,6 @@ _NODE_FIELDS = (
     "path",
 )
 NODE_REASON_MAX_LENGTH = max_length_of(ClusterNode, "reason")
-WAIT_MESSAGE_MAX_LENGTH = max_length_of(Run, "wait_message")
 
 
 def cluster_refresh_inventory(*, cluster: Cluster, now=None) -> None:
@@ -392,11 +392,46 @@ def checkpoints_record(*, attempt: Attempt, reports: Iterable[CheckpointReport])
     )
 
 
+# How far ahead of Gantry's clock a backend's may be before its times are not believed
+# (backends report whole seconds, and hosts keep time only so well).
+CLOCK_SKEW_TOLERANCE = timedelta(seconds=60)
+
+
+def clock_skew(*, attempt: Attempt, status: JobStatus, now: datetime) -> str:
+    """Why the times the backend reports for the attempt cannot be true by Gantry's clock
+    (a job that started or ended after now, or ended before it started), in words; "" when
+    they can. (A start before the submit is not refused: a backend's history can be older
+    than the attempt row that adopted it.)"""
+    cluster = attempt.cluster.name
+    for what, moment in (("started", status.started_at), ("ended", status.finished_at)):
+        if moment is None:
+            continue
+        if moment > now + CLOCK_SKEW_TOLERANCE:
+            ahead = (moment - now).total_seconds()
+            return (
+                f"{cluster} says the job {what} at {moment:%Y-%m-%d %H:%M:%S} UTC, {ahead:,.0f} s "
+                f"after Gantry's clock ({now:%H:%M:%S} UTC): the clocks disagree"
+            )
+    if status.started_at and status.finished_at and status.finished_at < status.started_at:
+        return f"{cluster} says the job ended before it started: its clock is not to be trusted"
+    return ""
+
+
 @transaction.atomic
 def attempt_apply_status(*, attempt: Attempt, status: JobStatus, now) -> int:
-    """Apply what the backend reports about one attempt to the attempt and its run."""
+    """Apply what the backend reports about one attempt to the attempt and its run. Times
+    that cannot be true by Gantry's clock (``clock_skew``) change nothing but the error the
+    attempt shows, and a pending run's wait reason: no start, end or charge on a guess."""
     run = attempt.run
     common = _seen(status=status, now=now)
+    skew = clock_skew(attempt=attempt, status=status, now=now)
+    if skew:
+        error = f"{skew}; nothing is recorded or charged until they agree"
+        Attempt.objects.filter(pk=attempt.pk).update(last_seen_at=now, backend_error=error)
+        Run.objects.filter(pk=run.pk, state__in=(RunState.SUBMITTING, RunState.PENDING)).update(
+            wait_reason=WaitReason.BACKEND, wait_message=error[:WAIT_MESSAGE_MAX_LENGTH]
+        )
+        return 0
     checkpoints_record(attempt=attempt, reports=status.checkpoints)
     adopted = 0
     if attempt.state == AttemptState.SUBMITTING and status.backend_job_id:

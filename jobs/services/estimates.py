@@ -22,7 +22,7 @@ from tenants.models import GpuFlavor
 ESTIMATE_LOCK_KEY = 0x67616E747273  # one refresh at a time (PostgreSQL advisory lock)
 
 _FIELDS = [
-    "start_latest_at",
+    "start_full_limits_at",
     "start_expected_at",
     "start_note",
     "start_nodes",
@@ -34,7 +34,7 @@ _FIELDS = [
 @dataclass(frozen=True)
 class EstimateSummary:
     queued: int
-    with_bound: int  # runs with a latest start
+    with_bound: int  # runs with a start estimate (a number, not a reason)
     changed: int  # rows written
 
 

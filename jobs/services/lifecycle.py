@@ -17,8 +17,11 @@ from jobs.models import (
     RunState,
     WaitReason,
 )
+from tenants.models import max_length_of
 from tenants.services import audit_record
 from tenants.types import UserLike, signed_in
+
+WAIT_MESSAGE_MAX_LENGTH = max_length_of(Run, "wait_message")
 
 
 def run_transition(
@@ -231,6 +234,6 @@ def attempt_accept(
         message=f"{attempt.cluster.name} accepted job {job_id}{found}",
         attempt=attempt,
         wait_reason=WaitReason.BACKEND,
-        wait_message=pending_message(attempt=attempt)[:500],
+        wait_message=pending_message(attempt=attempt)[:WAIT_MESSAGE_MAX_LENGTH],
     )
     return True, accepted

@@ -10,4 +10,8 @@ register = template.Library()
 
 @register.filter
 def start_time(moment):
-    return when(moment, now=timezone.now()) if moment else ""
+    """A start estimate as people say it; one stored before now reads as now, never past."""
+    if not moment:
+        return ""
+    now = timezone.now()
+    return when(max(moment, now), now=now)

@@ -30,7 +30,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce, Greatest, Least
 
-from jobs.models import Attempt, AttemptState, ClusterFlavor, Run, RunState
+from jobs.models import Attempt, AttemptState, Checkpoint, ClusterFlavor, Run, RunState
 from jobs.models import FailureReason as FailureReasonChoice
 from telemetry import diagnosis
 from telemetry.accounting import IDLE_THRESHOLD
@@ -353,12 +353,16 @@ def _failure_reasons(scope: KpiScope) -> tuple[list[FailureCount], int]:
 
 
 def _checkpoint_recovery(scope: KpiScope) -> Ratio:
-    """Resumed attempts that ended in the range: recovered when the largest step any of
-    their step windows reached is past the step of the checkpoint they restored."""
+    """Resumed attempts that ended in the range, and those of them that recovered: got past
+    the step of the checkpoint they restored (a step window or a checkpoint of their own
+    beyond it) or succeeded (``telemetry.accounting.recovered``, in SQL)."""
     last_step = (
         StepWindow.objects.filter(attempt_id=OuterRef("pk"), step__isnull=False)
         .order_by("-step")
         .values("step")[:1]
+    )
+    last_checkpoint = (
+        Checkpoint.objects.filter(attempt_id=OuterRef("pk")).order_by("-step").values("step")[:1]
     )
     counts = (
         Attempt.objects.filter(
@@ -368,10 +372,15 @@ def _checkpoint_recovery(scope: KpiScope) -> Ratio:
             state__in=FINISHED_STATES,
             resumed_from__isnull=False,
         )
-        .annotate(last_step=Subquery(last_step))
+        .annotate(last_step=Subquery(last_step), last_checkpoint=Subquery(last_checkpoint))
         .aggregate(
             resumed=Count("pk"),
-            recovered=Count("pk", filter=Q(last_step__gt=F("resumed_from__step"))),
+            recovered=Count(
+                "pk",
+                filter=Q(state=AttemptState.SUCCEEDED)
+                | Q(last_step__gt=F("resumed_from__step"))
+                | Q(last_checkpoint__gt=F("resumed_from__step")),
+            ),
         )
     )
     return Ratio(part=counts["recovered"], whole=counts["resumed"])

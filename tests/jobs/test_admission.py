@@ -52,7 +52,8 @@ def test_gang_is_all_or_nothing_and_the_rest_waits_with_position():
     # Both tenants' guarantees (32 each) exceed the 32 GPUs: the wait says so.
     assert decisions.waiting[0].message == (
         "needs 2 nodes × 8 a100 GPUs; 8 a100 GPUs are free, at most 8 on any node "
-        "(c1-a100-00…c1-a100-03: 0, 0, 0, 8); the a100 guarantees of all tenants add up to "
+        "(c1-a100-00: 0, c1-a100-01: 0, c1-a100-02: 0, c1-a100-03: 8); the a100 guarantees of "
+        "all tenants add up to "
         "more than the 32 GPUs the clusters have, so not all can be kept at once"
     )
 
@@ -92,7 +93,7 @@ def test_borrowing_never_preempts_and_says_there_is_nothing_idle():
     assert decisions.waiting[0].message == (
         "tenant vision uses 8 of 8 guaranteed a100 GPUs; to borrow idle ones, this run needs "
         "8 a100 GPUs on one node; 0 a100 GPUs are free, at most 0 on any node "
-        "(c1-a100-00…c1-a100-03: 0, 0, 0, 0)"
+        "(c1-a100-00: 0, c1-a100-01: 0, c1-a100-02: 0, c1-a100-03: 0)"
     )
 
 
@@ -212,6 +213,11 @@ def test_a_starving_run_reserves_idle_gpus_against_later_runs():
     starving = decide(snapshot(queued, held_runs=nlp_holds, pools=pools, now=800))
     assert starving.admitted == ()
     assert [(r.run_id, r.cluster, r.gpus) for r in starving.reservations] == [(1, "c1", 8)]
+    # The later run is told why the 8 idle GPUs are not free for it (not "0 free" alone).
+    assert {w.run_id: w.message for w in starving.waiting}[2] == (
+        "needs 4 a100 GPUs on one node; 0 a100 GPUs are free, at most 0 on any node "
+        "(c1-a100-00: 0, c1-a100-01: 0 (8 reserved for a long-waiting run))"
+    )
 
 
 def test_no_quota_and_too_large_have_their_own_reasons():

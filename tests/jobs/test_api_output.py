@@ -37,7 +37,7 @@ from tests.conftest import experiment_input
 ESTIMATED = datetime(2026, 3, 1, 9, 30, 15, 123456, tzinfo=UTC)
 ESTIMATES = {
     "start_expected_at": ESTIMATED + timedelta(minutes=20),
-    "start_latest_at": ESTIMATED + timedelta(hours=2),
+    "start_full_limits_at": ESTIMATED + timedelta(hours=2),
     "start_estimated_at": ESTIMATED,
     "start_note": "",
 }
@@ -56,7 +56,7 @@ def run_as_drf_wrote_it(run: Run, *, detail: bool, viewer) -> dict:
     context = {"request": type("Request", (), {"user": viewer})()}
     data = drf_walk(serializer_class, run, context=context)
     if run.state != RunState.QUEUED:
-        data |= dict.fromkeys(("start_expected_at", "start_latest_at", "start_estimated_at"))
+        data |= dict.fromkeys(("start_expected_at", "start_full_limits_at", "start_estimated_at"))
         data["start_note"] = ""
     if detail:
         data["attempts"] = [drf_walk(AttemptSerializer, a) for a in run_attempts(run=run)]

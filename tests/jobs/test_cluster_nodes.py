@@ -18,7 +18,7 @@ from django.urls import reverse
 from django.utils.html import escape
 
 from jobs.models import Attempt, Cluster, Run
-from jobs.selectors.nodes import NodeMap, NodeView, gang_sizes
+from jobs.selectors.nodes import GangSize, NodeMap, NodeView, gang_sizes, gangs_text
 from jobs.selectors.queue import gpu_occupancy
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_sync import cluster_refresh_inventory
@@ -261,20 +261,35 @@ def test_fragmentation_figures_per_flavor(client, world, placed):
     }
     # a100: 4 free on 00, 8 on 01; 02 is full, 03 drained.
     assert figures == {
-        "a100-80gb": (4, 32, 12, [(1, 8), (2, 4), (2, 2), (2, 1)]),
-        "h100-80gb": (2, 16, 16, [(2, 8), (2, 4), (2, 2), (2, 1)]),
+        "a100-80gb": (4, 32, 12, [(1, 8), (1, 7), (1, 6), (1, 5), (2, 4), (2, 3), (2, 2), (2, 1)]),
+        "h100-80gb": (2, 16, 16, [(2, size) for size in range(8, 0, -1)]),
     }
     assert gpu_occupancy(now=datetime.now(UTC)).free == {"a100-80gb": 12, "h100-80gb": 16}
     assert '<dd data-figure="free">12</dd>' in html
-    assert '<dd data-figure="largest-gangs">1 × 8, or 2 × 4, 2 × 2, 2 × 1</dd>' in html
-    assert '<dd data-figure="largest-gangs">2 × 8, or 2 × 4, 2 × 2, 2 × 1</dd>' in html
+    assert '<dd data-figure="largest-gangs">1 × 5–8, 2 × 1–4</dd>' in html
+    assert '<dd data-figure="largest-gangs">2 × 1–8</dd>' in html
 
 
-def test_gang_sizes_are_the_node_sizes_and_the_powers_of_two_below():
-    assert gang_sizes([8, 8, 8]) == [8, 4, 2, 1]
-    assert gang_sizes([6, 8]) == [8, 6, 4, 2, 1]
+def test_gang_sizes_are_every_gpus_per_node_up_to_the_largest_node():
+    assert gang_sizes([8, 8, 8]) == [8, 7, 6, 5, 4, 3, 2, 1]
+    assert gang_sizes([6, 4]) == [6, 5, 4, 3, 2, 1]
     assert gang_sizes([1]) == [1]
     assert gang_sizes([]) == []
+
+
+def test_the_largest_gangs_read_for_every_per_node_size():
+    def text(free_per_node: list[int], node_gpus: int = 8) -> str:
+        return gangs_text(
+            GangSize(sum(1 for free in free_per_node if free >= size), size)
+            for size in gang_sizes([node_gpus])
+        )
+
+    # The case: 4 nodes with 6 free each start a gang of 4 x 6 (it read "0 x 8, or 4 x 4").
+    assert text([6, 6, 6, 6]) == "4 × 1–6; none with 7–8"
+    assert text([8, 6, 6, 2]) == "1 × 7–8, 3 × 3–6, 4 × 1–2"
+    assert text([8, 8]) == "2 × 1–8"
+    assert text([0, 0]) == "none with 1–8"
+    assert text([3], node_gpus=4) == "1 × 1–3; none with 4"
 
 
 def test_a_stale_inventory_takes_no_work_and_says_so(client, world, placed):
@@ -305,8 +320,8 @@ def test_a_stale_inventory_takes_no_work_and_says_so(client, world, placed):
     assert [
         (f.free, [(g.nodes, g.gpus_per_node) for g in f.largest_gangs]) for f in cluster.flavors
     ] == [
-        (0, [(0, 8), (0, 4), (0, 2), (0, 1)]),
-        (0, [(0, 8), (0, 4), (0, 2), (0, 1)]),
+        (0, [(0, size) for size in range(8, 0, -1)]),
+        (0, [(0, size) for size in range(8, 0, -1)]),
     ]
     assert '<span class="tag tag-warning">inventory out of date</span>' in html
     assert (

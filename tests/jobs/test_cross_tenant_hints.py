@@ -118,7 +118,7 @@ def test_the_requeued_run_waits_with_a_reason_about_its_own_tenant(world, preemp
     assert lent.wait_message == (
         "tenant nlp uses 8 of 8 guaranteed h100-80gb GPUs; to borrow idle ones, this run "
         "needs 8 h100-80gb GPUs on one node; 0 h100-80gb GPUs are free, at most 0 on any node "
-        "(sim-1-h100-80gb-00…sim-1-h100-80gb-01: 0, 0)"
+        "(sim-1-h100-80gb-00: 0, sim-1-h100-80gb-01: 0)"
     )
 
 

@@ -587,3 +587,23 @@ def test_a_simulated_outcome_says_simulated_and_wall_time_apart(simulated_s, spe
         simulated_outcome_message(profile="compute-bound", simulated_s=simulated_s, speedup=speedup)
         == message
     )
+
+
+@pytest.mark.parametrize("speedup", [1, 30, 60])
+def test_a_simulated_time_limit_is_wall_time_and_the_speedup_shortens_only_the_work(speedup):
+    from jobs.simulation import Outcome, Workload, outcome_at
+
+    # 6 simulated hours of work (+ 30 s of start-up), a 1-hour limit, in wall seconds.
+    work = Workload(profile="compute-bound", duration_s=6 * 3600)
+    work_wall_s = (30 + 6 * 3600) / speedup
+    if work_wall_s > 3600:
+        assert outcome_at(work, elapsed_s=3599, max_runtime_s=3600, speedup=speedup).state == (
+            "RUNNING"
+        )
+        assert outcome_at(work, elapsed_s=3600, max_runtime_s=3600, speedup=speedup) == Outcome(
+            "FAILED", 3600, None, "TIMEOUT"
+        )
+    else:
+        assert outcome_at(work, elapsed_s=work_wall_s, max_runtime_s=3600, speedup=speedup) == (
+            Outcome("SUCCEEDED", work_wall_s, 0, "")
+        )

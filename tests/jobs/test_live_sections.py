@@ -140,7 +140,7 @@ def test_section_versions_change_exactly_when_their_html_does_through_a_run_life
     estimated_at = timezone.now() - timedelta(minutes=3)
     Run.objects.filter(pk=run.pk).update(
         start_estimated_at=estimated_at,
-        start_latest_at=estimated_at + timedelta(hours=2),
+        start_full_limits_at=estimated_at + timedelta(hours=2),
         start_expected_at=estimated_at + timedelta(hours=1),
     )
     snapshot()

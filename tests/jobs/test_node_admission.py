@@ -88,7 +88,8 @@ def test_free_gpus_scattered_over_nodes_admit_no_full_node_gang_and_say_why(frag
     summary = admission_run_cycle()
 
     assert (summary.admitted, summary.waiting) == (0, 2)
-    spread = "(sim-1-a100-80gb-00…sim-1-a100-80gb-03: 6, 6, 6, 6)"
+    # Each node with its own figure, and why the GPUs no run of Gantry's uses are not free.
+    spread = "(" + ", ".join(f"{node(i)}: 6 (2 used from outside Gantry)" for i in range(4)) + ")"
     assert waiting(one_node) == (
         WaitReason.CAPACITY,
         f"needs 8 {A100} GPUs on one node; 24 {A100} GPUs are free, at most 6 on any node {spread}",
@@ -123,7 +124,9 @@ def test_the_preview_never_says_start_for_a_run_that_cannot_be_placed(fragmented
     assert (preview.verdict, preview.idle, preview.in_use) == ("wait", 24, 0)
     assert preview.message == (
         f"Would wait: needs 8 {A100} GPUs on one node; 24 {A100} GPUs are free, at most 6 on "
-        "any node (sim-1-a100-80gb-00…sim-1-a100-80gb-03: 6, 6, 6, 6) (position 1)"
+        "any node ("
+        + ", ".join(f"{node(i)}: 6 (2 used from outside Gantry)" for i in range(4))
+        + ") (position 1)"
     )
     preview = admission_preview(
         user=world.researcher_a, tenant="vision", flavor=A100, nodes=2, gpus_per_node=6
@@ -161,8 +164,8 @@ def test_a_drained_node_takes_nothing_and_is_named_in_the_reason(world):
     assert waiting(second) == (
         WaitReason.CAPACITY,
         f"needs 8 {A100} GPUs on one node; 0 {A100} GPUs are free, at most 0 on any node "
-        f"({node(0)}: 0); node {node(1)} is drained: bad DIMM; node {node(2)} is drained: bad "
-        f"DIMM; node {node(3)} is drained: bad DIMM",
+        f"({node(0)}: 0, {node(1)}: takes no work (drained: bad DIMM), {node(2)}: takes no "
+        f"work (drained: bad DIMM), {node(3)}: takes no work (drained: bad DIMM))",
         1,
     )
     rows = ClusterNode.objects.filter(flavor=world.a100).order_by("name")
@@ -231,7 +234,8 @@ def test_a_required_level_waits_for_room_in_one_domain_and_says_so(world):
     assert waiting(run) == (
         WaitReason.CAPACITY,
         f"needs 2 nodes × 8 {A100} GPUs in one block; 16 {A100} GPUs are free, at most 8 on any "
-        f"node ({node(0)}…{node(3)}: 8, 0, 8, 0)",
+        f"node ({node(0)}: 8, {node(1)}: 0 (8 used from outside Gantry), {node(2)}: 8, "
+        f"{node(3)}: 0 (8 used from outside Gantry))",
         1,
     )
 
@@ -318,8 +322,8 @@ def test_a_stale_inventory_places_nothing_on_its_nodes(world):
 
     assert waiting(run) == (
         WaitReason.CAPACITY,
-        "needs 8 h100-80gb GPUs on one node; no h100-80gb node takes work now; node gpu-1 is "
-        f"not seen by hpc-1's inventory since {seen:%Y-%m-%d %H:%M:%S} UTC",
+        "needs 8 h100-80gb GPUs on one node; no h100-80gb node takes work now; node gpu-1 "
+        f"takes no work (not seen by hpc-1's inventory since {seen:%Y-%m-%d %H:%M:%S} UTC)",
         1,
     )
 

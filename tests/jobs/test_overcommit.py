@@ -170,7 +170,8 @@ def test_a_run_within_an_overcommitted_guarantee_says_why_it_waits(overcommitted
     assert (waiting.state, waiting.wait_reason) == (RunState.QUEUED, "CAPACITY")
     assert waiting.wait_message == (
         "needs 8 a100-80gb GPUs on one node; 0 a100-80gb GPUs are free, at most 0 on any node "
-        "(sim-1-a100-80gb-00…sim-1-a100-80gb-03: 0, 0, 0, 0); the a100-80gb guarantees of all "
+        "(sim-1-a100-80gb-00: 0, sim-1-a100-80gb-01: 0, sim-1-a100-80gb-02: 0, "
+        "sim-1-a100-80gb-03: 0); the a100-80gb guarantees of all "
         "tenants add up to more than the 32 GPUs the clusters have, so not all can be kept at "
         "once"
     )

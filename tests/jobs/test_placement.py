@@ -43,7 +43,7 @@ def test_the_fragmented_pool_of_the_issue_places_no_full_node_gang():
     )
     assert explain(nodes, Gang(nodes=2, gpus_per_node=8), flavor="a100-80gb") == (
         "needs 2 nodes × 8 a100-80gb GPUs; 24 a100-80gb GPUs are free, at most 6 on any node "
-        "(a100-01…a100-04: 6, 6, 6, 6)"
+        "(a100-01: 6, a100-02: 6, a100-03: 6, a100-04: 6)"
     )
 
 
@@ -94,7 +94,7 @@ def test_drained_nodes_take_nothing_and_are_named():
     assert largest_gang(nodes, 8) == 1
     assert explain(nodes, Gang(nodes=2, gpus_per_node=8), flavor="a100-80gb") == (
         "needs 2 nodes × 8 a100-80gb GPUs; 8 a100-80gb GPUs are free, at most 8 on any node "
-        "(a100-02: 8); node a100-01 is drained: bad DIMM"
+        "(a100-01: takes no work (drained: bad DIMM), a100-02: 8)"
     )
 
 
@@ -213,3 +213,32 @@ def test_a_one_node_run_takes_the_fullest_node_that_fits(nodes, gpus):
     chosen = next(n for n in nodes if n.name == name)
     assert chosen.free == min(n.free for n in fits)
     assert largest_gang(nodes, gpus) == len(fits)
+
+
+def test_each_node_is_named_with_its_own_figure_and_why_idle_gpus_are_not_free():
+    # The issue's demo: six nodes, the fifth drained, the sixth busy with outside jobs, one
+    # holding GPUs for a long-waiting run. Each name gets its own figure, none is skipped.
+    demo = [
+        Node("sim-east-a100-80gb-00", 8, 6),
+        Node("sim-east-a100-80gb-01", 8, 6),
+        Node("sim-east-a100-80gb-02", 8, 6),
+        Node("sim-east-a100-80gb-03", 8, 2, held=4),
+        Node("sim-east-a100-80gb-04", 8, 8, schedulable=False, reason="drained: XID 79"),
+        Node("sim-east-a100-80gb-05", 8, 0, outside=6),
+    ]
+    assert explain(demo, Gang(nodes=1, gpus_per_node=8), flavor="a100-80gb") == (
+        "needs 8 a100-80gb GPUs on one node; 20 a100-80gb GPUs are free, at most 6 on any node "
+        "(sim-east-a100-80gb-00: 6, sim-east-a100-80gb-01: 6, sim-east-a100-80gb-02: 6, "
+        "sim-east-a100-80gb-03: 2 (4 reserved for a long-waiting run), "
+        "sim-east-a100-80gb-04: takes no work (drained: XID 79), "
+        "sim-east-a100-80gb-05: 0 (6 used from outside Gantry))"
+    )
+    # Past EXPLAIN_NODES_LISTED nodes, a tally, with what is not counted and why.
+    many = [Node(f"n{i:02d}", 8, 2, outside=6) for i in range(9)]
+    many.append(Node("n09", 8, 0, held=8))
+    many.append(Node("n10", 8, 8, schedulable=False, reason="drained: bad DIMM"))
+    assert explain(many, Gang(nodes=1, gpus_per_node=8), flavor="a100-80gb") == (
+        "needs 8 a100-80gb GPUs on one node; 18 a100-80gb GPUs are free, at most 2 on any node "
+        "(9 nodes with 2, 1 node with 0; not counted: 54 used from outside Gantry, 8 reserved "
+        "for long-waiting runs); node n10 takes no work (drained: bad DIMM)"
+    )

@@ -38,7 +38,7 @@ RUN_ROWS_FROM_RUNS = """{% load estimates %}{% for run in runs %}
           {% if run.state == RunState.QUEUED %}
             {% if run.wait_reason %}<span class="wait-reason">{{ run.get_wait_reason_display }}</span>{% else %}Waiting for admission{% endif %}{% if run.queue_position %} · #{{ run.queue_position }} in queue{% endif %}
             {% if run.wait_message %}<div class="wait-message">{{ run.wait_message }}</div>{% endif %}
-            {% if run.start_latest_at %}<div class="start-estimate" data-start-estimate>Starts about {{ run.start_expected_at|default:run.start_latest_at|start_time }}{% if run.start_expected_at and run.start_latest_at > run.start_expected_at %}, by {{ run.start_latest_at|start_time }} at the latest{% endif %}</div>{% elif run.start_note %}<div class="start-estimate muted" data-start-estimate>No start estimate: {{ run.start_note }}</div>{% endif %}
+            {% if run.start_full_limits_at %}<div class="start-estimate" data-start-estimate>Starts about {{ run.start_expected_at|default:run.start_full_limits_at|start_time }}{% if run.start_expected_at and run.start_full_limits_at > run.start_expected_at %}; about {{ run.start_full_limits_at|start_time }} if every run ahead uses its full time limit{% endif %}</div>{% elif run.start_note %}<div class="start-estimate muted" data-start-estimate>No start estimate: {{ run.start_note }}</div>{% endif %}
           {% elif run.wait_message and not run.is_terminal and run.state != RunState.RUNNING and run.state != RunState.PREEMPTED %}
             {% if run.wait_reason %}<span class="wait-reason">{{ run.get_wait_reason_display }}</span>{% endif %}
             <div class="wait-message">{{ run.wait_message }}</div>
@@ -60,13 +60,13 @@ RUNS = [
         RunState.QUEUED,
         {
             "wait_reason": WaitReason.CAPACITY,
-            "start_latest_at": NOW + 3 * HOUR,
+            "start_full_limits_at": NOW + 3 * HOUR,
             "start_expected_at": NOW + HOUR,
         },
     ),
-    (RunState.QUEUED, {"start_latest_at": NOW + 26 * HOUR}),
-    (RunState.QUEUED, {"start_latest_at": NOW + 10 * 24 * HOUR, "start_expected_at": NOW}),
-    (RunState.QUEUED, {"start_latest_at": NOW + HOUR, "start_expected_at": NOW + HOUR}),
+    (RunState.QUEUED, {"start_full_limits_at": NOW + 26 * HOUR}),
+    (RunState.QUEUED, {"start_full_limits_at": NOW + 10 * 24 * HOUR, "start_expected_at": NOW}),
+    (RunState.QUEUED, {"start_full_limits_at": NOW + HOUR, "start_expected_at": NOW + HOUR}),
     (RunState.QUEUED, {"wait_reason": "RETIRED_REASON", "borrowed": True}),
     (RunState.ADMITTED, {"cluster": True, "borrowed": True, "over_budget": True}),
     (RunState.SUBMITTING, {"cluster": True, "wait_message": "Submitting to the cluster"}),
@@ -141,7 +141,7 @@ def test_a_row_from_its_view_model_is_the_row_rendered_from_the_run(world, zone)
     assert after == before
     assert before.count("<tr data-run=") == len(RUNS)
     # Every branch of the wait cell was rendered.
-    for shown in ("Waiting for admission", "in queue", "at the latest", "No start estimate"):
+    for shown in ("Waiting for admission", "in queue", "full time limit", "No start estimate"):
         assert shown in before
     assert "RETIRED_REASON" in before and "&lt;Resources&gt;" in before
 

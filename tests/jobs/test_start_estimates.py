@@ -11,21 +11,29 @@ from django.test import Client
 from django.urls import reverse
 
 from gantry_cli.main import _run_status, _start_estimate
+from jobs.estimates import Start
 from jobs.models import Attempt, AttemptState, Cluster, ClusterNode, Run, RunState, StartForecast
-from jobs.selectors.estimates import estimate_inputs, run_start_estimate
+from jobs.selectors.estimates import StartPreview, estimate_inputs, run_start_estimate
 from jobs.selectors.queue import admission_preview, admission_snapshot
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.estimates import estimates_refresh
 from jobs.services.submission import run_submit
 from jobs.services.templates import template_submit
+from tenants.models import Quota
 from tests.conftest import experiment_input
 from tests.jobs.test_templates import make_template
 
 T0 = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
 
 
+# Runs that declare no simulated work: history predicts how long they take, as on a real
+# cluster (one that declares it is predicted by its work: tests/portal/test_demo_clock.py).
+NO_DECLARED_WORK: dict[str, str] = {}
+
+
 def submit(world, *, user=None, minutes=120, **overrides) -> Run:
     user = user or world.researcher_a
+    overrides.setdefault("env", NO_DECLARED_WORK)
     return run_submit(
         user=user,
         data=experiment_input(world, gpus_per_node=8, max_runtime_minutes=minutes, **overrides),
@@ -57,7 +65,9 @@ def full_cluster(world):
         succeeded(earlier, started=T0 - timedelta(days=1), minutes=40)
         again = run_submit(
             user=world.researcher_a,
-            data=experiment_input(world, gpus_per_node=8, max_runtime_minutes=120),
+            data=experiment_input(
+                world, gpus_per_node=8, max_runtime_minutes=120, env=NO_DECLARED_WORK
+            ),
         )
         succeeded(again, started=T0 - timedelta(hours=20), minutes=44)
     with time_machine.travel(T0, tick=False):
@@ -96,7 +106,7 @@ def test_refresh_writes_latest_and_expected_starts(world, full_cluster):
     mine.refresh_from_db()
     # At the latest when vision's runs use their 120 minutes; as expected, when they take
     # what this experiment took before: the median of 40 and 44 minutes.
-    assert mine.start_latest_at == T0 + timedelta(minutes=120)
+    assert mine.start_full_limits_at == T0 + timedelta(minutes=120)
     assert mine.start_expected_at == T0 + timedelta(minutes=42)
     assert mine.start_note == ""
     assert mine.start_estimated_at == T0 + timedelta(minutes=1)
@@ -108,7 +118,7 @@ def test_refresh_writes_latest_and_expected_starts(world, full_cluster):
     # nlp's gang needs 16 GPUs, all nlp is guaranteed: it waits for nlp's runs, which have
     # no history (expected = latest). By then vision's second run should have left its node
     # too, so the gang takes the first two of those three nodes by name.
-    assert pair.start_latest_at == pair.start_expected_at == T0 + timedelta(minutes=60)
+    assert pair.start_full_limits_at == pair.start_expected_at == T0 + timedelta(minutes=60)
     second = max(vision, key=lambda run: node_of(run))
     by_node = {node_of(run): run.pk for run in (second, *nlp)}
     chosen = sorted(by_node)[:2]
@@ -133,24 +143,28 @@ def test_pages_api_and_cli_show_the_estimate_and_name_only_the_viewers_runs(worl
         client.force_login(world.researcher_a)
         page = client.get(reverse("jobs:run_detail", args=[mine.pk])).content.decode()
         assert (
-            f"Should start at about 12:42, by 14:00 at the latest unless other work is let in "
-            f"first; behind run {first.pk}; {node_of(first)} on sim-1 should free up then"
+            "Should start at about 12:42; about 14:00 if every run ahead uses its full time "
+            "limit (estimates of 12:01; a run let in first can move them); behind run "
+            f"{first.pk}; {node_of(first)} on sim-1 should free up then"
         ) in page
         listing = client.get(reverse("jobs:run_list")).content.decode()
-        assert "Starts about 12:42, by 14:00 at the latest" in listing
+        assert "Starts about 12:42; about 14:00 if every run ahead uses its full time limit" in (
+            listing
+        )
 
         api = client.get(reverse("api:run-detail", args=[mine.pk])).json()
-        assert api["start_latest_at"] == "2026-03-10T14:00:00Z"
+        assert api["start_full_limits_at"] == "2026-03-10T14:00:00Z"
         assert api["start_expected_at"] == "2026-03-10T12:42:00Z"
         assert api["start_note"] == ""
         schema = client.get(reverse("api-schema")).content.decode()
-        assert "start_expected_at" in schema and "start_latest_at" in schema
+        assert "start_expected_at" in schema and "start_full_limits_at" in schema
 
         # The CLI prints times in the local zone of the machine it runs on.
         local = datetime.fromisoformat(api["start_expected_at"]).astimezone()
-        latest = datetime.fromisoformat(api["start_latest_at"]).astimezone()
+        latest = datetime.fromisoformat(api["start_full_limits_at"]).astimezone()
         expected_text = (
-            f"starts about {local:%Y-%m-%d %H:%M:%S}, by {latest:%Y-%m-%d %H:%M:%S} at the latest"
+            f"starts about {local:%Y-%m-%d %H:%M:%S}; about {latest:%Y-%m-%d %H:%M:%S} if every "
+            "run ahead uses its full time limit"
         )
         assert _start_estimate(api) == expected_text
         assert _run_status(api).endswith(f"; {expected_text})")
@@ -173,7 +187,10 @@ def test_submit_preview_says_when_a_run_would_start(world, full_cluster):
             user=world.researcher_a, tenant="vision", flavor="a100-80gb", nodes=1, gpus_per_node=8
         )
         assert preview.verdict == "wait"
-        assert preview.start == "would start at about 12:42, by 14:00 at the latest"
+        assert preview.start == (
+            "would start at about 12:42; about 14:00 if every run ahead uses its full time limit "
+            "(estimates of 12:01)"
+        )
         client = Client()
         client.force_login(world.researcher_a)
         panel = client.get(
@@ -185,7 +202,10 @@ def test_submit_preview_says_when_a_run_would_start(world, full_cluster):
                 "max_restarts": 0,
             },
         ).content.decode()  # fmt: skip
-        assert "Would start at about 12:42, by 14:00 at the latest." in panel
+        assert (
+            "Would start at about 12:42; about 14:00 if every run ahead uses its full time limit "
+            "(estimates of 12:01)."
+        ) in panel
 
 
 @pytest.mark.django_db
@@ -198,7 +218,7 @@ def test_a_stale_inventory_gives_a_reason_not_a_number(world, full_cluster):
         estimates_refresh()
     mine.refresh_from_db()
     nodes = sorted(ClusterNode.objects.filter(flavor=world.a100).values_list("name", flat=True))
-    assert (mine.start_latest_at, mine.start_expected_at) == (None, None)
+    assert (mine.start_full_limits_at, mine.start_expected_at) == (None, None)
     assert (
         mine.start_note
         == (
@@ -219,7 +239,7 @@ def test_a_vanished_cluster_and_a_hard_budget_give_reasons(world, full_cluster):
         estimates_refresh()
     mine.refresh_from_db()
     h100.refresh_from_db()
-    assert mine.start_latest_at is None
+    assert mine.start_full_limits_at is None
     assert mine.start_note == "no enabled cluster has a100-80gb GPUs"
     assert h100.start_note == "no enabled cluster has h100-80gb GPUs"
 
@@ -241,7 +261,11 @@ def test_an_admitted_run_drops_its_estimate(world, full_cluster):
         admission_run_cycle()
     mine.refresh_from_db()
     assert mine.state == RunState.ADMITTED
-    assert (mine.start_latest_at, mine.start_expected_at, mine.start_behind) == (None, None, [])
+    assert (mine.start_full_limits_at, mine.start_expected_at, mine.start_behind) == (
+        None,
+        None,
+        [],
+    )
 
 
 @pytest.mark.django_db
@@ -280,3 +304,62 @@ def test_refreshes_are_spaced_by_what_the_last_one_cost(world, settings):
     StartForecast.objects.update(computed_at=T0, duration_s=3.0)
     with time_machine.travel(T0 + timedelta(seconds=60), tick=False):
         assert estimates_refresh() is not None
+
+
+@pytest.mark.django_db
+def test_a_run_that_declares_its_simulated_work_is_expected_to_take_its_wall_time(world):
+    # Given sim-1 at 1000x and a history that says runs of this shape take 40 minutes.
+    with time_machine.travel(T0 - timedelta(days=1), tick=False):
+        for _ in range(3):
+            succeeded(submit(world), started=T0 - timedelta(days=1), minutes=40)
+    with time_machine.travel(T0, tick=False):
+        # When one run declares 2 simulated hours of work and another declares none.
+        declared = submit(world, env={"GANTRY_SIM_DURATION_S": "7200"}, name="declared")
+        undeclared = submit(world, name="undeclared")
+        snapshot, _ = admission_snapshot(now=T0)
+        inputs = estimate_inputs(snapshot=snapshot, now=T0)
+    # Then the declared one is expected to take its work's wall time, start-up included
+    # ((30 + 7200) / 1000 s), never more than its limit; the other what history says.
+    assert inputs.expected_runtimes[declared.pk] == 7.23
+    assert inputs.expected_runtimes[undeclared.pk] == 40 * 60.0
+    assert inputs.max_runtimes[declared.pk] == 120 * 60.0
+
+
+@pytest.mark.django_db
+def test_the_submit_preview_never_shows_a_start_in_the_past(world):
+    # Given vision's hard H100 budget of 1 GPU-hour (it may borrow 8 more), one of its H100
+    # runs running since T0, and the forecast of T0 + 1 min, when the other H100 node was free
+    # for a second run of vision's.
+    Quota.objects.filter(tenant=world.vision, flavor=world.h100).update(
+        monthly_gpu_hour_budget=1, budget_mode=Quota.BudgetMode.HARD, borrow_limit_gpus=8
+    )
+    with time_machine.travel(T0, tick=False):
+        first = submit(world, flavor="h100-80gb")
+        admission_run_cycle(now=T0)
+    running(first, since=T0)
+    with time_machine.travel(T0 + timedelta(minutes=1), tick=False):
+        estimates_refresh()
+
+    def preview():
+        return admission_preview(
+            user=world.researcher_a, tenant="vision", flavor="h100-80gb", nodes=1, gpus_per_node=8
+        )
+
+    # When the budget runs out (8 GPUs for 7.5 minutes) before the next refresh, the preview
+    # says why the run would wait, not the forecast's start of T0 + 1 min, now past.
+    with time_machine.travel(T0 + timedelta(minutes=8), tick=False):
+        shown = preview()
+    assert (shown.verdict, shown.start) == (
+        "wait",
+        "no start estimate: the tenant's hard GPU-hour budget for the month is spent; it "
+        "starts when the budget resets or is raised",
+    )
+
+    # And a start that a stored estimate put before now reads as now.
+    StartForecast.objects.update(computed_at=T0 - timedelta(minutes=5))
+    estimate = StartPreview(
+        expected=Start(run_id=-1, at=(T0 - timedelta(minutes=3)).timestamp()),
+        full_limits=Start(run_id=-1, at=(T0 - timedelta(minutes=2)).timestamp()),
+        computed_at=T0 - timedelta(minutes=5),
+    )
+    assert estimate.summary(now=T0) == "would start at about 12:00 (estimates of 11:55)"

@@ -95,11 +95,11 @@ def test_one_live_run_waits_and_says_why_and_where_it_stands(demo):
     runs_place_in_line([run])
     assert run.queue_position == 1
     # The seed runs the first start estimate, as the README's tour says: a number, not a
-    # reason, and the expected start no later than the latest one.
+    # reason, and the expected start no later than the one at full time limits.
     estimate = run_start_estimate(run=run)
     assert estimate is not None and estimate.note == ""
-    assert estimate.latest is not None and estimate.expected is not None
-    assert run.submitted_at < estimate.expected <= estimate.latest
+    assert estimate.full_limits is not None and estimate.expected is not None
+    assert run.submitted_at < estimate.expected <= estimate.full_limits
     assert estimate.summary(now=run.submitted_at).startswith("Should start at about ")
 
 

@@ -103,7 +103,8 @@ def test_the_researcher_sees_their_runs_the_waiting_one_with_its_estimate_and_go
     waiting = run_id("yolo-xl")
     assert texts(html, data_table="my-waiting") == [
         f"Run GPUs Why it waits Should start #{waiting} yolo-xl 2×8 a100-80gb Borrow limit "
-        "reached · #1 in queue at about 14:00, by Thu 10:00 at the latest"
+        "reached · #1 in queue at about 09:13; about Thu 10:00 if every run ahead uses its full "
+        "time limit"
     ]
     recent = texts(html, data_table="my-recent")[0]
     assert re.findall(r"#\d+ [\w-]+", recent) == [
@@ -135,8 +136,8 @@ def test_the_platform_admin_sees_occupancy_fragmentation_kpis_and_backends(demo)
     assert texts(html, data_table="occupancy") == [
         "Cluster · flavor GPUs Held by runs Outside Gantry Taking no work Free Largest gang "
         "that could start now (nodes × GPUs) "
-        "sim-east · a100-80gb 48 32 (94 %) 6 8 2 0 × 8, 0 × 4, 1 × 2, 1 × 1 "
-        "sim-east · h100-80gb 16 8 (50 %) 0 0 8 1 × 8, 1 × 4, 1 × 2, 1 × 1"
+        "sim-east · a100-80gb 48 32 (94 %) 6 8 2 1 × 1–2; none with 3–8 "
+        "sim-east · h100-80gb 16 8 (50 %) 0 0 8 1 × 1–8"
     ]
     # The KPI page's default range, the last 30 days: the history runs, 8 of 9 succeeded.
     assert texts(html, data_home="kpis") == [

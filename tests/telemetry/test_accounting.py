@@ -328,12 +328,14 @@ def test_goodput_over_attempts_is_effective_over_allocated():
     assert goodput([]) is None
 
 
-def test_checkpoint_recovery_success_counts_resumes_that_progressed():
+def test_checkpoint_recovery_success_counts_resumes_that_progressed_or_succeeded():
     resumed = [
         ResumedAttempt(restored_step=600, last_step=900),
         ResumedAttempt(restored_step=600, last_step=600),  # restored, then failed at once
         ResumedAttempt(restored_step=0, last_step=10),
+        # Succeeded with nothing left to do after the restored step: recovered.
+        ResumedAttempt(restored_step=600, last_step=600, succeeded=True),
     ]
 
-    assert checkpoint_recovery_success(resumed) == Fraction(2, 3)
+    assert checkpoint_recovery_success(resumed) == Fraction(3, 4)
     assert checkpoint_recovery_success([]) is None

@@ -418,7 +418,7 @@ def test_failure_reasons_count_unsuccessful_attempts_with_the_taxonomy(client, w
 
 
 def test_checkpoint_recovery_counts_resumed_attempts_that_progressed(client, world, experiments):
-    def resumed(last_step: int | None, finished_at=T0):
+    def resumed(last_step: int | None, finished_at=T0, state=AttemptState.FAILED, saved=None):
         run = make_run(world, experiments, finished_at=finished_at)
         first = make_attempt(
             world,
@@ -437,23 +437,31 @@ def test_checkpoint_recovery_counts_resumed_attempts_that_progressed(client, wor
             started_at=finished_at - timedelta(hours=1),
             finished_at=finished_at,
             resumed_from=checkpoint,
+            state=state,
         )
         if last_step is not None:
             step_window(second, seq=1, step=last_step - 10)
             step_window(second, seq=2, step=last_step)
+        if saved is not None:
+            Checkpoint.objects.create(
+                run=run, attempt=second, step=saved, uri=f"s3://ckpt/{saved}", saved_at=finished_at
+            )
 
-    resumed(1500)  # progressed past step 1000
-    resumed(1000)  # reached the restored step only
+    resumed(1500)  # failed again, but only after getting past step 1000: recovered
+    resumed(1000)  # failed again at the restored step: not recovered
+    resumed(None, state=AttemptState.PREEMPTED)  # preempted before any step: not recovered
+    resumed(None, state=AttemptState.SUCCEEDED)  # succeeded, no step reported: recovered
+    resumed(None, saved=1300)  # reported no step window, saved a checkpoint past it: recovered
     resumed(5000, finished_at=BEFORE)  # outside
 
     content = page(client, world.platform_admin, **MARCH)
 
-    assert kpi(content, "recovery") == "50.0 % (1 of 2 resumed attempts)"
-    assert (kpi(content, "resumed"), kpi(content, "recovered")) == ("2", "1")
-    assert kpi(content, "recovery-rate") == "50.0 %"
+    assert kpi(content, "recovery") == "60.0 % (3 of 5 resumed attempts)"
+    assert (kpi(content, "resumed"), kpi(content, "recovered")) == ("5", "3")
+    assert kpi(content, "recovery-rate") == "60.0 %"
 
 
-def test_a_resumed_attempt_that_reported_no_step_did_not_recover(client, world, experiments):
+def test_a_resumed_attempt_that_failed_without_a_step_did_not_recover(client, world, experiments):
     run = make_run(world, experiments, finished_at=T0)
     first = make_attempt(
         world, run, state=AttemptState.FAILED, started_at=T0 - timedelta(hours=2), finished_at=T0
@@ -461,7 +469,15 @@ def test_a_resumed_attempt_that_reported_no_step_did_not_recover(client, world, 
     checkpoint = Checkpoint.objects.create(
         run=run, attempt=first, step=10, uri="s3://c", saved_at=T0 - timedelta(hours=1)
     )
-    make_attempt(world, run, number=2, started_at=T0, finished_at=T0, resumed_from=checkpoint)
+    make_attempt(
+        world,
+        run,
+        number=2,
+        state=AttemptState.FAILED,
+        started_at=T0,
+        finished_at=T0,
+        resumed_from=checkpoint,
+    )
 
     content = page(client, world.platform_admin, **MARCH)
 
@@ -555,10 +571,11 @@ def test_definitions_of_goodput_recovery_failures_and_allocation(client, world, 
         "two preemptions. An attempt without a known reason counts as Unknown."
     )
     assert definition(content, "recovery") == (
-        "Attempts that resumed from a checkpoint and ended in the range: recovered when the "
-        "largest step its SDK step windows reported is past the step of the checkpoint it "
-        "restored. Rate = recovered ÷ resumed attempts; an attempt that reported no step did "
-        "not recover."
+        "Attempts that resumed from a checkpoint and ended in the range: recovered when it got "
+        "past the step of the checkpoint it restored (a step its SDK step windows reported, or "
+        "a checkpoint it saved, beyond that step) or succeeded; not recovered when it failed, "
+        "was preempted, lost or cancelled before getting past it. Rate = recovered ÷ resumed "
+        "attempts."
     )
     assert definition(content, "goodput").startswith(
         "Σ effective ÷ Σ allocated GPU-seconds of the attempts that ended in the range with "
