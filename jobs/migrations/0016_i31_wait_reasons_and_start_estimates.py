@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("jobs", "0013_run_submitter_recent"),
+        ("jobs", "0015_i31_attempt_tokens"),
     ]
 
     operations = [
