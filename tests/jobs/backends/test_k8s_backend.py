@@ -1534,7 +1534,7 @@ def test_the_token_of_a_job_dies_when_its_attempt_ends_on_kubernetes(k8s_world):
 
     world.fake.controller.advance(1, steps=3)
     world.fake.controller.advance(120, steps=3)
-    cluster_sync(cluster=world.k8s)
+    _sync_now(world)
 
     assert Attempt.objects.get(pk=attempt.pk).state == AttemptState.SUCCEEDED
     assert _reports_with(token) == 401
