@@ -10,6 +10,7 @@ selectors or the ``rate_card_add`` service, shape plain series for ``json_script
 
 import csv
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import date, timedelta
 from decimal import Decimal
 from tempfile import SpooledTemporaryFile
@@ -33,8 +34,16 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from finance import access, selectors
 from finance.access import rate_card_can_manage
+from finance.accrual import Accrual, accrual_by_tenant, accrual_month
 from finance.forms import ExportForm, RateCardForm, StatementChoiceForm
-from finance.selectors import DIMENSIONS, BurnDown, MonthUsage, Statement, platform_currency
+from finance.selectors import (
+    DIMENSIONS,
+    BurnDown,
+    MonthUsage,
+    Statement,
+    TenantMonths,
+    platform_currency,
+)
 from finance.services import rate_card_add
 from finance.spreadsheet import usage_workbook_write
 from telemetry.templatetags.gpu_units import share_percent
@@ -81,17 +90,24 @@ def _index(
     status: int = 200,
 ) -> HttpResponse:
     tenants = access.finance_tenant_list(user=request.user)
-    current = _today().replace(day=1)
+    now = timezone.now()
+    current = now.date().replace(day=1)
     closed = selectors.last_closed_month(current)
+    overview = selectors.tenant_month_overview(
+        tenants=tenants, closed_month=closed, current_month=current
+    )
+    accrued = accrual_by_tenant(tenants=tenants, month=current, now=now)
     return render(
         request,
         "finance/index.html",
         {
             "closed_month": closed,
             "current_month": current,
-            "overview": selectors.tenant_month_overview(
-                tenants=tenants, closed_month=closed, current_month=current
-            ),
+            "accrued_at": now,
+            "overview": [
+                _MonthSoFar(row=row, accrual=accrued.get(row.tenant.pk, Accrual()))
+                for row in overview
+            ],
             "currency": platform_currency(),
             "choice_form": choice_form
             or StatementChoiceForm(tenants=tenants, initial={"month": closed}),
@@ -100,6 +116,19 @@ def _index(
         },
         status=status,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _MonthSoFar:
+    """A tenant's line of the index: its closed month and open month, and what the open
+    month has accrued beyond its statement."""
+
+    row: TenantMonths
+    accrual: Accrual
+
+    @property
+    def accrued_cost(self) -> Decimal:
+        return self.row.to_date.cost + self.accrual.cost
 
 
 @login_required
@@ -222,8 +251,10 @@ def statement(request: HttpRequest, tenant_slug: str, month: date) -> HttpRespon
     """A tenant's month: totals; breakdowns by project, user, flavor and cluster, each line
     leading to the attempts behind it; the 12-month trend; budget burn-down; exports."""
     tenant = or_404(access.finance_tenant_get, user=request.user, slug=tenant_slug)
-    today = _today()
+    now = timezone.now()
+    today = now.date()
     report = selectors.statement_month(tenant=tenant, month=month)
+    accrual = accrual_month(tenant=tenant, month=report.month, now=now)
     trend = selectors.usage_by_month(tenant=tenant, last_month=report.month)
     burn = selectors.budget_burn_down(tenant=tenant, month=report.month, as_of=today)
     currency = platform_currency()
@@ -244,6 +275,10 @@ def statement(request: HttpRequest, tenant_slug: str, month: date) -> HttpRespon
             "tenant": tenant,
             "statement": report,
             "total": report.total,
+            "accrual": accrual,
+            "accrued_cost": report.total.cost + accrual.cost,
+            "accrued_gpu_hours": selectors.gpu_hours(report.total.allocated_gpu_s + accrual.gpu_s),
+            "accrued_at": now,
             "breakdowns": [(DIMENSIONS[name], lines) for name, lines in report.breakdowns.items()],
             "trend": trend,
             "burn": burn,
