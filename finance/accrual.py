@@ -12,22 +12,28 @@ It has no waste categories yet (accounting computes them when the attempt ends).
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce
 
 from finance import costing
+from finance.models import UsageRollupState
 from finance.selectors import (
     ZERO_MONEY,
+    TenantMonths,
     gpu_hours,
     month_after,
     month_first_day,
     rate_cards_for,
-    usage_rolled_up_until,
+    tenant_month_overview,
 )
 from jobs.models import LIVE_ATTEMPT_STATES, Attempt
 from tenants.models import Tenant
+
+# Before any rollup, every ended attempt is outside the statements.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,24 +50,25 @@ class Accrual:
         return gpu_hours(self.gpu_s)
 
 
-def _outside_statement(rolled_up_until: datetime | None) -> Q:
+def _outside_statement() -> Q:
     """Attempts DailyUsage does not hold yet: live ones, and ended ones whose accounting is
-    missing or newer than what the rollup has taken in."""
-    ended_not_rolled_up = Q(finished_at__isnull=False) & Q(accounting__isnull=True)
-    if rolled_up_until is None:
-        ended_not_rolled_up |= Q(finished_at__isnull=False)
-    else:
-        ended_not_rolled_up |= Q(
-            finished_at__isnull=False, accounting__computed_at__gt=rolled_up_until
-        )
-    return Q(finished_at__isnull=True, state__in=LIVE_ATTEMPT_STATES) | ended_not_rolled_up
+    missing or newer than what the rollup has taken in (read in the same query)."""
+    rolled_up_until = Coalesce(
+        Subquery(UsageRollupState.objects.values("accounted_until")[:1]), Value(EPOCH)
+    )
+    return (
+        Q(finished_at__isnull=True, state__in=LIVE_ATTEMPT_STATES)
+        | Q(finished_at__isnull=False, accounting__isnull=True)
+        | Q(finished_at__isnull=False, accounting__computed_at__gt=rolled_up_until)
+    )
 
 
 def accrual_by_tenant(
-    *, tenants: Iterable[Tenant], month: date, now: datetime
+    *, tenants: QuerySet[Tenant] | Iterable[Tenant], month: date, now: datetime
 ) -> dict[int, Accrual]:
     """Per tenant id (only those with such attempts), the accrual of the month starting
-    ``month`` up to ``now``. Two queries: the attempts and the rate cards."""
+    ``month`` up to ``now``. One query for the attempts (``tenants`` as a subquery when it
+    is a queryset), and one for the rate cards when there are any."""
     month = month_first_day(month)
     lo = costing.midnight(month)
     hi = min(costing.midnight(month_after(month)), now)
@@ -69,8 +76,8 @@ def accrual_by_tenant(
         return {}
     rows = list(
         Attempt.objects.filter(
-            _outside_statement(usage_rolled_up_until()),
-            run__tenant__in=list(tenants),
+            _outside_statement(),
+            run__tenant__in=tenants,
             started_at__isnull=False,
             started_at__lt=hi,
         )
@@ -87,6 +94,8 @@ def accrual_by_tenant(
         )
         .order_by("pk")
     )
+    if not rows:
+        return {}
     rates = rate_cards_for(row[3] for row in rows)
     lines: dict[tuple, int] = {}
     prices: dict[int, Decimal] = {}
@@ -125,3 +134,29 @@ def accrual_by_tenant(
 def accrual_month(*, tenant: Tenant, month: date, now: datetime) -> Accrual:
     """The tenant's accrual of the month starting ``month`` up to ``now``."""
     return accrual_by_tenant(tenants=[tenant], month=month, now=now).get(tenant.pk, Accrual())
+
+
+@dataclass(frozen=True, slots=True)
+class TenantMonthSoFar:
+    """A tenant's last closed month and open month, with what the open month has accrued
+    beyond its statement."""
+
+    row: TenantMonths
+    accrual: Accrual
+
+    @property
+    def accrued_cost(self) -> Decimal:
+        return self.row.to_date.cost + self.accrual.cost
+
+
+def tenant_month_overview_accrued(
+    *, tenants: QuerySet[Tenant], closed_month: date, current_month: date, now: datetime
+) -> list[TenantMonthSoFar]:
+    """``selectors.tenant_month_overview`` with each open month's accrual up to ``now``."""
+    accrued = accrual_by_tenant(tenants=tenants, month=current_month, now=now)
+    return [
+        TenantMonthSoFar(row=row, accrual=accrued.get(row.tenant.pk, Accrual()))
+        for row in tenant_month_overview(
+            tenants=tenants, closed_month=closed_month, current_month=current_month
+        )
+    ]

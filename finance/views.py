@@ -10,7 +10,6 @@ selectors or the ``rate_card_add`` service, shape plain series for ``json_script
 
 import csv
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from datetime import date, timedelta
 from decimal import Decimal
 from tempfile import SpooledTemporaryFile
@@ -34,14 +33,13 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from finance import access, selectors
 from finance.access import rate_card_can_manage
-from finance.accrual import Accrual, accrual_by_tenant, accrual_month
+from finance.accrual import accrual_month, tenant_month_overview_accrued
 from finance.forms import ExportForm, RateCardForm, StatementChoiceForm
 from finance.selectors import (
     DIMENSIONS,
     BurnDown,
     MonthUsage,
     Statement,
-    TenantMonths,
     platform_currency,
 )
 from finance.services import rate_card_add
@@ -93,10 +91,6 @@ def _index(
     now = timezone.now()
     current = now.date().replace(day=1)
     closed = selectors.last_closed_month(current)
-    overview = selectors.tenant_month_overview(
-        tenants=tenants, closed_month=closed, current_month=current
-    )
-    accrued = accrual_by_tenant(tenants=tenants, month=current, now=now)
     return render(
         request,
         "finance/index.html",
@@ -104,10 +98,9 @@ def _index(
             "closed_month": closed,
             "current_month": current,
             "accrued_at": now,
-            "overview": [
-                _MonthSoFar(row=row, accrual=accrued.get(row.tenant.pk, Accrual()))
-                for row in overview
-            ],
+            "overview": tenant_month_overview_accrued(
+                tenants=tenants, closed_month=closed, current_month=current, now=now
+            ),
             "currency": platform_currency(),
             "choice_form": choice_form
             or StatementChoiceForm(tenants=tenants, initial={"month": closed}),
@@ -116,19 +109,6 @@ def _index(
         },
         status=status,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class _MonthSoFar:
-    """A tenant's line of the index: its closed month and open month, and what the open
-    month has accrued beyond its statement."""
-
-    row: TenantMonths
-    accrual: Accrual
-
-    @property
-    def accrued_cost(self) -> Decimal:
-        return self.row.to_date.cost + self.accrual.cost
 
 
 @login_required

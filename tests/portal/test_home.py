@@ -3,7 +3,7 @@ at a fixed instant; and no page shows a persona an action it cannot take."""
 
 import contextlib
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urljoin, urlsplit
 
 import pytest
@@ -14,7 +14,7 @@ from django.test import Client
 from django.urls import Resolver404, resolve, reverse
 
 from images.models import Image
-from jobs.models import Run
+from jobs.models import Attempt, AttemptState, Run
 from jobs.services.submission import ExperimentInput, run_submit
 from portal.demo import DEMO_PASSWORD, demo_seed
 from tenants.models import GlobalRole, Membership, Tenant
@@ -157,7 +157,7 @@ def test_finance_sees_last_months_statements_and_what_is_still_open(demo):
 
     # February at the A100 rate before March's rise (2.10 EUR), March to date at 2.40.
     assert texts(html, data_table="statements") == [
-        "Tenant Feb 2027 GPU-hours Feb 2027 cost Mar 2027 to date, still open "
+        "Tenant Feb 2027 GPU-hours Feb 2027 cost Mar 2027 so far, accrued (still open) "
         "Climate Modeling (climate) 40.00 84.00 EUR 96.00 EUR "
         "NLP Group (nlp) 80.00 168.00 EUR 158.40 EUR "
         "Vision Lab (vision) 160.00 336.00 EUR 0.00 EUR"
@@ -165,10 +165,30 @@ def test_finance_sees_last_months_statements_and_what_is_still_open(demo):
     assert page_actions(html).links.count("/finance/vision/2027-02/") == 1
 
 
+def test_finances_open_month_accrues_the_attempts_still_running(demo):
+    """Vision's two admitted 8-GPU runs start at the seed's instant (as the simulator starts
+    them); an hour later they have cost 16 GPU-hours at March's 2.40 EUR, and the open month
+    reads that, not 0.00, and says where it comes from."""
+    with transaction.atomic():
+        started = Attempt.objects.filter(run__tenant__slug="vision", started_at__isnull=True)
+        assert sorted(attempt.run.gpus for attempt in started) == [8, 8]
+        started.update(state=AttemptState.RUNNING, started_at=INSTANT)
+
+        with time_machine.travel(INSTANT + timedelta(hours=1), tick=False):
+            html = home_html("fiona")
+        transaction.set_rollback(True)
+
+    vision = [row for row in texts(html, data_tenant="vision") if "Vision Lab" in row]
+    assert vision == [
+        "Vision Lab (vision) 160.00 336.00 EUR 38.40 EUR incl. 38.40 of 2 attempts running or "
+        "not yet rolled up"
+    ]
+
+
 # Queries of the home page: the request's own (session, user, roles, notification badge)
 # plus each section's, at most this many whatever the number of runs, tenants and clusters
 # (a list of waiting runs shorter than a full one is its own count: no COUNT query then).
-HOME_QUERIES = {"alice": 9, "tara": 18, "admin": 16, "fiona": 7}
+HOME_QUERIES = {"alice": 9, "tara": 18, "admin": 16, "fiona": 9}
 
 
 @pytest.mark.parametrize("username", PERSONAS)
