@@ -100,6 +100,7 @@ class PlatformSection:
     kpis: PlatformKpis
     kpi_first_day: date
     kpi_last_day: date
+    kpi_days: int  # the KPIs' window, beside figures of this moment
     clusters: list[ClusterHealth]
 
 
@@ -302,6 +303,7 @@ def _platform(*, user: UserLike, now: datetime) -> PlatformSection:
         kpis=kpis,
         kpi_first_day=form.cleaned_data["from"],
         kpi_last_day=form.cleaned_data["to"],
+        kpi_days=form.days,
         clusters=cluster_health_list(now=now),
     )
 

@@ -20,8 +20,13 @@
     function categoryAxis(title) {
       return { title: { text: title || "" }, type: "category", automargin: true };
     }
+    // A share has a fixed scale (value_range, e.g. 0 to 100 %): autoscaled, one bar of 1 %
+    // would be drawn as wide as a full one.
     function valueAxis(title) {
-      return shared.axis(title, { rangemode: "tozero" });
+      var extra = chart.value_range
+        ? { range: chart.value_range, autorange: false, fixedrange: true }
+        : { rangemode: "tozero" };
+      return shared.axis(title, extra);
     }
     var shape = shared.layout(element, {
       hovermode: "closest",

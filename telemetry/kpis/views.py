@@ -51,7 +51,8 @@ def _queue_chart(kpis: PlatformKpis) -> dict | None:
 
 
 def _allocation_chart(kpis: PlatformKpis) -> dict | None:
-    """Allocation per cluster and flavor, in percent of the capacity."""
+    """Allocation per cluster and flavor, in percent of the capacity, on an axis from 0 to
+    100 % whatever the values: a bar of 1 % is a hundredth of the width, never all of it."""
     rows = [row for row in kpis.allocation if row.rate.percent is not None]
     if not any(row.allocated_gpu_s for row in rows):
         return None  # bars of zero say less than the table
@@ -61,6 +62,7 @@ def _allocation_chart(kpis: PlatformKpis) -> dict | None:
         "unit": "%",
         "x_title": "Allocated, % of capacity",
         "y_title": "",
+        "value_range": [0, 100],
         "traces": [
             {"name": "Allocated", "values": [round(row.rate.percent or 0.0, 1) for row in rows]}
         ],

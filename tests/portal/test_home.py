@@ -98,7 +98,7 @@ def test_the_researcher_sees_their_runs_the_waiting_one_with_its_estimate_and_go
 
     assert texts(html, data_home_figure="goodput") == [
         "Goodput of your runs over the last 30 days: 67.4 % (53.9 of 80.0 GPU-hours "
-        "effective, 2 attempts) ; most of the waste: input wait. Goodput"
+        "effective, 2 attempts) ; the waste is mostly input wait. Goodput"
     ]
     waiting = run_id("yolo-xl")
     assert texts(html, data_table="my-waiting") == [
@@ -133,16 +133,20 @@ def test_the_platform_admin_sees_occupancy_fragmentation_kpis_and_backends(demo)
     html = home_html("admin")
 
     assert texts(html, data_table="occupancy") == [
-        "Cluster · flavor GPUs Held by runs Outside Gantry Taking no work Free Largest gang "
+        "Cluster · flavor GPUs Held by runs now (% of the GPUs taking work) Outside Gantry "
+        "Taking no work Free Largest gang "
         "that could start now (nodes × GPUs) "
-        "sim-east · a100-80gb 48 32 (94 %) 6 8 2 0 × 8, 0 × 4, 1 × 2, 1 × 1 "
+        "sim-east · a100-80gb 48 32 (94 %) 6 8 2 1 × 2, 1 × 1; no node has 8 or 4 GPUs free "
         "sim-east · h100-80gb 16 8 (50 %) 0 0 8 1 × 8, 1 × 4, 1 × 2, 1 × 1"
     ]
     # The KPI page's default range, the last 30 days: the history runs, 8 of 9 succeeded.
     assert texts(html, data_home="kpis") == [
-        "KPIs, 2027-02-09 through 2027-03-10 All KPIs Queue time p50 / p95 6 min 00 s / 6 min "
-        "00 s Startup time p50 / p95 30 s / 30 s Success rate 88.9 % Goodput 55.3 % Cluster "
-        "allocation 0.8 % Unsuccessful attempts 2"
+        "KPIs of the last 30 days, 2027-02-09 through 2027-03-10 All KPIs Queue time p50 / p95 "
+        "6 min 00 s / 6 min 00 s Startup time p50 / p95 30 s / 30 s Success rate 88.9 % Goodput "
+        "55.3 % Cluster allocation (30-day average) 0.8 % Unsuccessful attempts 2 Every KPI here "
+        "covers the 30 days, not this moment: cluster allocation is the GPU-hours runs held over "
+        "them ÷ the GPU-hours the clusters offered, so it differs from the share held now in "
+        "“GPUs now” above."
     ]
     kpi_page = client_of("admin").get(reverse("telemetry:platform_kpis")).content.decode()
     assert texts(kpi_page, data_kpi="success")[0].startswith("88.9 % (8 of 9 runs)")
