@@ -321,7 +321,7 @@ def run_submit(request: HttpRequest) -> HttpResponse:
                     exc = ValidationError(spec.errors_to_input(exc.message_dict))
                 form.add_service_errors(exc)
             else:
-                messages.success(request, f"Run {run.pk} is queued.")
+                messages.success(request, f"Run {run.pk} submitted.")
                 return redirect("jobs:run_detail", run_id=run.pk)
     elif restored is not None:
         form = RunSubmitForm(restored, initial=initial, **choices)
@@ -468,12 +468,13 @@ def _attempts_inputs(context) -> tuple:
             attempt.backend_error,
         )
         for attempt in context["attempts"]
-    )
+    ) + (context["run"].is_terminal,)
 
 
 def _logs_inputs(context) -> tuple:
     return (
         context["run"].pk,
+        context["run"].is_terminal,
         context["logs"],
         context["logs_cut"],
         context["log_tail_lines"],
@@ -489,6 +490,7 @@ def _runtime_inputs(context) -> tuple:
             attempt.cluster.name,
             attempt.cluster.backend,
             attempt.state,
+            attempt.is_ended,
             attempt.runtime_reported_at,
             runtime,
             attempt.node_list,
@@ -601,7 +603,7 @@ def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
         if run.state == RunState.CANCELLED:
             messages.success(request, f"Run {run.pk} is cancelled.")
         else:
-            messages.info(request, f"Cancel requested: the cluster is stopping run {run.pk}.")
+            messages.info(request, f"Cancel of run {run.pk} requested from the cluster.")
     return redirect("jobs:run_detail", run_id=run.pk)
 
 

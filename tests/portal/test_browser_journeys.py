@@ -149,7 +149,7 @@ def test_researcher_and_platform_admin_journeys_with_a_real_worker(
     run = Run.objects.get(experiment__name="resnet-live")
     assert page.url.endswith(f"/runs/{run.pk}/")
     expect(page.locator("h1")).to_have_text(f"Run #{run.pk} · resnet-live")
-    expect(page.locator(".messages")).to_have_text(f"Run {run.pk} is queued.")
+    expect(page.locator(".messages")).to_have_text(f"Run {run.pk} submitted.")
     expect(badge(page)).to_have_text("Queued")
     assert (run.experiment.command, run.gpus, run.experiment.env) == (
         "python train.py --epochs 1",
