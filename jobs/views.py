@@ -452,7 +452,7 @@ def _events_inputs(context) -> tuple:
 
 
 def _attempts_inputs(context) -> tuple:
-    return tuple(
+    attempts = tuple(
         (
             attempt.number,
             attempt.cluster.name,
@@ -468,7 +468,8 @@ def _attempts_inputs(context) -> tuple:
             attempt.backend_error,
         )
         for attempt in context["attempts"]
-    ) + (context["run"].is_terminal,)
+    )
+    return (*attempts, context["run"].is_terminal)
 
 
 def _logs_inputs(context) -> tuple:

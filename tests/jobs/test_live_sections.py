@@ -234,9 +234,7 @@ def test_only_changed_sections_come_back_and_polling_stops_once_the_end_is_shown
     assert "Cancel run" not in html
     assert "<dd data-cluster>never admitted</dd>" in section_html(html, "run-placement")
     assert '<span class="muted">never</span>' in section_html(html, "run-placement")
-    assert "No attempt: the run ended before it was admitted" in section_html(
-        html, "run-attempts"
-    )
+    assert "No attempt: the run ended before it was admitted" in section_html(html, "run-attempts")
     assert "No logs: the run ended without a log of its job." in section_html(html, "run-logs")
     assert "not yet" not in html and "No attempt yet" not in html and "No logs yet" not in html
     assert '<span class="timeline-state">QUEUED → CANCELLED</span>' in section_html(
@@ -336,9 +334,7 @@ def test_an_attempt_that_never_reported_its_runtime_stops_saying_not_yet_when_it
     attempt_submit(attempt_id=Attempt.objects.get(run=run).pk)
     cluster_sync(cluster=world.cluster)
     page = client.get(reverse("jobs:run_detail", args=[run.pk])).content.decode()
-    assert "not yet: the job reports it with its attempt token" in section_html(
-        page, "run-runtime"
-    )
+    assert "not yet: the job reports it with its attempt token" in section_html(page, "run-runtime")
 
     age_simulated_jobs(1)
     cluster_sync(cluster=world.cluster)
