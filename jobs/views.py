@@ -1044,13 +1044,22 @@ def cluster_capacity(request: HttpRequest, name: str) -> HttpResponse:
     )
 
 
+@never_cache
 @login_required
 @require_GET
 def cluster_nodes(request: HttpRequest) -> HttpResponse:
     """The node map: every enabled cluster's nodes by topology domain, what holds each GPU
     and each flavor's fragmentation (members of tenants, finance and platform admins)."""
     node_map = or_404(cluster_node_map, user=request.user)
-    return render(request, "jobs/cluster_nodes.html", {"node_map": node_map})
+    part = live.live_page(
+        request,
+        part_id="nodes-live",
+        template="jobs/_cluster_nodes_map.html",
+        context={"node_map": node_map},
+    )
+    return live.live_page_poll(request, part) or render(
+        request, "jobs/cluster_nodes.html", {"node_map": node_map, "live_page": part}
+    )
 
 
 # --- experiment templates ------------------------------------------------------------------

@@ -3,19 +3,28 @@ from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from jobs.live import live_page, live_page_poll
 from portal.home import home_for
 from tenants.access import tenant_roles
 from tenants.models import Membership, Tenant
 
 
+@never_cache
 @login_required
 @require_GET
 def home(request: HttpRequest) -> HttpResponse:
     """What each of the user's roles needs first: their runs, their tenants, the platform,
     the money (``portal.home``)."""
-    return render(request, "home.html", {"home": home_for(user=request.user, now=timezone.now())})
+    home = home_for(user=request.user, now=timezone.now())
+    part = live_page(
+        request, part_id="home-live", template="_home_sections.html", context={"home": home}
+    )
+    return live_page_poll(request, part) or render(
+        request, "home.html", {"home": home, "live_page": part}
+    )
 
 
 @login_required

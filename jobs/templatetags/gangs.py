@@ -15,7 +15,7 @@ def _alternatives(numbers: list[int]) -> str:
 
 
 @register.filter
-def gang_sizes(gangs, style: str = "") -> str:
+def gangs_text(gangs, style: str = "") -> str:
     """Each size that could start now as "nodes × GPUs per node" (largest per node first),
     then the sizes no node can host in one clause. ``style="or"`` says the sizes are
     alternatives: "1 × 8, or 2 × 4, 2 × 2"."""

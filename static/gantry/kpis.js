@@ -59,8 +59,8 @@
     plot(element, traces, layout(element, chart));
   }
 
-  document.addEventListener("DOMContentLoaded", function () {
-    var charts = document.querySelectorAll("[data-kpi-chart]");
+  function drawAll(root) {
+    var charts = root.querySelectorAll("[data-kpi-chart]");
     if (!window.Plotly) {
       charts.forEach(function (element) {
         settle(element, "The chart could not be drawn; the table holds the same numbers.");
@@ -71,6 +71,16 @@
       var chart = payload(element);
       if (chart) {
         draw(element, chart);
+      }
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    drawAll(document);
+    // The KPIs refresh themselves (a live page part): what is swapped in is drawn too.
+    document.body.addEventListener("htmx:load", function (event) {
+      if (event.detail.elt && event.detail.elt.querySelectorAll) {
+        drawAll(event.detail.elt);
       }
     });
   });

@@ -10,8 +10,10 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from jobs.live import live_page, live_page_poll
 from telemetry.access import kpi_can_read
 from telemetry.accounting import IDLE_THRESHOLD
 from telemetry.kpis import selectors
@@ -20,6 +22,11 @@ from telemetry.kpis.selectors import KpiScope, PlatformKpis
 
 TEMPLATE = "telemetry/platform_kpis.html"
 SECONDS_PER_MINUTE = 60
+
+
+# A range that reaches now changes with every second (its capacity grows): asked for less
+# often than the pages of this moment, so the charts are not redrawn all the time.
+KPIS_REFRESH_S = 30
 
 
 def _minutes(seconds: float | None) -> float | None:
@@ -69,6 +76,7 @@ def _allocation_chart(kpis: PlatformKpis) -> dict | None:
     }
 
 
+@never_cache
 @login_required
 @require_GET
 def platform_kpis(request: HttpRequest) -> HttpResponse:
@@ -92,20 +100,26 @@ def platform_kpis(request: HttpRequest) -> HttpResponse:
     kpis = selectors.platform_kpis(scope=scope)
     group_tables = [("Tenant", "tenant", kpis.by_tenant), ("Flavor", "flavor", kpis.by_flavor)]
     charts = {"queue_chart": _queue_chart(kpis), "allocation_chart": _allocation_chart(kpis)}
-    return render(
+    context = {
+        **context,
+        "kpis": kpis,
+        "first_day": filters["from"],
+        "last_day": filters["to"],
+        "days": form.days,
+        "time_zone": timezone.get_current_timezone_name(),
+        "reaches_future": scope.until > scope.now,
+        "idle_percent": IDLE_THRESHOLD * 100,
+        "group_tables": group_tables,
+        "has_charts": any(charts.values()),
+        **charts,
+    }
+    part = live_page(
         request,
-        TEMPLATE,
-        {
-            **context,
-            "kpis": kpis,
-            "first_day": filters["from"],
-            "last_day": filters["to"],
-            "days": form.days,
-            "time_zone": timezone.get_current_timezone_name(),
-            "reaches_future": scope.until > scope.now,
-            "idle_percent": IDLE_THRESHOLD * 100,
-            "group_tables": group_tables,
-            "has_charts": any(charts.values()),
-            **charts,
-        },
+        part_id="kpis-live",
+        template="telemetry/_platform_kpis_results.html",
+        context=context,
+        refresh_s=KPIS_REFRESH_S,
+    )
+    return live_page_poll(request, part) or render(
+        request, TEMPLATE, {**context, "live_page": part}
     )

@@ -4,7 +4,7 @@ no node can host is said in words, never as a gang of 0 nodes."""
 import pytest
 
 from jobs.selectors.nodes import GangSize
-from jobs.templatetags.gangs import gang_sizes
+from jobs.templatetags.gangs import gangs_text
 
 
 def gangs(*pairs: tuple[int, int]) -> tuple[GangSize, ...]:
@@ -23,5 +23,5 @@ def gangs(*pairs: tuple[int, int]) -> tuple[GangSize, ...]:
     ],
 )
 def test_gang_sizes_never_show_a_gang_of_zero_nodes(sizes, style, shown):
-    assert gang_sizes(gangs(*sizes), style) == shown
-    assert "0 ×" not in gang_sizes(gangs(*sizes), style)
+    assert gangs_text(gangs(*sizes), style) == shown
+    assert "0 ×" not in gangs_text(gangs(*sizes), style)
