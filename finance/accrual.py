@@ -101,7 +101,8 @@ def accrual_by_tenant(
     prices: dict[int, Decimal] = {}
     attempts: dict[int, int] = {}
     for tenant, project, user, flavor, cluster, gpus, started, finished in rows:
-        start = max(started, lo)
+        assert started is not None  # filtered so; said for the checker
+        start: datetime = max(started, lo)
         seconds = int((min(finished or hi, hi) - start).total_seconds())
         if seconds <= 0:
             continue

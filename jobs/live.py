@@ -133,7 +133,7 @@ def live_page(
     part_id: str,
     template: str,
     context: Mapping[str, Any],
-    refresh_s: int = LIVE_PAGE_REFRESH_S,
+    refresh_s: int | None = None,
 ) -> LivePage:
     """``template`` rendered with ``context`` as a page part that refreshes itself, like the
     run list: the same page polled with ``partial=<part_id>`` and the version it shows.
@@ -152,7 +152,7 @@ def live_page(
         html=SafeString(html),
         version=version,
         url=f"{request.path}?{query.urlencode()}",
-        refresh_s=refresh_s,
+        refresh_s=refresh_s or LIVE_PAGE_REFRESH_S,
     )
 
 

@@ -33,7 +33,8 @@ OVERFLOWS = """() => {
     }
     table.querySelectorAll("th, td").forEach((cell) => {
       if (cell.scrollWidth > cell.clientWidth + 1) {
-        found.push(`cell "${cell.innerText.slice(0, 40)}" ${cell.scrollWidth} > ${cell.clientWidth}`);
+        const text = cell.innerText.slice(0, 40);
+        found.push(`cell "${text}" ${cell.scrollWidth} > ${cell.clientWidth}`);
       }
     });
   });
@@ -66,9 +67,13 @@ def pages() -> dict[str, str]:
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_wide_tables_fit_the_window_without_cutting_text(demo, browser: Browser, live_server, width):
+def test_wide_tables_fit_the_window_without_cutting_text(
+    demo, browser: Browser, live_server, width
+):
     admin = User.objects.get(username="admin")
-    context = browser.new_context(base_url=live_server.url, viewport={"width": width, "height": 900})
+    context = browser.new_context(
+        base_url=live_server.url, viewport={"width": width, "height": 900}
+    )
     context.set_default_timeout(DEFAULT_TIMEOUT_MS)
     try:
         page = context.new_page()
