@@ -1054,11 +1054,11 @@ def cluster_nodes(request: HttpRequest) -> HttpResponse:
     part = live.live_page(
         request,
         part_id="nodes-live",
-        template="jobs/_cluster_nodes_map.html",
+        template="jobs/cluster_nodes.html",
         context={"node_map": node_map},
     )
     return live.live_page_poll(request, part) or render(
-        request, "jobs/cluster_nodes.html", {"node_map": node_map, "live_page": part}
+        request, "jobs/cluster_nodes_page.html", {"node_map": node_map, "live_page": part}
     )
 
 

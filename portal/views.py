@@ -19,11 +19,9 @@ def home(request: HttpRequest) -> HttpResponse:
     """What each of the user's roles needs first: their runs, their tenants, the platform,
     the money (``portal.home``)."""
     home = home_for(user=request.user, now=timezone.now())
-    part = live_page(
-        request, part_id="home-live", template="_home_sections.html", context={"home": home}
-    )
+    part = live_page(request, part_id="home-live", template="home.html", context={"home": home})
     return live_page_poll(request, part) or render(
-        request, "home.html", {"home": home, "live_page": part}
+        request, "home_page.html", {"home": home, "live_page": part}
     )
 
 

@@ -20,7 +20,7 @@ from telemetry.kpis import selectors
 from telemetry.kpis.forms import KPI_MAX_RANGE_DAYS, KpiFilterForm, kpi_filter_data
 from telemetry.kpis.selectors import KpiScope, PlatformKpis
 
-TEMPLATE = "telemetry/platform_kpis.html"
+TEMPLATE = "telemetry/platform_kpis_page.html"
 SECONDS_PER_MINUTE = 60
 
 
@@ -116,7 +116,7 @@ def platform_kpis(request: HttpRequest) -> HttpResponse:
     part = live_page(
         request,
         part_id="kpis-live",
-        template="telemetry/_platform_kpis_results.html",
+        template="telemetry/platform_kpis.html",
         context=context,
         refresh_s=KPIS_REFRESH_S,
     )
