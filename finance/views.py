@@ -33,8 +33,15 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from finance import access, selectors
 from finance.access import rate_card_can_manage
+from finance.accrual import accrual_month, tenant_month_overview_accrued
 from finance.forms import ExportForm, RateCardForm, StatementChoiceForm
-from finance.selectors import DIMENSIONS, BurnDown, MonthUsage, Statement, platform_currency
+from finance.selectors import (
+    DIMENSIONS,
+    BurnDown,
+    MonthUsage,
+    Statement,
+    platform_currency,
+)
 from finance.services import rate_card_add
 from finance.spreadsheet import usage_workbook_write
 from telemetry.templatetags.gpu_units import share_percent
@@ -81,7 +88,8 @@ def _index(
     status: int = 200,
 ) -> HttpResponse:
     tenants = access.finance_tenant_list(user=request.user)
-    current = _today().replace(day=1)
+    now = timezone.now()
+    current = now.date().replace(day=1)
     closed = selectors.last_closed_month(current)
     return render(
         request,
@@ -89,8 +97,9 @@ def _index(
         {
             "closed_month": closed,
             "current_month": current,
-            "overview": selectors.tenant_month_overview(
-                tenants=tenants, closed_month=closed, current_month=current
+            "accrued_at": now,
+            "overview": tenant_month_overview_accrued(
+                tenants=tenants, closed_month=closed, current_month=current, now=now
             ),
             "currency": platform_currency(),
             "choice_form": choice_form
@@ -222,8 +231,10 @@ def statement(request: HttpRequest, tenant_slug: str, month: date) -> HttpRespon
     """A tenant's month: totals; breakdowns by project, user, flavor and cluster, each line
     leading to the attempts behind it; the 12-month trend; budget burn-down; exports."""
     tenant = or_404(access.finance_tenant_get, user=request.user, slug=tenant_slug)
-    today = _today()
+    now = timezone.now()
+    today = now.date()
     report = selectors.statement_month(tenant=tenant, month=month)
+    accrual = accrual_month(tenant=tenant, month=report.month, now=now)
     trend = selectors.usage_by_month(tenant=tenant, last_month=report.month)
     burn = selectors.budget_burn_down(tenant=tenant, month=report.month, as_of=today)
     currency = platform_currency()
@@ -244,6 +255,10 @@ def statement(request: HttpRequest, tenant_slug: str, month: date) -> HttpRespon
             "tenant": tenant,
             "statement": report,
             "total": report.total,
+            "accrual": accrual,
+            "accrued_cost": report.total.cost + accrual.cost,
+            "accrued_gpu_hours": selectors.gpu_hours(report.total.allocated_gpu_s + accrual.gpu_s),
+            "accrued_at": now,
             "breakdowns": [(DIMENSIONS[name], lines) for name, lines in report.breakdowns.items()],
             "trend": trend,
             "burn": burn,

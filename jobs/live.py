@@ -20,7 +20,7 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.middleware.csrf import get_token
 from django.template.loader import render_to_string
 from django.utils import timezone, translation
@@ -29,6 +29,8 @@ from django.utils.safestring import SafeString
 
 # htmx stops polling an element whose request is answered with this status.
 HTMX_STOP_POLLING = 286
+# How often a live page part (``live_page``) asks for itself again.
+LIVE_PAGE_REFRESH_S = 10
 
 
 @dataclass(frozen=True)
@@ -108,3 +110,57 @@ def sections_changed(versions: Mapping[str, str], shown: Mapping[str, str]) -> l
     return [
         section_id for section_id, version in versions.items() if shown.get(section_id) != version
     ]
+
+
+# --- live page parts ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LivePage:
+    """A part of a page that refreshes itself (templates/_live_page.html): its HTML, the
+    version of that HTML, and the URL a poll asks for it with that version."""
+
+    id: str
+    html: SafeString
+    version: str
+    url: str
+    refresh_s: int
+
+
+def live_page(
+    request: HttpRequest,
+    *,
+    part_id: str,
+    template: str,
+    context: Mapping[str, Any],
+    refresh_s: int | None = None,
+) -> LivePage:
+    """``template`` rendered with ``context`` as a page part that refreshes itself, like the
+    run list: the same page polled with ``partial=<part_id>`` and the version it shows.
+
+    Rendered without the context processors (the navigation is the page's, not the part's),
+    so the part holds no per-request token and equal data gives equal HTML: its version is
+    a digest of the HTML itself, so whatever the part shows is in its version and nothing it
+    showed can stay behind once the data changes."""
+    html = render_to_string(template, context)
+    version = hashlib.sha256(html.encode()).hexdigest()[:16]
+    query = request.GET.copy()
+    query["partial"] = part_id
+    query["shown"] = version
+    return LivePage(
+        id=part_id,
+        html=SafeString(html),
+        version=version,
+        url=f"{request.path}?{query.urlencode()}",
+        refresh_s=refresh_s or LIVE_PAGE_REFRESH_S,
+    )
+
+
+def live_page_poll(request: HttpRequest, part: LivePage) -> HttpResponse | None:
+    """The answer to a poll of ``part``: 204 while the page shows its version, the part
+    alone when it changed; None when the request is not a poll of it (render the page)."""
+    if request.GET.get("partial") != part.id:
+        return None
+    if request.GET.get("shown") == part.version:
+        return HttpResponse(status=204)
+    return HttpResponse(render_to_string("_live_page.html", {"live_page": part}).strip())

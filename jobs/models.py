@@ -421,6 +421,11 @@ class Attempt(models.Model):
         """The backend object's name: derived from the id, so a resubmit can find it."""
         return f"gantry-a{self.pk}"
 
+    @property
+    def is_ended(self) -> bool:
+        """Over for good: nothing more will be reported about it ("not yet" no longer holds)."""
+        return self.state not in (AttemptState.CREATED, *LIVE_ATTEMPT_STATES)
+
 
 class AttemptToken(models.Model):
     """A token issued to a job of the attempt, kept only as its SHA-256.

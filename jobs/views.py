@@ -325,7 +325,7 @@ def run_submit(request: HttpRequest) -> HttpResponse:
                     exc = ValidationError(spec.errors_to_input(exc.message_dict))
                 form.add_service_errors(exc)
             else:
-                messages.success(request, f"Run {run.pk} is queued.")
+                messages.success(request, f"Run {run.pk} submitted.")
                 return redirect("jobs:run_detail", run_id=run.pk)
     elif restored is not None:
         form = RunSubmitForm(restored, initial=initial, **choices)
@@ -456,7 +456,7 @@ def _events_inputs(context) -> tuple:
 
 
 def _attempts_inputs(context) -> tuple:
-    return tuple(
+    attempts = tuple(
         (
             attempt.number,
             attempt.cluster.name,
@@ -473,11 +473,13 @@ def _attempts_inputs(context) -> tuple:
         )
         for attempt in context["attempts"]
     )
+    return (*attempts, context["run"].is_terminal)
 
 
 def _logs_inputs(context) -> tuple:
     return (
         context["run"].pk,
+        context["run"].is_terminal,
         context["logs"],
         context["logs_cut"],
         context["log_tail_lines"],
@@ -493,6 +495,7 @@ def _runtime_inputs(context) -> tuple:
             attempt.cluster.name,
             attempt.cluster.backend,
             attempt.state,
+            attempt.is_ended,
             attempt.runtime_reported_at,
             runtime,
             attempt.node_list,
@@ -605,7 +608,7 @@ def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
         if run.state == RunState.CANCELLED:
             messages.success(request, f"Run {run.pk} is cancelled.")
         else:
-            messages.info(request, f"Cancel requested: the cluster is stopping run {run.pk}.")
+            messages.info(request, f"Cancel of run {run.pk} requested from the cluster.")
     return redirect("jobs:run_detail", run_id=run.pk)
 
 
@@ -1066,13 +1069,22 @@ def cluster_capacity(request: HttpRequest, name: str) -> HttpResponse:
     )
 
 
+@never_cache
 @login_required
 @require_GET
 def cluster_nodes(request: HttpRequest) -> HttpResponse:
     """The node map: every enabled cluster's nodes by topology domain, what holds each GPU
     and each flavor's fragmentation (members of tenants, finance and platform admins)."""
     node_map = or_404(cluster_node_map, user=request.user)
-    return render(request, "jobs/cluster_nodes.html", {"node_map": node_map})
+    part = live.live_page(
+        request,
+        part_id="nodes-live",
+        template="jobs/cluster_nodes.html",
+        context={"node_map": node_map},
+    )
+    return live.live_page_poll(request, part) or render(
+        request, "jobs/cluster_nodes_page.html", {"node_map": node_map, "live_page": part}
+    )
 
 
 # --- experiment templates ------------------------------------------------------------------

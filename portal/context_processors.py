@@ -60,6 +60,15 @@ def navigation_groups(
         work.append(_link(request, "Templates", "jobs:template_list"))
     work.append(_link(request, "Images", "images:image_list"))
     work.append(_link(request, "Quotas", "jobs:quota_list"))
+    if tenant_admin:
+        work.append(
+            _link(
+                request,
+                "Members",
+                "members",
+                pages=("jobs:tenant_members", "jobs:member_add", "jobs:member_role"),
+            )
+        )
     if member or admin or finance:
         work.append(_link(request, "Nodes", "jobs:cluster_nodes"))
 

@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from finance import selectors as finance_selectors
 from finance.access import finance_tenant_list
+from finance.accrual import TenantMonthSoFar, tenant_month_overview_accrued
 from jobs.access import run_can_submit, run_list_viewable
 from jobs.models import Experiment, Run, RunState
 from jobs.selectors.clusters import ClusterHealth, cluster_health_list
@@ -99,6 +100,7 @@ class PlatformSection:
     kpis: PlatformKpis
     kpi_first_day: date
     kpi_last_day: date
+    kpi_days: int  # the KPIs' window, beside figures of this moment
     clusters: list[ClusterHealth]
 
 
@@ -106,7 +108,7 @@ class PlatformSection:
 class FinanceSection:
     closed_month: date
     current_month: date
-    overview: list[finance_selectors.TenantMonths]
+    overview: list[TenantMonthSoFar]
     currency: str | None
 
 
@@ -301,6 +303,7 @@ def _platform(*, user: UserLike, now: datetime) -> PlatformSection:
         kpis=kpis,
         kpi_first_day=form.cleaned_data["from"],
         kpi_last_day=form.cleaned_data["to"],
+        kpi_days=form.days,
         clusters=cluster_health_list(now=now),
     )
 
@@ -312,8 +315,11 @@ def _finance(*, user: UserLike, now: datetime) -> FinanceSection:
     return FinanceSection(
         closed_month=closed,
         current_month=current,
-        overview=finance_selectors.tenant_month_overview(
-            tenants=finance_tenant_list(user=user), closed_month=closed, current_month=current
+        overview=tenant_month_overview_accrued(
+            tenants=finance_tenant_list(user=user),
+            closed_month=closed,
+            current_month=current,
+            now=now,
         ),
         currency=finance_selectors.platform_currency(),
     )

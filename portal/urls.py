@@ -9,6 +9,7 @@ from tenants.oidc import OidcCallbackView, OidcLoginView
 
 urlpatterns = [
     path("", views.home, name="home"),
+    path("members/", views.members, name="members"),
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
     path("metrics", metrics.metrics, name="metrics"),

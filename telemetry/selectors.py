@@ -196,6 +196,15 @@ class GpuSeconds:
         waste = [share for share in self.shares()[1:] if share.gpu_s > 0]
         return max(waste, key=lambda share: share.gpu_s) if waste else None
 
+    @property
+    def largest_wastes(self) -> list[CategoryShare]:
+        """Every waste category that has the most GPU-seconds, in precedence order: one, or
+        all of a tie (a page names them all, never one of them as "mostly")."""
+        top = self.largest_waste
+        if top is None:
+            return []
+        return [share for share in self.shares()[1:] if share.gpu_s == top.gpu_s]
+
     def as_accounting(self) -> accounting.Accounting:
         """The pure ``Accounting`` that ``diagnosis.diagnose`` reads."""
         return accounting.Accounting(

@@ -20,8 +20,13 @@
     function categoryAxis(title) {
       return { title: { text: title || "" }, type: "category", automargin: true };
     }
+    // A share has a fixed scale (value_range, e.g. 0 to 100 %): autoscaled, one bar of 1 %
+    // would be drawn as wide as a full one.
     function valueAxis(title) {
-      return shared.axis(title, { rangemode: "tozero" });
+      var extra = chart.value_range
+        ? { range: chart.value_range, autorange: false, fixedrange: true }
+        : { rangemode: "tozero" };
+      return shared.axis(title, extra);
     }
     var shape = shared.layout(element, {
       hovermode: "closest",
@@ -54,8 +59,8 @@
     plot(element, traces, layout(element, chart));
   }
 
-  document.addEventListener("DOMContentLoaded", function () {
-    var charts = document.querySelectorAll("[data-kpi-chart]");
+  function drawAll(root) {
+    var charts = root.querySelectorAll("[data-kpi-chart]");
     if (!window.Plotly) {
       charts.forEach(function (element) {
         settle(element, "The chart could not be drawn; the table holds the same numbers.");
@@ -66,6 +71,16 @@
       var chart = payload(element);
       if (chart) {
         draw(element, chart);
+      }
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    drawAll(document);
+    // The KPIs refresh themselves (a live page part): what is swapped in is drawn too.
+    document.body.addEventListener("htmx:load", function (event) {
+      if (event.detail.elt && event.detail.elt.querySelectorAll) {
+        drawAll(event.detail.elt);
       }
     });
   });

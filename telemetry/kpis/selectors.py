@@ -160,6 +160,13 @@ class PlatformKpis:
         return self.allocation_total.part / SECONDS_PER_HOUR
 
     @property
+    def leading_failures(self) -> list[FailureCount]:
+        """The reasons with the most unsuccessful attempts: one, or all of a tie."""
+        if not self.failures:
+            return []
+        return [item for item in self.failures if item.count == self.failures[0].count]
+
+    @property
     def capacity_gpu_hours(self) -> float:
         return self.allocation_total.whole / SECONDS_PER_HOUR
 

@@ -10,16 +10,23 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from jobs.live import live_page, live_page_poll
 from telemetry.access import kpi_can_read
 from telemetry.accounting import IDLE_THRESHOLD
 from telemetry.kpis import selectors
 from telemetry.kpis.forms import KPI_MAX_RANGE_DAYS, KpiFilterForm, kpi_filter_data
 from telemetry.kpis.selectors import KpiScope, PlatformKpis
 
-TEMPLATE = "telemetry/platform_kpis.html"
+TEMPLATE = "telemetry/platform_kpis_page.html"
 SECONDS_PER_MINUTE = 60
+
+
+# A range that reaches now changes with every second (its capacity grows): asked for less
+# often than the pages of this moment, so the charts are not redrawn all the time.
+KPIS_REFRESH_S = 30
 
 
 def _minutes(seconds: float | None) -> float | None:
@@ -51,7 +58,8 @@ def _queue_chart(kpis: PlatformKpis) -> dict | None:
 
 
 def _allocation_chart(kpis: PlatformKpis) -> dict | None:
-    """Allocation per cluster and flavor, in percent of the capacity."""
+    """Allocation per cluster and flavor, in percent of the capacity, on an axis from 0 to
+    100 % whatever the values: a bar of 1 % is a hundredth of the width, never all of it."""
     rows = [row for row in kpis.allocation if row.rate.percent is not None]
     if not any(row.allocated_gpu_s for row in rows):
         return None  # bars of zero say less than the table
@@ -61,12 +69,14 @@ def _allocation_chart(kpis: PlatformKpis) -> dict | None:
         "unit": "%",
         "x_title": "Allocated, % of capacity",
         "y_title": "",
+        "value_range": [0, 100],
         "traces": [
             {"name": "Allocated", "values": [round(row.rate.percent or 0.0, 1) for row in rows]}
         ],
     }
 
 
+@never_cache
 @login_required
 @require_GET
 def platform_kpis(request: HttpRequest) -> HttpResponse:
@@ -90,20 +100,26 @@ def platform_kpis(request: HttpRequest) -> HttpResponse:
     kpis = selectors.platform_kpis(scope=scope)
     group_tables = [("Tenant", "tenant", kpis.by_tenant), ("Flavor", "flavor", kpis.by_flavor)]
     charts = {"queue_chart": _queue_chart(kpis), "allocation_chart": _allocation_chart(kpis)}
-    return render(
+    context = {
+        **context,
+        "kpis": kpis,
+        "first_day": filters["from"],
+        "last_day": filters["to"],
+        "days": form.days,
+        "time_zone": timezone.get_current_timezone_name(),
+        "reaches_future": scope.until > scope.now,
+        "idle_percent": IDLE_THRESHOLD * 100,
+        "group_tables": group_tables,
+        "has_charts": any(charts.values()),
+        **charts,
+    }
+    part = live_page(
         request,
-        TEMPLATE,
-        {
-            **context,
-            "kpis": kpis,
-            "first_day": filters["from"],
-            "last_day": filters["to"],
-            "days": form.days,
-            "time_zone": timezone.get_current_timezone_name(),
-            "reaches_future": scope.until > scope.now,
-            "idle_percent": IDLE_THRESHOLD * 100,
-            "group_tables": group_tables,
-            "has_charts": any(charts.values()),
-            **charts,
-        },
+        part_id="kpis-live",
+        template="telemetry/platform_kpis.html",
+        context=context,
+        refresh_s=KPIS_REFRESH_S,
+    )
+    return live_page_poll(request, part) or render(
+        request, TEMPLATE, {**context, "live_page": part}
     )

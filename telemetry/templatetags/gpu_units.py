@@ -43,3 +43,16 @@ def share_percent(percent, places: int = 1) -> str:
     if value > 0 and float(shown) == 0:
         return f"<{10.0**-places:.{places}f} %"
     return f"{shown} %"
+
+
+@register.filter
+def mostly(items, case: str = "") -> str:
+    """What most of something is, from the items that lead it (each with a ``label``): "mostly
+    idle" for one, "idle and lost work equally" for a tie, so a 1-to-1 tie is never called
+    "mostly" one of them. ``case="lower"`` lowers the labels."""
+    labels = [item.label.lower() if case == "lower" else item.label for item in items]
+    if not labels:
+        return ""
+    if len(labels) == 1:
+        return f"mostly {labels[0]}"
+    return f"{', '.join(labels[:-1])} and {labels[-1]} equally"

@@ -223,12 +223,20 @@ def test_only_changed_sections_come_back_and_polling_stops_once_the_end_is_shown
 
     assert (unchanged.status_code, unchanged.content) == (204, b"")
     assert after_cancel.status_code == 200
-    assert list(sections_in(html)) == ["run-status", "run-placement", "run-events"]
+    # Every section whose text depended on the run still going comes back: none says
+    # "not yet" or "yet" of what will now never happen.
+    assert list(sections_in(html)) == [
+        "run-status", "run-placement", "run-events", "run-attempts", "run-logs",
+    ]  # fmt: skip
     assert '<span class="badge badge-cancelled">Cancelled</span>' in section_html(
         html, "run-status"
     )
     assert "Cancel run" not in html
     assert "<dd data-cluster>never admitted</dd>" in section_html(html, "run-placement")
+    assert '<span class="muted">never</span>' in section_html(html, "run-placement")
+    assert "No attempt: the run ended before it was admitted" in section_html(html, "run-attempts")
+    assert "No logs: the run ended without a log of its job." in section_html(html, "run-logs")
+    assert "not yet" not in html and "No attempt yet" not in html and "No logs yet" not in html
     assert '<span class="timeline-state">QUEUED → CANCELLED</span>' in section_html(
         html, "run-events"
     )
@@ -315,6 +323,26 @@ def test_each_section_follows_the_run_from_queued_to_succeeded(client, world):
     assert last_line in section_html(finished, "run-logs")
     assert SimulatedJob.objects.get().state == "SUCCEEDED"
     assert live(client, run, shown).status_code == 286
+
+
+def test_an_attempt_that_never_reported_its_runtime_stops_saying_not_yet_when_it_ends(
+    client, world
+):
+    run = submit(world)
+    client.force_login(world.researcher_a)
+    admission_run_cycle()
+    attempt_submit(attempt_id=Attempt.objects.get(run=run).pk)
+    cluster_sync(cluster=world.cluster)
+    page = client.get(reverse("jobs:run_detail", args=[run.pk])).content.decode()
+    assert "not yet: the job reports it with its attempt token" in section_html(page, "run-runtime")
+
+    age_simulated_jobs(1)
+    cluster_sync(cluster=world.cluster)
+    finished = live(client, run, versions_of(page)).content.decode()
+
+    runtime = section_html(finished, "run-runtime")
+    assert "never: the attempt ended without reporting it" in runtime
+    assert "not yet" not in finished
 
 
 def test_a_finished_run_page_is_not_polled(client, world):

@@ -358,7 +358,7 @@ def test_submit_creates_one_experiment_and_one_run_and_redirects(client, world):
     assert experiment.env == {"GANTRY_SIM_DURATION_S": "600"}
     assert experiment.code_commit == COMMIT
     detail = client.get(response.url)
-    assert [str(m) for m in detail.context["messages"]] == [f"Run {run.pk} is queued."]
+    assert [str(m) for m in detail.context["messages"]] == [f"Run {run.pk} submitted."]
 
 
 def test_submit_normalizes_textarea_line_breaks(client, world):

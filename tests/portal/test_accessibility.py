@@ -25,7 +25,7 @@ from jobs.forms import RunSubmitForm
 from jobs.models import Run, RunEvent
 from jobs.services.submission import run_submit
 from portal.demo import DEMO_PASSWORD, demo_seed
-from tenants.models import Notification, Tenant
+from tenants.models import Membership, Notification, Tenant
 from tests import REPOSITORY
 from tests.browser_support import VIEWPORT, login
 from tests.conftest import PASSWORD, experiment_input
@@ -313,7 +313,16 @@ NAVIGATION = {
         "Reports": ["Goodput"],
     },
     "tenant_admin_a": {
-        "Work": ["Runs", "Experiments", "Submit", "Templates", "Images", "Quotas", "Nodes"],
+        "Work": [
+            "Runs",
+            "Experiments",
+            "Submit",
+            "Templates",
+            "Images",
+            "Quotas",
+            "Members",
+            "Nodes",
+        ],
         "Reports": ["Goodput", "Finance"],
         "Platform": ["Audit"],
     },
@@ -343,6 +352,30 @@ def test_the_navigation_shows_each_role_its_pages_and_marks_the_current_one(clie
     assert '<a href="/quotas/" aria-current="page">Quotas</a>' in response.content.decode()
     answers = {link.label: client.get(link.url).status_code for g in groups for link in g.links}
     assert set(answers.values()) <= {200, 302}, answers  # no link leads to a 404
+
+
+def test_members_leads_a_tenant_admin_to_the_members_of_each_tenant_they_administer(client, world):
+    client.force_login(world.tenant_admin_a)
+    response = client.get(reverse("members"))
+    assert response.status_code == 302
+    assert response["Location"] == reverse("jobs:tenant_members", args=["vision"])
+
+    members = client.get(response["Location"])
+    groups = members.context["nav_groups"]
+    current = [link.label for group in groups for link in group.links if link.current]
+    assert current == ["Members"]
+
+    # Admin of two tenants: a list of both.
+    Membership.objects.create(user=world.tenant_admin_a, tenant=world.nlp, role="tenant_admin")
+    listing = client.get(reverse("members")).content.decode()
+    assert 'href="/tenants/nlp/members/"' in listing
+    assert 'href="/tenants/vision/members/"' in listing
+
+
+@pytest.mark.parametrize("persona", ["researcher_a", "finance", "platform_admin"])
+def test_members_is_404_for_who_administers_no_tenant(client, world, persona):
+    client.force_login(getattr(world, persona))
+    assert client.get(reverse("members")).status_code == 404
 
 
 # Where a page or stylesheet names another resource: src/href attributes, CSS url() and

@@ -85,6 +85,8 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     ("logout", "POST"):                         (302, 302, 302, 302, 302, 302),
     # the home page: a section for each role the person holds, none for another's
     ("home", "GET"):                            (302, 200, 200, 200, 200, 200),
+    # the navigation's Members: the tenant admin's tenant's members page, nobody else's
+    ("members", "GET"):                         (302, 404, 404, 302, 404, 404),
     # the person's own account: alice's token is nobody else's to revoke
     ("account", "GET"):                         (302, 200, 200, 200, 200, 200),
     ("password_change", "GET"):                 (302, 200, 200, 200, 200, 200),
@@ -320,6 +322,7 @@ def paths(objects: Objects) -> dict[str, str]:
     preview = urlencode({"tenant": "vision", "flavor": "a100-80gb", "nodes": 1, "gpus_per_node": 2})
     return {
         "home": reverse("home"),
+        "members": reverse("members"),
         "healthz": reverse("healthz"),
         "readyz": reverse("readyz"),
         "login": reverse("login"),

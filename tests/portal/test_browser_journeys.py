@@ -14,6 +14,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from django.contrib.sessions.models import Session
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
+from finance.accrual import accrual_month
 from finance.selectors import last_closed_month, statement_month
 from images.models import Image
 from jobs.models import Attempt, AttemptState, Cluster, Experiment, Run, RunState
@@ -149,7 +151,7 @@ def test_researcher_and_platform_admin_journeys_with_a_real_worker(
     run = Run.objects.get(experiment__name="resnet-live")
     assert page.url.endswith(f"/runs/{run.pk}/")
     expect(page.locator("h1")).to_have_text(f"Run #{run.pk} · resnet-live")
-    expect(page.locator(".messages")).to_have_text(f"Run {run.pk} is queued.")
+    expect(page.locator(".messages")).to_have_text(f"Run {run.pk} submitted.")
     expect(badge(page)).to_have_text("Queued")
     assert (run.experiment.command, run.gpus, run.experiment.env) == (
         "python train.py --epochs 1",
@@ -470,7 +472,14 @@ def test_readme_pages_on_the_demo(demo_instant, persona_page, tmp_path):
     review = page.locator("tr[data-tenant=vision]")
     expect(page.locator("#review-title")).to_have_text(f"{closed:%B %Y}, the last closed month")
     expect(review.locator("td").nth(1)).to_have_text(f"{statement.total.cost:.2f} EUR")
-    expect(review.locator("td").nth(2)).to_have_text(f"{to_date.total.cost:.2f} EUR")
+    # The open month reads accrued: its statement plus the attempts still running, to now.
+    so_far = review.locator("a[data-statement=to-date]")
+    if demo_instant == "now":  # the clock runs: the accrual grows while the page loads
+        expect(so_far).to_have_text(re.compile(r"^\d+\.\d{2} EUR$"))
+        assert Decimal(so_far.inner_text().split()[0]) >= to_date.total.cost
+    else:
+        accrued = accrual_month(tenant=vision, month=current, now=timezone.now())
+        expect(so_far).to_have_text(f"{to_date.total.cost + accrued.cost:.2f} EUR")
     review.locator("a[data-statement=closed]").click()
     expect(page).to_have_url(re.compile(f"/finance/vision/{closed:%Y-%m}/$"))
     expect(page.locator("[data-kpi=cost]")).to_have_text(f"{statement.total.cost:.2f} EUR")
@@ -478,6 +487,7 @@ def test_readme_pages_on_the_demo(demo_instant, persona_page, tmp_path):
     page.locator("a[rel=next]").click()
     expect(page).to_have_url(re.compile(f"/finance/vision/{current:%Y-%m}/$"))
     expect(page.locator(".page-lead")).to_contain_text("The month so far: it is still open")
+    expect(page.locator("[data-kpi=statement-cost]")).to_have_text(f"{to_date.total.cost:.2f} EUR")
     if to_date.total.allocated_gpu_s:
         expect(page.locator("[data-kpi=cost]")).to_have_text(f"{to_date.total.cost:.2f} EUR")
     else:

@@ -3,7 +3,7 @@ at a fixed instant; and no page shows a persona an action it cannot take."""
 
 import contextlib
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urljoin, urlsplit
 
 import pytest
@@ -14,7 +14,7 @@ from django.test import Client
 from django.urls import Resolver404, resolve, reverse
 
 from images.models import Image
-from jobs.models import Run
+from jobs.models import Attempt, AttemptState, Run
 from jobs.services.submission import ExperimentInput, run_submit
 from portal.demo import DEMO_PASSWORD, demo_seed
 from tenants.models import GlobalRole, Membership, Tenant
@@ -98,7 +98,7 @@ def test_the_researcher_sees_their_runs_the_waiting_one_with_its_estimate_and_go
 
     assert texts(html, data_home_figure="goodput") == [
         "Goodput of your runs over the last 30 days: 67.4 % (53.9 of 80.0 GPU-hours "
-        "effective, 2 attempts) ; most of the waste: input wait. Goodput"
+        "effective, 2 attempts) ; the waste is mostly input wait. Goodput"
     ]
     waiting = run_id("yolo-xl")
     assert texts(html, data_table="my-waiting") == [
@@ -134,16 +134,20 @@ def test_the_platform_admin_sees_occupancy_fragmentation_kpis_and_backends(demo)
     html = home_html("admin")
 
     assert texts(html, data_table="occupancy") == [
-        "Cluster · flavor GPUs Held by runs Outside Gantry Taking no work Free Largest gang "
+        "Cluster · flavor GPUs Held by runs now (% of the GPUs taking work) Outside Gantry "
+        "Taking no work Free Largest gang "
         "that could start now (nodes × GPUs) "
         "sim-east · a100-80gb 48 32 (94 %) 6 8 2 1 × 1–2; none with 3–8 "
         "sim-east · h100-80gb 16 8 (50 %) 0 0 8 1 × 1–8"
     ]
     # The KPI page's default range, the last 30 days: the history runs, 8 of 9 succeeded.
     assert texts(html, data_home="kpis") == [
-        "KPIs, 2027-02-09 through 2027-03-10 All KPIs Queue time p50 / p95 6 min 00 s / 6 min "
-        "00 s Startup time p50 / p95 30 s / 30 s Success rate 88.9 % Goodput 55.3 % Cluster "
-        "allocation 0.8 % Unsuccessful attempts 2"
+        "KPIs of the last 30 days, 2027-02-09 through 2027-03-10 All KPIs Queue time p50 / p95 "
+        "6 min 00 s / 6 min 00 s Startup time p50 / p95 30 s / 30 s Success rate 88.9 % Goodput "
+        "55.3 % Cluster allocation (30-day average) 0.8 % Unsuccessful attempts 2 Every KPI here "
+        "covers the 30 days, not this moment: cluster allocation is the GPU-hours runs held over "
+        "them ÷ the GPU-hours the clusters offered, so it differs from the share held now in "
+        "“GPUs now” above."
     ]
     kpi_page = client_of("admin").get(reverse("telemetry:platform_kpis")).content.decode()
     assert texts(kpi_page, data_kpi="success")[0].startswith("88.9 % (8 of 9 runs)")
@@ -158,7 +162,7 @@ def test_finance_sees_last_months_statements_and_what_is_still_open(demo):
 
     # February at the A100 rate before March's rise (2.10 EUR), March to date at 2.40.
     assert texts(html, data_table="statements") == [
-        "Tenant Feb 2027 GPU-hours Feb 2027 cost Mar 2027 to date, still open "
+        "Tenant Feb 2027 GPU-hours Feb 2027 cost Mar 2027 so far, accrued (still open) "
         "Climate Modeling (climate) 40.00 84.00 EUR 96.00 EUR "
         "NLP Group (nlp) 80.00 168.00 EUR 158.40 EUR "
         "Vision Lab (vision) 160.00 336.00 EUR 0.00 EUR"
@@ -166,10 +170,30 @@ def test_finance_sees_last_months_statements_and_what_is_still_open(demo):
     assert page_actions(html).links.count("/finance/vision/2027-02/") == 1
 
 
+def test_finances_open_month_accrues_the_attempts_still_running(demo):
+    """Vision's two admitted 8-GPU runs start at the seed's instant (as the simulator starts
+    them); an hour later they have cost 16 GPU-hours at March's 2.40 EUR, and the open month
+    reads that, not 0.00, and says where it comes from."""
+    with transaction.atomic():
+        started = Attempt.objects.filter(run__tenant__slug="vision", started_at__isnull=True)
+        assert sorted(attempt.run.gpus for attempt in started) == [8, 8]
+        started.update(state=AttemptState.RUNNING, started_at=INSTANT)
+
+        with time_machine.travel(INSTANT + timedelta(hours=1), tick=False):
+            html = home_html("fiona")
+        transaction.set_rollback(True)
+
+    vision = [row for row in texts(html, data_tenant="vision") if "Vision Lab" in row]
+    assert vision == [
+        "Vision Lab (vision) 160.00 336.00 EUR 38.40 EUR incl. 38.40 of 2 attempts running or "
+        "not yet rolled up"
+    ]
+
+
 # Queries of the home page: the request's own (session, user, roles, notification badge)
 # plus each section's, at most this many whatever the number of runs, tenants and clusters
 # (a list of waiting runs shorter than a full one is its own count: no COUNT query then).
-HOME_QUERIES = {"alice": 9, "tara": 18, "admin": 16, "fiona": 7}
+HOME_QUERIES = {"alice": 9, "tara": 18, "admin": 16, "fiona": 9}
 
 
 @pytest.mark.parametrize("username", PERSONAS)

@@ -90,7 +90,9 @@ def assert_every_section_agrees_with_the_database(page: Page, run: Run) -> None:
     last_line = page.locator("#run-logs pre.logs").inner_text().splitlines()[-1]
     assert last_line == run_logs(run=run).splitlines()[-1]
     reported = page.locator("#run-runtime dt:text-is('Runtime reported') + dd")
-    if latest.runtime_reported_at is None:
+    if latest.runtime_reported_at is None and latest.is_ended:
+        expect(reported).to_have_text("never: the attempt ended without reporting it")
+    elif latest.runtime_reported_at is None:
         expect(reported).to_have_text("not yet: the job reports it with its attempt token")
     else:
         expect(reported.locator("time")).to_have_attribute(

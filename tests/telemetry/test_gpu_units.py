@@ -1,9 +1,11 @@
 """GPU time and shares in the unit that makes them readable (telemetry/templatetags)."""
 
+from types import SimpleNamespace
+
 import pytest
 from django.template import Context, Template
 
-from telemetry.templatetags.gpu_units import gpu_time, share_percent
+from telemetry.templatetags.gpu_units import gpu_time, mostly, share_percent
 
 
 @pytest.mark.parametrize(
@@ -59,3 +61,18 @@ def test_a_startup_of_fourteen_gpu_seconds_reads_as_such_beside_its_share():
     )
 
     assert rendered.strip() == '14 GPU-s <span class="muted">2.4 %</span>'
+
+
+@pytest.mark.parametrize(
+    ("labels", "case", "expected"),
+    [
+        (["Idle"], "lower", "mostly idle"),
+        (["Lost work", "Idle"], "lower", "lost work and idle equally"),
+        (["GPU out of memory", "Preempted"], "", "GPU out of memory and Preempted equally"),
+        (["A", "B", "C"], "", "A, B and C equally"),
+        ([], "", ""),
+    ],
+)
+def test_mostly_names_every_item_of_a_tie(labels, case, expected):
+    items = [SimpleNamespace(label=label) for label in labels]
+    assert mostly(items, case) == expected

@@ -376,6 +376,26 @@ def test_success_rate_leaves_out_cancelled_runs(client, world, experiments):
     )
 
 
+def test_a_tie_of_failure_reasons_names_both_never_mostly_one(client, world, experiments):
+    run = make_run(world, experiments, state=RunState.FAILED, finished_at=T0)
+    for number, (state, reason) in enumerate(
+        [(AttemptState.FAILED, "OOM_GPU"), (AttemptState.PREEMPTED, "PREEMPTED")], start=1
+    ):
+        make_attempt(
+            world,
+            run,
+            number=number,
+            state=state,
+            started_at=T0 - timedelta(hours=1),
+            finished_at=T0,
+            failure_reason=reason,
+        )
+
+    content = page(client, world.platform_admin, **MARCH)
+
+    assert kpi(content, "failures") == "2 attempts GPU out of memory and Preempted equally"
+
+
 def test_failure_reasons_count_unsuccessful_attempts_with_the_taxonomy(client, world, experiments):
     run = make_run(world, experiments, state=RunState.FAILED, finished_at=T0)
 
@@ -541,6 +561,8 @@ def test_cluster_allocation_clips_attempts_to_the_range(client, world, experimen
     chart = chart_payload(content, "allocation-chart-data")
     assert chart["categories"] == ["sim-1 · a100-80gb", "sim-1 · h100-80gb"]
     assert chart["traces"] == [{"name": "Allocated", "values": [33.3, 0.0]}]
+    # A share's axis is 0 to 100 % whatever the bars: 33 % is a third of the width.
+    assert chart["value_range"] == [0, 100]
 
 
 def test_a_running_attempt_counts_up_to_now_and_the_range_ends_now(client, world, experiments):

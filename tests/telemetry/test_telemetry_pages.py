@@ -729,7 +729,8 @@ def test_tenant_goodput_page_shows_exact_numbers(client, goodput_world):
         "arthur", "1", "4.00", "2.50", "62.5 %", "Input wait 1.00 GPU-h, 25.0 %", "0.00",
     ]  # fmt: skip
     assert row(content, '<tr data-row="alice">') == [
-        "alice", "2", "3.00", "2.00", "66.7 %", "Lost work 0.50 GPU-h, 16.7 %", "0.00",
+        "alice", "2", "3.00", "2.00", "66.7 %", "Lost work and Idle 0.50 GPU-h each, 16.7 %",
+        "0.00",
     ]  # fmt: skip
     assert row(content, '<tr data-row="segmentation">')[:5] == [
         "Seg segmentation", "1", "4.00", "2.50", "62.5 %",
