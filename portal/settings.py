@@ -55,9 +55,9 @@ if not 1 <= GANTRY_PORT <= 65535:
     raise ImproperlyConfigured(f"GANTRY_PORT must be a TCP port (1 to 65535), got {GANTRY_PORT}")
 # Where jobs reach the portal's API (they get it as GANTRY_API_URL) and what links in e-mails
 # point at: scheme, host, port.
-GANTRY_PUBLIC_URL = env_str(
-    "GANTRY_PUBLIC_URL", default=f"http://127.0.0.1:{GANTRY_PORT}"
-).rstrip("/")
+GANTRY_PUBLIC_URL = env_str("GANTRY_PUBLIC_URL", default=f"http://127.0.0.1:{GANTRY_PORT}").rstrip(
+    "/"
+)
 if not GANTRY_PUBLIC_URL.startswith(("http://", "https://")):
     raise ImproperlyConfigured(
         f"GANTRY_PUBLIC_URL must be an http(s) URL, got {GANTRY_PUBLIC_URL!r}"

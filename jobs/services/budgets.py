@@ -10,8 +10,8 @@ from datetime import date, datetime
 
 from django.conf import settings
 from django.core.mail import send_mass_mail
-from django.urls import reverse
 from django.db import IntegrityError, transaction
+from django.urls import reverse
 
 from jobs.calendar import month_start
 from jobs.models import BudgetAlert
