@@ -235,24 +235,34 @@ def demo_seed(*, speedup: int = 30) -> None:
         return run_submit(user=people[username], data=ExperimentInput(**values))
 
     # Finished runs, each with the telemetry of a simulator profile, so the goodput pages
-    # have something to show: a healthy run, an input-bound one, a crash, and so on.
+    # have something to show: a healthy run, an input-bound one, a crash, and so on. Each
+    # tenant has its own history (sizes and lengths too), so no two show the same figures.
     history = (
         ("alice", "vision", "detection", "yolo-baseline", pytorch, RunState.SUCCEEDED, 0, 26,
-         "compute-bound"),
+         "compute-bound", 8, 5),
         ("alice", "vision", "segmentation", "unet-sweep-1", pytorch, RunState.SUCCEEDED, 0, 20,
-         "input-bound"),
+         "input-bound", 8, 5),
         ("tara", "vision", "detection", "notebook-debug", pytorch, RunState.SUCCEEDED, 0, 15,
-         "idle"),
-        ("bob", "nlp", "llm", "llama-ft-lr3e4", megatron, RunState.FAILED, 1, 12, "crash"),
+         "idle", 8, 5),
+        ("bob", "nlp", "llm", "llama-ft-lr3e4", megatron, RunState.FAILED, 1, 12, "crash", 8, 5),
         ("bob", "nlp", "retrieval", "dpr-train", pytorch, RunState.SUCCEEDED, 0, 8,
-         "comm-bound"),
+         "comm-bound", 8, 5),
         ("carol", "climate", "downscaling", "cordex-emulator", pytorch, RunState.SUCCEEDED, 0, 3,
-         "compute-bound"),
+         "compute-bound", 4, 11),
     )  # fmt: skip
     now = timezone.now()
-    for username, tenant_slug, project, name, image, state, exit_code, days_ago, profile in history:
+    for (
+        username, tenant_slug, project, name, image, state, exit_code, days_ago, profile, gpus,
+        hours,
+    ) in history:  # fmt: skip
         run = request(
-            username, tenant_slug, project, name, image, env={"GANTRY_SIM_PROFILE": profile}
+            username,
+            tenant_slug,
+            project,
+            name,
+            image,
+            env={"GANTRY_SIM_PROFILE": profile},
+            gpus_per_node=gpus,
         )
         attempt = _record_history(
             run=run,
@@ -260,6 +270,7 @@ def demo_seed(*, speedup: int = 30) -> None:
             state=state,
             exit_code=exit_code,
             submitted=now - timedelta(days=days_ago, hours=3),
+            hours=hours,
         )
         _record_history_telemetry(attempt=attempt, profile=profile)
 
@@ -282,13 +293,19 @@ def demo_seed(*, speedup: int = 30) -> None:
     # Last month, priced at the A100 rate before this month's rise. Submitted after the live
     # runs so that run and experiment numbers of the story above stay as the docs show them.
     last_month = previous_month(now.date())
-    for username, tenant_slug, project, name, image, day, profile in (
-        ("alice", "vision", "detection", "yolo-v0", pytorch, 6, "compute-bound"),
-        ("bob", "nlp", "llm", "llama-ft-lr1e4", megatron, 11, "compute-bound"),
-        ("carol", "climate", "downscaling", "cordex-v0", pytorch, 19, "input-bound"),
+    for username, tenant_slug, project, name, image, day, profile, gpus, hours in (
+        ("alice", "vision", "detection", "yolo-v0", pytorch, 6, "compute-bound", 8, 5),
+        ("bob", "nlp", "llm", "llama-ft-lr1e4", megatron, 11, "compute-bound", 8, 7),
+        ("carol", "climate", "downscaling", "cordex-v0", pytorch, 19, "input-bound", 4, 9),
     ):
         run = request(
-            username, tenant_slug, project, name, image, env={"GANTRY_SIM_PROFILE": profile}
+            username,
+            tenant_slug,
+            project,
+            name,
+            image,
+            env={"GANTRY_SIM_PROFILE": profile},
+            gpus_per_node=gpus,
         )
         attempt = _record_history(
             run=run,
@@ -296,6 +313,7 @@ def demo_seed(*, speedup: int = 30) -> None:
             state=RunState.SUCCEEDED,
             exit_code=0,
             submitted=datetime.combine(last_month.replace(day=day), time(9), tzinfo=UTC),
+            hours=hours,
         )
         _record_history_telemetry(attempt=attempt, profile=profile)
 
@@ -479,12 +497,13 @@ def _record_history_telemetry(*, attempt: Attempt, profile: str, resume_step: in
 
 
 def _record_history(
-    *, run: Run, cluster: Cluster, state: str, exit_code: int, submitted
+    *, run: Run, cluster: Cluster, state: str, exit_code: int, submitted, hours: float
 ) -> Attempt:
-    """Turn a freshly queued run into one that ran in the past (demo history only)."""
+    """Turn a freshly queued run into one that ran in the past for ``hours`` (demo history
+    only)."""
     admitted = submitted + timedelta(minutes=4)
     started = admitted + timedelta(minutes=2)
-    finished = started + timedelta(hours=5)
+    finished = started + timedelta(hours=hours)
     failed = state == RunState.FAILED
     attempt = Attempt.objects.create(
         run=run,
