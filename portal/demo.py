@@ -237,23 +237,27 @@ def demo_seed(*, speedup: int = 30) -> None:
     # Finished runs, each with the telemetry of a simulator profile, so the goodput pages
     # have something to show: a healthy run, an input-bound one, a crash, and so on. Each
     # tenant has its own history (sizes and lengths too), so no two show the same figures.
+    # yolo-baseline (run 1) is the README's CLI example: `gantry spec 1`, submitted again on
+    # two nodes, is 2 x 4 H100 GPUs of vision's guarantee, free at once (llama-pretrain
+    # below leaves 4 on its node), so `--wait` returns within a minute or two.
     history = (
         ("alice", "vision", "detection", "yolo-baseline", pytorch, RunState.SUCCEEDED, 0, 26,
-         "compute-bound", 8, 5),
+         "compute-bound", "h100-80gb", 4, 5),
         ("alice", "vision", "segmentation", "unet-sweep-1", pytorch, RunState.SUCCEEDED, 0, 20,
-         "input-bound", 8, 5),
+         "input-bound", "a100-80gb", 8, 5),
         ("tara", "vision", "detection", "notebook-debug", pytorch, RunState.SUCCEEDED, 0, 15,
-         "idle", 8, 5),
-        ("bob", "nlp", "llm", "llama-ft-lr3e4", megatron, RunState.FAILED, 1, 12, "crash", 8, 5),
+         "idle", "a100-80gb", 8, 5),
+        ("bob", "nlp", "llm", "llama-ft-lr3e4", megatron, RunState.FAILED, 1, 12, "crash",
+         "a100-80gb", 8, 5),
         ("bob", "nlp", "retrieval", "dpr-train", pytorch, RunState.SUCCEEDED, 0, 8,
-         "comm-bound", 8, 5),
+         "comm-bound", "a100-80gb", 8, 5),
         ("carol", "climate", "downscaling", "cordex-emulator", pytorch, RunState.SUCCEEDED, 0, 3,
-         "compute-bound", 4, 11),
+         "compute-bound", "a100-80gb", 4, 11),
     )  # fmt: skip
     now = timezone.now()
     for (
-        username, tenant_slug, project, name, image, state, exit_code, days_ago, profile, gpus,
-        hours,
+        username, tenant_slug, project, name, image, state, exit_code, days_ago, profile,
+        flavor_slug, gpus, hours,
     ) in history:  # fmt: skip
         run = request(
             username,
@@ -262,6 +266,7 @@ def demo_seed(*, speedup: int = 30) -> None:
             name,
             image,
             env={"GANTRY_SIM_PROFILE": profile},
+            flavor=flavor_slug,
             gpus_per_node=gpus,
         )
         attempt = _record_history(
@@ -284,8 +289,12 @@ def demo_seed(*, speedup: int = 30) -> None:
     request("alice", "vision", "detection", "yolo-large", pytorch, env=long_job)
     request("alice", "vision", "segmentation", "unet-sweep-2", pytorch, env=long_job)
     request("alice", "vision", "detection", "yolo-xl", pytorch, env=long_job, nodes=2)
-    # One H100 node: the other is vision's guarantee, free for the README's first run.
-    request("bob", "nlp", "llm", "llama-pretrain", megatron, env=long_job, flavor="h100-80gb")
+    # Half an H100 node: the other node is vision's guarantee, free for the README's first
+    # run, and four GPUs on each node take the README's CLI example.
+    request(
+        "bob", "nlp", "llm", "llama-pretrain", megatron, env=long_job, flavor="h100-80gb",
+        gpus_per_node=4,
+    )  # fmt: skip
     request("bob", "nlp", "retrieval", "dpr-index", pytorch, env=long_job)
     request("bob", "nlp", "retrieval", "dpr-sweep", pytorch, env=long_job, gpus_per_node=4)
     request("carol", "climate", "nowcasting", "radar-nowcast", pytorch, gpus_per_node=4)
@@ -505,6 +514,8 @@ def _record_history(
     started = admitted + timedelta(minutes=2)
     finished = started + timedelta(hours=hours)
     failed = state == RunState.FAILED
+    # One of the first nodes of the flavor's pool (the H100 pool has two).
+    pool_nodes = 4 if run.flavor.slug == "a100-80gb" else 2
     attempt = Attempt.objects.create(
         run=run,
         number=1,
@@ -517,7 +528,7 @@ def _record_history(
         exit_code=exit_code,
         failure_reason="USER_EXIT" if failed else "",
         failure_message="Traceback: loss became NaN at step 41200" if failed else "",
-        node_list=[f"{cluster.name}-a100-80gb-0{run.pk % 4}"],
+        node_list=[f"{cluster.name}-{run.flavor.slug}-0{run.pk % pool_nodes}"],
     )
     Run.objects.filter(pk=run.pk).update(
         state=state,

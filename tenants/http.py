@@ -40,7 +40,7 @@ def _not_found_text(exc: ObjectDoesNotExist) -> str:
     """What a 404 says: the kind of thing that was not found, in words ("No such run."), not
     the ORM's message ("Run matching query does not exist."), which names a model and a query."""
     for model in apps.get_models():
-        if type(exc) is model.DoesNotExist:
+        if type(exc) is getattr(model, "DoesNotExist", None):
             return f"No such {model._meta.verbose_name}."
     text = str(exc).strip()
     return text if text.endswith(".") else f"{text or 'Not found'}."
