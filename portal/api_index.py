@@ -5,10 +5,11 @@ listed without anyone remembering to add it here."""
 from django.urls import NoReverseMatch, URLPattern, URLResolver, get_resolver, reverse
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
-from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
+
+from jobs.api import UNAUTHENTICATED
 
 API_NAMESPACE = "api"
 API_URLCONF = "portal.api_urls"
@@ -36,9 +37,8 @@ def api_resources() -> dict[str, str]:
 
 
 class ApiIndex(APIView):
-    """The API's resources and where its schema and docs are; no token needed to read it."""
-
-    permission_classes = [AllowAny]
+    """The API's resources and where its schema and docs are, for a signed-in client (a
+    token, or the browser's session) like every other endpoint of the API."""
 
     @extend_schema(
         tags=["index"],
@@ -51,7 +51,8 @@ class ApiIndex(APIView):
                     "docs": serializers.URLField(),
                     "authentication": serializers.CharField(),
                 },
-            )
+            ),
+            401: UNAUTHENTICATED,
         },
     )
     def get(self, request: Request) -> Response:

@@ -137,7 +137,10 @@ def test_another_tenants_run_reads_the_same(world):
 
 
 def test_the_api_root_answers_an_index_of_its_resources(world):
-    response = APIClient().get("/api/v1/")  # no token needed to learn what there is
+    # Signed in, as everywhere in the API (the browser's session will do).
+    assert APIClient().get("/api/v1/").status_code == 401
+    client = api_for(world.researcher_a)
+    response = client.get("/api/v1/")
 
     assert response.status_code == 200
     body = response.json()
@@ -160,6 +163,5 @@ def test_the_api_root_answers_an_index_of_its_resources(world):
         "http://testserver/api/docs/",
     )
     # Every resource it lists exists: none answers 404 to the index's own client.
-    client = api_for(world.researcher_a)
     for url in body["resources"].values():
         assert client.get(url).status_code != 404, url
