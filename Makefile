@@ -41,9 +41,12 @@ define make_venv
 	$(PY) -c '' 2>/dev/null || $(BOOTSTRAP_PYTHON) -m venv --clear $(VENV)
 endef
 
+# --no-compile: Python compiles a module when it is first imported, so the few that running
+# Gantry imports are compiled once at start-up instead of every file of every package now
+# (most of the install's time otherwise).
 $(RUN_STAMP): pyproject.toml
 	$(make_venv)
-	$(PY) -m pip install --quiet --progress-bar off -e .
+	$(PY) -m pip install --quiet --progress-bar off --no-compile -e .
 	touch $@
 
 # A venv that `make run` made gets the dev extras the first time lint, test or bench runs;

@@ -90,7 +90,7 @@ def test_make_run_installs_the_runtime_set_and_lint_test_bench_add_the_dev_extra
     makefile = (REPOSITORY / "Makefile").read_text()
     assert re.search(r"^run: venv$", makefile, flags=re.MULTILINE)
     assert re.search(r"^venv: \$\(RUN_STAMP\)$", makefile, flags=re.MULTILINE)
-    assert "pip install --quiet --progress-bar off -e .\n" in makefile
+    assert "pip install --quiet --progress-bar off --no-compile -e .\n" in makefile
     for target in ("lint", "test", "bench"):
         assert re.search(rf"^{target}: dev-venv\b", makefile, flags=re.MULTILINE), target
     # A venv made by `make run` is upgraded by the first lint, test or bench.
