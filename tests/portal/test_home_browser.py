@@ -44,7 +44,7 @@ def test_each_persona_lands_on_its_home_page(persona_page, transactional_db):
     assert shown_sections(admin) == ["platform", "kpis", "backends"]
     expect(
         admin.locator("[data-pool='sim-east:h100-80gb'] [data-figure=largest-gangs]")
-    ).to_have_text("1 × 8, 1 × 4, 1 × 2, 1 × 1")
+    ).to_have_text("1 × 8, 2 × 4, 2 × 2, 2 × 1")
     expect(admin.locator("[data-cluster=sim-east] [data-health]")).to_have_text("Healthy")
     expect(admin.get_by_role("link", name="Submit an experiment")).to_have_count(0)
 
