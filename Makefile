@@ -7,14 +7,17 @@ MAKEFLAGS += --no-print-directory
 
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# What `make run` needs (the package and its runtime dependencies), and on top of it the dev
+# tools that lint, test and bench need. Each stamp is redone when pyproject.toml changes.
+RUN_STAMP := $(VENV)/.installed-run
+DEV_STAMP := $(VENV)/.installed-dev
 BOOTSTRAP_PYTHON ?= $(shell command -v python3.11 || command -v python3)
 PYTEST_ARGS ?=
 # pytest-xdist processes: the suite mostly waits on real servers, so more workers than cores pay.
 TEST_WORKERS ?= 3
 BENCH_ARGS ?=
 
-.PHONY: help venv run lint test bench clean distclean
+.PHONY: help venv dev-venv run lint test bench clean distclean
 
 help:
 	@echo "make run        the embedded portal on http://127.0.0.1:8000 (SQLite, Celery, simulator, demo data)"
@@ -24,25 +27,41 @@ help:
 	@echo "                PYTEST_ARGS='-k admission' passes arguments to pytest;"
 	@echo "                TEST_WORKERS=1 runs it in one process (default $(TEST_WORKERS), pytest-xdist)"
 	@echo "make bench      the benchmarks (python -m bench) against the same services"
-	@echo "make venv       $(VENV) with the project and its dev tools (redone when pyproject.toml changes)"
+	@echo "make venv       $(VENV) with the project and what it needs to run (what make run installs)"
+	@echo "make dev-venv   the same plus the dev tools of lint, test and bench (redone when pyproject.toml changes)"
 	@echo "make clean      remove var/ and build artefacts; make distclean also removes $(VENV)"
 
-venv: $(STAMP)
+venv: $(RUN_STAMP)
+dev-venv: $(DEV_STAMP)
 
-$(STAMP): pyproject.toml
+# A venv whose interpreter no longer runs (moved, or its Python removed) is rebuilt from
+# scratch. pip is not upgraded: any pip that installs editable pyproject packages does.
+define make_venv
 	@test -n "$(BOOTSTRAP_PYTHON)" || { echo "make: neither python3.11 nor python3 found" >&2; exit 1; }
-	@# A venv whose interpreter no longer runs (moved, or its Python removed) is rebuilt from scratch.
 	$(PY) -c '' 2>/dev/null || $(BOOTSTRAP_PYTHON) -m venv --clear $(VENV)
-	$(PY) -m pip install --quiet --progress-bar off --upgrade pip
-	$(PY) -m pip install --progress-bar off -e '.[dev]'
+endef
+
+# --no-compile: Python compiles a module when it is first imported, so the few that running
+# Gantry imports are compiled once at start-up instead of every file of every package now
+# (most of the install's time otherwise).
+$(RUN_STAMP): pyproject.toml
+	$(make_venv)
+	$(PY) -m pip install --quiet --progress-bar off --no-compile -e .
 	touch $@
+
+# A venv that `make run` made gets the dev extras the first time lint, test or bench runs;
+# they include the runtime install, so its stamp is renewed too.
+$(DEV_STAMP): pyproject.toml
+	$(make_venv)
+	$(PY) -m pip install --progress-bar off -e '.[dev]'
+	touch $@ $(RUN_STAMP)
 
 run: venv
 	GANTRY_EMBEDDED=1 $(PY) -m portal.embedded
 
 # Every step runs, so one report shows all problems; the target fails if any step failed.
 # Django runs embedded against a throwaway data directory: nothing here needs a server.
-lint: venv
+lint: dev-venv
 	@failed=(); \
 	data_dir=$$(mktemp -d); \
 	trap 'rm -rf "$$data_dir"' EXIT; \
@@ -57,10 +76,10 @@ lint: venv
 	step "$${embedded[@]}" $(VENV)/bin/mypy; \
 	if (( $${#failed[@]} )); then printf 'lint: FAILED: %s\n' "$${failed[@]}" >&2; exit 1; fi
 
-test: venv lint
+test: dev-venv lint
 	bash scripts/test-services.sh exec -- $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
-bench: venv
+bench: dev-venv
 	@if [[ -f bench/__main__.py ]]; then \
 		DJANGO_SETTINGS_MODULE=$${DJANGO_SETTINGS_MODULE:-tests.settings} \
 			bash scripts/test-services.sh exec -- $(PY) -m bench $(BENCH_ARGS); \

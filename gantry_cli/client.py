@@ -102,7 +102,7 @@ class Client:
             if isinstance(reason, socket.timeout | TimeoutError):
                 reason = f"no answer within {self.timeout:g} s"
             raise UnreachableError(
-                f"Cannot reach the Gantry server at {self.url}: {reason}."
+                sentence(f"Cannot reach the Gantry server at {self.url}: {reason}")
             ) from None
         if not raw:
             return None
@@ -121,15 +121,23 @@ class Client:
         except ValueError:
             body = {}
         detail = body.get("detail") if isinstance(body, dict) else None
+        detail = str(detail).strip() if detail else ""
         if exc.code == 401:
-            reason = detail or "authentication required"
-            return AuthError(f"The server rejected your token ({reason}). Run `gantry login`.")
+            reason = sentence(detail or "Authentication required")
+            return AuthError(f"The server rejected your token: {reason} Run `gantry login`.")
         if exc.code == 400 and body:
             return ApiValidationError(flatten_errors(body))
         if exc.code == 403:
-            return NotFoundError(f"Forbidden: {detail or 'you may not do this'}.")
+            return NotFoundError(sentence(detail or "Forbidden: you may not do this"))
         if exc.code == 404:
-            return NotFoundError(f"Not found: {detail or exc.url}.")
+            return NotFoundError(sentence(detail or f"Not found: {exc.url}"))
         if exc.code == 429:
-            return CliError(f"Too many requests; retry later. {detail or ''}".strip())
-        return CliError(f"The server answered {exc.code}: {detail or exc.reason}.")
+            return CliError(f"Too many requests; retry later. {sentence(detail)}".strip())
+        return CliError(sentence(f"The server answered {exc.code}: {detail or exc.reason}"))
+
+
+def sentence(text: str) -> str:
+    """``text`` ending in one full stop (or the question or exclamation mark it has): the
+    server's messages mostly end in one already, and a second reads as a typo."""
+    text = text.strip()
+    return text if not text or text.endswith((".", "!", "?")) else f"{text}."

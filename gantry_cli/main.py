@@ -358,6 +358,7 @@ def cmd_logs(ctx: Context) -> int:
     client = ctx.client()
     shown: list[str] = []
     attempt = None
+    said_none = False
     while True:
         run = client.get(f"runs/{args.run}/") if args.follow else None
         body = client.get(f"runs/{args.run}/logs/", {"tail": args.tail})
@@ -366,6 +367,11 @@ def cmd_logs(ctx: Context) -> int:
             if attempt is not None:
                 print(f"--- attempt {body['attempt']} ---", file=sys.stderr)
             attempt, shown = body["attempt"], []
+        if not lines and not shown and not said_none:
+            # Say so, rather than print nothing: a run that has not started has no logs.
+            state = (run or client.get(f"runs/{args.run}/"))["state"]
+            print(f"Run {args.run} has no logs yet: it is {state}.", file=sys.stderr)
+            said_none = True
         for line in _new_lines(shown, lines):
             print(line, flush=True)
         shown = lines

@@ -202,3 +202,15 @@ def _not_free_totals(nodes: Sequence[Node]) -> str:
     if held:
         why.append(f"{held} reserved for long-waiting runs")
     return f"; not counted: {', '.join(why)}" if why else ""
+
+
+def largest_shape(*, max_nodes: int, max_gpus_per_node: int, max_gpus: int) -> tuple[int, int]:
+    """(nodes, GPUs per node) of the largest gang within ``max_nodes`` nodes of
+    ``max_gpus_per_node`` GPUs and ``max_gpus`` GPUs in all: the most GPUs, on the fewest
+    nodes. (0, 0) when no GPU may be asked for."""
+    total = min(max_nodes * max_gpus_per_node, max(max_gpus, 0))
+    for gpus in range(total, 0, -1):
+        for per_node in range(min(gpus, max_gpus_per_node), 0, -1):
+            if gpus % per_node == 0 and gpus // per_node <= max_nodes:
+                return gpus // per_node, per_node
+    return 0, 0

@@ -316,6 +316,18 @@ def spec_parse(document: object) -> tuple[dict[str, Any] | None, dict[str, list[
     return to_input(flat), {}
 
 
+def spec_values_typed(document: object) -> dict[str, Any]:
+    """The values of a spec that ``spec_parse`` refused whose own key and type are right, by
+    ExperimentInput field name: what can still be checked against the server's rules, so a
+    rejected spec names every failing field at once, not the type errors first and the rest
+    on the next try."""
+    if not isinstance(document, Mapping):
+        return {}
+    errors: dict[str, list[str]] = {}
+    flat = _flatten(document, errors, (*META_KEYS, *BY_DOTTED))
+    return to_input({name: value for name, value in flat.items() if name not in errors})
+
+
 def spec_template_name(document: Mapping[str, Any]) -> str | None:
     """The template a parsed spec starts from, if any."""
     return document.get("template")

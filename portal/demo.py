@@ -235,24 +235,39 @@ def demo_seed(*, speedup: int = 30) -> None:
         return run_submit(user=people[username], data=ExperimentInput(**values))
 
     # Finished runs, each with the telemetry of a simulator profile, so the goodput pages
-    # have something to show: a healthy run, an input-bound one, a crash, and so on.
+    # have something to show: a healthy run, an input-bound one, a crash, and so on. Each
+    # tenant has its own history (sizes and lengths too), so no two show the same figures.
+    # yolo-baseline (run 1) is the README's CLI example: `gantry spec 1`, submitted again on
+    # two nodes, is 2 x 4 H100 GPUs of vision's guarantee, free at once (llama-pretrain
+    # below leaves 4 on its node), so `--wait` returns within a minute or two.
     history = (
         ("alice", "vision", "detection", "yolo-baseline", pytorch, RunState.SUCCEEDED, 0, 26,
-         "compute-bound"),
+         "compute-bound", "h100-80gb", 4, 5),
         ("alice", "vision", "segmentation", "unet-sweep-1", pytorch, RunState.SUCCEEDED, 0, 20,
-         "input-bound"),
+         "input-bound", "a100-80gb", 8, 5),
         ("tara", "vision", "detection", "notebook-debug", pytorch, RunState.SUCCEEDED, 0, 15,
-         "idle"),
-        ("bob", "nlp", "llm", "llama-ft-lr3e4", megatron, RunState.FAILED, 1, 12, "crash"),
+         "idle", "a100-80gb", 8, 5),
+        ("bob", "nlp", "llm", "llama-ft-lr3e4", megatron, RunState.FAILED, 1, 12, "crash",
+         "a100-80gb", 8, 5),
         ("bob", "nlp", "retrieval", "dpr-train", pytorch, RunState.SUCCEEDED, 0, 8,
-         "comm-bound"),
+         "comm-bound", "a100-80gb", 8, 5),
         ("carol", "climate", "downscaling", "cordex-emulator", pytorch, RunState.SUCCEEDED, 0, 3,
-         "compute-bound"),
+         "compute-bound", "a100-80gb", 4, 11),
     )  # fmt: skip
     now = timezone.now()
-    for username, tenant_slug, project, name, image, state, exit_code, days_ago, profile in history:
+    for (
+        username, tenant_slug, project, name, image, state, exit_code, days_ago, profile,
+        flavor_slug, gpus, hours,
+    ) in history:  # fmt: skip
         run = request(
-            username, tenant_slug, project, name, image, env={"GANTRY_SIM_PROFILE": profile}
+            username,
+            tenant_slug,
+            project,
+            name,
+            image,
+            env={"GANTRY_SIM_PROFILE": profile},
+            flavor=flavor_slug,
+            gpus_per_node=gpus,
         )
         attempt = _record_history(
             run=run,
@@ -260,6 +275,7 @@ def demo_seed(*, speedup: int = 30) -> None:
             state=state,
             exit_code=exit_code,
             submitted=now - timedelta(days=days_ago, hours=3),
+            hours=hours,
         )
         _record_history_telemetry(attempt=attempt, profile=profile)
 
@@ -273,8 +289,12 @@ def demo_seed(*, speedup: int = 30) -> None:
     request("alice", "vision", "detection", "yolo-large", pytorch, env=long_job)
     request("alice", "vision", "segmentation", "unet-sweep-2", pytorch, env=long_job)
     request("alice", "vision", "detection", "yolo-xl", pytorch, env=long_job, nodes=2)
-    # One H100 node: the other is vision's guarantee, free for the README's first run.
-    request("bob", "nlp", "llm", "llama-pretrain", megatron, env=long_job, flavor="h100-80gb")
+    # Half an H100 node: the other node is vision's guarantee, free for the README's first
+    # run, and four GPUs on each node take the README's CLI example.
+    request(
+        "bob", "nlp", "llm", "llama-pretrain", megatron, env=long_job, flavor="h100-80gb",
+        gpus_per_node=4,
+    )  # fmt: skip
     request("bob", "nlp", "retrieval", "dpr-index", pytorch, env=long_job)
     request("bob", "nlp", "retrieval", "dpr-sweep", pytorch, env=long_job, gpus_per_node=4)
     request("carol", "climate", "nowcasting", "radar-nowcast", pytorch, gpus_per_node=4,
@@ -283,13 +303,19 @@ def demo_seed(*, speedup: int = 30) -> None:
     # Last month, priced at the A100 rate before this month's rise. Submitted after the live
     # runs so that run and experiment numbers of the story above stay as the docs show them.
     last_month = previous_month(now.date())
-    for username, tenant_slug, project, name, image, day, profile in (
-        ("alice", "vision", "detection", "yolo-v0", pytorch, 6, "compute-bound"),
-        ("bob", "nlp", "llm", "llama-ft-lr1e4", megatron, 11, "compute-bound"),
-        ("carol", "climate", "downscaling", "cordex-v0", pytorch, 19, "input-bound"),
+    for username, tenant_slug, project, name, image, day, profile, gpus, hours in (
+        ("alice", "vision", "detection", "yolo-v0", pytorch, 6, "compute-bound", 8, 5),
+        ("bob", "nlp", "llm", "llama-ft-lr1e4", megatron, 11, "compute-bound", 8, 7),
+        ("carol", "climate", "downscaling", "cordex-v0", pytorch, 19, "input-bound", 4, 9),
     ):
         run = request(
-            username, tenant_slug, project, name, image, env={"GANTRY_SIM_PROFILE": profile}
+            username,
+            tenant_slug,
+            project,
+            name,
+            image,
+            env={"GANTRY_SIM_PROFILE": profile},
+            gpus_per_node=gpus,
         )
         attempt = _record_history(
             run=run,
@@ -297,6 +323,7 @@ def demo_seed(*, speedup: int = 30) -> None:
             state=RunState.SUCCEEDED,
             exit_code=0,
             submitted=datetime.combine(last_month.replace(day=day), time(9), tzinfo=UTC),
+            hours=hours,
         )
         _record_history_telemetry(attempt=attempt, profile=profile)
 
@@ -480,13 +507,16 @@ def _record_history_telemetry(*, attempt: Attempt, profile: str, resume_step: in
 
 
 def _record_history(
-    *, run: Run, cluster: Cluster, state: str, exit_code: int, submitted
+    *, run: Run, cluster: Cluster, state: str, exit_code: int, submitted, hours: float
 ) -> Attempt:
-    """Turn a freshly queued run into one that ran in the past (demo history only)."""
+    """Turn a freshly queued run into one that ran in the past for ``hours`` (demo history
+    only)."""
     admitted = submitted + timedelta(minutes=4)
     started = admitted + timedelta(minutes=2)
-    finished = started + timedelta(hours=5)
+    finished = started + timedelta(hours=hours)
     failed = state == RunState.FAILED
+    # One of the first nodes of the flavor's pool (the H100 pool has two).
+    pool_nodes = 4 if run.flavor.slug == "a100-80gb" else 2
     attempt = Attempt.objects.create(
         run=run,
         number=1,
@@ -499,7 +529,7 @@ def _record_history(
         exit_code=exit_code,
         failure_reason="USER_EXIT" if failed else "",
         failure_message="Traceback: loss became NaN at step 41200" if failed else "",
-        node_list=[f"{cluster.name}-a100-80gb-0{run.pk % 4}"],
+        node_list=[f"{cluster.name}-{run.flavor.slug}-0{run.pk % pool_nodes}"],
     )
     Run.objects.filter(pk=run.pk).update(
         state=state,

@@ -2,7 +2,8 @@
 selectors of the pages it summarises, so a number here is the number there.
 
 - researcher (a member of a tenant): their latest runs, their waiting runs with the start
-  estimate, the goodput of their runs over the last days;
+  estimate, the goodput of each of their tenants and of their own runs there over the
+  goodput page's default period (``telemetry.goodput``: the figures that page shows);
 - tenant admin: per tenant they administer, quota and budget use per flavor, members, the
   runs waiting;
 - platform admin: the cluster's GPUs per flavor (held, free, fragmentation), the KPIs of
@@ -15,7 +16,7 @@ number of queries whatever the number of runs, tenants and clusters.
 
 from collections import Counter
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 
 from django.contrib.auth.models import User
 from django.db import connection
@@ -32,9 +33,14 @@ from jobs.selectors.clusters import ClusterHealth, cluster_health_list
 from jobs.selectors.nodes import FlavorView, cluster_node_map
 from jobs.selectors.runs import runs_place_in_line
 from jobs.services.capacity import QuotaUsage, quota_usage_list
+from telemetry.goodput import (
+    DEFAULT_GOODPUT_DAYS,
+    TenantGoodput,
+    goodput_of_my_tenants,
+    goodput_window,
+)
 from telemetry.kpis.forms import KpiFilterForm, kpi_filter_data
 from telemetry.kpis.selectors import KpiScope, PlatformKpis, platform_kpis
-from telemetry.selectors import GpuSeconds, goodput_of_runs_submitted
 from tenants.access import (
     is_finance,
     is_platform_admin,
@@ -48,7 +54,6 @@ from tenants.types import UserLike
 
 RECENT_RUNS = 5
 WAITING_RUNS_SHOWN = 10
-GOODPUT_DAYS = 30
 # What a run row of the home page shows, and the related names it shows beside the run's
 # own fields (attributes of the Run, read by templates/home.html; nothing else is loaded).
 _RUN_ROW_FIELDS = (
@@ -81,8 +86,11 @@ class ResearcherSection:
     recent: list[Run]
     waiting: list[Run]  # the first WAITING_RUNS_SHOWN, first in line first
     waiting_count: int
-    goodput: GpuSeconds  # of the user's attempts that ended in the last GOODPUT_DAYS days
+    # Per tenant of the user: its goodput over the goodput page's default period, and that
+    # of the user's own runs, the figures that page shows as its total and the user's row.
+    goodput: list[TenantGoodput]
     goodput_days: int
+    goodput_since: date
 
 
 @dataclass(frozen=True)
@@ -203,6 +211,7 @@ def _researcher(*, user: UserLike, now: datetime) -> ResearcherSection:
     side), the number waiting counted by the same query."""
     user_id = user.pk
     assert user_id is not None  # a member of a tenant: signed in
+    since, until = goodput_window(days=DEFAULT_GOODPUT_DAYS, today=timezone.localdate(now))
     recent_sql, recent_params = _run_rows(
         user=user,
         where="r.submitted_by_id = %s",
@@ -230,13 +239,9 @@ def _researcher(*, user: UserLike, now: datetime) -> ResearcherSection:
         recent=recent,
         waiting=waiting,
         waiting_count=getattr(waiting[0], _MATCHING) if waiting else 0,
-        goodput=goodput_of_runs_submitted(
-            submitted_by_id=user_id,
-            tenant_ids=None if sees_all_tenants(user) else tenant_roles(user).keys(),
-            since=now - timedelta(days=GOODPUT_DAYS),
-            until=now,
-        ),
-        goodput_days=GOODPUT_DAYS,
+        goodput=goodput_of_my_tenants(user_id=user_id, since=since, until=until),
+        goodput_days=DEFAULT_GOODPUT_DAYS,
+        goodput_since=since.date(),
     )
 
 

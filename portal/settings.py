@@ -51,8 +51,16 @@ else:
     SECRET_KEY = env_str("DJANGO_SECRET_KEY")
 
 ALLOWED_HOSTS = env_list("GANTRY_ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
-# Where jobs reach the portal's API (they get it as GANTRY_API_URL): scheme, host, port.
-GANTRY_PUBLIC_URL = env_str("GANTRY_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
+# The port `make run` serves on (portal/embedded.py reads the same variable); the public URL
+# below follows it unless it is set, so a demo on another port hands jobs and links that port.
+GANTRY_PORT = env_int("GANTRY_PORT", default=8000)
+if not 1 <= GANTRY_PORT <= 65535:
+    raise ImproperlyConfigured(f"GANTRY_PORT must be a TCP port (1 to 65535), got {GANTRY_PORT}")
+# Where jobs reach the portal's API (they get it as GANTRY_API_URL) and what links in e-mails
+# point at: scheme, host, port.
+GANTRY_PUBLIC_URL = env_str("GANTRY_PUBLIC_URL", default=f"http://127.0.0.1:{GANTRY_PORT}").rstrip(
+    "/"
+)
 if not GANTRY_PUBLIC_URL.startswith(("http://", "https://")):
     raise ImproperlyConfigured(
         f"GANTRY_PUBLIC_URL must be an http(s) URL, got {GANTRY_PUBLIC_URL!r}"

@@ -1,7 +1,7 @@
 """Reads of the telemetry app."""
 
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import date, datetime, timedelta, tzinfo
 from fractions import Fraction
@@ -863,54 +863,14 @@ def goodput_by_period(
     ]
 
 
-def goodput_of_runs_submitted(
-    *, submitted_by_id: int, tenant_ids: Collection[int] | None, since: datetime, until: datetime
-) -> GpuSeconds:
-    """``goodput_of_runs`` of the runs ``submitted_by_id`` submitted to active tenants (to
-    those of ``tenant_ids`` alone unless it is None), in SQL: the home page asks it on every
-    visit, and the ORM's compilation of the aggregate cost more than the query."""
-    quote = connection.ops.quote_name
-    sums = ", ".join(
-        [f"SUM(a.{quote(column)})" for column in _RUN_SUM_COLUMNS.values()] + ["COUNT(a.id)"]
-    )
-    params: list[Any] = [
-        submitted_by_id,
-        connection.ops.adapt_datetimefield_value(since),
-        connection.ops.adapt_datetimefield_value(until),
-    ]
-    in_tenants = ""
-    if tenant_ids is not None:
-        in_tenants = f" AND r.tenant_id IN ({', '.join(['%s'] * len(tenant_ids)) or 'NULL'})"
-        params.extend(sorted(tenant_ids))
-    # Identifiers from model metadata (quoted); every value is a parameter.
-    sql = (
-        f"SELECT {sums} FROM {quote(AttemptAccounting._meta.db_table)} a "  # noqa: S608
-        f"JOIN {quote(Attempt._meta.db_table)} at ON at.id = a.attempt_id "
-        f"JOIN {quote(Run._meta.db_table)} r ON r.id = at.run_id "
-        f"JOIN {quote(Tenant._meta.db_table)} t ON t.id = r.tenant_id "
-        "WHERE r.submitted_by_id = %s AND at.finished_at >= %s AND at.finished_at < %s "
-        f"AND t.active{in_tenants}"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    # As the ORM's Sum and Count give them: whole numbers for the integer columns, floats
-    # for the others, None where nothing was summed.
-    values = {
-        name: None if value is None else _RUN_SUM_TYPES[name](value)
-        for name, value in zip([*_RUN_SUM_COLUMNS, "attempts"], row, strict=True)
-    }
-    return GpuSeconds.from_sums(values)
-
-
-# The columns of AttemptAccounting summed by goodput_of_runs_submitted, and their types.
-_RUN_SUM_COLUMNS = {
+# The columns of AttemptAccounting summed in SQL (telemetry.goodput), and their types.
+RUN_SUM_COLUMNS = {
     "allocated": "allocated_gpu_s",
     **{name: f"{name}_gpu_s" for name in accounting.CATEGORIES},
     "activity_weighted": "activity_weighted_gpu_s",
     "queue_s": "queue_s",
 }
-_RUN_SUM_TYPES: dict[str, type] = {
+RUN_SUM_TYPES: dict[str, type] = {
     **dict.fromkeys(("allocated", *accounting.CATEGORIES, "attempts"), int),
     "activity_weighted": float,
     "queue_s": float,

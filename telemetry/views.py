@@ -6,7 +6,7 @@ the charts are computed here and in the selectors; static/gantry/telemetry.js on
 them to Plotly.
 """
 
-from datetime import date, datetime, time, timedelta
+from datetime import datetime
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
@@ -20,6 +20,7 @@ from django.views.decorators.http import require_GET
 
 from jobs.selectors.runs import run_attempts, run_get_viewable
 from telemetry import selectors
+from telemetry.goodput import DEFAULT_GOODPUT_DAYS, GOODPUT_DAYS, goodput_window
 from telemetry.selectors import (
     CATEGORY_LABELS,
     STEP_PART_LABELS,
@@ -32,8 +33,6 @@ from tenants.access import require_platform_admin, tenant_list_viewable
 from tenants.http import or_404
 from tenants.selectors import tenant_get_viewable
 
-GOODPUT_DAYS = (7, 30, 90)
-DEFAULT_GOODPUT_DAYS = 30
 UNMAPPED_PER_PAGE = 50
 RESOLUTION_TEXT = {"minute": "per minute", "hour": "hourly means", "day": "daily means"}
 ACTIVITY_METRICS = (
@@ -231,10 +230,6 @@ def _goodput_query(request: HttpRequest) -> tuple[int, GoodputPeriod]:
     )
 
 
-def _day_start(day: date) -> datetime:
-    return datetime.combine(day, time.min, tzinfo=timezone.get_current_timezone())
-
-
 @login_required
 @require_GET
 def goodput(request: HttpRequest) -> HttpResponse:
@@ -260,8 +255,7 @@ def tenant_goodput(request: HttpRequest, slug: str) -> HttpResponse:
     tenant = or_404(tenant_get_viewable, user=request.user, slug=slug)
     days, period = _goodput_query(request)
     today = timezone.localdate()
-    since = _day_start(today - timedelta(days=days - 1))
-    until = _day_start(today + timedelta(days=1))
+    since, until = goodput_window(days=days, today=today)
     by_period = selectors.goodput_by_period(tenant=tenant, since=since, until=until, period=period)
     total = sum((seconds for _, seconds in by_period), GpuSeconds())
     chart = None

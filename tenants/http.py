@@ -15,6 +15,7 @@ takes "²", which ``int`` refuses), within a bigint.
 from collections.abc import Callable, Mapping
 from typing import ParamSpec, TypeVar
 
+from django.apps import apps
 from django.core.exceptions import ObjectDoesNotExist, ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -32,7 +33,17 @@ def or_404(lookup: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     try:
         return lookup(*args, **kwargs)
     except ObjectDoesNotExist as exc:
-        raise Http404(str(exc) or "Not found") from None
+        raise Http404(_not_found_text(exc)) from None
+
+
+def _not_found_text(exc: ObjectDoesNotExist) -> str:
+    """What a 404 says: the kind of thing that was not found, in words ("No such run."), not
+    the ORM's message ("Run matching query does not exist."), which names a model and a query."""
+    for model in apps.get_models():
+        if type(exc) is getattr(model, "DoesNotExist", None):
+            return f"No such {model._meta.verbose_name}."
+    text = str(exc).strip()
+    return text if text.endswith(".") else f"{text or 'Not found'}."
 
 
 def form_page(

@@ -89,19 +89,27 @@ def resource_refusals(
         return errors
     assert limits is not None  # else refused above
     max_nodes, max_gpus = limits
-    if nodes > max_nodes:
-        refuse("nodes", f"At most {max_nodes} nodes of {flavor}.")
-    if gpus_per_node > max_gpus:
-        refuse("gpus_per_node", f"A {flavor} node has at most {max_gpus} GPUs.")
-    if tenant is not None and not errors:
+    quota = None
+    if tenant is not None:
         if context is None:
             # One quota per (tenant, flavor): no order to ask for (the default one joins two
             # tables).
             quota = Quota.objects.filter(tenant=tenant, flavor__slug=flavor).order_by().first()
         else:
             quota = context.quota
+    largest = _largest_run(tenant=tenant, flavor=flavor, limits=limits, quota=quota)
+    if nodes > max_nodes:
+        refuse("nodes", f"At most {max_nodes} nodes of {flavor}.{largest}")
+    if gpus_per_node > max_gpus:
+        refuse("gpus_per_node", f"A {flavor} node has at most {max_gpus} GPUs.{largest}")
+    if tenant is not None and not errors:
         _quota_refusals(
-            refuse, tenant=tenant, flavor=flavor, quota=quota, gpus=nodes * gpus_per_node
+            refuse,
+            tenant=tenant,
+            flavor=flavor,
+            quota=quota,
+            gpus=nodes * gpus_per_node,
+            largest=largest,
         )
     # The levels are read only to judge a level asked for (most runs ask for none).
     levels = topology_levels_offered(flavor=flavor) if topology_level else []
@@ -124,7 +132,35 @@ def resource_refusals(
     return errors
 
 
-def _quota_refusals(refuse, *, tenant: Tenant, flavor: str, quota: Quota | None, gpus: int) -> None:
+def _largest_run(
+    *, tenant: Tenant | None, flavor: str, limits: tuple[int, int], quota: Quota | None
+) -> str:
+    """The largest run of ``flavor`` that could ever start (for ``tenant``: within its quota,
+    with every node free), said after a refusal of a run too large, so the person knows what
+    to ask for instead, after a space. "" when the tenant may run none (the refusal says why)."""
+    max_nodes, max_gpus = limits
+    cap = max_nodes * max_gpus
+    if tenant is not None:
+        if quota is None:
+            return ""
+        cap = min(cap, quota.guaranteed_gpus + quota.borrow_limit_gpus)
+        if quota.max_gpus_per_run is not None:
+            cap = min(cap, quota.max_gpus_per_run)
+    nodes, per_node = placement.largest_shape(
+        max_nodes=max_nodes, max_gpus_per_node=max_gpus, max_gpus=cap
+    )
+    if nodes == 0:
+        return ""
+    whose = f" for tenant {tenant.slug}" if tenant is not None else ""
+    return (
+        f" The largest {flavor} run that could ever start{whose}: {nodes * per_node} GPUs "
+        f"({nodes} node{'s' if nodes > 1 else ''} × {per_node})."
+    )
+
+
+def _quota_refusals(
+    refuse, *, tenant: Tenant, flavor: str, quota: Quota | None, gpus: int, largest: str
+) -> None:
     """What the tenant's quota of the flavor (None: it has none) could never admit."""
     ceiling = 0 if quota is None else quota.guaranteed_gpus + quota.borrow_limit_gpus
     if quota is None or ceiling == 0:
@@ -133,14 +169,14 @@ def _quota_refusals(refuse, *, tenant: Tenant, flavor: str, quota: Quota | None,
         refuse(
             "gpus_per_node",
             f"This run asks for {gpus} GPUs; tenant {tenant.slug} may use at most "
-            f"{quota.max_gpus_per_run} {flavor} GPUs per run.",
+            f"{quota.max_gpus_per_run} {flavor} GPUs per run.{largest}",
         )
     elif gpus > ceiling:
         refuse(
             "gpus_per_node",
             f"This run asks for {gpus} GPUs and could never start: tenant {tenant.slug} may "
             f"hold at most {ceiling} {flavor} GPUs ({quota.guaranteed_gpus} guaranteed + "
-            f"{quota.borrow_limit_gpus} borrowed).",
+            f"{quota.borrow_limit_gpus} borrowed).{largest}",
         )
 
 

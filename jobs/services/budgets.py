@@ -11,6 +11,7 @@ from datetime import date, datetime
 from django.conf import settings
 from django.core.mail import send_mass_mail
 from django.db import IntegrityError, transaction
+from django.urls import reverse
 
 from jobs.calendar import month_start
 from jobs.models import BudgetAlert
@@ -212,5 +213,6 @@ def _mail_body(crossing: Crossing) -> str:
     return (
         f"{crossing.message}\n\n"
         f"You receive this as a member of tenant {tenant.slug} ({tenant.name}). "
-        "The portal lists it under Notifications.\n"
+        "The portal lists it under Notifications: "
+        f"{settings.GANTRY_PUBLIC_URL}{reverse('notifications:list')}\n"
     )

@@ -9,7 +9,12 @@ from jobs.models import (
     Experiment,
     Run,
 )
-from jobs.services.submission import experiment_input_of, run_submit_values
+from jobs.services.submission import (
+    ExperimentInput,
+    experiment_input_of,
+    experiment_validate,
+    run_submit_values,
+)
 from jobs.services.templates import template_submit
 from tenants.types import UserLike
 
@@ -19,7 +24,7 @@ def spec_submit(*, user: UserLike, document) -> Run:
     else a global one), then run_submit. ValidationError names dotted spec fields."""
     values, errors = spec.spec_parse(document)
     if values is None:
-        raise ValidationError(errors)
+        raise ValidationError(_with_rule_errors(user=user, document=document, errors=errors))
     name = spec.spec_template_name(document)
     if name is None:
         return run_submit_values(user=user, values=values)
@@ -39,3 +44,35 @@ def spec_submit(*, user: UserLike, document) -> Run:
 def experiment_spec(experiment: Experiment) -> dict:
     """The spec that submits this experiment again, as recorded."""
     return spec.spec_of(vars(experiment_input_of(experiment)))
+
+
+# What experiment_validate needs for the fields a refused spec did not give right: values
+# whose own errors are dropped below, so they only let the other fields be judged.
+_PLACEHOLDERS = {
+    "tenant": "",
+    "project": "",
+    "image": "",
+    "command": "",
+    "flavor": "",
+    "nodes": 1,
+    "gpus_per_node": 1,
+}
+
+
+def _with_rule_errors(
+    *, user: UserLike, document, errors: dict[str, list[str]]
+) -> dict[str, list[str]]:
+    """``errors`` (keys and types) plus what the submit rules say of the fields the spec
+    gave right, by dotted name. A spec with a template is judged after the template is
+    applied, so only its key and type errors are named."""
+    typed = spec.spec_values_typed(document)
+    if not typed or spec.spec_template_name(document) is not None:
+        return errors
+    try:
+        experiment_validate(user=user, data=ExperimentInput(**{**_PLACEHOLDERS, **typed}))
+    except ValidationError as exc:
+        given = {spec.BY_FIELD[field].dotted for field in typed if field in spec.BY_FIELD}
+        for name, messages in spec.errors_to_spec(exc.message_dict).items():
+            if name in given and name not in errors:
+                errors[name] = messages
+    return errors

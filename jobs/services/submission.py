@@ -244,6 +244,9 @@ def _resolve_image(errors, *, tenant, reference: str, pinned: Image | None) -> I
     (images.services.SUBMIT_TIMEOUT_S); a registry that does not answer fails the submit.
     """
     reference = (reference or "").strip()
+    if not reference:
+        _check(errors, "image", False, "Choose an image.")
+        return None
     repository, at, digest = reference.partition("@")
     if not at:
         repository, colon, tag = reference.rpartition(":")

@@ -25,6 +25,10 @@ EXPERIMENTS = reverse("api:experiment-list")
 TOKENS = reverse("api:token-create")
 CURRENT_TOKEN = reverse("api:token-revoke")
 
+LARGEST_VISION = (
+    "The largest a100-80gb run that could ever start for tenant vision: 16 GPUs (2 nodes × 8)."
+)
+
 
 @pytest.fixture(autouse=True)
 def _fresh_throttle(db):  # the throttle counts in the database cache when embedded
@@ -403,7 +407,7 @@ def test_too_many_nodes_names_the_limit(world):
     response = client.post(RUNS, body(world, nodes=5), format="json")
 
     assert response.status_code == 400
-    assert response.json() == {"nodes": ["At most 4 nodes of a100-80gb."]}
+    assert response.json() == {"nodes": [f"At most 4 nodes of a100-80gb. {LARGEST_VISION}"]}
 
 
 def test_tenant_of_which_the_user_is_no_member_is_rejected(world):

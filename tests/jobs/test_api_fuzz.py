@@ -53,10 +53,11 @@ from tests.jobs.test_lifecycle import run_to_running, submit
 
 MIN_REQUESTS = 2_000
 # Cases per operation and generation mode, each sent by the researcher and the platform
-# admin: 18 operations x 2 modes x 30 cases x 2 personas = 2,160 authenticated requests.
+# admin: 19 operations x 2 modes x 30 cases x 2 personas = 2,280 authenticated requests.
 EXAMPLES_PER_OPERATION = 30
 ANONYMOUS_EXAMPLES = 3
 OPERATIONS = {
+    "GET /api/v1/",
     "POST /api/v1/attempts/events/",
     "POST /api/v1/attempts/report/",
     "GET /api/v1/experiments/",

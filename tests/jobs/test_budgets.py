@@ -126,7 +126,7 @@ def test_80_percent_notifies_every_member_once_in_app_and_by_mail(
     ]
     assert mailoutbox[0].body == (
         f"{message}\n\nYou receive this as a member of tenant vision (Vision Lab). "
-        "The portal lists it under Notifications.\n"
+        "The portal lists it under Notifications: http://127.0.0.1:8000/notifications/\n"
     )
 
     assert check(django_capture_on_commit_callbacks) == 0

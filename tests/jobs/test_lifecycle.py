@@ -466,14 +466,17 @@ def test_submit_refuses_what_the_quota_could_never_admit(world):
     with pytest.raises(ValidationError) as excinfo:
         submit(world, gpus_per_node=8)
     assert excinfo.value.message_dict["gpus_per_node"] == [
-        "This run asks for 8 GPUs; tenant vision may use at most 4 a100-80gb GPUs per run."
+        "This run asks for 8 GPUs; tenant vision may use at most 4 a100-80gb GPUs per run. "
+        "The largest a100-80gb run that could ever start for tenant vision: 4 GPUs (1 node × 4)."
     ]
     Quota.objects.filter(tenant=world.vision, flavor=world.a100).update(max_gpus_per_run=None)
     with pytest.raises(ValidationError) as excinfo:
         submit(world, nodes=3, gpus_per_node=8)
     assert excinfo.value.message_dict["gpus_per_node"] == [
         "This run asks for 24 GPUs and could never start: tenant vision may hold at most 16 "
-        "a100-80gb GPUs (16 guaranteed + 0 borrowed)."
+        "a100-80gb GPUs (16 guaranteed + 0 borrowed). The largest a100-80gb run that"
+        " could ever start for tenant vision: "
+        "16 GPUs (2 nodes × 8)."
     ]
     assert Run.objects.count() == 0
 

@@ -236,6 +236,8 @@ def test_the_preview_of_a_run_too_large_for_any_node_quotes_the_validation(world
     )
     assert (preview.verdict, preview.message) == (
         "cannot",
-        "Cannot run: A a100-80gb node has at most 8 GPUs.",
+        "Cannot run: A a100-80gb node has at most 8 GPUs. The largest a100-80gb run that"
+        " could ever start for tenant vision: "
+        "16 GPUs (2 nodes × 8).",
     )
     assert Run.objects.count() == 0

@@ -820,7 +820,11 @@ def test_platform_admin_changes_simulator_capacity_and_admission_uses_it(client,
     ]
     with pytest.raises(ValidationError) as excinfo:
         submit(world, gpus_per_node=8)
-    assert excinfo.value.message_dict["gpus_per_node"] == ["A a100-80gb node has at most 4 GPUs."]
+    assert excinfo.value.message_dict["gpus_per_node"] == [
+        "A a100-80gb node has at most 4 GPUs. The largest a100-80gb run that"
+        " could ever start for tenant vision: "
+        "8 GPUs (2 nodes × 4)."
+    ]
 
 
 def test_adding_a_flavor_to_a_simulator_lets_tenants_borrow_it(client, world):

@@ -260,7 +260,9 @@ def test_rerun_that_the_quota_could_never_admit_is_refused(world):
     assert caught.value.message_dict == {
         "gpus_per_node": [
             "This run asks for 8 GPUs and could never start: tenant vision may hold at most 4 "
-            "a100-80gb GPUs (4 guaranteed + 0 borrowed)."
+            "a100-80gb GPUs (4 guaranteed + 0 borrowed). "
+            "The largest a100-80gb run that"
+            " could ever start for tenant vision: 4 GPUs (1 node × 4)."
         ]
     }
     assert counts() == before

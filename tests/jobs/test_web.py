@@ -392,7 +392,9 @@ BAD_INPUTS = [
     pytest.param(
         lambda w: {"gpus_per_node": "9"},
         "gpus_per_node",
-        "A a100-80gb node has at most 8 GPUs.",
+        "A a100-80gb node has at most 8 GPUs. The largest a100-80gb run that"
+        " could ever start for tenant vision: "
+        "16 GPUs (2 nodes × 8).",
         id="too-many-gpus-per-node",
     ),
     pytest.param(

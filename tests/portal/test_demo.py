@@ -4,6 +4,7 @@ from its checkpoint, an input-bound run whose diagnosis says so, and a month of 
 the finance statements of last month and this one are made of."""
 
 import contextlib
+import itertools
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -21,7 +22,8 @@ from jobs.models import Attempt, Run
 from jobs.selectors.estimates import run_start_estimate
 from jobs.selectors.runs import runs_place_in_line
 from portal.demo import demo_seed, previous_month
-from telemetry import selectors
+from telemetry import accounting, selectors
+from telemetry.goodput import DEFAULT_GOODPUT_DAYS, goodput_window
 from telemetry.models import AttemptAccounting
 from telemetry.services import accounting_compute_pending
 from tenants.models import Quota, Tenant
@@ -257,9 +259,14 @@ def test_every_record_is_dated_in_the_order_things_happened(demo):
 def test_the_last_closed_month_has_a_run_of_every_tenant_whatever_the_day(demo):
     """What finance reviews first is never empty: each tenant ran in the last closed month."""
     month = previous_month(timezone.now().date())
-    fixed = {"vision": "yolo-v0", "nlp": "llama-ft-lr1e4", "climate": "cordex-v0"}
+    # Each with its own size and length: 8 GPUs for 5 hours, 8 for 7, 4 for 9.
+    fixed = {
+        "vision": ("yolo-v0", 8 * 5),
+        "nlp": ("llama-ft-lr1e4", 8 * 7),
+        "climate": ("cordex-v0", 4 * 9),
+    }
 
-    for slug, name in fixed.items():
+    for slug, (name, gpu_hours) in fixed.items():
         statement = finance_selectors.statement_month(
             tenant=Tenant.objects.get(slug=slug), month=month
         )
@@ -268,7 +275,7 @@ def test_the_last_closed_month_has_a_run_of_every_tenant_whatever_the_day(demo):
         )
         names = {attempt.run.experiment.name for attempt in attempts}
         assert name in names, (slug, names)
-        assert statement.total.allocated_gpu_s >= 8 * 5 * 3600
+        assert statement.total.allocated_gpu_s >= gpu_hours * 3600
         assert statement.total.unpriced_gpu_s == 0
 
 
@@ -357,3 +364,28 @@ def test_a_tag_of_the_images_page_resolves_to_its_digest_at_submit(demo, client)
     )
     assert refused.status_code == 400
     assert refused.json()["image"] == ["registry.gantry.example/ml/pytorch:2.5 does not exist."]
+
+
+def test_each_tenant_has_a_history_of_its_own(demo):
+    """No two demo tenants show the same figures: over the goodput page's default 30 days
+    (attempts, allocated and effective GPU-seconds and every waste category) nor in last
+    month's statement."""
+    today = timezone.localdate()
+    since, until = goodput_window(days=DEFAULT_GOODPUT_DAYS, today=today)
+    last_month = previous_month(today)
+    figures = {}
+    for tenant in Tenant.objects.order_by("slug"):
+        days = selectors.goodput_by_period(
+            tenant=tenant, since=since, until=until, period=selectors.GoodputPeriod.DAY
+        )
+        total = sum((seconds for _, seconds in days), selectors.GpuSeconds())
+        month = finance_selectors.statement_total(tenant=tenant, month=last_month)
+        assert total.attempts > 0 and month.allocated_gpu_s > 0, tenant.slug
+        categories = ("allocated", "effective", *accounting.CATEGORIES)
+        figures[tenant.slug] = (
+            (total.attempts, *(getattr(total, name) for name in categories)),
+            (*(getattr(month, f"{name}_gpu_s") for name in categories), month.cost),
+        )
+    for first, second in itertools.combinations(figures, 2):
+        for window in (0, 1):
+            assert figures[first][window] != figures[second][window], (first, second, window)

@@ -96,10 +96,21 @@ def test_a_person_with_several_roles_gets_every_section(demo):
 def test_the_researcher_sees_their_runs_the_waiting_one_with_its_estimate_and_goodput(demo):
     html = home_html("alice")
 
+    # Her tenant's figure and her own, each as the goodput page shows it (its total, and
+    # her row): tara's idle notebook is in the first and not in the second.
     assert texts(html, data_home_figure="goodput") == [
-        "Goodput of your runs over the last 30 days: 67.4 % (53.9 of 80.0 GPU-hours "
-        "effective, 2 attempts) ; the waste is mostly input wait. Goodput"
+        "Goodput over the last 30 days (since 9 Feb, as on the goodput page): vision : 34.5 % "
+        "of all its runs (34.5 of 100.0 GPU-hours effective, 3 attempts) ; your runs: 57.6 % "
+        "(34.5 of 60.0 GPU-hours, 2 attempts) , their waste is mostly input wait."
     ]
+    page = client_of("alice").get(reverse("telemetry:tenant_goodput", args=["vision"]))
+    page_html = page.content.decode()
+    assert "Last 30 days" in page_html
+    assert texts(page_html, data_kpi="goodput") == ["34.5 %"]
+    assert texts(page_html, data_kpi="attempts") == ["3"]
+    alice_row = texts(page_html, data_row="alice")[0]
+    assert alice_row.startswith("alice 2 60.00 34.5"), alice_row
+    assert " 57.6 % " in alice_row, alice_row
     waiting = run_id("yolo-xl")
     assert texts(html, data_table="my-waiting") == [
         f"Run GPUs Why it waits Should start #{waiting} yolo-xl 2×8 a100-80gb Borrow limit "
@@ -138,20 +149,20 @@ def test_the_platform_admin_sees_occupancy_fragmentation_kpis_and_backends(demo)
         "Taking no work Free Largest gang "
         "that could start now (nodes × GPUs) "
         "sim-east · a100-80gb 48 32 (94 %) 6 8 2 1 × 1–2; none with 3–8 "
-        "sim-east · h100-80gb 16 8 (50 %) 0 0 8 1 × 1–8"
+        "sim-east · h100-80gb 16 4 (25 %) 0 0 12 1 × 5–8, 2 × 1–4"
     ]
     # The KPI page's default range, the last 30 days: the history runs, 8 of 9 succeeded.
     assert texts(html, data_home="kpis") == [
         "KPIs of the last 30 days, 2027-02-09 through 2027-03-10 All KPIs Queue time p50 / p95 "
         "6 min 00 s / 6 min 00 s Startup time p50 / p95 30 s / 30 s Success rate 88.9 % Goodput "
-        "55.3 % Cluster allocation (30-day average) 0.8 % Unsuccessful attempts 2 Every KPI here "
+        "55.5 % Cluster allocation (30-day average) 0.8 % Unsuccessful attempts 2 Every KPI here "
         "covers the 30 days, not this moment: cluster allocation is the GPU-hours runs held over "
         "them ÷ the GPU-hours the clusters offered, so it differs from the share held now in "
         "“GPUs now” above."
     ]
     kpi_page = client_of("admin").get(reverse("telemetry:platform_kpis")).content.decode()
     assert texts(kpi_page, data_kpi="success")[0].startswith("88.9 % (8 of 9 runs)")
-    assert texts(kpi_page, data_kpi="goodput")[0].startswith("55.3 %")
+    assert texts(kpi_page, data_kpi="goodput")[0].startswith("55.5 %")
     assert texts(html, data_table="backends") == [
         "Cluster Backend Last sync Health sim-east Simulator never Healthy"
     ]
@@ -160,12 +171,13 @@ def test_the_platform_admin_sees_occupancy_fragmentation_kpis_and_backends(demo)
 def test_finance_sees_last_months_statements_and_what_is_still_open(demo):
     html = home_html("fiona")
 
-    # February at the A100 rate before March's rise (2.10 EUR), March to date at 2.40.
+    # February at the A100 rate before March's rise (2.10 EUR; H100 3.90), March to date at
+    # 2.40.
     assert texts(html, data_table="statements") == [
         "Tenant Feb 2027 GPU-hours Feb 2027 cost Mar 2027 so far, accrued (still open) "
-        "Climate Modeling (climate) 40.00 84.00 EUR 96.00 EUR "
-        "NLP Group (nlp) 80.00 168.00 EUR 158.40 EUR "
-        "Vision Lab (vision) 160.00 336.00 EUR 0.00 EUR"
+        "Climate Modeling (climate) 36.00 75.60 EUR 105.60 EUR "
+        "NLP Group (nlp) 96.00 201.60 EUR 158.40 EUR "
+        "Vision Lab (vision) 140.00 330.00 EUR 0.00 EUR"
     ]
     assert page_actions(html).links.count("/finance/vision/2027-02/") == 1
 
@@ -185,7 +197,7 @@ def test_finances_open_month_accrues_the_attempts_still_running(demo):
 
     vision = [row for row in texts(html, data_tenant="vision") if "Vision Lab" in row]
     assert vision == [
-        "Vision Lab (vision) 160.00 336.00 EUR 38.40 EUR incl. 38.40 of 2 attempts running or "
+        "Vision Lab (vision) 140.00 330.00 EUR 38.40 EUR incl. 38.40 of 2 attempts running or "
         "not yet rolled up"
     ]
 

@@ -28,7 +28,7 @@ def test_each_persona_lands_on_its_home_page(persona_page, transactional_db):
     row = alice.locator(f"[data-table=my-waiting] tr[data-run='{waiting.pk}']")
     expect(row).to_contain_text("Borrow limit reached · #1 in queue")
     expect(row.locator("[data-start-estimate]")).to_contain_text("at about ")
-    expect(alice.locator("[data-home-figure=goodput]")).to_contain_text("Goodput of your runs")
+    expect(alice.locator("[data-home-figure=goodput]")).to_contain_text("your runs: ")
     alice.get_by_role("link", name="Submit an experiment").click()
     expect(alice).to_have_url(re.compile(r"/runs/new/$"))
 
@@ -44,7 +44,7 @@ def test_each_persona_lands_on_its_home_page(persona_page, transactional_db):
     assert shown_sections(admin) == ["platform", "kpis", "backends"]
     expect(
         admin.locator("[data-pool='sim-east:h100-80gb'] [data-figure=largest-gangs]")
-    ).to_have_text("1 × 1–8")
+    ).to_have_text("1 × 5–8, 2 × 1–4")
     expect(admin.locator("[data-cluster=sim-east] [data-health]")).to_have_text("Healthy")
     expect(admin.get_by_role("link", name="Submit an experiment")).to_have_count(0)
 

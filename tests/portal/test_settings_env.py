@@ -266,9 +266,43 @@ def test_embedded_debug_is_on_only_when_asked_for(tmp_path, raw, debug):
         ("GANTRY_LOST_GRACE_S", "two minutes", "GANTRY_LOST_GRACE_S must be an integer"),
         ("GANTRY_ADMISSION_BATCH_MS", "-1", "GANTRY_ADMISSION_BATCH_MS must be 0 or more"),
         ("DATABASE_URL", "mysql://db/gantry", "DATABASE_URL scheme 'mysql' is not supported"),
+        ("GANTRY_PORT", "http", "GANTRY_PORT must be an integer"),
+        ("GANTRY_PORT", "70000", "GANTRY_PORT must be a TCP port (1 to 65535), got 70000"),
     ],
 )
 def test_malformed_values_stop_start_up_naming_the_variable(tmp_path, variable, value, message):
     result = load_settings(tmp_path, **{"GANTRY_EMBEDDED": "1", variable: value})
     assert result.returncode != 0
     assert f"ImproperlyConfigured: {message}" in result.stderr
+
+
+PUBLIC_URL = "from django.conf import settings; print(settings.GANTRY_PUBLIC_URL)"
+
+
+@pytest.mark.parametrize(
+    ("env", "public_url"),
+    [
+        ({}, "http://127.0.0.1:8000"),
+        # `GANTRY_PORT=8123 make run` serves on 8123: jobs and links are told so.
+        ({"GANTRY_PORT": "8123"}, "http://127.0.0.1:8123"),
+        # A public URL that is set wins: behind a proxy the port is not the public one.
+        (
+            {"GANTRY_PORT": "8123", "GANTRY_PUBLIC_URL": "https://gantry.example.org/"},
+            "https://gantry.example.org",
+        ),
+    ],
+)
+def test_the_public_url_follows_gantry_port_unless_it_is_set(tmp_path, env, public_url):
+    clean = {
+        "PATH": os.environ["PATH"],
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+        "GANTRY_DATA_DIR": str(tmp_path / "data"),
+        "GANTRY_EMBEDDED": "1",
+        **env,
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", f"import django; django.setup(); {PUBLIC_URL}"],
+        cwd=ROOT, env=clean, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == public_url

@@ -5,7 +5,6 @@ Telemetry rows are written with the ORM, so every number on the pages is known e
 
 import json
 import re
-from dataclasses import fields
 from datetime import UTC, datetime, time, timedelta
 
 import pytest
@@ -20,9 +19,10 @@ from jobs.models import Attempt, AttemptState, Checkpoint, Run
 from jobs.services.submission import run_submit
 from telemetry import selectors
 from telemetry.accounting import WASTE
+from telemetry.goodput import goodput_of_my_tenants, goodput_window
 from telemetry.models import AttemptAccounting, GpuMinute, SdkEvent, StepWindow, UnmappedSamples
 from telemetry.selectors import GoodputPeriod, GpuSeconds
-from tenants.models import Project
+from tenants.models import Membership, Project, Tenant
 from tests.conftest import experiment_input, make_user
 
 T0 = datetime(2025, 3, 3, 9, 0, tzinfo=UTC)
@@ -768,17 +768,11 @@ def test_unknown_period_values_fall_back_to_the_defaults(client, goodput_world):
     assert '<option value="day" selected>Per day</option>' in content
 
 
-def goodput_of_runs_orm(*, runs, since: datetime, until: datetime) -> GpuSeconds:
-    """The ORM aggregate goodput_of_runs_submitted replaces: the reference of its parity."""
-    sums = AttemptAccounting.objects.filter(
-        attempt__run__in=runs, attempt__finished_at__gte=since, attempt__finished_at__lt=until
-    ).aggregate(**selectors._ACCOUNTING_SUMS)
-    return GpuSeconds.from_sums(sums)
-
-
-def test_goodput_of_runs_submitted_equals_the_orm_aggregate_of_the_same_runs(
+def test_the_home_pages_goodput_is_the_goodput_pages_total_and_row_of_the_user(
     goodput_world, django_assert_num_queries
 ):
+    """telemetry.goodput answers, in one query, per tenant of a user, exactly what the
+    tenant's goodput page shows over the same window: its total, and the user's row."""
     world = goodput_world
     finished(
         world,
@@ -791,35 +785,42 @@ def test_goodput_of_runs_submitted_equals_the_orm_aggregate_of_the_same_runs(
     )
     mixed = submit(world)
     attempt_of(world, mixed, start=today_at(1), state=AttemptState.RUNNING)  # not finished
+    Membership.objects.create(user=world.researcher_a, tenant=world.nlp, role="researcher")
     users = [world.researcher_a, world.researcher_a2, world.researcher_b, world.platform_admin]
-    scopes = [None, [world.vision.pk], [world.nlp.pk], [world.vision.pk, world.nlp.pk], []]
-    windows = [window(1), window(3), window(7), window(30), window(60)]
     seen = set()
     for user in users:
-        for tenant_ids in scopes:
-            for since, until in windows:
-                runs = Run.objects.filter(submitted_by_id=user.pk, tenant__active=True)
-                if tenant_ids is not None:
-                    runs = runs.filter(tenant_id__in=tenant_ids)
-                with django_assert_num_queries(1):
-                    found = selectors.goodput_of_runs_submitted(
-                        submitted_by_id=user.pk, tenant_ids=tenant_ids, since=since, until=until
-                    )
-                expected = goodput_of_runs_orm(runs=runs, since=since, until=until)
-                assert found == expected, (user, tenant_ids, since)
-                assert [type(getattr(found, f.name)) for f in fields(found)] == [
-                    type(getattr(expected, f.name)) for f in fields(expected)
-                ]
-                seen.add(found.attempts)
-    assert seen >= {0, 1, 2, 3}  # the cases compared are not all empty
+        for days in (1, 3, 7, 30, 60):
+            since, until = goodput_window(days=days, today=timezone.localdate())
+            with django_assert_num_queries(1):
+                found = goodput_of_my_tenants(user_id=user.pk, since=since, until=until)
+            expected = []
+            for tenant in Tenant.objects.filter(memberships__user=user).order_by("slug"):
+                days_of = selectors.goodput_by_period(
+                    tenant=tenant, since=since, until=until, period=GoodputPeriod.DAY
+                )
+                total = sum((seconds for _, seconds in days_of), GpuSeconds())
+                if not total.attempts:
+                    continue
+                rows = dict(selectors.goodput_by_user(tenant=tenant, since=since, until=until))
+                mine = rows.get(user.username, GpuSeconds())
+                expected.append((tenant.slug, total, mine))
+            assert [(item.slug, item.tenant, item.mine) for item in found] == [
+                (slug, _exact(total), _exact(mine)) for slug, total, mine in expected
+            ], (user, days)
+            seen.add(tuple(item.mine.attempts for item in found))
+    assert len(seen) >= 4  # the cases compared are not all alike
     world.vision.active = False
     world.vision.save(update_fields=["active"])
-    assert selectors.goodput_of_runs_submitted(
-        submitted_by_id=world.researcher_a.pk,
-        tenant_ids=None,
-        since=window(60)[0],
-        until=window(60)[1],
-    ) == GpuSeconds.from_sums(dict.fromkeys(selectors._ACCOUNTING_SUMS) | {"attempts": 0})
+    since, until = goodput_window(days=60, today=timezone.localdate())
+    assert [
+        item.slug
+        for item in goodput_of_my_tenants(user_id=world.researcher_a.pk, since=since, until=until)
+    ] == ["nlp"]
+
+
+def _exact(seconds: GpuSeconds) -> GpuSeconds:
+    """A sum of page figures as the one query returns it (no attempt: no queue time)."""
+    return seconds if seconds.attempts else GpuSeconds(attempts=0)
 
 
 def test_goodput_without_finished_attempts_says_so(client, world):
