@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from django.core.exceptions import EmptyResultSet
-from django.db.models import Field, Lookup
+from django.db.models import Field, ForeignObject, Lookup
 
 
 def among_sql(vendor: str, expression: str, values: list[Any]) -> tuple[str, Any]:
@@ -26,7 +26,6 @@ def among_sql(vendor: str, expression: str, values: list[Any]) -> tuple[str, Any
     return sql, json.dumps(list(values))
 
 
-@Field.register_lookup
 class Among(Lookup):
     lookup_name = "among"
     prepare_rhs = False
@@ -46,3 +45,8 @@ class Among(Lookup):
             raise EmptyResultSet  # as ``__in`` does: nothing matches an empty list
         sql, param = among_sql(connection.vendor, lhs, values)
         return sql, [*lhs_params, param]
+
+
+Field.register_lookup(Among)
+# Relations look lookups up from ForeignObject down, not on Field: ``run__among=[ids]``.
+ForeignObject.register_lookup(Among)
