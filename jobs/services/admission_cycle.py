@@ -105,23 +105,23 @@ def _admission_cycle_locked(*, now=None) -> AdmissionSummary | None:
 
     preempted = 0
     if decisions.preempted:
-        victims = Run.objects.in_bulk([p.run_id for p in decisions.preempted])
+        victims = Run.objects.filter(pk__among=[p.run_id for p in decisions.preempted]).in_bulk()
         for preempt in decisions.preempted:
             preempted += run_preempt(
                 run=victims[preempt.run_id], message=preempt.message, admin_detail=preempt.detail
             )
 
     admitted_ids = [d.run_id for d in decisions.admitted]
-    runs = Run.objects.select_related("flavor").in_bulk(admitted_ids)
+    runs = Run.objects.select_related("flavor").filter(pk__among=admitted_ids).in_bulk()
     attempt_counts = dict(
-        Attempt.objects.filter(run_id__in=admitted_ids)
+        Attempt.objects.filter(run_id__among=admitted_ids)
         .values("run_id")
         .annotate(n=Count("id"))
         .values_list("run_id", "n")
     )
     latest_checkpoints = {
         checkpoint.run_id: checkpoint
-        for checkpoint in Checkpoint.objects.filter(run_id__in=admitted_ids).order_by("step")
+        for checkpoint in Checkpoint.objects.filter(run_id__among=admitted_ids).order_by("step")
     }
     new_attempts = []
     for decision in decisions.admitted:
