@@ -34,7 +34,7 @@ class Among(Lookup):
         field = self.lhs.output_field
         return [field.get_prep_value(value) for value in self.rhs]
 
-    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+    def as_sql(self, compiler, connection):
         lhs, lhs_params = self.process_lhs(compiler, connection)
         field = self.lhs.output_field
         values = [
@@ -44,7 +44,7 @@ class Among(Lookup):
         if not values:
             raise EmptyResultSet  # as ``__in`` does: nothing matches an empty list
         sql, param = among_sql(connection.vendor, lhs, values)
-        return sql, [*lhs_params, param]
+        return sql, (*lhs_params, param)
 
 
 Field.register_lookup(Among)
