@@ -79,9 +79,12 @@ lint: dev-venv
 test: dev-venv lint
 	bash scripts/test-services.sh exec -- $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
+# The benchmarks need PostgreSQL and Redis only: not the registry, Prometheus and Chromium
+# the tests install (an install would also wait on any other apt-get of the machine).
 bench: dev-venv
 	@if [[ -f bench/__main__.py ]]; then \
 		DJANGO_SETTINGS_MODULE=$${DJANGO_SETTINGS_MODULE:-tests.settings} \
+		GANTRY_TEST_SERVICES_TOOLS=$${GANTRY_TEST_SERVICES_TOOLS:-0} \
 			bash scripts/test-services.sh exec -- $(PY) -m bench $(BENCH_ARGS); \
 	else \
 		echo "bench: bench/__main__.py does not exist; nothing to run"; \

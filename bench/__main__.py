@@ -19,6 +19,8 @@ repository's history, as a clone has it) and for this checkout.
 import os
 import platform
 import sys
+import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -142,13 +144,58 @@ def run(name: str) -> list[Section]:
     return trace.run()
 
 
+class LoadWatch:
+    """The machine's load while one benchmark runs: the 1-minute load average sampled every
+    few seconds. A mean above the cores the benchmark itself keeps busy means other work ran
+    beside it, and its figures say so in docs/benchmarks.md."""
+
+    def __init__(self, interval_s: float = 5.0) -> None:
+        self.interval_s = interval_s
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            self.samples.append(os.getloadavg()[0])
+            if self._stop.wait(self.interval_s):
+                return
+
+    def __enter__(self) -> "LoadWatch":
+        self.started = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.seconds = time.monotonic() - self.started
+
+    def line(self, name: str) -> str:
+        mean = sum(self.samples) / len(self.samples)
+        cores = os.cpu_count() or 1
+        # The benchmarks use at most one process per core (the placement replays).
+        beside = " while other work ran on the machine" if mean > cores + 1 else ""
+        return (
+            f"`{name}`: {self.seconds / 60:,.1f} min, load average {mean:.1f} "
+            f"(max {max(self.samples):.1f}) on {cores} cores{beside}"
+        )
+
+
 def main(argv: list[str]) -> int:
     names = argv or list(BENCHMARKS)
     unknown = set(names) - set(BENCHMARKS)
     if unknown:
         sys.stderr.write(f"bench: unknown benchmark {', '.join(sorted(unknown))}\n")
         return 2
-    sections = [section for name in BENCHMARKS if name in names for section in run(name)]
+    started = datetime.now(UTC)
+    sections: list[Section] = []
+    loads: list[str] = []
+    for name in (name for name in BENCHMARKS if name in names):
+        with LoadWatch() as watch:
+            sections.extend(run(name))
+        loads.append(watch.line(name))
+        sys.stderr.write(f"bench: {loads[-1]}\n")
     text = "\n".join(
         [
             "# Benchmarks",
@@ -158,7 +205,10 @@ def main(argv: list[str]) -> int:
             "(benchmarks-notes.md).",
             "",
             f"- Machine: {machine()}",
-            f"- Run at: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+            f"- Run at: {started:%Y-%m-%d %H:%M}–{datetime.now(UTC):%H:%M} UTC",
+            "- Each benchmark's wall time and the machine's load meanwhile (1-minute load "
+            "average, sampled every 5 s):",
+            *(f"  - {load}" for load in loads),
             "",
             *(section.markdown() for section in sections),
         ]

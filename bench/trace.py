@@ -19,6 +19,7 @@ import csv
 import hashlib
 import heapq
 import math
+import os
 import statistics
 import time
 from collections import Counter, defaultdict
@@ -40,7 +41,12 @@ from jobs.admission import (
     nodes_of,
 )
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba-gpu-v2023"
+# Beside the checkout (``../shared/data``), or where GANTRY_BENCH_TRACE_DIR says: a second
+# checkout (a git worktree elsewhere) reads the same copy of the trace.
+TRACE = Path(
+    os.environ.get("GANTRY_BENCH_TRACE_DIR")
+    or Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba-gpu-v2023"
+)
 NODES_CSV = "openb_node_list_gpu_node.csv"
 TASKS_CSV = "openb_pod_list_default.csv"
 FLAVOR = "gpu"  # the default pod list constrains no GPU model: any GPU will do
@@ -86,6 +92,11 @@ def tenant_of(task: Task) -> str:
 def node_groups() -> Counter[tuple[str, int]]:
     """(GPU model, GPUs per node) -> nodes, from the trace's node list."""
     groups: Counter[tuple[str, int]] = Counter()
+    if not (TRACE / NODES_CSV).is_file():
+        raise SystemExit(
+            f"bench: the Alibaba GPU trace is not in {TRACE} (docs/benchmarks-notes.md, "
+            "*Data*): set GANTRY_BENCH_TRACE_DIR to the folder that holds it"
+        )
     with (TRACE / NODES_CSV).open() as f:
         for row in csv.DictReader(f):
             groups[(row["model"], int(row["gpu"]))] += 1

@@ -202,7 +202,7 @@ def daily_usage_rebuild(*, days: Iterable[date]) -> int:
             )
         )
     with transaction.atomic():
-        DailyUsage.objects.filter(date__in=days).delete()
+        DailyUsage.objects.filter(date__among=list(days)).delete()
         DailyUsage.objects.bulk_create(rows, batch_size=2000)
     return len(rows)
 

@@ -247,7 +247,7 @@ def allocations_for(*, cluster: Cluster, start: datetime, end: datetime) -> list
         ).exclude(finished_at__lt=start)
         by_job = {str(job.pk): job for job in jobs}
         for attempt_id, job_id in Attempt.objects.filter(
-            cluster=cluster, backend_job_id__in=by_job
+            cluster=cluster, backend_job_id__among=list(by_job)
         ).values_list("pk", "backend_job_id"):
             job = by_job[job_id]
             assert job.started_at is not None  # filtered on started_at__isnull=False

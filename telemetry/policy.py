@@ -55,7 +55,7 @@ def idle_streaks(
     run idle for days costs no more than that."""
     rows = (
         GpuMinute.objects.filter(
-            attempt_id__in=attempt_ids, minute__lte=now, activity__isnull=False
+            attempt_id__among=attempt_ids, minute__lte=now, activity__isnull=False
         )
         .annotate(
             recency=Window(DenseRank(), partition_by=[F("attempt_id")], order_by=F("minute").desc())
@@ -74,7 +74,9 @@ def _warned(*, attempt_ids: list[int]) -> set[int]:
     """Attempts whose latest idle-policy event is a warning."""
     latest: dict[int, str] = {}
     for attempt_id, reason in (
-        RunEvent.objects.filter(attempt_id__in=attempt_ids, reason__in=(IDLE_WARNING, IDLE_CLEARED))
+        RunEvent.objects.filter(
+            attempt_id__among=attempt_ids, reason__in=(IDLE_WARNING, IDLE_CLEARED)
+        )
         .order_by("id")
         .values_list("attempt_id", "reason")
     ):

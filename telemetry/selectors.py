@@ -617,13 +617,13 @@ def _accounting_by_attempt_orm(attempt_ids: list[int]) -> dict[int, GpuSeconds]:
             queue_s=row.queue_s,
             attempts=1,
         )
-        for row in AttemptAccounting.objects.filter(attempt_id__in=attempt_ids)
+        for row in AttemptAccounting.objects.filter(attempt_id__among=attempt_ids)
     }
 
 
 def _gpu_summaries_orm(attempt_ids: list[int]) -> list[GpuSummary]:
     rows = (
-        GpuMinute.objects.filter(attempt_id__in=attempt_ids)
+        GpuMinute.objects.filter(attempt_id__among=attempt_ids)
         .values("attempt_id", "host", "gpu")
         .annotate(
             minutes=Count("pk"),
@@ -642,7 +642,7 @@ def _gpu_summaries_orm(attempt_ids: list[int]) -> list[GpuSummary]:
 
 def _gpu_activity_series_orm(numbers: dict[int, int], resolution: str) -> list[GpuSeries]:
     rows = (
-        GpuMinute.objects.filter(attempt_id__in=numbers)
+        GpuMinute.objects.filter(attempt_id__among=list(numbers))
         .annotate(bucket=_TRUNC[resolution]("minute"))
         .values("attempt_id", "host", "gpu", "bucket")
         .annotate(
@@ -674,7 +674,7 @@ def _gpu_activity_series_orm(numbers: dict[int, int], resolution: str) -> list[G
 
 def _step_split_by_attempt_orm(attempt_ids: list[int]) -> dict[int, StepSplit]:
     rows = (
-        StepWindow.objects.filter(attempt_id__in=attempt_ids)
+        StepWindow.objects.filter(attempt_id__among=attempt_ids)
         .values("attempt_id")
         .annotate(**_STEP_SUMS)
         .order_by("attempt_id")
@@ -686,7 +686,7 @@ def _step_split_series_orm(
     attempt_ids: list[int], resolution: str
 ) -> list[tuple[datetime, StepSplit]]:
     rows = (
-        StepWindow.objects.filter(attempt_id__in=attempt_ids)
+        StepWindow.objects.filter(attempt_id__among=attempt_ids)
         .annotate(bucket=_TRUNC[resolution]("start"))
         .values("bucket")
         .annotate(**_STEP_SUMS)
@@ -697,7 +697,7 @@ def _step_split_series_orm(
 
 def _run_checkpoint_marks_orm(run_id: int, numbers: dict[int, int]) -> list[CheckpointMark]:
     events = SdkEvent.objects.filter(
-        attempt_id__in=numbers,
+        attempt_id__among=list(numbers),
         type__in=(SdkEvent.Type.CHECKPOINT_SAVED, SdkEvent.Type.CHECKPOINT_RESTORED),
     )
     marks = [

@@ -163,13 +163,13 @@ def sdk_events_ingest(*, attempt: Attempt, source: str, events: list) -> IngestR
             parsed[row[0]] = row[1]
     with transaction.atomic():
         stored = set(
-            StepWindow.objects.filter(attempt=attempt, source=source, seq__in=parsed).values_list(
-                "seq", flat=True
-            )
+            StepWindow.objects.filter(
+                attempt=attempt, source=source, seq__among=list(parsed)
+            ).values_list("seq", flat=True)
         ) | set(
-            SdkEvent.objects.filter(attempt=attempt, source=source, seq__in=parsed).values_list(
-                "seq", flat=True
-            )
+            SdkEvent.objects.filter(
+                attempt=attempt, source=source, seq__among=list(parsed)
+            ).values_list("seq", flat=True)
         )
         new = [row for seq, row in parsed.items() if seq not in stored]
         StepWindow.objects.bulk_create(
@@ -212,7 +212,7 @@ def simulator_telemetry_collect(*, cluster: Cluster, now: datetime | None = None
         .exclude(finished_at__lt=now - SIMULATOR_RECENT)
         .order_by("pk")
     }
-    attempts = Attempt.objects.filter(cluster=cluster, backend_job_id__in=jobs).only(
+    attempts = Attempt.objects.filter(cluster=cluster, backend_job_id__among=list(jobs)).only(
         "pk", "backend_job_id"
     )
     collected = 0
@@ -319,7 +319,7 @@ def attempt_timeline(*, attempt: Attempt) -> accounting.AttemptTimeline:
     # A save the SDK reported is also a Checkpoint row: count it once, as the SDK timed it.
     for saved_at, save_seconds in (
         Checkpoint.objects.filter(attempt=attempt, save_seconds__gt=0)
-        .exclude(step__in=sdk_saved_steps)
+        .exclude(step__among=list(sdk_saved_steps))
         .values_list("saved_at", "save_seconds")
     ):
         blocked.append((_unix(saved_at) - Fraction(repr(save_seconds)), _unix(saved_at)))

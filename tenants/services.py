@@ -625,7 +625,7 @@ def user_credentials_revoke(
         if session.session_key != keep_session_key
         and session.get_decoded().get(SESSION_KEY) == user_id
     ]
-    Session.objects.filter(session_key__in=ended).delete()
+    Session.objects.filter(session_key__among=list(ended)).delete()
     if tokens or ended:
         audit_record(
             actor=actor,

@@ -134,7 +134,7 @@ class SimulatorBackend:
 
     def sync(self, refs: list[JobRef]) -> dict[str, JobStatus]:
         self._advance()
-        jobs = SimulatedJob.objects.filter(name__in=[ref.name for ref in refs])
+        jobs = SimulatedJob.objects.filter(name__among=[ref.name for ref in refs])
         return {job.name: self._status(job) for job in jobs}
 
     def cancel(self, ref: JobRef) -> None:

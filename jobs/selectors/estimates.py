@@ -353,7 +353,7 @@ def run_start_estimate(*, run: Run) -> StartEstimate | None:
         return None
     behind = [int(run_id) for run_id in run.start_behind or []]
     own = set(
-        Run.objects.filter(pk__in=behind, tenant_id=run.tenant_id).values_list("pk", flat=True)
+        Run.objects.filter(pk__among=behind, tenant_id=run.tenant_id).values_list("pk", flat=True)
     )
     placed = list(run.start_nodes or [])
     return StartEstimate(

@@ -20,7 +20,9 @@ from jobs.models import (
 from jobs.reproducibility import attempt_id_of_token, attempt_token_matches
 from jobs.selectors.run_page_sql import PageFilter, runs_count_sql, runs_page_sql
 from jobs.selectors.run_sql import run_attempts_sql, run_events_sql, run_get_sql
+from jobs.selectors.sql import placeholders
 from tenants.access import is_platform_admin, sees_all_tenants, tenant_list_viewable, tenant_roles
+from tenants.lookups import among_sql
 from tenants.models import Tenant
 from tenants.types import UserLike, signed_in
 
@@ -130,17 +132,18 @@ def runs_place_in_line(runs: Sequence[Run]) -> None:
         return
     table = connection.ops.quote_name(Run._meta.db_table)
     flavors = sorted({run.flavor_id for run in runs})
-    ids = [run.pk for run in runs]
     queued = [run for run in runs if run.state == RunState.QUEUED]
+    # The ids are one parameter however many runs there are (the admission cycle asks for
+    # every queued run); the flavors are few.
+    in_line, ids = among_sql(connection.vendor, "id", [run.pk for run in runs])
     # Identifiers from model metadata (quoted); every value is a parameter.
     sql = (
         "SELECT id, place FROM (SELECT id, row_number() OVER (PARTITION BY flavor_id "  # noqa: S608
         f"ORDER BY priority DESC, submitted_at, id) AS place FROM {table} WHERE state = %s "
-        f"AND flavor_id IN ({', '.join(['%s'] * len(flavors))})) AS line "
-        f"WHERE id IN ({', '.join(['%s'] * len(ids))})"
+        f"AND flavor_id IN ({placeholders(len(flavors))})) AS line WHERE {in_line}"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [RunState.QUEUED, *flavors, *ids])
+        cursor.execute(sql, [RunState.QUEUED, *flavors, ids])
         places = dict(cursor.fetchall())
     for run in queued:
         run.queue_position = places.get(run.pk)
@@ -157,7 +160,7 @@ def runs_usage(runs: Sequence[Run], *, now: datetime) -> None:
         return
     held: dict[int, float] = {}
     attempts = (
-        Attempt.objects.filter(run__in=[run.pk for run in runs], started_at__isnull=False)
+        Attempt.objects.filter(run__among=[run.pk for run in runs], started_at__isnull=False)
         .values_list("run_id", "started_at", "finished_at")
         .order_by()
     )

@@ -104,16 +104,16 @@ def _admission_cycle_locked(*, now=None) -> AdmissionSummary | None:
     decisions = admission.decide(snapshot)
 
     admitted_ids = [d.run_id for d in decisions.admitted]
-    runs = Run.objects.select_related("flavor").in_bulk(admitted_ids)
+    runs = Run.objects.select_related("flavor").filter(pk__among=admitted_ids).in_bulk()
     attempt_counts = dict(
-        Attempt.objects.filter(run_id__in=admitted_ids)
+        Attempt.objects.filter(run_id__among=admitted_ids)
         .values("run_id")
         .annotate(n=Count("id"))
         .values_list("run_id", "n")
     )
     latest_checkpoints = {
         checkpoint.run_id: checkpoint
-        for checkpoint in Checkpoint.objects.filter(run_id__in=admitted_ids).order_by("step")
+        for checkpoint in Checkpoint.objects.filter(run_id__among=admitted_ids).order_by("step")
     }
     new_attempts = []
     for decision in decisions.admitted:
@@ -158,7 +158,7 @@ def _admission_cycle_locked(*, now=None) -> AdmissionSummary | None:
     # attempt, which a backend that starts it first submits before that cancel.
     preempted = 0
     if decisions.preempted:
-        victims = Run.objects.in_bulk([p.run_id for p in decisions.preempted])
+        victims = Run.objects.filter(pk__among=[p.run_id for p in decisions.preempted]).in_bulk()
         reclaiming = {attempt.run_id: attempt for attempt in new_attempts}
         for preempt in decisions.preempted:
             preempted += run_preempt(

@@ -38,6 +38,7 @@ from jobs.models import (
 )
 from jobs.reclaim import claims_record
 from jobs.selectors.runs import attempt_get_for_work, attempt_token_refusal
+from jobs.services.bulk import rows_update
 from jobs.services.lifecycle import (
     WAIT_MESSAGE_MAX_LENGTH,
     attempt_accept,
@@ -162,8 +163,13 @@ def _cluster_refresh_inventory(*, cluster: Cluster, now) -> None:
                 row.updated_at = now
                 changed.append(row)
         ClusterNode.objects.bulk_create(created)
-        ClusterNode.objects.bulk_update(changed, [*_NODE_FIELDS, "updated_at"])
-        ClusterNode.objects.filter(cluster=cluster).exclude(name__in=wanted).delete()
+        fields = [*_NODE_FIELDS, "updated_at"]
+        # Not bulk_update: it binds parameters per node and field, past PostgreSQL's 65,535
+        # at some 4,000 nodes.
+        rows_update(
+            ClusterNode, fields, [(n.pk, *(getattr(n, f) for f in fields)) for n in changed]
+        )
+        ClusterNode.objects.filter(cluster=cluster).exclude(name__among=list(wanted)).delete()
         _flavors_update(cluster=cluster, nodes=wanted.values())
         max_age = backend.inventory_max_age_s
         Cluster.objects.filter(pk=cluster.pk).update(
@@ -223,7 +229,7 @@ def _cluster_sync(*, cluster: Cluster) -> int:
             statuses = backend.sync([JobRef(a.name, a.backend_job_id) for a in live])
     except BackendError as exc:
         Cluster.objects.filter(pk=cluster.pk).update(last_error=str(exc)[:2000])
-        Attempt.objects.filter(pk__in=[a.pk for a in live]).update(
+        Attempt.objects.filter(pk__among=[a.pk for a in live]).update(
             backend_error=f"backend unreachable: {exc}"[:2000]
         )
         raise
@@ -255,7 +261,7 @@ def _checkpoint_steps_recorded(
     ]
     steps: dict[int, set[int]] = defaultdict(set)
     if reporting:
-        for attempt_id, step in Checkpoint.objects.filter(attempt_id__in=reporting).values_list(
+        for attempt_id, step in Checkpoint.objects.filter(attempt_id__among=reporting).values_list(
             "attempt_id", "step"
         ):
             steps[attempt_id].add(step)
