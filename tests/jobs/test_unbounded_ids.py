@@ -114,14 +114,14 @@ def test_rows_update_of_70000_runs_writes_each_value_and_skips_changed_rows(worl
     Run.objects.filter(pk=many_runs[1]).update(state=RunState.CANCELLED)
     rows_update(
         Run,
-        ["wait_message", "start_nodes", "start_latest_at"],
+        ["wait_message", "start_nodes", "start_full_limits_at"],
         [(pk, f"wait {pk}", ["sim-1", f"n{pk}"], at + timedelta(seconds=pk)) for pk in many_runs],
         state=RunState.QUEUED,
     )
     stored = {
         pk: (message, nodes, latest)
         for pk, message, nodes, latest in Run.objects.values_list(
-            "pk", "wait_message", "start_nodes", "start_latest_at"
+            "pk", "wait_message", "start_nodes", "start_full_limits_at"
         )
     }
     skipped = many_runs[1]

@@ -103,7 +103,8 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     ("api-docs", "GET"):                        (200, 200, 200, 200, 200, 200),
     (ADMIN_RULE, "GET"):                        (302, 302, 302, 302, 302, 200),
     (ADMIN_RULE, "POST"):                       (302, 302, 302, 302, 302, 403),
-    # REST API /api/v1/
+    # REST API /api/v1/: its index of resources, signed in like the rest
+    ("api:index", "GET"):                       (401, 200, 200, 200, 200, 200),
     ("api:token-create", "POST"):               (201, 201, 201, 201, 201, 201),
     ("api:token-revoke", "DELETE"):             (401, 204, 204, 204, 204, 204),
     ("api:image-list", "GET"):                  (401, 200, 200, 200, 200, 200),
@@ -336,6 +337,7 @@ def paths(objects: Objects) -> dict[str, str]:
         "api-schema": reverse("api-schema"),
         "metrics": reverse("metrics"),
         "api-docs": reverse("api-docs"),
+        "api:index": reverse("api:index"),
         "api:token-create": reverse("api:token-create"),
         "api:token-revoke": reverse("api:token-revoke"),
         "api:image-list": reverse("api:image-list"),

@@ -456,7 +456,8 @@ def test_a_drained_node_and_outside_load_keep_a_run_queued_until_they_go(
     assert (run.state, run.wait_reason) == (RunState.QUEUED, "CAPACITY")
     assert run.wait_message == (
         "needs 8 a100-80gb GPUs on one node; 2 a100-80gb GPUs are free, at most 2 on any "
-        "node (gpu-node1: 2); node gpu-node2 is drained: bad DIMM"
+        "node (gpu-node1: 2 (6 used from outside Gantry), gpu-node2: takes no work (drained: "
+        "bad DIMM))"
     )
     assert not Attempt.objects.filter(run=run).exists()
 
