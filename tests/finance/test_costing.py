@@ -242,3 +242,40 @@ def test_a_part_gives_back_the_units_its_categories_were_given_ahead():
         DayShare(date(2026, 3, 2), cards[0], seconds()),
         DayShare(date(2026, 3, 2), cards[1], seconds(idle=3)),
     ]
+
+
+def test_fractions_of_a_second_are_shared_by_the_time_on_each_side_of_midnight():
+    # Given 5 GPUs from 23:59:59.2 to 00:00:01.0: 0.8 s and 1 s, 9 GPU-seconds
+    cards = rates((MARCH_1 - timedelta(days=28), None, "3.60"))
+
+    shares = split_attempt(
+        start=MARCH_2 - timedelta(seconds=0.8),
+        end=MARCH_2 + timedelta(seconds=1),
+        gpu_seconds={"effective": 9},
+        rates=cards,
+    )
+
+    # Then each day gets 5 x its seconds: 4 and 5
+    assert shares == [
+        DayShare(date(2026, 3, 1), cards[0], seconds(effective=4)),
+        DayShare(date(2026, 3, 2), cards[0], seconds(effective=5)),
+    ]
+
+
+def test_the_unit_left_in_a_part_goes_to_the_category_owed_the_most_fraction():
+    # Given 30 min before midnight and 60 after (a third, two thirds): effective 5,399, idle 1
+    cards = rates((MARCH_1 - timedelta(days=28), None, "3.60"))
+
+    shares = split_attempt(
+        start=MARCH_2 - timedelta(minutes=30),
+        end=MARCH_2 + timedelta(hours=1),
+        gpu_seconds={"effective": 5399, "idle": 1},
+        rates=cards,
+    )
+
+    # Then the first part holds 1,800: floors 1,799 (of 1,799.67) and 0 (of 0.33), and the
+    # unit left goes to effective, owed .67 more; idle's second is on 2 March
+    assert shares == [
+        DayShare(date(2026, 3, 1), cards[0], seconds(effective=1800)),
+        DayShare(date(2026, 3, 2), cards[0], seconds(effective=3599, idle=1)),
+    ]
