@@ -138,7 +138,7 @@ def main() -> int:
         started = time.monotonic()
         command = ["mutmut", "run", "--max-children", str(args.max_children)]
         # CI=true: the hypothesis tests draw the same examples for every mutant.
-        run = subprocess.run(
+        run = subprocess.run(  # noqa: S603 (this Python, mutmut, the generated names; no shell)
             [sys.executable, "-m", *command, *(n for names in chosen.values() for n in names)],
             env={**os.environ, "CI": "true"},
             check=False,
@@ -171,7 +171,7 @@ def skeleton(chosen: dict[str, list[str]]) -> None:
                 if line[:1] in "+-" and not line.startswith(("+++", "---"))
             ]
             print(f"\n[[mutant]]\nname = {json.dumps(name, ensure_ascii=False)}")
-            print(f"change = {json.dumps(change, ensure_ascii=False)}\nreason = \"\"")
+            print(f'change = {json.dumps(change, ensure_ascii=False)}\nreason = ""')
 
 
 if __name__ == "__main__":
