@@ -166,18 +166,16 @@ def _split_parts(
         left = running - handed_out - sum(take.values())
         handed_out = running
 
-        # Most owed first, ties in category order; each pass moves one unit per category.
-        while left > 0:
-            for name in sorted(CATEGORIES, key=lambda name: owed[name] - take[name], reverse=True):
-                if left and take[name] < totals[name] - used[name]:
-                    take[name] += 1
-                    left -= 1
+        # The units left go to the categories owed the most fraction, ties in category order.
+        # There are never more units left than categories owed a fraction (the part's total
+        # is the rounded sum of what is owed), and each of those has a unit left to take.
+        by_fraction = sorted(CATEGORIES, key=lambda name: owed[name] - take[name], reverse=True)
+        for name in by_fraction[: max(left, 0)]:
+            take[name] += 1
         # More taken than the part holds (the zeros above): the least owed give units back.
-        while left < 0:
-            for name in sorted(CATEGORIES, key=lambda name: owed[name] - take[name]):
-                if left and take[name]:
-                    take[name] -= 1
-                    left += 1
+        for _ in range(-left):
+            name = min((n for n in CATEGORIES if take[n]), key=lambda n: owed[n] - take[n])
+            take[name] -= 1
         for name in CATEGORIES:
             parts[name].append(take[name])
             used[name] += take[name]

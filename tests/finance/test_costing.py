@@ -279,3 +279,29 @@ def test_the_unit_left_in_a_part_goes_to_the_category_owed_the_most_fraction():
         DayShare(date(2026, 3, 1), cards[0], seconds(effective=1800)),
         DayShare(date(2026, 3, 2), cards[0], seconds(effective=3599, idle=1)),
     ]
+
+
+def test_ties_between_categories_go_by_category_order_both_ways():
+    # Given parts of 4 s, 3 s and 7 s (midnight, a price change at 00:00:03) and 13 GPU-s:
+    # startup 4, idle 1, input wait 8. Running totals 13 x 4/14 = 3.71 -> 4, 13 x 7/14 = 6.5
+    # -> 6 (half to even), 13: parts of 4, 2 and 7.
+    cards = rates(
+        (MARCH_1 - timedelta(days=28), MARCH_2 + timedelta(seconds=3), "2.00"),
+        (MARCH_2 + timedelta(seconds=3), None, "4.00"),
+    )
+
+    shares = split_attempt(
+        start=MARCH_2 - timedelta(seconds=4),
+        end=MARCH_2 + timedelta(seconds=10),
+        gpu_seconds={"startup": 4, "idle": 1, "input_wait": 8},
+        rates=cards,
+    )
+
+    # Then in part 1 (owed 1.14, 0.29, 2.29) idle and input wait tie at .29 for the unit
+    # left: idle comes first. In part 2 (owed 1, -0.5, 2; taken 1, 0, 2 for a total of 2)
+    # startup and input wait tie at 0 to give one back: startup comes first.
+    assert shares == [
+        DayShare(date(2026, 3, 1), cards[0], seconds(startup=1, idle=1, input_wait=2)),
+        DayShare(date(2026, 3, 2), cards[0], seconds(input_wait=2)),
+        DayShare(date(2026, 3, 2), cards[1], seconds(startup=3, input_wait=4)),
+    ]
