@@ -389,6 +389,36 @@ def test_startup_ends_at_the_earliest_active_minute_of_any_gpu_in_any_order():
     assert (accounting.startup, accounting.idle, accounting.effective) == (120, 0, 240)
 
 
+def test_fraction_times_are_read_exactly():
+    # Given 3 GPUs from T0 + 1/3 for 10 s, a step window from 2 s in waiting 1 s of its 8
+    third = Fraction(1, 3)
+
+    accounting = account(
+        AttemptTimeline(
+            gpus=3,
+            start=T0 + third,
+            end=T0 + 10 + third,
+            outcome=Outcome.FAILED,
+            resumed_checkpoint=ResumedCheckpoint(step=4, saved_at=T0 + 6 + third),
+            step_windows=[
+                StepWindow(T0 + 2 + third, T0 + 10 + third, 8, 1.0, data_wait_s=1.0),
+            ],
+        )
+    )
+
+    # Then startup 3 x 2, lost 3 x 4 after the save, and of the 3 x 4 GPU-s in between the
+    # window's share, 1/8, is input wait
+    assert accounting.categories() == {
+        "lost": 12,
+        "startup": 6,
+        "checkpoint": 0,
+        "idle": 0,
+        "input_wait": Fraction(3, 2),
+        "comm_wait": 0,
+        "effective": Fraction(21, 2),
+    }
+
+
 # Properties ----------------------------------------------------------------------------
 
 
