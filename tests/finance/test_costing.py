@@ -1,6 +1,8 @@
 """finance.costing (pure, no database): attempts cut at UTC midnights and price changes, the
 categories shared out over the parts, and the rounding of statement lines (docs/finance.md)."""
 
+import os
+import time
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 
@@ -207,6 +209,37 @@ def test_the_days_are_utc_days_whatever_the_zone_of_the_times():
     shares = split_attempt(
         start=datetime(2026, 3, 2, 0, 30, tzinfo=plus_two),
         end=datetime(2026, 3, 2, 2, 30, tzinfo=plus_two),
+        gpu_seconds={"effective": 7200},
+        rates=cards,
+    )
+
+    assert shares == [
+        DayShare(date(2026, 3, 1), cards[0], seconds(effective=5400)),
+        DayShare(date(2026, 3, 2), cards[0], seconds(effective=1800)),
+    ]
+
+
+@pytest.fixture
+def kiritimati():
+    """The machine's local time zone at UTC+14 for the test, then as it was."""
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = "Pacific/Kiritimati"
+    time.tzset()
+    yield
+    if before is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = before
+    time.tzset()
+
+
+def test_the_days_are_utc_days_whatever_the_machines_time_zone(kiritimati):
+    # 22:30 to 00:30 UTC is 12:30 to 14:30 on 2 March in Kiritimati
+    cards = rates((MARCH_1 - timedelta(days=28), None, "3.60"))
+
+    shares = split_attempt(
+        start=MARCH_2 - timedelta(minutes=90),
+        end=MARCH_2 + timedelta(minutes=30),
         gpu_seconds={"effective": 7200},
         rates=cards,
     )
