@@ -419,6 +419,53 @@ def test_fraction_times_are_read_exactly():
     }
 
 
+def test_a_window_shorter_than_a_second_still_has_its_shares():
+    # A 1 s window blocked 0.5 s checkpointing (no interval) and waiting 0.25 s for data
+    accounting = account(
+        AttemptTimeline(
+            gpus=1,
+            start=T0,
+            end=T0 + 1,
+            outcome=Outcome.SUCCEEDED,
+            step_windows=[
+                StepWindow(T0, T0 + 1, 1, 0.5, data_wait_s=0.25, checkpoint_s=0.5),
+            ],
+        )
+    )
+
+    # Then checkpoint is half; of the other half, 0.25 of 0.5 s is input wait
+    assert (accounting.checkpoint, accounting.input_wait, accounting.effective) == (
+        Fraction(1, 2),
+        Fraction(1, 4),
+        Fraction(1, 4),
+    )
+
+
+def test_a_sample_stamped_inside_a_minute_counts_for_that_minute():
+    accounting = account(
+        AttemptTimeline(
+            gpus=1, start=T0, end=T0 + 60, outcome=Outcome.SUCCEEDED, activity={"0": {T0 + 30: 0.0}}
+        )
+    )
+
+    assert (accounting.idle, accounting.effective) == (60, 0)
+
+
+def test_a_minute_ending_at_the_allocation_start_does_not_end_startup():
+    # Active in the minute before the allocation, and from its second minute on
+    accounting = account(
+        AttemptTimeline(
+            gpus=1,
+            start=T0,
+            end=T0 + 120,
+            outcome=Outcome.SUCCEEDED,
+            activity={"0": {T0 - 60: 0.9, T0 + 60: 0.9}},
+        )
+    )
+
+    assert (accounting.startup, accounting.effective) == (60, 60)
+
+
 # Properties ----------------------------------------------------------------------------
 
 
