@@ -466,6 +466,17 @@ def test_a_minute_ending_at_the_allocation_start_does_not_end_startup():
     assert (accounting.startup, accounting.effective) == (60, 60)
 
 
+def test_queue_time_is_wall_seconds_from_submission_and_none_without_it():
+    def queued(submitted_at):
+        return account(
+            AttemptTimeline(
+                gpus=4, start=T0, end=T0 + 60, outcome=Outcome.SUCCEEDED, submitted_at=submitted_at
+            )
+        ).queue_s
+
+    assert (queued(T0 - 90), queued(T0 + 5), queued(None)) == (90, 0, None)
+
+
 # Properties ----------------------------------------------------------------------------
 
 
