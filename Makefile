@@ -16,8 +16,10 @@ PYTEST_ARGS ?=
 # pytest-xdist processes: the suite mostly waits on real servers, so more workers than cores pay.
 TEST_WORKERS ?= 3
 BENCH_ARGS ?=
+# `make mutation MUTATION_ARGS="--modules finance/costing.py --sample 100"`: scripts/mutation.py -h
+MUTATION_ARGS ?=
 
-.PHONY: help venv dev-venv run lint test bench clean distclean
+.PHONY: help venv dev-venv run lint test bench mutation clean distclean
 
 help:
 	@echo "make run        the embedded portal on http://127.0.0.1:8000 (SQLite, Celery, simulator, demo data)"
@@ -27,6 +29,8 @@ help:
 	@echo "                PYTEST_ARGS='-k admission' passes arguments to pytest;"
 	@echo "                TEST_WORKERS=1 runs it in one process (default $(TEST_WORKERS), pytest-xdist)"
 	@echo "make bench      the benchmarks (python -m bench) against the same services"
+	@echo "make mutation   mutmut over the pure cores with the tests that need no database: the score"
+	@echo "                per module, exit 1 below 95 % (MUTATION_ARGS: scripts/mutation.py -h); not in make test"
 	@echo "make venv       $(VENV) with the project and what it needs to run (what make run installs)"
 	@echo "make dev-venv   the same plus the dev tools of lint, test and bench (redone when pyproject.toml changes)"
 	@echo "make clean      remove var/ and build artefacts; make distclean also removes $(VENV)"
@@ -90,8 +94,13 @@ bench: dev-venv
 		echo "bench: bench/__main__.py does not exist; nothing to run"; \
 	fi
 
+# Pure tests only: nothing here needs PostgreSQL or Redis (Django's settings are read, never
+# connected). docs/mutation-testing.md: what it runs, how long it takes, how it counts.
+mutation: dev-venv
+	$(PY) scripts/mutation.py $(MUTATION_ARGS)
+
 clean:
-	rm -rf var build dist .eggs *.egg-info .pytest_cache .ruff_cache .hypothesis .mypy_cache .import_linter_cache htmlcov .coverage
+	rm -rf var mutants build dist .eggs *.egg-info .pytest_cache .ruff_cache .hypothesis .mypy_cache .import_linter_cache htmlcov .coverage
 	find . \( -path ./$(VENV) -o -path ./.git -o -name node_modules \) -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
 
 distclean: clean

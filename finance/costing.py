@@ -98,24 +98,6 @@ def _seconds(delta: timedelta) -> Fraction:
     return Fraction(delta.days * 86400 + delta.seconds) + Fraction(delta.microseconds, 10**6)
 
 
-def _round(value: int | Fraction, unit: Fraction) -> Fraction:
-    return round(Fraction(value) / unit) * unit
-
-
-def _spread(
-    total: int | Fraction, cumulative: Sequence[Fraction], unit: Fraction
-) -> list[Fraction]:
-    """``total`` handed out over parts whose cumulative shares are ``cumulative`` (ending at
-    1), in whole ``unit``s: each part is the difference of rounded running totals."""
-    parts: list[Fraction] = []
-    previous = Fraction(0)
-    for share in cumulative:
-        running = _round(Fraction(total) * share, unit)
-        parts.append(running - previous)
-        previous = running
-    return parts
-
-
 def _rate_at(moment: datetime, rates: Sequence[Rate]) -> Rate | None:
     return next((rate for rate in rates if rate.covers(moment)), None)
 
@@ -168,37 +150,32 @@ def _split_parts(
     attempt, rounded cumulatively (so with whole-second times it is exactly GPUs × the
     part's seconds); inside a part, each category gets the floor of what it is still owed by
     then, and the units left go to the categories owed the most fraction. A category never
-    gets more than it has left, and the last part gets the rest: every category adds up to
-    its total, every part is zero or more."""
+    gets more than it has left, and the last part (owed exactly what is left) gets the rest:
+    every category adds up to its total, every part is zero or more."""
     totals = {name: gpu_seconds.get(name, 0) for name in CATEGORIES}
-    part_totals = _spread(sum(totals.values()), cumulative, Fraction(1))
+    total = sum(totals.values())
     used = dict.fromkeys(CATEGORIES, 0)
     parts: dict[str, list[int]] = {name: [] for name in CATEGORIES}
-    last = len(cumulative) - 1
-    for index, (share, part_total) in enumerate(zip(cumulative, part_totals, strict=True)):
-        if index == last:
-            take = {name: totals[name] - used[name] for name in CATEGORIES}
-        else:
-            owed = {name: totals[name] * share - used[name] for name in CATEGORIES}
-            take = {
-                name: max(0, min(int(owed[name] // 1), totals[name] - used[name]))
-                for name in CATEGORIES
-            }
-            left = int(part_total) - sum(take.values())
-            # Most owed first; ties in category order. Each pass moves one unit per category.
-            while left:
-                order = sorted(
-                    CATEGORIES, key=lambda name: owed[name] - take[name], reverse=left > 0
-                )
-                for name in order:
-                    if left > 0 and take[name] < totals[name] - used[name]:
-                        take[name] += 1
-                        left -= 1
-                    elif left < 0 and take[name] > 0:
-                        take[name] -= 1
-                        left += 1
-                    if not left:
-                        break
+    handed_out = 0
+    for share in cumulative:
+        running = round(total * share)  # the running total is rounded, never the parts
+        owed = {name: totals[name] * share - used[name] for name in CATEGORIES}
+        # The floor, or zero when a category was given a unit ahead and is owed less than
+        # nothing (int() truncates towards zero). Owed never exceeds what is left: share ≤ 1.
+        take = {name: max(0, int(owed[name])) for name in CATEGORIES}
+        left = running - handed_out - sum(take.values())
+        handed_out = running
+
+        # The units left go to the categories owed the most fraction, ties in category order.
+        # There are never more units left than categories owed a fraction (the part's total
+        # is the rounded sum of what is owed), and each of those has a unit left to take.
+        by_fraction = sorted(CATEGORIES, key=lambda name: owed[name] - take[name], reverse=True)
+        for name in by_fraction[: max(left, 0)]:
+            take[name] += 1
+        # More taken than the part holds (the zeros above): the least owed give units back.
+        for _ in range(-left):
+            name = min((n for n in CATEGORIES if take[n]), key=lambda n: owed[n] - take[n])
+            take[name] -= 1
         for name in CATEGORIES:
             parts[name].append(take[name])
             used[name] += take[name]

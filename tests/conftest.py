@@ -1,9 +1,11 @@
 """Fixed personas and a small world: two tenants, two flavors, a simulated cluster."""
 
+import os
 from dataclasses import dataclass
 
 import pytest
 from django.contrib.auth.models import Group, User
+from hypothesis import settings as hypothesis_settings
 
 from images.models import Image
 from jobs.models import Cluster
@@ -16,6 +18,14 @@ DIGEST_B = "sha256:" + "b" * 64
 DIGEST_BLOCKED = "sha256:" + "c" * 64
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 PASSWORD = "correct-horse-battery"
+
+# In CI (CI=true, as GitHub Actions and `make mutation` set it) every hypothesis test draws
+# the same examples on every run, so a red build is reproducible and a mutant is killed or
+# not the same way each time; locally the draws vary and keep finding new cases. A test's
+# own @settings still win for what they set.
+hypothesis_settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI") == "true":
+    hypothesis_settings.load_profile("ci")
 
 
 @dataclass

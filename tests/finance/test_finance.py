@@ -1,15 +1,14 @@
-"""Rate cards and the DailyUsage rollup: attempts cut into UTC days and priced exactly."""
+"""Rate cards and the DailyUsage rollup: attempts cut into UTC days and priced exactly.
+The pure cut and pricing (finance.costing) are tested in test_costing.py."""
 
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 import pytest
 from django.core.exceptions import PermissionDenied, ValidationError
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from finance import costing, selectors, services
-from finance.costing import CATEGORIES, Rate, attempt_cost, split_attempt
+from finance.costing import CATEGORIES
 from finance.models import DailyUsage, RateCard, UsageRollupState
 from jobs.models import Attempt, AttemptState
 from telemetry.models import AttemptAccounting
@@ -18,115 +17,6 @@ from tests.jobs.test_lifecycle import submit
 
 T0 = datetime(2026, 3, 1, 18, 0, tzinfo=UTC)
 MARCH_2 = datetime(2026, 3, 2, tzinfo=UTC)
-
-
-def rates(*cards: tuple[datetime, datetime | None, str]) -> list[Rate]:
-    return [Rate(start, end, Decimal(price)) for start, end, price in cards]
-
-
-# --- costing (pure) -------------------------------------------------------------------------
-
-
-def test_an_attempt_across_midnight_and_a_rate_change_is_split_by_day_and_rate():
-    # 2 GPUs from 18:00 to 06:00 next day; the price goes from 2.50 to 3.00 at 22:00.
-    cards = rates(
-        (T0 - timedelta(days=30), T0 + timedelta(hours=4), "2.50"),
-        (T0 + timedelta(hours=4), None, "3.00"),
-    )
-
-    shares = split_attempt(
-        start=T0,
-        end=T0 + timedelta(hours=12),
-        gpu_seconds={"effective": 2 * 12 * 3600 - 600, "idle": 600},
-        rates=cards,
-    )
-
-    assert [
-        (share.day, share.rate, share.allocated_gpu_s, share.gpu_seconds["idle"])
-        for share in shares
-    ] == [
-        (date(2026, 3, 1), cards[0], 2 * 4 * 3600, 200),
-        (date(2026, 3, 1), cards[1], 2 * 2 * 3600, 100),
-        (date(2026, 3, 2), cards[1], 2 * 6 * 3600, 300),
-    ]
-    # 2 GPUs * (4 h * 2.50 + 8 h * 3.00) = 68.00
-    assert costing.shares_cost(shares) == Decimal("68.00")
-    assert attempt_cost(
-        start=T0, end=T0 + timedelta(hours=12), allocated_gpu_s=2 * 12 * 3600, rates=cards
-    ) == Decimal("68.00")
-
-
-def test_time_no_rate_card_covers_is_unpriced_and_free():
-    cards = rates((T0 + timedelta(hours=1), None, "4.00"))
-
-    unpriced, priced = split_attempt(
-        start=T0, end=T0 + timedelta(hours=3), gpu_seconds={"effective": 3 * 3600}, rates=cards
-    )
-
-    assert (unpriced.rate, unpriced.unpriced_gpu_s, priced.unpriced_gpu_s) == (None, 3600, 0)
-    assert costing.shares_cost([unpriced, priced]) == Decimal("8.00")
-
-
-@pytest.mark.parametrize(
-    ("gpu_s", "price", "cost"),
-    [
-        (700, "2.99", "0.58"),  # 0.58138…
-        (1800, "0.01", "0.00"),  # 0.005: a tie goes to the even cent
-        (5400, "0.01", "0.02"),  # 0.015: to the even cent, up
-        (3600, "2.9999", "3.00"),
-        (0, "2.99", "0.00"),
-    ],
-)
-def test_a_line_is_rounded_once_half_to_even_to_the_cent(gpu_s, price, cost):
-    assert costing.line_cost(gpu_s=gpu_s, price_per_gpu_hour=Decimal(price)) == Decimal(cost)
-    assert costing.line_cost(gpu_s=gpu_s, price_per_gpu_hour=None) == Decimal("0.00")
-
-
-@settings(max_examples=300, deadline=None, derandomize=True)
-@given(
-    start_s=st.integers(0, 3 * 86400),
-    length_s=st.integers(0, 4 * 86400),
-    micro=st.sampled_from([0, 0, 1, 250_000, 999_999]),
-    gpus=st.integers(1, 64),
-    shares=st.lists(st.integers(0, 1000), min_size=len(CATEGORIES), max_size=len(CATEGORIES)),
-    change_s=st.integers(0, 6 * 86400),
-    prices=st.tuples(st.decimals("0", "99.9999", places=4), st.decimals("0", "99.9999", places=4)),
-)
-def test_the_parts_of_an_attempt_add_up_to_its_accounting_exactly(
-    start_s, length_s, micro, gpus, shares, change_s, prices
-):
-    base = datetime(2026, 1, 1, tzinfo=UTC)
-    start = base + timedelta(seconds=start_s, microseconds=micro)
-    end = start + timedelta(seconds=length_s)
-    allocated = gpus * length_s
-    weights = sum(shares) or 1
-    seconds = {
-        name: allocated * share // weights for name, share in zip(CATEGORIES, shares, strict=True)
-    }
-    seconds["effective"] += allocated - sum(seconds.values())
-    cards = rates(
-        (base + timedelta(seconds=change_s), base + timedelta(days=5), str(prices[0])),
-        (base + timedelta(days=5), None, str(prices[1])),
-    )
-
-    parts = split_attempt(start=start, end=end, gpu_seconds=seconds, rates=cards)
-
-    for name in CATEGORIES:
-        assert sum(part.gpu_seconds[name] for part in parts) == seconds[name]
-        assert all(part.gpu_seconds[name] >= 0 for part in parts)
-    assert [part.day for part in parts] == sorted(part.day for part in parts)
-    if micro == 0:  # whole seconds: a part holds exactly the GPU-seconds of its time
-        cursor = start
-        for part in parts:
-            if end == start:
-                break
-            day_end = min(end, costing.midnight(part.day) + timedelta(days=1))
-            part_end = min(
-                [day_end] + [c.valid_from for c in cards if cursor < c.valid_from < day_end]
-            )
-            assert part.rate == next((c for c in cards if c.covers(cursor)), None)
-            assert part.allocated_gpu_s == gpus * int((part_end - cursor).total_seconds())
-            cursor = part_end
 
 
 # --- rate cards -------------------------------------------------------------------------------

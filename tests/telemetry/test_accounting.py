@@ -232,6 +232,251 @@ def test_fractional_times_keep_the_invariant_exact_and_round_to_whole_seconds():
     assert accounting.whole_seconds()["allocated"] == 301
 
 
+# The gaps mutation testing found (issue 32): each value worked out by hand ------------
+
+
+def test_every_idle_gpu_of_a_minute_counts():
+    # Given 4 GPUs in one step window: all 4 idle in the first minute, 2 in the second
+    idle_then_half = {str(gpu): {T0: 0.0, T0 + 60: 0.0 if gpu < 2 else 0.9} for gpu in range(4)}
+
+    accounting = account(
+        AttemptTimeline(
+            gpus=4,
+            start=T0,
+            end=T0 + 120,
+            outcome=Outcome.SUCCEEDED,
+            step_windows=[StepWindow(T0, T0 + 120, steps=120, step_time_s=1.0)],
+            activity=idle_then_half,
+        )
+    )
+
+    # Then idle is 4 x 60 + 2 x 60, the 2 busy GPUs of the second minute effective
+    assert accounting.categories() == {
+        "lost": 0,
+        "startup": 0,
+        "checkpoint": 0,
+        "idle": 360,
+        "input_wait": 0,
+        "comm_wait": 0,
+        "effective": 120,
+    }
+
+
+def test_a_minute_never_has_more_idle_gpus_than_the_attempt():
+    # Three idle series (a multi-node attempt repeats GPU indices) for a 2-GPU attempt
+    series = {"node-a/0": {T0: 0.0}, "node-a/1": {T0: 0.01}, "node-b/0": {T0: 0.02}}
+
+    accounting = account(
+        AttemptTimeline(gpus=2, start=T0, end=T0 + 60, outcome=Outcome.SUCCEEDED, activity=series)
+    )
+
+    assert (accounting.idle, accounting.effective, accounting.allocated) == (120, 0, 120)
+
+
+def test_abutting_step_windows_each_charge_their_own_shares():
+    # Given [0, 60) waiting for data half its step time, then [60, 180) not waiting
+    accounting = account(
+        AttemptTimeline(
+            gpus=1,
+            start=T0,
+            end=T0 + 180,
+            outcome=Outcome.SUCCEEDED,
+            step_windows=[
+                StepWindow(T0, T0 + 60, steps=30, step_time_s=1.0, data_wait_s=30),
+                StepWindow(T0 + 60, T0 + 180, steps=120, step_time_s=1.0),
+            ],
+        )
+    )
+
+    # Then only the first window's 30 s are input wait
+    assert (accounting.input_wait, accounting.effective) == (30, 150)
+
+
+def test_a_whole_number_allocation_rounds_to_itself_with_no_phantom_second():
+    accounting = account(
+        AttemptTimeline(
+            gpus=4,
+            start=T0,
+            end=T0 + 120,
+            outcome=Outcome.SUCCEEDED,
+            checkpoint_intervals=[(T0 + 10, T0 + 20)],
+        )
+    )
+
+    assert accounting.whole_seconds() == {
+        "lost": 0,
+        "startup": 0,
+        "checkpoint": 40,
+        "idle": 0,
+        "input_wait": 0,
+        "comm_wait": 0,
+        "effective": 440,
+        "allocated": 480,
+    }
+
+
+def test_a_half_second_rounds_up_and_goes_to_the_largest_remainder():
+    # 2 GPUs for 50.25 s = 100.5 GPU-s, rounded half up to 101; the floors give 100, and the
+    # second left goes to the category with the larger fraction
+    def rounded(saving_s: float) -> dict[str, int]:
+        whole = account(
+            AttemptTimeline(
+                gpus=2,
+                start=T0,
+                end=T0 + 50.25,
+                outcome=Outcome.SUCCEEDED,
+                checkpoint_intervals=[(T0, T0 + saving_s)],
+            )
+        ).whole_seconds()
+        return {name: count for name, count in whole.items() if count}
+
+    # checkpoint 2 x 5.1 = 10.2, effective 2 x 45.15 = 90.3: effective gets it
+    assert rounded(5.1) == {"checkpoint": 10, "effective": 91, "allocated": 101}
+    # checkpoint 2 x 5.15 = 10.3, effective 2 x 45.1 = 90.2: checkpoint gets it
+    assert rounded(5.15) == {"checkpoint": 11, "effective": 90, "allocated": 101}
+
+
+def test_a_step_window_outside_the_allocation_or_inside_another_drops_no_later_one():
+    accounting = account(
+        AttemptTimeline(
+            gpus=1,
+            start=T0,
+            end=T0 + 60,
+            outcome=Outcome.SUCCEEDED,
+            step_windows=[
+                StepWindow(T0 - 100, T0 - 40, steps=60, step_time_s=1.0),  # before it
+                StepWindow(T0 + 10, T0 + 40, steps=30, step_time_s=1.0),
+                StepWindow(T0 + 15, T0 + 35, steps=20, step_time_s=1.0),  # inside the last
+                StepWindow(T0 + 40, T0 + 60, steps=10, step_time_s=1.0, data_wait_s=10),
+            ],
+        )
+    )
+
+    # Then startup runs to the first window inside (10 s), and the last one waits 10 of 20 s
+    assert (accounting.startup, accounting.input_wait, accounting.effective) == (10, 10, 40)
+
+
+def test_an_activity_sample_outside_the_allocation_drops_no_later_one():
+    # Samples before and after the allocation come first; the idle minute is T0
+    samples = {"0": {T0 - 60: 0.9, T0 + 120: 0.0, T0: 0.0, T0 + 60: 0.6}}
+
+    accounting = account(
+        AttemptTimeline(
+            gpus=1,
+            start=T0,
+            end=T0 + 120,
+            outcome=Outcome.SUCCEEDED,
+            step_windows=[StepWindow(T0, T0 + 120, steps=120, step_time_s=1.0)],
+            activity=samples,
+        )
+    )
+
+    # Then minute T0 is idle; only the inside minutes count as activity (0.6 x 60 s)
+    assert (accounting.idle, accounting.effective) == (60, 60)
+    assert accounting.active_gpu_hours == 0.01
+
+
+def test_startup_ends_at_the_earliest_active_minute_of_any_gpu_in_any_order():
+    activity = {"0": {T0 + 120: 0.9}, "1": {T0 + 60: 0.9, T0: 0.01}}
+
+    accounting = account(
+        AttemptTimeline(
+            gpus=2, start=T0, end=T0 + 180, outcome=Outcome.SUCCEEDED, activity=activity
+        )
+    )
+
+    # The idle minute T0 is startup: startup comes first
+    assert (accounting.startup, accounting.idle, accounting.effective) == (120, 0, 240)
+
+
+def test_fraction_times_are_read_exactly():
+    # Given 3 GPUs from T0 + 1/3 for 10 s, a step window from 2 s in waiting 1 s of its 8
+    third = Fraction(1, 3)
+
+    accounting = account(
+        AttemptTimeline(
+            gpus=3,
+            start=T0 + third,
+            end=T0 + 10 + third,
+            outcome=Outcome.FAILED,
+            resumed_checkpoint=ResumedCheckpoint(step=4, saved_at=T0 + 6 + third),
+            step_windows=[
+                StepWindow(T0 + 2 + third, T0 + 10 + third, 8, 1.0, data_wait_s=1.0),
+            ],
+        )
+    )
+
+    # Then startup 3 x 2, lost 3 x 4 after the save, and of the 3 x 4 GPU-s in between the
+    # window's share, 1/8, is input wait
+    assert accounting.categories() == {
+        "lost": 12,
+        "startup": 6,
+        "checkpoint": 0,
+        "idle": 0,
+        "input_wait": Fraction(3, 2),
+        "comm_wait": 0,
+        "effective": Fraction(21, 2),
+    }
+
+
+def test_a_window_shorter_than_a_second_still_has_its_shares():
+    # A 1 s window blocked 0.5 s checkpointing (no interval) and waiting 0.25 s for data
+    accounting = account(
+        AttemptTimeline(
+            gpus=1,
+            start=T0,
+            end=T0 + 1,
+            outcome=Outcome.SUCCEEDED,
+            step_windows=[
+                StepWindow(T0, T0 + 1, 1, 0.5, data_wait_s=0.25, checkpoint_s=0.5),
+            ],
+        )
+    )
+
+    # Then checkpoint is half; of the other half, 0.25 of 0.5 s is input wait
+    assert (accounting.checkpoint, accounting.input_wait, accounting.effective) == (
+        Fraction(1, 2),
+        Fraction(1, 4),
+        Fraction(1, 4),
+    )
+
+
+def test_a_sample_stamped_inside_a_minute_counts_for_that_minute():
+    accounting = account(
+        AttemptTimeline(
+            gpus=1, start=T0, end=T0 + 60, outcome=Outcome.SUCCEEDED, activity={"0": {T0 + 30: 0.0}}
+        )
+    )
+
+    assert (accounting.idle, accounting.effective) == (60, 0)
+
+
+def test_a_minute_ending_at_the_allocation_start_does_not_end_startup():
+    # Active in the minute before the allocation, and from its second minute on
+    accounting = account(
+        AttemptTimeline(
+            gpus=1,
+            start=T0,
+            end=T0 + 120,
+            outcome=Outcome.SUCCEEDED,
+            activity={"0": {T0 - 60: 0.9, T0 + 60: 0.9}},
+        )
+    )
+
+    assert (accounting.startup, accounting.effective) == (60, 60)
+
+
+def test_queue_time_is_wall_seconds_from_submission_and_none_without_it():
+    def queued(submitted_at):
+        return account(
+            AttemptTimeline(
+                gpus=4, start=T0, end=T0 + 60, outcome=Outcome.SUCCEEDED, submitted_at=submitted_at
+            )
+        ).queue_s
+
+    assert (queued(T0 - 90), queued(T0 + 5), queued(None)) == (90, 0, None)
+
+
 # Properties ----------------------------------------------------------------------------
 
 
@@ -286,11 +531,86 @@ def timelines(draw, *, with_windows: bool = False):
 
 @settings(max_examples=300, deadline=None)
 @given(timelines())
-def test_every_gpu_second_is_in_exactly_one_category(timeline):
+def test_every_gpu_second_is_in_exactly_one_category_as_the_definitions_say(timeline):
     accounting = account(timeline)
 
     assert accounting.allocated == timeline.gpus * (timeline.end - timeline.start)
     assert_invariant(accounting)
+    assert accounting.categories() == reference(timeline)
+
+
+def reference(timeline: AttemptTimeline) -> dict[str, Fraction]:
+    """The categories by the documented definitions (docs/accounting.md), one wall second at
+    a time: slow, and independent of ``account``'s sweep over cut points. Needs whole-second
+    times (then every cut falls on a whole second, so each second is in one situation)."""
+
+    def exact(value) -> Fraction:
+        return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+
+    start, end = int(timeline.start), max(int(timeline.end), int(timeline.start))
+    seconds = range(start, end)
+    blocked = {s for a, b in timeline.checkpoint_intervals for s in range(int(a), int(b))}
+
+    # Each second belongs to the earliest-starting step window that covers it.
+    owner: dict[int, int] = {}
+    windows = timeline.step_windows
+    for index in sorted(range(len(windows)), key=lambda i: windows[i].start):
+        window = timeline.step_windows[index]
+        for s in range(int(window.start), int(window.end)):
+            if start <= s < end:
+                owner.setdefault(s, index)
+    shares = {}
+    for index in set(owner.values()):
+        window, own = timeline.step_windows[index], [s for s in owner if owner[s] == index]
+        open_s = sum(1 for s in own if s not in blocked)
+        extra = max(Fraction(0), exact(window.checkpoint_s) - (len(own) - open_s))
+        checkpoint = min(Fraction(1), extra / open_s) if open_s else Fraction(0)
+        step_s = open_s - extra
+        data = comm = Fraction(0)
+        if step_s > 0:
+            data = min(Fraction(1), exact(window.data_wait_s) / step_s)
+            comm = min(1 - data, exact(window.comm_wait_s) / step_s)
+        shares[index] = (checkpoint, data, comm)
+
+    idle_gpus: dict[int, int] = {}
+    active = []
+    for minutes in timeline.activity.values():
+        for minute, activity in minutes.items():
+            if not any(start <= s < end for s in range(minute, minute + 60)):
+                continue
+            if activity < timeline.idle_threshold:
+                idle_gpus[minute] = min(timeline.gpus, idle_gpus.get(minute, 0) + 1)
+            else:
+                active.append(max(start, minute))
+    # Startup runs to the first step window, else to the first active minute.
+    productive = min(owner) if owner else min(active, default=start)
+    lost_from = end
+    if timeline.outcome in (Outcome.FAILED, Outcome.PREEMPTED, Outcome.LOST):
+        lost_from = productive
+        if timeline.resumed_checkpoint is not None:
+            lost_from = min(end, max(productive, int(timeline.resumed_checkpoint.saved_at)))
+
+    gpus, total = timeline.gpus, dict.fromkeys(CATEGORIES, Fraction(0))
+    for s in seconds:
+        idle = idle_gpus.get(s // 60 * 60, 0)
+        if s >= lost_from:
+            total["lost"] += gpus
+        elif s < productive:
+            total["startup"] += gpus
+        elif s in blocked:
+            total["checkpoint"] += gpus
+        elif s in owner:
+            checkpoint, data, comm = shares[owner[s]]
+            total["checkpoint"] += gpus * checkpoint
+            total["idle"] += idle * (1 - checkpoint)
+            rest = (gpus - idle) * (1 - checkpoint)
+            total["input_wait"] += rest * data
+            total["comm_wait"] += rest * comm
+            total["effective"] += rest * (1 - data - comm)
+        else:
+            total["idle"] += idle
+            total["effective"] += gpus - idle
+    return total
 
 
 @settings(max_examples=200, deadline=None)
