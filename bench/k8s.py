@@ -251,9 +251,9 @@ def _seed(fake) -> list:
 def sync() -> Section:
     from kubernetes import client
 
+    from clusters.models import Cluster
     from jobs.backends.k8s_status import job_status
     from jobs.backends.kubernetes import LIST_PAGE, KubernetesBackend
-    from jobs.models import Cluster
     from tests.k8s_fake import FakeKubernetes
 
     os.environ[TOKEN_ENV] = FAKE_TOKEN

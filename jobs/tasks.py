@@ -5,9 +5,9 @@ import logging
 from celery import shared_task
 from django.utils import timezone
 
+from clusters.models import Cluster
 from jobs.backends import BackendError, TransientBackendError
 from jobs.log_context import log_context
-from jobs.models import Cluster
 from jobs.services import backend_submit, backend_sync, budgets
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.estimates import estimates_refresh

@@ -28,6 +28,7 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from clusters.models import Cluster
 from images.access import image_list_usable_by_tenants
 from jobs import live, spec
 from jobs.access import (
@@ -50,7 +51,7 @@ from jobs.forms import (
     initial_from_template,
     template_initial,
 )
-from jobs.models import Cluster, RunState
+from jobs.models import RunState
 from jobs.reproducibility import experiment_diff, runtime_rows
 from jobs.run_rows import RUN_ROW_FIELDS, run_row, run_row_html, run_rows_version
 from jobs.selectors import logs

@@ -82,6 +82,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "tenants",
     "images",
+    "clusters",
     "jobs",
     "telemetry",
     "finance",

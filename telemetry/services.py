@@ -15,8 +15,9 @@ from typing import cast
 from django.db import transaction
 from django.utils import timezone
 
+from clusters.models import Cluster, SimulatedJob
 from jobs.backends import CheckpointReport
-from jobs.models import Attempt, AttemptState, Checkpoint, Cluster, SimulatedJob
+from jobs.models import Attempt, AttemptState, Checkpoint
 from jobs.selectors.runs import attempt_token_refusal
 from jobs.services.backend_sync import checkpoints_record
 from jobs.simulation import Workload

@@ -815,8 +815,8 @@ def _seed() -> None:
     django.setup()
     from django.contrib.auth.models import User
 
+    from clusters.models import Cluster
     from images.models import Image
-    from jobs.models import Cluster
     from jobs.services.backend_sync import cluster_refresh_inventory
     from tenants.models import GpuFlavor, Membership, Project, Quota, Tenant
 

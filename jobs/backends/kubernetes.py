@@ -30,6 +30,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config import load_kube_config
 from kubernetes.config.config_exception import ConfigException
 
+from clusters.models import Cluster
 from jobs.backends import register
 from jobs.backends.base import (
     Inventory,
@@ -63,7 +64,6 @@ from jobs.backends.k8s_status import (
     pod_rank,
     split_backend_job_id,
 )
-from jobs.models import Cluster
 
 PODGROUP = ("scheduling.volcano.sh", "v1beta1", "podgroups")
 # Items per page of the lists of the sync and the inventory (what kubectl asks for).

@@ -23,6 +23,7 @@ from datetime import timedelta
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from clusters.models import Cluster, SimulatedJob
 from jobs.backends import register
 from jobs.backends.base import (
     CheckpointReport,
@@ -35,7 +36,6 @@ from jobs.backends.base import (
     job_env,
 )
 from jobs.env_names import env_name_refusal
-from jobs.models import Cluster, SimulatedJob
 from jobs.reproducibility import job_environment_shown
 from jobs.simulation import (
     STARTUP_S,

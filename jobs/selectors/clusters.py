@@ -4,7 +4,7 @@
 from dataclasses import dataclass
 from datetime import datetime
 
-from jobs.models import Cluster
+from clusters.models import Cluster
 
 
 @dataclass(frozen=True, slots=True)

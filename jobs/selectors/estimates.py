@@ -9,13 +9,13 @@ from django.conf import settings
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
+from clusters.models import Cluster
 from jobs import admission, estimates
 from jobs.models import (
     HOLDING_STATES,
     LIVE_ATTEMPT_STATES,
     Attempt,
     Checkpoint,
-    Cluster,
     Run,
     RunState,
     StartForecast,

@@ -13,6 +13,7 @@ from django.db import connection
 from django.db.models import Sum
 from django.utils import timezone
 
+from clusters.models import Cluster, ClusterFlavor, ClusterNode
 from jobs import admission, estimates, placement
 from jobs.calendar import month_start, next_month
 from jobs.models import (
@@ -20,9 +21,6 @@ from jobs.models import (
     LIVE_ATTEMPT_STATES,
     Attempt,
     AttemptState,
-    Cluster,
-    ClusterFlavor,
-    ClusterNode,
     FairShareUsage,
     Run,
     RunState,

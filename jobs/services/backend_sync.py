@@ -13,6 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from clusters.models import Cluster, ClusterFlavor, ClusterNode
 from jobs import metrics, reproducibility
 from jobs.backends import (
     BackendError,
@@ -28,9 +29,6 @@ from jobs.models import (
     Attempt,
     AttemptState,
     Checkpoint,
-    Cluster,
-    ClusterFlavor,
-    ClusterNode,
     Run,
     RunEvent,
     RunState,

@@ -14,10 +14,11 @@ from django.db import transaction
 from django.db.models import Count, Prefetch, QuerySet, Sum
 from django.utils import timezone
 
+from clusters.models import Cluster, ClusterFlavor
 from jobs import metrics
 from jobs.backends import BackendError, backend_for, inventory_items
 from jobs.enqueue import admission_cycle_enqueue
-from jobs.models import HOLDING_STATES, Cluster, ClusterFlavor, Run, RunState
+from jobs.models import HOLDING_STATES, Run, RunState
 from jobs.selectors import holding_sql
 from jobs.selectors.queue import gpu_hours_this_month, gpu_occupancy
 from jobs.services.backend_sync import cluster_refresh_inventory

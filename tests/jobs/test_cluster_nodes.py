@@ -17,7 +17,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils.html import escape
 
-from jobs.models import Attempt, Cluster, Run
+from clusters.models import Cluster
+from jobs.models import Attempt, Run
 from jobs.selectors.nodes import GangSize, NodeMap, NodeView, gang_sizes, gangs_text
 from jobs.selectors.queue import gpu_occupancy
 from jobs.services.admission_cycle import admission_run_cycle

@@ -12,8 +12,9 @@ import pytest
 from django.db import transaction
 from django.urls import reverse
 
+from clusters.models import Cluster
 from jobs import enqueue
-from jobs.models import Cluster, Run, RunState
+from jobs.models import Run, RunState
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_sync import cluster_refresh_inventory
 from jobs.services.submission import run_submit

@@ -17,6 +17,7 @@ from django.db.models import JSONField, OuterRef, Subquery, Sum
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from clusters.models import Cluster, ClusterFlavor, ClusterNode
 from jobs import admission
 from jobs.calendar import month_start
 from jobs.models import (
@@ -24,9 +25,6 @@ from jobs.models import (
     LIVE_ATTEMPT_STATES,
     Attempt,
     AttemptState,
-    Cluster,
-    ClusterFlavor,
-    ClusterNode,
     Run,
     RunState,
     TenantMonthUsage,

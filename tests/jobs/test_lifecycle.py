@@ -7,9 +7,10 @@ import time_machine
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
+from clusters.models import SimulatedJob
 from jobs.backends import simulator
 from jobs.calendar import month_start
-from jobs.models import Attempt, AttemptState, Experiment, Run, RunEvent, RunState, SimulatedJob
+from jobs.models import Attempt, AttemptState, Experiment, Run, RunEvent, RunState
 from jobs.selectors.queue import admission_preview, gpu_hours_this_month
 from jobs.selectors.runs import runs_place_in_line
 from jobs.services.admission_cycle import admission_run_cycle

@@ -10,16 +10,8 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs.models import (
-    Attempt,
-    AttemptState,
-    Cluster,
-    ClusterNode,
-    Run,
-    RunState,
-    SimulatedJob,
-    WaitReason,
-)
+from clusters.models import Cluster, ClusterNode, SimulatedJob
+from jobs.models import Attempt, AttemptState, Run, RunState, WaitReason
 from jobs.selectors.queue import admission_preview
 from jobs.selectors.runs import runs_place_in_line
 from jobs.services.admission_cycle import admission_run_cycle

@@ -7,6 +7,7 @@ import pytest
 import time_machine
 from django.utils import timezone
 
+from clusters.models import Cluster, SimulatedJob
 from jobs.admission import (
     Admit,
     HeldRun,
@@ -23,7 +24,7 @@ from jobs.admission import (
 from jobs.backends.base import PendingClaim
 from jobs.backends.simulator import SimulatorBackend
 from jobs.enqueue import ATTEMPT_CANCEL
-from jobs.models import Attempt, AttemptState, Cluster, RunState, SimulatedJob
+from jobs.models import Attempt, AttemptState, RunState
 from jobs.models import Run as RunModel
 from jobs.reclaim import OutsideClaim, OutsideQueue, claims_record, queues_of
 from jobs.services.admission_cycle import admission_run_cycle

@@ -3,8 +3,8 @@ do: what changes in the database shows up without a reload, and what no longer h
 
 from playwright.sync_api import expect
 
+from clusters.models import ClusterNode
 from jobs import live
-from jobs.models import ClusterNode
 from jobs.services.backend_sync import cluster_refresh_inventory
 from jobs.services.lifecycle import run_cancel
 from jobs.services.submission import run_submit

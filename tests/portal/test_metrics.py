@@ -19,8 +19,9 @@ import pytest
 from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from clusters.models import Cluster
 from jobs import metrics
-from jobs.models import Cluster, RunState
+from jobs.models import RunState
 from jobs.services.admission_cycle import admission_run_cycle
 from portal.metrics_files import metric_files
 from telemetry import collection

@@ -7,14 +7,8 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from jobs.models import (
-    ENDED_ATTEMPT_STATES,
-    Attempt,
-    AttemptState,
-    Checkpoint,
-    Run,
-    SimulatedJob,
-)
+from clusters.models import SimulatedJob
+from jobs.models import ENDED_ATTEMPT_STATES, Attempt, AttemptState, Checkpoint, Run
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit, attempt_token_issue
 from jobs.services.backend_sync import cluster_sync

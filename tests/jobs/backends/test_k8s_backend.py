@@ -20,6 +20,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from rest_framework.test import APIClient
 
+from clusters.models import Cluster, ClusterFlavor, ClusterNode
 from jobs.backends import backend_for, spec_for_people
 from jobs.backends import kubernetes as kubernetes_backend
 from jobs.backends.base import (
@@ -38,16 +39,7 @@ from jobs.backends.k8s_status import (
     root_cause,
 )
 from jobs.backends.kubernetes import KubernetesBackend
-from jobs.models import (
-    Attempt,
-    AttemptState,
-    AttemptToken,
-    Cluster,
-    ClusterFlavor,
-    ClusterNode,
-    Run,
-    RunState,
-)
+from jobs.models import Attempt, AttemptState, AttemptToken, Run, RunState
 from jobs.selectors.logs import run_logs
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit

@@ -7,8 +7,9 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
+from clusters.models import Cluster
 from jobs.backends import PendingClaim
-from jobs.models import Attempt, Cluster, Run, RunState
+from jobs.models import Attempt, Run, RunState
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import cluster_refresh_inventory, cluster_sync
@@ -102,7 +103,7 @@ def test_no_preemption_for_gpus_an_outside_pod_would_be_bound_to_first(k8s_world
     # (which a platform admin reads on the cluster's admin page)
     admin = Client()
     admin.force_login(User.objects.create_superuser("root", "root@gantry.example", "x" * 16))
-    page = admin.get(reverse("admin:jobs_cluster_change", args=[world.k8s.pk]))
+    page = admin.get(reverse("admin:clusters_cluster_change", args=[world.k8s.pk]))
     assert "pod research/train-0" in page.content.decode()
 
     # when vision asks for 1 x 8 within its guarantee, nlp keeps its GPUs and vision waits,

@@ -30,6 +30,7 @@ import pytest
 from django.db import connection
 from django.db.models import Sum
 
+from clusters.models import Cluster, ClusterNode
 from jobs.backends import (
     JobRef,
     JobSpec,
@@ -46,15 +47,7 @@ from jobs.backends.slurm_script import (
     shell_quote,
     step_command,
 )
-from jobs.models import (
-    Attempt,
-    Cluster,
-    ClusterNode,
-    Run,
-    RunState,
-    TenantMonthUsage,
-    TopologyMode,
-)
+from jobs.models import Attempt, Run, RunState, TenantMonthUsage, TopologyMode
 from jobs.selectors.logs import run_logs
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit

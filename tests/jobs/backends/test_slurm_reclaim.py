@@ -16,7 +16,8 @@ import time
 import pytest
 from django.conf import settings
 
-from jobs.models import Attempt, Cluster, Run, RunState
+from clusters.models import Cluster
+from jobs.models import Attempt, Run, RunState
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import attempt_cancel, cluster_refresh_inventory, cluster_sync
