@@ -5,8 +5,8 @@ import json
 from django import forms
 from django.core.exceptions import ValidationError
 
+from clusters.env_names import NAME_PATTERN
 from jobs import spec
-from jobs.env_names import NAME_PATTERN
 from jobs.models import Experiment, ExperimentTemplate, TopologyMode
 from jobs.services.submission import ExperimentInput
 from tenants.forms import ServiceErrorsMixin

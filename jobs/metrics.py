@@ -17,7 +17,7 @@ from datetime import datetime
 from django.db import transaction
 from prometheus_client import Counter, Histogram
 
-from jobs.backends.base import PermanentBackendError, TransientBackendError
+from clusters.backends.base import PermanentBackendError, TransientBackendError
 
 BACKEND_OPERATIONS = ("submit", "sync", "cancel", "logs", "inventory")
 ERROR_KINDS = ("transient", "permanent", "unexpected")

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.backends.base import PendingClaim
+from clusters.backends.base import PendingClaim
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,8 @@ import logging
 from celery import shared_task
 from django.utils import timezone
 
+from clusters.backends import BackendError, TransientBackendError
 from clusters.models import Cluster
-from jobs.backends import BackendError, TransientBackendError
 from jobs.log_context import log_context
 from jobs.services import backend_submit, backend_sync, budgets
 from jobs.services.admission_cycle import admission_run_cycle

@@ -28,6 +28,7 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from clusters.backends import BackendError
 from clusters.models import Cluster
 from images.access import image_list_usable_by_tenants
 from jobs import live, spec
@@ -41,7 +42,6 @@ from jobs.access import (
     template_list_usable,
     template_tenants_manageable,
 )
-from jobs.backends import BackendError
 from jobs.forms import (
     ClusterCapacityForm,
     RunPreviewForm,

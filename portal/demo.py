@@ -35,6 +35,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from clusters.models import Cluster
+from clusters.simulation import STARTUP_S, Workload
 from finance import services as finance_services
 from images import services as image_services
 from images.demo_registry import DEMO_REGISTRY_URL
@@ -46,7 +47,6 @@ from jobs.services.estimates import estimates_refresh
 from jobs.services.submission import ExperimentInput, run_submit
 from jobs.services.templates import template_save
 from jobs.services.usage import usage_record_attempt
-from jobs.simulation import STARTUP_S, Workload
 from telemetry import services as telemetry_services
 from telemetry.models import GpuMinute
 from telemetry.simulated import simulated_telemetry

@@ -792,8 +792,8 @@ def _worker(argv: list[str]) -> None:
     # otherwise spend seconds building them before its first Kubernetes call.
     from kubernetes import client
 
-    import jobs.backends.kubernetes
-    import jobs.backends.simulator  # noqa: F401
+    import clusters.backends.kubernetes
+    import clusters.backends.simulator  # noqa: F401
     from portal.celery import app
 
     for api in ("BatchV1Api", "CoreV1Api", "CustomObjectsApi"):

@@ -2,12 +2,12 @@
 
 from collections.abc import Iterator, Sequence
 
-from jobs import metrics
-from jobs.backends import (
+from clusters.backends import (
     JobRef,
     TransientBackendError,
     backend_for,
 )
+from jobs import metrics
 from jobs.models import (
     Attempt,
     Run,

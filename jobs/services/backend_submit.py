@@ -9,14 +9,14 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs import metrics, reproducibility
-from jobs.backends import (
+from clusters.backends import (
     JobRef,
     JobSpec,
     PermanentBackendError,
     TransientBackendError,
     backend_for,
 )
+from jobs import metrics, reproducibility
 from jobs.enqueue import (
     admission_cycle_enqueue,
     attempt_cancel_enqueue,
@@ -48,7 +48,7 @@ def job_spec_for(attempt: Attempt) -> JobSpec:
         project=experiment.project.slug,
         image=experiment.image_reference,
         command=experiment.command,
-        # The experiment's own; each backend adds Gantry's (jobs.backends.base.job_env).
+        # The experiment's own; each backend adds Gantry's (clusters.backends.base.job_env).
         env={str(k): str(v) for k, v in experiment.env.items()},
         flavor=experiment.flavor.slug,
         nodes=experiment.nodes,

@@ -13,15 +13,15 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from clusters.models import Cluster, ClusterFlavor, ClusterNode
-from jobs import metrics, reproducibility
-from jobs.backends import (
+from clusters.backends import (
     BackendError,
     CheckpointReport,
     JobRef,
     JobStatus,
     backend_for,
 )
+from clusters.models import Cluster, ClusterFlavor, ClusterNode
+from jobs import metrics, reproducibility
 from jobs.enqueue import admission_cycle_enqueue
 from jobs.log_context import log_context
 from jobs.models import (

@@ -14,9 +14,9 @@ from django.db import transaction
 from django.db.models import Count, Prefetch, QuerySet, Sum
 from django.utils import timezone
 
+from clusters.backends import BackendError, backend_for, inventory_items
 from clusters.models import Cluster, ClusterFlavor
 from jobs import metrics
-from jobs.backends import BackendError, backend_for, inventory_items
 from jobs.enqueue import admission_cycle_enqueue
 from jobs.models import HOLDING_STATES, Run, RunState
 from jobs.selectors import holding_sql

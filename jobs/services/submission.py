@@ -11,16 +11,16 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from clusters.backends import (
+    MULTI_NODE_ENV,
+)
+from clusters.env_names import env_name_refusal
 from images.access import image_list_usable
 from images.models import DIGEST_PATTERN, Image
 from images.services import TagResolutionError, tag_resolve
 from jobs import spec
 from jobs.access import experiment_can_rerun, experiment_list_viewable
-from jobs.backends import (
-    MULTI_NODE_ENV,
-)
 from jobs.enqueue import admission_cycle_enqueue
-from jobs.env_names import env_name_refusal
 from jobs.models import (
     COMMIT_PATTERN,
     MAX_COMMAND_BYTES,

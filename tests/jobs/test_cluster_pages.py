@@ -5,7 +5,7 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 
 from clusters.models import Cluster
-from tests.jobs.backends.test_k8s_backend import TOKEN, TOKEN_ENV, settings_for
+from tests.clusters.backends.test_k8s_backend import TOKEN, TOKEN_ENV, settings_for
 from tests.k8s_fake import FakeKubernetes
 
 

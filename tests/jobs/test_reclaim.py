@@ -7,6 +7,8 @@ import pytest
 import time_machine
 from django.utils import timezone
 
+from clusters.backends.base import PendingClaim
+from clusters.backends.simulator import SimulatorBackend
 from clusters.models import Cluster, SimulatedJob
 from jobs.admission import (
     Admit,
@@ -21,8 +23,6 @@ from jobs.admission import (
     decide,
     nodes_of,
 )
-from jobs.backends.base import PendingClaim
-from jobs.backends.simulator import SimulatorBackend
 from jobs.enqueue import ATTEMPT_CANCEL
 from jobs.models import Attempt, AttemptState, RunState
 from jobs.models import Run as RunModel

@@ -14,9 +14,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from clusters.backends.base import JobRef
+from clusters.backends.simulator import SimulatorBackend
 from clusters.models import ClusterNode, SimulatedJob
-from jobs.backends.base import JobRef
-from jobs.backends.simulator import SimulatorBackend
 from jobs.models import Attempt, AttemptState, Run, RunState
 from jobs.selectors.estimates import run_start_estimate
 from jobs.selectors.runs import runs_place_in_line, runs_usage

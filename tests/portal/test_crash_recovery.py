@@ -28,10 +28,10 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
 from kubernetes import client
 
+from clusters.backends import TransientBackendError
+from clusters.backends.simulator import SimulatorBackend
 from clusters.models import Cluster, SimulatedJob
 from jobs import tasks
-from jobs.backends import TransientBackendError
-from jobs.backends.simulator import SimulatorBackend
 from jobs.models import Attempt, AttemptState, Run, RunEvent, RunState
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit

@@ -6,7 +6,7 @@ import re
 
 import yaml
 
-from jobs.reproducibility import GANTRY_ENV
+from clusters.job_env import GANTRY_ENV
 from tests import REPOSITORY
 
 ROOT = REPOSITORY

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import yaml
 
-from jobs.backends.base import (
+from clusters.backends.base import (
     COMMAND_SHELL,
     MULTI_NODE_ENV,
     TELEMETRY_SETTINGS_KEY,
@@ -33,7 +33,8 @@ from jobs.backends.base import (
     PermanentBackendError,
     job_env,
 )
-from jobs.env_names import env_name_refusal
+from clusters.env_names import env_name_refusal
+from clusters.job_env import ATTEMPT_TOKEN_ENV, REDACTED
 
 LABEL_PREFIX = "gantry.io/"
 TENANT_LABEL = "gantry.io/tenant"
@@ -51,8 +52,7 @@ KUEUE_TOPOLOGY_ANNOTATIONS = {
 }
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 CONTAINER = "trainer"
-TOKEN_ENV = "GANTRY_ATTEMPT_TOKEN"  # noqa: S105 (a variable name)
-REDACTED = "<redacted>"
+TOKEN_ENV = ATTEMPT_TOKEN_ENV  # the one list: clusters.job_env
 RANK_ENV = MULTI_NODE_ENV
 
 # Job names leave room for the pod hostname ``<job>-<index>`` (a DNS label of at most 63)

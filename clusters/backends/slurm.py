@@ -1,7 +1,7 @@
 """The Slurm backend: slurmrestd (API v0.0.38, JWT) or the Slurm CLI, per cluster setting.
 
 Cluster settings are described in docs/slurm.md; the pure half (script rendering, parsing,
-state mapping) is ``jobs.backends.slurm_script``. Every call has a timeout. Errors:
+state mapping) is ``clusters.backends.slurm_script``. Every call has a timeout. Errors:
 
 - ``TransientBackendError``: a daemon did not answer (slurmctld, slurmdbd, slurmrestd), or
   answered "try again"; nothing changed, retrying is safe;
@@ -25,8 +25,8 @@ import requests
 from django.conf import settings as django_settings
 from django.utils import timezone
 
-from jobs.backends import register
-from jobs.backends.base import (
+from clusters.backends import register
+from clusters.backends.base import (
     Inventory,
     JobRef,
     JobSpec,
@@ -35,13 +35,13 @@ from jobs.backends.base import (
     PermanentBackendError,
     TransientBackendError,
 )
-from jobs.backends.slurm_pending import (
+from clusters.backends.slurm_pending import (
     SQUEUE_PENDING_FORMAT,
     PendingError,
     parse_rest_pending,
     parse_squeue_pending,
 )
-from jobs.backends.slurm_script import (
+from clusters.backends.slurm_script import (
     HOLDING_JOB_STATES,
     REST_API,
     SACCT_FIELDS,
@@ -72,7 +72,7 @@ from jobs.backends.slurm_script import (
     reclaims_first,
     slurm_message,
 )
-from jobs.backends.slurm_script import (
+from clusters.backends.slurm_script import (
     job_status as status_of,
 )
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from jobs.backends.base import Inventory, JobStatus, NodeInventory
-from jobs.backends.k8s_manifest import (
+from clusters.backends.base import Inventory, JobStatus, NodeInventory
+from clusters.backends.k8s_manifest import (
     ATTEMPT_LABEL,
     COMPLETION_INDEX_ANNOTATION,
     CONTAINER,

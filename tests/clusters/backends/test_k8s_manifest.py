@@ -2,7 +2,7 @@
 offline), golden files, field-by-field expectations, and hostile input.
 
 Regenerate the golden files after a reviewed change with
-``GANTRY_UPDATE_GOLDEN=1 pytest tests/jobs/backends/test_k8s_manifest.py``.
+``GANTRY_UPDATE_GOLDEN=1 pytest tests/clusters/backends/test_k8s_manifest.py``.
 """
 
 import json
@@ -17,8 +17,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.backends.base import JobSpec, PermanentBackendError
-from jobs.backends.k8s_manifest import (
+from clusters.backends.base import JobSpec, PermanentBackendError
+from clusters.backends.k8s_manifest import (
     MAX_OBJECT_NAME,
     label_value,
     namespace_for,
@@ -30,7 +30,7 @@ from jobs.backends.k8s_manifest import (
     to_yaml,
 )
 from tests import TESTS
-from tests.jobs.backends.kubernetes_expansion import pod_process
+from tests.clusters.backends.kubernetes_expansion import pod_process
 from tests.k8s_schemas import validate
 
 GOLDEN = TESTS / "golden" / "k8s"
@@ -747,7 +747,7 @@ def test_rendering_is_deterministic_and_spec_order_free():
 
 
 def test_the_stored_yaml_does_not_depend_on_libyaml_being_installed():
-    from jobs.backends import k8s_manifest
+    from clusters.backends import k8s_manifest
 
     class PurePython(yaml.SafeDumper):
         pass

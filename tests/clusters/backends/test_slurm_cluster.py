@@ -30,23 +30,23 @@ import pytest
 from django.db import connection
 from django.db.models import Sum
 
-from clusters.models import Cluster, ClusterNode
-from jobs.backends import (
+from clusters.backends import (
     JobRef,
     JobSpec,
     NodeInventory,
     PermanentBackendError,
     TransientBackendError,
 )
-from jobs.backends.base import job_env
-from jobs.backends.slurm import QuotaLimit, SlurmBackend, mirror_quotas
-from jobs.backends.slurm_script import (
+from clusters.backends.base import job_env
+from clusters.backends.slurm import QuotaLimit, SlurmBackend, mirror_quotas
+from clusters.backends.slurm_script import (
     UNKNOWN_TOPOLOGY,
     batch_job,
     gpus_of_tres,
     shell_quote,
     step_command,
 )
+from clusters.models import Cluster, ClusterNode
 from jobs.models import Attempt, Run, RunState, TenantMonthUsage, TopologyMode
 from jobs.selectors.logs import run_logs
 from jobs.services.admission_cycle import admission_run_cycle

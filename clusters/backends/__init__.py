@@ -3,7 +3,7 @@
 from collections.abc import Callable
 from importlib import import_module
 
-from jobs.backends.base import (
+from clusters.backends.base import (
     MULTI_NODE_ENV,
     Backend,
     BackendError,
@@ -24,9 +24,9 @@ _REGISTRY: dict[str, Callable[..., Backend]] = {}
 # Each backend lives in its own module and registers itself when imported; importing on
 # first use keeps a deployment without, say, Kubernetes from loading its client.
 _MODULES = {
-    "simulator": "jobs.backends.simulator",
-    "slurm": "jobs.backends.slurm",
-    "kubernetes": "jobs.backends.kubernetes",
+    "simulator": "clusters.backends.simulator",
+    "slurm": "clusters.backends.slurm",
+    "kubernetes": "clusters.backends.kubernetes",
 }
 
 
@@ -55,7 +55,7 @@ def spec_for_people(backend: str, stored: str) -> str:
     the JSON the API server receives and shown as YAML; scripts and the simulator's JSON
     as they are."""
     if backend == "kubernetes":
-        from jobs.backends.k8s_manifest import stored_as_yaml  # pure: no client loaded
+        from clusters.backends.k8s_manifest import stored_as_yaml  # pure: no client loaded
 
         return stored_as_yaml(stored)
     return stored

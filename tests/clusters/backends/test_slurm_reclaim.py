@@ -23,9 +23,8 @@ from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import attempt_cancel, cluster_refresh_inventory, cluster_sync
 from jobs.services.submission import run_submit
 from tenants.models import Quota
-from tests.conftest import experiment_input
-from tests.jobs.backends import test_slurm_cluster as cluster_tests
-from tests.jobs.backends.test_slurm_cluster import (
+from tests.clusters.backends import test_slurm_cluster as cluster_tests
+from tests.clusters.backends.test_slurm_cluster import (
     IDLE_NODES,
     OUTSIDE_JOB,
     cluster,
@@ -33,6 +32,7 @@ from tests.jobs.backends.test_slurm_cluster import (
     slurm,
     sync_until,
 )
+from tests.conftest import experiment_input
 
 # The session's cluster and the world on it, as test_slurm_cluster sets them up.
 slurm_env = cluster_tests.slurm_env

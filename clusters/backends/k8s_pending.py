@@ -10,14 +10,14 @@ a gang of another team's pods is as many claims, since every pod can take a node
 
 from typing import Any
 
-from jobs.backends.base import PendingClaim
-from jobs.backends.k8s_manifest import (
+from clusters.backends.base import PendingClaim
+from clusters.backends.k8s_manifest import (
     ATTEMPT_LABEL,
     GPU_PRODUCT_LABEL,
     HOSTNAME_LABEL,
     K8sSettings,
 )
-from jobs.backends.k8s_status import pod_request
+from clusters.backends.k8s_status import pod_request
 
 # The list that finds them: not bound to a node, not started.
 PENDING_UNBOUND_PODS = "spec.nodeName=,status.phase=Pending"

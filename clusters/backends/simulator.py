@@ -13,7 +13,7 @@ the same cluster. Cluster settings::
                 "drained": {"sim-a100-80gb-03": "bad DIMM"}, "outside": {"sim-a100-80gb-00": 2}}]}
 
 A pool may lay its nodes out in topology domains, drain nodes and carry load from outside
-Gantry (``jobs.simulation.sim_layout``). A job placed by admission starts on exactly its
+Gantry (``clusters.simulation.sim_layout``). A job placed by admission starts on exactly its
 nodes once their GPUs are free; until then it is pending and says what it waits for.
 """
 
@@ -23,9 +23,8 @@ from datetime import timedelta
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from clusters.models import Cluster, SimulatedJob
-from jobs.backends import register
-from jobs.backends.base import (
+from clusters.backends import register
+from clusters.backends.base import (
     CheckpointReport,
     Inventory,
     JobRef,
@@ -35,9 +34,10 @@ from jobs.backends.base import (
     PermanentBackendError,
     job_env,
 )
-from jobs.env_names import env_name_refusal
-from jobs.reproducibility import job_environment_shown
-from jobs.simulation import (
+from clusters.env_names import env_name_refusal
+from clusters.job_env import job_environment_shown
+from clusters.models import Cluster, SimulatedJob
+from clusters.simulation import (
     STARTUP_S,
     SimLayout,
     SimNode,

@@ -12,19 +12,19 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from jobs.backends import PermanentBackendError
-from jobs.backends.k8s_manifest import parse_settings, render
-from jobs.backends.simulator import SimulatorBackend
-from jobs.backends.slurm_script import RenderError, batch_job
-from jobs.env_names import BASH_REFUSES, env_name_refusal
+from clusters.backends import PermanentBackendError
+from clusters.backends.k8s_manifest import parse_settings, render
+from clusters.backends.simulator import SimulatorBackend
+from clusters.backends.slurm_script import RenderError, batch_job
+from clusters.env_names import BASH_REFUSES, env_name_refusal
 from jobs.models import Attempt, Experiment, ExperimentTemplate, Run
 from jobs.services.backend_submit import job_spec_for
 from jobs.services.submission import run_rerun, run_submit
 from jobs.services.templates import template_save
 from tenants.services import api_token_create
+from tests.clusters.backends.test_k8s_manifest import BASE_SETTINGS, TOKEN, spec_for
+from tests.clusters.backends.test_render_injection import slurm_settings
 from tests.conftest import experiment_input
-from tests.jobs.backends.test_k8s_manifest import BASE_SETTINGS, TOKEN, spec_for
-from tests.jobs.backends.test_render_injection import slurm_settings
 from tests.jobs.test_spec import FULL_SPEC, SPECS
 from tests.jobs.test_web import form_data
 

@@ -20,25 +20,25 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from rest_framework.test import APIClient
 
-from clusters.models import Cluster, ClusterFlavor, ClusterNode
-from jobs.backends import backend_for, spec_for_people
-from jobs.backends import kubernetes as kubernetes_backend
-from jobs.backends.base import (
+from clusters.backends import backend_for, spec_for_people
+from clusters.backends import kubernetes as kubernetes_backend
+from clusters.backends.base import (
     Inventory,
     JobRef,
     JobSpec,
     PermanentBackendError,
     TransientBackendError,
 )
-from jobs.backends.k8s_manifest import parse_settings
-from jobs.backends.k8s_status import (
+from clusters.backends.k8s_manifest import parse_settings
+from clusters.backends.k8s_status import (
     job_status,
     node_inventory,
     pod_failure,
     pod_request,
     root_cause,
 )
-from jobs.backends.kubernetes import KubernetesBackend
+from clusters.backends.kubernetes import KubernetesBackend
+from clusters.models import Cluster, ClusterFlavor, ClusterNode
 from jobs.models import Attempt, AttemptState, AttemptToken, Run, RunState
 from jobs.selectors.logs import run_logs
 from jobs.services.admission_cycle import admission_run_cycle

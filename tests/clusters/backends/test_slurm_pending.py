@@ -5,15 +5,15 @@ from datetime import UTC, datetime
 
 import pytest
 
-from jobs.backends.base import PendingClaim
-from jobs.backends.slurm_pending import (
+from clusters.backends.base import PendingClaim
+from clusters.backends.slurm_pending import (
     SQUEUE_PENDING_FORMAT,
     PendingError,
     parse_rest_pending,
     parse_squeue_pending,
 )
-from jobs.backends.slurm_script import SlurmSettings, batch_job, is_operator
-from tests.jobs.backends.test_slurm_script import job_spec as spec
+from clusters.backends.slurm_script import SlurmSettings, batch_job, is_operator
+from tests.clusters.backends.test_slurm_script import job_spec as spec
 
 SETTINGS = SlurmSettings.parse(
     {

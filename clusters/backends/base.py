@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from jobs.reproducibility import gantry_environment
+from clusters.job_env import gantry_environment
 
 # The key of a cluster's settings that belongs to the telemetry collector (where to read
 # GPU metrics), not to the backend: backends skip it when they check their settings.
@@ -70,7 +70,7 @@ class JobSpec:
 
 def job_env(spec: JobSpec) -> dict[str, str]:
     """The environment every backend gives the job, its token aside: the experiment's
-    variables and Gantry's own (``jobs.reproducibility.GANTRY_ENV``), sorted by name."""
+    variables and Gantry's own (``clusters.job_env.GANTRY_ENV``), sorted by name."""
     gantry = gantry_environment(
         api_url=spec.api_url,
         image=spec.image,

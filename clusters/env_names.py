@@ -15,9 +15,9 @@ another on the cluster:
 - names bash does not let a script set or pass on (read-only, or reset by bash itself:
   ``UID``, ``PPID``, ``RANDOM``, ``PWD``, ``SHLVL``, ``IFS``, …): refused rather than silently
   changed. The list was measured with bash 5.2 (``export NAME=v`` and ``NAME=v bash -c``);
-  tested in ``tests/jobs/test_env_names.py``;
+  tested in ``tests/clusters/test_env_names.py``;
 - Gantry's own: every variable Gantry puts in a job's environment itself
-  (``jobs.reproducibility.GANTRY_ENV``: the attempt token, the API URL, the image, the
+  (``clusters.job_env.GANTRY_ENV``: the attempt token, the API URL, the image, the
   checkpoint directory, the checkpoint a resumed attempt starts from), so the program never
   reads a value other than the one Gantry meant, on any backend. Other ``GANTRY_*`` names
   are the program's (``GANTRY_SIM_*`` steer the simulator).
@@ -25,7 +25,7 @@ another on the cluster:
 
 import re
 
-from jobs.reproducibility import GANTRY_ENV
+from clusters.job_env import GANTRY_ENV
 
 NAME_PATTERN = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 

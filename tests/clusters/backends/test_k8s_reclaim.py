@@ -7,17 +7,17 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
+from clusters.backends import PendingClaim
 from clusters.models import Cluster
-from jobs.backends import PendingClaim
 from jobs.models import Attempt, Run, RunState
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import cluster_refresh_inventory, cluster_sync
 from jobs.services.submission import run_submit
 from tenants.models import Quota
+from tests.clusters.backends import test_k8s_backend as k8s_tests
+from tests.clusters.backends.test_k8s_backend import A100, TOKEN_ENV, backend
 from tests.conftest import experiment_input
-from tests.jobs.backends import test_k8s_backend as k8s_tests
-from tests.jobs.backends.test_k8s_backend import A100, TOKEN_ENV, backend
 
 fake = k8s_tests.fake
 

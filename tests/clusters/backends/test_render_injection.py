@@ -28,8 +28,8 @@ from django.core.exceptions import ValidationError
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from jobs.backends.base import JobSpec, PermanentBackendError
-from jobs.backends.k8s_manifest import (
+from clusters.backends.base import JobSpec, PermanentBackendError
+from clusters.backends.k8s_manifest import (
     ATTEMPT_LABEL,
     MAX_OBJECT_NAME,
     PROJECT_LABEL,
@@ -39,7 +39,7 @@ from jobs.backends.k8s_manifest import (
     render,
     to_yaml,
 )
-from jobs.backends.slurm_script import (
+from clusters.backends.slurm_script import (
     RenderError,
     SlurmSettings,
     batch_job,
@@ -49,15 +49,15 @@ from jobs.backends.slurm_script import (
 from jobs.models import Attempt
 from jobs.services.backend_submit import job_spec_for
 from jobs.services.submission import ExperimentInput, run_submit
-from tests.conftest import experiment_input
-from tests.jobs.backends.kubernetes_expansion import pod_process
-from tests.jobs.backends.test_k8s_manifest import (
+from tests.clusters.backends.kubernetes_expansion import pod_process
+from tests.clusters.backends.test_k8s_manifest import (
     BASE_SETTINGS,
     DNS_1035,
     K8S_VERSIONS,
     LABEL_VALUE,
     validate,
 )
+from tests.conftest import experiment_input
 
 DIGEST = "sha256:" + "a" * 64
 TOKEN = "gat_12.c2VjcmV0LXRva2Vu"
@@ -106,7 +106,8 @@ FRAGMENTS = (
     "💥",
     "\u202eRTL\u200b",
 )
-# Plain names: the test is about values (which names are refused is tests/jobs/test_env_names.py).
+# Plain names: the test is about values (which names are refused is
+# tests/clusters/test_env_names.py).
 ENV_NAMES = st.from_regex(r"\AU_[A-Z0-9_]{1,8}\Z")
 # A failure is reported as drawn, every draw labelled: shrinking examples of many long
 # strings, each run through bash or the database, takes minutes.

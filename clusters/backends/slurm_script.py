@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from jobs.backends.base import (
+from clusters.backends.base import (
     COMMAND_SHELL,
     TELEMETRY_SETTINGS_KEY,
     Inventory,
@@ -34,7 +34,8 @@ from jobs.backends.base import (
     NodeInventory,
     job_env,
 )
-from jobs.env_names import env_name_refusal
+from clusters.env_names import env_name_refusal
+from clusters.job_env import ATTEMPT_TOKEN_ENV
 
 TRANSPORTS = ("rest", "cli")
 CONTAINER_RUNTIMES = ("pyxis", "apptainer", "none")
@@ -535,7 +536,7 @@ def batch_job(
         raise RenderError("the placement names a node twice")
     job_env = {"PATH": settings.job_path}
     if spec.attempt_token:
-        job_env["GANTRY_ATTEMPT_TOKEN"] = spec.attempt_token
+        job_env[ATTEMPT_TOKEN_ENV] = spec.attempt_token
     if environment is not None:
         job_env = {**job_env, **environment}
     job = BatchJob(

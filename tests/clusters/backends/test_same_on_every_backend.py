@@ -20,20 +20,20 @@ from django.conf import settings
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobs.backends.base import COMMAND_SHELL, JobSpec
-from jobs.backends.k8s_manifest import literal
-from jobs.backends.simulator import SimulatorBackend
-from jobs.backends.slurm_script import batch_job
+from clusters.backends.base import COMMAND_SHELL, JobSpec
+from clusters.backends.k8s_manifest import literal
+from clusters.backends.simulator import SimulatorBackend
+from clusters.backends.slurm_script import batch_job
+from clusters.job_env import REDACTED
 from jobs.models import Attempt
-from jobs.reproducibility import REDACTED
 from jobs.services.backend_submit import job_spec_for
 from jobs.services.submission import run_submit
+from tests.clusters.backends.kubernetes_expansion import expand, pod_process
+from tests.clusters.backends.test_k8s_backend import TOKEN as K8S_TOKEN
+from tests.clusters.backends.test_k8s_backend import TOKEN_ENV as K8S_TOKEN_ENV
+from tests.clusters.backends.test_k8s_backend import backend as kubernetes
+from tests.clusters.backends.test_render_injection import slurm_settings
 from tests.conftest import experiment_input
-from tests.jobs.backends.kubernetes_expansion import expand, pod_process
-from tests.jobs.backends.test_k8s_backend import TOKEN as K8S_TOKEN
-from tests.jobs.backends.test_k8s_backend import TOKEN_ENV as K8S_TOKEN_ENV
-from tests.jobs.backends.test_k8s_backend import backend as kubernetes
-from tests.jobs.backends.test_render_injection import slurm_settings
 from tests.k8s_fake import FakeKubernetes
 
 TOKEN = "gat_12.c2VjcmV0LXRva2Vu"

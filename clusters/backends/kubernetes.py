@@ -30,9 +30,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config import load_kube_config
 from kubernetes.config.config_exception import ConfigException
 
-from clusters.models import Cluster
-from jobs.backends import register
-from jobs.backends.base import (
+from clusters.backends import register
+from clusters.backends.base import (
     Inventory,
     JobRef,
     JobSpec,
@@ -40,7 +39,7 @@ from jobs.backends.base import (
     PermanentBackendError,
     TransientBackendError,
 )
-from jobs.backends.k8s_manifest import (
+from clusters.backends.k8s_manifest import (
     ATTEMPT_LABEL,
     CONTAINER,
     GPU_PRODUCT_LABEL,
@@ -53,8 +52,8 @@ from jobs.backends.k8s_manifest import (
     to_json,
     token_secret_name,
 )
-from jobs.backends.k8s_pending import PENDING_UNBOUND_PODS, pending_claims
-from jobs.backends.k8s_status import (
+from clusters.backends.k8s_pending import PENDING_UNBOUND_PODS, pending_claims
+from clusters.backends.k8s_status import (
     LIVE_BOUND_PODS,
     backend_job_id,
     is_finished,
@@ -64,6 +63,7 @@ from jobs.backends.k8s_status import (
     pod_rank,
     split_backend_job_id,
 )
+from clusters.models import Cluster
 
 PODGROUP = ("scheduling.volcano.sh", "v1beta1", "podgroups")
 # Items per page of the lists of the sync and the inventory (what kubectl asks for).

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs.backends.base import InventoryItem, JobSpec, NodeInventory, inventory_items
-from jobs.backends.slurm_script import (
+from clusters.backends.base import InventoryItem, JobSpec, NodeInventory, inventory_items
+from clusters.backends.slurm_script import (
     UNKNOWN_TOPOLOGY,
     QuotaLimit,
     RenderError,
@@ -1262,7 +1262,7 @@ def test_pure_module_imports_no_django():
         [
             sys.executable,
             "-c",
-            "import sys, jobs.backends.slurm_script; "
+            "import sys, clusters.backends.slurm_script; "
             "assert not any(m == 'django' or m.startswith('django.') for m in sys.modules)",
         ],
         capture_output=True,

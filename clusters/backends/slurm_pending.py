@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from jobs.backends.base import PendingClaim
-from jobs.backends.slurm_script import (
+from clusters.backends.base import PendingClaim
+from clusters.backends.slurm_script import (
     SlurmJob,
     SlurmSettings,
     expand_hostlist,
