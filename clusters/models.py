@@ -31,7 +31,7 @@ class Cluster(models.Model):
     topology_levels = models.JSONField(default=list, blank=True)
     inventory_problems = models.JSONField(default=list, blank=True)
     # Jobs from outside Gantry waiting for GPUs, as the last inventory read them
-    # (``jobs.services.capacity.outside_claims_of``): what admission must not preempt for.
+    # (``clusters.outside_claims.claims_record``): what admission must not preempt for.
     outside_claims = models.JSONField(default=dict, blank=True)
 
     class Meta:

@@ -1,10 +1,16 @@
-"""How the cluster backends are doing, as their syncs and inventory refreshes leave it
-(platform admins' home page): one query whatever the number of clusters."""
+"""Reading clusters: how their backends are doing, as their syncs and inventory refreshes
+leave it (platform admins' home page: one query whatever the number of clusters), the
+clusters a platform admin manages, and the capacity of each flavor."""
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from clusters.models import Cluster
+from django.db.models import Prefetch, QuerySet, Sum
+
+from clusters.models import Cluster, ClusterFlavor
+from core.types import UserLike
+from tenants.access import require_platform_admin
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,3 +51,35 @@ def cluster_health_list(*, now: datetime) -> list[ClusterHealth]:
             )
         )
     return health
+
+
+def offered_flavor_slugs() -> frozenset[str]:
+    """Flavors some enabled cluster offers: the only ones GPUs can be borrowed of."""
+    return frozenset(
+        ClusterFlavor.objects.filter(cluster__enabled=True).values_list("flavor__slug", flat=True)
+    )
+
+
+def cluster_list_manageable(*, user: UserLike) -> QuerySet[Cluster]:
+    """Every cluster with its capacity per flavor: platform admins only, else NotVisible."""
+    require_platform_admin(user)
+    return Cluster.objects.order_by("name").prefetch_related(
+        Prefetch(
+            "flavors",
+            queryset=ClusterFlavor.objects.select_related("flavor").order_by("flavor__slug"),
+        )
+    )
+
+
+def cluster_get_manageable(*, user: UserLike, name: str) -> Cluster:
+    return cluster_list_manageable(user=user).get(name=name)
+
+
+def flavor_capacity(*, flavor_ids: Iterable[int] | None = None) -> dict[int, int]:
+    """flavor id -> GPUs of the flavor on enabled clusters."""
+    pools = ClusterFlavor.objects.filter(cluster__enabled=True)
+    if flavor_ids is not None:
+        pools = pools.filter(flavor_id__in=list(flavor_ids))
+    return dict(
+        pools.values("flavor_id").annotate(gpus=Sum("gpus")).values_list("flavor_id", "gpus")
+    )

@@ -35,6 +35,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from clusters.models import Cluster
+from clusters.services import cluster_refresh_inventory
 from clusters.simulation import STARTUP_S, Workload
 from finance import services as finance_services
 from images import services as image_services
@@ -42,7 +43,6 @@ from images.demo_registry import DEMO_REGISTRY_URL
 from images.models import Image, Registry
 from jobs.models import Attempt, AttemptState, Checkpoint, Experiment, Run, RunEvent, RunState
 from jobs.services.admission_cycle import admission_run_cycle
-from jobs.services.backend_sync import cluster_refresh_inventory
 from jobs.services.estimates import estimates_refresh
 from jobs.services.submission import ExperimentInput, run_submit
 from jobs.services.templates import template_save

@@ -27,7 +27,7 @@ from clusters.backends import k8s_manifest
 from clusters.backends.base import TELEMETRY_SETTINGS_KEY, PermanentBackendError
 from clusters.models import Cluster, ClusterFlavor, SimulatedJob
 from clusters.simulation import Workload
-from jobs import metrics
+from core import metrics
 from jobs.models import Attempt
 from telemetry import exposition
 from telemetry.exposition import (

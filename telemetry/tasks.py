@@ -5,7 +5,7 @@ import logging
 from celery import shared_task
 
 from clusters.models import Cluster
-from jobs.log_context import log_context
+from core.log_context import log_context
 from telemetry import collection, policy, services
 
 logger = logging.getLogger(__name__)

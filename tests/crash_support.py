@@ -816,8 +816,8 @@ def _seed() -> None:
     from django.contrib.auth.models import User
 
     from clusters.models import Cluster
+    from clusters.services import cluster_refresh_inventory
     from images.models import Image
-    from jobs.services.backend_sync import cluster_refresh_inventory
     from tenants.models import GpuFlavor, Membership, Project, Quota, Tenant
 
     flavor = GpuFlavor.objects.create(slug=CLIENT_FLAVOR, name="NVIDIA H100 80GB", memory_gb=80)

@@ -14,6 +14,8 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from clusters.models import Cluster, ClusterFlavor, ClusterNode
+from clusters.outside_claims import queues_of
+from core.types import UserLike
 from jobs import admission, estimates, placement
 from jobs.calendar import month_start, next_month
 from jobs.models import (
@@ -26,13 +28,11 @@ from jobs.models import (
     RunState,
     TopologyMode,
 )
-from jobs.reclaim import queues_of
 from jobs.selectors import holding_sql
 from jobs.selectors.estimates import start_preview
 from jobs.selectors.submit_context import SubmitContext
 from tenants.access import tenant_list_submittable
 from tenants.models import GpuFlavor, Quota, Tenant
-from tenants.types import UserLike
 
 
 def flavor_node_limits() -> dict[str, tuple[int, int]]:

@@ -16,13 +16,14 @@ from clusters.backends import (
     TransientBackendError,
     backend_for,
 )
-from jobs import metrics, reproducibility
+from clusters.backends.calls import backend_call
+from core.log_context import log_context
+from jobs import reproducibility
 from jobs.enqueue import (
     admission_cycle_enqueue,
     attempt_cancel_enqueue,
     attempt_submit_enqueue,
 )
-from jobs.log_context import log_context
 from jobs.models import (
     LIVE_ATTEMPT_STATES,
     Attempt,
@@ -123,7 +124,7 @@ def _attempt_submit(attempt: Attempt) -> None:
         # the earlier ones: the job it may adopt holds one of those.
         token = attempt_token_issue(attempt=attempt)
     try:
-        with metrics.backend_call(cluster=attempt.cluster.name, operation="submit"):
+        with backend_call(cluster=attempt.cluster.name, operation="submit"):
             job_id = backend.submit(replace(spec, attempt_token=token), may_exist=may_exist)
     except TransientBackendError as exc:
         waited = (timezone.now() - attempt.created_at).total_seconds()
@@ -150,7 +151,7 @@ def _attempt_submit(attempt: Attempt) -> None:
     run.refresh_from_db(fields=["state", "cancel_requested_at"])
     if moved and (not accepted or run.cancel_requested_at is not None):
         # Cancelled or preempted while the job was on its way: take it off the cluster too.
-        with metrics.backend_call(cluster=attempt.cluster.name, operation="cancel"):
+        with backend_call(cluster=attempt.cluster.name, operation="cancel"):
             backend.cancel(JobRef(name=attempt.name, backend_job_id=job_id))
 
 

@@ -15,6 +15,8 @@ from clusters.backends import (
     MULTI_NODE_ENV,
 )
 from clusters.env_names import env_name_refusal
+from core.ids import MAX_ID
+from core.types import UserLike, signed_in
 from images.access import image_list_usable
 from images.models import DIGEST_PATTERN, Image
 from images.services import TagResolutionError, tag_resolve
@@ -35,8 +37,7 @@ from jobs.models import (
 from jobs.selectors.queue import resource_refusals
 from jobs.selectors.runs import run_submitted_with
 from jobs.selectors.submit_context import submit_context
-from tenants.models import MAX_ID, max_length_of
-from tenants.types import UserLike, signed_in
+from tenants.models import max_length_of
 
 try:
     GANTRY_VERSION = version("gantry")

@@ -18,6 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from clusters.models import Cluster, ClusterFlavor, ClusterNode
+from clusters.services import cluster_refresh_inventory
 from jobs import admission
 from jobs.calendar import month_start
 from jobs.models import (
@@ -30,7 +31,6 @@ from jobs.models import (
     TenantMonthUsage,
 )
 from jobs.selectors.queue import cluster_nodes, gpu_hours_this_month, held_runs
-from jobs.services.backend_sync import cluster_refresh_inventory
 from jobs.services.capacity import Overcommit, QuotaUsage, flavor_overcommits, quota_usage_list
 from jobs.services.submission import run_submit
 from tenants.models import GpuFlavor, Quota

@@ -10,6 +10,8 @@ from django.utils import timezone
 from clusters.backends.base import PendingClaim
 from clusters.backends.simulator import SimulatorBackend
 from clusters.models import Cluster, SimulatedJob
+from clusters.outside_claims import OutsideClaim, OutsideQueue, claims_record, queues_of
+from clusters.services import cluster_refresh_inventory
 from jobs.admission import (
     Admit,
     HeldRun,
@@ -26,10 +28,9 @@ from jobs.admission import (
 from jobs.enqueue import ATTEMPT_CANCEL
 from jobs.models import Attempt, AttemptState, RunState
 from jobs.models import Run as RunModel
-from jobs.reclaim import OutsideClaim, OutsideQueue, claims_record, queues_of
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_redrive_deferred_cancels, attempt_submit
-from jobs.services.backend_sync import attempt_cancel, cluster_refresh_inventory
+from jobs.services.backend_sync import attempt_cancel
 from tenants.models import Quota as QuotaModel
 from tests.jobs.test_lifecycle import run_to_running, submit
 

@@ -39,11 +39,12 @@ from clusters.backends.k8s_status import (
 )
 from clusters.backends.kubernetes import KubernetesBackend
 from clusters.models import Cluster, ClusterFlavor, ClusterNode
+from clusters.services import cluster_refresh_inventory
 from jobs.models import Attempt, AttemptState, AttemptToken, Run, RunState
 from jobs.selectors.logs import run_logs
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
-from jobs.services.backend_sync import attempt_cancel, cluster_refresh_inventory, cluster_sync
+from jobs.services.backend_sync import attempt_cancel, cluster_sync
 from jobs.services.lifecycle import run_cancel
 from jobs.services.submission import run_submit
 from tests.conftest import experiment_input

@@ -9,10 +9,11 @@ from django.urls import reverse
 
 from clusters.backends import PendingClaim
 from clusters.models import Cluster
+from clusters.services import cluster_refresh_inventory
 from jobs.models import Attempt, Run, RunState
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
-from jobs.services.backend_sync import cluster_refresh_inventory, cluster_sync
+from jobs.services.backend_sync import cluster_sync
 from jobs.services.submission import run_submit
 from tenants.models import Quota
 from tests.clusters.backends import test_k8s_backend as k8s_tests

@@ -47,11 +47,12 @@ from clusters.backends.slurm_script import (
     step_command,
 )
 from clusters.models import Cluster, ClusterNode
+from clusters.services import cluster_refresh_inventory
 from jobs.models import Attempt, Run, RunState, TenantMonthUsage, TopologyMode
 from jobs.selectors.logs import run_logs
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
-from jobs.services.backend_sync import cluster_refresh_inventory, cluster_sync
+from jobs.services.backend_sync import cluster_sync
 from jobs.services.submission import run_submit
 from tests import REPOSITORY
 from tests.conftest import experiment_input

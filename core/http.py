@@ -20,8 +20,8 @@ from django.core.exceptions import ObjectDoesNotExist, ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from tenants.forms import ServiceErrorsMixin
-from tenants.models import MAX_ID
+from core.forms import ServiceErrorsMixin
+from core.ids import MAX_ID
 
 P = ParamSpec("P")
 T = TypeVar("T")

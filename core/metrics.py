@@ -17,8 +17,6 @@ from datetime import datetime
 from django.db import transaction
 from prometheus_client import Counter, Histogram
 
-from clusters.backends.base import PermanentBackendError, TransientBackendError
-
 BACKEND_OPERATIONS = ("submit", "sync", "cancel", "logs", "inventory")
 ERROR_KINDS = ("transient", "permanent", "unexpected")
 MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
@@ -64,24 +62,25 @@ TELEMETRY_SAMPLES_UNMAPPED = Counter(
 
 
 @contextmanager
-def backend_call(*, cluster: str, operation: str) -> Iterator[None]:
-    """Time one call to a backend and count it if it raises (the error goes on)."""
+def backend_call_timed(*, cluster: str, operation: str) -> Iterator[None]:
+    """Time one call to a backend (``clusters.backends.calls.backend_call`` also counts its
+    errors, by kind: only the backends know which kind an error is)."""
     if operation not in BACKEND_OPERATIONS:
         raise ValueError(f"unknown backend operation {operation!r}")
     started = time.perf_counter()
     try:
         yield
-    except TransientBackendError:
-        BACKEND_ERRORS.labels(cluster, operation, "transient").inc()
-        raise
-    except PermanentBackendError:
-        BACKEND_ERRORS.labels(cluster, operation, "permanent").inc()
-        raise
-    except Exception:
-        BACKEND_ERRORS.labels(cluster, operation, "unexpected").inc()
-        raise
     finally:
         BACKEND_REQUEST_SECONDS.labels(cluster, operation).observe(time.perf_counter() - started)
+
+
+def backend_error_count(*, cluster: str, operation: str, kind: str) -> None:
+    """Count one failed call to a backend: ``kind`` is one of ERROR_KINDS."""
+    if operation not in BACKEND_OPERATIONS:
+        raise ValueError(f"unknown backend operation {operation!r}")
+    if kind not in ERROR_KINDS:
+        raise ValueError(f"unknown backend error kind {kind!r}")
+    BACKEND_ERRORS.labels(cluster, operation, kind).inc()
 
 
 def _seconds_between(start: datetime, end: datetime) -> float:
