@@ -48,6 +48,7 @@ from bench.naive import (
 )
 from bench.report import Section, ms, quick, ratio, timed
 from bench.workload import make_snapshot
+from clusters.models import Cluster, ClusterFlavor, ClusterNode
 from images.models import Image
 from jobs import admission
 from jobs.calendar import month_start
@@ -56,9 +57,6 @@ from jobs.models import (
     LIVE_ATTEMPT_STATES,
     Attempt,
     AttemptState,
-    Cluster,
-    ClusterFlavor,
-    ClusterNode,
     Experiment,
     FairShareUsage,
     Run,
@@ -85,7 +83,7 @@ FINISHED_PER_BUSY_CYCLE = 4
 NAIVE_UP_TO = 10_000  # queued runs; the baseline is not run on larger queues
 TARGET_S = 0.3
 TARGET_SCALING = 12.0
-BENCH_APPS = ("tenants", "images", "jobs", "telemetry")
+BENCH_APPS = ("tenants", "images", "clusters", "jobs", "telemetry")
 
 
 def at(timestamp: float) -> datetime:

@@ -46,8 +46,8 @@ def _setup() -> None:
 
 
 def _shapes():
-    from jobs.backends.base import JobSpec
-    from jobs.backends.k8s_manifest import parse_settings
+    from clusters.backends.base import JobSpec
+    from clusters.backends.k8s_manifest import parse_settings
 
     base = {
         "url": "https://k8s.example.org:6443",
@@ -94,7 +94,7 @@ def _replace(spec, **changes):
 def manifests() -> Section:
     import kubernetes_validate
 
-    from jobs.backends.k8s_manifest import render, to_json, to_yaml
+    from clusters.backends.k8s_manifest import render, to_json, to_yaml
     from tests.k8s_schemas import validate as validate_cached
 
     shapes = _shapes()
@@ -132,7 +132,7 @@ def manifests() -> Section:
     return Section(
         title="Kubernetes manifests: rendered and validated per second (issue 20, point 3)",
         intro=(
-            "`jobs.backends.k8s_manifest.render` over the six shapes the tests check, in "
+            "`clusters.backends.k8s_manifest.render` over the six shapes the tests check, in "
             f"turn ({objects:.1f} objects per attempt on average), then written as JSON by "
             "`to_json` (the submit path: what the API server receives and the attempt stores) "
             "or as YAML by `to_yaml` (libyaml's `CSafeDumper` with Gantry's representers: what "
@@ -168,13 +168,13 @@ def manifests() -> Section:
 
 
 def _seed(fake) -> list:
-    from jobs.backends.base import JobRef
-    from jobs.backends.k8s_manifest import parse_settings, render
+    from clusters.backends.base import JobRef
+    from clusters.backends.k8s_manifest import parse_settings, render
 
     settings = parse_settings({"url": "http://x", "flavors": {"a100-80gb": {"product": PRODUCT}}})
     digest = "sha256:" + "b" * 64
     store, stamp = fake.store, fake.store.clock.stamp()
-    from jobs.backends.base import JobSpec
+    from clusters.backends.base import JobSpec
 
     refs = []
     for n in range(NAMESPACES):
@@ -251,9 +251,9 @@ def _seed(fake) -> list:
 def sync() -> Section:
     from kubernetes import client
 
-    from jobs.backends.k8s_status import job_status
-    from jobs.backends.kubernetes import LIST_PAGE, KubernetesBackend
-    from jobs.models import Cluster
+    from clusters.backends.k8s_status import job_status
+    from clusters.backends.kubernetes import LIST_PAGE, KubernetesBackend
+    from clusters.models import Cluster
     from tests.k8s_fake import FakeKubernetes
 
     os.environ[TOKEN_ENV] = FAKE_TOKEN

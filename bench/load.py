@@ -75,9 +75,10 @@ from bench.cycle import truncate, vacuum
 from bench.db import ensure_database
 from bench.report import Section
 from bench.runlist import seed_history
+from clusters.models import Cluster, ClusterFlavor
+from clusters.services import cluster_refresh_inventory
 from images.models import Image
-from jobs.models import HOLDING_STATES, Cluster, ClusterFlavor, Run, RunEvent
-from jobs.services.backend_sync import cluster_refresh_inventory
+from jobs.models import HOLDING_STATES, Run, RunEvent
 from jobs.services.capacity import held_gpus_by_pool
 from tenants.models import GpuFlavor, Membership, Project, Quota, Tenant
 from tenants.services import api_token_create

@@ -42,9 +42,10 @@ from psycopg import sql
 from bench.cpu import cpu_seconds
 from bench.cycle import QueryCounter, truncate, vacuum
 from bench.report import Section, ms, ratio, timed
+from clusters.models import Cluster, ClusterFlavor
 from images.models import Image
 from jobs.access import run_list_viewable
-from jobs.models import Cluster, ClusterFlavor, Experiment, Run
+from jobs.models import Experiment, Run
 from jobs.selectors.runs import RUN_LIST_DEFERRED, run_page_viewable
 from jobs.views import RUN_COUNT_LIMIT, RUNS_PER_PAGE
 from tenants.models import GlobalRole, GpuFlavor, Membership, Project, Tenant

@@ -21,8 +21,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from bench.report import Section, ms, ratio, timed
-from jobs.backends.base import JobRef, JobSpec
-from jobs.backends.slurm import QuotaLimit, SlurmBackend
+from clusters.backends.base import JobRef, JobSpec
+from clusters.backends.slurm import QuotaLimit, SlurmBackend
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "slurm-cluster.sh"

@@ -259,8 +259,9 @@ def seed_attempts(count: int):
     from django.contrib.auth import get_user_model
 
     from bench.cycle import truncate
+    from clusters.models import Cluster
     from images.models import Image
-    from jobs.models import Attempt, AttemptState, Cluster, Experiment, Run
+    from jobs.models import Attempt, AttemptState, Experiment, Run
     from tenants.models import GpuFlavor, Project, Tenant
 
     truncate()

@@ -4,15 +4,15 @@ finance page and export (design §8), in one place.
 Finance and platform admins read every tenant, also inactive ones, whose past months still
 need statements; tenant admins read the tenants they administer; everybody else reads none,
 and gets the same 404 for a tenant they may not read as for one that does not exist (a
-``DoesNotExist`` or ``NotVisible`` here, a 404 at the edge: ``tenants.http.or_404``). Rate
+``DoesNotExist`` or ``NotVisible`` here, a 404 at the edge: ``core.http.or_404``). Rate
 cards are managed by finance and platform admins only.
 """
 
 from django.db.models import QuerySet
 
+from core.types import UserLike
 from tenants.access import NotVisible, is_finance, is_platform_admin, tenant_roles
 from tenants.models import Membership, Tenant
-from tenants.types import UserLike
 
 
 def finance_sees_all(user: UserLike) -> bool:

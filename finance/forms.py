@@ -16,8 +16,8 @@ from typing import Any
 from django import forms
 from django.db.models import QuerySet
 
+from core.forms import ServiceErrorsMixin
 from finance.selectors import EARLIEST_MONTH, LATEST_MONTH, month_is_statable
-from tenants.forms import ServiceErrorsMixin
 from tenants.models import GpuFlavor, Tenant
 
 # The longest export, in days: a year, leap years included. Longer periods are exported a

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F
 
-from jobs.models import Cluster
+from clusters.models import Cluster
 from tenants.models import GpuFlavor, Project, Tenant
 
 

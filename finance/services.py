@@ -12,6 +12,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from core.types import UserLike, signed_in
 from finance import costing
 from finance.access import rate_card_can_manage
 from finance.models import DailyUsage, RateCard, UsageRollupState
@@ -20,7 +21,6 @@ from jobs.models import Attempt
 from telemetry.models import AttemptAccounting
 from tenants.models import GpuFlavor
 from tenants.services import audit_record
-from tenants.types import UserLike, signed_in
 
 MAX_PRICE = Decimal("100000")  # per GPU-hour: a typo guard, far above any real price
 _CURRENCY = re.compile(r"[A-Z]{3}")

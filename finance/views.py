@@ -31,6 +31,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 
+from core.http import or_404
 from finance import access, selectors
 from finance.access import rate_card_can_manage
 from finance.accrual import accrual_month, tenant_month_overview_accrued
@@ -45,7 +46,6 @@ from finance.selectors import (
 from finance.services import rate_card_add
 from finance.spreadsheet import usage_workbook_write
 from telemetry.templatetags.gpu_units import share_percent
-from tenants.http import or_404
 
 DRILL_DOWN_PER_PAGE = 50
 # A budget more than this many times the month's use would flatten the use to the axis.

@@ -1,15 +1,15 @@
 """Which images and registries a user or tenant may see and use: images' one access module.
 
 Built on ``tenants.access``; lookups outside these querysets raise DoesNotExist (404 at the
-edge, ``tenants.http.or_404``).
+edge, ``core.http.or_404``).
 """
 
 from django.db.models import Q, QuerySet
 
+from core.types import UserLike
 from images.models import Image, Registry
 from tenants.access import is_platform_admin, require_platform_admin, tenant_list_submittable
 from tenants.models import Tenant
-from tenants.types import UserLike
 
 
 def image_list_usable(*, tenant: Tenant) -> QuerySet[Image]:

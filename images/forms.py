@@ -2,8 +2,8 @@
 
 from django import forms
 
+from core.forms import ServiceErrorsMixin
 from images.models import MAX_REGISTRY_TIMEOUT_S, Registry
-from tenants.forms import ServiceErrorsMixin
 from tenants.models import Tenant
 
 _CODE = {"spellcheck": "false", "autocomplete": "off", "autocapitalize": "off"}

@@ -1,7 +1,7 @@
+from core.types import UserLike
 from images.access import image_list_browsable, registry_list_manageable
 from images.models import Image, Registry
 from tenants.access import require_platform_admin
-from tenants.types import UserLike
 
 
 def image_get_viewable(*, user: UserLike, image_id: int) -> Image:

@@ -23,6 +23,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from core.types import UserLike
 from images.demo_registry import DEMO_REGISTRY_HOST, DemoRegistryTransport
 from images.models import (
     MAX_REGISTRY_TIMEOUT_S,
@@ -44,7 +45,6 @@ from images.registry import (
 )
 from tenants.models import Tenant, max_length_of, slug_validator
 from tenants.services import audit_record, audit_snapshot
-from tenants.types import UserLike
 
 logger = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from core.http import form_page, or_404
 from images import services
 from images.access import image_list_browsable, registry_list_manageable
 from images.forms import ImageImportForm, ImageVisibilityForm, RegistryForm, registry_initial
@@ -21,7 +22,6 @@ from images.models import Image, Registry
 from images.registry import RegistryError
 from images.selectors import image_get_manageable, image_get_viewable, registry_get_manageable
 from tenants.access import is_platform_admin, require_platform_admin
-from tenants.http import form_page, or_404
 
 IMAGES_PER_PAGE = 25
 REGISTRIES_PER_PAGE = 50

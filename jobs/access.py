@@ -8,6 +8,7 @@ predicates (``*_can_*``) answer for one object. Built on ``tenants.access``.
 
 from django.db.models import F, Q, QuerySet
 
+from core.types import UserLike
 from jobs.models import (
     Experiment,
     ExperimentTemplate,
@@ -22,7 +23,6 @@ from tenants.access import (
     tenant_roles,
 )
 from tenants.models import Membership, Tenant
-from tenants.types import UserLike
 
 
 def run_list_viewable(*, user: UserLike) -> QuerySet[Run]:

@@ -46,8 +46,9 @@ from enum import StrEnum
 from functools import partial
 from typing import TypeVar, cast
 
+from clusters.outside_claims import OutsideQueue
 from jobs import placement
-from jobs.reclaim import OutsideQueue, outside_taker, stolen_reason
+from jobs.reclaim import outside_taker, stolen_reason
 
 _T = TypeVar("_T")
 

@@ -19,7 +19,6 @@ from drf_spectacular.utils import (
 from rest_framework import authentication, generics, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import (
-    APIException,
     AuthenticationFailed,
     PermissionDenied,
     ValidationError,
@@ -31,6 +30,9 @@ from rest_framework.settings import api_settings
 from rest_framework.utils.urls import remove_query_param, replace_query_param
 from rest_framework.views import APIView
 
+from core.api import ATTEMPT_TOKEN_RESPONSES, NOT_FOUND, UNAUTHENTICATED, Conflict, ErrorSerializer
+from core.http import or_404
+from core.parsers import BoundedJsonTextParser, JsonTextParser
 from jobs.access import experiment_list_viewable, run_list_viewable
 from jobs.models import Attempt, Experiment, Run
 from jobs.selectors.experiments import experiment_get_viewable
@@ -45,7 +47,6 @@ from jobs.selectors.runs import (
 from jobs.serializers import (
     RUN_COLUMNS,
     RUN_DETAIL_COLUMNS,
-    ErrorSerializer,
     ExperimentFilterSerializer,
     ExperimentInputSerializer,
     ExperimentSerializer,
@@ -59,25 +60,13 @@ from jobs.services.backend_sync import MAX_RUNTIME_REPORT_BYTES, attempt_report_
 from jobs.services.capacity import quota_usage_list
 from jobs.services.lifecycle import run_cancel
 from jobs.services.submission import run_rerun, run_submit
-from tenants.http import or_404
 from tenants.models import Quota
-from tenants.parsers import BoundedJsonTextParser, JsonTextParser
 from tenants.selectors import quota_list_viewable
 
 # Ids are positive: the routes match digits only, so "-1" is no API path at all.
 ID = OpenApiParameter("id", {"type": "integer", "minimum": 1}, OpenApiParameter.PATH)
-NOT_FOUND = OpenApiResponse(ErrorSerializer, description="Missing, or of another tenant.")
-UNAUTHENTICATED = OpenApiResponse(
-    ErrorSerializer, description="No credentials, or an invalid, expired or revoked token."
-)
 INVALID_QUERY = OpenApiResponse(description="Query parameter name → list of messages.")
 INVALID_PAGE = OpenApiResponse(ErrorSerializer, description="No such page.")
-
-
-class Conflict(APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = "The request conflicts with the current state."
-    default_code = "conflict"
 
 
 MAX_LOG_TAIL = 10_000
@@ -384,17 +373,6 @@ class AttemptTokenApi(APIView):
 
     authentication_classes = [AttemptTokenAuthentication]
     permission_classes = [HasAttemptToken]
-
-
-# The answers every attempt-token endpoint shares, for its OpenAPI schema.
-ATTEMPT_TOKEN_RESPONSES = {
-    401: OpenApiResponse(
-        ErrorSerializer, description="No or an invalid attempt token, or its attempt has ended."
-    ),
-    409: OpenApiResponse(
-        ErrorSerializer, description="The attempt ended while the request was handled."
-    ),
-}
 
 
 class RuntimeReportParser(BoundedJsonTextParser):

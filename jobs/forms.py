@@ -5,13 +5,13 @@ import json
 from django import forms
 from django.core.exceptions import ValidationError
 
+from clusters.env_names import NAME_PATTERN
+from core.forms import ServiceErrorsMixin
+from core.parsers import MAX_JSON_DEPTH, TOO_DEEP, json_depth
 from jobs import spec
-from jobs.env_names import NAME_PATTERN
 from jobs.models import Experiment, ExperimentTemplate, TopologyMode
 from jobs.services.submission import ExperimentInput
-from tenants.forms import ServiceErrorsMixin
 from tenants.models import GpuFlavor, max_length_of
-from tenants.parsers import MAX_JSON_DEPTH, TOO_DEEP, json_depth
 
 # Lengths of the columns the free-text fields are stored in, so an overlong value is a form
 # error instead of a database error.

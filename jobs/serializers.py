@@ -12,6 +12,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import ISO_8601, serializers
 from rest_framework.settings import api_settings
 
+from core.ids import MAX_ID
 from jobs.models import (
     Attempt,
     AttemptState,
@@ -25,7 +26,7 @@ from jobs.models import (
 )
 from jobs.selectors.runs import run_attempts, run_events
 from jobs.services.submission import ExperimentInput
-from tenants.models import MAX_ID, GpuFlavor, Project, Tenant, max_length_of
+from tenants.models import GpuFlavor, Project, Tenant, max_length_of
 
 _INPUT_DEFAULTS: dict[str, Any] = {
     f.name: f.default_factory if f.default is dataclasses.MISSING else f.default
@@ -511,10 +512,6 @@ class ExperimentSerializer(serializers.ModelSerializer):
             "created_at",
         ]
         read_only_fields = fields
-
-
-class ErrorSerializer(serializers.Serializer):
-    detail = serializers.CharField()
 
 
 # --- the job's runtime report ---------------------------------------------------------------

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.env_names import env_name_refusal
+from clusters.env_names import env_name_refusal
 
 SPEC_VERSION = 1
 SPEC_KIND = "experiment"

@@ -16,17 +16,18 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.api import NOT_FOUND, UNAUTHENTICATED, ErrorSerializer
+from core.http import or_404
+from core.parsers import JsonTextParser
 from jobs.access import template_list_usable
-from jobs.api import ID, INVALID_PAGE, NOT_FOUND, UNAUTHENTICATED
+from jobs.api import ID, INVALID_PAGE
 from jobs.models import ExperimentTemplate
 from jobs.selectors.experiments import experiment_get_viewable
 from jobs.selectors.runs import run_get_viewable
-from jobs.serializers import ErrorSerializer, RunSerializer
+from jobs.serializers import RunSerializer
 from jobs.services.specs import experiment_spec, spec_submit
 from jobs.spec import SPEC_SCHEMA
-from tenants.http import or_404
 from tenants.models import Tenant
-from tenants.parsers import JsonTextParser
 
 SPEC_ERRORS = OpenApiResponse(
     description='Dotted spec field → list of messages, e.g. {"resources.nodes": ["…"]}.'

@@ -5,9 +5,10 @@ import logging
 from celery import shared_task
 from django.utils import timezone
 
-from jobs.backends import BackendError, TransientBackendError
-from jobs.log_context import log_context
-from jobs.models import Cluster
+from clusters.backends import BackendError, TransientBackendError
+from clusters.models import Cluster
+from clusters.services import cluster_refresh_inventory
+from core.log_context import log_context
 from jobs.services import backend_submit, backend_sync, budgets
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.estimates import estimates_refresh
@@ -59,7 +60,7 @@ def sync_all_clusters() -> None:
             # The sync first: when the backend is down, it is what records "backend
             # unreachable" on the cluster and on every live attempt, for their runs' pages.
             backend_sync.cluster_sync(cluster=cluster)
-            backend_sync.cluster_refresh_inventory(cluster=cluster)
+            cluster_refresh_inventory(cluster=cluster)
         except BackendError as exc:  # recorded on the cluster; the other clusters go on
             with log_context(cluster=cluster.name):
                 logger.warning("cluster %s: %s", cluster.name, exc)

@@ -28,6 +28,12 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from clusters.backends import BackendError
+from clusters.models import Cluster
+from clusters.selectors import cluster_get_manageable, cluster_list_manageable
+from clusters.services import cluster_test_connection
+from core.http import ascii_id, form_page, or_404
+from core.types import UserLike
 from images.access import image_list_usable_by_tenants
 from jobs import live, spec
 from jobs.access import (
@@ -40,7 +46,6 @@ from jobs.access import (
     template_list_usable,
     template_tenants_manageable,
 )
-from jobs.backends import BackendError
 from jobs.forms import (
     ClusterCapacityForm,
     RunPreviewForm,
@@ -50,7 +55,7 @@ from jobs.forms import (
     initial_from_template,
     template_initial,
 )
-from jobs.models import Cluster, RunState
+from jobs.models import RunState
 from jobs.reproducibility import experiment_diff, runtime_rows
 from jobs.run_rows import RUN_ROW_FIELDS, run_row, run_row_html, run_rows_version
 from jobs.selectors import logs
@@ -98,7 +103,6 @@ from tenants.access import (
     tenant_list_viewable,
 )
 from tenants.forms import MemberAddForm, QuotaForm, quota_initial
-from tenants.http import ascii_id, form_page, or_404
 from tenants.invitations import invitation_sent_message, member_add_or_invite
 from tenants.models import Invitation, Membership, Tenant
 from tenants.selectors import (
@@ -111,7 +115,6 @@ from tenants.selectors import (
     quota_list_for_tenant,
     quota_list_viewable,
 )
-from tenants.types import UserLike
 
 RUNS_PER_PAGE = 25
 EXPERIMENTS_PER_PAGE = 25
@@ -998,7 +1001,7 @@ def quota_edit(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def cluster_list(request: HttpRequest) -> HttpResponse:
-    clusters = or_404(capacity.cluster_list_manageable, user=request.user)
+    clusters = or_404(cluster_list_manageable, user=request.user)
     page = Paginator(clusters, CLUSTERS_PER_PAGE).get_page(request.GET.get("page"))
     held = capacity.held_gpus_by_pool(clusters=page.object_list)
     rows = [
@@ -1024,8 +1027,8 @@ def cluster_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def cluster_test(request: HttpRequest, name: str) -> HttpResponse:
-    cluster = or_404(capacity.cluster_get_manageable, user=request.user, name=name)
-    ok, message = capacity.cluster_test_connection(cluster=cluster)
+    cluster = or_404(cluster_get_manageable, user=request.user, name=name)
+    ok, message = cluster_test_connection(cluster=cluster)
     (messages.success if ok else messages.error)(request, message)
     return redirect("jobs:cluster_list")
 
@@ -1034,7 +1037,7 @@ def cluster_test(request: HttpRequest, name: str) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def cluster_capacity(request: HttpRequest, name: str) -> HttpResponse:
     """Edit a simulator cluster's GPUs per flavor; other clusters report theirs."""
-    cluster = or_404(capacity.cluster_get_manageable, user=request.user, name=name)
+    cluster = or_404(cluster_get_manageable, user=request.user, name=name)
     editable = cluster.backend == Cluster.Backend.SIMULATOR
     if request.method == "POST":
         form = ClusterCapacityForm(request.POST)

@@ -15,10 +15,11 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
+from core.http import or_404
+from core.types import signed_in
 from tenants.authentication import Lockout, refused_by_lockout
 from tenants.credentials import api_token_issue_once
 from tenants.forms import ApiTokenForm
-from tenants.http import or_404
 from tenants.models import ApiToken
 from tenants.oidc import oidc_enabled
 from tenants.selectors import api_token_get_own, api_token_list_own
@@ -28,7 +29,6 @@ from tenants.services import (
     api_token_revoke,
     user_credentials_revoke,
 )
-from tenants.types import signed_in
 
 
 class LockoutAwareAuthenticationForm(AuthenticationForm):

@@ -9,7 +9,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.api import UNAUTHENTICATED
+from core.api import UNAUTHENTICATED
 
 API_NAMESPACE = "api"
 API_URLCONF = "portal.api_urls"

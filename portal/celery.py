@@ -17,7 +17,7 @@ def _log_as_configured(logger, **kwargs):
     format when it is asked for (GANTRY_LOG_FORMAT), with the run, attempt and cluster ids."""
     from django.conf import settings
 
-    from jobs.log_context import LogContextFilter
+    from core.log_context import LogContextFilter
     from portal.log_format import JsonFormatter
 
     if settings.GANTRY_LOG_FORMAT != "json":

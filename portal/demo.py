@@ -34,27 +34,19 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
+from clusters.models import Cluster
+from clusters.services import cluster_refresh_inventory
+from clusters.simulation import STARTUP_S, Workload
 from finance import services as finance_services
 from images import services as image_services
 from images.demo_registry import DEMO_REGISTRY_URL
 from images.models import Image, Registry
-from jobs.models import (
-    Attempt,
-    AttemptState,
-    Checkpoint,
-    Cluster,
-    Experiment,
-    Run,
-    RunEvent,
-    RunState,
-)
+from jobs.models import Attempt, AttemptState, Checkpoint, Experiment, Run, RunEvent, RunState
 from jobs.services.admission_cycle import admission_run_cycle
-from jobs.services.backend_sync import cluster_refresh_inventory
 from jobs.services.estimates import estimates_refresh
 from jobs.services.submission import ExperimentInput, run_submit
 from jobs.services.templates import template_save
 from jobs.services.usage import usage_record_attempt
-from jobs.simulation import STARTUP_S, Workload
 from telemetry import services as telemetry_services
 from telemetry.models import GpuMinute
 from telemetry.simulated import simulated_telemetry

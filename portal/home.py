@@ -24,12 +24,13 @@ from django.db.models import Count
 from django.http import QueryDict
 from django.utils import timezone
 
+from clusters.selectors import ClusterHealth, cluster_health_list
+from core.types import UserLike
 from finance import selectors as finance_selectors
 from finance.access import finance_tenant_list
 from finance.accrual import TenantMonthSoFar, tenant_month_overview_accrued
 from jobs.access import run_can_submit, run_list_viewable
 from jobs.models import Experiment, Run, RunState
-from jobs.selectors.clusters import ClusterHealth, cluster_health_list
 from jobs.selectors.nodes import FlavorView, cluster_node_map
 from jobs.selectors.runs import runs_place_in_line
 from jobs.services.capacity import QuotaUsage, quota_usage_list
@@ -50,7 +51,6 @@ from tenants.access import (
 )
 from tenants.models import GpuFlavor, Membership, Project, Tenant
 from tenants.selectors import quota_list_viewable
-from tenants.types import UserLike
 
 RECENT_RUNS = 5
 WAITING_RUNS_SHOWN = 10

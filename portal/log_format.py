@@ -1,7 +1,7 @@
 """Gantry's log lines as JSON objects, one per line (``GANTRY_LOG_FORMAT=json``).
 
 Fields: time (UTC, ISO 8601), level, logger, message, the run_id, attempt_id and cluster of
-the line's ``log_context`` (jobs/log_context.py) when it has them, and the traceback of an
+the line's ``log_context`` (core/log_context.py) when it has them, and the traceback of an
 exception. Nothing else from the record: an ``extra`` passed to a log call is not written,
 so no object that holds a secret (a request and its headers, a backend's settings) leaks
 into the log by being attached to a record.
@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 from django.core.exceptions import PermissionDenied
 
-from jobs.log_context import LOG_CONTEXT_FIELDS
+from core.log_context import LOG_CONTEXT_FIELDS
 
 
 class JsonFormatter(logging.Formatter):

@@ -1,7 +1,7 @@
 """/metrics: Gantry's own metrics in the Prometheus text format, for a bearer token only.
 
 A scrape answers with what every process of the deployment recorded (counters and
-histograms of jobs/metrics.py, summed over their files) and with gauges computed now from
+histograms of core/metrics.py, summed over their files) and with gauges computed now from
 the database and the broker: runs waiting to start, and messages waiting in the Celery
 queue. Gauges are computed at scrape time because a gauge kept by each process would be
 as stale as its last write, and wrong once the process is gone.

@@ -82,6 +82,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "tenants",
     "images",
+    "clusters",
     "jobs",
     "telemetry",
     "finance",
@@ -415,7 +416,7 @@ DEFAULT_FROM_EMAIL = env_str("GANTRY_EMAIL_FROM", default="gantry@localhost")
 SERVER_EMAIL = DEFAULT_FROM_EMAIL
 
 # Logs go to stderr, as text or as one JSON object per line (portal/log_format.py); either
-# way every record learns the run, attempt and cluster it concerns (jobs/log_context.py).
+# way every record learns the run, attempt and cluster it concerns (core/log_context.py).
 GANTRY_LOG_FORMAT = env_str("GANTRY_LOG_FORMAT", default="text")
 if GANTRY_LOG_FORMAT not in ("text", "json"):
     raise ImproperlyConfigured(f"GANTRY_LOG_FORMAT must be text or json, got {GANTRY_LOG_FORMAT!r}")
@@ -427,7 +428,7 @@ LOGGING = {
         "json": {"()": "portal.log_format.JsonFormatter"},
     },
     "filters": {
-        "log_context": {"()": "jobs.log_context.LogContextFilter"},
+        "log_context": {"()": "core.log_context.LogContextFilter"},
         "refusal_without_traceback": {"()": "portal.log_format.RefusalWithoutTraceback"},
     },
     "handlers": {

@@ -2,8 +2,8 @@
 telemetry (goodput, run telemetry) follows the tenant's and the run's visibility
 (``tenants.access``, ``jobs.access``)."""
 
+from core.types import UserLike
 from tenants.access import is_finance, is_platform_admin
-from tenants.types import UserLike
 
 
 def kpi_can_read(*, user: UserLike) -> bool:

@@ -9,8 +9,9 @@ from rest_framework import serializers, status
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
-from jobs.api import ATTEMPT_TOKEN_RESPONSES, AttemptTokenApi, Conflict
-from jobs.serializers import ErrorSerializer
+from core.api import ATTEMPT_TOKEN_RESPONSES, Conflict, ErrorSerializer
+from core.parsers import BoundedJsonTextParser
+from jobs.api import AttemptTokenApi
 from telemetry.models import SOURCE_MAX_LENGTH
 from telemetry.services import (
     MAX_EVENTS_BODY_BYTES,
@@ -18,7 +19,6 @@ from telemetry.services import (
     AttemptClosed,
     sdk_events_ingest,
 )
-from tenants.parsers import BoundedJsonTextParser
 
 
 class EventsParser(BoundedJsonTextParser):

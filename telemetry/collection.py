@@ -23,11 +23,12 @@ from django.db.models import Min, Q
 from django.utils import timezone
 from psycopg import sql
 
-from jobs import metrics
-from jobs.backends import k8s_manifest
-from jobs.backends.base import TELEMETRY_SETTINGS_KEY, PermanentBackendError
-from jobs.models import Attempt, Cluster, ClusterFlavor, SimulatedJob
-from jobs.simulation import Workload
+from clusters.backends import k8s_manifest
+from clusters.backends.base import TELEMETRY_SETTINGS_KEY, PermanentBackendError
+from clusters.models import Cluster, ClusterFlavor, SimulatedJob
+from clusters.simulation import Workload
+from core import metrics
+from jobs.models import Attempt
 from telemetry import exposition
 from telemetry.exposition import (
     Allocation,

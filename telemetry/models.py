@@ -3,7 +3,8 @@ accounting computed from them (design §7), and the count of samples no attempt 
 
 from django.db import models
 
-from jobs.models import Attempt, Cluster
+from clusters.models import Cluster
+from jobs.models import Attempt
 
 SOURCE_MAX_LENGTH = 64
 

@@ -15,11 +15,12 @@ from typing import cast
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.backends import CheckpointReport
-from jobs.models import Attempt, AttemptState, Checkpoint, Cluster, SimulatedJob
+from clusters.backends import CheckpointReport
+from clusters.models import Cluster, SimulatedJob
+from clusters.simulation import Workload
+from jobs.models import Attempt, AttemptState, Checkpoint
 from jobs.selectors.runs import attempt_token_refusal
 from jobs.services.backend_sync import checkpoints_record
-from jobs.simulation import Workload
 from telemetry import accounting
 from telemetry.collection import telemetry_collect
 from telemetry.models import (

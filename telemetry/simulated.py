@@ -10,7 +10,7 @@ wall clock, so simulated seconds are divided by it; the output is in wall time.
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from jobs.simulation import STARTUP_S, Workload
+from clusters.simulation import STARTUP_S, Workload
 from telemetry.exposition import GR_ENGINE_ACTIVE, SM_ACTIVE, TENSOR_ACTIVE, GpuSample
 
 WINDOW_S = 60  # simulated seconds per step window

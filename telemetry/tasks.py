@@ -4,8 +4,8 @@ import logging
 
 from celery import shared_task
 
-from jobs.log_context import log_context
-from jobs.models import Cluster
+from clusters.models import Cluster
+from core.log_context import log_context
 from telemetry import collection, policy, services
 
 logger = logging.getLogger(__name__)

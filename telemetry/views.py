@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.utils.html import escape
 from django.views.decorators.http import require_GET
 
+from core.http import or_404
 from jobs.selectors.runs import run_attempts, run_get_viewable
 from telemetry import selectors
 from telemetry.goodput import DEFAULT_GOODPUT_DAYS, GOODPUT_DAYS, goodput_window
@@ -30,7 +31,6 @@ from telemetry.selectors import (
     RunTelemetry,
 )
 from tenants.access import require_platform_admin, tenant_list_viewable
-from tenants.http import or_404
 from tenants.selectors import tenant_get_viewable
 
 UNMAPPED_PER_PAGE = 50

@@ -6,7 +6,7 @@ the request). Restricted querysets (``*_list_viewable``, ``*_list_submittable``)
 every scoped list and lookup starts, in the spirit of NetBox's ``restrict()``; predicates
 (``*_can_*``, ``is_*``) answer for one user. A lookup outside the restricted querysets
 raises the model's ``DoesNotExist``, alike for a missing object and a hidden one; the web
-and API edges turn it into 404 (``tenants.http.or_404``).
+and API edges turn it into 404 (``core.http.or_404``).
 """
 
 from django.contrib.auth.models import Group, User
@@ -14,12 +14,12 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.db import connection
 from django.db.models import QuerySet
 
+from core.types import UserLike
 from tenants.models import (
     GlobalRole,
     Membership,
     Tenant,
 )
-from tenants.types import UserLike
 
 # Attributes of the user object that cache its roles for the request.
 _GLOBAL_ROLES_CACHE = "_gantry_global_roles"

@@ -13,9 +13,9 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
+from core.parsers import JsonTextParser
 from tenants.authentication import ApiTokenAuthentication, refused_by_lockout
 from tenants.models import ApiToken, max_length_of
-from tenants.parsers import JsonTextParser
 from tenants.services import (
     API_TOKEN_DEFAULT_DAYS,
     API_TOKEN_MAX_DAYS,

@@ -6,6 +6,7 @@ from uuid import UUID
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
+from core.types import UserLike, signed_in
 from tenants.models import ApiToken
 from tenants.services import (
     API_TOKEN_DEFAULT_DAYS,
@@ -14,7 +15,6 @@ from tenants.services import (
     audit_record,
     user_credentials_revoke,
 )
-from tenants.types import UserLike, signed_in
 
 
 def api_token_issue_once(

@@ -1,26 +1,14 @@
 """Forms of the platform pages: they parse types only; the services hold every rule."""
 
 from django import forms
-from django.core.exceptions import ValidationError
 
+from core.forms import ServiceErrorsMixin
 from tenants.models import IDLE_POLICY_MAX_MIN, ApiToken, Membership, Quota, max_length_of
 from tenants.services import (
     API_TOKEN_DEFAULT_DAYS,
     API_TOKEN_MAX_DAYS,
     MEMBER_IDENTIFIER_MAX_LENGTH,
 )
-
-
-class ServiceErrorsMixin(forms.BaseForm):
-    """Put first in the bases of a Form (``class F(ServiceErrorsMixin, forms.Form)``)."""
-
-    def add_service_errors(self, error: ValidationError) -> None:
-        """Show a service's errors next to the fields they name (the rest above the form)."""
-        if not hasattr(error, "error_dict"):
-            self.add_error(None, error.messages)
-            return
-        for name, messages in error.message_dict.items():
-            self.add_error(name if name in self.fields else None, messages)
 
 
 def _number(**attrs) -> forms.NumberInput:

@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
+from core.types import UserLike, signed_in
 from tenants.access import is_platform_admin
 from tenants.models import Invitation, Membership, Notification, Tenant
 from tenants.selectors import invitation_list_for_user
@@ -25,7 +26,6 @@ from tenants.services import (
     notification_create,
     require_member_manager,
 )
-from tenants.types import UserLike, signed_in
 
 INVITATION_DAYS = 14
 

@@ -24,9 +24,6 @@ def max_length_of(model: type[models.Model], field_name: str) -> int:
 # The longest idle streak an idle-GPU policy may wait for: a week, in minutes.
 IDLE_POLICY_MAX_MIN = 7 * 24 * 60
 
-# Ids are bigint: anything larger can only be a mistake (and would make PostgreSQL fail).
-MAX_ID = 2**63 - 1
-
 
 class GlobalRole(models.TextChoices):
     """Roles that span tenants; held as Django groups of the same name."""

@@ -3,6 +3,7 @@ from datetime import datetime
 from django.db import connection
 from django.db.models import Q, QuerySet
 
+from core.types import UserLike, signed_in
 from tenants.access import (
     NotVisible,
     audit_tenant_ids,
@@ -21,7 +22,6 @@ from tenants.models import (
     Quota,
     Tenant,
 )
-from tenants.types import UserLike, signed_in
 
 
 def project_list_submittable(*, user: UserLike) -> QuerySet[Project]:

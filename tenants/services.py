@@ -13,6 +13,7 @@ from django.core.validators import RegexValidator
 from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
+from core.types import UserLike, signed_in
 from tenants.access import idle_policy_can_edit, is_platform_admin, membership_can_manage
 from tenants.models import (
     IDLE_POLICY_MAX_MIN,
@@ -26,7 +27,6 @@ from tenants.models import (
     Tenant,
     max_length_of,
 )
-from tenants.types import UserLike, signed_in
 
 
 def audit_record(

@@ -14,10 +14,10 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods
 
+from core.http import form_page, or_404
 from tenants import services
 from tenants.access import idle_policy_can_edit, require_platform_admin
 from tenants.forms import FlavorForm, IdlePolicyForm
-from tenants.http import form_page, or_404
 from tenants.selectors import (
     audit_list_viewable,
     audit_tenant_choices,

@@ -7,9 +7,9 @@ import pytest
 from django.contrib.auth.models import Group, User
 from hypothesis import settings as hypothesis_settings
 
+from clusters.models import Cluster
+from clusters.services import cluster_refresh_inventory
 from images.models import Image
-from jobs.models import Cluster
-from jobs.services.backend_sync import cluster_refresh_inventory
 from jobs.services.submission import ExperimentInput
 from tenants.models import GlobalRole, GpuFlavor, Membership, Project, Quota, Tenant
 

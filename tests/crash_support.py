@@ -792,8 +792,8 @@ def _worker(argv: list[str]) -> None:
     # otherwise spend seconds building them before its first Kubernetes call.
     from kubernetes import client
 
-    import jobs.backends.kubernetes
-    import jobs.backends.simulator  # noqa: F401
+    import clusters.backends.kubernetes
+    import clusters.backends.simulator  # noqa: F401
     from portal.celery import app
 
     for api in ("BatchV1Api", "CoreV1Api", "CustomObjectsApi"):
@@ -815,9 +815,9 @@ def _seed() -> None:
     django.setup()
     from django.contrib.auth.models import User
 
+    from clusters.models import Cluster
+    from clusters.services import cluster_refresh_inventory
     from images.models import Image
-    from jobs.models import Cluster
-    from jobs.services.backend_sync import cluster_refresh_inventory
     from tenants.models import GpuFlavor, Membership, Project, Quota, Tenant
 
     flavor = GpuFlavor.objects.create(slug=CLIENT_FLAVOR, name="NVIDIA H100 80GB", memory_gb=80)

@@ -9,18 +9,18 @@ from django.conf import settings
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
+from clusters.models import Cluster
+from clusters.simulation import Workload, work_wall_s
 from jobs import admission, estimates
 from jobs.models import (
     HOLDING_STATES,
     LIVE_ATTEMPT_STATES,
     Attempt,
     Checkpoint,
-    Cluster,
     Run,
     RunState,
     StartForecast,
 )
-from jobs.simulation import Workload, work_wall_s
 
 # How far back and how many finished runs the duration history reads.
 HISTORY_DAYS = 90
@@ -128,7 +128,7 @@ def estimate_inputs(*, snapshot: admission.Snapshot, now: datetime) -> EstimateI
     """How long every run of the admission ``snapshot`` holds its GPUs, at the latest (max
     runtimes) and as expected, in five queries. Expected: for a run on a simulated cluster
     that declares its simulated work, that work's wall time (to the second); else history.
-    Every figure is wall time, as every time limit is (jobs.simulation)."""
+    Every figure is wall time, as every time limit is (clusters.simulation)."""
     history = _durations_by_key(now=now)
     speedups = _simulator_speedups(snapshot)
     cluster_speedups = {

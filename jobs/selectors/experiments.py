@@ -5,12 +5,12 @@ from dataclasses import dataclass
 from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
+from core.types import UserLike, signed_in
 from jobs.access import experiment_list_viewable
 from jobs.models import Attempt, Experiment, ExperimentTemplate, Run, RunState
 from jobs.selectors.paging import keyset_page
 from tenants.access import tenant_list_viewable
 from tenants.models import Project, Tenant
-from tenants.types import UserLike, signed_in
 
 # Large fields no experiment list shows.
 EXPERIMENT_LIST_DEFERRED = ("command", "params", "env")

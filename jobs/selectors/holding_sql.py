@@ -16,7 +16,8 @@ from typing import Any
 from django.db import connection
 from django.db.models import Model
 
-from jobs.models import Attempt, Cluster, ClusterFlavor, ClusterNode, Run, TenantMonthUsage
+from clusters.models import Cluster, ClusterFlavor, ClusterNode
+from jobs.models import Attempt, Run, TenantMonthUsage
 from jobs.selectors.sql import Converter, field_of, orm_converter, placeholders
 from tenants.models import GpuFlavor, Quota, Tenant
 

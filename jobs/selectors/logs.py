@@ -2,12 +2,12 @@
 
 from collections.abc import Iterator, Sequence
 
-from jobs import metrics
-from jobs.backends import (
+from clusters.backends import (
     JobRef,
     TransientBackendError,
     backend_for,
 )
+from clusters.backends.calls import backend_call
 from jobs.models import (
     Attempt,
     Run,
@@ -31,7 +31,7 @@ def run_logs(*, run: Run, tail: int = 200, attempts: Sequence[Attempt] | None = 
     if attempt is None:
         return ""
     try:
-        with metrics.backend_call(cluster=attempt.cluster.name, operation="logs"):
+        with backend_call(cluster=attempt.cluster.name, operation="logs"):
             return backend_for(attempt.cluster).logs(
                 JobRef(attempt.name, attempt.backend_job_id), tail=tail
             )
@@ -78,7 +78,7 @@ def run_log_download(*, run: Run) -> tuple[str, Iterator[bytes]] | None:
     if log_chunks is not None:
         chunks = log_chunks(ref)
     else:
-        with metrics.backend_call(cluster=attempt.cluster.name, operation="logs"):
+        with backend_call(cluster=attempt.cluster.name, operation="logs"):
             text = backend.logs(ref, tail=LOG_DOWNLOAD_MAX_LINES)
         chunks = iter([text.encode()]) if text else None
     if chunks is None:

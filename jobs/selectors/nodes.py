@@ -21,11 +21,12 @@ from enum import StrEnum
 
 from django.utils import timezone
 
+from clusters.models import Cluster
+from core.types import UserLike
 from jobs import admission, placement
-from jobs.models import HOLDING_STATES, Cluster, Run
+from jobs.models import HOLDING_STATES, Run
 from jobs.selectors.queue import cluster_nodes, held_runs
 from tenants.access import NotVisible, global_roles, is_platform_admin, tenant_roles
-from tenants.types import UserLike
 
 
 class Occupant(StrEnum):

@@ -13,6 +13,9 @@ from django.db import connection
 from django.db.models import Sum
 from django.utils import timezone
 
+from clusters.models import Cluster, ClusterFlavor, ClusterNode
+from clusters.outside_claims import queues_of
+from core.types import UserLike
 from jobs import admission, estimates, placement
 from jobs.calendar import month_start, next_month
 from jobs.models import (
@@ -20,21 +23,16 @@ from jobs.models import (
     LIVE_ATTEMPT_STATES,
     Attempt,
     AttemptState,
-    Cluster,
-    ClusterFlavor,
-    ClusterNode,
     FairShareUsage,
     Run,
     RunState,
     TopologyMode,
 )
-from jobs.reclaim import queues_of
 from jobs.selectors import holding_sql
 from jobs.selectors.estimates import start_preview
 from jobs.selectors.submit_context import SubmitContext
 from tenants.access import tenant_list_submittable
 from tenants.models import GpuFlavor, Quota, Tenant
-from tenants.types import UserLike
 
 
 def flavor_node_limits() -> dict[str, tuple[int, int]]:

@@ -8,6 +8,7 @@ from uuid import UUID
 from django.db import connection
 from django.db.models import Exists, OuterRef
 
+from core.types import UserLike, signed_in
 from jobs.durations import run_duration
 from jobs.models import (
     ENDED_ATTEMPT_STATES,
@@ -24,7 +25,6 @@ from jobs.selectors.sql import placeholders
 from tenants.access import is_platform_admin, sees_all_tenants, tenant_list_viewable, tenant_roles
 from tenants.lookups import among_sql
 from tenants.models import Tenant
-from tenants.types import UserLike, signed_in
 
 # Large experiment fields no run list shows.
 RUN_LIST_DEFERRED = ("experiment__command", "experiment__params", "experiment__env")

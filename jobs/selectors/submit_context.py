@@ -15,12 +15,12 @@ from typing import Any, TypeVar
 from django.db import connection
 from django.db.models import Field, Model
 
+from clusters.models import Cluster, ClusterFlavor
+from core.types import UserLike
 from images.models import Image
-from jobs.models import Cluster, ClusterFlavor
 from jobs.selectors.sql import orm_converter
 from tenants.access import tenant_roles
 from tenants.models import GpuFlavor, Project, Quota, Tenant
-from tenants.types import UserLike
 
 M = TypeVar("M", bound=Model)
 

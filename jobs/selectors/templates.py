@@ -1,8 +1,8 @@
 """Reads of experiment templates: which a user may use or manage."""
 
+from core.types import UserLike
 from jobs.access import template_list_manageable, template_list_usable
 from jobs.models import ExperimentTemplate
-from tenants.types import UserLike
 
 
 def template_get_usable(*, user: UserLike, template_id: int) -> ExperimentTemplate:

@@ -11,7 +11,9 @@ from django.db import connection, transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from jobs import admission, metrics
+from core import metrics
+from core.bulk import rows_update
+from jobs import admission
 from jobs.enqueue import admission_kick_clear, attempt_submit_enqueue
 from jobs.models import (
     AdmissionState,
@@ -21,7 +23,6 @@ from jobs.models import (
     RunState,
 )
 from jobs.selectors.queue import admission_fingerprint, admission_snapshot, gpus_held
-from jobs.services.bulk import rows_update
 from jobs.services.lifecycle import WAIT_MESSAGE_MAX_LENGTH, run_preempt, run_transition
 from jobs.services.usage import fair_share_update
 

@@ -9,20 +9,21 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs import metrics, reproducibility
-from jobs.backends import (
+from clusters.backends import (
     JobRef,
     JobSpec,
     PermanentBackendError,
     TransientBackendError,
     backend_for,
 )
+from clusters.backends.calls import backend_call
+from core.log_context import log_context
+from jobs import reproducibility
 from jobs.enqueue import (
     admission_cycle_enqueue,
     attempt_cancel_enqueue,
     attempt_submit_enqueue,
 )
-from jobs.log_context import log_context
 from jobs.models import (
     LIVE_ATTEMPT_STATES,
     Attempt,
@@ -48,7 +49,7 @@ def job_spec_for(attempt: Attempt) -> JobSpec:
         project=experiment.project.slug,
         image=experiment.image_reference,
         command=experiment.command,
-        # The experiment's own; each backend adds Gantry's (jobs.backends.base.job_env).
+        # The experiment's own; each backend adds Gantry's (clusters.backends.base.job_env).
         env={str(k): str(v) for k, v in experiment.env.items()},
         flavor=experiment.flavor.slug,
         nodes=experiment.nodes,
@@ -123,7 +124,7 @@ def _attempt_submit(attempt: Attempt) -> None:
         # the earlier ones: the job it may adopt holds one of those.
         token = attempt_token_issue(attempt=attempt)
     try:
-        with metrics.backend_call(cluster=attempt.cluster.name, operation="submit"):
+        with backend_call(cluster=attempt.cluster.name, operation="submit"):
             job_id = backend.submit(replace(spec, attempt_token=token), may_exist=may_exist)
     except TransientBackendError as exc:
         waited = (timezone.now() - attempt.created_at).total_seconds()
@@ -150,7 +151,7 @@ def _attempt_submit(attempt: Attempt) -> None:
     run.refresh_from_db(fields=["state", "cancel_requested_at"])
     if moved and (not accepted or run.cancel_requested_at is not None):
         # Cancelled or preempted while the job was on its way: take it off the cluster too.
-        with metrics.backend_call(cluster=attempt.cluster.name, operation="cancel"):
+        with backend_call(cluster=attempt.cluster.name, operation="cancel"):
             backend.cancel(JobRef(name=attempt.name, backend_job_id=job_id))
 
 

@@ -13,32 +13,30 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import metrics, reproducibility
-from jobs.backends import (
+from clusters.backends import (
     BackendError,
     CheckpointReport,
     JobRef,
     JobStatus,
     backend_for,
 )
+from clusters.backends.calls import backend_call
+from clusters.models import Cluster
+from core import metrics
+from core.log_context import log_context
+from jobs import reproducibility
 from jobs.enqueue import admission_cycle_enqueue
-from jobs.log_context import log_context
 from jobs.models import (
     LIVE_ATTEMPT_STATES,
     Attempt,
     AttemptState,
     Checkpoint,
-    Cluster,
-    ClusterFlavor,
-    ClusterNode,
     Run,
     RunEvent,
     RunState,
     WaitReason,
 )
-from jobs.reclaim import claims_record
 from jobs.selectors.runs import attempt_get_for_work, attempt_token_refusal
-from jobs.services.bulk import rows_update
 from jobs.services.lifecycle import (
     WAIT_MESSAGE_MAX_LENGTH,
     attempt_accept,
@@ -47,7 +45,7 @@ from jobs.services.lifecycle import (
     run_transition,
 )
 from jobs.services.usage import usage_record_attempt
-from tenants.models import GpuFlavor, max_length_of
+from tenants.models import max_length_of
 
 logger = logging.getLogger(__name__)
 
@@ -87,126 +85,10 @@ def attempt_cancel(*, attempt_id: int) -> None:
         logger.info("cancel deferred until attempt %s is submitted", attempt.preempted_for_id)
         return
     with log_context(run_id=attempt.run_id, attempt_id=attempt.pk, cluster=attempt.cluster.name):
-        with metrics.backend_call(cluster=attempt.cluster.name, operation="cancel"):
+        with backend_call(cluster=attempt.cluster.name, operation="cancel"):
             backend.cancel(JobRef(name=attempt.name, backend_job_id=attempt.backend_job_id))
         logger.info("cancelled on %s: job %s", attempt.cluster.name, attempt.backend_job_id)
     cluster_sync(cluster=attempt.cluster)
-
-
-# Node fields the inventory mirrors; a row is written only when one of them changed.
-_NODE_FIELDS = (
-    "flavor_id",
-    "gpus",
-    "gpus_used",
-    "gpus_used_by_gantry",
-    "schedulable",
-    "reason",
-    "path",
-)
-NODE_REASON_MAX_LENGTH = max_length_of(ClusterNode, "reason")
-
-
-def cluster_refresh_inventory(*, cluster: Cluster, now=None) -> None:
-    """Mirror the backend's node inventory: a ClusterNode row per GPU node, the cluster's
-    topology levels, what an operator should fix, and ClusterFlavor (capacity in brief).
-
-    A backend that cannot be asked leaves the rows as they were and says why on the
-    cluster (``inventory_error``); their age then makes admission hold back rather than
-    place runs on what may no longer be true. Nodes of an unknown flavor, or reporting more
-    GPUs than a node of their flavor can have, are left out and named as problems."""
-    with log_context(cluster=cluster.name):
-        _cluster_refresh_inventory(cluster=cluster, now=now or timezone.now())
-
-
-def _cluster_refresh_inventory(*, cluster: Cluster, now) -> None:
-    backend = backend_for(cluster)
-    try:
-        with metrics.backend_call(cluster=cluster.name, operation="inventory"):
-            inventory = backend.inventory()
-    except BackendError as exc:
-        Cluster.objects.filter(pk=cluster.pk).update(inventory_error=str(exc)[:2000])
-        raise
-    flavors = GpuFlavor.objects.in_bulk({n.flavor for n in inventory.nodes}, field_name="slug")
-    problems = list(inventory.problems)
-    wanted: dict[str, dict[str, Any]] = {}
-    for node in inventory.nodes:
-        flavor = flavors.get(node.flavor)
-        if flavor is None:
-            problems.append(f"node {node.name}: GPUs of unknown flavor {node.flavor}, left out")
-            continue
-        if not 0 < node.gpus <= flavor.max_per_node:
-            problems.append(
-                f"node {node.name} reports {node.gpus} {flavor.slug} GPUs; a node has 1 to "
-                f"{flavor.max_per_node}: left out"
-            )
-            continue
-        used = max(0, min(node.gpus_used, node.gpus))
-        wanted[node.name] = {
-            "flavor_id": flavor.pk,
-            "gpus": node.gpus,
-            "gpus_used": used,
-            "gpus_used_by_gantry": max(0, min(node.gpus_used_by_gantry, used)),
-            "schedulable": node.schedulable,
-            "reason": node.reason[:NODE_REASON_MAX_LENGTH],
-            "path": list(node.path),
-        }
-    with transaction.atomic():
-        current = {node.name: node for node in ClusterNode.objects.filter(cluster=cluster)}
-        created, changed = [], []
-        for name, values in wanted.items():
-            row = current.get(name)
-            if row is None:
-                created.append(ClusterNode(cluster=cluster, name=name, updated_at=now, **values))
-            elif any(getattr(row, field) != value for field, value in values.items()):
-                for field, value in values.items():
-                    setattr(row, field, value)
-                row.updated_at = now
-                changed.append(row)
-        ClusterNode.objects.bulk_create(created)
-        fields = [*_NODE_FIELDS, "updated_at"]
-        # Not bulk_update: it binds parameters per node and field, past PostgreSQL's 65,535
-        # at some 4,000 nodes.
-        rows_update(
-            ClusterNode, fields, [(n.pk, *(getattr(n, f) for f in fields)) for n in changed]
-        )
-        ClusterNode.objects.filter(cluster=cluster).exclude(name__among=list(wanted)).delete()
-        _flavors_update(cluster=cluster, nodes=wanted.values())
-        max_age = backend.inventory_max_age_s
-        Cluster.objects.filter(pk=cluster.pk).update(
-            inventory_at=now,
-            inventory_valid_until=None if max_age is None else now + timedelta(seconds=max_age),
-            inventory_error="",
-            topology_levels=list(inventory.levels),
-            inventory_problems=problems[:50],
-            outside_claims=claims_record(
-                inventory.claims,
-                error=inventory.claims_error,
-                reclaim_first=backend.reclaim_first,
-                flavors=flavors,
-            ),
-        )
-
-
-def _flavors_update(*, cluster: Cluster, nodes: Iterable[dict[str, Any]]) -> None:
-    """ClusterFlavor rows from the nodes: per flavor, its node count, largest node and
-    GPUs in all."""
-    wanted: dict[int, tuple[int, int, int]] = {}
-    for node in nodes:
-        count, largest, total = wanted.get(node["flavor_id"], (0, 0, 0))
-        wanted[node["flavor_id"]] = (count + 1, max(largest, node["gpus"]), total + node["gpus"])
-    current = {
-        cf.flavor_id: (cf.nodes, cf.gpus_per_node, cf.gpus)
-        for cf in ClusterFlavor.objects.filter(cluster=cluster)
-    }
-    if wanted == current:
-        return
-    for flavor_id, (count, gpus_per_node, gpus) in wanted.items():
-        ClusterFlavor.objects.update_or_create(
-            cluster=cluster,
-            flavor_id=flavor_id,
-            defaults={"nodes": count, "gpus_per_node": gpus_per_node, "gpus": gpus},
-        )
-    ClusterFlavor.objects.filter(cluster=cluster).exclude(flavor_id__in=wanted).delete()
 
 
 def cluster_sync(*, cluster: Cluster) -> int:
@@ -225,7 +107,7 @@ def _cluster_sync(*, cluster: Cluster) -> int:
     )
     now = timezone.now()
     try:
-        with metrics.backend_call(cluster=cluster.name, operation="sync"):
+        with backend_call(cluster=cluster.name, operation="sync"):
             statuses = backend.sync([JobRef(a.name, a.backend_job_id) for a in live])
     except BackendError as exc:
         Cluster.objects.filter(pk=cluster.pk).update(last_error=str(exc)[:2000])
@@ -320,7 +202,7 @@ def attempt_requeue_unplaced(*, attempt: Attempt, backend, status: JobStatus, no
     backend's job is cancelled first, so it cannot start later beside the new attempt; if
     that call fails, the next sync tries again."""
     try:
-        with metrics.backend_call(cluster=attempt.cluster.name, operation="cancel"):
+        with backend_call(cluster=attempt.cluster.name, operation="cancel"):
             backend.cancel(JobRef(name=attempt.name, backend_job_id=attempt.backend_job_id))
     except BackendError as exc:
         logger.warning("attempt %s: not requeued yet, the cancel failed: %s", attempt.pk, exc)

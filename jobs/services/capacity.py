@@ -11,21 +11,21 @@ from dataclasses import dataclass
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
-from django.db.models import Count, Prefetch, QuerySet, Sum
+from django.db.models import Count, Sum
 from django.utils import timezone
 
-from jobs import metrics
-from jobs.backends import BackendError, backend_for, inventory_items
+from clusters.models import Cluster, ClusterFlavor
+from clusters.selectors import flavor_capacity, offered_flavor_slugs
+from clusters.services import cluster_refresh_inventory
+from core.types import UserLike
 from jobs.enqueue import admission_cycle_enqueue
-from jobs.models import HOLDING_STATES, Cluster, ClusterFlavor, Run, RunState
+from jobs.models import HOLDING_STATES, Run, RunState
 from jobs.selectors import holding_sql
 from jobs.selectors.queue import gpu_hours_this_month, gpu_occupancy
-from jobs.services.backend_sync import cluster_refresh_inventory
-from tenants.access import membership_can_manage, require_platform_admin
+from tenants.access import membership_can_manage
 from tenants.models import GpuFlavor, Membership, Quota, Tenant
 from tenants.selectors import tenant_get_viewable
 from tenants.services import MAX_STORED_INT, audit_record, quota_update
-from tenants.types import UserLike
 
 # --- reads -------------------------------------------------------------------------------
 
@@ -160,28 +160,6 @@ def quota_usage_list(
     ]
 
 
-def offered_flavor_slugs() -> frozenset[str]:
-    """Flavors some enabled cluster offers: the only ones GPUs can be borrowed of."""
-    return frozenset(
-        ClusterFlavor.objects.filter(cluster__enabled=True).values_list("flavor__slug", flat=True)
-    )
-
-
-def cluster_list_manageable(*, user: UserLike) -> QuerySet[Cluster]:
-    """Every cluster with its capacity per flavor: platform admins only, else NotVisible."""
-    require_platform_admin(user)
-    return Cluster.objects.order_by("name").prefetch_related(
-        Prefetch(
-            "flavors",
-            queryset=ClusterFlavor.objects.select_related("flavor").order_by("flavor__slug"),
-        )
-    )
-
-
-def cluster_get_manageable(*, user: UserLike, name: str) -> Cluster:
-    return cluster_list_manageable(user=user).get(name=name)
-
-
 def held_gpus_by_pool(*, clusters: Iterable[Cluster]) -> dict[tuple[int, int], int]:
     """(cluster id, flavor id) -> GPUs held by runs on it, in one aggregate query."""
     rows = (
@@ -222,16 +200,6 @@ class Overcommit:
             f"{self.capacity:,} GPUs the enabled clusters have: a run within its tenant's "
             "guarantee may wait."
         )
-
-
-def flavor_capacity(*, flavor_ids: Iterable[int] | None = None) -> dict[int, int]:
-    """flavor id -> GPUs of the flavor on enabled clusters."""
-    pools = ClusterFlavor.objects.filter(cluster__enabled=True)
-    if flavor_ids is not None:
-        pools = pools.filter(flavor_id__in=list(flavor_ids))
-    return dict(
-        pools.values("flavor_id").annotate(gpus=Sum("gpus")).values_list("flavor_id", "gpus")
-    )
 
 
 def flavor_overcommit(*, flavor: GpuFlavor) -> Overcommit | None:
@@ -390,22 +358,3 @@ def cluster_capacity_set(
         admission_cycle_enqueue()
     cluster_refresh_inventory(cluster=cluster)
     return ClusterFlavor.objects.select_related("flavor").get(cluster=cluster, flavor=flavor)
-
-
-def cluster_test_connection(*, cluster: Cluster) -> tuple[bool, str]:
-    """Ask the cluster's backend whether its settings work; (ok, a sentence saying so or why).
-
-    Backends that have a dedicated check (Kubernetes: version + who am I) use it; the others
-    are asked for their inventory, which needs the same connection.
-    """
-    try:
-        backend = backend_for(cluster)
-        check = getattr(backend, "test_connection", None)
-        if check is not None:
-            return True, check()
-        with metrics.backend_call(cluster=cluster.name, operation="inventory"):
-            items = inventory_items(backend.inventory())
-    except BackendError as exc:
-        return False, f"{cluster.name}: {exc}"
-    flavors = ", ".join(f"{i.nodes}×{i.gpus_per_node} {i.flavor}" for i in items) or "no GPUs"
-    return True, f"Connected to {cluster.name}: it reports {flavors}."

@@ -12,11 +12,11 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from core.bulk import rows_update
 from jobs import estimates
 from jobs.models import Run, RunState, StartForecast
 from jobs.selectors.estimates import estimate_inputs
 from jobs.selectors.queue import admission_snapshot
-from jobs.services.bulk import rows_update
 from tenants.models import GpuFlavor
 
 ESTIMATE_LOCK_KEY = 0x67616E747273  # one refresh at a time (PostgreSQL advisory lock)

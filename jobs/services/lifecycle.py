@@ -6,6 +6,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from core.types import UserLike, signed_in
 from jobs.access import run_can_cancel
 from jobs.enqueue import admission_cycle_enqueue, attempt_cancel_enqueue
 from jobs.models import (
@@ -19,7 +20,6 @@ from jobs.models import (
 )
 from tenants.models import max_length_of
 from tenants.services import audit_record
-from tenants.types import UserLike, signed_in
 
 WAIT_MESSAGE_MAX_LENGTH = max_length_of(Run, "wait_message")
 

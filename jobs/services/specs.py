@@ -3,6 +3,7 @@
 from django.core.exceptions import ValidationError
 from django.db.models import F, Q
 
+from core.types import UserLike
 from jobs import spec
 from jobs.access import template_list_usable
 from jobs.models import (
@@ -16,7 +17,6 @@ from jobs.services.submission import (
     run_submit_values,
 )
 from jobs.services.templates import template_submit
-from tenants.types import UserLike
 
 
 def spec_submit(*, user: UserLike, document) -> Run:

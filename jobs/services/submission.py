@@ -11,16 +11,18 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from clusters.backends import (
+    MULTI_NODE_ENV,
+)
+from clusters.env_names import env_name_refusal
+from core.ids import MAX_ID
+from core.types import UserLike, signed_in
 from images.access import image_list_usable
 from images.models import DIGEST_PATTERN, Image
 from images.services import TagResolutionError, tag_resolve
 from jobs import spec
 from jobs.access import experiment_can_rerun, experiment_list_viewable
-from jobs.backends import (
-    MULTI_NODE_ENV,
-)
 from jobs.enqueue import admission_cycle_enqueue
-from jobs.env_names import env_name_refusal
 from jobs.models import (
     COMMIT_PATTERN,
     MAX_COMMAND_BYTES,
@@ -35,8 +37,7 @@ from jobs.models import (
 from jobs.selectors.queue import resource_refusals
 from jobs.selectors.runs import run_submitted_with
 from jobs.selectors.submit_context import submit_context
-from tenants.models import MAX_ID, max_length_of
-from tenants.types import UserLike, signed_in
+from tenants.models import max_length_of
 
 try:
     GANTRY_VERSION = version("gantry")

@@ -5,6 +5,7 @@ from uuid import UUID
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 
+from core.types import UserLike
 from jobs import spec
 from jobs.access import template_can_manage
 from jobs.models import (
@@ -15,7 +16,6 @@ from jobs.selectors.runs import run_submitted_with
 from jobs.services.submission import run_submit_values
 from tenants.models import Tenant, slug_validator
 from tenants.services import audit_record, audit_snapshot
-from tenants.types import UserLike
 
 # What a template is made of: what the form edits, the service saves and the audit records.
 TEMPLATE_FIELDS = ("name", "description", "values", "locked", "ranges")

@@ -5,6 +5,7 @@ from collections.abc import Mapping
 from django.conf import settings
 from django.db.models import F
 
+from core.bulk import rows_update
 from jobs import admission
 from jobs.calendar import split_by_month
 from jobs.models import (
@@ -12,7 +13,6 @@ from jobs.models import (
     FairShareUsage,
     TenantMonthUsage,
 )
-from jobs.services.bulk import rows_update
 from tenants.models import GpuFlavor, Tenant
 
 

@@ -1,6 +1,6 @@
 from django import template
 
-from jobs.backends import spec_for_people
+from clusters.backends import spec_for_people
 
 register = template.Library()
 

@@ -18,7 +18,7 @@ from django import forms
 from django.http import QueryDict
 from django.utils import timezone
 
-from jobs.models import Cluster
+from clusters.models import Cluster
 from tenants.models import GpuFlavor, Tenant
 
 DEFAULT_RANGE_DAYS = 30

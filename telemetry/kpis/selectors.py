@@ -30,7 +30,8 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce, Greatest, Least
 
-from jobs.models import Attempt, AttemptState, Checkpoint, ClusterFlavor, Run, RunState
+from clusters.models import ClusterFlavor
+from jobs.models import Attempt, AttemptState, Checkpoint, Run, RunState
 from jobs.models import FailureReason as FailureReasonChoice
 from telemetry import diagnosis
 from telemetry.accounting import IDLE_THRESHOLD

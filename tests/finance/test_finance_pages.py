@@ -32,12 +32,13 @@ from django.urls import reverse
 from django.utils.html import strip_tags
 from openpyxl import load_workbook
 
+from clusters.models import Cluster
 from finance import costing
 from finance import views as finance_views
 from finance.models import DailyUsage, RateCard
 from finance.selectors import EXPORT_COLUMNS, rate_cards_for, statement_month
 from finance.services import daily_usage_update, rate_card_add
-from jobs.models import Attempt, AttemptState, Cluster, Run
+from jobs.models import Attempt, AttemptState, Run
 from jobs.services.submission import run_submit
 from telemetry.models import AttemptAccounting
 from tenants.models import AuditEvent, Membership, Project, Quota

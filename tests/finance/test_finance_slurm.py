@@ -2,7 +2,7 @@
 in Gantry's statement equal ``sacct``'s for the same jobs.
 
 Jobs run through Gantry's services on the cluster of ``scripts/slurm-cluster.sh`` (the
-fixtures and helpers of tests/jobs/backends/test_slurm_cluster.py); then the accounting and the
+fixtures and helpers of tests/clusters/backends/test_slurm_cluster.py); then the accounting and the
 DailyUsage rollup run as the workers would run them, and the statement's GPU-seconds are
 compared with Σ ``gres/gpu`` × ``ElapsedRaw`` from ``sacct``, exactly: Gantry takes an
 attempt's start and end from Slurm's own (whole-second) times.
@@ -19,21 +19,21 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from django.db.models import Sum
 from django.utils import timezone
 
+from clusters.backends.slurm_script import gpus_of_tres
 from finance import selectors as finance_selectors
 from finance.costing import SECONDS_PER_HOUR
 from finance.models import DailyUsage
 from finance.services import daily_usage_update, rate_card_add
-from jobs.backends.slurm_script import gpus_of_tres
 from jobs.models import Attempt, RunState
 from jobs.services.backend_submit import attempt_submit
 from telemetry.models import AttemptAccounting
 from telemetry.services import accounting_compute_pending
-from tests.jobs.backends import test_slurm_cluster as cluster_tests
+from tests.clusters.backends import test_slurm_cluster as cluster_tests
 
 pytestmark = cluster_tests.pytestmark  # a database test, in the worker that has the cluster
 
-# The cluster and the Slurm-backed world of tests/jobs/backends/test_slurm_cluster.py: pytest finds
-# fixtures by their names in this module.
+# The cluster and the Slurm-backed world of tests/clusters/backends/test_slurm_cluster.py:
+# pytest finds fixtures by their names in this module.
 slurm_env = cluster_tests.slurm_env
 accounts = cluster_tests.accounts
 unique_attempt_ids = cluster_tests.unique_attempt_ids

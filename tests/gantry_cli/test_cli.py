@@ -20,9 +20,10 @@ from django.core.cache import cache
 from django.core.management import call_command
 from django.utils import timezone
 
+from clusters.models import SimulatedJob
 from gantry_cli.client import Client
 from gantry_cli.main import main
-from jobs.models import Attempt, AttemptState, Experiment, Run, RunState, SimulatedJob
+from jobs.models import Attempt, AttemptState, Experiment, Run, RunState
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import cluster_sync

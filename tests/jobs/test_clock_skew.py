@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import time_machine
 
-from jobs.backends.base import JobStatus
+from clusters.backends.base import JobStatus
 from jobs.models import Attempt, Run, RunState, TenantMonthUsage
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit

@@ -17,11 +17,12 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils.html import escape
 
-from jobs.models import Attempt, Cluster, Run
+from clusters.models import Cluster
+from clusters.services import cluster_refresh_inventory
+from jobs.models import Attempt, Run
 from jobs.selectors.nodes import GangSize, NodeMap, NodeView, gang_sizes, gangs_text
 from jobs.selectors.queue import gpu_occupancy
 from jobs.services.admission_cycle import admission_run_cycle
-from jobs.services.backend_sync import cluster_refresh_inventory
 from jobs.services.submission import run_submit
 from tenants.models import Membership, Quota, Tenant
 from tests.conftest import experiment_input, make_user

@@ -4,8 +4,8 @@ import pytest
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
-from jobs.models import Cluster
-from tests.jobs.backends.test_k8s_backend import TOKEN, TOKEN_ENV, settings_for
+from clusters.models import Cluster
+from tests.clusters.backends.test_k8s_backend import TOKEN, TOKEN_ENV, settings_for
 from tests.k8s_fake import FakeKubernetes
 
 

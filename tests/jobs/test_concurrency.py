@@ -14,8 +14,9 @@ import pytest
 from django.db import connection, connections
 from django.db.models import Count, Sum
 
+from clusters.models import ClusterFlavor
 from jobs import admission
-from jobs.models import HOLDING_STATES, Attempt, ClusterFlavor, Run, RunEvent, RunState
+from jobs.models import HOLDING_STATES, Attempt, Run, RunEvent, RunState
 from jobs.services import admission_cycle
 from jobs.services.admission_cycle import AdmissionSummary, admission_run_cycle
 from jobs.services.submission import run_submit

@@ -12,10 +12,11 @@ import pytest
 from django.db import transaction
 from django.urls import reverse
 
+from clusters.models import Cluster
+from clusters.services import cluster_refresh_inventory
 from jobs import enqueue
-from jobs.models import Cluster, Run, RunState
+from jobs.models import Run, RunState
 from jobs.services.admission_cycle import admission_run_cycle
-from jobs.services.backend_sync import cluster_refresh_inventory
 from jobs.services.submission import run_submit
 from portal.celery import app as celery_app
 from tenants.models import AuditEvent, Quota

@@ -17,6 +17,8 @@ from django.db.models import JSONField, OuterRef, Subquery, Sum
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from clusters.models import Cluster, ClusterFlavor, ClusterNode
+from clusters.services import cluster_refresh_inventory
 from jobs import admission
 from jobs.calendar import month_start
 from jobs.models import (
@@ -24,15 +26,11 @@ from jobs.models import (
     LIVE_ATTEMPT_STATES,
     Attempt,
     AttemptState,
-    Cluster,
-    ClusterFlavor,
-    ClusterNode,
     Run,
     RunState,
     TenantMonthUsage,
 )
 from jobs.selectors.queue import cluster_nodes, gpu_hours_this_month, held_runs
-from jobs.services.backend_sync import cluster_refresh_inventory
 from jobs.services.capacity import Overcommit, QuotaUsage, flavor_overcommits, quota_usage_list
 from jobs.services.submission import run_submit
 from tenants.models import GpuFlavor, Quota

@@ -9,12 +9,12 @@ from django.core.cache import cache
 from django.urls import reverse
 from rest_framework.test import APIClient
 
+from core.http import ascii_id
+from core.parsers import MAX_JSON_DEPTH, json_depth
 from jobs.models import Checkpoint, Experiment, Run, RunEvent
 from jobs.services.backend_submit import attempt_token_issue
 from telemetry.models import AttemptAccounting, SdkEvent, StepWindow
-from tenants.http import ascii_id
 from tenants.models import ApiToken
-from tenants.parsers import MAX_JSON_DEPTH, json_depth
 from tenants.services import api_token_create
 from tests.conftest import experiment_input
 from tests.jobs.test_lifecycle import run_to_running

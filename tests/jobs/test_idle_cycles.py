@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import time_machine
 
-from jobs.models import AdmissionState, ClusterNode, Run, RunEvent, RunState
+from clusters.models import ClusterNode
+from jobs.models import AdmissionState, Run, RunEvent, RunState
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.submission import run_submit
 from tenants.models import Quota

@@ -7,9 +7,10 @@ import time_machine
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from jobs.backends import simulator
+from clusters.backends import simulator
+from clusters.models import SimulatedJob
 from jobs.calendar import month_start
-from jobs.models import Attempt, AttemptState, Experiment, Run, RunEvent, RunState, SimulatedJob
+from jobs.models import Attempt, AttemptState, Experiment, Run, RunEvent, RunState
 from jobs.selectors.queue import admission_preview, gpu_hours_this_month
 from jobs.selectors.runs import runs_place_in_line
 from jobs.services.admission_cycle import admission_run_cycle
@@ -545,8 +546,8 @@ def test_preview_says_start_borrow_or_wait_without_changing_anything(world):
 
 
 def test_unreachable_backend_is_retried_then_given_up(world, monkeypatch, settings):
-    from jobs.backends import TransientBackendError
-    from jobs.backends.simulator import SimulatorBackend
+    from clusters.backends import TransientBackendError
+    from clusters.backends.simulator import SimulatorBackend
 
     def refuse(self, spec, *, may_exist=True):
         raise TransientBackendError("connection refused by 127.0.0.1:1")
@@ -584,7 +585,7 @@ def test_unreachable_backend_is_retried_then_given_up(world, monkeypatch, settin
     ],
 )  # fmt: skip
 def test_a_simulated_outcome_says_simulated_and_wall_time_apart(simulated_s, speedup, message):
-    from jobs.backends.simulator import simulated_outcome_message
+    from clusters.backends.simulator import simulated_outcome_message
 
     assert (
         simulated_outcome_message(profile="compute-bound", simulated_s=simulated_s, speedup=speedup)
@@ -594,7 +595,7 @@ def test_a_simulated_outcome_says_simulated_and_wall_time_apart(simulated_s, spe
 
 @pytest.mark.parametrize("speedup", [1, 30, 60])
 def test_a_simulated_time_limit_is_wall_time_and_the_speedup_shortens_only_the_work(speedup):
-    from jobs.simulation import Outcome, Workload, outcome_at
+    from clusters.simulation import Outcome, Workload, outcome_at
 
     # 6 simulated hours of work (+ 30 s of start-up), a 1-hour limit, in wall seconds.
     work = Workload(profile="compute-bound", duration_s=6 * 3600)

@@ -11,8 +11,9 @@ from django.test import RequestFactory
 from django.urls import reverse
 from django.utils import timezone
 
+from clusters.models import SimulatedJob
 from jobs.live import section_version, sections_changed, sections_render, sections_versions
-from jobs.models import Attempt, Run, RunState, SimulatedJob, WaitReason
+from jobs.models import Attempt, Run, RunState, WaitReason
 from jobs.selectors.logs import run_logs
 from jobs.selectors.runs import run_get_viewable
 from jobs.services.admission_cycle import admission_run_cycle

@@ -13,17 +13,9 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
+from clusters.models import Cluster, ClusterFlavor
 from jobs.calendar import month_start
-from jobs.models import (
-    Attempt,
-    AttemptState,
-    Cluster,
-    ClusterFlavor,
-    Run,
-    RunState,
-    TenantMonthUsage,
-    WaitReason,
-)
+from jobs.models import Attempt, AttemptState, Run, RunState, TenantMonthUsage, WaitReason
 from jobs.selectors.queue import admission_snapshot
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit

@@ -7,6 +7,11 @@ import pytest
 import time_machine
 from django.utils import timezone
 
+from clusters.backends.base import PendingClaim
+from clusters.backends.simulator import SimulatorBackend
+from clusters.models import Cluster, SimulatedJob
+from clusters.outside_claims import OutsideClaim, OutsideQueue, claims_record, queues_of
+from clusters.services import cluster_refresh_inventory
 from jobs.admission import (
     Admit,
     HeldRun,
@@ -20,15 +25,12 @@ from jobs.admission import (
     decide,
     nodes_of,
 )
-from jobs.backends.base import PendingClaim
-from jobs.backends.simulator import SimulatorBackend
 from jobs.enqueue import ATTEMPT_CANCEL
-from jobs.models import Attempt, AttemptState, Cluster, RunState, SimulatedJob
+from jobs.models import Attempt, AttemptState, RunState
 from jobs.models import Run as RunModel
-from jobs.reclaim import OutsideClaim, OutsideQueue, claims_record, queues_of
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_redrive_deferred_cancels, attempt_submit
-from jobs.services.backend_sync import attempt_cancel, cluster_refresh_inventory
+from jobs.services.backend_sync import attempt_cancel
 from tenants.models import Quota as QuotaModel
 from tests.jobs.test_lifecycle import run_to_running, submit
 

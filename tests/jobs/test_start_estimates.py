@@ -10,9 +10,10 @@ import time_machine
 from django.test import Client
 from django.urls import reverse
 
+from clusters.models import Cluster, ClusterNode
 from gantry_cli.main import _run_status, _start_estimate
 from jobs.estimates import Start
-from jobs.models import Attempt, AttemptState, Cluster, ClusterNode, Run, RunState, StartForecast
+from jobs.models import Attempt, AttemptState, Run, RunState, StartForecast
 from jobs.selectors.estimates import StartPreview, estimate_inputs, run_start_estimate
 from jobs.selectors.queue import admission_preview, admission_snapshot
 from jobs.services.admission_cycle import admission_run_cycle

@@ -6,9 +6,9 @@ import itertools
 import pytest
 from django.db.models import Model
 
+from clusters.models import Cluster, ClusterFlavor
 from images.access import image_list_usable
 from images.models import Image
-from jobs.models import Cluster, ClusterFlavor
 from jobs.selectors.queue import flavor_node_limits
 from jobs.selectors.submit_context import submit_context
 from tenants.access import roles_forget, tenant_list_submittable

@@ -14,13 +14,14 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from jobs.backends.base import JobRef
-from jobs.backends.simulator import SimulatorBackend
-from jobs.models import Attempt, AttemptState, ClusterNode, Run, RunState, SimulatedJob
+from clusters.backends.base import JobRef
+from clusters.backends.simulator import SimulatorBackend
+from clusters.models import ClusterNode, SimulatedJob
+from clusters.services import cluster_refresh_inventory
+from core.bulk import rows_update
+from jobs.models import Attempt, AttemptState, Run, RunState
 from jobs.selectors.estimates import run_start_estimate
 from jobs.selectors.runs import runs_place_in_line, runs_usage
-from jobs.services.backend_sync import cluster_refresh_inventory
-from jobs.services.bulk import rows_update
 from jobs.services.submission import run_submit
 from telemetry.models import GpuMinute
 from telemetry.policy import idle_streaks
@@ -202,7 +203,7 @@ SQLITE_SCRIPT = """
 from django.core.management import call_command
 from django.db import connection
 
-from jobs.services.bulk import rows_update
+from core.bulk import rows_update
 from tenants.lookups import among_sql
 from tenants.models import Tenant
 

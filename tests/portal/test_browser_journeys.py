@@ -24,10 +24,11 @@ from django.contrib.sessions.models import Session
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
+from clusters.models import Cluster
 from finance.accrual import accrual_month
 from finance.selectors import last_closed_month, statement_month
 from images.models import Image
-from jobs.models import Attempt, AttemptState, Cluster, Experiment, Run, RunState
+from jobs.models import Attempt, AttemptState, Experiment, Run, RunState
 from jobs.selectors.logs import text_tail
 from jobs.selectors.queue import admission_preview
 from jobs.selectors.runs import run_submitted_with

@@ -15,7 +15,16 @@ from django.utils import timezone
 from tests import REPOSITORY
 
 ROOT = REPOSITORY
-SERVER_PACKAGES = ("portal", "tenants", "images", "jobs", "telemetry", "finance")
+SERVER_PACKAGES = (
+    "portal",
+    "core",
+    "tenants",
+    "images",
+    "clusters",
+    "jobs",
+    "telemetry",
+    "finance",
+)
 # Calls that read the wall clock behind ``timezone.now``'s back (naive, or local, or both).
 OTHER_CLOCKS = {
     ("datetime", "now"),

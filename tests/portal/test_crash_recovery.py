@@ -28,13 +28,15 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
 from kubernetes import client
 
+from clusters.backends import TransientBackendError
+from clusters.backends.simulator import SimulatorBackend
+from clusters.models import Cluster, SimulatedJob
+from clusters.services import cluster_refresh_inventory
 from jobs import tasks
-from jobs.backends import TransientBackendError
-from jobs.backends.simulator import SimulatorBackend
-from jobs.models import Attempt, AttemptState, Cluster, Run, RunEvent, RunState, SimulatedJob
+from jobs.models import Attempt, AttemptState, Run, RunEvent, RunState
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
-from jobs.services.backend_sync import cluster_refresh_inventory, cluster_sync
+from jobs.services.backend_sync import cluster_sync
 from jobs.services.submission import run_submit
 from portal.celery import app as celery_app
 from tests.conftest import experiment_input

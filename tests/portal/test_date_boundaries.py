@@ -18,11 +18,11 @@ import time_machine
 from django.urls import reverse
 from django.utils.html import strip_tags
 
+from clusters.backends import JobStatus
 from finance import selectors as finance_selectors
 from finance import services as finance_services
 from finance.costing import line_cost
 from finance.models import DailyUsage
-from jobs.backends import JobStatus
 from jobs.models import Attempt, BudgetAlert, FairShareUsage, RunEvent, TenantMonthUsage
 from jobs.selectors.queue import gpu_hours_this_month
 from jobs.services import budgets

@@ -16,11 +16,13 @@ import time_machine
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from clusters.models import Cluster
+from clusters.services import cluster_refresh_inventory
 from images.models import Image
-from jobs.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, Cluster, Run, RunState
+from jobs.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, Run, RunState
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
-from jobs.services.backend_sync import attempt_cancel, cluster_refresh_inventory, cluster_sync
+from jobs.services.backend_sync import attempt_cancel, cluster_sync
 from jobs.services.estimates import estimates_refresh
 from jobs.services.submission import ExperimentInput, run_submit
 from portal.demo import demo_seed

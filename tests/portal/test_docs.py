@@ -6,7 +6,7 @@ import re
 
 import yaml
 
-from jobs.reproducibility import GANTRY_ENV
+from clusters.job_env import GANTRY_ENV
 from tests import REPOSITORY
 
 ROOT = REPOSITORY
@@ -69,7 +69,7 @@ def test_the_architecture_map_names_only_modules_that_exist():
     text = (ROOT / "docs" / "architecture.md").read_text()
     paths = set(
         re.findall(
-            r"`((?:portal|tenants|images|jobs|telemetry|finance|tests|bench)/[\w/]*(?:\.py)?)`",
+            r"`((?:portal|core|tenants|images|clusters|jobs|telemetry|finance|tests|bench)/[\w/]*(?:\.py)?)`",
             text,
         )
     )
@@ -77,7 +77,8 @@ def test_the_architecture_map_names_only_modules_that_exist():
     assert len(paths) > 40
     assert missing == []
     named = re.findall(
-        r"`((?:portal|tenants|images|jobs|telemetry|finance)/[\w/]+\.py)` `(\w+)`", text
+        r"`((?:portal|core|tenants|images|clusters|jobs|telemetry|finance)/[\w/]+\.py)` `(\w+)`",
+        text,
     )
     absent = sorted(
         f"{path} {name}"

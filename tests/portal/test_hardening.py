@@ -19,8 +19,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from clusters.models import SimulatedJob
 from images.models import Image, Registry
-from jobs.models import ExperimentTemplate, Run, RunState, SimulatedJob
+from jobs.models import ExperimentTemplate, Run, RunState
 from telemetry.models import GpuMinute
 from tenants.authentication import login_failure_record, login_lockout
 from tenants.models import (

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.models import RunState, SimulatedJob
+from clusters.models import SimulatedJob
+from jobs.models import RunState
 from jobs.services.submission import run_submit
 from portal.celery import app as celery_app
 from tests import REPOSITORY

@@ -11,9 +11,10 @@ import pytest
 import time_machine
 from django.utils import timezone
 
+from clusters.models import ClusterNode
+from clusters.services import cluster_refresh_inventory
 from jobs.live import LIVE_PAGE_REFRESH_S
-from jobs.models import ClusterNode, Run, RunState
-from jobs.services.backend_sync import cluster_refresh_inventory
+from jobs.models import Run, RunState
 from jobs.services.submission import run_submit
 from telemetry.kpis.views import KPIS_REFRESH_S
 from tests.conftest import experiment_input

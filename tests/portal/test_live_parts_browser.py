@@ -3,9 +3,9 @@ do: what changes in the database shows up without a reload, and what no longer h
 
 from playwright.sync_api import expect
 
+from clusters.models import ClusterNode
+from clusters.services import cluster_refresh_inventory
 from jobs import live
-from jobs.models import ClusterNode
-from jobs.services.backend_sync import cluster_refresh_inventory
 from jobs.services.lifecycle import run_cancel
 from jobs.services.submission import run_submit
 from portal.celery import app as celery_app

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from jobs.log_context import LogContextFilter, log_context
+from core.log_context import LogContextFilter, log_context
 from jobs.models import Attempt, AttemptState
 from portal.log_format import JsonFormatter
 from tests import REPOSITORY

@@ -19,8 +19,11 @@ import pytest
 from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from jobs import metrics
-from jobs.models import Cluster, RunState
+from clusters.backends.base import PermanentBackendError, TransientBackendError
+from clusters.backends.calls import backend_call
+from clusters.models import Cluster
+from core import metrics
+from jobs.models import RunState
 from jobs.services.admission_cycle import admission_run_cycle
 from portal.metrics_files import metric_files
 from telemetry import collection
@@ -89,9 +92,29 @@ def test_a_scrape_with_the_token_gets_the_exposition(client, settings, world):
 def test_unknown_backend_operations_are_refused_as_labels():
     with (
         pytest.raises(ValueError, match="unknown backend operation 'submit-experiment-x'"),
-        metrics.backend_call(cluster="sim-1", operation="submit-experiment-x"),
+        backend_call(cluster="sim-1", operation="submit-experiment-x"),
     ):
         pass
+
+
+def test_unknown_error_kinds_are_refused_as_labels():
+    with pytest.raises(ValueError, match="unknown backend error kind 'Timeout'"):
+        metrics.backend_error_count(cluster="sim-1", operation="sync", kind="Timeout")
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (TransientBackendError("API server unreachable"), "transient"),
+        (PermanentBackendError("no such partition"), "permanent"),
+        (KeyError("status"), "unexpected"),
+    ],
+)
+def test_a_failed_backend_call_is_counted_by_the_kind_of_its_error(error, kind):
+    before = metrics.BACKEND_ERRORS.labels("kinds-1", "sync", kind)._value.get()
+    with pytest.raises(type(error)), backend_call(cluster="kinds-1", operation="sync"):
+        raise error
+    assert metrics.BACKEND_ERRORS.labels("kinds-1", "sync", kind)._value.get() == before + 1
 
 
 # --- a real Prometheus scrapes it -----------------------------------------------------------
@@ -252,7 +275,7 @@ def test_a_scrape_sums_what_other_processes_recorded(client, settings, db):
     # each count errors of a cluster's sync; both have exited.
     settings.GANTRY_METRICS_TOKEN = TOKEN
     record = (
-        "import django; django.setup(); from jobs import metrics; "
+        "import django; django.setup(); from core import metrics; "
         "metrics.BACKEND_ERRORS.labels('elsewhere-1', 'sync', 'transient').inc({})"
     )
     env = os.environ | {"DJANGO_SETTINGS_MODULE": "tests.settings"}

@@ -17,9 +17,10 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 from django.utils import timezone
 
+from clusters.models import Cluster
 from images.access import image_list_browsable
 from images.models import Image, Registry
-from jobs.models import Attempt, AttemptState, Cluster, ExperimentTemplate, Run
+from jobs.models import Attempt, AttemptState, ExperimentTemplate, Run
 from jobs.services.submission import run_submit
 from telemetry.models import AttemptAccounting, UnmappedSamples
 from tenants.models import AuditEvent, GpuFlavor, Notification, Quota, Tenant

@@ -15,7 +15,8 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs.models import Attempt, Cluster, ExperimentTemplate, Run, RunState
+from clusters.models import Cluster
+from jobs.models import Attempt, ExperimentTemplate, Run, RunState
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import cluster_sync

@@ -7,7 +7,8 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Browser
 
-from jobs.models import Attempt, AttemptState, Cluster, Run
+from clusters.models import Cluster
+from jobs.models import Attempt, AttemptState, Run
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import cluster_sync

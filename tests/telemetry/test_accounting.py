@@ -20,7 +20,7 @@ from telemetry.accounting import (
 )
 
 T0 = 1_699_999_980  # Unix seconds at the start of a minute
-STARTUP_S = 30  # jobs.simulation.STARTUP_S
+STARTUP_S = 30  # clusters.simulation.STARTUP_S
 
 
 def busy(gpus: int, minutes: int, activity: float = 0.9) -> dict[str, dict[int, float]]:

@@ -18,16 +18,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import strip_tags
 
-from jobs.models import (
-    Attempt,
-    AttemptState,
-    Checkpoint,
-    Cluster,
-    ClusterFlavor,
-    Experiment,
-    Run,
-    RunState,
-)
+from clusters.models import Cluster, ClusterFlavor
+from jobs.models import Attempt, AttemptState, Checkpoint, Experiment, Run, RunState
 from jobs.services.submission import run_submit
 from telemetry import diagnosis
 from telemetry.accounting import WASTE

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from jobs.backends import CheckpointReport
+from clusters.backends import CheckpointReport
 from jobs.models import Attempt, AttemptState, Checkpoint, Run, RunState
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit, attempt_token_issue

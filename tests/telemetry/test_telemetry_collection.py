@@ -6,11 +6,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs.backends.base import PermanentBackendError
-from jobs.backends.k8s_manifest import parse_settings as parse_k8s_settings
-from jobs.backends.slurm_script import SlurmSettings
-from jobs.models import Attempt, AttemptState, Cluster, ClusterFlavor, SimulatedJob
-from jobs.simulation import Workload
+from clusters.backends.base import PermanentBackendError
+from clusters.backends.k8s_manifest import parse_settings as parse_k8s_settings
+from clusters.backends.slurm_script import SlurmSettings
+from clusters.models import Cluster, ClusterFlavor, SimulatedJob
+from clusters.simulation import Workload
+from jobs.models import Attempt, AttemptState
 from telemetry import collection
 from telemetry.exposition import GPU_UTIL, GR_ENGINE_ACTIVE, SM_ACTIVE, GpuSample, render
 from telemetry.models import ClusterTelemetry, GpuMinute, RawScrape, UnmappedSamples

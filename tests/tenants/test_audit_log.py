@@ -576,7 +576,7 @@ def test_setting_a_password_in_the_admin_is_recorded_without_it(world, superuser
 
 
 def test_an_admin_edit_of_a_cluster_is_recorded(world, superuser_client):
-    url = reverse("admin:jobs_cluster_change", args=[world.cluster.pk])
+    url = reverse("admin:clusters_cluster_change", args=[world.cluster.pk])
     data = admin_form_data(superuser_client.get(url))
     data.pop("enabled")
 

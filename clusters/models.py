@@ -1,0 +1,128 @@
+"""Clusters, their nodes and flavors, and the simulator's jobs: what the backends read and
+report. The tables keep the ``jobs_*`` names they had before the models moved here from
+``jobs`` (clusters/migrations/0001_initial.py changed Django's state only)."""
+
+from django.db import models
+
+from tenants.models import GpuFlavor, slug_validator
+
+
+class Cluster(models.Model):
+    class Backend(models.TextChoices):
+        SIMULATOR = "simulator", "Simulator"
+        KUBERNETES = "kubernetes", "Kubernetes"
+        SLURM = "slurm", "Slurm"
+
+    name = models.SlugField(max_length=63, unique=True, validators=[slug_validator])
+    backend = models.CharField(max_length=16, choices=Backend.choices)
+    # Connection settings; secrets appear only as references (e.g. an env var name), never values.
+    settings = models.JSONField(default=dict, blank=True)
+    enabled = models.BooleanField(default=True)
+    last_sync_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    # The node inventory (ClusterNode rows): when it was last read whole, what went wrong
+    # since, the names of the cluster's topology levels (widest first) and what an operator
+    # should fix in its settings or nodes.
+    inventory_at = models.DateTimeField(null=True, blank=True)
+    # Past this, admission treats the nodes as unknown (it places nothing on them) until
+    # the next refresh; null for a cluster whose inventory cannot go out of date.
+    inventory_valid_until = models.DateTimeField(null=True, blank=True)
+    inventory_error = models.TextField(blank=True)
+    topology_levels = models.JSONField(default=list, blank=True)
+    inventory_problems = models.JSONField(default=list, blank=True)
+    # Jobs from outside Gantry waiting for GPUs, as the last inventory read them
+    # (``clusters.outside_claims.claims_record``): what admission must not preempt for.
+    outside_claims = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        db_table = "jobs_cluster"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ClusterNode(models.Model):
+    """A GPU node of a cluster as its backend last reported it; admission places gangs on
+    these. GPUs held by Gantry's runs come from the runs themselves, not from here: only
+    the load from outside Gantry (``gpus_used - gpus_used_by_gantry``) is taken from it."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    name = models.CharField(max_length=253)
+    flavor = models.ForeignKey(GpuFlavor, on_delete=models.PROTECT, related_name="+")
+    gpus = models.PositiveIntegerField()
+    gpus_used = models.PositiveIntegerField(default=0)
+    gpus_used_by_gantry = models.PositiveIntegerField(default=0)
+    schedulable = models.BooleanField(default=True)
+    reason = models.CharField(max_length=500, blank=True)
+    path = models.JSONField(default=list, blank=True, help_text="Topology domains, widest first")
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "jobs_clusternode"
+        ordering = ["cluster__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="cluster_node_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}/{self.name}"
+
+    @property
+    def gpus_outside(self) -> int:
+        """GPUs held by jobs Gantry did not submit."""
+        return max(0, self.gpus_used - self.gpus_used_by_gantry)
+
+
+class ClusterFlavor(models.Model):
+    """Capacity of one flavor on one cluster in brief, refreshed from the node inventory:
+    how many nodes have it, the most GPUs one node has, and the GPUs of all of them."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="flavors")
+    flavor = models.ForeignKey(GpuFlavor, on_delete=models.PROTECT, related_name="+")
+    nodes = models.PositiveIntegerField()
+    gpus_per_node = models.PositiveIntegerField()
+    gpus = models.PositiveIntegerField()
+
+    class Meta:
+        db_table = "jobs_clusterflavor"
+        ordering = ["cluster__name", "flavor__slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "flavor"], name="cluster_flavor_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}: {self.nodes}×{self.gpus_per_node} {self.flavor.slug}"
+
+    @property
+    def capacity_gpus(self) -> int:
+        return self.gpus
+
+
+class SimulatedJob(models.Model):
+    """State of the built-in simulator backend: one row per simulated batch job."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=100, unique=True)
+    flavor = models.CharField(max_length=63)
+    nodes = models.PositiveIntegerField()
+    gpus_per_node = models.PositiveIntegerField()
+    profile = models.JSONField(default=dict)
+    max_runtime_s = models.PositiveIntegerField()
+    state = models.CharField(max_length=12, default="PENDING")
+    allocation = models.JSONField(default=dict, blank=True, help_text="node -> GPU indices")
+    placement = models.JSONField(default=list, blank=True, help_text="The nodes to start on")
+    submitted_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    failure_reason = models.CharField(max_length=16, blank=True)
+    message = models.TextField(blank=True)
+
+    class Meta:
+        db_table = "jobs_simulatedjob"
+        indexes = [models.Index(fields=["cluster", "state"], name="simjob_cluster_state")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.state})"
