@@ -17,7 +17,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs.access import template_list_usable
-from jobs.api import ID, INVALID_PAGE, NOT_FOUND, UNAUTHENTICATED
+from jobs.api import (
+    ID,
+    IDEMPOTENCY_KEY,
+    INVALID_PAGE,
+    NOT_FOUND,
+    UNAUTHENTICATED,
+    idempotency_key,
+)
 from jobs.models import ExperimentTemplate
 from jobs.selectors.experiments import experiment_get_viewable
 from jobs.selectors.runs import run_get_viewable
@@ -71,6 +78,7 @@ class SpecSubmitApi(APIView):
 
     @extend_schema(
         request=ExperimentSpecSerializer,
+        parameters=[IDEMPOTENCY_KEY],
         responses={
             201: RunSerializer,
             400: SPEC_ERRORS,
@@ -81,7 +89,11 @@ class SpecSubmitApi(APIView):
     def post(self, request):
         """Submit an experiment spec (version 1). Nothing is created if any field is bad."""
         try:
-            run = spec_submit(user=request.user, document=request.data)
+            run = spec_submit(
+                user=request.user,
+                document=request.data,
+                submission_key=idempotency_key(request),
+            )
         except DjangoPermissionDenied as exc:
             raise PermissionDenied(str(exc)) from None
         except DjangoValidationError as exc:
