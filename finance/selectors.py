@@ -263,12 +263,6 @@ def _breakdown(lines: list[tuple[dict[str, Any], Usage]], dimension: str) -> lis
     ]
 
 
-def statement_lines(*, tenant: Tenant, month: date, dimension: str) -> list[StatementLine]:
-    """One line per value of ``dimension`` with usage in the month, the costliest first."""
-    lines = list(_lines(_month_rows(tenant=tenant, month=month_first_day(month)), *_LABELS))
-    return _breakdown(lines, dimension)
-
-
 def statement_total(*, tenant: Tenant, month: date) -> Usage:
     """The month's total: the sum of its statement lines."""
     rows = _month_rows(tenant=tenant, month=month_first_day(month))

@@ -181,7 +181,8 @@ CHECKPOINT_DIR_ENV = "GANTRY_CHECKPOINT_DIR"
 RESUME_FROM_ENV = "GANTRY_RESUME_FROM"
 RESUME_STEP_ENV = "GANTRY_RESUME_STEP"
 # Every variable Gantry itself puts in a job's environment, with what it carries: the one
-# list. Every backend sets them from ``gantry_environment`` (the token its own way), and an
+# list. Every backend sets them through ``jobs.backends.base.job_env``, which adds
+# ``gantry_environment`` to the experiment's own (the token each passes its own way), and an
 # experiment's env may not name them (``jobs.env_names``).
 GANTRY_ENV = {
     ATTEMPT_TOKEN_ENV: "the attempt's token, with which the job reports about itself",
@@ -207,9 +208,11 @@ def gantry_environment(
 
 
 def job_environment_shown(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment a job runs with as it is stored and shown: its own variables plus
-    its attempt token, redacted. Every job gets a token; it reaches the job apart from the
-    stored spec (docs/security.md), so what is stored never holds it."""
+    """The environment a job runs with as the simulator stores and shows it: its own
+    variables plus its attempt token, redacted. Every job gets a token; it reaches the job
+    apart from the stored spec (docs/security.md), so what is stored never holds it. Only
+    the simulator calls this: the Kubernetes manifest (``k8s_manifest``) and the Slurm
+    script (``slurm_script``) write the token's redaction their own way."""
     return {**env, ATTEMPT_TOKEN_ENV: REDACTED}
 
 
