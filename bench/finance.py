@@ -48,12 +48,12 @@ from bench.cycle import QueryCounter, truncate, vacuum
 from bench.report import Section, best_of, ms, ratio, timed
 from clusters.models import Cluster, ClusterFlavor
 from finance import selectors as finance_selectors
-from finance.costing import CATEGORIES
 from finance.models import DailyUsage
 from finance.selectors import platform_currency
 from finance.services import daily_usage_rebuild, rate_card_add
 from images.models import Image
 from jobs.models import Attempt, Experiment, Run
+from telemetry.accounting import CATEGORIES
 from telemetry.models import AttemptAccounting
 from tenants.models import GlobalRole, GpuFlavor, Project, Tenant
 

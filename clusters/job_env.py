@@ -44,5 +44,7 @@ def gantry_environment(
 def job_environment_shown(env: Mapping[str, str]) -> dict[str, str]:
     """The environment a job runs with as it is stored and shown: its own variables plus
     its attempt token, redacted. Every job gets a token; it reaches the job apart from the
-    stored spec (docs/security.md), so what is stored never holds it."""
+    stored spec (docs/security.md), so what is stored never holds it. Only the simulator
+    calls this: the Kubernetes manifest and the Slurm script write the token's redaction
+    their own way."""
     return {**env, ATTEMPT_TOKEN_ENV: REDACTED}

@@ -21,7 +21,13 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from fractions import Fraction
 
-CATEGORIES = ("effective", "lost", "startup", "checkpoint", "idle", "input_wait", "comm_wait")
+from telemetry.accounting import EFFECTIVE, WASTE
+
+# The categories (``telemetry.accounting``'s) in the order a segment's leftover units are
+# handed out on a tie: effective first, then the waste in precedence order. Every DailyUsage
+# row was split in this order, so a rebuild of a past day gives the same rows; it is a
+# rounding rule, not a second list of categories.
+SHARE_ORDER = (EFFECTIVE, *WASTE)
 CENT = Fraction(1, 100)
 SECONDS_PER_HOUR = 3600
 
@@ -133,12 +139,12 @@ def split_attempt(
     segments = _segments(start, end, rates)
     if len(segments) == 1:  # most attempts: inside one day and under one price
         day, rate, _, _ = segments[0]
-        return [DayShare(day, rate, {name: gpu_seconds.get(name, 0) for name in CATEGORIES})]
+        return [DayShare(day, rate, {name: gpu_seconds.get(name, 0) for name in SHARE_ORDER})]
     total_s = _seconds(end - start)
     cumulative = [_seconds(b - start) / total_s for _, _, _, b in segments]
     by_category = _split_parts(gpu_seconds, cumulative)
     return [
-        DayShare(day, rate, {name: by_category[name][i] for name in CATEGORIES})
+        DayShare(day, rate, {name: by_category[name][i] for name in SHARE_ORDER})
         for i, (day, rate, _, _) in enumerate(segments)
     ]
 
@@ -152,31 +158,31 @@ def _split_parts(
     then, and the units left go to the categories owed the most fraction. A category never
     gets more than it has left, and the last part (owed exactly what is left) gets the rest:
     every category adds up to its total, every part is zero or more."""
-    totals = {name: gpu_seconds.get(name, 0) for name in CATEGORIES}
+    totals = {name: gpu_seconds.get(name, 0) for name in SHARE_ORDER}
     total = sum(totals.values())
-    used = dict.fromkeys(CATEGORIES, 0)
-    parts: dict[str, list[int]] = {name: [] for name in CATEGORIES}
+    used = dict.fromkeys(SHARE_ORDER, 0)
+    parts: dict[str, list[int]] = {name: [] for name in SHARE_ORDER}
     handed_out = 0
     for share in cumulative:
         running = round(total * share)  # the running total is rounded, never the parts
-        owed = {name: totals[name] * share - used[name] for name in CATEGORIES}
+        owed = {name: totals[name] * share - used[name] for name in SHARE_ORDER}
         # The floor, or zero when a category was given a unit ahead and is owed less than
         # nothing (int() truncates towards zero). Owed never exceeds what is left: share ≤ 1.
-        take = {name: max(0, int(owed[name])) for name in CATEGORIES}
+        take = {name: max(0, int(owed[name])) for name in SHARE_ORDER}
         left = running - handed_out - sum(take.values())
         handed_out = running
 
-        # The units left go to the categories owed the most fraction, ties in category order.
+        # The units left go to the categories owed the most fraction, ties in ``SHARE_ORDER``.
         # There are never more units left than categories owed a fraction (the part's total
         # is the rounded sum of what is owed), and each of those has a unit left to take.
-        by_fraction = sorted(CATEGORIES, key=lambda name: owed[name] - take[name], reverse=True)
+        by_fraction = sorted(SHARE_ORDER, key=lambda name: owed[name] - take[name], reverse=True)
         for name in by_fraction[: max(left, 0)]:
             take[name] += 1
         # More taken than the part holds (the zeros above): the least owed give units back.
         for _ in range(-left):
-            name = min((n for n in CATEGORIES if take[n]), key=lambda n: owed[n] - take[n])
+            name = min((n for n in SHARE_ORDER if take[n]), key=lambda n: owed[n] - take[n])
             take[name] -= 1
-        for name in CATEGORIES:
+        for name in SHARE_ORDER:
             parts[name].append(take[name])
             used[name] += take[name]
     return parts

@@ -26,13 +26,13 @@ from django.db.models.functions import TruncMonth
 from finance import costing
 from finance.models import DailyUsage, RateCard, UsageRollupState
 from jobs.models import Attempt
+from telemetry.accounting import CATEGORIES, WASTE
 from telemetry.selectors import CATEGORY_LABELS
 from tenants.models import GpuFlavor, Quota, Tenant
 
 SECONDS_PER_HOUR = Decimal(costing.SECONDS_PER_HOUR)
 GPU_HOUR_PLACES = Decimal("0.000001")
 ZERO_MONEY = Decimal("0.00")
-WASTE = costing.CATEGORIES[1:]  # lost, startup, checkpoint, idle, input_wait, comm_wait
 TREND_MONTHS = 12
 EXPORT_CHUNK_ROWS = 2000
 
@@ -261,12 +261,6 @@ def _breakdown(lines: list[tuple[dict[str, Any], Usage]], dimension: str) -> lis
         StatementLine(dimension=dimension, key=key, label=label, usage=usage)
         for (key, label), usage in ordered
     ]
-
-
-def statement_lines(*, tenant: Tenant, month: date, dimension: str) -> list[StatementLine]:
-    """One line per value of ``dimension`` with usage in the month, the costliest first."""
-    lines = list(_lines(_month_rows(tenant=tenant, month=month_first_day(month)), *_LABELS))
-    return _breakdown(lines, dimension)
 
 
 def statement_total(*, tenant: Tenant, month: date) -> Usage:
@@ -543,7 +537,7 @@ def attempts_in_month(*, attempts: list[Attempt], month: date) -> list[AttemptIn
         shares = costing.split_attempt(
             start=attempt.started_at,
             end=attempt.finished_at,
-            gpu_seconds={name: getattr(account, f"{name}_gpu_s") for name in costing.CATEGORIES},
+            gpu_seconds={name: getattr(account, f"{name}_gpu_s") for name in CATEGORIES},
             rates=rates.get(attempt.run.flavor_id, ()),
         )
         inside = [share for share in shares if month <= share.day < end]

@@ -18,6 +18,7 @@ from finance.access import rate_card_can_manage
 from finance.models import DailyUsage, RateCard, UsageRollupState
 from finance.selectors import platform_currency, rate_cards_for
 from jobs.models import Attempt
+from telemetry.accounting import CATEGORIES
 from telemetry.models import AttemptAccounting
 from tenants.models import GpuFlavor
 from tenants.services import audit_record
@@ -27,7 +28,6 @@ _CURRENCY = re.compile(r"[A-Z]{3}")
 # Accounting committed a little after the time it was computed at is still picked up: the
 # rollup looks this far behind its watermark (rebuilding a day twice is harmless).
 WATERMARK_LAG = timedelta(minutes=10)
-_CATEGORIES = costing.CATEGORIES
 
 
 def _places(price: Decimal) -> int:
@@ -148,7 +148,7 @@ def daily_usage_rebuild(*, days: Iterable[date]) -> int:
         "attempt__started_at", "attempt__finished_at", "attempt__cluster_id",
         "attempt__run__tenant_id", "attempt__run__experiment__project_id",
         "attempt__run__submitted_by_id", "attempt__run__flavor_id",
-        *(f"{name}_gpu_s" for name in _CATEGORIES),
+        *(f"{name}_gpu_s" for name in CATEGORIES),
     )  # fmt: skip
     accounts = (
         AttemptAccounting.objects.filter(attempt__started_at__lt=hi, attempt__finished_at__gte=lo)
@@ -164,7 +164,7 @@ def daily_usage_rebuild(*, days: Iterable[date]) -> int:
         shares = costing.split_attempt(
             start=started,
             end=finished,
-            gpu_seconds=dict(zip(_CATEGORIES, seconds, strict=True)),
+            gpu_seconds=dict(zip(CATEGORIES, seconds, strict=True)),
             rates=rates.get(flavor, ()),
         )
         counted: set[tuple] = set()
@@ -176,8 +176,8 @@ def daily_usage_rebuild(*, days: Iterable[date]) -> int:
             # Cards start at 00:00 UTC: a flavor's day has one card or none.
             if cards.setdefault(key, card) != card:
                 raise AssertionError(f"two rate cards on one day: {key}")
-            row = totals.setdefault(key, [0] * (len(_CATEGORIES) + 2))
-            for position, name in enumerate(_CATEGORIES):
+            row = totals.setdefault(key, [0] * (len(CATEGORIES) + 2))
+            for position, name in enumerate(CATEGORIES):
                 row[position] += share.gpu_seconds[name]
             row[-2] += share.unpriced_gpu_s
             if key not in counted:
@@ -185,7 +185,7 @@ def daily_usage_rebuild(*, days: Iterable[date]) -> int:
                 counted.add(key)
     rows = []
     for (day, tenant, project, user, flavor, cluster), values in sorted(totals.items()):
-        per_category = dict(zip(_CATEGORIES, values[: len(_CATEGORIES)], strict=True))
+        per_category = dict(zip(CATEGORIES, values[: len(CATEGORIES)], strict=True))
         rows.append(
             DailyUsage(
                 date=day,

@@ -7,7 +7,7 @@ row cap. Widths are fixed per column, as they must be set before the first row i
 """
 
 from collections.abc import Iterable, Sequence
-from typing import IO
+from typing import IO, Any
 
 from openpyxl import Workbook
 from openpyxl.cell import WriteOnlyCell
@@ -62,7 +62,7 @@ def column_width(name: str, number_format: str | None) -> int:
 
 
 def usage_workbook_write(
-    rows: Iterable[Sequence], *, columns: Sequence[str], currency: str, into: IO[bytes]
+    rows: Iterable[Sequence[Any]], *, columns: Sequence[str], currency: str, into: IO[bytes]
 ) -> None:
     """Write the export's ``rows`` (in ``columns`` order) as the sheet "Usage" into ``into``."""
     workbook = Workbook(write_only=True)
@@ -81,7 +81,7 @@ def usage_workbook_write(
         header.append(cell)
     sheet.append(header)
     for row in rows:
-        cells: list = []
+        cells: list[Any] = []
         for value, number_format in zip(row, formats, strict=True):
             if number_format is None or value is None:
                 cells.append(value)

@@ -26,7 +26,15 @@ USER_AGENT = "gantry-cli/1"
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> None:
         return None  # the 3xx answer is raised as an HTTPError instead
 
 
@@ -63,12 +71,14 @@ class Client:
     def delete(self, path: str) -> Any:
         return self.request("DELETE", self.endpoint(path))
 
-    def get_all(self, path: str, params: Mapping[str, Any] | None = None, limit: int = 0):
+    def get_all(
+        self, path: str, params: Mapping[str, Any] | None = None, limit: int = 0
+    ) -> list[Any]:
         """The ``results`` of every page (at most ``limit`` items if given), following
         ``next`` links only while they stay on this server."""
         return list(self._pages(path, params, limit))
 
-    def _pages(self, path, params, limit) -> Iterator[Any]:
+    def _pages(self, path: str, params: Mapping[str, Any] | None, limit: int) -> Iterator[Any]:
         url: str | None = self.endpoint(path, params)
         count = 0
         while url:

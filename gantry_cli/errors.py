@@ -49,7 +49,7 @@ class ApiValidationError(CliError):
         self.errors = errors
 
 
-def flatten_errors(detail, prefix: str = "") -> dict[str, list[str]]:
+def flatten_errors(detail: object, prefix: str = "") -> dict[str, list[str]]:
     """DRF error bodies, nested or already dotted, as ``{"a.b": ["message", …]}``."""
     if isinstance(detail, dict):
         flat: dict[str, list[str]] = {}

@@ -503,7 +503,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, handler, help: str, **kwargs) -> argparse.ArgumentParser:
+    def command(
+        name: str, handler: Callable[[Context], int], help: str, **kwargs: Any
+    ) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help, description=help, **kwargs)
         sub.set_defaults(handler=handler)
         return sub
@@ -624,7 +626,8 @@ def main(argv: Sequence[str] | None = None, *, poll_hook: PollHook | None = None
     if not hasattr(args, "poll_interval"):
         args.poll_interval = DEFAULT_POLL_INTERVAL
     try:
-        return args.handler(Context(args=args, poll_hook=poll_hook))
+        code: int = args.handler(Context(args=args, poll_hook=poll_hook))
+        return code
     except ApiValidationError as exc:
         _print_validation(exc.errors)
         return exc.exit_code

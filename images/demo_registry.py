@@ -23,6 +23,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from requests import PreparedRequest, Response
 from requests.adapters import HTTPAdapter
@@ -171,7 +172,7 @@ class DemoRegistryTransport(HTTPAdapter):
             self._blobs[(image.path, _sha256(config))] = config
         self._repositories = {image.path for image in images}
 
-    def send(self, request: PreparedRequest, **kwargs) -> Response:  # type: ignore[override]
+    def send(self, request: PreparedRequest, **kwargs: Any) -> Response:  # type: ignore[override]
         status, headers, body = self._answer(request.method or "GET", request.path_url)
         raw = HTTPResponse(
             body=io.BytesIO(b"" if request.method == "HEAD" else body),

@@ -5,6 +5,8 @@ exactly like a missing one. The runtime report is the one endpoint a job calls: 
 only the job's per-attempt token, which names the attempt it may write.
 """
 
+import uuid
+
 from django.contrib.auth.models import AnonymousUser
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -67,6 +69,28 @@ from tenants.selectors import quota_list_viewable
 ID = OpenApiParameter("id", {"type": "integer", "minimum": 1}, OpenApiParameter.PATH)
 INVALID_QUERY = OpenApiResponse(description="Query parameter name → list of messages.")
 INVALID_PAGE = OpenApiResponse(ErrorSerializer, description="No such page.")
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+IDEMPOTENCY_KEY = OpenApiParameter(
+    IDEMPOTENCY_HEADER,
+    {"type": "string", "format": "uuid"},
+    OpenApiParameter.HEADER,
+    description="A UUID of your choosing: the same request sent again with the same key "
+    "answers with the run the first one queued and queues nothing new.",
+)
+
+
+def idempotency_key(request) -> uuid.UUID | None:
+    """The request's ``Idempotency-Key`` header as a UUID (None without one); a value that
+    is not a UUID is a 400 naming the header, before anything is done."""
+    value = request.headers.get(IDEMPOTENCY_HEADER)
+    if value is None:
+        return None
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise ValidationError(
+            {IDEMPOTENCY_HEADER: [f"{IDEMPOTENCY_HEADER} must be a UUID."]}
+        ) from None
 
 
 MAX_LOG_TAIL = 10_000
@@ -180,6 +204,7 @@ class RunViewSet(viewsets.GenericViewSet):
 
     @extend_schema(
         request=ExperimentInputSerializer,
+        parameters=[IDEMPOTENCY_KEY],
         responses={
             201: RunDetailSerializer,
             400: OpenApiResponse(description="Field name → list of messages."),
@@ -190,7 +215,11 @@ class RunViewSet(viewsets.GenericViewSet):
         serializer = ExperimentInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         try:
-            run = run_submit(user=request.user, data=serializer.to_experiment_input())
+            run = run_submit(
+                user=request.user,
+                data=serializer.to_experiment_input(),
+                submission_key=idempotency_key(request),
+            )
         except DjangoValidationError as exc:
             raise ValidationError(as_serializer_error(exc)) from None
         return _created(request, run)
@@ -290,7 +319,7 @@ class ExperimentViewSet(viewsets.GenericViewSet):
         return Response(ExperimentSerializer(experiment).data)
 
     @extend_schema(
-        parameters=[ID],
+        parameters=[ID, IDEMPOTENCY_KEY],
         request=None,
         responses={
             201: RunDetailSerializer,
@@ -307,7 +336,9 @@ class ExperimentViewSet(viewsets.GenericViewSet):
         """Queue a new run of the same experiment record, exactly as recorded."""
         experiment = or_404(experiment_get_viewable, user=request.user, experiment_id=int(pk))
         try:
-            run = run_rerun(experiment=experiment, user=request.user)
+            run = run_rerun(
+                experiment=experiment, user=request.user, submission_key=idempotency_key(request)
+            )
         except DjangoPermissionDenied as exc:
             # The user can read the experiment, so a 403 leaks nothing.
             raise PermissionDenied(str(exc)) from None

@@ -1,4 +1,5 @@
-"""The submit form: it parses types only. Every rule lives in ``jobs.services.run_submit``."""
+"""The submit form: it parses types only. Every rule lives in
+``jobs.services.submission.run_submit``."""
 
 import json
 
@@ -352,7 +353,7 @@ _TEMPLATE_FIELDS_META = json.dumps(
 
 
 class TemplateForm(ServiceErrorsMixin, forms.Form):
-    """Types only; ``jobs.services.template_save`` checks values, locks and ranges."""
+    """Types only; ``jobs.services.templates.template_save`` checks values, locks and ranges."""
 
     tenant = forms.ChoiceField(
         required=False, help_text="Global templates (platform admins only) serve every tenant."

@@ -67,7 +67,8 @@ def _reason(choices) -> serializers.ChoiceField:
 
 
 class ExperimentInputSerializer(serializers.Serializer):
-    """The fields of ``jobs.services.ExperimentInput``; unknown keys are rejected by name."""
+    """The fields of ``jobs.services.submission.ExperimentInput``; unknown keys are rejected
+    by name."""
 
     tenant = serializers.CharField(max_length=63, help_text="Tenant slug.")
     project = serializers.CharField(max_length=63, help_text="Project slug within the tenant.")

@@ -20,7 +20,7 @@ from core.api import NOT_FOUND, UNAUTHENTICATED, ErrorSerializer
 from core.http import or_404
 from core.parsers import JsonTextParser
 from jobs.access import template_list_usable
-from jobs.api import ID, INVALID_PAGE
+from jobs.api import ID, IDEMPOTENCY_KEY, INVALID_PAGE, idempotency_key
 from jobs.models import ExperimentTemplate
 from jobs.selectors.experiments import experiment_get_viewable
 from jobs.selectors.runs import run_get_viewable
@@ -72,6 +72,7 @@ class SpecSubmitApi(APIView):
 
     @extend_schema(
         request=ExperimentSpecSerializer,
+        parameters=[IDEMPOTENCY_KEY],
         responses={
             201: RunSerializer,
             400: SPEC_ERRORS,
@@ -82,7 +83,11 @@ class SpecSubmitApi(APIView):
     def post(self, request):
         """Submit an experiment spec (version 1). Nothing is created if any field is bad."""
         try:
-            run = spec_submit(user=request.user, document=request.data)
+            run = spec_submit(
+                user=request.user,
+                document=request.data,
+                submission_key=idempotency_key(request),
+            )
         except DjangoPermissionDenied as exc:
             raise PermissionDenied(str(exc)) from None
         except DjangoValidationError as exc:

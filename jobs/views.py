@@ -55,7 +55,7 @@ from jobs.forms import (
     initial_from_template,
     template_initial,
 )
-from jobs.models import RunState
+from jobs.models import Run, RunState
 from jobs.reproducibility import experiment_diff, runtime_rows
 from jobs.run_rows import RUN_ROW_FIELDS, run_row, run_row_html, run_rows_version
 from jobs.selectors import logs
@@ -83,15 +83,13 @@ from jobs.selectors.runs import (
     run_events,
     run_get_viewable,
     run_page_viewable,
-    run_submitted_with,
     runs_usage,
 )
 from jobs.selectors.templates import template_get_manageable, template_get_usable
 from jobs.services import capacity, lifecycle, submission
 from jobs.services import templates as template_services
 from jobs.services.specs import experiment_spec
-from jobs.services.submission import run_rerun
-from jobs.services.templates import TEMPLATE_FIELDS, template_save, template_submit
+from jobs.services.templates import TEMPLATE_FIELDS, template_save
 from tenants import invitations as tenant_invitations
 from tenants import services as tenant_services
 from tenants.access import (
@@ -303,32 +301,39 @@ def run_submit(request: HttpRequest) -> HttpResponse:
             source = experiment_list_viewable(user=request.user).filter(pk=source_id).first()
         if form.is_valid():
             key = form.cleaned_data["submission_key"]
-            earlier = run_submitted_with(user=request.user, submission_key=key)
-            if earlier is not None:
-                messages.info(
-                    request,
-                    f"This form was already submitted as run {earlier.pk}: nothing new was "
-                    "queued. Open the submit page again to queue another run.",
-                )
-                return redirect("jobs:run_detail", run_id=earlier.pk)
+            if template is None:
+                data = form.experiment_input()
+
+                def create() -> Run:
+                    return submission.run_record(
+                        user=request.user, data=data, submission_key=key, template=None
+                    )
+            else:
+                chosen, values = template, form.template_values()
+
+                def create() -> Run:
+                    return template_services.template_run_record(
+                        user=request.user, template=chosen, values=values, submission_key=key
+                    )
+
             try:
-                if template is None:
-                    run = submission.run_submit(
-                        user=request.user, data=form.experiment_input(), submission_key=key
-                    )
-                else:
-                    run = template_submit(
-                        user=request.user,
-                        template=template,
-                        values=form.template_values(),
-                        submission_key=key,
-                    )
+                submitted = submission.submission_once(
+                    user=request.user, submission_key=key, create=create
+                )
             except ValidationError as exc:
                 if template is not None:
                     exc = ValidationError(spec.errors_to_input(exc.message_dict))
                 form.add_service_errors(exc)
             else:
-                messages.success(request, f"Run {run.pk} submitted.")
+                run = submitted.run
+                if submitted.replayed:
+                    messages.info(
+                        request,
+                        f"This form was already submitted as run {run.pk}: nothing new was "
+                        "queued. Open the submit page again to queue another run.",
+                    )
+                else:
+                    messages.success(request, f"Run {run.pk} submitted.")
                 return redirect("jobs:run_detail", run_id=run.pk)
     elif restored is not None:
         form = RunSubmitForm(restored, initial=initial, **choices)
@@ -728,17 +733,23 @@ def experiment_rerun(request: HttpRequest, experiment_id: int) -> HttpResponse:
     except ValueError:
         messages.error(request, "Not re-run: the form is damaged. Reload the page and try again.")
         return redirect("jobs:experiment_detail", experiment_id=experiment.pk)
-    earlier = run_submitted_with(user=request.user, submission_key=key)
-    if earlier is not None:
-        messages.info(request, f"Already re-run as run {earlier.pk}: nothing new was queued.")
-        return redirect("jobs:run_detail", run_id=earlier.pk)
     # PermissionDenied propagates: the user can read the experiment, so a 403 leaks nothing.
     try:
-        run = run_rerun(experiment=experiment, user=request.user, submission_key=key)
+        submitted = submission.submission_once(
+            user=request.user,
+            submission_key=key,
+            create=lambda: submission.run_rerun_record(
+                experiment=experiment, user=request.user, submission_key=key
+            ),
+        )
     except ValidationError as exc:
         messages.error(request, "Not re-run: " + " ".join(exc.messages))
         return redirect("jobs:experiment_detail", experiment_id=experiment.pk)
-    messages.success(request, f"Run {run.pk} re-runs experiment {experiment.pk} exactly.")
+    run = submitted.run
+    if submitted.replayed:
+        messages.info(request, f"Already re-run as run {run.pk}: nothing new was queued.")
+    else:
+        messages.success(request, f"Run {run.pk} re-runs experiment {experiment.pk} exactly.")
     return redirect("jobs:run_detail", run_id=run.pk)
 
 

@@ -1,5 +1,8 @@
 """The home page's reads: one section per role the user holds, each built from the
-selectors of the pages it summarises, so a number here is the number there.
+selectors of the pages it summarises, so a number here is the number there. The run lists
+are SQL written by hand (one statement for both of a researcher's lists), kept to the runs
+the user may read by ``tenants.access.tenant_scope_sql``, the rule ``run_list_viewable``
+starts from (tests/portal/test_tenant_scope_sql.py holds them to it).
 
 - researcher (a member of a tenant): their latest runs, their waiting runs with the start
   estimate, the goodput of each of their tenants and of their own runs there over the
@@ -45,9 +48,8 @@ from telemetry.kpis.selectors import KpiScope, PlatformKpis, platform_kpis
 from tenants.access import (
     is_finance,
     is_platform_admin,
-    sees_all_tenants,
     tenant_ids_administered,
-    tenant_roles,
+    tenant_scope_sql,
 )
 from tenants.models import GpuFlavor, Membership, Project, Tenant
 from tenants.selectors import quota_list_viewable
@@ -152,11 +154,11 @@ _LIST = "home_list"
 def _run_rows(
     *, user: UserLike, where: str, params: list, order: str, limit: int, counted: bool = True
 ) -> tuple[str, list]:
-    """SQL of the first ``limit`` runs the user may read (as ``run_list_viewable``: runs of
-    active tenants, all of them for global roles, else those of the user's tenants) that
-    match ``where``, in ``order``; with the count of all that match (``_MATCHING``) when
-    ``counted``, else NULL there. Counting reads every matching run, not only the first
-    ``limit``: a list whose number is not shown does not pay for it."""
+    """SQL of the first ``limit`` runs the user may read (``run_list_viewable``'s rule, as
+    ``tenant_scope_sql`` writes it for SQL) that match ``where``, in ``order``; with the
+    count of all that match (``_MATCHING``) when ``counted``, else NULL there. Counting
+    reads every matching run, not only the first ``limit``: a list whose number is not
+    shown does not pay for it."""
     quote = connection.ops.quote_name
     columns = ", ".join(
         [
@@ -167,11 +169,7 @@ def _run_rows(
         + [f"{column} AS {name}" for name, column in _RUN_ROW_NAMES.items()]
         + [f"{'count(*) OVER ()' if counted else 'CAST(NULL AS bigint)'} AS {_MATCHING}"]
     )
-    viewable = ""
-    if not sees_all_tenants(user):
-        tenant_ids = sorted(tenant_roles(user))
-        viewable = f" AND r.tenant_id IN ({', '.join(['%s'] * len(tenant_ids)) or 'NULL'})"
-        params = [*tenant_ids, *params]
+    viewable, scope = tenant_scope_sql(user=user, tenant="t")
     # Identifiers from model metadata (quoted), fragments from this module; every value
     # is a parameter.
     return (
@@ -181,8 +179,8 @@ def _run_rows(
         f"JOIN {quote(Project._meta.db_table)} p ON p.id = e.project_id "
         f"JOIN {quote(GpuFlavor._meta.db_table)} f ON f.id = r.flavor_id "
         f"JOIN {quote(User._meta.db_table)} u ON u.id = r.submitted_by_id "
-        f"WHERE t.active{viewable} AND {where} ORDER BY {order} LIMIT {int(limit)}"
-    ), params
+        f"WHERE {viewable} AND {where} ORDER BY {order} LIMIT {int(limit)}"
+    ), [*scope, *params]
 
 
 # The order of the line (as admission orders it), and of the latest runs.
@@ -239,7 +237,7 @@ def _researcher(*, user: UserLike, now: datetime) -> ResearcherSection:
         recent=recent,
         waiting=waiting,
         waiting_count=getattr(waiting[0], _MATCHING) if waiting else 0,
-        goodput=goodput_of_my_tenants(user_id=user_id, since=since, until=until),
+        goodput=goodput_of_my_tenants(user=user, since=since, until=until),
         goodput_days=DEFAULT_GOODPUT_DAYS,
         goodput_since=since.date(),
     )

@@ -31,8 +31,13 @@ class Outcome(StrEnum):
 # is stopped on purpose and a succeeded one kept its work.
 LOSING_OUTCOMES = frozenset({Outcome.FAILED, Outcome.PREEMPTED, Outcome.LOST})
 
-CATEGORIES = ("lost", "startup", "checkpoint", "idle", "input_wait", "comm_wait", "effective")
-WASTE = CATEGORIES[:-1]
+# The accounting categories: the one definition every app derives from (finance's costing,
+# statements, exports and charts, the telemetry pages). Adding a category starts here.
+EFFECTIVE = "effective"
+# Waste, in precedence order: a GPU-second goes to the first category that claims it.
+WASTE = ("lost", "startup", "checkpoint", "idle", "input_wait", "comm_wait")
+# Every category, effective last: ``whole_seconds`` breaks rounding ties in this order.
+CATEGORIES = (*WASTE, EFFECTIVE)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,9 @@ from django.utils import timezone
 from jobs.models import Attempt, Run
 from telemetry.models import AttemptAccounting
 from telemetry.selectors import RUN_SUM_COLUMNS, RUN_SUM_TYPES, GpuSeconds
-from tenants.models import Membership, Tenant
+from tenants.access import tenant_scope_sql
+from tenants.models import Tenant
+from tenants.types import UserLike, signed_in
 
 # The periods the goodput pages offer, and the one shown first (and on the home page).
 GOODPUT_DAYS = (7, 30, 90)
@@ -41,10 +43,15 @@ class TenantGoodput:
     mine: GpuSeconds
 
 
-def goodput_of_my_tenants(*, user_id: int, since: datetime, until: datetime) -> list[TenantGoodput]:
-    """Per active tenant ``user_id`` is a member of, by slug: the accounting of its attempts
-    that finished in [since, until), and of those of the runs the user submitted. One
-    query, whatever the number of tenants (the home page asks it on every visit)."""
+def goodput_of_my_tenants(
+    *, user: UserLike, since: datetime, until: datetime
+) -> list[TenantGoodput]:
+    """Per active tenant ``user`` is a member of (``tenant_scope_sql``, members only), by
+    slug: the accounting of its attempts that finished in [since, until), and of those of
+    the runs the user submitted. One query, whatever the number of tenants (the home page
+    asks it on every visit)."""
+    user_id = signed_in(user).pk
+    scope, scope_params = tenant_scope_sql(user=user, tenant="t", members_only=True)
     quote = connection.ops.quote_name
     columns = [f"a.{quote(column)}" for column in RUN_SUM_COLUMNS.values()]
     mine = "r.submitted_by_id = %s"
@@ -54,10 +61,11 @@ def goodput_of_my_tenants(*, user_id: int, since: datetime, until: datetime) -> 
         + [f"SUM(CASE WHEN {mine} THEN {column} END)" for column in columns]
         + [f"COUNT(CASE WHEN {mine} THEN a.id END)"]
     )
-    params = [user_id] * (len(columns) + 1) + [
-        user_id,
+    params = [
+        *[user_id] * (len(columns) + 1),
         connection.ops.adapt_datetimefield_value(since),
         connection.ops.adapt_datetimefield_value(until),
+        *scope_params,
     ]
     # Identifiers from model metadata (quoted); every value is a parameter.
     sql = (
@@ -65,8 +73,7 @@ def goodput_of_my_tenants(*, user_id: int, since: datetime, until: datetime) -> 
         f"JOIN {quote(Attempt._meta.db_table)} at ON at.id = a.attempt_id "
         f"JOIN {quote(Run._meta.db_table)} r ON r.id = at.run_id "
         f"JOIN {quote(Tenant._meta.db_table)} t ON t.id = r.tenant_id "
-        f"JOIN {quote(Membership._meta.db_table)} m ON m.tenant_id = t.id AND m.user_id = %s "
-        "WHERE at.finished_at >= %s AND at.finished_at < %s AND t.active "
+        f"WHERE at.finished_at >= %s AND at.finished_at < %s AND {scope} "
         "GROUP BY t.id, t.slug ORDER BY t.slug"
     )
     with connection.cursor() as cursor:

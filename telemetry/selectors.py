@@ -593,9 +593,13 @@ def run_checkpoint_marks(*, run_id: int, numbers: dict[int, int]) -> list[Checkp
     return sorted(marks, key=lambda mark: (mark.at, mark.attempt_id, mark.reported_by))
 
 
-# The same reads through the ORM, for SQLite (the embedded mode): its SQL has no
-# DATE_TRUNC, AT TIME ZONE, = ANY or FILTER. On PostgreSQL the tests hold both to the same
-# answers.
+# The same six reads through the ORM (accounting_by_attempt, gpu_summaries,
+# gpu_activity_series, step_split_by_attempt, step_split_series, run_checkpoint_marks). Why
+# both: the hand-written SQL above is what PostgreSQL runs, because the run page asks these
+# on every visit and the ORM's compilation was most of their cost (``_in_sql``); the twins
+# are what SQLite runs (the embedded mode's default database), whose SQL has no DATE_TRUNC,
+# AT TIME ZONE, = ANY or FILTER. Neither is unused. tests/telemetry/test_run_telemetry_sql.py
+# holds each pair to the same answers on PostgreSQL, and each read to its own twin off it.
 
 _TRUNC = {"minute": TruncMinute, "hour": TruncHour, "day": TruncDay}
 _STEP_SUMS = {

@@ -104,16 +104,64 @@ def tenant_ids_administered(user: UserLike) -> list[int]:
     )
 
 
+def tenant_ids_viewable(user: UserLike) -> list[int] | None:
+    """Who sees whose runs and experiments, the one rule: the ids of the active tenants the
+    user may read, sorted, or None for every active tenant (global roles). The restricted
+    querysets (``tenant_list_viewable``) and the SQL written by hand
+    (``tenant_scope_sql``) both start here."""
+    if sees_all_tenants(user):
+        return None
+    return sorted(tenant_roles(user))
+
+
+def tenant_ids_member(user: UserLike) -> list[int]:
+    """The active tenants the user is a member of, by id, sorted: where they may submit, and
+    "my tenants" (global roles are not enough)."""
+    return sorted(tenant_roles(user))
+
+
 def tenant_list_viewable(*, user: UserLike) -> QuerySet[Tenant]:
     """Tenants whose runs and experiments the user may read."""
-    if sees_all_tenants(user):
-        return Tenant.objects.filter(active=True)
-    return Tenant.objects.filter(active=True, id__in=tenant_roles(user).keys())
+    ids = tenant_ids_viewable(user)
+    active = Tenant.objects.filter(active=True)
+    return active if ids is None else active.filter(id__in=ids)
 
 
 def tenant_list_submittable(*, user: UserLike) -> QuerySet[Tenant]:
     """Tenants the user may submit to: membership is required, global roles are not enough."""
-    return Tenant.objects.filter(active=True, id__in=tenant_roles(user).keys())
+    return Tenant.objects.filter(active=True, id__in=tenant_ids_member(user))
+
+
+def tenant_scope_sql(
+    *, user: UserLike, tenant: str, members_only: bool = False
+) -> tuple[str, list[bool | int]]:
+    """The condition, and its parameters, that keeps SQL written by hand to the rows the
+    user may read, as the restricted querysets do: ``tenant`` is the alias of the tenants
+    table joined to those rows; active tenants only, all of them for global roles
+    (``tenant_ids_viewable``), else the user's; with ``members_only``, the tenants the user
+    is a member of (``tenant_ids_member``). No tenant is a condition nothing meets."""
+    ids = tenant_ids_member(user) if members_only else tenant_ids_viewable(user)
+    return tenant_ids_sql(tenant_ids=ids, tenant=tenant)
+
+
+def tenant_ids_sql(*, tenant_ids: list[int] | None, tenant: str) -> tuple[str, list[bool | int]]:
+    """``tenant_scope_sql`` for ids already read (None: every active tenant). The SQL text
+    depends only on the number of ids; every value is a parameter."""
+    quote = connection.ops.quote_name
+    active = f"{tenant}.{quote(_column(Tenant, 'active'))} = %s"
+    if tenant_ids is None:
+        return active, [True]
+    if not tenant_ids:
+        return "1 = 0", []
+    marks = ", ".join(["%s"] * len(tenant_ids))
+    params: list[bool | int] = [True, *tenant_ids]
+    return f"{active} AND {tenant}.{quote(_column(Tenant, 'id'))} IN ({marks})", params
+
+
+def _column(model, name: str) -> str:
+    column = model._meta.get_field(name).column
+    assert column is not None  # a concrete field
+    return column
 
 
 def require_platform_admin(user: UserLike) -> None:

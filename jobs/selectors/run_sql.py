@@ -22,9 +22,8 @@ from django.db.models import Field, ForeignKey
 from jobs.models import Attempt, Run, RunEvent
 from jobs.selectors.sql import Loaded, Statement, related_model
 from jobs.selectors.sql import field_of as _field
-from jobs.selectors.sql import placeholders as _marks
 from jobs.selectors.sql import quoted_column as _quoted
-from tenants.models import Tenant
+from tenants.access import tenant_ids_sql
 
 # The relations read with a run (as select_related names them: those of run_list_viewable,
 # and the experiment's image when whole rows are loaded), each with the alias of its table.
@@ -51,13 +50,12 @@ def run_get_sql(
     (whole rows of the run and its seven related rows), in one statement."""
     if tenant_ids is not None and not tenant_ids:
         return None
-    statement = _run_statement(
-        vendor=connection.vendor,
-        columns=tuple(columns),
-        tenants=None if tenant_ids is None else len(tenant_ids),
+    scope, scope_params = tenant_ids_sql(
+        tenant_ids=None if tenant_ids is None else list(tenant_ids), tenant="t"
     )
+    statement = _run_statement(vendor=connection.vendor, columns=tuple(columns), scope=scope)
     with connection.cursor() as db_cursor:
-        db_cursor.execute(statement.sql, [run_id, True, *(tenant_ids or ())])
+        db_cursor.execute(statement.sql, [run_id, *scope_params])
         row = db_cursor.fetchone()
     if row is None:
         return None
@@ -135,10 +133,10 @@ def run_events_sql(*, run: Run, admin_detail: bool) -> list[RunEvent]:
 
 
 @lru_cache(maxsize=64)
-def _run_statement(*, vendor: str, columns: tuple[str, ...], tenants: int | None) -> Statement:
-    """The SQL of a run of this shape on this database (parameters: the run's id, True for
-    the tenant's ``active``, and the readable tenants' ids if limited), and where each
-    model's columns are in its row."""
+def _run_statement(*, vendor: str, columns: tuple[str, ...], scope: str) -> Statement:
+    """The SQL of a run of this shape on this database (parameters: the run's id, then those
+    of ``scope``, the tenants' condition of ``tenants.access.tenant_ids_sql``), and where
+    each model's columns are in its row."""
     quote = connection.ops.quote_name
     loaded: dict[str, Loaded] = {}
     start = 0
@@ -163,12 +161,7 @@ def _run_statement(*, vendor: str, columns: tuple[str, ...], tenants: int | None
             f"{kind} {quote(model._meta.db_table)} {alias} "
             f"ON {alias}.{_quoted(_field(model, 'pk'))} = {_ALIASES[holder]}.{_quoted(key)}"
         )
-    conditions = [
-        f"r.{_quoted(_field(Run, 'pk'))} = %s",
-        f"t.{_quoted(_field(Tenant, 'active'))} = %s",
-    ]
-    if tenants is not None:
-        conditions.append(f"t.{_quoted(_field(Tenant, 'pk'))} IN ({_marks(tenants)})")
+    conditions = [f"r.{_quoted(_field(Run, 'pk'))} = %s", scope]
     sql = (
         f"SELECT {selected} FROM {quote(Run._meta.db_table)} r "  # noqa: S608 (identifiers from metadata)
         f"{' '.join(joins)} WHERE {' AND '.join(conditions)}"

@@ -22,7 +22,7 @@ from jobs.reproducibility import attempt_id_of_token, attempt_token_matches
 from jobs.selectors.run_page_sql import PageFilter, runs_count_sql, runs_page_sql
 from jobs.selectors.run_sql import run_attempts_sql, run_events_sql, run_get_sql
 from jobs.selectors.sql import placeholders
-from tenants.access import is_platform_admin, sees_all_tenants, tenant_list_viewable, tenant_roles
+from tenants.access import is_platform_admin, tenant_ids_viewable, tenant_list_viewable
 from tenants.lookups import among_sql
 from tenants.models import Tenant
 
@@ -188,8 +188,7 @@ def run_get_viewable(*, user: UserLike, run_id: int, columns: Collection[str] = 
     related ones as ``experiment__name``), for a caller that reads no others. Else whole
     rows, the experiment's image too. A column read but not loaded costs a query. One
     statement (``run_get_sql``), as ``run_list_viewable`` would select the run."""
-    readable = None if sees_all_tenants(user) else sorted(tenant_roles(user))
-    run = run_get_sql(run_id=run_id, tenant_ids=readable, columns=tuple(columns))
+    run = run_get_sql(run_id=run_id, tenant_ids=tenant_ids_viewable(user), columns=tuple(columns))
     if run is None:
         raise Run.DoesNotExist("Run matching query does not exist.")
     if run.state == RunState.QUEUED:

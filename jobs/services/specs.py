@@ -1,5 +1,7 @@
 """Experiment spec files (v1): submit one, or write one from an experiment."""
 
+from uuid import UUID
+
 from django.core.exceptions import ValidationError
 from django.db.models import F, Q
 
@@ -14,20 +16,33 @@ from jobs.services.submission import (
     ExperimentInput,
     experiment_input_of,
     experiment_validate,
-    run_submit_values,
+    run_record_values,
+    submission_once,
 )
-from jobs.services.templates import template_submit
+from jobs.services.templates import template_run_record
 
 
-def spec_submit(*, user: UserLike, document) -> Run:
+def spec_submit(*, user: UserLike, document, submission_key: UUID | None = None) -> Run:
     """Submit a spec document: parse it, apply its template (the tenant's own of that name,
-    else a global one), then run_submit. ValidationError names dotted spec fields."""
+    else a global one), then run_submit. ValidationError names dotted spec fields. A
+    repeated ``submission_key`` returns the run its first request queued, before any check
+    (``submission_once``)."""
+    return submission_once(
+        user=user,
+        submission_key=submission_key,
+        create=lambda: _spec_record(user=user, document=document, submission_key=submission_key),
+    ).run
+
+
+def _spec_record(*, user: UserLike, document, submission_key: UUID | None) -> Run:
     values, errors = spec.spec_parse(document)
     if values is None:
         raise ValidationError(_with_rule_errors(user=user, document=document, errors=errors))
     name = spec.spec_template_name(document)
     if name is None:
-        return run_submit_values(user=user, values=values)
+        return run_record_values(
+            user=user, values=values, submission_key=submission_key, template=None
+        )
     template = (
         template_list_usable(user=user)
         .filter(Q(tenant__slug=values["tenant"]) | Q(tenant__isnull=True), name=name)
@@ -38,7 +53,9 @@ def spec_submit(*, user: UserLike, document) -> Run:
         raise ValidationError(
             {"template": [f"No template {name} for tenant {values['tenant']}, nor a global one."]}
         )
-    return template_submit(user=user, template=template, values=values)
+    return template_run_record(
+        user=user, template=template, values=values, submission_key=submission_key
+    )
 
 
 def experiment_spec(experiment: Experiment) -> dict:

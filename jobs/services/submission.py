@@ -282,26 +282,40 @@ def _resolve_image(errors, *, tenant, reference: str, pinned: Image | None) -> I
     return pinned
 
 
-def _submit_once(*, user: UserLike, submission_key: UUID | None, create: Callable[[], Run]) -> Run:
-    """``create()`` unless this user's ``submission_key`` already queued a run: then that run.
+@dataclass(frozen=True)
+class Submission:
+    """What a submit queued: a new run, or (``replayed``) the run an earlier request with the
+    same submission key had queued, nothing new being recorded."""
 
-    The key is checked before validating, so a replay of a form that was accepted is never
-    refused later (say, once the quota is used). Two requests racing with one key both pass
-    the check; the unique constraint on (submitted_by, submission_key) makes the second insert
-    wait for the first and fail, and the second then answers with the first's run: its
-    savepoint rolls back the experiment it had recorded, so nothing is left behind.
+    run: Run
+    replayed: bool
+
+
+def submission_once(
+    *, user: UserLike, submission_key: UUID | None, create: Callable[[], Run]
+) -> Submission:
+    """``create()`` unless this user's ``submission_key`` already queued a run: then that run.
+    The one place a submission key is checked; every submit path (the form, the API, spec
+    files, templates, re-runs) comes through here, and ``create`` records the key on its run.
+
+    The key is checked before ``create`` validates anything, so a replay of a request that
+    was accepted is never refused later (say, once the quota is used, or the template
+    changed). Two requests racing with one key both pass the check; the unique constraint on
+    (submitted_by, submission_key) makes the second insert wait for the first and fail, and
+    the second then answers with the first's run: its savepoint rolls back the experiment it
+    had recorded, so nothing is left behind. Without a key every call creates.
     """
     earlier = run_submitted_with(user=user, submission_key=submission_key)
     if earlier is not None:
-        return earlier
+        return Submission(run=earlier, replayed=True)
     try:
         with transaction.atomic():
-            return create()
+            return Submission(run=create(), replayed=False)
     except IntegrityError:
         earlier = run_submitted_with(user=user, submission_key=submission_key)
         if earlier is None:
             raise
-        return earlier
+        return Submission(run=earlier, replayed=True)
 
 
 def run_submit(
@@ -313,27 +327,30 @@ def run_submit(
 ) -> Run:
     """Record the experiment and queue a run of it; admission picks it up after commit.
 
-    With a ``submission_key`` (the submit form's one-time key) a repeated request returns
-    the run the first one queued and records nothing new. ``template``: the template the
-    values came from (``template_submit``), kept with the experiment (its runs' history
-    predicts how long the next ones take).
+    With a ``submission_key`` (the submit form's one-time key, the API's Idempotency-Key) a
+    repeated request returns the run the first one queued and records nothing new
+    (``submission_once``). ``template``: the template the values came from
+    (``template_submit``), kept with the experiment (its runs' history predicts how long the
+    next ones take).
     """
-    return _submit_once(
+    return submission_once(
         user=user,
         submission_key=submission_key,
-        create=lambda: _run_submit_new(
+        create=lambda: run_record(
             user=user, data=data, submission_key=submission_key, template=template
         ),
-    )
+    ).run
 
 
-def _run_submit_new(
+def run_record(
     *,
     user: UserLike,
     data: ExperimentInput,
     submission_key: UUID | None,
     template: ExperimentTemplate | None,
 ) -> Run:
+    """Validate, record the experiment and queue its run, keeping ``submission_key`` on it.
+    The ``create`` of ``submission_once``: it does not look the key up."""
     resolved = experiment_validate(user=user, data=data)
     image = resolved["image"]
     experiment = Experiment.objects.create(
@@ -394,23 +411,27 @@ def experiment_input_of(experiment: Experiment) -> ExperimentInput:
 
 def run_rerun(*, experiment: Experiment, user: UserLike, submission_key: UUID | None = None) -> Run:
     """Queue a new run of the same experiment record: same image digest, command, code,
-    data, params and resources. Every submit rule is checked again (membership, the image
-    still approved and visible to the tenant, a quota that could ever admit it). A repeated
-    ``submission_key`` returns the run its first request queued."""
+    data, params and resources. Every submit rule is checked again (``run_rerun_record``).
+    A repeated ``submission_key`` returns the run its first request queued
+    (``submission_once``)."""
+    return submission_once(
+        user=user,
+        submission_key=submission_key,
+        create=lambda: run_rerun_record(
+            experiment=experiment, user=user, submission_key=submission_key
+        ),
+    ).run
+
+
+def run_rerun_record(*, experiment: Experiment, user: UserLike, submission_key: UUID | None) -> Run:
+    """Check every submit rule again (membership, the image still approved and visible to
+    the tenant, a quota that could ever admit it) and queue the re-run, keeping
+    ``submission_key`` on it. The ``create`` of ``submission_once``: it does not look the
+    key up."""
     if not experiment_can_rerun(user=user, experiment=experiment):
         raise PermissionDenied(
             f"Only members of tenant {experiment.tenant.slug} can run its experiments."
         )
-    return _submit_once(
-        user=user,
-        submission_key=submission_key,
-        create=lambda: _run_rerun_new(
-            experiment=experiment, user=user, submission_key=submission_key
-        ),
-    )
-
-
-def _run_rerun_new(*, experiment: Experiment, user: UserLike, submission_key: UUID | None) -> Run:
     image = experiment.image
     if image.status != Image.Status.APPROVED:
         raise ValidationError(
@@ -462,16 +483,16 @@ def _run_create(
     return run
 
 
-def run_submit_values(
+def run_record_values(
     *,
     user: UserLike,
     values: dict,
-    submission_key: UUID | None = None,
-    template: ExperimentTemplate | None = None,
+    submission_key: UUID | None,
+    template: ExperimentTemplate | None,
 ) -> Run:
-    """run_submit with ExperimentInput values; its errors by dotted spec name."""
+    """run_record with ExperimentInput values; its errors by dotted spec name."""
     try:
-        return run_submit(
+        return run_record(
             user=user,
             data=ExperimentInput(**values),
             submission_key=submission_key,

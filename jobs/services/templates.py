@@ -12,8 +12,7 @@ from jobs.models import (
     ExperimentTemplate,
     Run,
 )
-from jobs.selectors.runs import run_submitted_with
-from jobs.services.submission import run_submit_values
+from jobs.services.submission import run_record_values, submission_once
 from tenants.models import Tenant, slug_validator
 from tenants.services import audit_record, audit_snapshot
 
@@ -108,13 +107,28 @@ def template_submit(
     values: dict,
     submission_key: UUID | None = None,
 ) -> Run:
-    """Submit ``values`` (ExperimentInput fields, those given) on top of the template:
-    its locks and ranges checked, then every rule of run_submit. ValidationError names
-    dotted spec fields; nothing is created on error. A repeated ``submission_key`` returns
-    the run its first request queued, before any check."""
-    earlier = run_submitted_with(user=user, submission_key=submission_key)
-    if earlier is not None:
-        return earlier
+    """Submit ``values`` (ExperimentInput fields, those given) on top of the template
+    (``template_run_record``). A repeated ``submission_key`` returns the run its first
+    request queued, before any check (``submission_once``)."""
+    return submission_once(
+        user=user,
+        submission_key=submission_key,
+        create=lambda: template_run_record(
+            user=user, template=template, values=values, submission_key=submission_key
+        ),
+    ).run
+
+
+def template_run_record(
+    *,
+    user: UserLike,
+    template: ExperimentTemplate,
+    values: dict,
+    submission_key: UUID | None,
+) -> Run:
+    """The template's locks and ranges checked, then every rule of run_submit, and the run
+    queued with ``submission_key`` on it. ValidationError names dotted spec fields; nothing
+    is created on error. The ``create`` of ``submission_once``: it does not look the key up."""
     if template.tenant is not None and template.tenant.slug != values.get("tenant"):
         raise ValidationError(
             {"template": [f"Template {template.name} belongs to tenant {template.tenant.slug}."]}
@@ -125,6 +139,6 @@ def template_submit(
     )
     if errors:
         raise ValidationError(errors)
-    return run_submit_values(
+    return run_record_values(
         user=user, values=merged, submission_key=submission_key, template=template
     )

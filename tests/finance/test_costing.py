@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from finance import costing
-from finance.costing import CATEGORIES, DayShare, Rate, attempt_cost, split_attempt
+from finance.costing import DayShare, Rate, attempt_cost, split_attempt
+from telemetry.accounting import CATEGORIES
 
 T0 = datetime(2026, 3, 1, 18, 0, tzinfo=UTC)
 MARCH_1 = datetime(2026, 3, 1, tzinfo=UTC)
@@ -337,4 +338,24 @@ def test_ties_between_categories_go_by_category_order_both_ways():
         DayShare(date(2026, 3, 1), cards[0], seconds(startup=1, idle=1, input_wait=2)),
         DayShare(date(2026, 3, 2), cards[0], seconds(input_wait=2)),
         DayShare(date(2026, 3, 2), cards[1], seconds(startup=3, input_wait=4)),
+    ]
+
+
+def test_a_tie_between_effective_and_waste_goes_to_effective_first():
+    # Given one second either side of midnight and 2 GPU-s: effective 1, lost 1. The first
+    # part holds round(2 x 1/2) = 1 and both are owed .5 of it.
+    cards = rates((MARCH_1 - timedelta(days=28), None, "3.60"))
+
+    shares = split_attempt(
+        start=MARCH_2 - timedelta(seconds=1),
+        end=MARCH_2 + timedelta(seconds=1),
+        gpu_seconds={"effective": 1, "lost": 1},
+        rates=cards,
+    )
+
+    # Then effective takes the unit (costing.SHARE_ORDER, the order every DailyUsage row was
+    # split in), not lost (first in telemetry.accounting.CATEGORIES)
+    assert shares == [
+        DayShare(date(2026, 3, 1), cards[0], seconds(effective=1)),
+        DayShare(date(2026, 3, 2), cards[0], seconds(lost=1)),
     ]

@@ -8,9 +8,9 @@ import pytest
 from django.core.exceptions import PermissionDenied, ValidationError
 
 from finance import costing, selectors, services
-from finance.costing import CATEGORIES
 from finance.models import DailyUsage, RateCard, UsageRollupState
 from jobs.models import Attempt, AttemptState
+from telemetry.accounting import WASTE
 from telemetry.models import AttemptAccounting
 from tenants.models import AuditEvent
 from tests.jobs.test_lifecycle import submit
@@ -127,7 +127,7 @@ def finished(world, *, start: datetime, hours: float, user=None, **waste) -> Att
         attempt=attempt,
         allocated_gpu_s=allocated,
         effective_gpu_s=allocated - sum(waste.values()),
-        **{f"{name}_gpu_s": waste.get(name, 0) for name in CATEGORIES if name != "effective"},
+        **{f"{name}_gpu_s": waste.get(name, 0) for name in WASTE},
         activity_weighted_gpu_s=0,
         computed_at=attempt.finished_at,
     )

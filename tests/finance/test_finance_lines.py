@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from finance import selectors
-from finance.costing import CATEGORIES
 from finance.models import DailyUsage
 from finance.services import daily_usage_update, rate_card_add
 from jobs.models import Attempt, AttemptState
+from telemetry.accounting import WASTE
 from telemetry.models import AttemptAccounting
 from tests.finance.test_finance_pages import export_url, get
 from tests.jobs.test_lifecycle import submit
@@ -41,7 +41,7 @@ def attempts_of(world, run, spans: list[tuple[datetime, int]]) -> None:
             attempt=attempt,
             allocated_gpu_s=run.gpus * seconds,
             effective_gpu_s=run.gpus * seconds,
-            **{f"{name}_gpu_s": 0 for name in CATEGORIES[1:]},
+            **{f"{name}_gpu_s": 0 for name in WASTE},
             activity_weighted_gpu_s=0,
             computed_at=ROLLUP_AT,
         )

@@ -40,6 +40,7 @@ from finance.selectors import EXPORT_COLUMNS, rate_cards_for, statement_month
 from finance.services import daily_usage_update, rate_card_add
 from jobs.models import Attempt, AttemptState, Run
 from jobs.services.submission import run_submit
+from telemetry.accounting import WASTE
 from telemetry.models import AttemptAccounting
 from tenants.models import AuditEvent, Membership, Project, Quota
 from tests.conftest import experiment_input, make_user
@@ -48,7 +49,6 @@ pytestmark = pytest.mark.django_db
 
 MARCH = date(2025, 3, 1)
 ROLLUP_AT = datetime(2025, 4, 1, 6, 0, tzinfo=UTC)
-WASTE = ("lost", "startup", "checkpoint", "idle", "input_wait", "comm_wait")
 STATEMENT_URL = "/finance/vision/2025-03/"
 
 

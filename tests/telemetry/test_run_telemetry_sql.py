@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from datetime import timezone as dt_timezone
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from jobs.models import AttemptState, Checkpoint
@@ -118,6 +119,54 @@ def test_per_attempt_reads_are_the_orm_queries_answers(busy_run):
         selectors._accounting_by_attempt_orm(ids)
     )
     assert len(selectors.accounting_by_attempt(attempt_ids=ids)) == 1
+
+
+def test_the_sql_and_its_twins_are_compared_on_postgresql():
+    # Elsewhere each read would call its twin, and the comparisons above could not fail
+    assert connection.vendor == "postgresql"
+
+
+TWINS = {
+    "accounting_by_attempt": "_accounting_by_attempt_orm",
+    "gpu_summaries": "_gpu_summaries_orm",
+    "gpu_activity_series": "_gpu_activity_series_orm",
+    "step_split_by_attempt": "_step_split_by_attempt_orm",
+    "step_split_series": "_step_split_series_orm",
+    "run_checkpoint_marks": "_run_checkpoint_marks_orm",
+}
+CALLS = {
+    "accounting_by_attempt": ({"attempt_ids": [7, 8]}, ([7, 8],)),
+    "gpu_summaries": ({"attempt_ids": [7, 8]}, ([7, 8],)),
+    "gpu_activity_series": ({"numbers": {7: 1}, "resolution": "hour"}, ({7: 1}, "hour")),
+    "step_split_by_attempt": ({"attempt_ids": [7]}, ([7],)),
+    "step_split_series": ({"attempt_ids": [7], "resolution": "day"}, ([7], "day")),
+    "run_checkpoint_marks": ({"run_id": 3, "numbers": {7: 1}}, (3, {7: 1})),
+}
+
+
+@pytest.mark.parametrize("read", sorted(TWINS))
+def test_off_postgresql_each_read_answers_through_its_own_twin(read, monkeypatch):
+    """The pairs compared above are the pairs the embedded mode switches between."""
+    asked = []
+    for name, twin in TWINS.items():
+        monkeypatch.setattr(
+            selectors, twin, lambda *args, name=name: asked.append((name, args)) or name
+        )
+    monkeypatch.setattr(connection, "vendor", "sqlite")
+    keywords, positional = CALLS[read]
+
+    answer = getattr(selectors, read)(**keywords)
+
+    assert (answer, asked) == (read, [(read, positional)])
+
+
+@pytest.mark.django_db
+def test_the_reads_of_no_attempt_are_empty_both_ways():
+    assert selectors.gpu_summaries(attempt_ids=[]) == selectors._gpu_summaries_orm([]) == []
+    assert selectors.accounting_by_attempt(attempt_ids=[]) == {}
+    assert selectors._accounting_by_attempt_orm([]) == {}
+    assert selectors.step_split_by_attempt(attempt_ids=[]) == {}
+    assert selectors._step_split_by_attempt_orm([]) == {}
 
 
 def test_a_run_without_attempts_reads_no_telemetry(world, django_assert_num_queries):
