@@ -5,6 +5,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Count, Max, OuterRef, Q, Subquery
@@ -432,7 +433,7 @@ def start_records(*, flavors: Iterable[str], now: datetime) -> dict[str, StartRe
             last_met_at=Max("started_at", filter=met),
         )
     )
-    found = {row["flavor__slug"]: row for row in rows}
+    found: dict[str, dict[str, Any]] = {row["flavor__slug"]: dict(row) for row in rows}
     records = {}
     for flavor in wanted:
         row = found.get(flavor, {})

@@ -504,7 +504,7 @@ def _news(*, attempt: Attempt, common: dict, now) -> bool:
     )
 
 
-def start_missed_by(*, run: Run, started_at: datetime) -> dict[str, float]:
+def start_missed_by(*, run: Run, started_at: datetime) -> dict[str, Any]:
     """The track record of a run's first start: how many seconds after the full-limits
     estimate it was admitted with it started (negative: before it). Nothing for a run
     without one, or one that has started before."""
