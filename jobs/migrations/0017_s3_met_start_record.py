@@ -28,7 +28,7 @@ class Migration(migrations.Migration):
             model_name="run",
             index=models.Index(
                 condition=models.Q(("start_missed_by_s__isnull", False)),
-                fields=["flavor", "started_at"],
+                fields=["started_at", "flavor", "start_missed_by_s"],
                 name="run_start_record",
             ),
         ),
