@@ -140,10 +140,30 @@ def _start_estimate(run: dict[str, Any]) -> str:
         text = f"starts about {when(expected or full)}"
         if expected and expected != full:
             text += f"; about {when(full)} if every run ahead uses its full time limit"
+        record = run.get("start_record")  # the run's own page has it, a list does not
+        if record:
+            text += f" ({_start_record(record)})"
         return text
     if run.get("start_note"):
         return f"no start estimate: {run['start_note']}"
     return ""
+
+
+def _start_record(record: dict[str, Any]) -> str:
+    """How the full-limits estimates of the run's flavor fared, as the run page says it."""
+    text = "an estimate, not a promise: "
+    flavor, days, started = record["flavor"], record["days"], record["started"]
+    if not started:
+        return text + f"no {flavor} run has started with one in the last {days} days"
+    text += (
+        f"met by {record['met']} of {started} {flavor} run{'s' if started > 1 else ''} "
+        f"started in the last {days} days"
+    )
+    if record["last_met_at"]:
+        text += f", last at {when(record['last_met_at'])}"
+    if record["worst_miss_s"] is not None:
+        text += f"; at worst {record['worst_miss_s']:,.0f} s late"
+    return text
 
 
 def _run_status(run: dict[str, Any]) -> str:

@@ -181,6 +181,9 @@ class Run(models.Model):
     # page of runs at once: the GPU-hours its attempts held, and how long it waited or ran.
     gpu_hours: float | None = None
     duration: RunDuration | None = None
+    # The track record of its full-limits estimate, as a page shows it beside it: set for
+    # the runs it shows, from one query (jobs.selectors.estimates ``start_records_shown``).
+    start_record: str = ""
     failure_reason = models.CharField(max_length=16, choices=FailureReason.choices, blank=True)
     restarts = models.PositiveIntegerField(default=0)
     submitted_at = models.DateTimeField(auto_now_add=True, db_index=True)
@@ -201,6 +204,15 @@ class Run(models.Model):
     start_nodes = models.JSONField(default=list, blank=True)
     start_behind = models.JSONField(default=list, blank=True)
     start_estimated_at = models.DateTimeField(null=True, blank=True)
+    # The track record of ``start_full_limits_at``, which work let in first can move
+    # (docs/admission.md): the two estimates that stood when the run was admitted (the last
+    # it had while queued: admission clears them), kept from before its first start, and how
+    # many seconds that first start came after the full-limits one (negative: before it;
+    # None: it had no estimate, and nothing is recorded). Summed per flavor by
+    # jobs.selectors.estimates ``start_records``.
+    start_full_limits_was = models.DateTimeField(null=True, blank=True)
+    start_expected_was = models.DateTimeField(null=True, blank=True)
+    start_missed_by_s = models.FloatField(null=True, blank=True)
     # The one-time key of the form that queued the run: the same form sent twice (a double
     # click, the back button, a replayed POST) finds this run instead of queueing another.
     submission_key = models.UUIDField(null=True, blank=True, editable=False)
@@ -219,6 +231,14 @@ class Run(models.Model):
             models.Index(
                 fields=["tenant", "state", "-submitted_at", "-id"], name="run_tenant_state_recent"
             ),
+            # The start estimates' track record: the recent first starts that had one, their
+            # flavor and by how much each missed it, read from the index alone (one range of
+            # it for every flavor a page shows), however many runs never had an estimate.
+            models.Index(
+                fields=["started_at", "flavor", "start_missed_by_s"],
+                condition=Q(start_missed_by_s__isnull=False),
+                name="run_start_record",
+            ),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1), name="run_gpus_positive"),
@@ -235,6 +255,12 @@ class Run(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    @property
+    def start_full_limits_met(self) -> bool | None:
+        """Whether its first start came by the full-limits estimate it was admitted with;
+        None when it had none (or has not started)."""
+        return None if self.start_missed_by_s is None else self.start_missed_by_s <= 0
 
 
 class AttemptState(models.TextChoices):

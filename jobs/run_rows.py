@@ -23,7 +23,7 @@ from django.utils.timesince import timesince
 from django.utils.timezone import get_current_timezone, localtime
 
 from jobs.models import Run, RunState, WaitReason
-from jobs.selectors.estimates import when
+from jobs.selectors.estimates import StartRecord, shows_full_limits, when
 
 # What a row reads of its run, the run's experiment, project, flavor and cluster, and
 # what runs_usage and runs_place_in_line read: the list loads no other column.
@@ -67,6 +67,7 @@ class RunRow:
     queue_position: int | None
     starts_about: str
     starts_by: str
+    start_record: str  # the full-limits estimate's track record, beside it
     start_note: str
     duration_kind: str
     duration_text: str
@@ -78,9 +79,10 @@ class RunRow:
     submitter: str
 
 
-def run_row(run: Run, *, now: datetime) -> RunRow:
+def run_row(run: Run, *, now: datetime, records: dict[str, StartRecord]) -> RunRow:
     """The row of ``run``, which ``runs_usage`` and ``runs_place_in_line`` have seen, as
-    the list shows it at ``now`` in the current time zone."""
+    the list shows it at ``now`` in the current time zone; ``records``: the track records
+    of the list (``start_records_shown``), by flavor."""
     assert run.duration is not None  # set by runs_usage
     queued = run.state == RunState.QUEUED
     waiting_elsewhere = (
@@ -90,14 +92,15 @@ def run_row(run: Run, *, now: datetime) -> RunRow:
     )
     shows_wait = queued or waiting_elsewhere
     full, expected = run.start_full_limits_at, run.start_expected_at
-    starts_about = starts_by = ""
-    if queued and full is not None:
+    starts_about = starts_by = start_record = ""
+    if shows_full_limits(run) and full is not None:
         # Stored by the last refresh: never shown as a time already past.
         full = max(full, now)
         expected = max(min(expected or full, full), now)
         starts_about = when(expected, now=now)
         if full > expected:
             starts_by = when(full, now=now)
+        start_record = records[run.flavor.slug].summary(now=now)
     submitted_iso, submitted_title = _submitted(run.submitted_at, get_current_timezone())
     experiment = run.experiment
     return RunRow(
@@ -121,6 +124,7 @@ def run_row(run: Run, *, now: datetime) -> RunRow:
         queue_position=run.queue_position if queued else None,
         starts_about=starts_about,
         starts_by=starts_by,
+        start_record=start_record,
         start_note=run.start_note if queued and run.start_full_limits_at is None else "",
         duration_kind=run.duration.kind,
         duration_text=run.duration.text,

@@ -24,6 +24,7 @@ from jobs.models import (
     TopologyMode,
     WaitReason,
 )
+from jobs.selectors.estimates import START_RECORD_DAYS, shows_full_limits, start_records
 from jobs.selectors.runs import run_attempts, run_events
 from jobs.services.submission import ExperimentInput
 from tenants.models import GpuFlavor, Project, Tenant, max_length_of
@@ -422,13 +423,36 @@ class RunEventSerializer(serializers.ModelSerializer):
         }
 
 
+class StartRecordSerializer(serializers.Serializer):
+    """The track record of the full-limits estimate (``jobs.selectors.estimates.StartRecord``)."""
+
+    flavor = serializers.CharField()
+    days = serializers.IntegerField(help_text="How far back the record looks.")
+    started = serializers.IntegerField(
+        help_text="Runs of the flavor that first started in those days with a full-limits "
+        "estimate standing."
+    )
+    met = serializers.IntegerField(help_text="Of those, how many started by it.")
+    worst_miss_s = serializers.FloatField(
+        allow_null=True,
+        help_text="The furthest any of them started after it, in seconds; null if none did.",
+    )
+    last_met_at = serializers.DateTimeField(
+        allow_null=True, help_text="The latest start of one that met its estimate."
+    )
+
+
 class RunDetailSerializer(RunSerializer):
     image = serializers.CharField(source="experiment.image_reference", read_only=True)
     attempts = serializers.SerializerMethodField()
     events = serializers.SerializerMethodField()
+    start_record = serializers.SerializerMethodField(
+        help_text="Beside a queued run's start_full_limits_at, how such estimates of its "
+        "flavor fared: an estimate, not a promise. Null for a run without one."
+    )
 
     class Meta(RunSerializer.Meta):
-        fields = [*RunSerializer.Meta.fields, "image", "attempts", "events"]
+        fields = [*RunSerializer.Meta.fields, "image", "attempts", "events", "start_record"]
         read_only_fields = fields
 
     def to_representation(self, instance: Run) -> dict[str, Any]:
@@ -436,7 +460,23 @@ class RunDetailSerializer(RunSerializer):
         data["image"] = str(instance.experiment.image_reference)
         data["attempts"] = self.get_attempts(instance)
         data["events"] = self.get_events(instance)
+        data["start_record"] = self.get_start_record(instance)
         return data
+
+    @extend_schema_field(StartRecordSerializer(allow_null=True))
+    def get_start_record(self, run: Run) -> dict[str, Any] | None:
+        if not shows_full_limits(run):
+            return None
+        flavor = run.flavor.slug
+        record = start_records(flavors=[flavor], now=timezone.now())[flavor]
+        return {
+            "flavor": record.flavor,
+            "days": START_RECORD_DAYS,
+            "started": record.started,
+            "met": record.met,
+            "worst_miss_s": record.worst_miss_s,
+            "last_met_at": _datetime(record.last_met_at, _iso_zone()),
+        }
 
     @extend_schema_field(AttemptSerializer(many=True))
     def get_attempts(self, run: Run) -> list[Any]:

@@ -59,7 +59,7 @@ from jobs.models import Run, RunState
 from jobs.reproducibility import experiment_diff, runtime_rows
 from jobs.run_rows import RUN_ROW_FIELDS, run_row, run_row_html, run_rows_version
 from jobs.selectors import logs
-from jobs.selectors.estimates import run_start_estimate
+from jobs.selectors.estimates import run_start_estimate, start_records, start_records_shown
 from jobs.selectors.experiments import (
     ExperimentFilters,
     experiment_attempts,
@@ -181,7 +181,8 @@ def run_list(request: HttpRequest) -> HttpResponse:
     )
     now = timezone.now()
     runs_usage(page.runs, now=now)
-    rows = [run_row(run, now=now) for run in page.runs]
+    records = start_records_shown(page.runs, flavor_of=lambda run: run.flavor.slug, now=now)
+    rows = [run_row(run, now=now, records=records) for run in page.runs]
     paged = before is not None or after is not None
     partial = request.GET.get("partial") == "rows"
     # The query the links of the results keep: the filters and the page, not what a poll
@@ -398,11 +399,17 @@ def run_preview(request: HttpRequest) -> HttpResponse:
 
 def _status_context(request: HttpRequest, run) -> dict:
     estimate = run_start_estimate(run=run)
+    now = timezone.now()
+    record = ""
+    if estimate is not None and estimate.full_limits is not None:
+        flavor = run.flavor.slug
+        record = start_records(flavors=[flavor], now=now)[flavor].sentence(now=now)
     return {
         "RunState": RunState,
         "run": run,
         "start_estimate": estimate,
-        "start_summary": estimate.summary(now=timezone.now()) if estimate else "",
+        "start_summary": estimate.summary(now=now) if estimate else "",
+        "start_record": record,
         "events": run_events(run=run, user=request.user),
         "attempts": run_attempts(run=run),
         "can_cancel": not run.is_terminal and run_can_cancel(user=request.user, run=run),
@@ -430,6 +437,7 @@ def _status_inputs(context) -> tuple:
         context["can_cancel"],
         estimate is not None,
         context["start_summary"],
+        context["start_record"],
         estimate and estimate.estimated_at,
         estimate and timesince_filter(estimate.estimated_at),
     )

@@ -34,6 +34,7 @@ from finance.access import finance_tenant_list
 from finance.accrual import TenantMonthSoFar, tenant_month_overview_accrued
 from jobs.access import run_can_submit, run_list_viewable
 from jobs.models import Experiment, Run, RunState
+from jobs.selectors.estimates import shows_full_limits, start_records_shown
 from jobs.selectors.nodes import FlavorView, cluster_node_map
 from jobs.selectors.runs import runs_place_in_line
 from jobs.services.capacity import QuotaUsage, quota_usage_list
@@ -72,13 +73,14 @@ _RUN_ROW_FIELDS = (
     "start_expected_at",
     "start_note",
 )
+_FLAVOR_SLUG = "flavor_slug"
 _RUN_ROW_NAMES = {
     "experiment_name": "e.name",
     "experiment_nodes": "e.nodes",
     "experiment_gpus_per_node": "e.gpus_per_node",
     "tenant_slug": "t.slug",
     "project_slug": "p.slug",
-    "flavor_slug": "f.slug",
+    _FLAVOR_SLUG: "f.slug",
     "submitter_username": "u.username",
 }
 
@@ -198,6 +200,20 @@ def _waiting_places(waiting: list[Run]) -> list[Run]:
     return waiting
 
 
+def _start_records(waiting: list[Run], *, now: datetime) -> None:
+    """Each waiting run's full-limits estimate with its track record (one query for them
+    all, none when none shows one)."""
+    records = start_records_shown(waiting, flavor_of=_flavor_slug, now=now)
+    for run in waiting:
+        if shows_full_limits(run):
+            run.start_record = records[_flavor_slug(run)].summary(now=now)
+
+
+def _flavor_slug(run: Run) -> str:
+    """The flavor of a home row, read beside it (``_RUN_ROW_NAMES``), not through the run."""
+    return str(getattr(run, _FLAVOR_SLUG))
+
+
 def _all_shown(waiting: list[Run]) -> bool:
     """Whether the first runs in line are all there are (fewer than a full list): their
     number is then known without counting them."""
@@ -233,6 +249,7 @@ def _researcher(*, user: UserLike, now: datetime) -> ResearcherSection:
     )
     recent = [run for run in rows if getattr(run, _LIST) == 0]
     waiting = _waiting_places([run for run in rows if getattr(run, _LIST) == 1])
+    _start_records(waiting, now=now)
     return ResearcherSection(
         recent=recent,
         waiting=waiting,

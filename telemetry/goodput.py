@@ -12,12 +12,12 @@ from datetime import date, datetime, time, timedelta
 from django.db import connection
 from django.utils import timezone
 
+from core.types import UserLike, signed_in
 from jobs.models import Attempt, Run
 from telemetry.models import AttemptAccounting
 from telemetry.selectors import RUN_SUM_COLUMNS, RUN_SUM_TYPES, GpuSeconds
 from tenants.access import tenant_scope_sql
 from tenants.models import Tenant
-from tenants.types import UserLike, signed_in
 
 # The periods the goodput pages offer, and the one shown first (and on the home page).
 GOODPUT_DAYS = (7, 30, 90)

@@ -2,16 +2,19 @@
 stored forecast the submit preview looks up."""
 
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.conf import settings
-from django.db.models import OuterRef, Subquery
+from django.db.models import Count, Max, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from clusters.models import Cluster
 from clusters.simulation import Workload, work_wall_s
 from jobs import admission, estimates
+from jobs.durations import duration_text
 from jobs.models import (
     HOLDING_STATES,
     LIVE_ATTEMPT_STATES,
@@ -365,4 +368,96 @@ def run_start_estimate(*, run: Run) -> StartEstimate | None:
         behind=tuple(sorted(own)),
         behind_elsewhere=len(set(behind) - own),
         estimated_at=run.start_estimated_at,
+    )
+
+
+# How far back the track record of the full-limits estimate looks.
+START_RECORD_DAYS = 7
+
+
+@dataclass(frozen=True)
+class StartRecord:
+    """How the full-limits estimates of one flavor fared: of its runs that first started
+    in the last START_RECORD_DAYS with one standing (``Run.start_full_limits_was``), how
+    many started by it. Counted over every tenant, never naming a run (issue 21.3)."""
+
+    flavor: str
+    started: int
+    met: int  # started at or before it
+    worst_miss_s: float | None  # the furthest a start came after its estimate; None: none did
+    last_met_at: datetime | None  # the latest of the starts that met theirs
+
+    def summary(self, *, now: datetime) -> str:
+        """The record as the pages say it, after the estimate."""
+        text = "an estimate, not a promise: "
+        if not self.started:
+            return text + (
+                f"no {self.flavor} run has started with one in the last {START_RECORD_DAYS} days"
+            )
+        text += (
+            f"met by {self.met} of {self.started} {self.flavor} run"
+            f"{'s' if self.started > 1 else ''} started in the last {START_RECORD_DAYS} days"
+        )
+        if self.last_met_at is not None:
+            text += f", last at {when(self.last_met_at, now=now)}"
+        if self.worst_miss_s is not None:
+            text += f"; at worst {duration_text(self.worst_miss_s)} late"
+        return text
+
+    def sentence(self, *, now: datetime) -> str:
+        """The record as a sentence of its own (the run page)."""
+        return f"The start time {FULL_LIMITS} is {self.summary(now=now)}."
+
+
+def start_records(*, flavors: Iterable[str], now: datetime) -> dict[str, StartRecord]:
+    """The track record of each of ``flavors`` (slugs) as of ``now``: one aggregate query
+    over the runs that first started in the window with an estimate (an index of those
+    alone, ``run_start_record``)."""
+    wanted = sorted(set(flavors))
+    if not wanted:
+        return {}
+    met = Q(start_missed_by_s__lte=0)
+    rows = (
+        Run.objects.filter(
+            flavor__slug__in=wanted,
+            start_missed_by_s__isnull=False,
+            started_at__gte=now - timedelta(days=START_RECORD_DAYS),
+            started_at__lte=now,
+        )
+        .order_by()
+        .values("flavor__slug")
+        .annotate(
+            started=Count("id"),
+            met=Count("id", filter=met),
+            worst=Max("start_missed_by_s"),
+            last_met_at=Max("started_at", filter=met),
+        )
+    )
+    found: dict[str, dict[str, Any]] = {row["flavor__slug"]: dict(row) for row in rows}
+    records = {}
+    for flavor in wanted:
+        row = found.get(flavor, {})
+        worst = row.get("worst")
+        records[flavor] = StartRecord(
+            flavor=flavor,
+            started=row.get("started", 0),
+            met=row.get("met", 0),
+            worst_miss_s=worst if worst is not None and worst > 0 else None,
+            last_met_at=row.get("last_met_at"),
+        )
+    return records
+
+
+def shows_full_limits(run: Run) -> bool:
+    """Whether a page shows the run's full-limits estimate (and so its track record)."""
+    return run.state == RunState.QUEUED and run.start_full_limits_at is not None
+
+
+def start_records_shown(
+    runs: Iterable[Run], *, flavor_of: Callable[[Run], str], now: datetime
+) -> dict[str, StartRecord]:
+    """The track records a list of ``runs`` shows beside their estimates: one query for
+    the whole list, none when no run in it shows one."""
+    return start_records(
+        flavors=[flavor_of(run) for run in runs if shows_full_limits(run)], now=now
     )

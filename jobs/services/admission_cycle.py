@@ -38,6 +38,18 @@ NO_START_ESTIMATE: dict[str, Any] = {
 }
 
 
+def estimate_kept(run: Run) -> dict[str, Any]:
+    """The estimates ``run`` is admitted with, which its admission clears: kept for the
+    track record of its first start (``jobs.services.backend_sync``). A run that has started
+    before keeps the record of its first start."""
+    if run.started_at is not None:
+        return {}
+    return {
+        "start_full_limits_was": run.start_full_limits_at,
+        "start_expected_was": run.start_expected_at,
+    }
+
+
 @dataclass(frozen=True)
 class AdmissionSummary:
     admitted: int
@@ -141,6 +153,7 @@ def _admission_cycle_locked(*, now=None) -> AdmissionSummary | None:
                 f"Placed on {cluster.name} ({', '.join(decision.nodes)}); being submitted"
             )[:WAIT_MESSAGE_MAX_LENGTH],
             **NO_START_ESTIMATE,
+            **estimate_kept(run),
         )
         if claimed:
             metrics.run_admitted(

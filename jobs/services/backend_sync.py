@@ -386,9 +386,18 @@ def _news(*, attempt: Attempt, common: dict, now) -> bool:
     )
 
 
+def start_missed_by(*, run: Run, started_at: datetime) -> dict[str, Any]:
+    """The track record of a run's first start: how many seconds after the full-limits
+    estimate it was admitted with it started (negative: before it). Nothing for a run
+    without one, or one that has started before."""
+    if run.started_at is not None or run.start_full_limits_was is None:
+        return {}
+    return {"start_missed_by_s": (started_at - run.start_full_limits_was).total_seconds()}
+
+
 def _run_started(*, run: Run, attempt: Attempt, started_at, message: str) -> None:
     """The run is RUNNING since its attempt's job started (a run that restarts keeps its
-    first start)."""
+    first start, and the record of its estimate against it)."""
     if run_transition(
         run=run,
         to=RunState.RUNNING,
@@ -399,6 +408,7 @@ def _run_started(*, run: Run, attempt: Attempt, started_at, message: str) -> Non
         started_at=run.started_at or started_at,
         wait_reason="",
         wait_message="",
+        **start_missed_by(run=run, started_at=started_at),
     ):
         metrics.run_started(
             cluster=attempt.cluster.name, admitted_at=run.admitted_at, started_at=started_at

@@ -324,3 +324,49 @@ def test_deciding_on_each_lines_front_decides_as_on_the_whole_queue(case):
     finally:
         estimates._Lines.FRONT = front
     assert fronts.starts == whole.starts
+
+
+def test_across_tenants_a_run_behind_that_backfills_makes_a_start_later_than_its_bound():
+    """Why the full-limits figure is shown as an estimate with its track record and not as
+    a bound (docs/admission.md): across tenants it is no theorem, and here is the smallest
+    case, on whole nodes at exact wall time. Three nodes, each held by one of t1's runs
+    until 1000 at the latest. In line: t1's gang of two nodes, t1's one-node run, then t2's
+    one-node run. If every run uses its full time, t1's two start at 1000 and t2's at 2000.
+    When one held run ends at 500 instead, t1's gang cannot use the one free node and t1's
+    one-node run may not pass its tenant's head, so t2's run, behind both, takes the node
+    (one tenant's blocked head never blocks another) and holds it past 1000: t1's one-node
+    run starts at 1500, 500 s after its full-limits estimate."""
+    nodes = nodes_of(Pool("c", "a100", 3, 8))
+    snapshot = Snapshot(
+        queued=(
+            QueuedRun(100, "t1", "a100", nodes=2, gpus_per_node=8, priority=50, submitted=1.0),
+            QueuedRun(101, "t1", "a100", nodes=1, gpus_per_node=8, priority=50, submitted=2.0),
+            QueuedRun(102, "t2", "a100", nodes=1, gpus_per_node=8, priority=50, submitted=3.0),
+        ),
+        held=tuple(
+            HeldRun(held, "t1", "a100", "c", 8, 50, 0.0, False, (node.name,))
+            for held, node in enumerate(nodes, start=1)
+        ),
+        nodes=nodes,
+        quotas={("t1", "a100"): Quota(24), ("t2", "a100"): Quota(24)},
+        now=0.0,
+    )
+    runtimes = {100: 1000.0, 101: 1000.0, 102: 1000.0}
+
+    full_limits = estimates.simulate(
+        snapshot, ends={1: 1000.0, 2: 1000.0, 3: 1000.0}, runtimes=runtimes, **EXACT
+    )
+    happened = estimates.simulate(
+        snapshot, ends={1: 1000.0, 2: 1000.0, 3: 500.0}, runtimes=runtimes, **EXACT
+    )
+
+    assert {run: start.at for run, start in full_limits.starts.items()} == {
+        100: 1000.0,
+        101: 1000.0,
+        102: 2000.0,
+    }
+    assert {run: start.at for run, start in happened.starts.items()} == {
+        100: 1000.0,
+        101: 1500.0,
+        102: 500.0,
+    }

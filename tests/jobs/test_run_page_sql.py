@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from jobs.models import Run, RunState
 from jobs.run_rows import RUN_ROW_FIELDS, run_row
+from jobs.selectors.estimates import start_records_shown
 from jobs.selectors.paging import keyset_page
 from jobs.selectors.runs import (
     RUN_LIST_DEFERRED,
@@ -135,6 +136,7 @@ def shown(page: RunPage, reads: set[str]) -> list[dict[str, object]]:
     ``reads`` says), and the columns loaded of the run and its related rows, all read
     without a query."""
     runs_usage(page.runs, now=NOW)
+    records = start_records_shown(page.runs, flavor_of=lambda run: run.flavor.slug, now=NOW)
     with CaptureQueriesContext(connection) as queries, timezone.override("Europe/Berlin"):
         seen = [
             {
@@ -147,7 +149,7 @@ def shown(page: RunPage, reads: set[str]) -> list[dict[str, object]]:
                 "submitter": run.submitted_by.get_username(),
                 "submitter_id": run.submitted_by.pk,
                 "queue_position": run.queue_position,
-                "row": run_row(run, now=NOW) if "row" in reads else None,
+                "row": run_row(run, now=NOW, records=records) if "row" in reads else None,
                 "api": RunSerializer(run).data if "api" in reads else None,
             }
             for run in page.runs

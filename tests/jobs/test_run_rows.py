@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from jobs.models import Attempt, AttemptState, Run, RunState, WaitReason
 from jobs.run_rows import RUN_ROW_FIELDS, run_row, run_row_html
+from jobs.selectors.estimates import shows_full_limits, start_records_shown
 from jobs.selectors.runs import run_page_viewable, runs_usage
 from jobs.services.lifecycle import run_cancel
 from jobs.services.submission import run_submit
@@ -38,7 +39,7 @@ RUN_ROWS_FROM_RUNS = """{% load estimates %}{% for run in runs %}
           {% if run.state == RunState.QUEUED %}
             {% if run.wait_reason %}<span class="wait-reason">{{ run.get_wait_reason_display }}</span>{% else %}Waiting for admission{% endif %}{% if run.queue_position %} · #{{ run.queue_position }} in queue{% endif %}
             {% if run.wait_message %}<div class="wait-message">{{ run.wait_message }}</div>{% endif %}
-            {% if run.start_full_limits_at %}<div class="start-estimate" data-start-estimate>Starts about {{ run.start_expected_at|default:run.start_full_limits_at|start_time }}{% if run.start_expected_at and run.start_full_limits_at > run.start_expected_at %}; about {{ run.start_full_limits_at|start_time }} if every run ahead uses its full time limit{% endif %}</div>{% elif run.start_note %}<div class="start-estimate muted" data-start-estimate>No start estimate: {{ run.start_note }}</div>{% endif %}
+            {% if run.start_full_limits_at %}<div class="start-estimate" data-start-estimate>Starts about {{ run.start_expected_at|default:run.start_full_limits_at|start_time }}{% if run.start_expected_at and run.start_full_limits_at > run.start_expected_at %}; about {{ run.start_full_limits_at|start_time }} if every run ahead uses its full time limit{% endif %} <span class="start-record muted" data-start-record>({{ run.start_record }})</span></div>{% elif run.start_note %}<div class="start-estimate muted" data-start-estimate>No start estimate: {{ run.start_note }}</div>{% endif %}
           {% elif run.wait_message and not run.is_terminal and run.state != RunState.RUNNING and run.state != RunState.PREEMPTED %}
             {% if run.wait_reason %}<span class="wait-reason">{{ run.get_wait_reason_display }}</span>{% endif %}
             <div class="wait-message">{{ run.wait_message }}</div>
@@ -121,11 +122,15 @@ def rows_both_ways(user) -> tuple[str, str]:
     of the runs as the list loads them now, both at ``NOW``."""
     page = run_page_viewable(user=user, size=len(RUNS))
     runs_usage(page.runs, now=NOW)
+    records = start_records_shown(page.runs, flavor_of=lambda run: run.flavor.slug, now=NOW)
+    for run in page.runs:
+        if shows_full_limits(run):
+            run.start_record = records[run.flavor.slug].summary(now=NOW)
     old = engines["django"].from_string(RUN_ROWS_FROM_RUNS)
     before = old.render({"runs": page.runs, "RunState": RunState})
     page = run_page_viewable(user=user, size=len(RUNS), columns=RUN_ROW_FIELDS)
     runs_usage(page.runs, now=NOW)
-    rows = [run_row(run, now=NOW) for run in page.runs]
+    rows = [run_row(run, now=NOW, records=records) for run in page.runs]
     after = "".join(f"\n      {run_row_html(row)}\n      " for row in rows)
     return before, after
 
@@ -141,7 +146,13 @@ def test_a_row_from_its_view_model_is_the_row_rendered_from_the_run(world, zone)
     assert after == before
     assert before.count("<tr data-run=") == len(RUNS)
     # Every branch of the wait cell was rendered.
-    for shown in ("Waiting for admission", "in queue", "full time limit", "No start estimate"):
+    for shown in (
+        "Waiting for admission",
+        "in queue",
+        "full time limit",
+        "No start estimate",
+        "an estimate, not a promise: no",
+    ):
         assert shown in before
     assert "RETIRED_REASON" in before and "&lt;Resources&gt;" in before
 
@@ -154,7 +165,7 @@ def test_equal_rows_are_rendered_once_and_any_difference_is_a_new_row(world):
 
     def row_at(moment):
         runs_usage([run], now=moment)
-        return run_row(run, now=moment)
+        return run_row(run, now=moment, records={})
 
     row = row_at(NOW)
     same = row_at(NOW + timedelta(seconds=1))  # "1 h 00 min" queued, "1 hour" ago: as shown

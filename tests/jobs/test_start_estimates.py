@@ -148,6 +148,10 @@ def test_pages_api_and_cli_show_the_estimate_and_name_only_the_viewers_runs(worl
             "limit (estimates of 12:01; a run let in first can move them); behind run "
             f"{first.pk}; {node_of(first)} on sim-1 should free up then"
         ) in page
+        assert (
+            "The start time if every run ahead uses its full time limit is an estimate, not a "
+            "promise: no a100-80gb run has started with one in the last 7 days."
+        ) in page
         listing = client.get(reverse("jobs:run_list")).content.decode()
         assert "Starts about 12:42; about 14:00 if every run ahead uses its full time limit" in (
             listing
@@ -157,6 +161,14 @@ def test_pages_api_and_cli_show_the_estimate_and_name_only_the_viewers_runs(worl
         assert api["start_full_limits_at"] == "2026-03-10T14:00:00Z"
         assert api["start_expected_at"] == "2026-03-10T12:42:00Z"
         assert api["start_note"] == ""
+        assert api["start_record"] == {
+            "flavor": "a100-80gb",
+            "days": 7,
+            "started": 0,
+            "met": 0,
+            "worst_miss_s": None,
+            "last_met_at": None,
+        }
         schema = client.get(reverse("api-schema")).content.decode()
         assert "start_expected_at" in schema and "start_full_limits_at" in schema
 
@@ -165,7 +177,8 @@ def test_pages_api_and_cli_show_the_estimate_and_name_only_the_viewers_runs(worl
         latest = datetime.fromisoformat(api["start_full_limits_at"]).astimezone()
         expected_text = (
             f"starts about {local:%Y-%m-%d %H:%M:%S}; about {latest:%Y-%m-%d %H:%M:%S} if every "
-            "run ahead uses its full time limit"
+            "run ahead uses its full time limit (an estimate, not a promise: no a100-80gb run "
+            "has started with one in the last 7 days)"
         )
         assert _start_estimate(api) == expected_text
         assert _run_status(api).endswith(f"; {expected_text})")

@@ -20,6 +20,7 @@ from clusters.models import Cluster
 from clusters.services import cluster_refresh_inventory
 from images.models import Image
 from jobs.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, Run, RunState
+from jobs.selectors.estimates import StartRecord, start_records
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import attempt_cancel, cluster_sync
@@ -158,6 +159,34 @@ def test_every_waiting_run_of_the_demo_starts_when_its_estimate_said(instant):
         assert len(errors) == 7
         assert all(worst <= allowed for worst, allowed in errors.values()), errors
         assert timezone.now() - seeded == timedelta(minutes=MINUTES)
+
+        # And each run that started with a full-limits estimate recorded by how much it
+        # missed it, to the microsecond; the pages' record of each flavor counts them.
+        recorded = Run.objects.filter(start_missed_by_s__isnull=False)
+        for run in recorded:
+            assert run.start_missed_by_s == (
+                (run.started_at - run.start_full_limits_was).total_seconds()
+            )
+        names = sorted(run.experiment.name for run in recorded)
+        assert names == [
+            "llama-eval",
+            "llama-eval-2",
+            "radar-big",
+            "radar-big-2",
+            "yolo-l-ablation",
+            "yolo-xl",
+        ]
+        # Here nothing moved them: each started about a day before it (the runs ahead, of
+        # the default limit of 24 h, ended within minutes).
+        assert all(run.start_missed_by_s < -86_000 for run in recorded)
+        latest = {
+            flavor: max(run.started_at for run in recorded if run.flavor.slug == flavor)
+            for flavor in ("a100-80gb", "h100-80gb")
+        }
+        assert start_records(flavors=latest, now=timezone.now()) == {
+            "a100-80gb": StartRecord("a100-80gb", 4, 4, None, latest["a100-80gb"]),
+            "h100-80gb": StartRecord("h100-80gb", 2, 2, None, latest["h100-80gb"]),
+        }
 
 
 def test_a_time_limit_is_wall_time_whatever_the_speed_up():

@@ -115,7 +115,8 @@ def test_the_researcher_sees_their_runs_the_waiting_one_with_its_estimate_and_go
     assert texts(html, data_table="my-waiting") == [
         f"Run GPUs Why it waits Should start #{waiting} yolo-xl 2×8 a100-80gb Borrow limit "
         "reached · #1 in queue at about 09:13; about Thu 10:00 if every run ahead uses its full "
-        "time limit"
+        "time limit (an estimate, not a promise: no a100-80gb run has started with one in the "
+        "last 7 days)"
     ]
     recent = texts(html, data_table="my-recent")[0]
     assert re.findall(r"#\d+ [\w-]+", recent) == [
