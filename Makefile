@@ -39,13 +39,18 @@ venv: $(RUN_STAMP)
 dev-venv: $(DEV_STAMP)
 
 # A venv whose interpreter no longer runs (moved, or its Python removed) is rebuilt from
-# scratch. A new venv's pip is upgraded first: Python 3.11's own (23.2) takes twice the CPU
-# to pick the wheels of the runtime set (pydantic-core, aiohttp, rpds-py list thousands of
-# files each), more than the upgrade costs (docs/development.md, *make run's start time*).
+# scratch. Its pip is a recent one, installed without compiling it: by the bootstrap Python's
+# pip when that has --python (pip 22.3 and later), else by ensurepip (which compiles pip and
+# setuptools, ~3 s of CPU) and then upgraded. Python 3.11's own pip (23.2) takes twice the CPU
+# of a recent one to pick the wheels of the runtime set (pydantic-core, aiohttp and rpds-py
+# list thousands of files each). README.md, *How long make run takes*.
+PIP_UPGRADE := install --quiet --progress-bar off --no-compile --upgrade 'pip>=25'
 define make_venv
 	@test -n "$(BOOTSTRAP_PYTHON)" || { echo "make: neither python3.11 nor python3 found" >&2; exit 1; }
-	$(PY) -c '' 2>/dev/null || { $(BOOTSTRAP_PYTHON) -m venv --clear $(VENV) && \
-		$(PY) -m pip install --quiet --progress-bar off --no-compile --upgrade 'pip>=25'; }
+	$(PY) -c '' 2>/dev/null || { \
+		$(BOOTSTRAP_PYTHON) -m venv --clear --without-pip $(VENV) && \
+		{ $(BOOTSTRAP_PYTHON) -m pip --python $(PY) $(PIP_UPGRADE) 2>/dev/null || \
+			{ $(PY) -m ensurepip --default-pip >/dev/null && $(PY) -m pip $(PIP_UPGRADE); }; }; }
 endef
 
 # --no-compile: Python compiles a module when it is first imported, so the few that running

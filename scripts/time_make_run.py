@@ -8,7 +8,7 @@ git, make and Python 3.11 (what `make run` needs); nothing is installed outside 
 
 Prints, per start, the wall seconds to the first page, the CPU seconds (user + system) that
 `make run` and every process it started spent until then, the machine's load average before
-and after, and when each phase ended (from the lines `make run` prints):
+and after, and the wall and CPU seconds of each phase (which ends when `make run` prints):
 
     venv      the virtualenv made, pip upgraded   (make prints the install command)
     install   Gantry and its runtime dependencies installed   (make prints the run command)
@@ -108,7 +108,8 @@ class Start:
         env["GANTRY_PORT"] = str(port)
         self.url = f"http://127.0.0.1:{port}/"
         self.log = log.open("a")
-        self.phases: dict[str, float] = {}
+        # Phase -> (wall, CPU) seconds when it ended.
+        self.phases: dict[str, tuple[float, float]] = {}
         self.started = time.monotonic()
         self.process = subprocess.Popen(
             ["make", "run"], cwd=clone, env=env, stdout=subprocess.PIPE,
@@ -124,7 +125,7 @@ class Start:
             self.log.write(f"{elapsed:8.2f} {line}")
             for phase, marker in PHASE_MARKERS:
                 if phase not in self.phases and marker.search(line):
-                    self.phases[phase] = elapsed
+                    self.phases[phase] = (elapsed, tree_cpu_seconds(self.process.pid))
 
     def first_page(self) -> tuple[float, float]:
         """Wall and CPU seconds until the page answers 200."""
@@ -158,11 +159,14 @@ def measure(clone: Path, port: int, log: Path, name: str) -> float:
         wall, cpu = start.first_page()
     finally:
         start.stop()
-    phases = ", ".join(f"{phase} {at:.1f}" for phase, at in start.phases.items())
+    ends = [*start.phases.items(), ("serve", (wall, cpu))]
+    phases, previous = [], (0.0, 0.0)
+    for phase, (at, cpu_at) in ends:
+        phases.append(f"{phase} {at - previous[0]:.1f} s ({cpu_at - previous[1]:.1f} s CPU)")
+        previous = (at, cpu_at)
     print(
-        f"{name}: first page in {wall:.1f} s wall, {cpu:.1f} s CPU (user+sys)"
-        f"  [phases ended at: {phases}, serve {wall:.1f}]"
-        f"  load average before {before}, after {load_average()}",
+        f"{name}: first page in {wall:.1f} s wall, {cpu:.1f} s CPU (user+sys);"
+        f" load average before {before}, after {load_average()}\n  {', '.join(phases)}",
         flush=True,
     )
     return wall
