@@ -10,6 +10,7 @@ from decimal import Decimal
 
 import pytest
 import time_machine
+from django.contrib.auth.hashers import get_hasher, identify_hasher
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Max, Min, Sum
@@ -21,7 +22,7 @@ from images.models import Image
 from jobs.models import Attempt, Run
 from jobs.selectors.estimates import run_start_estimate
 from jobs.selectors.runs import runs_place_in_line
-from portal.demo import demo_seed, previous_month
+from portal.demo import DEMO_PASSWORD, LOGINS, demo_seed, previous_month
 from telemetry import accounting, selectors
 from telemetry.goodput import DEFAULT_GOODPUT_DAYS, goodput_window
 from telemetry.models import AttemptAccounting
@@ -389,3 +390,28 @@ def test_each_tenant_has_a_history_of_its_own(demo):
     for first, second in itertools.combinations(figures, 2):
         for window in (0, 1):
             assert figures[first][window] != figures[second][window], (first, second, window)
+
+
+def test_the_demo_logins_share_the_published_password_hashed_once(demo):
+    """One hash of the demo password for all six logins (PBKDF2's costs ~0.4 s of CPU each),
+    and the accounts ``create_user``/``create_superuser`` would make: active, only the admin
+    staff and superuser."""
+    users = User.objects.filter(username__in=[login.username for login in LOGINS])
+    accounts = sorted(
+        (user.username, user.email, user.is_active, user.is_staff, user.is_superuser)
+        for user in users
+    )
+    assert accounts == [
+        ("admin", "admin@gantry.example", True, True, True),
+        ("alice", "alice@gantry.example", True, False, False),
+        ("bob", "bob@gantry.example", True, False, False),
+        ("carol", "carol@gantry.example", True, False, False),
+        ("fiona", "fiona@gantry.example", True, False, False),
+        ("tara", "tara@gantry.example", True, False, False),
+    ]
+    hashes = {user.password for user in users}
+    assert len(hashes) == 1
+    # The configured hasher (PBKDF2 in Gantry; MD5 in tests/settings.py, for fast logins).
+    assert identify_hasher(hashes.pop()).algorithm == get_hasher().algorithm
+    assert [user.check_password(DEMO_PASSWORD) for user in users] == [True] * 6
+    assert [user.check_password("gantry-dem0") for user in users] == [False] * 6
