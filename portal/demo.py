@@ -32,7 +32,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from finance import services as finance_services
@@ -58,7 +58,7 @@ from jobs.services.usage import usage_record_attempt
 from jobs.simulation import STARTUP_S, Workload
 from telemetry import services as telemetry_services
 from telemetry.models import GpuMinute
-from telemetry.simulated import simulated_telemetry
+from telemetry.simulated import SimulatedMinute, simulated_telemetry
 from tenants import services as tenant_services
 from tenants.models import GlobalRole, GpuFlavor, Membership, Project, Quota, Tenant
 
@@ -504,22 +504,40 @@ def _record_history_telemetry(*, attempt: Attempt, profile: str, resume_step: in
     telemetry_services.simulated_windows_store(
         attempt_id=attempt.pk, source="demo", windows=telemetry.windows
     )
-    GpuMinute.objects.bulk_create(
+    _gpu_minutes_insert(attempt=attempt, minutes=telemetry.minutes)
+
+
+# The columns of GpuMinute, in the order _gpu_minutes_insert gives their values.
+GPU_MINUTE_COLUMNS = (
+    "attempt", "host", "gpu", "minute", "activity", "sm_active", "tensor_active", "dram_active",
+    "fb_used", "power", "xid", "samples", "updated_at",
+)  # fmt: skip
+
+
+def _gpu_minutes_insert(*, attempt: Attempt, minutes: list[SimulatedMinute]) -> None:
+    """The rows ``GpuMinute.objects.bulk_create`` would insert (three samples a minute, as
+    the collector keeps), in one executemany: through the ORM, which builds a model and
+    prepares each value of each row, the history's ~23,000 minutes took 1.3 s of CPU, a
+    third of the seed; so 0.2 s."""
+    fields = [GpuMinute._meta.get_field(name) for name in GPU_MINUTE_COLUMNS]
+    adapt = connection.ops.adapt_datetimefield_value
+    updated_at = adapt(timezone.now())
+    rows = [
         (
-            GpuMinute(
-                attempt=attempt,
-                host=minute.host,
-                gpu=minute.gpu,
-                minute=minute.minute,
-                activity=minute.activity,
-                sm_active=minute.sm_active,
-                tensor_active=minute.tensor_active,
-                samples=3 * minute.samples,
-            )
-            for minute in telemetry.minutes
-        ),
-        batch_size=2000,
-    )
+            attempt.pk, minute.host, minute.gpu, adapt(minute.minute), minute.activity,
+            minute.sm_active, minute.tensor_active, None, None, None, 0, 3 * minute.samples,
+            updated_at,
+        )
+        for minute in minutes
+    ]  # fmt: skip
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(field.column) for field in fields)
+    placeholders = ", ".join(["%s"] * len(fields))
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            f"INSERT INTO {quote(GpuMinute._meta.db_table)} ({columns}) VALUES ({placeholders})",  # noqa: S608 - our own names
+            rows,
+        )
 
 
 def _record_history(
