@@ -10,6 +10,7 @@ from decimal import Decimal
 
 import pytest
 import time_machine
+from django.contrib.auth.hashers import get_hasher, identify_hasher
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Max, Min, Sum
@@ -21,11 +22,19 @@ from images.models import Image
 from jobs.models import Attempt, Run
 from jobs.selectors.estimates import run_start_estimate
 from jobs.selectors.runs import runs_place_in_line
-from portal.demo import demo_seed, previous_month
+from portal.demo import (
+    DEMO_PASSWORD,
+    GPU_MINUTE_COLUMNS,
+    LOGINS,
+    _gpu_minutes_insert,
+    demo_seed,
+    previous_month,
+)
 from telemetry import accounting, selectors
 from telemetry.goodput import DEFAULT_GOODPUT_DAYS, goodput_window
-from telemetry.models import AttemptAccounting
+from telemetry.models import AttemptAccounting, GpuMinute
 from telemetry.services import accounting_compute_pending
+from telemetry.simulated import SimulatedMinute
 from tenants.models import Quota, Tenant
 
 pytestmark = pytest.mark.django_db
@@ -389,3 +398,61 @@ def test_each_tenant_has_a_history_of_its_own(demo):
     for first, second in itertools.combinations(figures, 2):
         for window in (0, 1):
             assert figures[first][window] != figures[second][window], (first, second, window)
+
+
+def test_the_demo_logins_share_the_published_password_hashed_once(demo):
+    """One hash of the demo password for all six logins (PBKDF2's costs ~0.4 s of CPU each),
+    and the accounts ``create_user``/``create_superuser`` would make: active, only the admin
+    staff and superuser."""
+    users = User.objects.filter(username__in=[login.username for login in LOGINS])
+    accounts = sorted(
+        (user.username, user.email, user.is_active, user.is_staff, user.is_superuser)
+        for user in users
+    )
+    assert accounts == [
+        ("admin", "admin@gantry.example", True, True, True),
+        ("alice", "alice@gantry.example", True, False, False),
+        ("bob", "bob@gantry.example", True, False, False),
+        ("carol", "carol@gantry.example", True, False, False),
+        ("fiona", "fiona@gantry.example", True, False, False),
+        ("tara", "tara@gantry.example", True, False, False),
+    ]
+    hashes = {user.password for user in users}
+    assert len(hashes) == 1
+    # The configured hasher (PBKDF2 in Gantry; MD5 in tests/settings.py, for fast logins).
+    assert identify_hasher(hashes.pop()).algorithm == get_hasher().algorithm
+    assert [user.check_password(DEMO_PASSWORD) for user in users] == [True] * 6
+    assert [user.check_password("gantry-dem0") for user in users] == [False] * 6
+
+
+def test_the_history_gpu_minutes_are_the_rows_the_orm_would_write(demo):
+    """The seed inserts its GPU minutes in one executemany (portal/demo.py): every column of
+    GpuMinute gets the value bulk_create would give it, the field defaults included."""
+    assert {field.name for field in GpuMinute._meta.concrete_fields} == {
+        "id",
+        *GPU_MINUTE_COLUMNS,
+    }
+    attempt = Attempt.objects.get(run=run_named("unet-sweep-1"))
+    GpuMinute.objects.filter(attempt=attempt).delete()
+    minute = datetime(2026, 11, 3, 9, 41, tzinfo=UTC)
+    with time_machine.travel(datetime(2026, 11, 3, 10, 0, 5, tzinfo=UTC), tick=False):
+        _gpu_minutes_insert(
+            attempt=attempt,
+            minutes=[
+                SimulatedMinute("sim-east-a100-80gb-02", "0", minute, 0.91, 0.625, 0.5, 12),
+                SimulatedMinute("sim-east-a100-80gb-02", "7", minute, 0.25, 0.125, 0.0, 11),
+            ],
+        )
+    rows = GpuMinute.objects.filter(attempt=attempt).order_by("gpu")
+    assert [
+        (
+            row.host, row.gpu, row.minute, row.activity, row.sm_active, row.tensor_active,
+            row.dram_active, row.fb_used, row.power, row.xid, row.samples, row.updated_at,
+        )
+        for row in rows
+    ] == [
+        ("sim-east-a100-80gb-02", "0", minute, 0.91, 0.625, 0.5, None, None, None, 0, 36,
+         datetime(2026, 11, 3, 10, 0, 5, tzinfo=UTC)),
+        ("sim-east-a100-80gb-02", "7", minute, 0.25, 0.125, 0.0, None, None, None, 0, 33,
+         datetime(2026, 11, 3, 10, 0, 5, tzinfo=UTC)),
+    ]  # fmt: skip

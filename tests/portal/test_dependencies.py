@@ -5,6 +5,7 @@ extras for lint, test and bench."""
 
 import ast
 import re
+import subprocess
 import tomllib
 from importlib.metadata import packages_distributions
 
@@ -96,3 +97,27 @@ def test_make_run_installs_the_runtime_set_and_lint_test_bench_add_the_dev_extra
     # A venv made by `make run` is upgraded by the first lint, test or bench.
     dev_rule = makefile[makefile.index("$(DEV_STAMP): pyproject.toml") :]
     assert "-e '.[dev]'" in dev_rule.split("\n\n")[0]
+
+
+def test_make_run_starts_from_a_recent_uncompiled_pip_and_writes_bytecode_once():
+    """What `make run` runs on a fresh clone (README.md, *How long make run takes*): a venv
+    without ensurepip's compiled pip and setuptools, a recent pip from the bootstrap Python's
+    (ensurepip and an upgrade where that has none, or none with --python), the runtime set
+    uncompiled, and the processes with PYTHONDONTWRITEBYTECODE unset, so each module is
+    compiled once, by the first process that imports it."""
+    dry_run = subprocess.run(
+        ["make", "-n", "-B", "run", "BOOTSTRAP_PYTHON=python3.11"],
+        cwd=REPOSITORY, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    upgrade = "install --quiet --progress-bar off --no-compile --upgrade 'pip>=25'"
+    assert dry_run.splitlines()[1:] == [
+        ".venv/bin/python -c '' 2>/dev/null || {"
+        " python3.11 -m venv --clear --without-pip .venv && {"
+        f" python3.11 -m pip --python .venv/bin/python {upgrade} 2>/dev/null || {{"
+        " .venv/bin/python -m ensurepip --default-pip >/dev/null &&"
+        f" .venv/bin/python -m pip {upgrade};"
+        " }; }; }",
+        ".venv/bin/python -m pip install --quiet --progress-bar off --no-compile -e .",
+        "touch .venv/.installed-run",
+        "env -u PYTHONDONTWRITEBYTECODE GANTRY_EMBEDDED=1 .venv/bin/python -m portal.embedded",
+    ]
