@@ -159,14 +159,16 @@ def explain(nodes: Sequence[Node], gang: Gang, *, flavor: str, levels: Sequence[
                 f"only {len(capable)} node{'' if len(capable) == 1 else 's'} "
                 f"{'has' if len(capable) == 1 else 'have'} {gang.gpus_per_node} GPUs at all"
             )
-        elif gang.required_level is not None and gang.nodes > 1:
+        elif gang.required_level is not None:
+            # A one-node run with a required level, too, takes only a node under that level.
             domains: dict[tuple[str, ...], int] = defaultdict(int)
             for node in capable:
                 if len(node.path) >= gang.required_level:
                     domains[node.path[: gang.required_level]] += 1
             if max(domains.values(), default=0) < gang.nodes:
+                such = "such nodes" if gang.nodes > 1 else "such node"
                 parts.append(
-                    f"no {level_name(levels, gang.required_level)} has {gang.nodes} such nodes"
+                    f"no {level_name(levels, gang.required_level)} has {gang.nodes} {such}"
                 )
     else:
         parts.append(f"no {flavor} node takes work now")
@@ -175,8 +177,9 @@ def explain(nodes: Sequence[Node], gang: Gang, *, flavor: str, levels: Sequence[
     unschedulable = sorted((node for node in nodes if not node.schedulable), key=lambda n: n.name)
     for node in unschedulable[:EXPLAIN_NODES_LISTED]:
         parts.append(f"node {node.name} takes no work ({node.reason or 'not schedulable'})")
-    if len(unschedulable) > EXPLAIN_NODES_LISTED:
-        parts.append(f"{len(unschedulable) - EXPLAIN_NODES_LISTED} more nodes take no work")
+    more = len(unschedulable) - EXPLAIN_NODES_LISTED
+    if more > 0:
+        parts.append(f"{more} more node{'s take' if more > 1 else ' takes'} no work")
     return "; ".join(parts)
 
 
