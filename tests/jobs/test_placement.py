@@ -5,7 +5,9 @@ Examples, with the exact nodes chosen and every explanation's whole text; the pr
 against a brute-force reference are in test_placement_properties.py.
 """
 
-from jobs.placement import Gang, Node, Placement, explain, largest_gang, place
+import pytest
+
+from jobs.placement import Gang, Node, Placement, explain, largest_gang, largest_shape, place
 
 # 2 blocks of 2 leaf switches of 2 nodes, 8 GPUs each.
 CLUSTER = [
@@ -358,4 +360,26 @@ def test_each_node_is_named_with_its_own_figure_and_why_idle_gpus_are_not_free()
         "needs 8 a100-80gb GPUs on one node; 18 a100-80gb GPUs are free, at most 2 on any node "
         "(9 nodes with 2, 1 node with 0; not counted: 54 used from outside Gantry, 8 reserved "
         "for long-waiting runs); node n10 takes no work (drained: bad DIMM)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("max_nodes", "per_node", "max_gpus", "shape"),
+    [
+        (6, 8, 16, (2, 8)),
+        (4, 8, 12, (2, 6)),  # 12 does not fill 8-GPU nodes: two nodes of 6
+        (1, 8, 1000, (1, 8)),  # the node limit binds
+        (4, 8, 7, (1, 7)),
+        (3, 8, 13, (2, 6)),  # 13 is prime and above 8: the next count that fits, 12
+        (3, 4, 10, (3, 3)),  # 10 needs 4 nodes of at most 4; 9 fits on exactly 3
+        (4, 8, 0, (0, 0)),
+        (4, 8, -5, (0, 0)),
+        (0, 8, 16, (0, 0)),
+    ],
+)
+def test_the_largest_shape_is_the_most_gpus_on_the_fewest_nodes(
+    max_nodes, per_node, max_gpus, shape
+):
+    assert (
+        largest_shape(max_nodes=max_nodes, max_gpus_per_node=per_node, max_gpus=max_gpus) == shape
     )
