@@ -102,6 +102,7 @@ def test_drained_nodes_take_nothing_and_are_named():
 def test_a_shape_no_node_has_is_never_placed():
     assert place([Node("n", 4, 4)], Gang(nodes=1, gpus_per_node=8)) is None
     assert place([Node("n", 8, 8)], Gang(nodes=0, gpus_per_node=8)) is None
+    assert place([Node("n", 8, 8)], Gang(nodes=1, gpus_per_node=0)) is None
 
 
 # --- the domain that leaves the least behind, on clusters of more than 7 nodes -------------
@@ -209,16 +210,18 @@ def test_explain_says_how_few_nodes_have_that_many_gpus_at_all():
         Node("a100-04", 8, 0, schedulable=False, reason="cordoned"),
         Node("a100-02", 4, 4),
         Node("a100-01", 8, 8),
-        Node("a100-03", 4, 0, outside=4),
+        Node("a100-03", 4, 0, outside=2, held=2),
     ]
     spread = (
-        "12 a100-80gb GPUs are free, at most 8 on any node (a100-01: 8, a100-02: 4, "
-        "a100-03: 0 (4 used from outside Gantry), a100-04: takes no work (cordoned))"
+        "12 a100-80gb GPUs are free, at most 8 on any node (a100-01: 8, a100-02: 4, a100-03: 0 "
+        "(2 used from outside Gantry, 2 reserved for a long-waiting run), "
+        "a100-04: takes no work (cordoned))"
     )
 
     assert explain(nodes[1:], Gang(nodes=2, gpus_per_node=8), flavor="a100-80gb") == (
         "needs 2 nodes × 8 a100-80gb GPUs; 12 a100-80gb GPUs are free, at most 8 on any node "
-        "(a100-01: 8, a100-02: 4, a100-03: 0 (4 used from outside Gantry)); "
+        "(a100-01: 8, a100-02: 4, "
+        "a100-03: 0 (2 used from outside Gantry, 2 reserved for a long-waiting run)); "
         "only 1 node has 8 GPUs at all"
     )
     assert explain(nodes, Gang(nodes=3, gpus_per_node=8), flavor="a100-80gb") == (
@@ -289,6 +292,16 @@ def test_explain_names_a_level_the_cluster_does_not_name_by_its_depth():
         levels=("block",),
     ) == (
         "needs 2 nodes × 4 a100-80gb GPUs in one level-2 domain; 8 a100-80gb GPUs are free, "
+        "at most 8 on any node (a100-01: 8); only 1 node has 4 GPUs at all"
+    )
+    # Level 0 is the whole cluster, which no level name names.
+    assert explain(
+        nodes,
+        Gang(nodes=2, gpus_per_node=4, required_level=0),
+        flavor="a100-80gb",
+        levels=("block", "leaf switch"),
+    ) == (
+        "needs 2 nodes × 4 a100-80gb GPUs in one level-0 domain; 8 a100-80gb GPUs are free, "
         "at most 8 on any node (a100-01: 8); only 1 node has 4 GPUs at all"
     )
     assert explain(
