@@ -43,33 +43,40 @@ def small_clusters(draw) -> list[Node]:
 
 
 @st.composite
-def large_clusters(draw) -> list[Node]:
-    """8 to 14 nodes, most under one of four leaf switches in two blocks, a few under a
-    block only or outside the tree; free GPUs mostly whole, half or none, so that several
-    leaf switches (and blocks) hold a gang and differ only in what they leave behind."""
+def large_cases(draw) -> tuple[list[Node], Gang]:
+    """A gang and a cluster of 8 to 14 nodes: most under one of four leaf switches in two
+    blocks, a few under a block only or outside the tree, each with no GPU free, just the
+    gang's share, a little more, or all: so that several leaf switches (or blocks) hold the
+    gang, leave as much or little behind, and have more or fewer free GPUs."""
+    gang = Gang(
+        nodes=draw(st.integers(min_value=2, max_value=4)),
+        gpus_per_node=draw(st.sampled_from([2, 4, 4, 8])),
+        required_level=draw(st.sampled_from([None, None, None, 1, 2])),
+    )
     count = draw(st.integers(min_value=8, max_value=14))
     # names not in path order, so the name tie-break is not the path order
     numbers = draw(st.permutations(range(count)))
     nodes = []
     for number in numbers:
-        gpus = draw(st.sampled_from([8, 8, 4]))
+        gpus = draw(st.sampled_from([8, 8, 8, 4]))
         block, leaf = draw(st.sampled_from("ab")), draw(st.sampled_from("12"))
         path = draw(
             st.sampled_from(
-                [(f"block-{block}", f"leaf-{block}{leaf}")] * 6 + [(f"block-{block}",), ()]
+                [(f"block-{block}", f"leaf-{block}{leaf}")] * 8 + [(f"block-{block}",), ()]
             )
         )
-        free = draw(st.sampled_from([0, gpus // 2, gpus, gpus]) | st.integers(0, gpus))
+        share = min(gang.gpus_per_node, gpus)
+        free = min(draw(st.sampled_from([0, share, share, share + 1, gpus])), gpus)
         nodes.append(
             Node(
                 name=f"n{number:02d}",
                 gpus=gpus,
                 free=free,
-                schedulable=draw(st.integers(0, 9)) > 0,
+                schedulable=draw(st.integers(0, 7)) > 0,
                 path=path,
             )
         )
-    return nodes
+    return nodes, gang
 
 
 gangs = st.builds(
@@ -152,8 +159,9 @@ def test_on_small_trees_the_placement_is_the_references(nodes, gang):
 
 
 @settings(max_examples=200, deadline=None)
-@given(large_clusters(), gangs)
-def test_on_clusters_of_8_to_14_nodes_the_placement_is_the_references(nodes, gang):
+@given(large_cases())
+def test_on_clusters_of_8_to_14_nodes_the_placement_is_the_references(case):
+    nodes, gang = case
     placement = place(nodes, gang)
 
     assert placement == reference(nodes, gang)
@@ -162,15 +170,16 @@ def test_on_clusters_of_8_to_14_nodes_the_placement_is_the_references(nodes, gan
 
 
 @settings(max_examples=200, deadline=None)
-@given(small_clusters() | large_clusters(), gangs, st.randoms(use_true_random=False))
-def test_the_answer_does_not_depend_on_the_order_of_the_nodes(nodes, gang, rng: random.Random):
+@given(st.tuples(small_clusters(), gangs) | large_cases(), st.randoms(use_true_random=False))
+def test_the_answer_does_not_depend_on_the_order_of_the_nodes(case, rng: random.Random):
+    nodes, gang = case
     shuffled = list(nodes)
     rng.shuffle(shuffled)
     assert place(shuffled, gang) == place(nodes, gang)
 
 
 @settings(max_examples=200, deadline=None)
-@given(small_clusters() | large_clusters(), st.sampled_from([1, 2, 4, 8]))
+@given(small_clusters() | large_cases().map(lambda case: case[0]), st.sampled_from([1, 2, 4, 8]))
 def test_a_one_node_run_takes_the_fullest_node_that_fits(nodes, gpus):
     placement = place(nodes, Gang(nodes=1, gpus_per_node=gpus))
     fits = [n for n in nodes if n.schedulable and n.free >= gpus <= n.gpus]
