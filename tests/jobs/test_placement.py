@@ -388,11 +388,13 @@ def test_each_node_is_named_with_its_own_figure_and_why_idle_gpus_are_not_free()
         (4, 8, 0, (0, 0)),
         (4, 8, -5, (0, 0)),
         (0, 8, 16, (0, 0)),
+        (1, 8, 1, (1, 1)),
     ],
 )
 def test_the_largest_shape_is_the_most_gpus_on_the_fewest_nodes(
     max_nodes, per_node, max_gpus, shape
 ):
-    assert (
-        largest_shape(max_nodes=max_nodes, max_gpus_per_node=per_node, max_gpus=max_gpus) == shape
-    )
+    largest = largest_shape(max_nodes=max_nodes, max_gpus_per_node=per_node, max_gpus=max_gpus)
+
+    assert largest == shape
+    assert [type(count) for count in largest] == [int, int]  # counts, printed in messages
