@@ -264,6 +264,21 @@ def test_explain_says_no_domain_of_the_required_level_has_enough_such_nodes():
         "at most 8 on any node (a100-01: 0, a100-02: 0, a100-03: 4, a100-04: 8); "
         "no leaf switch has 3 such nodes"
     )
+    # One such node per leaf switch; a node that takes no work, outside the tree, is named.
+    assert explain(
+        [
+            Node("a100-03", 8, 8, schedulable=False),
+            Node("a100-02", 8, 8, path=("block-a", "leaf-a2")),
+            Node("a100-01", 8, 8, path=("block-a", "leaf-a1")),
+        ],
+        Gang(nodes=2, gpus_per_node=8, required_level=2),
+        flavor="a100-80gb",
+        levels=("block", "leaf switch"),
+    ) == (
+        "needs 2 nodes × 8 a100-80gb GPUs in one leaf switch; 16 a100-80gb GPUs are free, "
+        "at most 8 on any node (a100-01: 8, a100-02: 8, a100-03: takes no work "
+        "(not schedulable)); no leaf switch has 2 such nodes"
+    )
     # Three such nodes in one block: the free GPUs are the reason.
     assert explain(
         nodes,
@@ -330,10 +345,10 @@ def test_explain_when_every_node_is_drained_names_each():
 
 def test_explain_past_8_nodes_names_8_that_take_no_work_and_counts_the_rest():
     drained = [Node(f"d{i:02d}", 8, 8, schedulable=False, reason="drained") for i in range(10)]
-    working = [Node("w01", 8, 4), Node("w02", 8, 8)]
+    working = [Node("w01", 8, 4), Node("w02", 8, 8), Node("w03", 8, 8)]
     named = [f"node d{i:02d} takes no work (drained)" for i in range(8)]
     need = "needs 2 nodes × 8 a100-80gb GPUs"
-    free = "12 a100-80gb GPUs are free, at most 8 on any node (1 node with 8, 1 node with 4)"
+    free = "20 a100-80gb GPUs are free, at most 8 on any node (2 nodes with 8, 1 node with 4)"
 
     assert explain(drained + working, Gang(nodes=2, gpus_per_node=8), flavor="a100-80gb") == (
         "; ".join([need, free, *named, "2 more nodes take no work"])
