@@ -61,9 +61,10 @@ def _fits(node: Node, gpus_per_node: int) -> bool:
     return node.schedulable and node.free >= gpus_per_node and gpus_per_node <= node.gpus
 
 
-def _best_fit(candidates: Iterable[Node], count: int, gpus_per_node: int) -> list[Node]:
-    """The ``count`` nodes that leave the fewest GPUs free after placing (ties by name)."""
-    return sorted(candidates, key=lambda n: (n.free - gpus_per_node, n.name))[:count]
+def _best_fit(candidates: Iterable[Node], count: int) -> list[Node]:
+    """The ``count`` nodes that leave the fewest GPUs free after placing a gang's share on
+    each (ties by name): the fewest free now, as each gives up the same share."""
+    return sorted(candidates, key=lambda n: (n.free, n.name))[:count]
 
 
 def place(nodes: Sequence[Node], gang: Gang) -> Placement | None:
@@ -78,7 +79,7 @@ def place(nodes: Sequence[Node], gang: Gang) -> Placement | None:
             candidates = [node for node in candidates if len(node.path) >= gang.required_level]
         if not candidates:
             return None
-        [node] = _best_fit(candidates, 1, gang.gpus_per_node)
+        [node] = _best_fit(candidates, 1)
         return Placement(nodes=(node.name,), domain=node.path, single_node=True)
 
     deepest = max(len(node.path) for node in candidates)
@@ -96,7 +97,7 @@ def place(nodes: Sequence[Node], gang: Gang) -> Placement | None:
         for domain, members in domains.items():
             if len(members) < gang.nodes:
                 continue
-            chosen = _best_fit(members, gang.nodes, gang.gpus_per_node)
+            chosen = _best_fit(members, gang.nodes)
             left = sum(node.free - gang.gpus_per_node for node in chosen)
             options.append((left, domain_free[domain], domain, chosen))
         if options:
@@ -134,7 +135,7 @@ def explain(nodes: Sequence[Node], gang: Gang, *, flavor: str, levels: Sequence[
     )
     if gang.required_level is not None and gang.nodes > 1:
         need += f" in one {level_name(levels, gang.required_level)}"
-    working = sorted((node for node in nodes if node.schedulable), key=lambda n: n.name)
+    working = [node for node in nodes if node.schedulable]  # summed and tallied: any order
     every = sorted(nodes, key=lambda n: n.name)
     listed = len(every) <= EXPLAIN_NODES_LISTED
     parts = [need]
@@ -159,14 +160,16 @@ def explain(nodes: Sequence[Node], gang: Gang, *, flavor: str, levels: Sequence[
                 f"only {len(capable)} node{'' if len(capable) == 1 else 's'} "
                 f"{'has' if len(capable) == 1 else 'have'} {gang.gpus_per_node} GPUs at all"
             )
-        elif gang.required_level is not None and gang.nodes > 1:
+        elif gang.required_level is not None:
+            # A one-node run with a required level, too, takes only a node under that level.
             domains: dict[tuple[str, ...], int] = defaultdict(int)
             for node in capable:
                 if len(node.path) >= gang.required_level:
                     domains[node.path[: gang.required_level]] += 1
             if max(domains.values(), default=0) < gang.nodes:
+                such = "such nodes" if gang.nodes > 1 else "such node"
                 parts.append(
-                    f"no {level_name(levels, gang.required_level)} has {gang.nodes} such nodes"
+                    f"no {level_name(levels, gang.required_level)} has {gang.nodes} {such}"
                 )
     else:
         parts.append(f"no {flavor} node takes work now")
@@ -175,8 +178,9 @@ def explain(nodes: Sequence[Node], gang: Gang, *, flavor: str, levels: Sequence[
     unschedulable = sorted((node for node in nodes if not node.schedulable), key=lambda n: n.name)
     for node in unschedulable[:EXPLAIN_NODES_LISTED]:
         parts.append(f"node {node.name} takes no work ({node.reason or 'not schedulable'})")
-    if len(unschedulable) > EXPLAIN_NODES_LISTED:
-        parts.append(f"{len(unschedulable) - EXPLAIN_NODES_LISTED} more nodes take no work")
+    more = len(unschedulable) - EXPLAIN_NODES_LISTED
+    if more > 0:
+        parts.append(f"{more} more node{'s take' if more > 1 else ' takes'} no work")
     return "; ".join(parts)
 
 

@@ -1,17 +1,13 @@
 """jobs.placement: a gang lands only on nodes whose GPUs are free together, in the tightest
 topology domain, leaving the least fragmentation; and says why when it cannot.
 
-Examples first, then properties over random clusters checked against a brute-force oracle
-(every subset of nodes) on clusters small enough to enumerate.
+Examples, with the exact nodes chosen and every explanation's whole text; the properties
+against a brute-force reference are in test_placement_properties.py.
 """
 
-import itertools
-import random
+import pytest
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from jobs.placement import Gang, Node, Placement, explain, largest_gang, place
+from jobs.placement import Gang, Node, Placement, explain, largest_gang, largest_shape, place
 
 # 2 blocks of 2 leaf switches of 2 nodes, 8 GPUs each.
 CLUSTER = [
@@ -69,12 +65,17 @@ def test_a_required_level_is_never_relaxed():
     # One free node per leaf: a 2-node gang fits in a block, not in a leaf switch.
     assert place(nodes, Gang(nodes=2, gpus_per_node=8, required_level=2)) is None
     assert place(nodes, Gang(nodes=2, gpus_per_node=8, required_level=1)).domain == ("block-a",)
+    # Two capable nodes in each leaf switch: the level is not the reason, the free GPUs are.
     assert explain(
         nodes,
         Gang(nodes=2, gpus_per_node=8, required_level=2),
         flavor="a100-80gb",
         levels=("block", "leaf switch"),
-    ).startswith("needs 2 nodes × 8 a100-80gb GPUs in one leaf switch; 32 a100-80gb GPUs")
+    ) == (
+        "needs 2 nodes × 8 a100-80gb GPUs in one leaf switch; 32 a100-80gb GPUs are free, "
+        "at most 8 on any node (a100-a11: 8, a100-a12: 0, a100-a21: 8, a100-a22: 0, "
+        "a100-b11: 8, a100-b12: 0, a100-b21: 8, a100-b22: 0)"
+    )
 
 
 def test_a_small_run_packs_onto_a_partly_used_node():
@@ -101,118 +102,264 @@ def test_drained_nodes_take_nothing_and_are_named():
 def test_a_shape_no_node_has_is_never_placed():
     assert place([Node("n", 4, 4)], Gang(nodes=1, gpus_per_node=8)) is None
     assert place([Node("n", 8, 8)], Gang(nodes=0, gpus_per_node=8)) is None
+    assert place([Node("n", 8, 8)], Gang(nodes=1, gpus_per_node=0)) is None
 
 
-# --- properties ----------------------------------------------------------------------------
+# --- the domain that leaves the least behind, on clusters of more than 7 nodes -------------
 
-LEVEL_NAMES = ("b", "l")
-
-
-@st.composite
-def clusters(draw) -> list[Node]:
-    count = draw(st.integers(min_value=1, max_value=7))
-    nodes = []
-    for index in range(count):
-        gpus = draw(st.sampled_from([4, 8]))
-        depth = draw(st.integers(min_value=0, max_value=2))
-        path = tuple(f"{LEVEL_NAMES[d]}{draw(st.integers(0, 1))}" for d in range(depth))
-        # a leaf name is unique to its block, as a real tree's is
-        path = tuple("".join(path[: d + 1]) for d in range(depth))
-        nodes.append(
-            Node(
-                name=f"n{index}",
-                gpus=gpus,
-                free=draw(st.integers(min_value=0, max_value=gpus)),
-                schedulable=draw(st.booleans()) or draw(st.booleans()),
-                path=path,
-            )
-        )
-    return nodes
+# 2 blocks of 2 leaf switches of 3 nodes, 8 GPUs each: a100-a11 … a100-b23.
+CLUSTER_12 = [
+    Node(f"a100-{block}{leaf}{n}", 8, 8, path=(f"block-{block}", f"leaf-{block}{leaf}"))
+    for block in "ab"
+    for leaf in "12"
+    for n in "123"
+]
+EMPTY = dict.fromkeys(node.name.replace("-", "_") for node in CLUSTER_12)
 
 
-gangs = st.builds(
-    Gang,
-    nodes=st.integers(min_value=1, max_value=4),
-    gpus_per_node=st.sampled_from([1, 2, 4, 8]),
-    required_level=st.none() | st.integers(min_value=0, max_value=2),
-)
+def only_free(**free: int) -> list[Node]:
+    """CLUSTER_12 with the GPUs free given, none free on the other nodes."""
+    return with_free(CLUSTER_12, **{**dict.fromkeys(EMPTY, 0), **free})
 
 
-def common_depth(members: list[Node]) -> int:
-    if len(members) == 1:
-        return len(members[0].path) + 1  # one node is tighter than any domain
-    depth = 0
-    while (
-        all(len(m.path) > depth for m in members)
-        and len({m.path[: depth + 1] for m in members}) == 1
-    ):
-        depth += 1
-    return depth
+def test_of_two_leaf_switches_holding_the_gang_the_one_left_emptiest_wins():
+    # Two nodes of 4 GPUs: leaf a1 holds them on its 5 and 5, leaving 2 behind; leaf b1 on
+    # its 4 and 4, leaving none, though b1 has more free GPUs (16 against 13) and comes
+    # later by name: what is left behind decides first.
+    nodes = only_free(a100_a11=5, a100_a12=5, a100_a13=3, a100_b11=4, a100_b12=4, a100_b13=8)
+
+    assert place(nodes, Gang(nodes=2, gpus_per_node=4)) == Placement(
+        nodes=("a100-b11", "a100-b12"), domain=("block-b", "leaf-b1"), single_node=False
+    )
+    # Within a leaf switch, the nodes that leave least: a1's two 5s (2 left), not its 8,
+    # and not leaf b1's 6 and 8 (6 left).
+    nodes = only_free(a100_a11=8, a100_a12=5, a100_a13=5, a100_b11=6, a100_b12=8)
+    assert place(nodes, Gang(nodes=2, gpus_per_node=4)) == Placement(
+        nodes=("a100-a12", "a100-a13"), domain=("block-a", "leaf-a1"), single_node=False
+    )
 
 
-def feasible_sets(nodes: list[Node], gang: Gang) -> list[tuple[Node, ...]]:
-    """Every set of nodes the gang could run on, honouring its required level (the oracle)."""
-    fits = [n for n in nodes if n.schedulable and n.free >= gang.gpus_per_node <= n.gpus]
-    sets = []
-    for members in itertools.combinations(fits, gang.nodes):
-        depth = common_depth(list(members))
-        limit = len(members[0].path) if len(members) == 1 else depth
-        if gang.required_level is None or limit >= gang.required_level:
-            sets.append(members)
-    return sets
+def test_leaving_as_much_the_leaf_switch_with_fewer_free_gpus_wins_drained_ones_not_counted():
+    # Both leave nothing behind; leaf a1 has 16 free GPUs, leaf b1 8 (its drained node's 8
+    # are not free to anyone), so b1 takes the gang and a1's whole node stays free.
+    nodes = only_free(a100_a11=4, a100_a12=4, a100_a13=8, a100_b11=4, a100_b12=4)
+    nodes = [
+        Node(n.name, 8, 8, schedulable=False, path=n.path) if n.name == "a100-b13" else n
+        for n in nodes
+    ]
+
+    assert place(nodes, Gang(nodes=2, gpus_per_node=4)) == Placement(
+        nodes=("a100-b11", "a100-b12"), domain=("block-b", "leaf-b1"), single_node=False
+    )
+    # As much left and as many free: the first leaf switch by name, whatever the order.
+    nodes = only_free(a100_a21=4, a100_a22=4, a100_b21=4, a100_b22=4)
+    assert place(nodes[::-1], Gang(nodes=2, gpus_per_node=4)) == Placement(
+        nodes=("a100-a21", "a100-a22"), domain=("block-a", "leaf-a2"), single_node=False
+    )
 
 
-@settings(max_examples=400, deadline=None)
-@given(clusters(), gangs)
-def test_a_placement_exists_exactly_when_the_oracle_finds_one_and_is_valid(nodes, gang):
-    placement = place(nodes, gang)
-    sets = feasible_sets(nodes, gang)
+def test_a_gang_no_leaf_switch_holds_takes_the_block_that_leaves_least_behind():
+    # No leaf switch has 4 nodes with 4 free. Block a holds the gang on 8, 4, 4, 4 (4 left
+    # behind), block b on 4, 4, 4, 4 (none), though b has 32 free GPUs against a's 20.
+    nodes = only_free(
+        a100_a11=8, a100_a12=4, a100_a13=4, a100_a21=4,
+        a100_b11=4, a100_b12=4, a100_b13=4, a100_b21=4, a100_b22=8, a100_b23=8,
+    )  # fmt: skip
 
-    assert (placement is not None) == bool(sets)
-    if placement is None:
-        return
-    by_name = {node.name: node for node in nodes}
-    chosen = [by_name[name] for name in placement.nodes]
-    assert len(set(placement.nodes)) == gang.nodes  # distinct nodes, all of the gang
-    assert all(n.schedulable and n.free >= gang.gpus_per_node for n in chosen)
-    assert all(n.path[: len(placement.domain)] == placement.domain for n in chosen)
-    if gang.required_level is not None:
-        assert len(placement.domain) >= gang.required_level
-    # The tightest: one node for a one-node run; else no feasible set lies in a deeper
-    # common domain.
-    if gang.nodes == 1:
-        assert placement.single_node
-    else:
-        tightest = max(common_depth(list(s)) for s in sets)
-        assert common_depth(chosen) == tightest
-
-        # And of the tightest sets, one that leaves the fewest GPUs free on its nodes.
-        def left(members) -> int:
-            return sum(n.free - gang.gpus_per_node for n in members)
-
-        assert left(chosen) == min(left(s) for s in sets if common_depth(list(s)) == tightest)
+    assert place(nodes, Gang(nodes=4, gpus_per_node=4)) == Placement(
+        nodes=("a100-b11", "a100-b12", "a100-b13", "a100-b21"),
+        domain=("block-b",),
+        single_node=False,
+    )
+    # Required in one leaf switch, it is not placed at all.
+    assert place(nodes, Gang(nodes=4, gpus_per_node=4, required_level=2)) is None
 
 
-@settings(max_examples=200, deadline=None)
-@given(clusters(), gangs, st.randoms(use_true_random=False))
-def test_the_answer_does_not_depend_on_the_order_of_the_nodes(nodes, gang, rng: random.Random):
-    shuffled = list(nodes)
-    rng.shuffle(shuffled)
-    assert place(shuffled, gang) == place(nodes, gang)
+def test_a_one_node_run_with_a_required_level_takes_a_node_under_that_level():
+    nodes = [
+        Node("a100-01", 8, 4),  # the fullest node that fits, but in no block
+        Node("a100-02", 8, 6, path=("block-a",)),  # in a block, in no leaf switch
+        Node("a100-03", 8, 8, path=("block-a", "leaf-a1")),
+    ]
+
+    assert place(nodes, Gang(nodes=1, gpus_per_node=4)).nodes == ("a100-01",)
+    assert place(nodes, Gang(nodes=1, gpus_per_node=4, required_level=1)) == Placement(
+        nodes=("a100-02",), domain=("block-a",), single_node=True
+    )
+    assert place(nodes, Gang(nodes=1, gpus_per_node=4, required_level=2)) == Placement(
+        nodes=("a100-03",), domain=("block-a", "leaf-a1"), single_node=True
+    )
+    assert place(nodes[:2], Gang(nodes=1, gpus_per_node=4, required_level=2)) is None
+    assert explain(
+        nodes[:2],
+        Gang(nodes=1, gpus_per_node=4, required_level=2),
+        flavor="a100-80gb",
+        levels=("block", "leaf switch"),
+    ) == (
+        "needs 4 a100-80gb GPUs on one node; 10 a100-80gb GPUs are free, at most 6 on any node "
+        "(a100-01: 4, a100-02: 6); no leaf switch has 1 such node"
+    )
 
 
-@settings(max_examples=200, deadline=None)
-@given(clusters(), st.sampled_from([1, 2, 4, 8]))
-def test_a_one_node_run_takes_the_fullest_node_that_fits(nodes, gpus):
-    placement = place(nodes, Gang(nodes=1, gpus_per_node=gpus))
-    fits = [n for n in nodes if n.schedulable and n.free >= gpus <= n.gpus]
-    if not fits:
-        assert placement is None
-        return
-    [name] = placement.nodes
-    chosen = next(n for n in nodes if n.name == name)
-    assert chosen.free == min(n.free for n in fits)
-    assert largest_gang(nodes, gpus) == len(fits)
+# --- explain(): each reason with its whole text ---------------------------------------------
+
+
+def test_explain_says_how_few_nodes_have_that_many_gpus_at_all():
+    # Given out of name order; a node that takes no work still has its GPUs.
+    nodes = [
+        Node("a100-04", 8, 0, schedulable=False, reason="cordoned"),
+        Node("a100-02", 4, 4),
+        Node("a100-01", 8, 8),
+        Node("a100-03", 4, 0, outside=2, held=2),
+    ]
+    spread = (
+        "12 a100-80gb GPUs are free, at most 8 on any node (a100-01: 8, a100-02: 4, a100-03: 0 "
+        "(2 used from outside Gantry, 2 reserved for a long-waiting run), "
+        "a100-04: takes no work (cordoned))"
+    )
+
+    assert explain(nodes[1:], Gang(nodes=2, gpus_per_node=8), flavor="a100-80gb") == (
+        "needs 2 nodes × 8 a100-80gb GPUs; 12 a100-80gb GPUs are free, at most 8 on any node "
+        "(a100-01: 8, a100-02: 4, "
+        "a100-03: 0 (2 used from outside Gantry, 2 reserved for a long-waiting run)); "
+        "only 1 node has 8 GPUs at all"
+    )
+    assert explain(nodes, Gang(nodes=3, gpus_per_node=8), flavor="a100-80gb") == (
+        f"needs 3 nodes × 8 a100-80gb GPUs; {spread}; only 2 nodes have 8 GPUs at all"
+    )
+    assert explain(nodes, Gang(nodes=1, gpus_per_node=16), flavor="a100-80gb") == (
+        f"needs 16 a100-80gb GPUs on one node; {spread}; only 0 nodes have 16 GPUs at all"
+    )
+    # As many nodes have 8 GPUs as the gang needs: the free GPUs are the reason.
+    assert explain(nodes, Gang(nodes=2, gpus_per_node=8), flavor="a100-80gb") == (
+        f"needs 2 nodes × 8 a100-80gb GPUs; {spread}"
+    )
+
+
+def test_explain_says_no_domain_of_the_required_level_has_enough_such_nodes():
+    assert explain(
+        CLUSTER,
+        Gang(nodes=3, gpus_per_node=8, required_level=2),
+        flavor="a100-80gb",
+        levels=("block", "leaf switch"),
+    ) == (
+        "needs 3 nodes × 8 a100-80gb GPUs in one leaf switch; 64 a100-80gb GPUs are free, "
+        "at most 8 on any node (a100-a11: 8, a100-a12: 8, a100-a21: 8, a100-a22: 8, "
+        "a100-b11: 8, a100-b12: 8, a100-b21: 8, a100-b22: 8); no leaf switch has 3 such nodes"
+    )
+    # Only nodes with 8 GPUs under a leaf switch count: a100-03 has 4, a100-04 no leaf.
+    nodes = [
+        Node("a100-01", 8, 0, path=("block-a", "leaf-a1")),
+        Node("a100-02", 8, 0, path=("block-a", "leaf-a1")),
+        Node("a100-03", 4, 4, path=("block-a", "leaf-a1")),
+        Node("a100-04", 8, 8, path=("block-a",)),
+    ]
+    assert explain(
+        nodes,
+        Gang(nodes=3, gpus_per_node=8, required_level=2),
+        flavor="a100-80gb",
+        levels=("block", "leaf switch"),
+    ) == (
+        "needs 3 nodes × 8 a100-80gb GPUs in one leaf switch; 12 a100-80gb GPUs are free, "
+        "at most 8 on any node (a100-01: 0, a100-02: 0, a100-03: 4, a100-04: 8); "
+        "no leaf switch has 3 such nodes"
+    )
+    # One such node per leaf switch; a node that takes no work, outside the tree, is named.
+    assert explain(
+        [
+            Node("a100-03", 8, 8, schedulable=False),
+            Node("a100-02", 8, 8, path=("block-a", "leaf-a2")),
+            Node("a100-01", 8, 8, path=("block-a", "leaf-a1")),
+        ],
+        Gang(nodes=2, gpus_per_node=8, required_level=2),
+        flavor="a100-80gb",
+        levels=("block", "leaf switch"),
+    ) == (
+        "needs 2 nodes × 8 a100-80gb GPUs in one leaf switch; 16 a100-80gb GPUs are free, "
+        "at most 8 on any node (a100-01: 8, a100-02: 8, a100-03: takes no work "
+        "(not schedulable)); no leaf switch has 2 such nodes"
+    )
+    # Three such nodes in one block: the free GPUs are the reason.
+    assert explain(
+        nodes,
+        Gang(nodes=3, gpus_per_node=8, required_level=1),
+        flavor="a100-80gb",
+        levels=("block", "leaf switch"),
+    ) == (
+        "needs 3 nodes × 8 a100-80gb GPUs in one block; 12 a100-80gb GPUs are free, "
+        "at most 8 on any node (a100-01: 0, a100-02: 0, a100-03: 4, a100-04: 8)"
+    )
+
+
+def test_explain_names_a_level_the_cluster_does_not_name_by_its_depth():
+    nodes = [Node("a100-01", 8, 8, path=("block-a", "leaf-a1"))]
+
+    assert explain(
+        nodes, Gang(nodes=2, gpus_per_node=8, required_level=2), flavor="a100-80gb", levels=()
+    ) == (
+        "needs 2 nodes × 8 a100-80gb GPUs in one level-2 domain; 8 a100-80gb GPUs are free, "
+        "at most 8 on any node (a100-01: 8); only 1 node has 8 GPUs at all"
+    )
+    assert explain(
+        nodes,
+        Gang(nodes=2, gpus_per_node=4, required_level=2),
+        flavor="a100-80gb",
+        levels=("block",),
+    ) == (
+        "needs 2 nodes × 4 a100-80gb GPUs in one level-2 domain; 8 a100-80gb GPUs are free, "
+        "at most 8 on any node (a100-01: 8); only 1 node has 4 GPUs at all"
+    )
+    # Level 0 is the whole cluster, which no level name names.
+    assert explain(
+        nodes,
+        Gang(nodes=2, gpus_per_node=4, required_level=0),
+        flavor="a100-80gb",
+        levels=("block", "leaf switch"),
+    ) == (
+        "needs 2 nodes × 4 a100-80gb GPUs in one level-0 domain; 8 a100-80gb GPUs are free, "
+        "at most 8 on any node (a100-01: 8); only 1 node has 4 GPUs at all"
+    )
+    assert explain(
+        nodes,
+        Gang(nodes=2, gpus_per_node=4, required_level=1),
+        flavor="a100-80gb",
+        levels=("block", "leaf switch"),
+    ) == (
+        "needs 2 nodes × 4 a100-80gb GPUs in one block; 8 a100-80gb GPUs are free, "
+        "at most 8 on any node (a100-01: 8); only 1 node has 4 GPUs at all"
+    )
+
+
+def test_explain_when_every_node_is_drained_names_each():
+    nodes = [
+        Node("a100-02", 8, 0, schedulable=False),
+        Node("a100-01", 8, 8, schedulable=False, reason="drained: bad DIMM"),
+    ]
+
+    assert explain(nodes, Gang(nodes=2, gpus_per_node=8), flavor="a100-80gb") == (
+        "needs 2 nodes × 8 a100-80gb GPUs; no a100-80gb node takes work now; "
+        "node a100-01 takes no work (drained: bad DIMM); "
+        "node a100-02 takes no work (not schedulable)"
+    )
+
+
+def test_explain_past_8_nodes_names_8_that_take_no_work_and_counts_the_rest():
+    drained = [Node(f"d{i:02d}", 8, 8, schedulable=False, reason="drained") for i in range(10)]
+    working = [Node("w01", 8, 4), Node("w02", 8, 8), Node("w03", 8, 8)]
+    named = [f"node d{i:02d} takes no work (drained)" for i in range(8)]
+    need = "needs 2 nodes × 8 a100-80gb GPUs"
+    free = "20 a100-80gb GPUs are free, at most 8 on any node (2 nodes with 8, 1 node with 4)"
+
+    assert explain(drained + working, Gang(nodes=2, gpus_per_node=8), flavor="a100-80gb") == (
+        "; ".join([need, free, *named, "2 more nodes take no work"])
+    )
+    assert explain(drained[:9], Gang(nodes=2, gpus_per_node=8), flavor="a100-80gb") == (
+        "; ".join([need, "no a100-80gb node takes work now", *named, "1 more node takes no work"])
+    )
+    # Exactly 8 that take no work, past 8 nodes: all named, none counted.
+    assert explain(drained[:8] + working, Gang(nodes=2, gpus_per_node=8), flavor="a100-80gb") == (
+        "; ".join([need, free, *named])
+    )
 
 
 def test_each_node_is_named_with_its_own_figure_and_why_idle_gpus_are_not_free():
@@ -242,3 +389,27 @@ def test_each_node_is_named_with_its_own_figure_and_why_idle_gpus_are_not_free()
         "(9 nodes with 2, 1 node with 0; not counted: 54 used from outside Gantry, 8 reserved "
         "for long-waiting runs); node n10 takes no work (drained: bad DIMM)"
     )
+
+
+@pytest.mark.parametrize(
+    ("max_nodes", "per_node", "max_gpus", "shape"),
+    [
+        (6, 8, 16, (2, 8)),
+        (4, 8, 12, (2, 6)),  # 12 does not fill 8-GPU nodes: two nodes of 6
+        (1, 8, 1000, (1, 8)),  # the node limit binds
+        (4, 8, 7, (1, 7)),
+        (3, 8, 13, (2, 6)),  # 13 is prime and above 8: the next count that fits, 12
+        (3, 4, 10, (3, 3)),  # 10 needs 4 nodes of at most 4; 9 fits on exactly 3
+        (4, 8, 0, (0, 0)),
+        (4, 8, -5, (0, 0)),
+        (0, 8, 16, (0, 0)),
+        (1, 8, 1, (1, 1)),
+    ],
+)
+def test_the_largest_shape_is_the_most_gpus_on_the_fewest_nodes(
+    max_nodes, per_node, max_gpus, shape
+):
+    largest = largest_shape(max_nodes=max_nodes, max_gpus_per_node=per_node, max_gpus=max_gpus)
+
+    assert largest == shape
+    assert [type(count) for count in largest] == [int, int]  # counts, printed in messages

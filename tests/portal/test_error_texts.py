@@ -11,7 +11,6 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 from jobs.models import Experiment, Run
-from jobs.placement import largest_shape
 from jobs.services.submission import run_submit
 from tenants.services import api_token_create
 from tests.conftest import experiment_input
@@ -66,23 +65,6 @@ def test_the_largest_run_per_run_maximum_counts_too(world):
             "(2 nodes × 6)."
         ]
     }
-
-
-@pytest.mark.parametrize(
-    ("max_nodes", "per_node", "max_gpus", "shape"),
-    [
-        (6, 8, 16, (2, 8)),
-        (4, 8, 12, (2, 6)),  # 12 does not fill 8-GPU nodes: two nodes of 6
-        (1, 8, 1000, (1, 8)),
-        (4, 8, 7, (1, 7)),
-        (3, 8, 13, (2, 6)),  # 13 is prime and above 8: the next count that fits, 12
-        (4, 8, 0, (0, 0)),
-    ],
-)
-def test_largest_shape(max_nodes, per_node, max_gpus, shape):
-    assert (
-        largest_shape(max_nodes=max_nodes, max_gpus_per_node=per_node, max_gpus=max_gpus) == shape
-    )
 
 
 def api_for(user) -> APIClient:
