@@ -1,7 +1,19 @@
 """The pure admission function: gang fit, guarantees, borrowing, preemption, fair share,
 budgets, priority/FIFO, reasons, positions, reservations."""
 
-from jobs.admission import HeldRun, Pool, QueuedRun, Quota, Snapshot, Wait, decide, nodes_of
+from jobs.admission import (
+    Admit,
+    ClusterNode,
+    HeldRun,
+    Pool,
+    QueuedRun,
+    Quota,
+    Snapshot,
+    Wait,
+    Waiting,
+    decide,
+    nodes_of,
+)
 
 POOL = Pool("c1", "a100", nodes=4, gpus_per_node=8)
 
@@ -249,3 +261,85 @@ def test_same_snapshot_same_decisions():
     queued = [run(i, tenant=("vision", "nlp")[i % 2], gpn=1 + i % 8) for i in range(200)]
     first = decide(snapshot(queued))
     assert decide(snapshot(list(reversed(queued)))) == first
+
+
+def test_between_clusters_the_tighter_domain_wins_over_leaving_less_behind_and_the_name():
+    # Both clusters place the gang (2 nodes, 4 GPUs each): on "a" its nodes share only a
+    # block (their leaves differ), on "b" they share a leaf. "b" leaves 8 GPUs behind on
+    # them, "a" none, and "a" comes first by name: the tighter domain still wins.
+    levels = ("block", "leaf")
+    nodes = (
+        ClusterNode("a", "a100", "a-0", 4, path=("b0", "b0-l0")),
+        ClusterNode("a", "a100", "a-1", 4, path=("b0", "b0-l1")),
+        ClusterNode("b", "a100", "b-0", 8, path=("b0", "b0-l0")),
+        ClusterNode("b", "a100", "b-1", 8, path=("b0", "b0-l0")),
+    )
+    decisions = decide(
+        Snapshot(
+            queued=(run(1, nodes=2, gpn=4),),
+            held=(),
+            nodes=nodes,
+            quotas={("vision", "a100"): Quota(32)},
+            levels={"a": levels, "b": levels},
+        )
+    )
+    assert decisions.admitted == (Admit(1, "b", nodes=("b-0", "b-1")),)
+    assert decisions.waiting == ()
+
+
+def test_reclaims_bring_two_tenants_back_within_their_guarantees_and_their_runs_go_in_line():
+    # A and E are beyond their guarantees (their borrowed runs 1 and 2 fill nodes 00 and 01),
+    # so their runs 10, 12 and 13 wait as borrowers while B's run 11 reclaims both nodes.
+    # That brings A and E back within their guarantees: their three runs get a second pass,
+    # in line (10, 13, 12, not tenant by tenant), and reclaim D's two borrowed halves of
+    # node 03 (newest first); the third finds nothing left to reclaim.
+    pool = Pool("c1", "a100", nodes=4, gpus_per_node=8)
+    n0, n1, n2, n3 = (node.name for node in pool.expand())
+    queued = [
+        run(10, tenant="A", gpn=4, submitted=100),
+        run(13, tenant="E", gpn=4, submitted=150),
+        run(11, tenant="B", nodes=2, gpn=8, submitted=200),
+        run(12, tenant="A", gpn=4, submitted=300),
+    ]
+    holding = [
+        HeldRun(1, "A", "a100", "c1", 8, 0, 1.0, True, (n0,)),
+        HeldRun(2, "E", "a100", "c1", 8, 0, 2.0, True, (n1,)),
+        HeldRun(5, "C", "a100", "c1", 8, 50, 5.0, False, (n2,)),
+        HeldRun(3, "D", "a100", "c1", 4, 50, 3.0, True, (n3,)),
+        HeldRun(4, "D", "a100", "c1", 4, 50, 4.0, True, (n3,)),
+    ]
+    quotas = {
+        ("A", "a100"): Quota(8, borrow_limit=8),
+        ("E", "a100"): Quota(4, borrow_limit=8),
+        ("B", "a100"): Quota(16),
+        ("C", "a100"): Quota(8),
+        ("D", "a100"): Quota(0, borrow_limit=8),
+    }
+    decisions = decide(snapshot(queued, held_runs=holding, pools=(pool,), quotas=quotas))
+
+    assert decisions.admitted == (
+        Admit(11, "c1", nodes=(n0, n1)),
+        Admit(10, "c1", nodes=(n3,)),
+        Admit(13, "c1", nodes=(n3,)),
+    )
+    assert [(p.run_id, p.by_run_id) for p in decisions.preempted] == [
+        (2, 11),
+        (1, 11),
+        (4, 10),
+        (3, 13),
+    ]
+    assert decisions.preempted[3].detail == (
+        "tenant E reclaimed 4 a100 GPUs of its guarantee on c1 for run 13; this run had borrowed 4"
+    )
+    assert decisions.waiting == (
+        Waiting(
+            12,
+            Wait.CAPACITY,
+            "needs 4 a100 GPUs on one node; 0 a100 GPUs are free, at most 0 on any node "
+            "(c1-a100-00: 0, c1-a100-01: 0, c1-a100-02: 0, c1-a100-03: 0); the a100 "
+            "guarantees of all tenants add up to more than the 32 GPUs the clusters have, "
+            "so not all can be kept at once",
+            1,
+        ),
+    )
+    assert decisions.reservations == ()
