@@ -12,6 +12,8 @@ from jobs.admission import (
     Wait,
     Waiting,
     decide,
+    free_gpus,
+    held_placements,
     nodes_of,
 )
 
@@ -343,3 +345,44 @@ def test_reclaims_bring_two_tenants_back_within_their_guarantees_and_their_runs_
         ),
     )
     assert decisions.reservations == ()
+
+
+# Held runs as admission counts them: on known nodes an equal share each (the remainder to
+# the first names), on unknown ones the nodes with the most free GPUs, oldest run first.
+COUNTED = Snapshot(
+    queued=(),
+    held=(
+        HeldRun(1, "vision", "a100", "c1", 5, 50, 2.0, False, ("c1-a100-01", "c1-a100-00")),
+        HeldRun(2, "vision", "a100", "c1", 6, 50, 1.0, False),
+        HeldRun(3, "vision", "a100", "gone", 8, 50, 0.0, False),  # a cluster not in the nodes
+        HeldRun(4, "nlp", "h100", "c1", 2, 50, 0.0, True),
+        HeldRun(5, "nlp", "a100", "c2", 12, 50, 0.0, True),
+        HeldRun(6, "nlp", "a100", "c1", 4, 50, 0.5, False),
+    ),
+    nodes=(
+        ClusterNode("c1", "a100", "c1-a100-00", 8, outside=2),
+        ClusterNode("c1", "a100", "c1-a100-01", 8),
+        ClusterNode("c1", "a100", "c1-a100-02", 8, schedulable=False, reason="drained: bad DIMM"),
+        ClusterNode("c1", "h100", "c1-h100-00", 4, outside=5),  # outside load beyond its GPUs
+        ClusterNode("c2", "a100", "c2-a100-00", 8),
+    ),
+    quotas={},
+)
+
+
+def test_held_runs_are_counted_on_their_nodes_or_where_most_gpus_are_free():
+    assert held_placements(COUNTED) == {
+        1: {"c1-a100-00": 3, "c1-a100-01": 2},
+        # Run 6 is older than run 2: it goes first, onto the drained node's 8 free GPUs
+        # (a drained node still runs what it has); run 2 then onto node 01 (6 free).
+        6: {"c1-a100-02": 4},
+        2: {"c1-a100-01": 6},
+        4: {},  # nothing free on its only node: counted, on no node
+        5: {"c2-a100-00": 8},  # 12 GPUs, 8 where they can be
+    }
+
+
+def test_free_gpus_count_only_nodes_that_take_work_less_held_and_outside_gpus():
+    # a100: node 00 has 8 - 2 outside - 3 of run 1; node 01 8 - 2 - 6; node 02 is drained;
+    # c2's node is full. h100: outside load beyond the node's GPUs leaves 0, not -1.
+    assert free_gpus(COUNTED) == {"a100": 3, "h100": 0}

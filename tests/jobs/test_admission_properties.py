@@ -14,8 +14,9 @@ admission and each starving one's reservation where it waits; then the borrowers
 admissions in the order given. A run held on unknown nodes is put where the contract says
 admission assumes it: on the nodes with the most free GPUs. Whether a gang has a placement
 is asked of ``jobs.placement.place`` (checked against a brute-force oracle in
-test_placement.py) on that model. The examples are derandomized, so CI runs the same ones
-every time.
+test_placement.py) on that model. Beyond these properties, an oracle: ``decide`` must reach
+exactly the decisions of the naive re-implementation in bench/naive.py on every snapshot.
+The examples are derandomized, so CI runs the same ones every time.
 """
 
 import math
