@@ -386,3 +386,13 @@ def test_free_gpus_count_only_nodes_that_take_work_less_held_and_outside_gpus():
     # a100: node 00 has 8 - 2 outside - 3 of run 1; node 01 8 - 2 - 6; node 02 is drained;
     # c2's node is full. h100: outside load beyond the node's GPUs leaves 0, not -1.
     assert free_gpus(COUNTED) == {"a100": 3, "h100": 0}
+
+
+def test_a_pool_is_shorthand_for_identical_free_nodes_named_by_cluster_and_flavor():
+    pool = Pool("c1", "a100", nodes=2, gpus_per_node=4)
+    assert pool.capacity == 8
+    assert nodes_of(pool, Pool("c2", "h100", nodes=1, gpus_per_node=8)) == (
+        ClusterNode("c1", "a100", "c1-a100-00", 4),
+        ClusterNode("c1", "a100", "c1-a100-01", 4),
+        ClusterNode("c2", "h100", "c2-h100-00", 8),
+    )
