@@ -1,6 +1,8 @@
 """The pure admission function: gang fit, guarantees, borrowing, preemption, fair share,
 budgets, priority/FIFO, reasons, positions, reservations."""
 
+from dataclasses import replace
+
 from jobs.admission import (
     Admit,
     ClusterNode,
@@ -16,6 +18,7 @@ from jobs.admission import (
     held_placements,
     nodes_of,
 )
+from jobs.reclaim import OutsideClaim, OutsideQueue
 
 POOL = Pool("c1", "a100", nodes=4, gpus_per_node=8)
 
@@ -395,4 +398,142 @@ def test_a_pool_is_shorthand_for_identical_free_nodes_named_by_cluster_and_flavo
         ClusterNode("c1", "a100", "c1-a100-00", 4),
         ClusterNode("c1", "a100", "c1-a100-01", 4),
         ClusterNode("c2", "h100", "c2-h100-00", 8),
+    )
+
+
+def test_each_cluster_says_why_and_the_later_runs_say_whom_they_wait_behind():
+    # Run 1 needs its 2 nodes in one leaf: c1 has no levels; c2's two nodes are in different
+    # leaves, one half taken by nlp's borrowed run (reclaiming it would not help). Run 2
+    # waits behind it; run 3 asks for a flavor no cluster has.
+    snapshot = Snapshot(
+        queued=(
+            QueuedRun(1, "vision", "a100", 2, 8, 50, 1.0, "leaf", topology_required=True),
+            run(2, gpn=1),
+            run(3, flavor="h100"),
+        ),
+        held=(HeldRun(9, "nlp", "a100", "c2", 4, 50, 0.0, True, ("c2-a100-01",)),),
+        nodes=(
+            ClusterNode("c1", "a100", "c1-a100-00", 8),
+            ClusterNode("c1", "a100", "c1-a100-01", 8),
+            ClusterNode("c2", "a100", "c2-a100-00", 8, path=("b0", "b0-l0")),
+            ClusterNode("c2", "a100", "c2-a100-01", 8, path=("b0", "b0-l1")),
+        ),
+        quotas={
+            ("vision", "a100"): Quota(16),
+            ("vision", "h100"): Quota(8),
+            ("nlp", "a100"): Quota(0, borrow_limit=8),
+        },
+        levels={"c2": ("block", "leaf")},
+    )
+    decisions = decide(snapshot)
+
+    assert decisions.admitted == ()
+    assert decisions.waiting == (
+        Waiting(
+            1,
+            Wait.CAPACITY,
+            "on c1: needs its 2 nodes in one leaf, a level c1 does not have (its levels: none); "
+            "on c2: needs 2 nodes × 8 a100 GPUs in one leaf; 12 a100 GPUs are free, at most 8 "
+            "on any node (c2-a100-00: 8, c2-a100-01: 4); no leaf has 2 such nodes; reclaiming "
+            "the GPUs other tenants borrowed would not make room",
+            1,
+        ),
+        Waiting(
+            2,
+            Wait.BEHIND_HEAD,
+            "waiting behind run 1 of tenant vision, which is first in line for a100 (priority, "
+            "then submission order)",
+            2,
+        ),
+        Waiting(
+            3,
+            Wait.CAPACITY,
+            "needs 8 h100 GPUs; no enabled cluster has h100 GPUs; the h100 guarantees of all "
+            "tenants add up to more than the 0 GPUs the clusters have, so not all can be kept "
+            "at once",
+            1,
+        ),
+    )
+    # Without explanations (the estimates' forward simulation): the same, messages empty.
+    assert decide(snapshot, explain=False).waiting == tuple(
+        replace(wait, message="") for wait in decisions.waiting
+    )
+
+
+def test_a_tenant_beyond_its_guarantee_is_told_by_how_much():
+    on_two = HeldRun(9, "vision", "a100", "c1", 12, 50, 0.0, False, ("c1-a100-00", "c1-a100-01"))
+    decisions = decide(
+        snapshot([run(1)], held_runs=[on_two], quotas={("vision", "a100"): Quota(8)})
+    )
+    assert decisions.waiting == (
+        Waiting(
+            1,
+            Wait.QUOTA,
+            "tenant vision uses 12 a100 GPUs, 4 beyond its guarantee of 8 and may not borrow; "
+            "this run needs 8",
+            1,
+        ),
+    )
+    nlp_full = HeldRun(8, "nlp", "a100", "c1", 16, 50, 0.0, False, ("c1-a100-02", "c1-a100-03"))
+    decisions = decide(
+        snapshot(
+            [run(1)],
+            held_runs=[on_two, nlp_full],
+            quotas={("vision", "a100"): Quota(8, borrow_limit=16)},
+        )
+    )
+    assert decisions.waiting == (
+        Waiting(
+            1,
+            Wait.NO_IDLE,
+            "tenant vision uses 12 a100 GPUs, 4 beyond its guarantee of 8; to borrow idle ones, "
+            "this run needs 8 a100 GPUs on one node; 4 a100 GPUs are free, at most 2 on any "
+            "node (c1-a100-00: 2, c1-a100-01: 2, c1-a100-02: 0, c1-a100-03: 0)",
+            1,
+        ),
+    )
+
+
+def test_a_reclaim_an_outside_job_would_steal_moves_to_another_cluster_or_waits():
+    # nlp's borrowed runs fill c1 (run 1) and c2 (runs 3 and 4); vision, within its guarantee,
+    # reclaims 16 GPUs on either. A job from outside Gantry waiting in a cluster's queue for 2
+    # whole nodes would start first on the GPUs freed there (jobs.reclaim).
+    vision = QueuedRun(2, "vision", "a100", 1, 8, 0, 200.0)
+    held_runs = (
+        HeldRun(1, "nlp", "a100", "c1", 16, 0, 100.0, True, ("c1-a100-00", "c1-a100-01")),
+        HeldRun(3, "nlp", "a100", "c2", 16, 0, 50.0, True, ("c2-a100-00", "c2-a100-01")),
+        HeldRun(4, "nlp", "a100", "c2", 8, 50, 60.0, True, ("c2-a100-02",)),
+    )
+    outside_job = OutsideQueue(
+        reclaim_first=False, claims=(OutsideClaim("Slurm job 812", "a100", 2, 8),)
+    )
+
+    def decided(outside):
+        return decide(
+            Snapshot(
+                queued=(vision,),
+                held=held_runs,
+                nodes=nodes_of(Pool("c1", "a100", 2, 8), Pool("c2", "a100", 3, 8)),
+                quotas={("vision", "a100"): Quota(16), ("nlp", "a100"): Quota(0, borrow_limit=40)},
+                outside=outside,
+            )
+        )
+
+    # Equal cost (16 GPUs, one run): c1 by its name; with the outside job on c1, c2.
+    for outside, cluster, victim in (({}, "c1", 1), ({"c1": outside_job}, "c2", 3)):
+        decisions = decided(outside)
+        assert decisions.admitted == (Admit(2, cluster, nodes=(f"{cluster}-a100-00",)),)
+        assert [(p.run_id, p.by_run_id) for p in decisions.preempted] == [(victim, 2)]
+    # On both: no preemption; the reason names the first cluster's.
+    decisions = decided({"c1": outside_job, "c2": outside_job})
+    assert (decisions.admitted, decisions.preempted) == ((), ())
+    assert decisions.waiting == (
+        Waiting(
+            2,
+            Wait.CAPACITY,
+            "preempting 1 borrowed run on c1 would free 16 a100 GPUs, but Slurm job 812 from "
+            "outside Gantry (2 × 8 a100 GPUs) waits for them and c1 would start it first; this "
+            "run waits until that job has started elsewhere or GPUs free up without a preemption",
+            1,
+        ),
     )
