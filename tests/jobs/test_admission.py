@@ -10,6 +10,7 @@ from jobs.admission import (
     Pool,
     QueuedRun,
     Quota,
+    Reservation,
     Snapshot,
     Wait,
     Waiting,
@@ -537,3 +538,33 @@ def test_a_reclaim_an_outside_job_would_steal_moves_to_another_cluster_or_waits(
             1,
         ),
     )
+
+
+def test_starving_runs_of_one_shape_each_hold_a_node_of_their_own():
+    # Every node has 4 of 8 GPUs free; three runs of 8 GPUs, starving (1000 s in line, 600 s
+    # allowed), hold the free half of one node each, in line, never the same node twice (the
+    # nodes each one waits on are no longer a choice for the next).
+    pool = Pool("c1", "a100", nodes=4, gpus_per_node=8)
+    names = [node.name for node in pool.expand()]
+    decisions = decide(
+        Snapshot(
+            queued=tuple(run(i, tenant=f"t{i}", submitted=0) for i in (1, 2, 3)),
+            held=tuple(
+                HeldRun(10 + i, "lab", "a100", "c1", 4, 50, 0.0, False, (name,))
+                for i, name in enumerate(names)
+            ),
+            nodes=pool.expand(),
+            quotas={(tenant, "a100"): Quota(8) for tenant in ("t1", "t2", "t3")}
+            | {("lab", "a100"): Quota(16)},
+            now=1000.0,
+            starvation_after_s=600.0,
+        )
+    )
+    assert decisions.reservations == tuple(
+        Reservation(i, "c1", "a100", 4, (names[i - 1],)) for i in (1, 2, 3)
+    )
+    assert [(w.run_id, w.reason) for w in decisions.waiting] == [
+        (1, Wait.CAPACITY),
+        (2, Wait.CAPACITY),
+        (3, Wait.CAPACITY),
+    ]
