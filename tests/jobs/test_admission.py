@@ -568,3 +568,36 @@ def test_starving_runs_of_one_shape_each_hold_a_node_of_their_own():
         (2, Wait.CAPACITY),
         (3, Wait.CAPACITY),
     ]
+
+
+def test_between_borrowers_with_the_same_decayed_usage_the_lower_usage_per_weight_goes_first():
+    # Neither has decayed usage; A holds 8 GPUs with weight 4 (2 per weight), B holds 4 with
+    # weight 1 (4 per weight): A's run takes the one free node.
+    quotas = {
+        ("A", "a100"): Quota(0, borrow_limit=32, weight=4),
+        ("B", "a100"): Quota(0, borrow_limit=32, weight=1),
+    }
+    holding = [held(8, "A", 8, borrowed=True), held(9, "B", 4, borrowed=True)]
+    pools = (Pool("c1", "a100", nodes=3, gpus_per_node=8),)
+    decisions = decide(
+        snapshot(
+            [run(1, tenant="B"), run(2, tenant="A")], held_runs=holding, pools=pools, quotas=quotas
+        )
+    )
+    assert decisions.admitted == (Admit(2, "c1", borrowed=True, nodes=("c1-a100-02",)),)
+    assert [(w.run_id, w.reason) for w in decisions.waiting] == [(1, Wait.NO_IDLE)]
+
+
+def test_a_reclaim_whose_gpus_outside_load_has_taken_places_nothing():
+    # Outside load has grown to all 4 GPUs of the node under nlp's borrowed run: preempting it
+    # would free nothing, so vision's 1-GPU run waits and nothing is preempted.
+    decisions = decide(
+        Snapshot(
+            queued=(run(1, gpn=1),),
+            held=(HeldRun(9, "nlp", "a100", "c1", 4, 50, 0.0, True, ("c1-a100-00",)),),
+            nodes=(ClusterNode("c1", "a100", "c1-a100-00", 4, outside=4),),
+            quotas={("vision", "a100"): Quota(4), ("nlp", "a100"): Quota(0, borrow_limit=4)},
+        )
+    )
+    assert (decisions.admitted, decisions.preempted) == ((), ())
+    assert [(w.run_id, w.reason) for w in decisions.waiting] == [(1, Wait.CAPACITY)]
