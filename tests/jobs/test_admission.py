@@ -601,3 +601,31 @@ def test_a_reclaim_whose_gpus_outside_load_has_taken_places_nothing():
     )
     assert (decisions.admitted, decisions.preempted) == ((), ())
     assert [(w.run_id, w.reason) for w in decisions.waiting] == [(1, Wait.CAPACITY)]
+
+
+def test_the_overcommitted_guarantees_are_named_only_when_they_leave_no_room():
+    # The guarantees (16 + 16) exceed the 16 GPUs; nlp holds 4 on each node. Vision's 8 GPUs
+    # plus nlp's 8 fit in the 16: the wait is fragmentation, not the overcommitment...
+    halves = [
+        HeldRun(8, "nlp", "a100", "c1", 4, 50, 0.0, False, ("c1-a100-00",)),
+        HeldRun(9, "nlp", "a100", "c1", 4, 50, 0.0, False, ("c1-a100-01",)),
+    ]
+    pools = (Pool("c1", "a100", nodes=2, gpus_per_node=8),)
+    quotas = {("vision", "a100"): Quota(16), ("nlp", "a100"): Quota(16)}
+    fragmented = "needs 8 a100 GPUs on one node; 8 a100 GPUs are free, at most 4 on any node"
+    decisions = decide(snapshot([run(1)], held_runs=halves, pools=pools, quotas=quotas))
+    assert [w.message for w in decisions.waiting] == [
+        f"{fragmented} (c1-a100-00: 4, c1-a100-01: 4)"
+    ]
+    # ...once nlp's run of this cycle takes one more GPU, 8 + 9 no longer fit in the 16.
+    decisions = decide(
+        snapshot(
+            [run(1), run(2, tenant="nlp", gpn=1)], held_runs=halves, pools=pools, quotas=quotas
+        )
+    )
+    assert decisions.admitted == (Admit(2, "c1", nodes=("c1-a100-00",)),)
+    assert [w.message for w in decisions.waiting] == [
+        "needs 8 a100 GPUs on one node; 7 a100 GPUs are free, at most 4 on any node "
+        "(c1-a100-00: 3, c1-a100-01: 4); the a100 guarantees of all tenants add up to more than "
+        "the 16 GPUs the clusters have, so not all can be kept at once"
+    ]
