@@ -6,6 +6,8 @@ mutants, how many a test killed, the timeouts, the survivors explained in
 tests/mutation/equivalent.toml and those not explained (by function), and the score:
 killed (timeouts included, see docs/mutation-testing.md) ÷ mutants. Exits 1 when a module
 scores below the threshold. ``--report`` only prints the table of the last run (mutants/).
+A module named in pyproject's [tool.gantry.mutation.sample] runs that fixed sample of its
+mutants unless ``--sample`` says otherwise (``--sample 0``: all).
 
     python scripts/mutation.py [--modules telemetry/accounting.py ...] [--sample N]
         [--threshold 95] [--max-children N] [--report]
@@ -31,6 +33,13 @@ KILLED, TIMEOUT, SURVIVED, NO_TESTS = "killed", "timeout", "survived", "no tests
 def configured_modules() -> list[str]:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     return list(config["tool"]["mutmut"]["only_mutate"])
+
+
+def default_samples() -> dict[str, int]:
+    """module -> how many of its mutants a run without --sample takes (pyproject.toml,
+    [tool.gantry.mutation.sample]); a module not named runs whole."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return dict(config["tool"].get("gantry", {}).get("mutation", {}).get("sample", {}))
 
 
 def module_name(path: str) -> str:
@@ -111,7 +120,13 @@ def report(chosen: dict[str, list[str]], threshold: float) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modules", nargs="+", default=configured_modules())
-    parser.add_argument("--sample", type=int, default=0, help="at most N mutants per module")
+    parser.add_argument(
+        "--sample",
+        type=int,
+        default=None,
+        help="at most N mutants per module (0: all; default: pyproject's "
+        "[tool.gantry.mutation.sample] for the modules it names, all for the others)",
+    )
     parser.add_argument("--threshold", type=float, default=95.0)
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--report", action="store_true", help="only report the last run")
@@ -125,11 +140,13 @@ def main() -> int:
 
     os.chdir(ROOT)
     chosen = {}
+    samples = default_samples()
     for path in args.modules:
         names = mutant_names(path)
-        if args.sample and len(names) > args.sample:
+        sample = samples.get(path, 0) if args.sample is None else args.sample
+        if sample and len(names) > sample:
             # The same sample on every run (seeded by the module), in mutmut's order.
-            picked = set(random.Random(path).sample(names, args.sample))
+            picked = set(random.Random(path).sample(names, sample))
             names = [name for name in names if name in picked]
         chosen[path] = names
 
