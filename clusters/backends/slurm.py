@@ -1,7 +1,10 @@
 """The Slurm backend: slurmrestd (API v0.0.38, JWT) or the Slurm CLI, per cluster setting.
 
-Cluster settings are described in docs/slurm.md; the pure half (script rendering, parsing,
-state mapping) is ``clusters.backends.slurm_script``. Every call has a timeout. Errors:
+Cluster settings are described in docs/slurm.md; the pure half is in modules of its own:
+``slurm_settings`` (the settings), ``slurm_batch`` (the script, quoted by ``slurm_quoting``),
+``slurm_jobs`` (what Slurm prints about jobs, the state mapping), ``slurm_nodes`` and
+``slurm_topology`` (the inventory), ``slurm_accounts`` (quotas, the token). Every call has a
+timeout. Errors:
 
 - ``TransientBackendError``: a daemon did not answer (slurmctld, slurmdbd, slurmrestd), or
   answered "try again"; nothing changed, retrying is safe;
@@ -35,46 +38,39 @@ from clusters.backends.base import (
     PermanentBackendError,
     TransientBackendError,
 )
+from clusters.backends.slurm_accounts import QuotaLimit, is_operator, jwt_claims, quota_commands
+from clusters.backends.slurm_batch import BatchJob, batch_job, reclaims_first
+from clusters.backends.slurm_jobs import (
+    SACCT_FIELDS,
+    SlurmJob,
+    describe_errors,
+    error_numbers,
+    is_transient_error_number,
+    is_transient_text,
+    parse_sacct,
+    parse_sbatch_job_id,
+    parse_slurmdb_jobs,
+    parse_squeue_json,
+    slurm_message,
+)
+from clusters.backends.slurm_jobs import job_status as status_of
+from clusters.backends.slurm_nodes import (
+    HOLDING_JOB_STATES,
+    SQUEUE_GPU_FORMAT,
+    SlurmNode,
+    node_inventory,
+    parse_rest_nodes,
+    parse_scontrol_nodes,
+    parse_squeue_gpus,
+)
 from clusters.backends.slurm_pending import (
     SQUEUE_PENDING_FORMAT,
     PendingError,
     parse_rest_pending,
     parse_squeue_pending,
 )
-from clusters.backends.slurm_script import (
-    HOLDING_JOB_STATES,
-    REST_API,
-    SACCT_FIELDS,
-    SQUEUE_GPU_FORMAT,
-    BatchJob,
-    QuotaLimit,
-    RenderError,
-    SettingsError,
-    SlurmJob,
-    SlurmNode,
-    SlurmSettings,
-    batch_job,
-    describe_errors,
-    error_numbers,
-    is_operator,
-    is_transient_error_number,
-    is_transient_text,
-    jwt_claims,
-    node_inventory,
-    parse_rest_nodes,
-    parse_sacct,
-    parse_sbatch_job_id,
-    parse_scontrol_nodes,
-    parse_slurmdb_jobs,
-    parse_squeue_gpus,
-    parse_squeue_json,
-    quota_commands,
-    reclaims_first,
-    slurm_message,
-)
-from clusters.backends.slurm_script import (
-    job_status as status_of,
-)
+from clusters.backends.slurm_quoting import RenderError
+from clusters.backends.slurm_settings import REST_API, SettingsError, SlurmSettings
 
 LOG_READ_BYTES = 256 * 1024
 # Slurm's "nothing to do" answers to a cancel: the job ended or is unknown.
