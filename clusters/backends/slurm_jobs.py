@@ -406,3 +406,14 @@ def job_status(job: SlurmJob) -> JobStatus:
         node_list=nodes,
         message=f"Slurm job {job.job_id} {job.state}{detail}{where}{gpus}",
     )
+
+
+# Slurm's "nothing to do" answers to a cancel: the job ended or is unknown.
+ALREADY_DONE = ("already completing or completed", "invalid job id specified")
+
+
+def is_ours(job: SlurmJob, name: str) -> bool:
+    """A job Gantry submitted for ``name``: name and comment both carry it (accounting
+    stores the comment only when the job ends), and Slurm did not refuse it at submission
+    (a refused job still gets a record)."""
+    return job.name == name and job.comment in (name, "") and not job.refused
