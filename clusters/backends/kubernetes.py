@@ -45,14 +45,13 @@ from clusters.backends.k8s_manifest import (
     GPU_PRODUCT_LABEL,
     MANAGED_BY,
     TENANT_LABEL,
-    K8sSettings,
     label_value,
-    parse_settings,
     render,
     to_json,
     token_secret_name,
 )
 from clusters.backends.k8s_pending import PENDING_UNBOUND_PODS, pending_claims
+from clusters.backends.k8s_settings import K8sSettings, parse_settings
 from clusters.backends.k8s_status import (
     LIVE_BOUND_PODS,
     backend_job_id,

@@ -13,7 +13,8 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 from clusters.backends import PermanentBackendError
-from clusters.backends.k8s_manifest import parse_settings, render
+from clusters.backends.k8s_manifest import render
+from clusters.backends.k8s_settings import parse_settings
 from clusters.backends.simulator import SimulatorBackend
 from clusters.backends.slurm_batch import batch_job
 from clusters.backends.slurm_quoting import RenderError

@@ -35,10 +35,10 @@ from clusters.backends.k8s_manifest import (
     PROJECT_LABEL,
     TENANT_LABEL,
     literal,
-    parse_settings,
     render,
     to_yaml,
 )
+from clusters.backends.k8s_settings import parse_settings
 from clusters.backends.slurm_batch import batch_job, enroot_image, step_command
 from clusters.backends.slurm_quoting import RenderError
 from clusters.backends.slurm_settings import SlurmSettings
