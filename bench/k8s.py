@@ -47,7 +47,7 @@ def _setup() -> None:
 
 def _shapes():
     from clusters.backends.base import JobSpec
-    from clusters.backends.k8s_manifest import parse_settings
+    from clusters.backends.k8s_settings import parse_settings
 
     base = {
         "url": "https://k8s.example.org:6443",
@@ -169,7 +169,8 @@ def manifests() -> Section:
 
 def _seed(fake) -> list:
     from clusters.backends.base import JobRef
-    from clusters.backends.k8s_manifest import parse_settings, render
+    from clusters.backends.k8s_manifest import render
+    from clusters.backends.k8s_settings import parse_settings
 
     settings = parse_settings({"url": "http://x", "flavors": {"a100-80gb": {"product": PRODUCT}}})
     digest = "sha256:" + "b" * 64

@@ -23,7 +23,7 @@ from django.db.models import Min, Q
 from django.utils import timezone
 from psycopg import sql
 
-from clusters.backends import k8s_manifest
+from clusters.backends import k8s_manifest, k8s_settings
 from clusters.backends.base import TELEMETRY_SETTINGS_KEY, PermanentBackendError
 from clusters.models import Cluster, ClusterFlavor, SimulatedJob
 from clusters.simulation import Workload
@@ -229,9 +229,9 @@ def _record_error(cluster: Cluster, message: str, now: datetime) -> None:
 
 def _k8s_namespace_prefix(cluster: Cluster) -> str:
     try:
-        return k8s_manifest.parse_settings(cluster.settings).namespace_prefix
+        return k8s_settings.parse_settings(cluster.settings).namespace_prefix
     except PermanentBackendError:
-        default = k8s_manifest.K8sSettings.__dataclass_fields__["namespace_prefix"].default
+        default = k8s_settings.K8sSettings.__dataclass_fields__["namespace_prefix"].default
         assert isinstance(default, str)
         return default
 

@@ -55,7 +55,7 @@ def spec_for_people(backend: str, stored: str) -> str:
     the JSON the API server receives and shown as YAML; scripts and the simulator's JSON
     as they are."""
     if backend == "kubernetes":
-        from clusters.backends.k8s_manifest import stored_as_yaml  # pure: no client loaded
+        from clusters.backends.k8s_manifest import stored_as_yaml
 
         return stored_as_yaml(stored)
     return stored

@@ -11,12 +11,8 @@ a gang of another team's pods is as many claims, since every pod can take a node
 from typing import Any
 
 from clusters.backends.base import PendingClaim
-from clusters.backends.k8s_manifest import (
-    ATTEMPT_LABEL,
-    GPU_PRODUCT_LABEL,
-    HOSTNAME_LABEL,
-    K8sSettings,
-)
+from clusters.backends.k8s_manifest import ATTEMPT_LABEL, GPU_PRODUCT_LABEL, HOSTNAME_LABEL
+from clusters.backends.k8s_settings import K8sSettings
 from clusters.backends.k8s_status import pod_request
 
 # The list that finds them: not bound to a node, not started.

@@ -20,8 +20,8 @@ from clusters.backends.k8s_manifest import (
     CONTAINER,
     GPU_PRODUCT_LABEL,
     KUEUE_QUEUE_LABEL,
-    K8sSettings,
 )
+from clusters.backends.k8s_settings import K8sSettings
 
 IMAGE_PULL_REASONS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}

@@ -3,8 +3,9 @@
 Connection (cluster settings, secrets only by reference): ``kubeconfig`` (+ ``context``),
 or ``url`` + ``token_env`` (the NAME of an environment variable holding a bearer token) or
 ``token_file`` + ``ca_file``. Each cluster gets its own ``ApiClient``; nothing touches the
-client library's global configuration. Rendering and status mapping are pure modules
-(``k8s_manifest``, ``k8s_status``); this one only talks to the API server.
+client library's global configuration (``k8s_connection``). Settings, rendering and status
+mapping are pure modules (``k8s_settings``, ``k8s_manifest``, ``k8s_status``); this one only
+talks to the API server.
 
 Error policy: an API server that cannot be reached, times out, answers 5xx or 429, rejects
 the credentials (401/403) or the TLS handshake is a TransientBackendError (fix the cluster
@@ -14,21 +15,15 @@ missing namespace Gantry may not create, is a PermanentBackendError.
 
 import contextlib
 import gc
-import hashlib
 import json
-import os
-import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-import urllib3
 from django.conf import settings as django_settings
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from kubernetes.config import load_kube_config
-from kubernetes.config.config_exception import ConfigException
 
 from clusters.backends import register
 from clusters.backends.base import (
@@ -39,15 +34,14 @@ from clusters.backends.base import (
     PermanentBackendError,
     TransientBackendError,
 )
+from clusters.backends.k8s_connection import K8sConnection, status_message
 from clusters.backends.k8s_manifest import (
     ATTEMPT_LABEL,
     CONTAINER,
     GPU_PRODUCT_LABEL,
     MANAGED_BY,
     TENANT_LABEL,
-    K8sSettings,
     label_value,
-    parse_settings,
     render,
     to_json,
     token_secret_name,
@@ -69,31 +63,9 @@ PODGROUP = ("scheduling.volcano.sh", "v1beta1", "podgroups")
 # Items per page of the lists of the sync and the inventory (what kubectl asks for).
 LIST_PAGE = 500
 
-_clients: dict[tuple[int, str], client.ApiClient] = {}
-_clients_lock = threading.Lock()
-
-
-def _describe(exc: BaseException) -> str:
-    """The innermost useful words of a connection error."""
-    reason = getattr(exc, "reason", None)
-    while (
-        isinstance(reason, BaseException) and (inner := getattr(reason, "reason", None)) is not None
-    ):
-        reason = inner
-    text = str(reason or exc)
-    if "Connection refused" in text:
-        return "connection refused"
-    if "certificate verify failed" in text or "CERTIFICATE_VERIFY_FAILED" in text:
-        return "TLS certificate verification failed"
-    if "timed out" in text.lower():
-        return "timed out"
-    if "Name or service not known" in text or "nodename nor servname" in text:
-        return "host name not found"
-    return text[:300]
-
 
 @register(Cluster.Backend.KUBERNETES)
-class KubernetesBackend:
+class KubernetesBackend(K8sConnection):
     # The scheduler binds pending pods as GPUs free, and Gantry can neither hold a node for
     # a pod nor put its pod first without a PriorityClass over other tenants' workloads:
     # admission does not preempt for GPUs a pending outside pod would take (docs/kubernetes.md).
@@ -108,138 +80,6 @@ class KubernetesBackend:
     def inventory_max_age_s(self) -> float:
         """Its nodes change without Gantry (other jobs, drains): trusted only this long."""
         return float(django_settings.GANTRY_INVENTORY_MAX_AGE_S)
-
-    def __init__(self, cluster: Cluster):
-        self.cluster = cluster
-        self._api: client.ApiClient | None = None
-        try:
-            self._settings: K8sSettings | None = parse_settings(cluster.settings or {})
-            self._settings_error = ""
-        except PermanentBackendError as exc:
-            self._settings, self._settings_error = None, str(exc)
-
-    @property
-    def settings(self) -> K8sSettings:
-        """The parsed settings. Wrong settings are the cluster's fault, not a run's: every
-        call says what is wrong (transient) until an admin fixes them; no run fails."""
-        if self._settings is None:
-            raise TransientBackendError(f"{self.cluster.name}: {self._settings_error}")
-        return self._settings
-
-    # --- connection -----------------------------------------------------------------------
-
-    @property
-    def where(self) -> str:
-        return self.settings.url or f"kubeconfig {self.settings.kubeconfig}"
-
-    def _token(self) -> str:
-        settings = self.settings
-        if settings.token_env:
-            token = os.environ.get(settings.token_env, "")
-            if not token:
-                raise TransientBackendError(
-                    f"the environment variable {settings.token_env} that holds the token for "
-                    f"{self.cluster.name} is not set on this host"
-                )
-            return token.strip()
-        if settings.token_file:
-            try:
-                with open(settings.token_file) as handle:
-                    return handle.read().strip()
-            except OSError as exc:
-                raise TransientBackendError(
-                    f"cannot read the token file {settings.token_file}: {exc.strerror}"
-                ) from None
-        return ""
-
-    def _build_client(self, token: str) -> client.ApiClient:
-        settings = self.settings
-        # type.__call__: a fresh Configuration, never a copy of the library's global default.
-        configuration = type.__call__(client.Configuration)
-        if settings.kubeconfig:
-            try:
-                load_kube_config(
-                    config_file=settings.kubeconfig,
-                    context=settings.context or None,
-                    client_configuration=configuration,
-                    persist_config=False,
-                )
-            except (ConfigException, OSError) as exc:
-                raise TransientBackendError(
-                    f"cannot load kubeconfig {settings.kubeconfig}: {exc}"
-                ) from None
-        else:
-            configuration.host = settings.url
-            if token:
-                configuration.api_key = {"authorization": token}
-                configuration.api_key_prefix = {"authorization": "Bearer"}
-            if settings.ca_file:
-                if not os.path.isfile(settings.ca_file):
-                    raise TransientBackendError(f"the CA file {settings.ca_file} does not exist")
-                configuration.ssl_ca_cert = settings.ca_file
-            configuration.verify_ssl = not settings.insecure_skip_tls_verify
-        # No retries inside the client: the caller retries with backoff and sees the error.
-        configuration.retries = False
-        return client.ApiClient(configuration)
-
-    def api(self) -> client.ApiClient:
-        """This cluster's client, built once per process and settings (and token)."""
-        if self._api is not None:
-            return self._api
-        token = self._token()
-        fingerprint = hashlib.sha256(
-            json.dumps([self.cluster.settings, token], sort_keys=True, default=str).encode()
-        ).hexdigest()
-        key = (self.cluster.pk or 0, fingerprint)
-        with _clients_lock:
-            api = _clients.get(key)
-            if api is None:
-                for stale in [k for k in _clients if k[0] == key[0]]:
-                    _clients.pop(stale).close()
-                api = _clients[key] = self._build_client(token)
-        self._api = api
-        return api
-
-    def _call(
-        self, what: str, fn: Callable[..., Any], *args, tolerate: tuple[int, ...] = (), **kwargs
-    ) -> Any:
-        """Call the client for the raw response (JSON is parsed here, not by the client's
-        models); translate failures into Gantry's two kinds of error. An answer whose status
-        is in ``tolerate`` comes back as the ApiException instead of being raised."""
-        timeout = self.settings.timeout_s
-        kwargs.setdefault("_request_timeout", (min(timeout, 5.0), timeout))
-        kwargs.setdefault("_preload_content", False)
-        try:
-            return fn(*args, **kwargs)
-        except ApiException as exc:
-            if exc.status in tolerate:
-                return exc
-            raise self._api_error(what, exc) from None
-        except ValueError as exc:  # the client's own validation of a request body
-            raise PermanentBackendError(f"{what}: invalid object: {exc}"[:2000]) from None
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise TransientBackendError(
-                f"cannot reach the Kubernetes API at {self.where}: {_describe(exc)}"
-            ) from None
-
-    def _api_error(self, what: str, exc: ApiException) -> Exception:
-        status = exc.status or 0
-        detail = _status_message(exc)
-        if status == 0:
-            return TransientBackendError(f"{what}: {self.where}: {_describe(exc)} {detail}".strip())
-        if status == 401:
-            source = self.settings.token_env or self.settings.token_file or "the kubeconfig"
-            return TransientBackendError(
-                f"{what}: the API server rejected the credentials (401 Unauthorized): check "
-                f"the token in {source}"
-            )
-        if status == 403:
-            return TransientBackendError(f"{what}: forbidden (403): {detail}")
-        if status == 429 or status >= 500:
-            retry = (exc.headers or {}).get("Retry-After") if exc.headers else None
-            hint = f", retry after {retry} s" if retry else ""
-            return TransientBackendError(f"{what}: API server answered {status}{hint}: {detail}")
-        return PermanentBackendError(f"{what}: the API server refused it ({status}): {detail}")
 
     # --- the interface ----------------------------------------------------------------------
 
@@ -365,7 +205,7 @@ class KubernetesBackend:
             tolerate=(400, 404),  # not started yet, or just replaced
         )
         if isinstance(response, ApiException):
-            return f"(no log yet: {_status_message(response)})"
+            return f"(no log yet: {status_message(response)})"
         return response.data.decode("utf-8", "replace")
 
     def inventory(self) -> Inventory:
@@ -545,7 +385,7 @@ class KubernetesBackend:
         if response.status == 404:
             raise PermanentBackendError(
                 f"namespace {namespace} does not exist on {self.cluster.name}, and Gantry is "
-                f"not set (or not allowed) to create it ({_status_message(response)})"
+                f"not set (or not allowed) to create it ({status_message(response)})"
             )
         if tolerate_existing:
             return {}
@@ -626,13 +466,3 @@ def _namespaced_name(obj: dict) -> tuple[str, str]:
 def _owner_key(pod: dict) -> tuple[str, str]:
     """The (namespace, name) of the Job that controls the pod; no name if none does."""
     return pod["metadata"].get("namespace", ""), owner_job(pod) or ""
-
-
-def _status_message(exc: ApiException) -> str:
-    try:
-        body = json.loads(exc.body or "{}")
-    except (TypeError, ValueError):
-        return (exc.reason or "").strip()
-    if isinstance(body, dict) and body.get("message"):
-        return str(body["message"])[:500]
-    return (exc.reason or "").strip()

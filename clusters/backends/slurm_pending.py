@@ -12,13 +12,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from clusters.backends.base import PendingClaim
-from clusters.backends.slurm_script import (
-    SlurmJob,
-    SlurmSettings,
-    expand_hostlist,
-    gpus_per_node_of,
-    is_gantry_job,
-)
+from clusters.backends.slurm_hostlist import expand_hostlist
+from clusters.backends.slurm_jobs import SlurmJob
+from clusters.backends.slurm_nodes import is_gantry_job
+from clusters.backends.slurm_settings import SlurmSettings
+from clusters.backends.slurm_tres import gpus_per_node_of
 
 # ``SLURM_TIME_FORMAT=%s squeue -a -h -t PD -o SQUEUE_PENDING_FORMAT``: id, state, priority,
 # node count, GPUs per node (tres-per-node), expected start (``--start``), the nodes Slurm

@@ -13,9 +13,11 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 from clusters.backends import PermanentBackendError
-from clusters.backends.k8s_manifest import parse_settings, render
+from clusters.backends.k8s_manifest import render
+from clusters.backends.k8s_settings import parse_settings
 from clusters.backends.simulator import SimulatorBackend
-from clusters.backends.slurm_script import RenderError, batch_job
+from clusters.backends.slurm_batch import batch_job
+from clusters.backends.slurm_quoting import RenderError
 from clusters.env_names import BASH_REFUSES, env_name_refusal
 from jobs.models import Attempt, Experiment, ExperimentTemplate, Run
 from jobs.services.backend_submit import job_spec_for

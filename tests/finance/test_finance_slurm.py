@@ -19,7 +19,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from django.db.models import Sum
 from django.utils import timezone
 
-from clusters.backends.slurm_script import gpus_of_tres
+from clusters.backends.slurm_tres import gpus_of_tres
 from finance import selectors as finance_selectors
 from finance.costing import SECONDS_PER_HOUR
 from finance.models import DailyUsage

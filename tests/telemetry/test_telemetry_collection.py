@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from clusters.backends.base import PermanentBackendError
-from clusters.backends.k8s_manifest import parse_settings as parse_k8s_settings
-from clusters.backends.slurm_script import SlurmSettings
+from clusters.backends.k8s_settings import parse_settings as parse_k8s_settings
+from clusters.backends.slurm_settings import SlurmSettings
 from clusters.models import Cluster, ClusterFlavor, SimulatedJob
 from clusters.simulation import Workload
 from jobs.models import Attempt, AttemptState

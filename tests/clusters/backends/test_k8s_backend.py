@@ -29,7 +29,7 @@ from clusters.backends.base import (
     PermanentBackendError,
     TransientBackendError,
 )
-from clusters.backends.k8s_manifest import parse_settings
+from clusters.backends.k8s_settings import parse_settings
 from clusters.backends.k8s_status import (
     job_status,
     node_inventory,

@@ -23,12 +23,12 @@ from clusters.backends.k8s_manifest import (
     label_value,
     namespace_for,
     object_name,
-    parse_settings,
     render,
     stored_as_yaml,
     to_json,
     to_yaml,
 )
+from clusters.backends.k8s_settings import parse_settings
 from tests import TESTS
 from tests.clusters.backends.kubernetes_expansion import pod_process
 from tests.k8s_schemas import validate

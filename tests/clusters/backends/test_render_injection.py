@@ -35,17 +35,13 @@ from clusters.backends.k8s_manifest import (
     PROJECT_LABEL,
     TENANT_LABEL,
     literal,
-    parse_settings,
     render,
     to_yaml,
 )
-from clusters.backends.slurm_script import (
-    RenderError,
-    SlurmSettings,
-    batch_job,
-    enroot_image,
-    step_command,
-)
+from clusters.backends.k8s_settings import parse_settings
+from clusters.backends.slurm_batch import batch_job, enroot_image, step_command
+from clusters.backends.slurm_quoting import RenderError
+from clusters.backends.slurm_settings import SlurmSettings
 from jobs.models import Attempt
 from jobs.services.backend_submit import job_spec_for
 from jobs.services.submission import ExperimentInput, run_submit

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from clusters.backends.base import COMMAND_SHELL, JobSpec
 from clusters.backends.k8s_manifest import literal
 from clusters.backends.simulator import SimulatorBackend
-from clusters.backends.slurm_script import batch_job
+from clusters.backends.slurm_batch import batch_job
 from clusters.job_env import REDACTED
 from jobs.models import Attempt
 from jobs.services.backend_submit import job_spec_for

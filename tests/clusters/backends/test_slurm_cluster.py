@@ -39,13 +39,10 @@ from clusters.backends import (
 )
 from clusters.backends.base import job_env
 from clusters.backends.slurm import QuotaLimit, SlurmBackend, mirror_quotas
-from clusters.backends.slurm_script import (
-    UNKNOWN_TOPOLOGY,
-    batch_job,
-    gpus_of_tres,
-    shell_quote,
-    step_command,
-)
+from clusters.backends.slurm_batch import batch_job, step_command
+from clusters.backends.slurm_quoting import shell_quote
+from clusters.backends.slurm_topology import UNKNOWN_TOPOLOGY
+from clusters.backends.slurm_tres import gpus_of_tres
 from clusters.models import Cluster, ClusterNode
 from clusters.services import cluster_refresh_inventory
 from jobs.models import Attempt, Run, RunState, TenantMonthUsage, TopologyMode

@@ -6,13 +6,15 @@ from datetime import UTC, datetime
 import pytest
 
 from clusters.backends.base import PendingClaim
+from clusters.backends.slurm_accounts import is_operator
+from clusters.backends.slurm_batch import batch_job
 from clusters.backends.slurm_pending import (
     SQUEUE_PENDING_FORMAT,
     PendingError,
     parse_rest_pending,
     parse_squeue_pending,
 )
-from clusters.backends.slurm_script import SlurmSettings, batch_job, is_operator
+from clusters.backends.slurm_settings import SlurmSettings
 from tests.clusters.backends.test_slurm_script import job_spec as spec
 
 SETTINGS = SlurmSettings.parse(

@@ -16,38 +16,35 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusters.backends.base import InventoryItem, JobSpec, NodeInventory, inventory_items
-from clusters.backends.slurm_script import (
-    UNKNOWN_TOPOLOGY,
-    QuotaLimit,
-    RenderError,
-    SettingsError,
+from clusters.backends.slurm_accounts import QuotaLimit, jwt_claims, quota_commands
+from clusters.backends.slurm_batch import batch_job, enroot_image, step_command
+from clusters.backends.slurm_hostlist import expand_hostlist
+from clusters.backends.slurm_jobs import (
     SlurmJob,
-    SlurmNode,
-    SlurmSettings,
-    batch_job,
-    derived_level_names,
-    enroot_image,
-    expand_hostlist,
-    gantry_gpus_by_node,
-    gpus_per_node_of,
     job_status,
-    jwt_claims,
-    node_condition,
-    node_inventory,
-    parse_gres,
-    parse_rest_nodes,
     parse_sacct,
     parse_sbatch_job_id,
-    parse_scontrol_nodes,
     parse_slurmdb_jobs,
-    parse_squeue_gpus,
     parse_squeue_json,
+)
+from clusters.backends.slurm_nodes import (
+    SlurmNode,
+    gantry_gpus_by_node,
+    node_condition,
+    node_inventory,
+    parse_rest_nodes,
+    parse_scontrol_nodes,
+    parse_squeue_gpus,
+)
+from clusters.backends.slurm_quoting import RenderError, shell_quote
+from clusters.backends.slurm_settings import SettingsError, SlurmSettings
+from clusters.backends.slurm_topology import (
+    UNKNOWN_TOPOLOGY,
+    derived_level_names,
     parse_topology,
-    quota_commands,
-    shell_quote,
-    step_command,
     topology_paths,
 )
+from clusters.backends.slurm_tres import gpus_per_node_of, parse_gres
 from tests import REPOSITORY
 
 IMAGE = "registry.example.org/ml/pytorch@sha256:" + "a" * 64
@@ -1262,7 +1259,8 @@ def test_pure_module_imports_no_django():
         [
             sys.executable,
             "-c",
-            "import sys, clusters.backends.slurm_script; "
+            "import sys, clusters.backends.slurm_accounts, clusters.backends.slurm_batch, "
+            "clusters.backends.slurm_nodes; "
             "assert not any(m == 'django' or m.startswith('django.') for m in sys.modules)",
         ],
         capture_output=True,
