@@ -1,6 +1,6 @@
 from django.urls import path
 
-from jobs import views
+from jobs.views import runs as views
 
 app_name = "jobs"
 urlpatterns = [
