@@ -19,8 +19,9 @@ from jobs import live
 from jobs.forms import (
     ClusterCapacityForm,
 )
+from jobs.selectors.capacity import flavor_overcommits, held_gpus_by_pool
 from jobs.selectors.nodes import cluster_node_map
-from jobs.services import capacity
+from jobs.services.capacity import cluster_capacity_set
 
 CLUSTERS_PER_PAGE = 25
 
@@ -30,7 +31,7 @@ CLUSTERS_PER_PAGE = 25
 def cluster_list(request: HttpRequest) -> HttpResponse:
     clusters = or_404(cluster_list_manageable, user=request.user)
     page = Paginator(clusters, CLUSTERS_PER_PAGE).get_page(request.GET.get("page"))
-    held = capacity.held_gpus_by_pool(clusters=page.object_list)
+    held = held_gpus_by_pool(clusters=page.object_list)
     rows = [
         (
             cluster,
@@ -45,7 +46,7 @@ def cluster_list(request: HttpRequest) -> HttpResponse:
             "page_obj": page,
             "rows": rows,
             "Backend": Cluster.Backend,
-            "overcommits": capacity.flavor_overcommits(),
+            "overcommits": flavor_overcommits(),
             "show_overcommit_figures": True,  # platform admins only
         },
     )
@@ -70,7 +71,7 @@ def cluster_capacity(request: HttpRequest, name: str) -> HttpResponse:
         form = ClusterCapacityForm(request.POST)
         if form.is_valid():
             try:
-                pool = capacity.cluster_capacity_set(
+                pool = cluster_capacity_set(
                     cluster=cluster, actor=request.user, **form.cleaned_data
                 )
             except ValidationError as exc:

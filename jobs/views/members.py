@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from core.http import or_404
-from jobs.services import capacity
+from jobs.selectors.capacity import member_usage_list, quota_usage_list, tenant_get_members_viewable
 from tenants import invitations as tenant_invitations
 from tenants import services as tenant_services
 from tenants.access import (
@@ -37,7 +37,7 @@ def tenant_members(request: HttpRequest, slug: str) -> HttpResponse:
     """A tenant's members with what their runs hold now, beside the tenant's quota use, and
     the forms that add members, change their roles and remove them (for its tenant admins
     and platform admins, the only ones who see the page)."""
-    tenant = or_404(capacity.tenant_get_members_viewable, user=request.user, slug=slug)
+    tenant = or_404(tenant_get_members_viewable, user=request.user, slug=slug)
     return _members_page(request, tenant)
 
 
@@ -55,8 +55,8 @@ def _members_page(
         "jobs/tenant_members.html",
         {
             "tenant": tenant,
-            "members": capacity.member_usage_list(tenant=tenant),
-            "usages": capacity.quota_usage_list(
+            "members": member_usage_list(tenant=tenant),
+            "usages": quota_usage_list(
                 quotas=list(quota_list_for_tenant(tenant=tenant)), tenant=tenant
             ),
             "add_form": add_form,
@@ -82,7 +82,7 @@ def _after_member_change(request: HttpRequest, tenant: Tenant, message: str) -> 
 @login_required
 @require_POST
 def member_add(request: HttpRequest, slug: str) -> HttpResponse:
-    tenant = or_404(capacity.tenant_get_members_viewable, user=request.user, slug=slug)
+    tenant = or_404(tenant_get_members_viewable, user=request.user, slug=slug)
     form = MemberAddForm(request.POST)
     if form.is_valid():
         try:
@@ -111,7 +111,7 @@ def member_add(request: HttpRequest, slug: str) -> HttpResponse:
 @login_required
 @require_POST
 def invitation_revoke(request: HttpRequest, slug: str, invitation_id: int) -> HttpResponse:
-    tenant = or_404(capacity.tenant_get_members_viewable, user=request.user, slug=slug)
+    tenant = or_404(tenant_get_members_viewable, user=request.user, slug=slug)
     invitation = or_404(invitation_get_pending, tenant=tenant, invitation_id=invitation_id)
     or_404(
         tenant_invitations.invitation_revoke,
@@ -126,7 +126,7 @@ def invitation_revoke(request: HttpRequest, slug: str, invitation_id: int) -> Ht
 @login_required
 @require_POST
 def member_role(request: HttpRequest, slug: str, user_id: int) -> HttpResponse:
-    tenant = or_404(capacity.tenant_get_members_viewable, user=request.user, slug=slug)
+    tenant = or_404(tenant_get_members_viewable, user=request.user, slug=slug)
     membership = or_404(membership_get, tenant=tenant, user_id=user_id)
     try:
         changed = or_404(
@@ -148,7 +148,7 @@ def member_role(request: HttpRequest, slug: str, user_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def member_remove(request: HttpRequest, slug: str, user_id: int) -> HttpResponse:
-    tenant = or_404(capacity.tenant_get_members_viewable, user=request.user, slug=slug)
+    tenant = or_404(tenant_get_members_viewable, user=request.user, slug=slug)
     membership = or_404(membership_get, tenant=tenant, user_id=user_id)
     try:
         or_404(tenant_services.membership_remove, membership=membership, actor=request.user)

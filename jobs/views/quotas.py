@@ -12,7 +12,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
 
 from core.http import or_404
-from jobs.services import capacity
+from jobs.selectors.capacity import flavor_overcommits, quota_usage_list
+from jobs.services.capacity import quota_update_checked
 from tenants.access import (
     is_platform_admin,
     is_tenant_admin,
@@ -59,7 +60,7 @@ def quota_list(request: HttpRequest) -> HttpResponse:
         "jobs/quota_list.html",
         {
             "page_obj": page,
-            "usages": capacity.quota_usage_list(quotas=list(page.object_list), tenant=tenant),
+            "usages": quota_usage_list(quotas=list(page.object_list), tenant=tenant),
             "tenants": tenants,
             "tenant": slug,
             "can_manage": can_manage,
@@ -67,7 +68,7 @@ def quota_list(request: HttpRequest) -> HttpResponse:
             "member_tenants": [
                 t for t in tenants if can_manage or is_tenant_admin(request.user, t.pk)
             ],
-            "overcommits": capacity.flavor_overcommits(),
+            "overcommits": flavor_overcommits(),
             "show_overcommit_figures": can_manage,
         },
     )
@@ -87,7 +88,7 @@ def quota_edit(request: HttpRequest) -> HttpResponse:
         form = QuotaForm(request.POST)
         if form.is_valid():
             try:
-                change = capacity.quota_update_checked(
+                change = quota_update_checked(
                     tenant=tenant, flavor=flavor, actor=request.user, **form.cleaned_data
                 )
             except ValidationError as exc:
@@ -107,7 +108,7 @@ def quota_edit(request: HttpRequest) -> HttpResponse:
                 return redirect(f"{reverse('jobs:quota_list')}?tenant={tenant.slug}")
     else:
         form = QuotaForm(initial=quota_initial(quota))
-    usage = capacity.quota_usage_list(quotas=[quota], tenant=tenant)[0] if quota else None
+    usage = quota_usage_list(quotas=[quota], tenant=tenant)[0] if quota else None
     return render(
         request,
         "jobs/quota_edit.html",
