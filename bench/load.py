@@ -79,7 +79,7 @@ from clusters.models import Cluster, ClusterFlavor
 from clusters.services import cluster_refresh_inventory
 from images.models import Image
 from jobs.models import HOLDING_STATES, Run, RunEvent
-from jobs.services.capacity import held_gpus_by_pool
+from jobs.selectors.capacity import held_gpus_by_pool
 from tenants.models import GpuFlavor, Membership, Project, Quota, Tenant
 from tenants.services import api_token_create
 

@@ -47,7 +47,7 @@ from images.models import Image
 from jobs.access import run_list_viewable
 from jobs.models import Experiment, Run
 from jobs.selectors.runs import RUN_LIST_DEFERRED, run_page_viewable
-from jobs.views import RUN_COUNT_LIMIT, RUNS_PER_PAGE
+from jobs.views.runs import RUN_COUNT_LIMIT, RUNS_PER_PAGE
 from tenants.models import GlobalRole, GpuFlavor, Membership, Project, Tenant
 from tenants.services import api_token_create
 

@@ -17,3 +17,12 @@ def image_get_manageable(*, user: UserLike, image_id: int) -> Image:
 
 def registry_get_manageable(*, user: UserLike, name: str) -> Registry:
     return registry_list_manageable(user=user).get(name=name)
+
+
+def registry_for_repository(repository: str) -> tuple[Registry | None, str]:
+    """The enabled registry whose host starts `repository`, and the path inside it."""
+    host, slash, path = repository.partition("/")
+    if not slash:
+        return None, ""
+    registry = Registry.objects.filter(host=host.lower(), enabled=True).first()
+    return registry, path if registry else ""

@@ -43,6 +43,7 @@ from images.registry import (
     validate_repository,
     validate_tag,
 )
+from images.selectors import registry_for_repository
 from tenants.models import Tenant, max_length_of, slug_validator
 from tenants.services import audit_record, audit_snapshot
 
@@ -338,15 +339,6 @@ def registry_test_connection(*, registry: Registry) -> str:
         version = client.ping()
     shown = f" ({version})" if version else ""
     return f"Connected to {registry.name}: {registry.host} answered the registry API{shown}."
-
-
-def registry_for_repository(repository: str) -> tuple[Registry | None, str]:
-    """The enabled registry whose host starts `repository`, and the path inside it."""
-    host, slash, path = repository.partition("/")
-    if not slash:
-        return None, ""
-    registry = Registry.objects.filter(host=host.lower(), enabled=True).first()
-    return registry, path if registry else ""
 
 
 def _unreachable(exc: RegistryError) -> str:

@@ -37,6 +37,7 @@ from core.http import or_404
 from core.parsers import BoundedJsonTextParser, JsonTextParser
 from jobs.access import experiment_list_viewable, run_list_viewable
 from jobs.models import Attempt, Experiment, Run
+from jobs.selectors.capacity import quota_usage_list
 from jobs.selectors.experiments import experiment_get_viewable
 from jobs.selectors.logs import run_logs
 from jobs.selectors.runs import (
@@ -59,7 +60,6 @@ from jobs.serializers import (
     RuntimeReportSerializer,
 )
 from jobs.services.backend_sync import MAX_RUNTIME_REPORT_BYTES, attempt_report_runtime
-from jobs.services.capacity import quota_usage_list
 from jobs.services.lifecycle import run_cancel
 from jobs.services.submission import run_rerun, run_submit
 from tenants.models import Quota

@@ -34,10 +34,10 @@ from finance.access import finance_tenant_list
 from finance.accrual import TenantMonthSoFar, tenant_month_overview_accrued
 from jobs.access import run_can_submit, run_list_viewable
 from jobs.models import Experiment, Run, RunState
+from jobs.selectors.capacity import QuotaUsage, quota_usage_list
 from jobs.selectors.estimates import shows_full_limits, start_records_shown
 from jobs.selectors.nodes import FlavorView, cluster_node_map
 from jobs.selectors.runs import runs_place_in_line
-from jobs.services.capacity import QuotaUsage, quota_usage_list
 from telemetry.goodput import (
     DEFAULT_GOODPUT_DAYS,
     TenantGoodput,

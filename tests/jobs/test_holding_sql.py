@@ -30,8 +30,8 @@ from jobs.models import (
     RunState,
     TenantMonthUsage,
 )
+from jobs.selectors.capacity import Overcommit, QuotaUsage, flavor_overcommits, quota_usage_list
 from jobs.selectors.queue import cluster_nodes, gpu_hours_this_month, held_runs
-from jobs.services.capacity import Overcommit, QuotaUsage, flavor_overcommits, quota_usage_list
 from jobs.services.submission import run_submit
 from tenants.models import GpuFlavor, Quota
 from tests.conftest import experiment_input

@@ -1,6 +1,6 @@
 """The run page's live sections: versioned by what they show, sent back only when they
 changed, and the end of polling once a finished run is shown whole (jobs.live,
-jobs.views.run_live)."""
+jobs.views.runs.run_live)."""
 
 import re
 from datetime import UTC, datetime, timedelta
@@ -20,7 +20,7 @@ from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import attempt_report_runtime, cluster_sync
 from jobs.services.lifecycle import run_cancel
-from jobs.views import RUN_LIVE_SECTIONS, _run_live_context
+from jobs.views.runs import RUN_LIVE_SECTIONS, _run_live_context
 from tests.jobs.test_lifecycle import age_simulated_jobs, submit
 
 SECTION = re.compile(

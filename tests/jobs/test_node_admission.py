@@ -13,12 +13,12 @@ from django.utils import timezone
 from clusters.models import Cluster, ClusterNode, SimulatedJob
 from clusters.services import cluster_refresh_inventory
 from jobs.models import Attempt, AttemptState, Run, RunState, WaitReason
+from jobs.selectors.capacity import quota_usage_list
 from jobs.selectors.queue import admission_preview
 from jobs.selectors.runs import runs_place_in_line
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import cluster_sync
-from jobs.services.capacity import quota_usage_list
 from jobs.services.submission import run_submit
 from tenants.models import Quota
 from tests.conftest import experiment_input

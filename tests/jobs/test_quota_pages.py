@@ -21,7 +21,7 @@ from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import cluster_sync
 from jobs.services.submission import run_submit
-from jobs.views import QUOTAS_PER_PAGE
+from jobs.views.quotas import QUOTAS_PER_PAGE
 from tenants.models import AuditEvent, GpuFlavor, Quota, Tenant
 from tenants.services import audit_record, flavor_create, quota_set, quota_update
 from tests.conftest import experiment_input, make_user
