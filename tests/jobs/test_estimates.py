@@ -423,24 +423,67 @@ def test_a_preempted_one_gpu_run_is_requeued_as_one_gpu():
 
 
 def test_when_the_cycles_run_out_it_says_how_far_it_simulated():
-    # 201 runs of a whole node, one after another, a minute each: the 200 cycles start the
-    # first 200 (the last at 199 minutes); the 201st is left with the hours simulated.
+    # 201 runs of a whole node, one after another, 64,807 s each: the 200 cycles start the
+    # first 200 (the last 199 runtimes after now) and reach the end of the 200th, 3,600.4
+    # hours after now; the 201st is left with the hours simulated.
     line = tuple(QueuedRun(100 + i, "t", "a100", 1, 8, 50, float(i)) for i in range(201))
     snapshot = Snapshot(
         queued=line,
         held=(),
         nodes=nodes_of(Pool("c", "a100", 1, 8)),
         quotas={("t", "a100"): Quota(8)},
-        now=0.0,
+        now=3600.0,
     )
     forecast = estimates.simulate(
-        snapshot, ends={}, runtimes={run.id: 60.0 for run in line}, **EXACT
+        snapshot,
+        ends={},
+        runtimes={run.id: 64_807.0 for run in line},
+        horizon_s=14_000_000.0,
+        **EXACT,
     )
     assert len(forecast.steps) == 200
-    assert forecast.starts[299] == estimates.Start(299, 11_940.0, "c", ("c-a100-00",), (298,))
+    assert forecast.starts[299] == estimates.Start(299, 12_900_193.0, "c", ("c-a100-00",), (298,))
     assert forecast.starts[300] == estimates.Start(
-        300, None, why="it does not start within the 3 hours simulated"
+        300, None, why="it does not start within the 3,600 hours simulated"
     )
+
+
+def test_an_end_exactly_at_the_horizon_is_still_simulated():
+    forecast = estimates.simulate(
+        two_nodes(), ends={1: 1100.0, 2: 1100.0}, runtimes={10: 60.0, 11: 60.0},
+        horizon_s=1000.0, **EXACT,
+    )  # fmt: skip
+    assert forecast.starts[10] == estimates.Start(
+        10, 1100.0, "c", ("c-a100-00", "c-a100-01"), (1, 2)
+    )
+
+
+def test_the_horizon_is_said_in_whole_hours():
+    forecast = estimates.simulate(
+        two_nodes(), ends={1: 20_000_000.0, 2: 20_000_000.0}, runtimes={10: 60.0, 11: 60.0},
+        horizon_s=12_961_080.0, **EXACT,
+    )  # fmt: skip
+    assert forecast.starts[10] == estimates.Start(
+        10, None, why="it does not start within the 3,600 hours looked ahead"
+    )
+
+
+def test_a_run_no_cluster_can_ever_hold_is_said_so():
+    snapshot = Snapshot(
+        queued=(
+            QueuedRun(10, "t", "a100", 3, 8, 50, 1.0),
+            QueuedRun(11, "t", "h100", 1, 8, 50, 2.0),
+        ),
+        held=(),
+        nodes=nodes_of(Pool("c", "a100", 2, 8)),
+        quotas={("t", "a100"): Quota(24), ("t", "h100"): Quota(8)},
+        now=100.0,
+    )
+    forecast = estimates.simulate(snapshot, ends={}, runtimes={10: 60.0, 11: 60.0}, **EXACT)
+    assert forecast.starts == {
+        10: estimates.Start(10, None, why="it cannot start while the clusters stay as they are"),
+        11: estimates.Start(11, None, why="no enabled cluster has h100 GPUs"),
+    }
 
 
 def test_the_grid_off_when_either_setting_is_zero_and_its_edges():
@@ -623,3 +666,33 @@ def test_a_gang_that_starves_in_the_simulation_keeps_the_nodes_it_waits_for():
         10: estimates.Start(10, 2000.0, "c", ("c-a100-00", "c-a100-01"), (1, 2)),
         11: estimates.Start(11, 2600.0, "c", ("c-a100-00",), (10,)),
     }
+
+
+def test_a_run_ending_on_a_cluster_the_snapshot_does_not_list_frees_nothing_listed():
+    # Run 3 holds GPUs on a cluster that is no longer enabled: its end changes no free GPU.
+    snapshot = two_nodes(
+        held=(
+            *two_nodes().held,
+            HeldRun(3, "t", "a100", "gone", 8, 50, 0.0, False, ("g-0",)),
+        )
+    )
+    forecast = estimates.simulate(
+        snapshot, ends={1: 1000.0, 2: 2000.0, 3: 500.0}, runtimes={10: 500.0, 11: 300.0}, **EXACT
+    )
+    assert forecast.starts[11] == estimates.Start(11, 1000.0, "c", ("c-a100-00",), (1,))
+    assert [(step.at, step.free) for step in forecast.steps[:2]] == [
+        (100.0, {"c/c-a100-00": 0, "c/c-a100-01": 0}),
+        (500.0, {}),
+    ]
+
+
+def test_a_closed_node_without_a_reason_is_said_to_take_no_work():
+    snapshot = Snapshot(
+        queued=(QueuedRun(10, "t", "a100", 1, 8, 50, 1.0),),
+        held=(),
+        nodes=(ClusterNode("c", "a100", "gpu-1", 8, schedulable=False),),
+        quotas={("t", "a100"): Quota(8)},
+        now=100.0,
+    )
+    forecast = estimates.simulate(snapshot, ends={}, runtimes={10: 60.0}, **EXACT)
+    assert forecast.starts[10].why == "no bound: gpu-1 (takes no work) takes no work"
