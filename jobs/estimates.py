@@ -110,7 +110,9 @@ def simulate(
     last_free: dict[str, int] = {}
     last_usage: dict[str, int] = {}
     at = now
-    stopped = "steps"  # why the simulation ended: "done", "horizon", "steps" or "stuck"
+    # Why the simulation ended: "steps", "horizon" or "stuck" (nothing more is known to end).
+    # Read only for the runs left without a start, so a queue emptied early needs no state.
+    stopped = "steps"
     waits: dict[tuple[str, str], admission.Wait] = {}  # (tenant, flavor) -> its head's wait
     lines = _Lines(queued.values())
     resumed: dict[int, float | None] = {}  # preempted run -> the time it had left
@@ -190,11 +192,9 @@ def simulate(
             )
         )
         last_free, last_usage = dict(free), dict(usage)
-        if not queued.keys() & originals:
-            stopped = "done"
         future = [end for end in end_at.values() if end is not None]
         if not future:
-            stopped = "done" if stopped == "done" else "stuck"
+            stopped = "stuck"
             break
         following = _on_grid(min(future), now=now, at=at, resolution=resolution,
                              min_step_s=min_step_s)  # fmt: skip

@@ -10,7 +10,7 @@ A module named in pyproject's [tool.gantry.mutation.sample] runs that fixed samp
 mutants unless ``--sample`` says otherwise (``--sample 0``: all).
 
     python scripts/mutation.py [--modules telemetry/accounting.py ...] [--sample N]
-        [--threshold 95] [--max-children N] [--report]
+        [--threshold 95] [--max-children N] [--all-examples] [--report]
 """
 
 import argparse
@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENT = ROOT / "tests" / "mutation" / "equivalent.toml"
 KILLED, TIMEOUT, SURVIVED, NO_TESTS = "killed", "timeout", "survived", "no tests"
+EQUIVALENT, NOT_CHECKED = "equivalent", "not checked"
 
 
 def configured_modules() -> list[str]:
@@ -75,6 +76,30 @@ def statuses(path: str) -> dict[str, str]:
     return {name: status_by_exit_code[code] for name, code in codes.items()}
 
 
+def tally(
+    names: list[str], status: dict[str, str], explained: dict[str, str]
+) -> tuple[Counter[str], dict[str, list[str]]]:
+    """Each mutant's state counted (a survivor explained in equivalent.toml is equivalent, one
+    with no result not checked), and the survivors and the mutants no test reaches that no
+    reason explains, by the function they change: where a module gained code without tests."""
+    counts: Counter[str] = Counter()
+    unexplained: dict[str, list[str]] = defaultdict(list)
+    for name in names:
+        state = status.get(name, NOT_CHECKED)
+        if state == SURVIVED and name in explained:
+            state = EQUIVALENT
+        counts[state] += 1
+        if state in (SURVIVED, NO_TESTS):
+            unexplained[function_of(name)].append(f"{name} ({state})")
+    return counts, dict(unexplained)
+
+
+def score(counts: Counter[str]) -> float:
+    """Killed (timeouts included) ÷ mutants, in %: an equivalent mutant is not killed."""
+    total = sum(counts.values())
+    return 100 * (counts[KILLED] + counts[TIMEOUT]) / total if total else 100.0
+
+
 def report(chosen: dict[str, list[str]], threshold: float) -> bool:
     explained = equivalents()
     passed = True
@@ -84,26 +109,17 @@ def report(chosen: dict[str, list[str]], threshold: float) -> bool:
     )
     details = []
     for path, names in chosen.items():
-        status = statuses(path)
-        counts: Counter[str] = Counter()
-        unexplained: dict[str, list[str]] = defaultdict(list)
-        for name in names:
-            state = status.get(name, "not checked")
-            if state == SURVIVED and name in explained:
-                state = "equivalent"
-            counts[state] += 1
-            if state in (SURVIVED, NO_TESTS):
-                unexplained[function_of(name)].append(f"{name} ({state})")
-        killed = counts[KILLED] + counts[TIMEOUT]
-        score = 100 * killed / len(names) if names else 100.0
-        other = len(names) - sum(counts[s] for s in (KILLED, TIMEOUT, "equivalent", SURVIVED))
-        other -= counts[NO_TESTS]
+        counts, unexplained = tally(names, statuses(path), explained)
+        module_score = score(counts)
+        other = len(names) - sum(
+            counts[s] for s in (KILLED, TIMEOUT, EQUIVALENT, SURVIVED, NO_TESTS)
+        )
         print(
             f"{path:<26} {len(names):>7} {counts[KILLED]:>7} {counts[TIMEOUT]:>7} "
-            f"{counts['equivalent']:>7} {counts[SURVIVED]:>8} {counts[NO_TESTS]:>7} "
-            f"{other:>5} {score:>6.1f}%"
+            f"{counts[EQUIVALENT]:>7} {counts[SURVIVED]:>8} {counts[NO_TESTS]:>7} "
+            f"{other:>5} {module_score:>6.1f}%"
         )
-        passed &= score >= threshold
+        passed &= module_score >= threshold
         if unexplained:
             details.append((path, unexplained))
     for path, unexplained in details:
@@ -127,6 +143,11 @@ def main() -> int:
         help="at most N mutants per module (0: all; default: pyproject's "
         "[tool.gantry.mutation.sample] for the modules it names, all for the others)",
     )
+    parser.add_argument(
+        "--all-examples",
+        action="store_true",
+        help="the property tests' whole example budget (default: a fifth, tests/conftest.py)",
+    )
     parser.add_argument("--threshold", type=float, default=95.0)
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--report", action="store_true", help="only report the last run")
@@ -142,22 +163,20 @@ def main() -> int:
     chosen = {}
     samples = default_samples()
     for path in args.modules:
-        names = mutant_names(path)
-        sample = samples.get(path, 0) if args.sample is None else args.sample
-        if sample and len(names) > sample:
-            # The same sample on every run (seeded by the module), in mutmut's order.
-            picked = set(random.Random(path).sample(names, sample))
-            names = [name for name in names if name in picked]
-        chosen[path] = names
+        chosen[path] = sample(mutant_names(path), path, args.sample)
 
     if not args.report:
         shutil.rmtree(ROOT / "mutants", ignore_errors=True)  # no result of older code
         started = time.monotonic()
         command = ["mutmut", "run", "--max-children", str(args.max_children)]
-        # CI=true: the hypothesis tests draw the same examples for every mutant.
+        # CI=true: the hypothesis tests draw the same examples for every mutant;
+        # GANTRY_MUTATION=1: a fifth of them (tests/conftest.py).
+        env = {**os.environ, "CI": "true"}
+        if not args.all_examples:
+            env["GANTRY_MUTATION"] = "1"
         run = subprocess.run(  # noqa: S603 (this Python, mutmut, the generated names; no shell)
             [sys.executable, "-m", *command, *(n for names in chosen.values() for n in names)],
-            env={**os.environ, "CI": "true"},
+            env=env,
             check=False,
         )
         print(f"\nmutmut: exit {run.returncode} after {time.monotonic() - started:.0f} s\n")
@@ -166,6 +185,16 @@ def main() -> int:
     if args.skeleton:
         skeleton(chosen)
     return 0 if report(chosen, args.threshold) else 1
+
+
+def sample(names: list[str], path: str, size: int | None) -> list[str]:
+    """At most ``size`` of ``names`` (None: the module's default, 0: all), the same on every
+    run (seeded by the module's path), in mutmut's order."""
+    size = default_samples().get(path, 0) if size is None else size
+    if not size or len(names) <= size:
+        return names
+    picked = set(random.Random(path).sample(names, size))
+    return [name for name in names if name in picked]
 
 
 def skeleton(chosen: dict[str, list[str]]) -> None:

@@ -27,6 +27,31 @@ hypothesis_settings.register_profile("ci", derandomize=True, database=None)
 if os.environ.get("CI") == "true":
     hypothesis_settings.load_profile("ci")
 
+# Under `make mutation` (GANTRY_MUTATION=1, set by scripts/mutation.py) the property tests run
+# once per mutant, hundreds of times: each draws a fifth of its examples (at least 20), the
+# same ones every time (derandomised), so the run fits its time (docs/mutation-testing.md).
+# The test's own budget is divided, so a test that asks for more still gets more.
+MUTATION_EXAMPLES_DIVISOR, MUTATION_EXAMPLES_MINIMUM = 5, 20
+
+
+def mutation_budget(items: list[pytest.Item]) -> None:
+    """The smaller, derandomised example budget of ``make mutation``, once per test function
+    (parametrised items share it)."""
+    for item in items:
+        test = getattr(item, "obj", None)
+        if getattr(test, "hypothesis", None) is None or getattr(test, "_mutation_budget", False):
+            continue
+        own = test._hypothesis_internal_use_settings
+        test._hypothesis_internal_use_settings = hypothesis_settings(
+            own,
+            max_examples=max(
+                MUTATION_EXAMPLES_MINIMUM, own.max_examples // MUTATION_EXAMPLES_DIVISOR
+            ),
+            derandomize=True,
+            database=None,
+        )
+        test._mutation_budget = True
+
 
 @dataclass
 class World:
@@ -53,7 +78,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under ``--dist loadgroup`` pytest-xdist marks each test of a group by suffixing its
     id with ``@group`` and sends a group to one worker. Where that silently stops working
     (pytest 9.2 with pytest-xdist 3.8, pytest-dev/pytest-xdist#1386), tests that share one
-    machine-wide server (the Slurm cluster) would run at once in several workers: stop."""
+    machine-wide server (the Slurm cluster) would run at once in several workers: stop.
+    Under ``make mutation``, the property tests' smaller budget (``mutation_budget``)."""
+    if os.environ.get("GANTRY_MUTATION") == "1":
+        mutation_budget(items)
     if getattr(config.option, "loadgroup", False):
         for item in items:
             group = item.get_closest_marker("xdist_group")

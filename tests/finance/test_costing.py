@@ -359,3 +359,35 @@ def test_a_tie_between_effective_and_waste_goes_to_effective_first():
         DayShare(date(2026, 3, 1), cards[0], seconds(effective=1)),
         DayShare(date(2026, 3, 2), cards[0], seconds(lost=1)),
     ]
+
+
+def test_the_unit_given_back_comes_from_the_category_owed_the_least_fraction():
+    # Given parts of 655 s, 2 s and 77 s (midnight, a price change at 00:00:02) and 873 GPU-s:
+    # effective 152, startup 12, idle 2, input wait 705, comm wait 2. Running totals
+    # 873 x 655/734 = 779.03 -> 779, 873 x 657/734 = 781.41 -> 781, 873: parts of 779, 2, 92.
+    cards = rates(
+        (MARCH_1 - timedelta(days=28), MARCH_2 + timedelta(seconds=2), "2.00"),
+        (MARCH_2 + timedelta(seconds=2), None, "4.00"),
+    )
+
+    shares = split_attempt(
+        start=MARCH_2 - timedelta(seconds=655),
+        end=MARCH_2 + timedelta(seconds=79),
+        gpu_seconds={"effective": 152, "startup": 12, "idle": 2, "input_wait": 705, "comm_wait": 2},
+        rates=cards,
+    )
+
+    # Then part 1 takes the floors (135, 10, 1, 629, 1) and its 3 units left go to idle and
+    # comm wait (.785 each) and startup (.708). Part 2 owes effective 1.055 and input wait
+    # 2.042 (the others were given a unit ahead: taken as 0): 3 taken for a part of 2, and
+    # input wait, owed the least fraction (.042 against .055), gives the unit back, although
+    # it is owed more seconds.
+    assert shares == [
+        DayShare(
+            date(2026, 3, 1),
+            cards[0],
+            seconds(effective=135, startup=11, idle=2, input_wait=629, comm_wait=2),
+        ),
+        DayShare(date(2026, 3, 2), cards[0], seconds(effective=1, input_wait=1)),
+        DayShare(date(2026, 3, 2), cards[1], seconds(effective=16, startup=1, input_wait=75)),
+    ]

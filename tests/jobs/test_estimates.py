@@ -370,3 +370,375 @@ def test_across_tenants_a_run_behind_that_backfills_makes_a_start_later_than_its
         101: 1500.0,
         102: 500.0,
     }
+
+
+# --- the gaps mutation testing found (issue 32): each value worked out by hand ---------------
+
+
+def test_on_the_default_grid_a_start_rounds_up_to_the_minute():
+    forecast = estimates.simulate(
+        two_nodes(), ends={1: 1000.0, 2: 2000.0}, runtimes={10: 500.0, 11: 300.0}
+    )
+    # 900 s ahead, 5 % is 45 s: less than the minute, so 1,000 rounds up to 1,020; run 2's
+    # end 1,900 s ahead rounds to the minute too (5 % is 95 s, the spacing below it 60 s).
+    assert forecast.starts[11] == estimates.Start(11, 1020, "c", ("c-a100-00",), (1,))
+    assert forecast.starts[10] == estimates.Start(
+        10, 2040, "c", ("c-a100-00", "c-a100-01"), (2, 11)
+    )
+    assert [step.at for step in forecast.steps] == [100.0, 1020, 1320, 2040, 2640]
+    # Each step lists only the nodes whose free GPUs changed: at 1020, node 00 (u's run took
+    # half of it).
+    assert [step.free for step in forecast.steps[:2]] == [
+        {"c/c-a100-00": 0, "c/c-a100-01": 0},
+        {"c/c-a100-00": 4},
+    ]
+
+
+def test_the_first_step_frees_nothing_on_closed_or_outside_busy_nodes():
+    nodes = (
+        ClusterNode("c", "a100", "gpu-1", 8, outside=4),
+        ClusterNode("c", "a100", "gpu-2", 8, schedulable=False, reason="drained"),
+        ClusterNode("c", "a100", "gpu-3", 8, outside=8),
+    )
+    snapshot = Snapshot(
+        queued=(QueuedRun(10, "t", "a100", 1, 8, 50, 1.0),),
+        held=(),
+        nodes=nodes,
+        quotas={("t", "a100"): Quota(16)},
+        now=100.0,
+    )
+    forecast = estimates.simulate(snapshot, ends={}, runtimes={10: 60.0}, **EXACT)
+    assert forecast.steps[0].free == {"c/gpu-1": 4, "c/gpu-2": 0, "c/gpu-3": 0}
+    assert forecast.starts == {
+        10: estimates.Start(
+            10,
+            None,
+            why="no bound: gpu-1, gpu-3 are busy with jobs from outside Gantry, whose end is "
+            "unknown; gpu-2 (drained) takes no work",
+        )
+    }
+
+
+def borrower(gpus: int = 8, wants: int = 4) -> Snapshot:
+    """u borrows one 8-GPU node with ``gpus`` GPUs; t, guaranteed 8, queues ``wants``."""
+    return Snapshot(
+        queued=(QueuedRun(10, "t", "a100", 1, wants, 50, 1.0),),
+        held=(HeldRun(1, "u", "a100", "c", gpus, 50, 0.0, True, ("c-a100-00",)),),
+        nodes=nodes_of(Pool("c", "a100", 1, 8)),
+        quotas={("t", "a100"): Quota(8), ("u", "a100"): Quota(0, borrow_limit=8)},
+        now=100.0,
+    )
+
+
+def test_a_preempted_run_frees_its_gpus_and_gets_no_start_of_its_own():
+    forecast = estimates.simulate(borrower(), ends={1: 5000.0}, runtimes={10: 600.0}, **EXACT)
+    # t reclaims half the node: the other half is free while u waits for all 8 again.
+    assert forecast.starts == {10: estimates.Start(10, 100.0, "c", ("c-a100-00",), ())}
+    assert [(step.at, step.free, step.usage) for step in forecast.steps] == [
+        (100.0, {"c/c-a100-00": 4}, {"u/a100": 0, "t/a100": 4}),
+        (700.0, {"c/c-a100-00": 0}, {"u/a100": 8, "t/a100": 0}),
+        (5600.0, {"c/c-a100-00": 8}, {"u/a100": 0}),
+    ]
+
+
+def test_a_preempted_run_past_its_end_or_without_one_resumes_with_what_it_had_left():
+    # Already past its end when preempted: it holds the node again for no time at all.
+    past = estimates.simulate(borrower(), ends={1: 50.0}, runtimes={10: 600.0}, **EXACT)
+    assert [(step.at, step.usage) for step in past.steps] == [
+        (100.0, {"u/a100": 0, "t/a100": 4}),
+        (700.0, {"u/a100": 8, "t/a100": 0}),
+        (700.0, {"u/a100": 0}),
+    ]
+    # With no end it never frees the node again: nothing more is known to end.
+    endless = estimates.simulate(borrower(), ends={1: None}, runtimes={10: 600.0}, **EXACT)
+    assert [(step.at, step.usage) for step in endless.steps] == [
+        (100.0, {"u/a100": 0, "t/a100": 4}),
+        (700.0, {"u/a100": 8, "t/a100": 0}),
+    ]
+
+
+def test_a_preempted_one_gpu_run_is_requeued_as_one_gpu():
+    forecast = estimates.simulate(
+        borrower(gpus=1, wants=8), ends={1: 5000.0}, runtimes={10: 600.0}, **EXACT
+    )
+    assert [(step.at, step.free, step.usage) for step in forecast.steps] == [
+        (100.0, {"c/c-a100-00": 0}, {"u/a100": 0, "t/a100": 8}),
+        (700.0, {"c/c-a100-00": 7}, {"u/a100": 1, "t/a100": 0}),
+        (5600.0, {"c/c-a100-00": 8}, {"u/a100": 0}),
+    ]
+
+
+def test_when_the_cycles_run_out_it_says_how_far_it_simulated():
+    # 201 runs of a whole node, one after another, 64,807 s each: the 200 cycles start the
+    # first 200 (the last 199 runtimes after now) and reach the end of the 200th, 3,600.4
+    # hours after now; the 201st is left with the hours simulated.
+    line = tuple(QueuedRun(100 + i, "t", "a100", 1, 8, 50, float(i)) for i in range(201))
+    snapshot = Snapshot(
+        queued=line,
+        held=(),
+        nodes=nodes_of(Pool("c", "a100", 1, 8)),
+        quotas={("t", "a100"): Quota(8)},
+        now=3600.0,
+    )
+    forecast = estimates.simulate(
+        snapshot,
+        ends={},
+        runtimes={run.id: 64_807.0 for run in line},
+        horizon_s=14_000_000.0,
+        **EXACT,
+    )
+    assert len(forecast.steps) == 200
+    assert forecast.starts[299] == estimates.Start(299, 12_900_193.0, "c", ("c-a100-00",), (298,))
+    assert forecast.starts[300] == estimates.Start(
+        300, None, why="it does not start within the 3,600 hours simulated"
+    )
+
+
+def test_an_end_exactly_at_the_horizon_is_still_simulated():
+    forecast = estimates.simulate(
+        two_nodes(), ends={1: 1100.0, 2: 1100.0}, runtimes={10: 60.0, 11: 60.0},
+        horizon_s=1000.0, **EXACT,
+    )  # fmt: skip
+    assert forecast.starts[10] == estimates.Start(
+        10, 1100.0, "c", ("c-a100-00", "c-a100-01"), (1, 2)
+    )
+
+
+def test_the_horizon_is_said_in_whole_hours():
+    forecast = estimates.simulate(
+        two_nodes(), ends={1: 20_000_000.0, 2: 20_000_000.0}, runtimes={10: 60.0, 11: 60.0},
+        horizon_s=12_961_080.0, **EXACT,
+    )  # fmt: skip
+    assert forecast.starts[10] == estimates.Start(
+        10, None, why="it does not start within the 3,600 hours looked ahead"
+    )
+
+
+def test_a_run_no_cluster_can_ever_hold_is_said_so():
+    snapshot = Snapshot(
+        queued=(
+            QueuedRun(10, "t", "a100", 3, 8, 50, 1.0),
+            QueuedRun(11, "t", "h100", 1, 8, 50, 2.0),
+        ),
+        held=(),
+        nodes=nodes_of(Pool("c", "a100", 2, 8)),
+        quotas={("t", "a100"): Quota(24), ("t", "h100"): Quota(8)},
+        now=100.0,
+    )
+    forecast = estimates.simulate(snapshot, ends={}, runtimes={10: 60.0, 11: 60.0}, **EXACT)
+    assert forecast.starts == {
+        10: estimates.Start(10, None, why="it cannot start while the clusters stay as they are"),
+        11: estimates.Start(11, None, why="no enabled cluster has h100 GPUs"),
+    }
+
+
+def test_the_grid_off_when_either_setting_is_zero_and_its_edges():
+    grid = estimates._on_grid
+    # Either setting zero: no grid, the end itself.
+    assert grid(1001.0, now=0.0, at=0.0, resolution=0.0, min_step_s=60.0) == 1001.0
+    assert grid(1001.0, now=0.0, at=0.0, resolution=0.05, min_step_s=0.0) == 1001.0
+    # A minimum under a minute and 5 % of 1,000.5 s (50 s) under every spacing: the
+    # minimum is the spacing, 1 s or 30 s.
+    assert grid(1000.5, now=0.0, at=0.0, resolution=0.05, min_step_s=1.0) == 1001
+    assert grid(1010.0, now=0.0, at=0.0, resolution=0.01, min_step_s=30.0) == 1020
+    # The distance counts from now: 1,050 s ahead of 1,000, 5 % is 52.5 s → a minute.
+    assert grid(2050.0, now=1000.0, at=0.0, resolution=0.05, min_step_s=60.0) == 2100
+    # A spacing exactly as wanted is taken: 10 % of 1,200 s is 120 s.
+    assert grid(1230.0, now=30.0, at=0.0, resolution=0.1, min_step_s=60.0) == 1320
+    # Never before the current step.
+    assert grid(1230.0, now=30.0, at=5000.0, resolution=0.1, min_step_s=60.0) == 5000.0
+
+
+def test_more_than_three_names_are_counted():
+    assert estimates._names(["a", "b", "c"]) == "a, b, c"
+    assert estimates._names(["a", "b", "c", "d"]) == "a, b, c and 1 more"
+    assert estimates._names(["a", "b", "c", "d", "e"]) == "a, b, c and 2 more"
+
+
+def test_expected_runtime_of_an_even_history_and_of_no_history():
+    # Four runs: the mean of the middle two (120 and 180), not of the first two.
+    assert estimates.expected_runtime([[240.0, 60.0, 180.0, 120.0]], max_runtime_s=3600.0) == 150.0
+    # Fewer histories than levels, none with enough runs: the max runtime.
+    assert estimates.expected_runtime([[], []], max_runtime_s=3600.0) == 3600.0
+
+
+def test_a_run_at_its_expected_end_exactly_is_given_a_tenth_of_its_time_left():
+    assert (
+        estimates.expected_end(started=0.0, now=600.0, expected_s=600.0, latest_end=900.0) == 630.0
+    )
+
+
+def test_first_fit_counts_borrowing_in_the_quota_and_needs_no_earlier_run():
+    forecast = estimates.simulate(
+        two_nodes(), ends={1: 1000.0, 2: 2000.0}, runtimes={10: 500.0, 11: 300.0}, **EXACT
+    )
+    nodes = nodes_of(Pool("c", "a100", 2, 8))
+
+    def fit(run: QueuedRun, quota: Quota | None) -> estimates.Start:
+        return estimates.first_fit(forecast, run=run, quota=quota, nodes=nodes, levels={})
+
+    # u holds 12 GPUs at 1000 and 8 from 1300: 6 guaranteed + 6 borrowed has room for 4
+    # more at 1300.
+    assert fit(QueuedRun(-1, "u", "a100", 1, 4, 50, 100.0), Quota(6, borrow_limit=6)) == (
+        estimates.Start(-1, 1300.0, "c", ("c-a100-00",))
+    )
+    # w has nothing queued or held: a quota of exactly its one GPU lets it in at 1000, the
+    # first step with a free GPU.
+    assert fit(QueuedRun(-1, "w", "a100", 1, 1, 50, 100.0), Quota(1)) == (
+        estimates.Start(-1, 1000.0, "c", ("c-a100-00",))
+    )
+    assert fit(QueuedRun(-1, "w", "a100", 1, 1, 50, 100.0), None) == (
+        estimates.Start(-1, None, why="tenant w has no quota for a100")
+    )
+    assert fit(QueuedRun(-1, "w", "h100", 1, 1, 50, 100.0), Quota(1)) == (
+        estimates.Start(-1, None, why="no enabled cluster has h100 GPUs")
+    )
+    # Three whole nodes on a cluster of two: never.
+    assert fit(QueuedRun(-1, "w", "a100", 3, 8, 50, 100.0), Quota(24)) == (
+        estimates.Start(-1, None, why="it does not start within the 168 hours looked ahead")
+    )
+
+
+def test_first_fit_behind_a_run_without_an_estimate_has_none():
+    forecast = estimates.simulate(
+        two_nodes(), ends={1: 1000.0, 2: None}, runtimes={10: 500.0, 11: 300.0}, **EXACT
+    )
+    start = estimates.first_fit(
+        forecast,
+        run=QueuedRun(-1, "t", "a100", 1, 1, 50, 100.0),
+        quota=Quota(16),
+        nodes=nodes_of(Pool("c", "a100", 2, 8)),
+        levels={},
+    )
+    assert start == estimates.Start(-1, None, why="an earlier run of the tenant has no estimate")
+
+
+def test_first_fit_says_how_far_the_forecast_looked():
+    node = (ClusterNode("c", "a100", "gpu-1", 8),)
+    run = QueuedRun(-1, "t", "a100", 1, 1, 50, 100.0)
+    # From the first step to the end of the forecast: 3,600.3 hours, said as 3,600. A node
+    # no step mentions has no free GPU.
+    steps = (estimates.Step(3600.0, {}, {}), estimates.Step(10_800.0, {}, {}))
+    looked = estimates.Forecast(starts={}, steps=steps, until=12_964_680.0, ready={})
+    assert estimates.first_fit(
+        looked, run=run, quota=Quota(8), nodes=node, levels={}
+    ) == estimates.Start(-1, None, why="it does not start within the 3,600 hours looked ahead")
+    # No step at all: it looked nowhere.
+    empty = estimates.Forecast(starts={}, steps=(), until=12_961_080.0, ready={})
+    assert estimates.first_fit(
+        empty, run=run, quota=Quota(8), nodes=node, levels={}
+    ) == estimates.Start(-1, None, why="it does not start within the 0 hours looked ahead")
+
+
+def test_first_fit_keeps_a_required_topology_level_and_skips_clusters_without_it():
+    # Cluster a has no topology; on b, n0 is alone under leaf l1, n1 and n2 share leaf l2,
+    # and n2 is busy until 500.
+    nodes = (
+        ClusterNode("a", "a100", "a0", 8),
+        *(
+            ClusterNode("b", "a100", name, 8, path=("blk", leaf))
+            for name, leaf in (("n0", "l1"), ("n1", "l2"), ("n2", "l2"))
+        ),
+    )
+    steps = (
+        estimates.Step(0.0, {"a/a0": 0, "b/n0": 8, "b/n1": 8, "b/n2": 0}, {}),
+        estimates.Step(500.0, {"b/n2": 8}, {}),
+    )
+    forecast = estimates.Forecast(starts={}, steps=steps, until=10_000.0, ready={})
+    levels = {"b": ("block", "leaf")}
+
+    def fit(required: bool) -> estimates.Start:
+        run = QueuedRun(-1, "t", "a100", 2, 8, 50, 0.0, topology_level="leaf",
+                        topology_required=required)  # fmt: skip
+        return estimates.first_fit(forecast, run=run, quota=Quota(16), nodes=nodes, levels=levels)
+
+    # Required: both nodes under one leaf switch, so n1 and n2 once n2 is free.
+    assert fit(True) == estimates.Start(-1, 500.0, "b", ("n1", "n2"))
+    # Only preferred: at once, on the two free nodes under different leaves.
+    assert fit(False) == estimates.Start(-1, 0.0, "b", ("n0", "n1"))
+
+
+def test_a_run_that_borrowed_in_the_simulation_can_be_reclaimed_later():
+    # t borrows the free node at once; when u's run on the other node ends, u's gang of two
+    # nodes (within u's guarantee) reclaims it, and t's run starts again when the gang ends
+    # with the 2,100 s it had left.
+    snapshot = Snapshot(
+        queued=(
+            QueuedRun(10, "t", "a100", 1, 8, 50, 1.0),
+            QueuedRun(11, "u", "a100", 2, 8, 50, 2.0),
+        ),
+        held=(HeldRun(1, "u", "a100", "c", 8, 50, 0.0, False, ("c-a100-00",)),),
+        nodes=nodes_of(Pool("c", "a100", 2, 8)),
+        quotas={("t", "a100"): Quota(0, borrow_limit=8), ("u", "a100"): Quota(16)},
+        now=100.0,
+    )
+    forecast = estimates.simulate(
+        snapshot, ends={1: 1000.0}, runtimes={10: 3000.0, 11: 600.0}, **EXACT
+    )
+    assert forecast.starts == {
+        10: estimates.Start(10, 100.0, "c", ("c-a100-01",)),
+        11: estimates.Start(11, 1000.0, "c", ("c-a100-00", "c-a100-01"), (1,)),
+    }
+    assert [(step.at, step.usage) for step in forecast.steps] == [
+        (100.0, {"u/a100": 8, "t/a100": 8}),
+        (1000.0, {"u/a100": 16, "t/a100": 0}),
+        (1600.0, {"u/a100": 0, "t/a100": 8}),
+        (3700.0, {"t/a100": 0}),
+    ]
+
+
+def test_a_gang_that_starves_in_the_simulation_keeps_the_nodes_it_waits_for():
+    # t's gang needs both nodes; u's whole-node run could take node 00 when v's run there
+    # ends at 1000, but by then (past the 500 s starvation limit, counted at each simulated
+    # cycle) the gang is starving and holds it: it starts at 2000, u's run after it.
+    snapshot = Snapshot(
+        queued=(
+            QueuedRun(10, "t", "a100", 2, 8, 50, 0.0),
+            QueuedRun(11, "u", "a100", 1, 8, 50, 1.0),
+        ),
+        held=(
+            HeldRun(1, "v", "a100", "c", 8, 50, 0.0, False, ("c-a100-00",)),
+            HeldRun(2, "v", "a100", "c", 4, 50, 0.0, False, ("c-a100-01",)),
+        ),
+        nodes=nodes_of(Pool("c", "a100", 2, 8)),
+        quotas={key: Quota(16) for key in (("t", "a100"), ("u", "a100"), ("v", "a100"))},
+        now=100.0,
+        starvation_after_s=500.0,
+    )
+    forecast = estimates.simulate(
+        snapshot, ends={1: 1000.0, 2: 2000.0}, runtimes={10: 600.0, 11: 3000.0}, **EXACT
+    )
+    assert forecast.starts == {
+        10: estimates.Start(10, 2000.0, "c", ("c-a100-00", "c-a100-01"), (1, 2)),
+        11: estimates.Start(11, 2600.0, "c", ("c-a100-00",), (10,)),
+    }
+
+
+def test_a_run_ending_on_a_cluster_the_snapshot_does_not_list_frees_nothing_listed():
+    # Run 3 holds GPUs on a cluster that is no longer enabled: its end changes no free GPU.
+    snapshot = two_nodes(
+        held=(
+            *two_nodes().held,
+            HeldRun(3, "t", "a100", "gone", 8, 50, 0.0, False, ("g-0",)),
+        )
+    )
+    forecast = estimates.simulate(
+        snapshot, ends={1: 1000.0, 2: 2000.0, 3: 500.0}, runtimes={10: 500.0, 11: 300.0}, **EXACT
+    )
+    assert forecast.starts[11] == estimates.Start(11, 1000.0, "c", ("c-a100-00",), (1,))
+    assert [(step.at, step.free) for step in forecast.steps[:2]] == [
+        (100.0, {"c/c-a100-00": 0, "c/c-a100-01": 0}),
+        (500.0, {}),
+    ]
+
+
+def test_a_closed_node_without_a_reason_is_said_to_take_no_work():
+    snapshot = Snapshot(
+        queued=(QueuedRun(10, "t", "a100", 1, 8, 50, 1.0),),
+        held=(),
+        nodes=(ClusterNode("c", "a100", "gpu-1", 8, schedulable=False),),
+        quotas={("t", "a100"): Quota(8)},
+        now=100.0,
+    )
+    forecast = estimates.simulate(snapshot, ends={}, runtimes={10: 60.0}, **EXACT)
+    assert forecast.starts[10].why == "no bound: gpu-1 (takes no work) takes no work"
