@@ -161,7 +161,6 @@ def main() -> int:
 
     os.chdir(ROOT)
     chosen = {}
-    samples = default_samples()
     for path in args.modules:
         chosen[path] = sample(mutant_names(path), path, args.sample)
 
