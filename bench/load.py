@@ -104,9 +104,11 @@ FLOOD_S = FLOOD_ROUND_S * FLOOD_ORDER.count("after")
 SETTLE_S = 20  # after a stack's people: its runs (5 to 20 s) end before the next phase
 RESUME_S = 5  # a stack whose background work was paused catches up before it is measured
 WARM_UP = ["SequentialClient"]
-# main when the work on issue 20.4's per-request costs began (the run list at /runs/, live
-# pages, the load benchmark's people): the code the benchmark measures this checkout against.
-BEFORE_REF = "284ad1ee44c25ad26a8331228d7df97af3f96537"
+# main before this round of issues 31-33 (before the clusters app): the code the benchmark
+# measures this checkout against. Both stacks' databases are migrated and seeded by this
+# checkout, so the before code must run on its schema: a commit before jobs 0016 (which
+# renamed Run.start_latest_at) cannot. Until 2026-12-06 it was 284ad1e (issue 20.4's start).
+BEFORE_REF = "bd2111208ce900b07f4fd9c27bb77c14ac2d6e61"
 
 
 # --- the world ------------------------------------------------------------------------------
