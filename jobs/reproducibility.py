@@ -11,6 +11,8 @@ import secrets
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+from core.ids import MAX_ID
+
 ATTEMPT_TOKEN_PREFIX = "gat_"  # noqa: S105 (a prefix, not a password)
 
 # The record's fields in the order a diff shows them. ``env`` and ``params`` expand into one
@@ -64,7 +66,6 @@ _EXPANDED_LABELS = {"env": "Environment", "params": "Parameter"}
 ATTEMPT_TOKEN_RANDOM_BYTES = 32
 _TOKEN_RANDOM_CHARS = 43  # base64url of 32 bytes, unpadded
 _TOKEN_RANDOM = re.compile(r"[A-Za-z0-9_-]{43}")
-_MAX_ID = 2**63 - 1  # a bigint: a larger id names no attempt (and would not fit a query)
 
 
 def attempt_token_new(*, attempt_id: int) -> str:
@@ -89,7 +90,7 @@ def attempt_id_of_token(token: str) -> int | None:
     # Only the canonical spelling of an id: no signs, no leading zeros, no other digits.
     if not dot or not raw_id.isascii() or not raw_id.isdigit() or raw_id != str(int(raw_id)):
         return None
-    if not _TOKEN_RANDOM.fullmatch(random_part) or int(raw_id) > _MAX_ID:
+    if not _TOKEN_RANDOM.fullmatch(random_part) or int(raw_id) > MAX_ID:
         return None
     return int(raw_id)
 
