@@ -1,4 +1,4 @@
-"""Plain-text rendering: aligned tables, times, durations. No third-party libraries."""
+"""Plain-text rendering: aligned tables and fields, times, durations. No third-party libraries."""
 
 import json
 import sys
@@ -38,6 +38,13 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
         return "  ".join(parts).rstrip()
 
     return "\n".join([line(headers), *(line(row) for row in text)])
+
+
+def print_fields(rows: Sequence[tuple[str, Any]]) -> None:
+    """One ``label  value`` line per row, the values aligned."""
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        print(f"{label.ljust(width)}  {'-' if value in (None, '') else value}")
 
 
 def when(value: str | None) -> str:

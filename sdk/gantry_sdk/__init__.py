@@ -9,17 +9,10 @@ Standard library only; a no-op outside Gantry. See docs/sdk.md.
     start_step = reporter.resume_step or 0
 """
 
-from .client import (
-    EVENTS_PATH,
-    MAX_BATCH_BYTES,
-    MAX_BATCH_EVENTS,
-    REPORT_PATH,
-    SDK_VERSION,
-    Reporter,
-    StepTimer,
-    clean_runtime_report,
-    collect_runtime_env,
-)
+from .client import Reporter
+from .runtime_env import clean_runtime_report, collect_runtime_env
+from .step_timer import StepTimer
+from .transport import EVENTS_PATH, MAX_BATCH_BYTES, MAX_BATCH_EVENTS, REPORT_PATH, SDK_VERSION
 
 __version__ = SDK_VERSION
 

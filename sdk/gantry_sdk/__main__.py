@@ -20,7 +20,8 @@ import math
 import shlex
 import sys
 
-from .client import Reporter, clean_runtime_report, collect_runtime_env
+from .client import Reporter
+from .runtime_env import clean_runtime_report, collect_runtime_env
 
 
 def _non_negative_float(text):

@@ -11,7 +11,7 @@ from django.test import Client
 from django.urls import reverse
 
 from clusters.models import Cluster, ClusterNode
-from gantry_cli.main import _run_status, _start_estimate
+from gantry_cli.run_status import run_status, start_estimate
 from jobs.estimates import Start
 from jobs.models import Attempt, AttemptState, Run, RunState, StartForecast
 from jobs.selectors.estimates import StartPreview, estimate_inputs, run_start_estimate
@@ -180,8 +180,8 @@ def test_pages_api_and_cli_show_the_estimate_and_name_only_the_viewers_runs(worl
             "run ahead uses its full time limit (an estimate, not a promise: no a100-80gb run "
             "has started with one in the last 7 days)"
         )
-        assert _start_estimate(api) == expected_text
-        assert _run_status(api).endswith(f"; {expected_text})")
+        assert start_estimate(api) == expected_text
+        assert run_status(api).endswith(f"; {expected_text})")
 
     # Runs of other tenants it waits behind are counted, never named (issue 21.3).
     mine.refresh_from_db()

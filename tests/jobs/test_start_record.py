@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from clusters.backends.base import JobStatus
-from gantry_cli.main import _start_estimate
+from gantry_cli.run_status import start_estimate
 from jobs.models import Attempt, Run, RunState
 from jobs.selectors.estimates import StartRecord, start_records
 from jobs.services.admission_cycle import admission_run_cycle
@@ -345,7 +345,7 @@ def test_the_run_list_home_and_run_page_show_the_record_beside_the_estimate(worl
     assert "start_record" not in listed[0]
     # The CLI says it as the pages do, in its own time zone.
     local = datetime.fromisoformat(api["start_record"]["last_met_at"]).astimezone()
-    assert _start_estimate(api).endswith(
+    assert start_estimate(api).endswith(
         "if every run ahead uses its full time limit (an estimate, not a promise: met by 3 of "
         f"5 a100-80gb runs started in the last 7 days, last at {local:%Y-%m-%d %H:%M:%S}; at "
         "worst 48 s late)"

@@ -28,7 +28,7 @@ if str(SDK_DIR) not in sys.path:
 
 import gantry_sdk  # noqa: E402
 from gantry_sdk import Reporter, StepTimer  # noqa: E402
-from gantry_sdk import client as sdk_client  # noqa: E402
+from gantry_sdk import runtime_env as sdk_runtime_env  # noqa: E402
 
 TOKEN = "gat_42.c2VjcmV0LXNpZ25hdHVyZS1kby1ub3QtbGVhaw"
 REPORT_KEYS = {
@@ -513,11 +513,11 @@ def test_the_runtime_report_is_cleaned_to_what_the_endpoint_accepts():
         "gpu_uuids": ["GPU-1", "7"],
         "hostname": "h" * 200,
     }
-    assert sdk_client._cudnn_text(8907) == "8.9.7"
-    assert sdk_client._cudnn_text(90100) == "9.1.0"
-    assert sdk_client._nccl_text((2, 21, 5)) == "2.21.5"
-    assert sdk_client._nccl_text(21805) == "2.18.5"
-    assert sdk_client._nccl_text(2708) == "2.7.8"
+    assert sdk_runtime_env._cudnn_text(8907) == "8.9.7"
+    assert sdk_runtime_env._cudnn_text(90100) == "9.1.0"
+    assert sdk_runtime_env._nccl_text((2, 21, 5)) == "2.21.5"
+    assert sdk_runtime_env._nccl_text(21805) == "2.18.5"
+    assert sdk_runtime_env._nccl_text(2708) == "2.7.8"
 
 
 # --- stdlib only, old Pythons --------------------------------------------------------------------
