@@ -143,6 +143,8 @@ class GpuSeconds:
         )
 
 
+# The sums of AttemptAccounting in the ORM, as ``GpuSeconds.from_sums`` reads them
+# (tenant_goodput).
 ACCOUNTING_SUMS = {
     "allocated": Sum("allocated_gpu_s"),
     **{name: Sum(f"{name}_gpu_s") for name in accounting.CATEGORIES},
