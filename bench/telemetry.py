@@ -16,19 +16,16 @@ import re
 from collections import defaultdict
 
 from bench.report import Section, best_of, ms, ratio, timed
-from telemetry.exposition import (
+from telemetry.exposition.ingestor import ingest
+from telemetry.exposition.mapping import Allocation, HostAllocation, PodAllocation, SlurmAllocation
+from telemetry.exposition.parsing import (
     FB_USED,
     GPU_UTIL,
     GR_ENGINE_ACTIVE,
     KEPT_METRICS,
     VALUE_CEILING,
     XID_ERRORS,
-    Allocation,
     ExpositionParser,
-    HostAllocation,
-    PodAllocation,
-    SlurmAllocation,
-    ingest,
 )
 
 NODES, GPUS = 64, 8
@@ -214,7 +211,7 @@ def run() -> list[Section]:
             f"{len(bodies):,} dcgm-exporter scrapes ({NODES} nodes × {GPUS} GPUs, "
             f"{len(VALUES)} used and {len(IGNORED)} ignored gauges, every 30 s for "
             f"{SCRAPES * SCRAPE_EVERY_MS // 60_000} minutes; Kubernetes, Slurm and "
-            "unlabelled nodes) through `telemetry.exposition.ingest`, the one-pass "
+            "unlabelled nodes) through `telemetry.exposition.ingestor.ingest`, the one-pass "
             "`Ingestor` the collector runs for each window. Baseline: a regex "
             "per line, a label dict per sample, a scan of the allocations per sample "
             "(`bench/telemetry.py`); its rollups are asserted equal. Samples are the kept "

@@ -27,7 +27,7 @@ from finance import costing
 from finance.models import DailyUsage, RateCard, UsageRollupState
 from jobs.models import Attempt
 from telemetry.accounting import CATEGORIES, WASTE
-from telemetry.selectors import CATEGORY_LABELS
+from telemetry.selectors.gpu_seconds import CATEGORY_LABELS
 from tenants.models import GpuFlavor, Quota, Tenant
 
 SECONDS_PER_HOUR = Decimal(costing.SECONDS_PER_HOUR)

@@ -29,15 +29,15 @@ from clusters.models import Cluster, ClusterFlavor, SimulatedJob
 from clusters.simulation import Workload
 from core import metrics
 from jobs.models import Attempt
-from telemetry import exposition
-from telemetry.exposition import (
+from telemetry.exposition.ingestor import Ingestor
+from telemetry.exposition.mapping import (
     Allocation,
-    ExpositionParser,
     HostAllocation,
-    Ingestor,
     KubernetesJobAllocation,
     SlurmAllocation,
 )
+from telemetry.exposition.parsing import ExpositionParser, render
+from telemetry.exposition.rollups import MinuteRollup
 from telemetry.models import ClusterTelemetry, GpuMinute, RawScrape, UnmappedSamples
 from telemetry.simulated import minute_samples, simulated_telemetry
 from telemetry.sources import Scrape, SourceError, source_from_settings, source_settings_parse
@@ -128,7 +128,7 @@ class SimulatorSource:
             )
         if not samples:
             return []
-        body = exposition.render(samples).encode()
+        body = render(samples).encode()
         return [Scrape(body=body, at_ms=end_ms, origin=f"simulator:{self.cluster.name}")]
 
 
@@ -300,7 +300,7 @@ GPU_MINUTE_COLUMNS = (
 
 
 def gpu_minutes_replace(
-    *, cluster: Cluster, start: datetime, end: datetime, rows: list[exposition.MinuteRollup]
+    *, cluster: Cluster, start: datetime, end: datetime, rows: list[MinuteRollup]
 ) -> None:
     """Make ``rows`` the cluster's GPU minutes of [start, end). On PostgreSQL the rows go
     in with COPY: a window of a large cluster is tens of thousands of rows, every minute."""

@@ -140,26 +140,36 @@ def _gpu_hours(gpu_seconds: float) -> str:
 
 def diagnose(accounting: Accounting, signals: Signals) -> list[Finding]:
     """Findings, most urgent first; an empty list means nothing to fix."""
-    findings: list[Finding] = []
-    if signals.failure_reason:
-        try:
-            reason = FailureReason(signals.failure_reason)
-        except ValueError:
-            reason = FailureReason.UNKNOWN
-        findings.append(Finding(Code.FAILURE, NEXT_STEP[reason]))
-
+    findings = _failure(signals)
     allocated = float(accounting.allocated)
     if not allocated:
         return findings
+    waits = _waits(accounting, signals)
+    return [
+        *findings,
+        *waits,
+        *_low_use(accounting, signals, allocated=allocated, waiting=bool(waits)),
+        *_tensor_cores(signals),
+        *_time_lost(accounting, allocated=allocated),
+    ]
 
-    def share(gpu_seconds: Fraction) -> float:
-        return float(gpu_seconds) / allocated
 
+def _failure(signals: Signals) -> list[Finding]:
+    """The next step after a failure; a reason Gantry does not know reads as UNKNOWN."""
+    if not signals.failure_reason:
+        return []
+    try:
+        reason = FailureReason(signals.failure_reason)
+    except ValueError:
+        reason = FailureReason.UNKNOWN
+    return [Finding(Code.FAILURE, NEXT_STEP[reason])]
+
+
+def _waits(accounting: Accounting, signals: Signals) -> list[Finding]:
+    """Input-bound (when the GPUs were not busy anyway) and communication-bound."""
+    findings: list[Finding] = []
     activity = signals.mean_activity
-    low_activity = activity is not None and activity < LOW_ACTIVITY
-    waiting = False
-    if signals.data_wait_share >= HIGH_DATA_WAIT and (activity is None or low_activity):
-        waiting = True
+    if signals.data_wait_share >= HIGH_DATA_WAIT and (activity is None or activity < LOW_ACTIVITY):
         findings.append(
             Finding(
                 Code.INPUT_BOUND,
@@ -169,7 +179,6 @@ def diagnose(accounting: Accounting, signals: Signals) -> list[Finding]:
             )
         )
     if signals.comm_wait_share >= HIGH_COMM_WAIT:
-        waiting = True
         findings.append(
             Finding(
                 Code.COMM_BOUND,
@@ -181,9 +190,17 @@ def diagnose(accounting: Accounting, signals: Signals) -> list[Finding]:
                 f"({_gpu_hours(float(accounting.comm_wait))}).",
             )
         )
-    idle_share = share(accounting.idle)
+    return findings
+
+
+def _low_use(
+    accounting: Accounting, signals: Signals, *, allocated: float, waiting: bool
+) -> list[Finding]:
+    """Idle GPUs, or else low activity that no wait explains."""
+    idle_share = float(accounting.idle) / allocated
+    activity = signals.mean_activity
     if idle_share >= HIGH_IDLE_SHARE:
-        findings.append(
+        return [
             Finding(
                 Code.IDLE,
                 f"Idle: the GPUs were below {_percent(IDLE_THRESHOLD)} activity for "
@@ -191,31 +208,46 @@ def diagnose(accounting: Accounting, signals: Signals) -> list[Finding]:
                 "Stop interactive sessions when you are not using them, request fewer GPUs, "
                 "or move preprocessing off the GPU job.",
             )
-        )
-    elif low_activity and not waiting:
-        findings.append(
+        ]
+    if activity is not None and activity < LOW_ACTIVITY and not waiting:
+        return [
             Finding(
                 Code.LOW_ACTIVITY,
-                f"Low GPU activity ({_percent(activity or 0.0)}) without input or "
+                f"Low GPU activity ({_percent(activity)}) without input or "
                 "communication waits: profile a few steps (torch.profiler) for CPU-side "
                 "work, small batches or host-device synchronisation.",
             )
-        )
-    tensor = signals.mean_tensor_activity
-    if (
+        ]
+    return []
+
+
+def _tensor_cores(signals: Signals) -> list[Finding]:
+    """Busy GPUs whose Tensor Cores stay unused."""
+    activity, tensor = signals.mean_activity, signals.mean_tensor_activity
+    if not (
         activity is not None
         and activity >= HIGH_ACTIVITY
         and tensor is not None
         and tensor < LOW_TENSOR_ACTIVITY
     ):
-        findings.append(
-            Finding(
-                Code.TENSOR_CORES_UNUSED,
-                "Tensor Cores unused: use mixed precision (bf16/fp16 with torch.autocast) or "
-                "enable TF32 for fp32 matmuls, and keep matrix dimensions multiples of 8. "
-                f"Tensor activity {_percent(tensor)} at {_percent(activity)} GPU activity.",
-            )
+        return []
+    return [
+        Finding(
+            Code.TENSOR_CORES_UNUSED,
+            "Tensor Cores unused: use mixed precision (bf16/fp16 with torch.autocast) or "
+            "enable TF32 for fp32 matmuls, and keep matrix dimensions multiples of 8. "
+            f"Tensor activity {_percent(tensor)} at {_percent(activity)} GPU activity.",
         )
+    ]
+
+
+def _time_lost(accounting: Accounting, *, allocated: float) -> list[Finding]:
+    """Work lost after the last checkpoint, slow startup and checkpoint stalls."""
+
+    def share(gpu_seconds: Fraction) -> float:
+        return float(gpu_seconds) / allocated
+
+    findings: list[Finding] = []
     if share(accounting.lost) >= HIGH_LOST_SHARE:
         findings.append(
             Finding(

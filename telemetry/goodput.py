@@ -3,7 +3,7 @@ home page alike, so a figure on one is the figure on the other (issue 31.7).
 
 The last N days are calendar days in the current time zone, today included: from the start
 of the day N − 1 days ago to the start of tomorrow. An attempt counts on the day it finished
-(``telemetry.selectors``: only then is its accounting final).
+(``telemetry.selectors.tenant_goodput``: only then is its accounting final).
 """
 
 from dataclasses import dataclass
@@ -15,7 +15,7 @@ from django.utils import timezone
 from core.types import UserLike, signed_in
 from jobs.models import Attempt, Run
 from telemetry.models import AttemptAccounting
-from telemetry.selectors import RUN_SUM_COLUMNS, RUN_SUM_TYPES, GpuSeconds
+from telemetry.selectors.gpu_seconds import RUN_SUM_COLUMNS, RUN_SUM_TYPES, GpuSeconds
 from tenants.access import tenant_scope_sql
 from tenants.models import Tenant
 

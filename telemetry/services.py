@@ -30,7 +30,7 @@ from telemetry.models import (
     SdkEvent,
     StepWindow,
 )
-from telemetry.selectors import attempts_pending_accounting
+from telemetry.selectors.finished_attempts import attempts_pending_accounting
 from telemetry.simulated import simulated_telemetry
 
 MAX_EVENTS_PER_BATCH = 500

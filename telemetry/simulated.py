@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from clusters.simulation import STARTUP_S, Workload
-from telemetry.exposition import GR_ENGINE_ACTIVE, SM_ACTIVE, TENSOR_ACTIVE, GpuSample
+from telemetry.exposition.parsing import GR_ENGINE_ACTIVE, SM_ACTIVE, TENSOR_ACTIVE, GpuSample
 
 WINDOW_S = 60  # simulated seconds per step window
 SCRAPE_INTERVAL_S = 15  # how often the pretend exporter is scraped, for the sample count

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 import requests
 import urllib3
 
-from telemetry.exposition import KEPT_METRICS, MAX_BODY_BYTES, BodyTooLarge
+from telemetry.exposition.parsing import KEPT_METRICS, MAX_BODY_BYTES, BodyTooLarge
 
 logger = logging.getLogger(__name__)
 

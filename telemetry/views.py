@@ -20,16 +20,18 @@ from django.views.decorators.http import require_GET
 
 from core.http import or_404
 from jobs.selectors.runs import run_attempts, run_get_viewable
-from telemetry import selectors
 from telemetry.goodput import DEFAULT_GOODPUT_DAYS, GOODPUT_DAYS, goodput_window
-from telemetry.selectors import (
-    CATEGORY_LABELS,
-    STEP_PART_LABELS,
-    AttemptTelemetry,
+from telemetry.selectors import run_page
+from telemetry.selectors.gpu_seconds import CATEGORY_LABELS, SECONDS_PER_HOUR, GpuSeconds
+from telemetry.selectors.run_page import AttemptTelemetry, RunTelemetry
+from telemetry.selectors.run_page_sql import STEP_PART_LABELS
+from telemetry.selectors.tenant_goodput import (
     GoodputPeriod,
-    GpuSeconds,
-    RunTelemetry,
+    goodput_by_period,
+    goodput_by_project,
+    goodput_by_user,
 )
+from telemetry.selectors.unmapped import unmapped_samples_recent, unmapped_totals_by_source
 from tenants.access import require_platform_admin, tenant_list_viewable
 from tenants.selectors import tenant_get_viewable
 
@@ -96,7 +98,7 @@ def _category_traces(columns: list[GpuSeconds]) -> list[tuple[str, str, list]]:
 
 
 def _gpu_hours(gpu_seconds: float) -> float:
-    return round(gpu_seconds / selectors.SECONDS_PER_HOUR, 3)
+    return round(gpu_seconds / SECONDS_PER_HOUR, 3)
 
 
 def _waste_chart(telemetry: RunTelemetry) -> dict | None:
@@ -196,7 +198,7 @@ def run_telemetry(request: HttpRequest, run_id: int) -> HttpResponse:
     mislead; the activity and step charts are live instead."""
     run = or_404(run_get_viewable, user=request.user, run_id=run_id)
     attempts = list(run_attempts(run=run))
-    telemetry = selectors.run_telemetry(run=run, attempts=attempts, now=timezone.now())
+    telemetry = run_page.run_telemetry(run=run, attempts=attempts, now=timezone.now())
     columns, rows = _waste_table(telemetry)
     charts = {
         "activity_chart": _activity_chart(telemetry),
@@ -256,7 +258,7 @@ def tenant_goodput(request: HttpRequest, slug: str) -> HttpResponse:
     days, period = _goodput_query(request)
     today = timezone.localdate()
     since, until = goodput_window(days=days, today=today)
-    by_period = selectors.goodput_by_period(tenant=tenant, since=since, until=until, period=period)
+    by_period = goodput_by_period(tenant=tenant, since=since, until=until, period=period)
     total = sum((seconds for _, seconds in by_period), GpuSeconds())
     chart = None
     if total.attempts:
@@ -282,8 +284,8 @@ def tenant_goodput(request: HttpRequest, slug: str) -> HttpResponse:
             "last_day": today,
             "by_period": by_period,
             "total": total,
-            "by_user": selectors.goodput_by_user(tenant=tenant, since=since, until=until),
-            "by_project": selectors.goodput_by_project(tenant=tenant, since=since, until=until),
+            "by_user": goodput_by_user(tenant=tenant, since=since, until=until),
+            "by_project": goodput_by_project(tenant=tenant, since=since, until=until),
             "goodput_chart": chart,
             "has_charts": chart is not None,
         },
@@ -295,14 +297,12 @@ def tenant_goodput(request: HttpRequest, slug: str) -> HttpResponse:
 def unmapped_samples(request: HttpRequest) -> HttpResponse:
     """Samples no attempt claimed, per source (platform admins only)."""
     or_404(require_platform_admin, request.user)
-    page = Paginator(selectors.unmapped_samples_recent(), UNMAPPED_PER_PAGE).get_page(
-        request.GET.get("page")
-    )
+    page = Paginator(unmapped_samples_recent(), UNMAPPED_PER_PAGE).get_page(request.GET.get("page"))
     return render(
         request,
         "telemetry/unmapped_samples.html",
         {
-            "totals": selectors.unmapped_totals_by_source(now=timezone.now()),
+            "totals": unmapped_totals_by_source(now=timezone.now()),
             "page_obj": page,
             "rows": page.object_list,
         },

@@ -31,6 +31,7 @@ from django.db.models import (
 from django.db.models.functions import Coalesce, Greatest, Least
 
 from clusters.models import ClusterFlavor
+from jobs.durations import duration_text
 from jobs.models import Attempt, AttemptState, Checkpoint, Run, RunState
 from jobs.models import FailureReason as FailureReasonChoice
 from telemetry import diagnosis
@@ -38,7 +39,8 @@ from telemetry.accounting import IDLE_THRESHOLD
 from telemetry.kpis import metrics
 from telemetry.kpis.metrics import Distribution, Ratio
 from telemetry.models import AttemptAccounting, GpuMinute, StepWindow
-from telemetry.selectors import FINISHED_STATES, SECONDS_PER_HOUR, duration_text
+from telemetry.selectors.finished_attempts import FINISHED_STATES
+from telemetry.selectors.gpu_seconds import SECONDS_PER_HOUR
 
 UNSUCCESSFUL_ATTEMPT_STATES = (
     AttemptState.FAILED,

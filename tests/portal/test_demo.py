@@ -30,9 +30,12 @@ from portal.demo import (
     demo_seed,
     previous_month,
 )
-from telemetry import accounting, selectors
+from telemetry import accounting
 from telemetry.goodput import DEFAULT_GOODPUT_DAYS, goodput_window
 from telemetry.models import AttemptAccounting, GpuMinute
+from telemetry.selectors.gpu_seconds import GpuSeconds
+from telemetry.selectors.run_page import run_telemetry
+from telemetry.selectors.tenant_goodput import GoodputPeriod, goodput_by_period
 from telemetry.services import accounting_compute_pending
 from telemetry.simulated import SimulatedMinute
 from tenants.models import Quota, Tenant
@@ -164,9 +167,7 @@ def test_a_borrowed_run_was_preempted_and_resumed_from_its_checkpoint(demo):
 
 def test_the_input_bound_run_is_diagnosed_as_input_bound(demo):
     run = run_named("unet-sweep-1")
-    telemetry = selectors.run_telemetry(
-        run=run, attempts=list(run.attempts.all()), now=timezone.now()
-    )
+    telemetry = run_telemetry(run=run, attempts=list(run.attempts.all()), now=timezone.now())
 
     [attempt] = telemetry.attempts
     assert [(finding.code, finding.text) for finding in attempt.findings] == [
@@ -384,10 +385,8 @@ def test_each_tenant_has_a_history_of_its_own(demo):
     last_month = previous_month(today)
     figures = {}
     for tenant in Tenant.objects.order_by("slug"):
-        days = selectors.goodput_by_period(
-            tenant=tenant, since=since, until=until, period=selectors.GoodputPeriod.DAY
-        )
-        total = sum((seconds for _, seconds in days), selectors.GpuSeconds())
+        days = goodput_by_period(tenant=tenant, since=since, until=until, period=GoodputPeriod.DAY)
+        total = sum((seconds for _, seconds in days), GpuSeconds())
         month = finance_selectors.statement_total(tenant=tenant, month=last_month)
         assert total.attempts > 0 and month.allocated_gpu_s > 0, tenant.slug
         categories = ("allocated", "effective", *accounting.CATEGORIES)

@@ -182,7 +182,7 @@ def test_every_selector_and_service_module_is_scanned():
         "images/selectors.py",
         "clusters/selectors.py",
         "finance/selectors.py",
-        "telemetry/selectors.py",
+        "telemetry/selectors/run_page.py",
         "telemetry/kpis/selectors.py",
         "jobs/selectors/capacity.py",
         "jobs/selectors/runs.py",

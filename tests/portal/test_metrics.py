@@ -27,7 +27,7 @@ from jobs.models import RunState
 from jobs.services.admission_cycle import admission_run_cycle
 from portal.metrics_files import metric_files
 from telemetry import collection
-from telemetry.exposition import GPU_UTIL, GpuSample, render
+from telemetry.exposition.parsing import GPU_UTIL, GpuSample, render
 from telemetry.sources import Scrape
 from tests import REPOSITORY
 from tests.jobs.test_lifecycle import submit

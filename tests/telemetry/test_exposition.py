@@ -6,7 +6,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from telemetry.exposition import (
+from telemetry.exposition.ingestor import Ingestor, ingest
+from telemetry.exposition.mapping import (
+    AllocationIndex,
+    HostAllocation,
+    KubernetesJobAllocation,
+    PodAllocation,
+    SlurmAllocation,
+    map_samples,
+)
+from telemetry.exposition.parsing import (
     FB_USED,
     GPU_UTIL,
     GR_ENGINE_ACTIVE,
@@ -16,24 +25,14 @@ from telemetry.exposition import (
     TENSOR_ACTIVE,
     VALUE_CEILING,
     XID_ERRORS,
-    AllocationIndex,
     BodyTooLarge,
     ExpositionParser,
     GpuSample,
-    HostAllocation,
-    Ingestor,
-    KubernetesJobAllocation,
-    MinuteRollup,
-    MinuteRollups,
     ParseStats,
-    PodAllocation,
-    SlurmAllocation,
-    ingest,
-    map_samples,
     parse,
     render,
-    rollup_minutes,
 )
+from telemetry.exposition.rollups import MinuteRollup, MinuteRollups, rollup_minutes
 
 T0 = 1_700_000_040_000  # Unix ms at the start of a minute
 LABELS = (

@@ -11,8 +11,8 @@ from django.db import connection
 from django.utils import timezone
 
 from jobs.models import AttemptState, Checkpoint
-from telemetry import selectors
 from telemetry.models import GpuMinute, SdkEvent, StepWindow
+from telemetry.selectors import run_page, run_page_sql
 from tests.telemetry.test_telemetry_pages import account, attempt_of, submit
 
 T0 = datetime(2025, 3, 29, 22, 30, tzinfo=UTC)  # the night Europe moves its clocks
@@ -96,11 +96,11 @@ def test_series_are_the_orm_queries_answers(busy_run, zone, resolution):
     _, numbers = busy_run
     ids = list(numbers)
     with timezone.override(zone):
-        series = selectors.gpu_activity_series(numbers=numbers, resolution=resolution)
+        series = run_page_sql.gpu_activity_series(numbers=numbers, resolution=resolution)
         assert len(series) == 6  # 3 GPUs of each attempt
-        assert series == selectors._gpu_activity_series_orm(numbers, resolution)
-        assert selectors.step_split_series(attempt_ids=ids, resolution=resolution) == (
-            selectors._step_split_series_orm(ids, resolution)
+        assert series == run_page_sql._gpu_activity_series_orm(numbers, resolution)
+        assert run_page_sql.step_split_series(attempt_ids=ids, resolution=resolution) == (
+            run_page_sql._step_split_series_orm(ids, resolution)
         )
 
 
@@ -108,17 +108,17 @@ def test_per_attempt_reads_are_the_orm_queries_answers(busy_run):
     run, numbers = busy_run
     ids = list(numbers)
 
-    assert selectors.gpu_summaries(attempt_ids=ids) == selectors._gpu_summaries_orm(ids)
-    assert selectors.step_split_by_attempt(attempt_ids=ids) == selectors._step_split_by_attempt_orm(
-        ids
+    assert run_page_sql.gpu_summaries(attempt_ids=ids) == run_page_sql._gpu_summaries_orm(ids)
+    assert run_page_sql.step_split_by_attempt(attempt_ids=ids) == (
+        run_page_sql._step_split_by_attempt_orm(ids)
     )
-    assert selectors.run_checkpoint_marks(run_id=run.pk, numbers=numbers) == (
-        selectors._run_checkpoint_marks_orm(run.pk, numbers)
+    assert run_page_sql.run_checkpoint_marks(run_id=run.pk, numbers=numbers) == (
+        run_page_sql._run_checkpoint_marks_orm(run.pk, numbers)
     )
-    assert selectors.accounting_by_attempt(attempt_ids=ids) == (
-        selectors._accounting_by_attempt_orm(ids)
+    assert run_page_sql.accounting_by_attempt(attempt_ids=ids) == (
+        run_page_sql._accounting_by_attempt_orm(ids)
     )
-    assert len(selectors.accounting_by_attempt(attempt_ids=ids)) == 1
+    assert len(run_page_sql.accounting_by_attempt(attempt_ids=ids)) == 1
 
 
 def test_the_sql_and_its_twins_are_compared_on_postgresql():
@@ -150,31 +150,31 @@ def test_off_postgresql_each_read_answers_through_its_own_twin(read, monkeypatch
     asked = []
     for name, twin in TWINS.items():
         monkeypatch.setattr(
-            selectors, twin, lambda *args, name=name: asked.append((name, args)) or name
+            run_page_sql, twin, lambda *args, name=name: asked.append((name, args)) or name
         )
     monkeypatch.setattr(connection, "vendor", "sqlite")
     keywords, positional = CALLS[read]
 
-    answer = getattr(selectors, read)(**keywords)
+    answer = getattr(run_page_sql, read)(**keywords)
 
     assert (answer, asked) == (read, [(read, positional)])
 
 
 @pytest.mark.django_db
 def test_the_reads_of_no_attempt_are_empty_both_ways():
-    assert selectors.gpu_summaries(attempt_ids=[]) == selectors._gpu_summaries_orm([]) == []
-    assert selectors.accounting_by_attempt(attempt_ids=[]) == {}
-    assert selectors._accounting_by_attempt_orm([]) == {}
-    assert selectors.step_split_by_attempt(attempt_ids=[]) == {}
-    assert selectors._step_split_by_attempt_orm([]) == {}
+    assert run_page_sql.gpu_summaries(attempt_ids=[]) == run_page_sql._gpu_summaries_orm([]) == []
+    assert run_page_sql.accounting_by_attempt(attempt_ids=[]) == {}
+    assert run_page_sql._accounting_by_attempt_orm([]) == {}
+    assert run_page_sql.step_split_by_attempt(attempt_ids=[]) == {}
+    assert run_page_sql._step_split_by_attempt_orm([]) == {}
 
 
 def test_a_run_without_attempts_reads_no_telemetry(world, django_assert_num_queries):
     run = submit(world)
 
     with django_assert_num_queries(0):
-        telemetry = selectors.run_telemetry(run=run, attempts=[], now=timezone.now())
+        telemetry = run_page.run_telemetry(run=run, attempts=[], now=timezone.now())
 
-    assert telemetry == selectors.RunTelemetry(
+    assert telemetry == run_page.RunTelemetry(
         attempts=[], resolution="minute", gpu_series=[], step_series=[], checkpoints=[]
     )

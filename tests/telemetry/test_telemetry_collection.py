@@ -13,7 +13,7 @@ from clusters.models import Cluster, ClusterFlavor, SimulatedJob
 from clusters.simulation import Workload
 from jobs.models import Attempt, AttemptState
 from telemetry import collection
-from telemetry.exposition import GPU_UTIL, GR_ENGINE_ACTIVE, SM_ACTIVE, GpuSample, render
+from telemetry.exposition.parsing import GPU_UTIL, GR_ENGINE_ACTIVE, SM_ACTIVE, GpuSample, render
 from telemetry.models import ClusterTelemetry, GpuMinute, RawScrape, UnmappedSamples
 from telemetry.simulated import simulated_telemetry
 from telemetry.sources import Scrape, SourceError

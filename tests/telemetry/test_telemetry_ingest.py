@@ -18,7 +18,7 @@ from telemetry import services, tasks
 from telemetry.accounting import WASTE, AttemptTimeline, Outcome, account
 from telemetry.accounting import StepWindow as AccountingWindow
 from telemetry.models import AttemptAccounting, GpuMinute, SdkEvent, StepWindow
-from telemetry.selectors import attempts_pending_accounting
+from telemetry.selectors.finished_attempts import attempts_pending_accounting
 from telemetry.services import AttemptClosed, sdk_events_ingest
 from telemetry.simulated import SIGNALS, simulated_telemetry
 from tests.conftest import experiment_input

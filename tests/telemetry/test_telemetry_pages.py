@@ -16,13 +16,15 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import strip_tags
 
+from jobs.durations import duration_text
 from jobs.models import Attempt, AttemptState, Checkpoint, Run
 from jobs.services.submission import run_submit
-from telemetry import selectors
 from telemetry.accounting import WASTE
 from telemetry.goodput import goodput_of_my_tenants, goodput_window
 from telemetry.models import AttemptAccounting, GpuMinute, SdkEvent, StepWindow, UnmappedSamples
-from telemetry.selectors import GoodputPeriod, GpuSeconds
+from telemetry.selectors import run_page, tenant_goodput
+from telemetry.selectors.gpu_seconds import GpuSeconds
+from telemetry.selectors.tenant_goodput import GoodputPeriod
 from tenants.access import tenant_roles
 from tenants.models import Membership, Project, Tenant
 from tests.conftest import experiment_input, make_user
@@ -262,13 +264,13 @@ def test_a_run_of_days_is_charted_in_hourly_means(client, world):
 
 def test_chart_resolution_keeps_lines_under_720_points():
     hours = timedelta(hours=1)
-    assert selectors.chart_resolution(first=T0, last=T0 + 12 * hours) == "minute"
-    assert selectors.chart_resolution(first=T0, last=T0 + 12 * hours + timedelta(minutes=1)) == (
+    assert run_page.chart_resolution(first=T0, last=T0 + 12 * hours) == "minute"
+    assert run_page.chart_resolution(first=T0, last=T0 + 12 * hours + timedelta(minutes=1)) == (
         "hour"
     )
-    assert selectors.chart_resolution(first=T0, last=T0 + 720 * hours) == "hour"
-    assert selectors.chart_resolution(first=T0, last=T0 + 721 * hours) == "day"
-    assert selectors.chart_resolution(first=None, last=None) == "minute"
+    assert run_page.chart_resolution(first=T0, last=T0 + 720 * hours) == "hour"
+    assert run_page.chart_resolution(first=T0, last=T0 + 721 * hours) == "day"
+    assert run_page.chart_resolution(first=None, last=None) == "minute"
 
 
 def test_step_time_split_totals_and_over_time(client, world):
@@ -600,7 +602,7 @@ def test_run_telemetry_queries_do_not_grow_with_attempts(
     ],
 )
 def test_durations_read_like_people_write_them(seconds, expected):
-    assert selectors.duration_text(seconds) == expected
+    assert duration_text(seconds) == expected
 
 
 def test_run_page_links_to_its_gpu_usage(client, world):
@@ -655,7 +657,7 @@ def test_goodput_by_period_sums_in_sql_and_fills_empty_days(
     since, until = window(7)
 
     with django_assert_num_queries(1):
-        rows = selectors.goodput_by_period(
+        rows = tenant_goodput.goodput_by_period(
             tenant=goodput_world.vision, since=since, until=until, period=GoodputPeriod.DAY
         )
 
@@ -675,7 +677,7 @@ def test_goodput_by_period_sums_in_sql_and_fills_empty_days(
 def test_goodput_by_week_starts_on_mondays(goodput_world):
     since, until = window(90)
 
-    rows = selectors.goodput_by_period(
+    rows = tenant_goodput.goodput_by_period(
         tenant=goodput_world.vision, since=since, until=until, period=GoodputPeriod.WEEK
     )
 
@@ -689,8 +691,8 @@ def test_goodput_by_user_and_by_project(goodput_world, django_assert_num_queries
     vision = goodput_world.vision
 
     with django_assert_num_queries(2):
-        by_user = selectors.goodput_by_user(tenant=vision, since=since, until=until)
-        by_project = selectors.goodput_by_project(tenant=vision, since=since, until=until)
+        by_user = tenant_goodput.goodput_by_user(tenant=vision, since=since, until=until)
+        by_project = tenant_goodput.goodput_by_project(tenant=vision, since=since, until=until)
 
     assert by_user == [
         (
@@ -802,13 +804,13 @@ def test_the_home_pages_goodput_is_the_goodput_pages_total_and_row_of_the_user(
                 found = goodput_of_my_tenants(user=user, since=since, until=until)
             expected = []
             for tenant in Tenant.objects.filter(memberships__user=user).order_by("slug"):
-                days_of = selectors.goodput_by_period(
+                days_of = tenant_goodput.goodput_by_period(
                     tenant=tenant, since=since, until=until, period=GoodputPeriod.DAY
                 )
                 total = sum((seconds for _, seconds in days_of), GpuSeconds())
                 if not total.attempts:
                     continue
-                rows = dict(selectors.goodput_by_user(tenant=tenant, since=since, until=until))
+                rows = dict(tenant_goodput.goodput_by_user(tenant=tenant, since=since, until=until))
                 mine = rows.get(user.username, GpuSeconds())
                 expected.append((tenant.slug, total, mine))
             assert [(item.slug, item.tenant, item.mine) for item in found] == [

@@ -15,7 +15,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from telemetry.exposition import (
+from telemetry.exposition.parsing import (
     GPU_UTIL,
     KEPT_METRICS,
     MAX_BODY_BYTES,
