@@ -21,7 +21,7 @@ from jobs.models import Attempt
 from telemetry.accounting import CATEGORIES
 from telemetry.models import AttemptAccounting
 from tenants.models import GpuFlavor
-from tenants.services import audit_record
+from tenants.services.audit import audit_record
 
 MAX_PRICE = Decimal("100000")  # per GPU-hour: a typo guard, far above any real price
 _CURRENCY = re.compile(r"[A-Z]{3}")

@@ -45,7 +45,7 @@ from images.registry import (
 )
 from images.selectors import registry_for_repository
 from tenants.models import Tenant, max_length_of, slug_validator
-from tenants.services import audit_record, audit_snapshot
+from tenants.services.audit import audit_record, audit_snapshot
 
 logger = logging.getLogger(__name__)
 

@@ -51,8 +51,8 @@ from jobs.services.usage import usage_record_attempt
 from telemetry import services as telemetry_services
 from telemetry.models import GpuMinute
 from telemetry.simulated import SimulatedMinute, simulated_telemetry
-from tenants import services as tenant_services
 from tenants.models import GlobalRole, GpuFlavor, Membership, Project, Quota, Tenant
+from tenants.services.memberships import global_role_grant, membership_set
 
 DEMO_PASSWORD = "gantry-demo"  # noqa: S105 - the documented demo login, printed at start
 
@@ -136,9 +136,9 @@ def demo_seed(*, speedup: int = 30) -> None:
     # The logins share its salt, which tells no more than the README does.
     password = make_password(DEMO_PASSWORD)
     admin = _demo_user("admin", password, superuser=True)
-    tenant_services.global_role_grant(user=admin, role=GlobalRole.PLATFORM_ADMIN, actor=admin)
+    global_role_grant(user=admin, role=GlobalRole.PLATFORM_ADMIN, actor=admin)
     fiona = _demo_user("fiona", password)
-    tenant_services.global_role_grant(user=fiona, role=GlobalRole.FINANCE, actor=admin)
+    global_role_grant(user=fiona, role=GlobalRole.FINANCE, actor=admin)
     # Prices per GPU-hour: a year back, and an A100 price rise on the 1st of this month.
     today = timezone.now().date()
     for flavor, price, since in (
@@ -180,9 +180,7 @@ def demo_seed(*, speedup: int = 30) -> None:
         ("tara", "vision", Membership.Role.TENANT_ADMIN),
     ):
         user = _demo_user(username, password)
-        tenant_services.membership_set(
-            user=user, tenant=tenants[tenant_slug], role=role, actor=admin
-        )
+        membership_set(user=user, tenant=tenants[tenant_slug], role=role, actor=admin)
         people[username] = user
 
     # The images come from the demo's registry (images/demo_registry.py, answered in process)

@@ -58,7 +58,8 @@ from jobs.services.submission import experiment_input_of, run_submit
 from jobs.services.templates import template_save
 from tenants.invitations import membership_invite
 from tenants.models import Notification
-from tenants.services import api_token_create, notification_create
+from tenants.services.notifications import notification_create
+from tenants.services.tokens import api_token_create
 from tests.conftest import COMMIT, PASSWORD, experiment_input
 from tests.registry_support import free_port
 

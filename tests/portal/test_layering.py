@@ -188,7 +188,7 @@ def test_every_selector_and_service_module_is_scanned():
         "jobs/selectors/runs.py",
     } <= set(SELECTORS)
     assert {
-        "tenants/services.py",
+        "tenants/services/memberships.py",
         "images/services.py",
         "clusters/services.py",
         "finance/services.py",
@@ -229,7 +229,7 @@ def test_the_scan_tells_writes_from_reads():
     source = '''
 """UPDATE jobs_run SET nothing: a docstring is prose."""
 from jobs.services.lifecycle import run_transition
-from tenants.services import MAX_STORED_INT
+from tenants.services.quotas import MAX_STORED_INT
 from core import bulk
 
 def reads(counts, other, cache_key):
@@ -268,7 +268,7 @@ def writes(run):
     ]
     assert _writing_imports(ast.parse(source))[1] == [
         "from jobs.services.lifecycle import run_transition",
-        "from tenants.services import MAX_STORED_INT",
+        "from tenants.services.quotas import MAX_STORED_INT",
         "from core import bulk",
     ]
 

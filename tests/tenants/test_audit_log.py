@@ -30,7 +30,6 @@ from jobs.services.backend_sync import cluster_sync
 from jobs.services.lifecycle import run_cancel
 from jobs.services.submission import run_submit
 from jobs.services.templates import template_delete, template_save
-from tenants import services
 from tenants.models import (
     ApiToken,
     AuditEvent,
@@ -40,6 +39,11 @@ from tenants.models import (
     Quota,
     Tenant,
 )
+from tenants.services.audit import audit_snapshot
+from tenants.services.idle_policy import tenant_idle_policy_update
+from tenants.services.memberships import global_role_grant, membership_set
+from tenants.services.quotas import flavor_create, flavor_update
+from tenants.services.tokens import api_token_create, api_token_revoke
 from tests.conftest import DIGEST_A, PASSWORD, experiment_input
 from tests.jobs.test_lifecycle import submit
 from tests.registry_support import free_port
@@ -108,14 +112,14 @@ def test_a_quota_change_records_every_field_before_and_after(world, window):
 
 
 def test_flavor_creation_and_edit_are_recorded(world):
-    flavor = services.flavor_create(
+    flavor = flavor_create(
         slug="a100-1g.10gb",
         name="A100 MIG 1g.10gb",
         memory_gb=10,
         gpu_fraction=Decimal("0.1429"),
         actor=world.platform_admin,
     )
-    services.flavor_update(
+    flavor_update(
         flavor=flavor,
         name="A100 MIG slice",
         memory_gb=10,
@@ -141,7 +145,7 @@ def test_flavor_creation_and_edit_are_recorded(world):
 
 
 def test_a_membership_change_records_the_role_before_and_after(world):
-    services.membership_set(
+    membership_set(
         user=world.researcher_a2,
         tenant=world.vision,
         role="tenant_admin",
@@ -158,9 +162,7 @@ def test_a_membership_change_records_the_role_before_and_after(world):
 
 
 def test_granting_a_global_role_is_recorded(world):
-    services.global_role_grant(
-        user=world.researcher_b, role=GlobalRole.FINANCE, actor=world.platform_admin
-    )
+    global_role_grant(user=world.researcher_b, role=GlobalRole.FINANCE, actor=world.platform_admin)
 
     assert recorded(event_of("role.grant")) == (
         world.platform_admin,
@@ -172,7 +174,7 @@ def test_granting_a_global_role_is_recorded(world):
 
 
 def test_an_idle_policy_change_is_recorded(world):
-    services.tenant_idle_policy_update(
+    tenant_idle_policy_update(
         tenant=world.vision,
         idle_notify_after_min=30,
         idle_cancel_after_min=60,
@@ -190,11 +192,9 @@ def test_an_idle_policy_change_is_recorded(world):
 
 def test_creating_and_revoking_a_token_are_recorded_without_the_secret(world):
     expires = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
-    token, secret = services.api_token_create(
-        user=world.researcher_a, name="laptop", expires_at=expires
-    )
-    services.api_token_revoke(token=token)
-    services.api_token_revoke(token=token)  # already revoked: nothing to record
+    token, secret = api_token_create(user=world.researcher_a, name="laptop", expires_at=expires)
+    api_token_revoke(token=token)
+    api_token_revoke(token=token)  # already revoked: nothing to record
 
     token.refresh_from_db()
     target = f"token {token.prefix}… of alice"
@@ -533,7 +533,7 @@ def tenant_state(tenant: Tenant, **changes) -> dict:
         "name": "Vision Lab",
         "cost_center": "",
         "active": True,
-        "created_at": services.audit_snapshot(tenant)["created_at"],
+        "created_at": audit_snapshot(tenant)["created_at"],
         "idle_notify_after_min": None,
         "idle_cancel_after_min": None,
     } | changes
@@ -594,7 +594,7 @@ def test_an_admin_edit_of_a_cluster_is_recorded(world, superuser_client):
 
 
 def test_revoking_a_token_in_the_admin_is_recorded_without_its_hash(world, superuser_client):
-    token, _ = services.api_token_create(user=world.researcher_a)
+    token, _ = api_token_create(user=world.researcher_a)
     url = reverse("admin:tenants_apitoken_change", args=[token.pk])
     data = admin_form_data(superuser_client.get(url))
     now = timezone.localtime().replace(microsecond=0)
@@ -645,14 +645,14 @@ def test_what_gantry_pages_change_is_read_only_in_the_admin(world, superuser_cli
     }
     target = objects[admin_url]
     url = reverse(admin_url, args=[target.pk])
-    stored = services.audit_snapshot(type(target).objects.get(pk=target.pk))
+    stored = audit_snapshot(type(target).objects.get(pk=target.pk))
     events = AuditEvent.objects.count()
 
     page = superuser_client.get(url)
     posted = superuser_client.post(url, {"name": "changed", "status": "blocked"})
 
     assert (page.status_code, posted.status_code) == (200, 403)
-    assert services.audit_snapshot(type(target).objects.get(pk=target.pk)) == stored
+    assert audit_snapshot(type(target).objects.get(pk=target.pk)) == stored
     assert AuditEvent.objects.count() == events
 
 
@@ -661,7 +661,7 @@ def test_what_gantry_pages_change_is_read_only_in_the_admin(world, superuser_cli
 
 @pytest.fixture
 def event(world) -> AuditEvent:
-    services.membership_set(
+    membership_set(
         user=world.researcher_a2,
         tenant=world.vision,
         role="tenant_admin",
@@ -759,7 +759,7 @@ def test_a_user_who_made_changes_cannot_be_deleted_but_can_be_deactivated(event,
 
 def test_a_tenant_in_the_log_cannot_be_deleted(world):
     climate = Tenant.objects.create(slug="climate", name="Climate")
-    services.tenant_idle_policy_update(
+    tenant_idle_policy_update(
         tenant=climate,
         idle_notify_after_min=10,
         idle_cancel_after_min=None,
