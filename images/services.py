@@ -32,9 +32,8 @@ from images.models import (
     Image,
     Registry,
 )
-from images.registry import (
+from images.oci import (
     RegistryAuthError,
-    RegistryClient,
     RegistryError,
     RegistryNotFound,
     RegistryUnavailable,
@@ -43,6 +42,7 @@ from images.registry import (
     validate_repository,
     validate_tag,
 )
+from images.registry import RegistryClient
 from images.selectors import registry_for_repository
 from tenants.models import Tenant, max_length_of, slug_validator
 from tenants.services.audit import audit_record, audit_snapshot

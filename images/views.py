@@ -19,7 +19,7 @@ from images import services
 from images.access import image_list_browsable, registry_list_manageable
 from images.forms import ImageImportForm, ImageVisibilityForm, RegistryForm, registry_initial
 from images.models import Image, Registry
-from images.registry import RegistryError
+from images.oci import RegistryError
 from images.selectors import image_get_manageable, image_get_viewable, registry_get_manageable
 from tenants.access import is_platform_admin, require_platform_admin
 

@@ -20,7 +20,8 @@ from images.demo_registry import (
     demo_image,
 )
 from images.models import Registry
-from images.registry import OCI_MANIFEST, RegistryClient, RegistryNotFound
+from images.oci import OCI_MANIFEST, RegistryNotFound
+from images.registry import RegistryClient
 from tests import REPOSITORY
 
 PYTORCH_DIGEST = "sha256:3c7c01d2195c3005ac24b2ccec80f994e8e2a850f7978a15be8b0e21bac9d87f"
