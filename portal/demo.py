@@ -39,9 +39,10 @@ from clusters.models import Cluster
 from clusters.services import cluster_refresh_inventory
 from clusters.simulation import STARTUP_S, Workload
 from finance import services as finance_services
-from images import services as image_services
 from images.demo_registry import DEMO_REGISTRY_URL
 from images.models import Image, Registry
+from images.services.catalog import image_import, image_set_status, image_set_visibility
+from images.services.registries import registry_create
 from jobs.models import Attempt, AttemptState, Checkpoint, Experiment, Run, RunEvent, RunState
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.estimates import estimates_refresh
@@ -186,19 +187,17 @@ def demo_seed(*, speedup: int = 30) -> None:
     # The images come from the demo's registry (images/demo_registry.py, answered in process)
     # through the same import a platform admin does, so the catalog holds what the registry
     # says about each: CUDA, frameworks, NCCL, architecture, size, build time.
-    registry = image_services.registry_create(
-        name="demo", url=DEMO_REGISTRY_URL, timeout_s=5, actor=admin
-    )
+    registry = registry_create(name="demo", url=DEMO_REGISTRY_URL, timeout_s=5, actor=admin)
     images = {}
     for reference, description, status in DEMO_CATALOG:
-        image, _ = image_services.image_import(
+        image, _ = image_import(
             registry=registry, reference=reference, description=description, actor=admin
         )
         if status != Image.Status.PENDING:
-            image = image_services.image_set_status(image=image, status=status, actor=admin)
+            image = image_set_status(image=image, status=status, actor=admin)
         images[reference] = image
     pytorch = images["ml/pytorch:2.4-cuda12.4"]
-    megatron = image_services.image_set_visibility(
+    megatron = image_set_visibility(
         image=images["nlp/megatron:24.05"],
         visible_to_all=False,
         allowed_tenants=[tenants["nlp"]],

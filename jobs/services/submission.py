@@ -19,7 +19,7 @@ from core.ids import MAX_ID
 from core.types import UserLike, signed_in
 from images.access import image_list_usable
 from images.models import DIGEST_PATTERN, Image
-from images.services import TagResolutionError, tag_resolve
+from images.services.registries import TagResolutionError, tag_resolve
 from jobs import spec
 from jobs.access import experiment_can_rerun, experiment_list_viewable
 from jobs.enqueue import admission_cycle_enqueue

@@ -48,7 +48,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
 
 from images.models import Image
-from images.services import registry_create
+from images.services.registries import registry_create
 from jobs.models import Attempt, Experiment, ExperimentTemplate, Run
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit, attempt_token_issue

@@ -32,7 +32,6 @@ STAYS_WHOLE = "stays whole"
 # Modules over 600 lines today (path: lines when listed). Other work shrinks this list;
 # nothing is added to it.
 MODULES_OVER = {
-    "images/services.py": "684 lines: to split",
     "jobs/admission.py": "941 lines: to split",
     "jobs/selectors/queue.py": "637 lines: to split",
     "jobs/serializers.py": "638 lines: to split",

@@ -20,8 +20,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from finance.services import rate_card_add
-from images import services as image_services
 from images.models import Image
+from images.services.catalog import image_recheck, image_set_status, image_set_visibility
+from images.services.registries import registry_create, registry_update
 from jobs.models import Run, RunState
 from jobs.services import capacity
 from jobs.services.admission_cycle import admission_run_cycle
@@ -243,8 +244,8 @@ def test_approving_and_blocking_an_image_are_recorded(world):
         repository="registry.example.org/ml/new", digest=DIGEST_A[:-1] + "e"
     )
 
-    image_services.image_set_status(image=image, status="approved", actor=world.platform_admin)
-    image_services.image_set_status(image=image, status="blocked", actor=world.platform_admin)
+    image_set_status(image=image, status="approved", actor=world.platform_admin)
+    image_set_status(image=image, status="blocked", actor=world.platform_admin)
 
     assert list(
         AuditEvent.objects.order_by("id").values_list("actor", "target", "before", "after")
@@ -255,7 +256,7 @@ def test_approving_and_blocking_an_image_are_recorded(world):
 
 
 def test_a_visibility_change_is_recorded(world):
-    image_services.image_set_visibility(
+    image_set_visibility(
         image=world.image,
         visible_to_all=False,
         allowed_tenants=[world.vision, world.nlp],
@@ -274,10 +275,8 @@ def test_a_visibility_change_is_recorded(world):
 def test_registry_creation_edit_and_recheck_are_recorded(world):
     first_url = f"http://127.0.0.1:{free_port()}"
     second_url = f"http://127.0.0.1:{free_port()}"
-    registry = image_services.registry_create(
-        name="internal", url=first_url, actor=world.platform_admin
-    )
-    registry = image_services.registry_update(
+    registry = registry_create(name="internal", url=first_url, actor=world.platform_admin)
+    registry = registry_update(
         registry=registry, url=second_url, auth_kind="anonymous", actor=world.platform_admin
     )
     image = Image.objects.create(
@@ -285,7 +284,7 @@ def test_registry_creation_edit_and_recheck_are_recorded(world):
         repository=f"{second_url.removeprefix('http://')}/ml/model",
         digest=DIGEST_A,
     )
-    image_services.image_recheck(image=image, actor=world.platform_admin)
+    image_recheck(image=image, actor=world.platform_admin)
 
     settings = {
         "auth_kind": "anonymous",
