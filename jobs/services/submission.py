@@ -34,7 +34,7 @@ from jobs.models import (
     RunState,
     TopologyMode,
 )
-from jobs.selectors.queue import resource_refusals
+from jobs.selectors.refusals import resource_refusals
 from jobs.selectors.runs import run_submitted_with
 from jobs.selectors.submit_context import submit_context
 from tenants.models import max_length_of
