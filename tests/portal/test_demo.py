@@ -16,8 +16,9 @@ from django.db import transaction
 from django.db.models import Max, Min, Sum
 from django.utils import timezone
 
-from finance import selectors as finance_selectors
 from finance.models import DailyUsage, RateCard
+from finance.selectors.drill_down import attempts_in_month, statement_attempts
+from finance.selectors.statements import statement_month, statement_total
 from images.models import Image
 from jobs.models import Attempt, Run
 from jobs.selectors.estimates import run_start_estimate
@@ -210,11 +211,11 @@ def test_last_months_statement_has_the_runs_of_last_month_at_last_months_price(d
     vision = Tenant.objects.get(slug="vision")
     month = previous_month(timezone.now().date())
 
-    statement = finance_selectors.statement_month(tenant=vision, month=month)
-    attempts = finance_selectors.statement_attempts(tenant=vision, month=month, filters={})
+    statement = statement_month(tenant=vision, month=month)
+    attempts = statement_attempts(tenant=vision, month=month, filters={})
     shares = {
         share.attempt.run.experiment.name: share
-        for share in finance_selectors.attempts_in_month(attempts=list(attempts), month=month)
+        for share in attempts_in_month(attempts=list(attempts), month=month)
     }
 
     assert statement.total.allocated_gpu_s >= 8 * 5 * 3600
@@ -276,12 +277,8 @@ def test_the_last_closed_month_has_a_run_of_every_tenant_whatever_the_day(demo):
     }
 
     for slug, (name, gpu_hours) in fixed.items():
-        statement = finance_selectors.statement_month(
-            tenant=Tenant.objects.get(slug=slug), month=month
-        )
-        attempts = finance_selectors.statement_attempts(
-            tenant=statement.tenant, month=month, filters={}
-        )
+        statement = statement_month(tenant=Tenant.objects.get(slug=slug), month=month)
+        attempts = statement_attempts(tenant=statement.tenant, month=month, filters={})
         names = {attempt.run.experiment.name for attempt in attempts}
         assert name in names, (slug, names)
         assert statement.total.allocated_gpu_s >= gpu_hours * 3600
@@ -388,7 +385,7 @@ def test_each_tenant_has_a_history_of_its_own(demo):
             tenant=tenant, since=since, until=until, period=selectors.GoodputPeriod.DAY
         )
         total = sum((seconds for _, seconds in days), selectors.GpuSeconds())
-        month = finance_selectors.statement_total(tenant=tenant, month=last_month)
+        month = statement_total(tenant=tenant, month=last_month)
         assert total.attempts > 0 and month.allocated_gpu_s > 0, tenant.slug
         categories = ("allocated", "effective", *accounting.CATEGORIES)
         figures[tenant.slug] = (
