@@ -23,14 +23,8 @@ from images.models import Image
 from jobs.models import Attempt, Run
 from jobs.selectors.estimates import run_start_estimate
 from jobs.selectors.runs import runs_place_in_line
-from portal.demo import (
-    DEMO_PASSWORD,
-    GPU_MINUTE_COLUMNS,
-    LOGINS,
-    _gpu_minutes_insert,
-    demo_seed,
-    previous_month,
-)
+from portal.demo import DEMO_PASSWORD, LOGINS, demo_seed, previous_month
+from portal.demo_history import GPU_MINUTE_COLUMNS, _gpu_minutes_insert
 from telemetry import accounting, selectors
 from telemetry.goodput import DEFAULT_GOODPUT_DAYS, goodput_window
 from telemetry.models import AttemptAccounting, GpuMinute
