@@ -66,12 +66,7 @@ from jobs.models import (
     TopologyMode,
     WaitReason,
 )
-from jobs.selectors.queue import (
-    admission_snapshot,
-    cluster_nodes,
-    gpu_hours_this_month,
-    held_runs,
-)
+from jobs.selectors.queue import admission_snapshot, cluster_nodes, gpu_hours_this_month, held_runs
 from jobs.selectors.runs import runs_place_in_line
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.lifecycle import run_preempt, run_transition

@@ -47,9 +47,10 @@ from psycopg import sql
 from bench.cycle import QueryCounter, truncate, vacuum
 from bench.report import Section, best_of, ms, ratio, timed
 from clusters.models import Cluster, ClusterFlavor
-from finance import selectors as finance_selectors
 from finance.models import DailyUsage
-from finance.selectors import platform_currency
+from finance.selectors.exports import EXPORT_COLUMNS, export_rows
+from finance.selectors.rate_cards import platform_currency
+from finance.selectors.statements import statement_month
 from finance.services import daily_usage_rebuild, rate_card_add
 from images.models import Image
 from jobs.models import Attempt, Experiment, Run
@@ -444,7 +445,7 @@ def naive_statement(tenant: Tenant, month: date) -> Lines:
 
 def statement_figures(tenant: Tenant, month: date) -> Lines:
     """What the statement page shows, through the selector the page calls."""
-    report = finance_selectors.statement_month(tenant=tenant, month=month)
+    report = statement_month(tenant=tenant, month=month)
     lines = {
         ("total", ""): (
             report.total.allocated_gpu_s,
@@ -591,7 +592,7 @@ def in_memory(rows: int, first: date, last: date) -> tuple[bytes, int]:
     """The baseline: the same rows read into a list, written into one CSV text in memory."""
     data = list(
         itertools.islice(
-            finance_selectors.export_rows(
+            export_rows(
                 tenant=None, first_day=first, last_day=last, currency=platform_currency() or ""
             ),
             rows,
@@ -599,7 +600,7 @@ def in_memory(rows: int, first: date, last: date) -> tuple[bytes, int]:
     )
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(finance_selectors.EXPORT_COLUMNS)
+    writer.writerow(EXPORT_COLUMNS)
     writer.writerows(data)
     body = buffer.getvalue().encode()
     return hashlib.sha256(body).digest(), len(body)
@@ -779,7 +780,7 @@ def export_section(exported: list[Exported]) -> Section:
             "`GET /finance/export.csv?tenant=&from=…&to=…` (every tenant, from 1 January "
             "until the range holds enough rows), the response's `streaming_content` read "
             "as a client would, keeping nothing; peak Python memory by tracemalloc over the "
-            "whole request. Baseline: the same rows (`finance.selectors.export_rows`) read "
+            "whole request. Baseline: the same rows (`finance.selectors.exports.export_rows`) read "
             "into a list and written into one CSV string; both CSVs are asserted "
             "byte-identical. Times: best of 2, without tracemalloc."
         ),

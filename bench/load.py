@@ -81,7 +81,7 @@ from images.models import Image
 from jobs.models import HOLDING_STATES, Run, RunEvent
 from jobs.selectors.capacity import held_gpus_by_pool
 from tenants.models import GpuFlavor, Membership, Project, Quota, Tenant
-from tenants.services import api_token_create
+from tenants.services.tokens import api_token_create
 
 ROOT = Path(__file__).resolve().parent.parent
 USERS, SPAWN_RATE, DURATION_S = 100, 20, 60

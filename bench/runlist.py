@@ -49,7 +49,7 @@ from jobs.models import Experiment, Run
 from jobs.selectors.runs import RUN_LIST_DEFERRED, run_page_viewable
 from jobs.views.runs import RUN_COUNT_LIMIT, RUNS_PER_PAGE
 from tenants.models import GlobalRole, GpuFlavor, Membership, Project, Tenant
-from tenants.services import api_token_create
+from tenants.services.tokens import api_token_create
 
 RUNS = 1_000_000
 TENANTS, PROJECTS, USERS = 12, 3, 20  # projects and users per tenant

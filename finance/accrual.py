@@ -20,15 +20,10 @@ from django.db.models.functions import Coalesce
 
 from finance import costing
 from finance.models import UsageRollupState
-from finance.selectors import (
-    ZERO_MONEY,
-    TenantMonths,
-    gpu_hours,
-    month_after,
-    month_first_day,
-    rate_cards_for,
-    tenant_month_overview,
-)
+from finance.selectors.amounts import ZERO_MONEY, gpu_hours
+from finance.selectors.months import month_after, month_first_day
+from finance.selectors.rate_cards import rate_cards_for
+from finance.selectors.statements import TenantMonths, tenant_month_overview
 from jobs.models import LIVE_ATTEMPT_STATES, Attempt
 from tenants.models import Tenant
 

@@ -17,7 +17,7 @@ from django import forms
 from django.db.models import QuerySet
 
 from core.forms import ServiceErrorsMixin
-from finance.selectors import EARLIEST_MONTH, LATEST_MONTH, month_is_statable
+from finance.selectors.months import EARLIEST_MONTH, LATEST_MONTH, month_is_statable
 from tenants.models import GpuFlavor, Tenant
 
 # The longest export, in days: a year, leap years included. Longer periods are exported a

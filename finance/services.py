@@ -16,12 +16,12 @@ from core.types import UserLike, signed_in
 from finance import costing
 from finance.access import rate_card_can_manage
 from finance.models import DailyUsage, RateCard, UsageRollupState
-from finance.selectors import platform_currency, rate_cards_for
+from finance.selectors.rate_cards import platform_currency, rate_cards_for
 from jobs.models import Attempt
 from telemetry.accounting import CATEGORIES
 from telemetry.models import AttemptAccounting
 from tenants.models import GpuFlavor
-from tenants.services import audit_record
+from tenants.services.audit import audit_record
 
 MAX_PRICE = Decimal("100000")  # per GPU-hour: a typo guard, far above any real price
 _CURRENCY = re.compile(r"[A-Z]{3}")

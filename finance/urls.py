@@ -3,7 +3,7 @@ from datetime import date
 from django.urls import path, register_converter
 
 from finance import views
-from finance.selectors import month_is_statable
+from finance.selectors.months import month_is_statable
 
 
 class MonthConverter:

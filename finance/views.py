@@ -32,16 +32,24 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 
 from core.http import or_404
-from finance import access, selectors
+from finance import access
 from finance.access import rate_card_can_manage
 from finance.accrual import accrual_month, tenant_month_overview_accrued
 from finance.forms import ExportForm, RateCardForm, StatementChoiceForm
-from finance.selectors import (
+from finance.selectors.amounts import gpu_hours
+from finance.selectors.burn_down import BurnDown, budget_burn_down
+from finance.selectors.drill_down import attempts_in_month, statement_attempts
+from finance.selectors.exports import EXPORT_COLUMNS, export_rows, export_rows_count
+from finance.selectors.months import last_closed_month, month_after, months_back
+from finance.selectors.rate_cards import platform_currency, rate_cards_by_flavor
+from finance.selectors.statements import (
     DIMENSIONS,
-    BurnDown,
     MonthUsage,
     Statement,
-    platform_currency,
+    statement_line_total,
+    statement_month,
+    usage_by_month,
+    usage_rolled_up_until,
 )
 from finance.services import rate_card_add
 from finance.spreadsheet import usage_workbook_write
@@ -71,12 +79,12 @@ def _today() -> date:
 
 
 def _export_form(request: HttpRequest, data: QueryDict | None = None) -> ExportForm:
-    closed = selectors.last_closed_month(_today())
+    closed = last_closed_month(_today())
     return ExportForm(
         data,
         tenants=access.finance_tenant_list(user=request.user),
         all_tenants=access.finance_sees_all(request.user),
-        initial={"from": closed, "to": selectors.month_after(closed) - timedelta(days=1)},
+        initial={"from": closed, "to": month_after(closed) - timedelta(days=1)},
     )
 
 
@@ -90,7 +98,7 @@ def _index(
     tenants = access.finance_tenant_list(user=request.user)
     now = timezone.now()
     current = now.date().replace(day=1)
-    closed = selectors.last_closed_month(current)
+    closed = last_closed_month(current)
     return render(
         request,
         "finance/index.html",
@@ -233,10 +241,10 @@ def statement(request: HttpRequest, tenant_slug: str, month: date) -> HttpRespon
     tenant = or_404(access.finance_tenant_get, user=request.user, slug=tenant_slug)
     now = timezone.now()
     today = now.date()
-    report = selectors.statement_month(tenant=tenant, month=month)
+    report = statement_month(tenant=tenant, month=month)
     accrual = accrual_month(tenant=tenant, month=report.month, now=now)
-    trend = selectors.usage_by_month(tenant=tenant, last_month=report.month)
-    burn = selectors.budget_burn_down(tenant=tenant, month=report.month, as_of=today)
+    trend = usage_by_month(tenant=tenant, last_month=report.month)
+    burn = budget_burn_down(tenant=tenant, month=report.month, as_of=today)
     currency = platform_currency()
     has_trend = any(item.usage.allocated_gpu_s for item in trend)
     charts = {
@@ -257,16 +265,16 @@ def statement(request: HttpRequest, tenant_slug: str, month: date) -> HttpRespon
             "total": report.total,
             "accrual": accrual,
             "accrued_cost": report.total.cost + accrual.cost,
-            "accrued_gpu_hours": selectors.gpu_hours(report.total.allocated_gpu_s + accrual.gpu_s),
+            "accrued_gpu_hours": gpu_hours(report.total.allocated_gpu_s + accrual.gpu_s),
             "accrued_at": now,
             "breakdowns": [(DIMENSIONS[name], lines) for name, lines in report.breakdowns.items()],
             "trend": trend,
             "burn": burn,
             "currency": currency,
-            "previous_month": selectors.months_back(report.month, 1),
+            "previous_month": months_back(report.month, 1),
             "next_month": report.month_end if report.month_end <= today else None,
             "month_open": report.month <= today < report.month_end,
-            "rolled_up_until": selectors.usage_rolled_up_until(),
+            "rolled_up_until": usage_rolled_up_until(),
             "export_query": _export_query(report),
             "has_charts": any(charts.values()),
             **charts,
@@ -283,7 +291,7 @@ def statement_runs(request: HttpRequest, tenant_slug: str, month: date) -> HttpR
     tenant = or_404(access.finance_tenant_get, user=request.user, slug=tenant_slug)
     filters = {name: request.GET[name] for name in DIMENSIONS if request.GET.get(name)}
     month = month.replace(day=1)
-    attempts = selectors.statement_attempts(tenant=tenant, month=month, filters=filters)
+    attempts = statement_attempts(tenant=tenant, month=month, filters=filters)
     page = Paginator(attempts, DRILL_DOWN_PER_PAGE).get_page(request.GET.get("page"))
     return render(
         request,
@@ -292,9 +300,9 @@ def statement_runs(request: HttpRequest, tenant_slug: str, month: date) -> HttpR
             "tenant": tenant,
             "month": month,
             "filters": [(DIMENSIONS[name], value) for name, value in filters.items()],
-            "line": selectors.statement_line_total(tenant=tenant, month=month, filters=filters),
+            "line": statement_line_total(tenant=tenant, month=month, filters=filters),
             "page_obj": page,
-            "rows": selectors.attempts_in_month(attempts=list(page.object_list), month=month),
+            "rows": attempts_in_month(attempts=list(page.object_list), month=month),
             "currency": platform_currency(),
         },
     )
@@ -333,7 +341,7 @@ def rate_cards(request: HttpRequest) -> HttpResponse:
         request,
         "finance/rates.html",
         {
-            "flavors": selectors.rate_cards_by_flavor(today=_today()),
+            "flavors": rate_cards_by_flavor(today=_today()),
             "form": form,
             "currency": currency,
             "today": _today(),
@@ -367,7 +375,7 @@ class _Echo:
 
 def _csv_lines(rows: Iterable[tuple]) -> Iterator[str]:
     writer = csv.writer(_Echo())
-    yield writer.writerow(selectors.EXPORT_COLUMNS)
+    yield writer.writerow(EXPORT_COLUMNS)
     for cells in _export_cells(rows):
         yield writer.writerow(cells)
 
@@ -403,7 +411,7 @@ def export_csv(request: HttpRequest) -> HttpResponseBase:
     form, query = _export_request(request)
     if query is None:
         return _index(request, export_form=form, status=400)
-    rows = selectors.export_rows(**query, currency=platform_currency() or "")
+    rows = export_rows(**query, currency=platform_currency() or "")
     response = StreamingHttpResponse(_csv_lines(rows), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{_filename(query, "csv")}"'
     return response
@@ -416,7 +424,7 @@ def export_xlsx(request: HttpRequest) -> HttpResponseBase:
     form, query = _export_request(request)
     if query is None:
         return _index(request, export_form=form, status=400)
-    count = selectors.export_rows_count(**query)
+    count = export_rows_count(**query)
     if count > XLSX_MAX_ROWS:
         form.add_error(
             None,
@@ -427,8 +435,8 @@ def export_xlsx(request: HttpRequest) -> HttpResponseBase:
     currency = platform_currency() or ""
     buffer = SpooledTemporaryFile(max_size=XLSX_SPOOL_BYTES)  # noqa: SIM115 (FileResponse closes it)
     usage_workbook_write(
-        _export_cells(selectors.export_rows(**query, currency=currency)),
-        columns=selectors.EXPORT_COLUMNS,
+        _export_cells(export_rows(**query, currency=currency)),
+        columns=EXPORT_COLUMNS,
         currency=currency,
         into=buffer,
     )

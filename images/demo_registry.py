@@ -29,7 +29,7 @@ from requests import PreparedRequest, Response
 from requests.adapters import HTTPAdapter
 from urllib3 import HTTPResponse
 
-from images.registry import OCI_MANIFEST
+from images.oci import OCI_MANIFEST
 
 DEMO_REGISTRY_HOST = "registry.gantry.example"
 DEMO_REGISTRY_URL = f"https://{DEMO_REGISTRY_HOST}"

@@ -1,12 +1,9 @@
 """A small client for the OCI Distribution API: pin a tag to a digest, read the image config.
 
-No Django here: plain values in, frozen dataclasses out. Nothing a registry sends is trusted
-before it is hashed: every manifest and config blob must hash to the digest it was asked for
-(or that the registry claimed), otherwise `RegistryError` is raised.
-
-Errors: `RegistryNotFound` (unknown repository, tag or digest), `RegistryAuthError` (refused
-credentials or access), `RegistryUnavailable` (timeouts, connection errors, 5xx, 429: transient,
-retry later), `RegistryError` for everything else (permanent). Messages never carry credentials.
+No Django here: plain values in, frozen dataclasses out (images/oci.py reads what the
+registry sends and defines the errors). Nothing a registry sends is trusted before it is
+hashed: every manifest and config blob must hash to the digest it was asked for (or that the
+registry claimed), otherwise `RegistryError` is raised.
 
 A client keeps a `requests.Session` and a token cache: use one per thread.
 """
@@ -14,14 +11,12 @@ A client keeps a `requests.Session` and a token cache: use one per thread.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import logging
 import os
 import re
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 from urllib.parse import urlsplit
@@ -29,26 +24,31 @@ from urllib.parse import urlsplit
 import requests
 from requests.adapters import BaseAdapter
 
-log = logging.getLogger(__name__)
-
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-DOCKER_MANIFEST_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
-DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
-INDEX_MEDIA_TYPES = frozenset({OCI_INDEX, DOCKER_MANIFEST_LIST})
-IMAGE_MEDIA_TYPES = frozenset({OCI_MANIFEST, DOCKER_MANIFEST})
-CONFIG_MEDIA_TYPES = frozenset(
-    {"application/vnd.oci.image.config.v1+json", "application/vnd.docker.container.image.v1+json"}
+from images.oci import (
+    CONFIG_MEDIA_TYPES,
+    DIGEST_RE,
+    IMAGE_MEDIA_TYPES,
+    INDEX_MEDIA_TYPES,
+    MANIFEST_ACCEPT,
+    ImageConfig,
+    RegistryAuthError,
+    RegistryError,
+    RegistryNotFound,
+    RegistryUnavailable,
+    ResolvedImage,
+    descriptor,
+    image_config,
+    image_size,
+    json_object,
+    manifest_media_type,
+    platform_manifest,
+    sha256_digest,
+    validate_digest,
+    validate_repository,
+    validate_tag,
 )
-# Registries answer 404 or 400 when the stored manifest's type is not accepted (distribution 2.8
-# does for OCI manifests and Docker schema2 alike), so every request lists all four.
-MANIFEST_ACCEPT = ", ".join((OCI_INDEX, OCI_MANIFEST, DOCKER_MANIFEST_LIST, DOCKER_MANIFEST))
 
-# The path part of images.models.REPOSITORY_PATTERN: the host is the client's base_url.
-REPOSITORY_RE = re.compile(r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*")
-TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
-DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
-REPOSITORY_MAX_LENGTH = 255
+log = logging.getLogger(__name__)
 
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024  # distribution's own limit for a manifest
 MAX_CONFIG_BYTES = 8 * 1024 * 1024
@@ -56,76 +56,10 @@ MAX_ERROR_BODY_BYTES = 64 * 1024
 DEFAULT_TOKEN_LIFETIME = 60  # seconds, when the token endpoint does not say (token spec)
 TOKEN_EXPIRY_MARGIN = 5
 
-OCI_LABEL_PREFIX = "org.opencontainers.image."
-# Where images declare the versions that matter on a GPU cluster, first match wins: labels
-# (NGC images carry com.nvidia.*), then the environment (CUDA_VERSION and friends).
-VERSION_SOURCES: dict[str, tuple[str, ...]] = {
-    "cuda": ("com.nvidia.cuda.version", "CUDA_VERSION"),
-    "nccl": ("com.nvidia.nccl.version", "NCCL_VERSION"),
-    "pytorch": ("PYTORCH_VERSION", "TORCH_VERSION"),
-    "tensorflow": ("TENSORFLOW_VERSION", "TF_VERSION"),
-    "jax": ("JAX_VERSION",),
-}
-FRAMEWORKS = ("pytorch", "tensorflow", "jax")
-
 NOT_FOUND_CODES = frozenset({"MANIFEST_UNKNOWN", "NAME_UNKNOWN", "BLOB_UNKNOWN"})
 DENIED_CODES = frozenset({"DENIED", "UNAUTHORIZED"})
 _CHALLENGE_PARAM_RE = re.compile(r'(\w+)=(?:"((?:[^"\\]|\\.)*)"|([^,\s]*))')
 _ERROR_CODE_RE = re.compile(r"[A-Z_]{1,64}")
-_FRACTION_RE = re.compile(r"(\.\d{6})\d+")
-
-
-class RegistryError(Exception):
-    """The registry answered with something unusable. Permanent unless `transient` says so."""
-
-    transient = False
-
-
-class RegistryNotFound(RegistryError):
-    """The repository, tag or digest does not exist on the registry."""
-
-
-class RegistryAuthError(RegistryError):
-    """The registry or its token endpoint refused the credentials, or access was denied."""
-
-
-class RegistryUnavailable(RegistryError):
-    """Timeout, connection error, 5xx or 429: try again later."""
-
-    transient = True
-
-
-@dataclass(frozen=True)
-class ImageConfig:
-    """What an image's config blob declares."""
-
-    digest: str  # of the config blob
-    manifest_digest: str  # of the image manifest naming it: a platform's, for an index
-    architecture: str
-    os: str
-    created: datetime | None
-    labels: dict[str, str]
-    cuda_version: str | None
-    nccl_version: str | None
-    frameworks: dict[str, str]  # e.g. {"pytorch": "2.3.1"}
-
-    @property
-    def oci_labels(self) -> dict[str, str]:
-        """The `org.opencontainers.image.*` labels (version, source, revision, …)."""
-        return {k: v for k, v in self.labels.items() if k.startswith(OCI_LABEL_PREFIX)}
-
-
-@dataclass(frozen=True)
-class ResolvedImage:
-    """A manifest pinned by digest, with the config of the image it runs."""
-
-    repository: str
-    tag: str | None  # None when inspected by digest
-    digest: str  # what to pin; for a multi-arch tag, the index
-    media_type: str
-    size: int  # config + layers, of the chosen platform's image for an index
-    manifest: dict[str, Any]
-    config: ImageConfig | None  # None for an empty index or a non-image artifact
 
 
 @dataclass
@@ -135,30 +69,6 @@ class _Token:
 
     def fresh(self) -> bool:
         return time.monotonic() < self.expires_at
-
-
-def _require(field: str, value: object, pattern: re.Pattern[str], example: str) -> None:
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        shown = value[:80] if isinstance(value, str) else value
-        raise ValueError(f"{field}: {shown!r} is not valid, e.g. {example}")
-
-
-def validate_repository(repository: str) -> None:
-    _require("repository", repository, REPOSITORY_RE, "team/pytorch (without the registry host)")
-    if len(repository) > REPOSITORY_MAX_LENGTH:
-        raise ValueError(f"repository: longer than {REPOSITORY_MAX_LENGTH} characters")
-
-
-def validate_tag(tag: str) -> None:
-    _require("tag", tag, TAG_RE, "v1.2 (letters, digits, '_', '.', '-'; at most 128)")
-
-
-def validate_digest(digest: str) -> None:
-    _require("digest", digest, DIGEST_RE, "sha256: followed by 64 lowercase hex characters")
-
-
-def _sha256(body: bytes) -> str:
-    return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
 class RegistryClient:
@@ -244,7 +154,7 @@ class RegistryClient:
             content_type = _media_type(response)
             claimed_by_get = response.headers.get("Docker-Content-Digest")
             body = _read_limited(response, MAX_MANIFEST_BYTES, f"manifest of {what}", self._host)
-            digest = _sha256(body)
+            digest = sha256_digest(body)
             if claimed_by_get and claimed_by_get != digest:
                 raise RegistryError(
                     f"manifest body does not match digest {claimed_by_get[:80]} (it hashes to "
@@ -263,25 +173,25 @@ class RegistryClient:
     def _describe(
         self, repository: str, tag: str | None, digest: str, body: bytes, content_type: str
     ) -> ResolvedImage:
-        manifest = _parse_json(body, f"manifest {digest}")
-        media_type = _manifest_media_type(manifest, content_type, digest)
+        manifest = json_object(body, f"manifest {digest}")
+        media_type = manifest_media_type(manifest, content_type, digest)
         if media_type in INDEX_MEDIA_TYPES:
-            chosen = _pick_platform(manifest.get("manifests"), digest)
+            chosen = platform_manifest(manifest.get("manifests"), digest)
             if chosen is None:
                 config, size = None, 0
             else:
-                image_digest = _descriptor(chosen, f"index {digest}")[0]
+                image_digest = descriptor(chosen, f"index {digest}")[0]
                 image_body, image_type = self._get_manifest(
                     repository, image_digest, f"{repository}@{image_digest}"
                 )
-                image = _parse_json(image_body, f"manifest {image_digest}")
-                if _manifest_media_type(image, image_type, image_digest) not in IMAGE_MEDIA_TYPES:
+                image = json_object(image_body, f"manifest {image_digest}")
+                if manifest_media_type(image, image_type, image_digest) not in IMAGE_MEDIA_TYPES:
                     raise RegistryError(f"index {digest} points at another index: not supported")
                 config = self._read_config(repository, image, image_digest)
-                size = _image_size(image, image_digest)
+                size = image_size(image, image_digest)
         else:
             config = self._read_config(repository, manifest, digest)
-            size = _image_size(manifest, digest)
+            size = image_size(manifest, digest)
         return ResolvedImage(
             repository=repository,
             tag=tag,
@@ -298,7 +208,7 @@ class RegistryClient:
         )
         content_type = _media_type(response)
         body = _read_limited(response, MAX_MANIFEST_BYTES, f"manifest of {what}", self._host)
-        actual = _sha256(body)
+        actual = sha256_digest(body)
         if actual != digest:
             raise RegistryError(
                 f"manifest body does not match digest {digest} (it hashes to {actual}): "
@@ -309,9 +219,7 @@ class RegistryClient:
     def _read_config(
         self, repository: str, manifest: dict[str, Any], manifest_digest: str
     ) -> ImageConfig | None:
-        digest, size, media_type = _descriptor(
-            manifest.get("config"), f"manifest {manifest_digest}"
-        )
+        digest, size, media_type = descriptor(manifest.get("config"), f"manifest {manifest_digest}")
         if media_type not in CONFIG_MEDIA_TYPES:
             return None
         what = f"config blob {digest}"
@@ -319,7 +227,7 @@ class RegistryClient:
             raise RegistryError(f"{what} is larger than {MAX_CONFIG_BYTES} bytes")
         response = self._request("GET", repository, f"blobs/{digest}", f"{repository} {what}")
         body = _read_limited(response, MAX_CONFIG_BYTES, what, self._host)
-        actual = _sha256(body)
+        actual = sha256_digest(body)
         if actual != digest:
             raise RegistryError(
                 f"config blob does not match digest {digest} (it hashes to {actual}): "
@@ -327,7 +235,7 @@ class RegistryClient:
             )
         if len(body) != size:
             raise RegistryError(f"{what} is {len(body)} bytes, its manifest says {size}")
-        return _parse_config(_parse_json(body, what), digest, manifest_digest)
+        return image_config(json_object(body, what), digest, manifest_digest)
 
     def _check_claimed_digest(self, claimed: str, what: str) -> None:
         if not DIGEST_RE.fullmatch(claimed):
@@ -444,7 +352,7 @@ class RegistryClient:
         if status != 200:
             response.close()
             raise RegistryError(f"token endpoint {realm_host} answered HTTP {status}")
-        data = _parse_json(
+        data = json_object(
             _read_limited(response, MAX_ERROR_BODY_BYTES, "token response", realm_host),
             f"token response from {realm_host}",
         )
@@ -544,119 +452,3 @@ def _parse_challenge(header: str) -> tuple[str, dict[str, str]]:
 
 def _media_type(response: requests.Response) -> str:
     return response.headers.get("Content-Type", "").split(";")[0].strip()
-
-
-def _parse_json(body: bytes, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        raise RegistryError(f"{what} is not valid JSON") from None
-    if not isinstance(data, dict):
-        raise RegistryError(f"{what} is not a JSON object")
-    return data
-
-
-def _manifest_media_type(manifest: dict[str, Any], content_type: str, digest: str) -> str:
-    if manifest.get("schemaVersion") != 2:
-        raise RegistryError(f"manifest {digest} is not schema version 2: not supported")
-    # The body's own mediaType is covered by the digest; the header is only a fallback.
-    declared = manifest.get("mediaType")
-    media_type = declared if isinstance(declared, str) and declared else content_type
-    if media_type in INDEX_MEDIA_TYPES or media_type in IMAGE_MEDIA_TYPES:
-        return media_type
-    if "manifests" in manifest and "config" not in manifest:
-        return OCI_INDEX
-    if "config" in manifest and "layers" in manifest:
-        return OCI_MANIFEST
-    raise RegistryError(f"manifest {digest} has an unsupported media type {media_type[:100]!r}")
-
-
-def _descriptor(value: object, where: str) -> tuple[str, int, str]:
-    """(digest, size, mediaType) of a content descriptor, checked."""
-    if not isinstance(value, dict):
-        raise RegistryError(f"{where}: a descriptor is missing or not an object")
-    digest, size, media_type = value.get("digest"), value.get("size"), value.get("mediaType", "")
-    if not isinstance(digest, str) or not DIGEST_RE.fullmatch(digest):
-        raise RegistryError(f"{where}: descriptor digest is not sha256:<64 hex>")
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise RegistryError(f"{where}: descriptor {digest} has no valid size")
-    return digest, size, media_type if isinstance(media_type, str) else ""
-
-
-def _pick_platform(manifests: object, index_digest: str) -> dict[str, Any] | None:
-    """linux/amd64 if the index has it, else the first real platform, else the first entry."""
-    if not isinstance(manifests, list):
-        raise RegistryError(f"index {index_digest} has no manifests list")
-    entries = [m for m in manifests if isinstance(m, dict)]
-
-    def platform(entry: dict[str, Any]) -> tuple[str, str]:
-        p = entry.get("platform")
-        return (p.get("os", ""), p.get("architecture", "")) if isinstance(p, dict) else ("", "")
-
-    for entry in entries:
-        if platform(entry) == ("linux", "amd64"):
-            return entry
-    # BuildKit stores attestations as "unknown/unknown" entries: they are not images.
-    for entry in entries:
-        if platform(entry)[0] not in ("", "unknown"):
-            return entry
-    return entries[0] if entries else None
-
-
-def _image_size(manifest: dict[str, Any], digest: str) -> int:
-    where = f"manifest {digest}"
-    layers = manifest.get("layers") or []
-    if not isinstance(layers, list):
-        raise RegistryError(f"{where}: layers is not a list")
-    descriptors = [manifest.get("config"), *layers]
-    return sum(_descriptor(d, where)[1] for d in descriptors)
-
-
-def _parse_config(data: dict[str, Any], digest: str, manifest_digest: str) -> ImageConfig:
-    runtime = data.get("config")
-    runtime = runtime if isinstance(runtime, dict) else {}
-    raw_labels = runtime.get("Labels")
-    labels = (
-        {k: v for k, v in raw_labels.items() if isinstance(k, str) and isinstance(v, str)}
-        if isinstance(raw_labels, dict)
-        else {}
-    )
-    raw_env = runtime.get("Env")
-    env = dict(
-        item.split("=", 1)
-        for item in (raw_env if isinstance(raw_env, list) else [])
-        if isinstance(item, str) and "=" in item
-    )
-    versions: dict[str, str] = {}
-    for name, sources in VERSION_SOURCES.items():
-        for source in sources:
-            value = labels.get(source) or env.get(source)
-            if value and value.strip():
-                versions[name] = value.strip()
-                break
-    return ImageConfig(
-        digest=digest,
-        manifest_digest=manifest_digest,
-        architecture=_string(data.get("architecture")),
-        os=_string(data.get("os")),
-        created=_parse_created(data.get("created")),
-        labels=labels,
-        cuda_version=versions.get("cuda"),
-        nccl_version=versions.get("nccl"),
-        frameworks={name: versions[name] for name in FRAMEWORKS if name in versions},
-    )
-
-
-def _string(value: object) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _parse_created(value: object) -> datetime | None:
-    """RFC 3339 with an offset; Go writes nanoseconds, Python keeps microseconds."""
-    if not isinstance(value, str):
-        return None
-    try:
-        created = datetime.fromisoformat(_FRACTION_RE.sub(r"\1", value.strip()))
-    except ValueError:
-        return None
-    return created if created.tzinfo is not None else None

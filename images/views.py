@@ -15,12 +15,12 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from core.http import form_page, or_404
-from images import services
 from images.access import image_list_browsable, registry_list_manageable
 from images.forms import ImageImportForm, ImageVisibilityForm, RegistryForm, registry_initial
 from images.models import Image, Registry
-from images.registry import RegistryError
+from images.oci import RegistryError
 from images.selectors import image_get_manageable, image_get_viewable, registry_get_manageable
+from images.services import catalog, registries
 from tenants.access import is_platform_admin, require_platform_admin
 
 IMAGES_PER_PAGE = 25
@@ -109,7 +109,7 @@ def image_import(request: HttpRequest) -> HttpResponse:
         ImageImportForm(request.POST)
         if request.method == "POST"
         else ImageImportForm(initial={"registry": request.GET.get("registry", "")}),
-        save=lambda data: services.image_import(actor=request.user, **data),
+        save=lambda data: catalog.image_import(actor=request.user, **data),
         done=done,
         template="images/image_import.html",
     )
@@ -120,7 +120,7 @@ def image_import(request: HttpRequest) -> HttpResponse:
 def image_status(request: HttpRequest, image_id: int) -> HttpResponse:
     image = or_404(image_get_manageable, user=request.user, image_id=image_id)
     try:
-        image = services.image_set_status(
+        image = catalog.image_set_status(
             image=image, status=request.POST.get("status", ""), actor=request.user
         )
     except ValidationError as exc:
@@ -137,7 +137,7 @@ def image_visibility(request: HttpRequest, image_id: int) -> HttpResponse:
     form = ImageVisibilityForm(request.POST)
     if form.is_valid():
         try:
-            services.image_set_visibility(image=image, actor=request.user, **form.cleaned_data)
+            catalog.image_set_visibility(image=image, actor=request.user, **form.cleaned_data)
         except ValidationError as exc:
             form.add_service_errors(exc)
         else:
@@ -152,7 +152,7 @@ def image_visibility(request: HttpRequest, image_id: int) -> HttpResponse:
 def image_recheck(request: HttpRequest, image_id: int) -> HttpResponse:
     image = or_404(image_get_manageable, user=request.user, image_id=image_id)
     try:
-        image = services.image_recheck(image=image, actor=request.user)
+        image = catalog.image_recheck(image=image, actor=request.user)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     else:
@@ -164,14 +164,14 @@ def image_recheck(request: HttpRequest, image_id: int) -> HttpResponse:
 @login_required
 @require_GET
 def registry_list(request: HttpRequest) -> HttpResponse:
-    registries = or_404(registry_list_manageable, user=request.user)
-    page = Paginator(registries, REGISTRIES_PER_PAGE).get_page(request.GET.get("page"))
+    manageable = or_404(registry_list_manageable, user=request.user)
+    page = Paginator(manageable, REGISTRIES_PER_PAGE).get_page(request.GET.get("page"))
     return render(
         request,
         "images/registry_list.html",
         {
             "page_obj": page,
-            "rows": [(r, services.registry_secret_is_set(r)) for r in page.object_list],
+            "rows": [(r, registries.registry_secret_is_set(r)) for r in page.object_list],
         },
     )
 
@@ -190,7 +190,7 @@ def registry_create(request: HttpRequest) -> HttpResponse:
         RegistryForm(request.POST)
         if request.method == "POST"
         else RegistryForm(initial=registry_initial(None)),
-        save=lambda data: services.registry_create(actor=request.user, **data),
+        save=lambda data: registries.registry_create(actor=request.user, **data),
         done=done,
         template="images/registry_form.html",
         context={"registry": None},
@@ -211,12 +211,12 @@ def registry_edit(request: HttpRequest, name: str) -> HttpResponse:
         RegistryForm(request.POST, editing=True)
         if request.method == "POST"
         else RegistryForm(editing=True, initial=registry_initial(registry)),
-        save=lambda data: services.registry_update(registry=registry, actor=request.user, **data),
+        save=lambda data: registries.registry_update(registry=registry, actor=request.user, **data),
         done=done,
         template="images/registry_form.html",
         context={
             "registry": registry,
-            "secret_is_set": services.registry_secret_is_set(registry),
+            "secret_is_set": registries.registry_secret_is_set(registry),
         },
     )
 
@@ -227,7 +227,7 @@ def registry_test(request: HttpRequest, name: str) -> HttpResponse:
     """Call the registry's /v2/ with its saved settings: do the URL and credentials work?"""
     registry: Registry = or_404(registry_get_manageable, user=request.user, name=name)
     try:
-        messages.success(request, services.registry_test_connection(registry=registry))
+        messages.success(request, registries.registry_test_connection(registry=registry))
     except RegistryError as exc:
         messages.error(request, f"Connection to {registry.name} failed: {exc}")
     return redirect("images:registry_edit", name=registry.name)

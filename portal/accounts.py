@@ -23,7 +23,7 @@ from tenants.forms import ApiTokenForm
 from tenants.models import ApiToken
 from tenants.oidc import oidc_enabled
 from tenants.selectors import api_token_get_own, api_token_list_own
-from tenants.services import (
+from tenants.services.tokens import (
     API_TOKEN_DEFAULT_DAYS,
     CredentialsRevokedBecause,
     api_token_revoke,

@@ -25,34 +25,34 @@ and each attempt when its run was admitted.
 Seeding is idempotent: a second start finds the demo tenant and only prints the logins.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from functools import partial
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import User
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from clusters.models import Cluster
 from clusters.services import cluster_refresh_inventory
-from clusters.simulation import STARTUP_S, Workload
 from finance import services as finance_services
-from images import services as image_services
 from images.demo_registry import DEMO_REGISTRY_URL
 from images.models import Image, Registry
-from jobs.models import Attempt, AttemptState, Checkpoint, Experiment, Run, RunEvent, RunState
+from images.services.catalog import image_import, image_set_status, image_set_visibility
+from images.services.registries import registry_create
+from jobs.models import Run, RunState
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.estimates import estimates_refresh
 from jobs.services.submission import ExperimentInput, run_submit
 from jobs.services.templates import template_save
-from jobs.services.usage import usage_record_attempt
+from portal.demo_history import history_record, history_record_preempted, history_telemetry_record
 from telemetry import services as telemetry_services
-from telemetry.models import GpuMinute
-from telemetry.simulated import SimulatedMinute, simulated_telemetry
-from tenants import services as tenant_services
 from tenants.models import GlobalRole, GpuFlavor, Membership, Project, Quota, Tenant
+from tenants.services.memberships import global_role_grant, membership_set
 
 DEMO_PASSWORD = "gantry-demo"  # noqa: S105 - the documented demo login, printed at start
 
@@ -100,6 +100,8 @@ class DemoRegistryOff(Exception):
 
 @transaction.atomic
 def demo_seed(*, speedup: int = 30) -> None:
+    """Seed the demo's world, its history and its live runs, in the order the story (and
+    the run numbers the docs show) needs; then do what beat and the worker would do first."""
     if not settings.GANTRY_DEMO_REGISTRY:
         raise DemoRegistryOff(
             "The demo imports its images from the demo registry: set GANTRY_DEMO_REGISTRY=1 "
@@ -107,6 +109,43 @@ def demo_seed(*, speedup: int = 30) -> None:
         )
     a100 = GpuFlavor.objects.create(slug="a100-80gb", name="NVIDIA A100 80GB", memory_gb=80)
     h100 = GpuFlavor.objects.create(slug="h100-80gb", name="NVIDIA H100 80GB", memory_gb=80)
+    cluster = _seed_cluster(speedup=speedup)
+
+    # The one published demo password, hashed once for every login: a hash costs PBKDF2's
+    # 1,000,000 iterations (~0.4 s of CPU), a sixth of the seed's time when done per login.
+    # The logins share its salt, which tells no more than the README does.
+    password = make_password(DEMO_PASSWORD)
+    admin = _demo_user("admin", password, superuser=True)
+    global_role_grant(user=admin, role=GlobalRole.PLATFORM_ADMIN, actor=admin)
+    fiona = _demo_user("fiona", password)
+    global_role_grant(user=fiona, role=GlobalRole.FINANCE, actor=admin)
+    _seed_rate_cards(a100=a100, h100=h100, actor=fiona)
+    tenants = _seed_tenants(a100=a100, h100=h100)
+    people = _seed_people(tenants=tenants, password=password, actor=admin)
+    pytorch, megatron = _seed_catalog(tenants=tenants, actor=admin)
+    _first_run_template(tenant=tenants["vision"], image=pytorch, actor=people["tara"])
+
+    submit = partial(_demo_submit, people)
+    now = timezone.now()
+    _seed_history(submit, cluster=cluster, pytorch=pytorch, megatron=megatron, now=now)
+    _seed_live_runs(submit, pytorch=pytorch, megatron=megatron)
+    _seed_last_month(submit, cluster=cluster, pytorch=pytorch, megatron=megatron, now=now)
+    _date_the_world_before(_oldest_submit() - timedelta(days=1))
+
+    # What beat would do within two minutes: account the history and roll it up into daily
+    # usage, so the goodput and finance pages have data from the first page view.
+    telemetry_services.accounting_compute_pending(limit=100)
+    finance_services.daily_usage_update()
+    # And what the worker does first: place the live runs, so the first page view already
+    # shows who runs, who borrows and who waits, and why. (Their backend submits are queued
+    # for the worker when the seed commits.)
+    admission_run_cycle(now=timezone.now())  # after the live runs' submits
+    # And the first start estimates, so waiting runs say when they should start at once.
+    estimates_refresh(now=timezone.now())
+
+
+def _seed_cluster(*, speedup: int) -> Cluster:
+    """The simulated cluster, its inventory read as the worker would."""
     cluster = Cluster.objects.create(
         name="sim-east",
         backend=Cluster.Backend.SIMULATOR,
@@ -130,16 +169,11 @@ def demo_seed(*, speedup: int = 30) -> None:
         },
     )
     cluster_refresh_inventory(cluster=cluster)
+    return cluster
 
-    # The one published demo password, hashed once for every login: a hash costs PBKDF2's
-    # 1,000,000 iterations (~0.4 s of CPU), a sixth of the seed's time when done per login.
-    # The logins share its salt, which tells no more than the README does.
-    password = make_password(DEMO_PASSWORD)
-    admin = _demo_user("admin", password, superuser=True)
-    tenant_services.global_role_grant(user=admin, role=GlobalRole.PLATFORM_ADMIN, actor=admin)
-    fiona = _demo_user("fiona", password)
-    tenant_services.global_role_grant(user=fiona, role=GlobalRole.FINANCE, actor=admin)
-    # Prices per GPU-hour: a year back, and an A100 price rise on the 1st of this month.
+
+def _seed_rate_cards(*, a100: GpuFlavor, h100: GpuFlavor, actor: User) -> None:
+    """Prices per GPU-hour: a year back, and an A100 price rise on the 1st of this month."""
     today = timezone.now().date()
     for flavor, price, since in (
         (a100, "2.10", today - timedelta(days=365)),
@@ -147,9 +181,12 @@ def demo_seed(*, speedup: int = 30) -> None:
         (a100, "2.40", today.replace(day=1)),
     ):
         finance_services.rate_card_add(
-            flavor=flavor, price_per_gpu_hour=price, currency="EUR", valid_from=since, actor=fiona
+            flavor=flavor, price_per_gpu_hour=price, currency="EUR", valid_from=since, actor=actor
         )
 
+
+def _seed_tenants(*, a100: GpuFlavor, h100: GpuFlavor) -> dict[str, Tenant]:
+    """The three tenants, their projects and quotas, by slug."""
     tenants = {}
     # (a100 guaranteed, a100 borrow limit, h100 guaranteed, monthly a100 budget, budget mode)
     for slug, name, projects, (a100_g, a100_b, h100_g, budget, mode) in (
@@ -171,7 +208,11 @@ def demo_seed(*, speedup: int = 30) -> None:
         )
         Quota.objects.create(tenant=tenant, flavor=h100, guaranteed_gpus=h100_g)
         tenants[slug] = tenant
+    return tenants
 
+
+def _seed_people(*, tenants: dict[str, Tenant], password: str, actor: User) -> dict[str, User]:
+    """The researchers and the tenant admin, members of their tenants, by username."""
     people = {}
     for username, tenant_slug, role in (
         ("alice", "vision", Membership.Role.RESEARCHER),
@@ -180,60 +221,72 @@ def demo_seed(*, speedup: int = 30) -> None:
         ("tara", "vision", Membership.Role.TENANT_ADMIN),
     ):
         user = _demo_user(username, password)
-        tenant_services.membership_set(
-            user=user, tenant=tenants[tenant_slug], role=role, actor=admin
-        )
+        membership_set(user=user, tenant=tenants[tenant_slug], role=role, actor=actor)
         people[username] = user
+    return people
 
+
+def _seed_catalog(*, tenants: dict[str, Tenant], actor: User) -> tuple[Image, Image]:
+    """The demo registry and its images, reviewed; PyTorch, and Megatron (nlp's only)."""
     # The images come from the demo's registry (images/demo_registry.py, answered in process)
     # through the same import a platform admin does, so the catalog holds what the registry
     # says about each: CUDA, frameworks, NCCL, architecture, size, build time.
-    registry = image_services.registry_create(
-        name="demo", url=DEMO_REGISTRY_URL, timeout_s=5, actor=admin
-    )
+    registry = registry_create(name="demo", url=DEMO_REGISTRY_URL, timeout_s=5, actor=actor)
     images = {}
     for reference, description, status in DEMO_CATALOG:
-        image, _ = image_services.image_import(
-            registry=registry, reference=reference, description=description, actor=admin
+        image, _ = image_import(
+            registry=registry, reference=reference, description=description, actor=actor
         )
         if status != Image.Status.PENDING:
-            image = image_services.image_set_status(image=image, status=status, actor=admin)
+            image = image_set_status(image=image, status=status, actor=actor)
         images[reference] = image
-    pytorch = images["ml/pytorch:2.4-cuda12.4"]
-    megatron = image_services.image_set_visibility(
+    megatron = image_set_visibility(
         image=images["nlp/megatron:24.05"],
         visible_to_all=False,
         allowed_tenants=[tenants["nlp"]],
-        actor=admin,
+        actor=actor,
     )
+    return images["ml/pytorch:2.4-cuda12.4"], megatron
 
-    _first_run_template(tenant=tenants["vision"], image=pytorch, actor=people["tara"])
 
-    def request(
-        username: str, tenant: str, project: str, name: str, image: Image, **extra: Any
-    ) -> Run:
-        values: dict[str, Any] = {
-            "tenant": tenant,
-            "project": project,
-            # By tag, as a researcher writes it: resolved to its digest by the demo registry.
-            "image": f"{image.repository}:{image.tag}",
-            "command": "torchrun --nproc-per-node=$GPUS train.py --config configs/base.yaml",
-            "flavor": "a100-80gb",
-            "nodes": 1,
-            "gpus_per_node": 8,
-            "name": name,
-            "code_repository": f"https://git.gantry.example/{tenant}/{project}.git",
-            "code_commit": COMMITS[len(name) % len(COMMITS)],
-            "dataset_uri": f"s3://datasets/{project}",
-            "dataset_version": "v3",
-            "params": {"lr": 3e-4, "batch_size": 512, "epochs": 90},
-        }
-        values.update(extra)
-        return run_submit(user=people[username], data=ExperimentInput(**values))
+def _demo_submit(
+    people: dict[str, User],
+    username: str,
+    tenant: str,
+    project: str,
+    name: str,
+    image: Image,
+    **extra: Any,
+) -> Run:
+    """A run submitted as ``username`` through the submit service, as the form would."""
+    values: dict[str, Any] = {
+        "tenant": tenant,
+        "project": project,
+        # By tag, as a researcher writes it: resolved to its digest by the demo registry.
+        "image": f"{image.repository}:{image.tag}",
+        "command": "torchrun --nproc-per-node=$GPUS train.py --config configs/base.yaml",
+        "flavor": "a100-80gb",
+        "nodes": 1,
+        "gpus_per_node": 8,
+        "name": name,
+        "code_repository": f"https://git.gantry.example/{tenant}/{project}.git",
+        "code_commit": COMMITS[len(name) % len(COMMITS)],
+        "dataset_uri": f"s3://datasets/{project}",
+        "dataset_version": "v3",
+        "params": {"lr": 3e-4, "batch_size": 512, "epochs": 90},
+    }
+    values.update(extra)
+    return run_submit(user=people[username], data=ExperimentInput(**values))
 
-    # Finished runs, each with the telemetry of a simulator profile, so the goodput pages
-    # have something to show: a healthy run, an input-bound one, a crash, and so on. Each
-    # tenant has its own history (sizes and lengths too), so no two show the same figures.
+
+def _seed_history(
+    submit: Callable[..., Run], *, cluster: Cluster, pytorch: Image, megatron: Image, now: datetime
+) -> None:
+    """Finished runs, each with the telemetry of a simulator profile, and the preempted run
+    that resumed from its checkpoint."""
+    # The goodput pages have something to show: a healthy run, an input-bound one, a crash,
+    # and so on. Each tenant has its own history (sizes and lengths too), so no two show the
+    # same figures.
     # yolo-baseline (run 1) is the README's CLI example: `gantry spec 1`, submitted again on
     # two nodes, is 2 x 4 H100 GPUs of vision's guarantee, free at once (llama-pretrain
     # below leaves 4 on its node), so `--wait` returns within a minute or two.
@@ -251,12 +304,11 @@ def demo_seed(*, speedup: int = 30) -> None:
         ("carol", "climate", "downscaling", "cordex-emulator", pytorch, RunState.SUCCEEDED, 0, 3,
          "compute-bound", "a100-80gb", 4, 11),
     )  # fmt: skip
-    now = timezone.now()
     for (
         username, tenant_slug, project, name, image, state, exit_code, days_ago, profile,
         flavor_slug, gpus, hours,
     ) in history:  # fmt: skip
-        run = request(
+        run = submit(
             username,
             tenant_slug,
             project,
@@ -266,7 +318,7 @@ def demo_seed(*, speedup: int = 30) -> None:
             flavor=flavor_slug,
             gpus_per_node=gpus,
         )
-        attempt = _record_history(
+        attempt = history_record(
             run=run,
             cluster=cluster,
             state=state,
@@ -274,38 +326,45 @@ def demo_seed(*, speedup: int = 30) -> None:
             submitted=now - timedelta(days=days_ago, hours=3),
             hours=hours,
         )
-        _record_history_telemetry(attempt=attempt, profile=profile)
+        history_telemetry_record(attempt=attempt, profile=profile)
 
-    preempted = request("bob", "nlp", "retrieval", "colbert-distill", pytorch, gpus_per_node=8)
-    _record_preempted_history(run=preempted, cluster=cluster, submitted=now - timedelta(days=5))
+    preempted = submit("bob", "nlp", "retrieval", "colbert-distill", pytorch, gpus_per_node=8)
+    history_record_preempted(run=preempted, cluster=cluster, submitted=now - timedelta(days=5))
 
-    # Live work: long jobs that run while you look around, a borrowed (preemptible) run, and
-    # one that has to wait. Log in as carol and submit 4 A100 GPUs to watch her guarantee
-    # reclaim bob's borrowed run, which later resumes from its checkpoint.
+
+def _seed_live_runs(submit: Callable[..., Run], *, pytorch: Image, megatron: Image) -> None:
+    """Live work: long jobs that run while you look around, a borrowed (preemptible) run,
+    and one that has to wait. Log in as carol and submit 4 A100 GPUs to watch her guarantee
+    reclaim bob's borrowed run, which later resumes from its checkpoint."""
     long_job = {"GANTRY_SIM_DURATION_S": str(6 * 3600)}
-    request("alice", "vision", "detection", "yolo-large", pytorch, env=long_job)
-    request("alice", "vision", "segmentation", "unet-sweep-2", pytorch, env=long_job)
-    request("alice", "vision", "detection", "yolo-xl", pytorch, env=long_job, nodes=2)
+    submit("alice", "vision", "detection", "yolo-large", pytorch, env=long_job)
+    submit("alice", "vision", "segmentation", "unet-sweep-2", pytorch, env=long_job)
+    submit("alice", "vision", "detection", "yolo-xl", pytorch, env=long_job, nodes=2)
     # Half an H100 node: the other node is vision's guarantee, free for the README's first
     # run, and four GPUs on each node take the README's CLI example.
-    request(
+    submit(
         "bob", "nlp", "llm", "llama-pretrain", megatron, env=long_job, flavor="h100-80gb",
         gpus_per_node=4,
     )  # fmt: skip
-    request("bob", "nlp", "retrieval", "dpr-index", pytorch, env=long_job)
-    request("bob", "nlp", "retrieval", "dpr-sweep", pytorch, env=long_job, gpus_per_node=4)
-    request("carol", "climate", "nowcasting", "radar-nowcast", pytorch, gpus_per_node=4,
-            env={"GANTRY_SIM_DURATION_S": "1200"})  # fmt: skip
+    submit("bob", "nlp", "retrieval", "dpr-index", pytorch, env=long_job)
+    submit("bob", "nlp", "retrieval", "dpr-sweep", pytorch, env=long_job, gpus_per_node=4)
+    submit("carol", "climate", "nowcasting", "radar-nowcast", pytorch, gpus_per_node=4,
+           env={"GANTRY_SIM_DURATION_S": "1200"})  # fmt: skip
 
-    # Last month, priced at the A100 rate before this month's rise. Submitted after the live
-    # runs so that run and experiment numbers of the story above stay as the docs show them.
+
+def _seed_last_month(
+    submit: Callable[..., Run], *, cluster: Cluster, pytorch: Image, megatron: Image, now: datetime
+) -> None:
+    """Last month, priced at the A100 rate before this month's rise. Submitted after the
+    live runs so that run and experiment numbers of the story above stay as the docs show
+    them."""
     last_month = previous_month(now.date())
     for username, tenant_slug, project, name, image, day, profile, gpus, hours in (
         ("alice", "vision", "detection", "yolo-v0", pytorch, 6, "compute-bound", 8, 5),
         ("bob", "nlp", "llm", "llama-ft-lr1e4", megatron, 11, "compute-bound", 8, 7),
         ("carol", "climate", "downscaling", "cordex-v0", pytorch, 19, "input-bound", 4, 9),
     ):
-        run = request(
+        run = submit(
             username,
             tenant_slug,
             project,
@@ -314,7 +373,7 @@ def demo_seed(*, speedup: int = 30) -> None:
             env={"GANTRY_SIM_PROFILE": profile},
             gpus_per_node=gpus,
         )
-        attempt = _record_history(
+        attempt = history_record(
             run=run,
             cluster=cluster,
             state=RunState.SUCCEEDED,
@@ -322,20 +381,7 @@ def demo_seed(*, speedup: int = 30) -> None:
             submitted=datetime.combine(last_month.replace(day=day), time(9), tzinfo=UTC),
             hours=hours,
         )
-        _record_history_telemetry(attempt=attempt, profile=profile)
-
-    _date_the_world_before(_oldest_submit() - timedelta(days=1))
-
-    # What beat would do within two minutes: account the history and roll it up into daily
-    # usage, so the goodput and finance pages have data from the first page view.
-    telemetry_services.accounting_compute_pending(limit=100)
-    finance_services.daily_usage_update()
-    # And what the worker does first: place the live runs, so the first page view already
-    # shows who runs, who borrows and who waits, and why. (Their backend submits are queued
-    # for the worker when the seed commits.)
-    admission_run_cycle(now=timezone.now())  # after the live runs' submits
-    # And the first start estimates, so waiting runs say when they should start at once.
-    estimates_refresh(now=timezone.now())
+        history_telemetry_record(attempt=attempt, profile=profile)
 
 
 def _demo_user(username: str, password: str, *, superuser: bool = False) -> User:
@@ -387,203 +433,3 @@ def _date_the_world_before(moment: datetime) -> None:
 def previous_month(day: date) -> date:
     """The first day of the month before ``day``'s."""
     return (day.replace(day=1) - timedelta(days=1)).replace(day=1)
-
-
-def _record_preempted_history(*, run: Run, cluster: Cluster, submitted) -> None:
-    """A run that borrowed GPUs, was preempted, and resumed from its checkpoint."""
-    first_start = submitted + timedelta(minutes=3)
-    preempted_at = first_start + timedelta(hours=2, minutes=10)
-    second_start = preempted_at + timedelta(minutes=40)
-    finished = second_start + timedelta(hours=1, minutes=5)
-    first = Attempt.objects.create(
-        run=run,
-        number=1,
-        cluster=cluster,
-        state=AttemptState.PREEMPTED,
-        backend_job_id=f"history-{run.pk}-1",
-        submitted_at=first_start,
-        started_at=first_start,
-        finished_at=preempted_at,
-        failure_reason="PREEMPTED",
-        node_list=[f"{cluster.name}-a100-80gb-03"],
-    )
-    checkpoint = Checkpoint.objects.create(
-        run=run,
-        attempt=first,
-        step=7200,
-        uri=f"s3://checkpoints/nlp/colbert-distill/{first.name}/step-7200",
-        saved_at=first_start + timedelta(hours=2),
-        save_seconds=14.0,
-    )
-    second = Attempt.objects.create(
-        run=run,
-        number=2,
-        cluster=cluster,
-        state=AttemptState.SUCCEEDED,
-        backend_job_id=f"history-{run.pk}-2",
-        submitted_at=second_start,
-        started_at=second_start,
-        finished_at=finished,
-        exit_code=0,
-        node_list=[f"{cluster.name}-a100-80gb-02"],
-        resumed_from=checkpoint,
-    )
-    for attempt, start, end in (
-        (first, first_start, preempted_at),
-        (second, second_start, finished),
-    ):
-        usage_record_attempt(attempt=attempt, started=start, finished=end)
-    _record_history_telemetry(attempt=first, profile="compute-bound")
-    _record_history_telemetry(attempt=second, profile="compute-bound", resume_step=checkpoint.step)
-    Run.objects.filter(pk=run.pk).update(
-        state=RunState.SUCCEEDED,
-        cluster=cluster,
-        submitted_at=submitted,
-        admitted_at=second_start,
-        started_at=first_start,
-        finished_at=finished,
-        borrowed=True,
-    )
-    _date_the_records(
-        run=run, submitted=submitted, attempts={first: first_start, second: second_start}
-    )
-    for at, attempt, from_state, to_state, reason, message in (
-        (first_start, first, "QUEUED", "ADMITTED", "ADMITTED",
-         "Admitted to sim-east: 8 a100-80gb GPUs borrowing idle GPUs (preemptible)"),
-        (first_start, first, "PENDING", "RUNNING", "STARTED", "Running on sim-east-a100-80gb-03"),
-        (preempted_at, first, "RUNNING", "PREEMPTED", "PREEMPTED",
-         "a tenant within its guarantee reclaimed 8 a100-80gb GPUs on sim-east; this run had "
-         "borrowed 8"),
-        (preempted_at, first, "PREEMPTED", "QUEUED", "REQUEUED",
-         "Back in the queue after preemption; it will resume from checkpoint step 7200"),
-        (second_start, second, "QUEUED", "ADMITTED", "ADMITTED",
-         "Admitted to sim-east: 8 a100-80gb GPUs borrowing idle GPUs (preemptible)"),
-        (second_start, second, "PENDING", "RUNNING", "STARTED", "Running on sim-east-a100-80gb-02"),
-        (finished, second, "RUNNING", "SUCCEEDED", "SUCCEEDED", "Finished successfully"),
-    ):  # fmt: skip
-        event = RunEvent.objects.create(
-            run=run,
-            attempt=attempt,
-            from_state=from_state,
-            to_state=to_state,
-            reason=reason,
-            message=message,
-            # Who reclaimed the GPUs, as admission records it: for platform admins only.
-            admin_detail=(
-                "tenant vision reclaimed 8 a100-80gb GPUs of its guarantee on sim-east; this run "
-                "had borrowed 8"
-                if reason == "PREEMPTED"
-                else ""
-            ),
-        )
-        RunEvent.objects.filter(pk=event.pk).update(at=at)
-
-
-def _record_history_telemetry(*, attempt: Attempt, profile: str, resume_step: int = 0) -> None:
-    """The step windows and GPU minutes a job of ``profile`` would have reported over the
-    attempt (the collector's output, written directly: this history never ran)."""
-    gpus = [(node, str(gpu)) for node in attempt.node_list for gpu in range(attempt.run.gpus)]
-    assert attempt.started_at is not None and attempt.finished_at is not None  # a past attempt
-    seconds = (attempt.finished_at - attempt.started_at).total_seconds()
-    telemetry = simulated_telemetry(
-        Workload(profile=profile, duration_s=int(seconds) - STARTUP_S, resume_step=resume_step),
-        started_at=attempt.started_at,
-        until=attempt.finished_at,
-        finished=True,
-        speedup=1,
-        gpus=gpus,
-    )
-    telemetry_services.simulated_windows_store(
-        attempt_id=attempt.pk, source="demo", windows=telemetry.windows
-    )
-    _gpu_minutes_insert(attempt=attempt, minutes=telemetry.minutes)
-
-
-# The columns of GpuMinute, in the order _gpu_minutes_insert gives their values.
-GPU_MINUTE_COLUMNS = (
-    "attempt", "host", "gpu", "minute", "activity", "sm_active", "tensor_active", "dram_active",
-    "fb_used", "power", "xid", "samples", "updated_at",
-)  # fmt: skip
-
-
-def _gpu_minutes_insert(*, attempt: Attempt, minutes: list[SimulatedMinute]) -> None:
-    """The rows ``GpuMinute.objects.bulk_create`` would insert (three samples a minute, as
-    the collector keeps), in one executemany: 0.2 s of CPU for the history's ~23,000 minutes,
-    1.3 s (a third of the seed) through the ORM, which builds and prepares each row."""
-    fields = GpuMinute._meta.concrete_fields
-    column_of = {field.name: field.column for field in fields if field.column is not None}
-    adapt = connection.ops.adapt_datetimefield_value
-    updated_at = adapt(timezone.now())
-    rows = [
-        (
-            attempt.pk, minute.host, minute.gpu, adapt(minute.minute), minute.activity,
-            minute.sm_active, minute.tensor_active, None, None, None, 0, 3 * minute.samples,
-            updated_at,
-        )
-        for minute in minutes
-    ]  # fmt: skip
-    quote = connection.ops.quote_name
-    columns = ", ".join(quote(column_of[name]) for name in GPU_MINUTE_COLUMNS)
-    placeholders = ", ".join(["%s"] * len(GPU_MINUTE_COLUMNS))
-    with connection.cursor() as cursor:
-        cursor.executemany(
-            f"INSERT INTO {quote(GpuMinute._meta.db_table)} ({columns}) VALUES ({placeholders})",  # noqa: S608 - our own names
-            rows,
-        )
-
-
-def _record_history(
-    *, run: Run, cluster: Cluster, state: str, exit_code: int, submitted, hours: float
-) -> Attempt:
-    """Turn a freshly queued run into one that ran in the past for ``hours`` (demo history
-    only)."""
-    admitted = submitted + timedelta(minutes=4)
-    started = admitted + timedelta(minutes=2)
-    finished = started + timedelta(hours=hours)
-    failed = state == RunState.FAILED
-    # One of the first nodes of the flavor's pool (the H100 pool has two).
-    pool_nodes = 4 if run.flavor.slug == "a100-80gb" else 2
-    attempt = Attempt.objects.create(
-        run=run,
-        number=1,
-        cluster=cluster,
-        state=AttemptState.FAILED if failed else AttemptState.SUCCEEDED,
-        backend_job_id=f"history-{run.pk}",
-        submitted_at=admitted,
-        started_at=started,
-        finished_at=finished,
-        exit_code=exit_code,
-        failure_reason="USER_EXIT" if failed else "",
-        failure_message="Traceback: loss became NaN at step 41200" if failed else "",
-        node_list=[f"{cluster.name}-{run.flavor.slug}-0{run.pk % pool_nodes}"],
-    )
-    Run.objects.filter(pk=run.pk).update(
-        state=state,
-        cluster=cluster,
-        submitted_at=submitted,
-        admitted_at=admitted,
-        started_at=started,
-        finished_at=finished,
-        failure_reason="USER_EXIT" if failed else "",
-    )
-    usage_record_attempt(attempt=attempt, started=started, finished=finished)
-    _date_the_records(run=run, submitted=submitted, attempts={attempt: admitted})
-    for at, from_state, to_state, reason in (
-        (admitted, RunState.QUEUED, RunState.ADMITTED, "ADMITTED"),
-        (started, RunState.PENDING, RunState.RUNNING, "STARTED"),
-        (finished, RunState.RUNNING, state, "USER_EXIT" if failed else "SUCCEEDED"),
-    ):
-        event = RunEvent.objects.create(
-            run=run, attempt=attempt, from_state=from_state, to_state=to_state, reason=reason
-        )
-        RunEvent.objects.filter(pk=event.pk).update(at=at)
-    return attempt
-
-
-def _date_the_records(*, run: Run, submitted: datetime, attempts: dict[Attempt, datetime]) -> None:
-    """A history run's own records carry its dates, not the seed's: the experiment was
-    created and the run submitted at ``submitted``, each attempt created when admitted."""
-    Experiment.objects.filter(pk=run.experiment_id).update(created_at=submitted)
-    RunEvent.objects.filter(run=run).update(at=submitted)
-    for attempt, created in attempts.items():
-        Attempt.objects.filter(pk=attempt.pk).update(created_at=created)

@@ -29,9 +29,10 @@ from django.utils import timezone
 
 from clusters.selectors import ClusterHealth, cluster_health_list
 from core.types import UserLike
-from finance import selectors as finance_selectors
 from finance.access import finance_tenant_list
 from finance.accrual import TenantMonthSoFar, tenant_month_overview_accrued
+from finance.selectors.months import last_closed_month, month_first_day
+from finance.selectors.rate_cards import platform_currency
 from jobs.access import run_can_submit, run_list_viewable
 from jobs.models import Experiment, Run, RunState
 from jobs.selectors.capacity import QuotaUsage, quota_usage_list
@@ -330,8 +331,8 @@ def _platform(*, user: UserLike, now: datetime) -> PlatformSection:
 
 def _finance(*, user: UserLike, now: datetime) -> FinanceSection:
     # Statement months are UTC, as on the finance pages.
-    current = finance_selectors.month_first_day(now.astimezone(UTC).date())
-    closed = finance_selectors.last_closed_month(current)
+    current = month_first_day(now.astimezone(UTC).date())
+    closed = last_closed_month(current)
     return FinanceSection(
         closed_month=closed,
         current_month=current,
@@ -341,5 +342,5 @@ def _finance(*, user: UserLike, now: datetime) -> FinanceSection:
             current_month=current,
             now=now,
         ),
-        currency=finance_selectors.platform_currency(),
+        currency=platform_currency(),
     )

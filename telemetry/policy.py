@@ -21,7 +21,7 @@ from telemetry.accounting import IDLE_THRESHOLD
 from telemetry.idle import IdleAction, IdleStreak, idle_action, idle_streak
 from telemetry.models import GpuMinute
 from tenants.models import Notification, Tenant
-from tenants.services import notification_create
+from tenants.services.notifications import notification_create
 
 IDLE_WARNING = "IDLE_WARNING"
 IDLE_CLEARED = "IDLE_CLEARED"

@@ -12,13 +12,8 @@ from django.contrib.auth.models import Group, User
 
 from tenants.credentials import user_deactivate
 from tenants.models import ApiToken, AuditEvent, GpuFlavor, Membership, Project, Quota, Tenant
-from tenants.services import (
-    CredentialsRevokedBecause,
-    audit_model_change,
-    audit_record,
-    audit_snapshot,
-    user_credentials_revoke,
-)
+from tenants.services.audit import audit_model_change, audit_record, audit_snapshot
+from tenants.services.tokens import CredentialsRevokedBecause, user_credentials_revoke
 
 
 class ReadOnlyAdminMixin:

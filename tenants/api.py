@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 from core.parsers import JsonTextParser
 from tenants.authentication import ApiTokenAuthentication, refused_by_lockout
 from tenants.models import ApiToken, max_length_of
-from tenants.services import (
+from tenants.services.tokens import (
     API_TOKEN_DEFAULT_DAYS,
     API_TOKEN_MAX_DAYS,
     api_token_issue,

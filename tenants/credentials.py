@@ -8,11 +8,11 @@ from django.db import IntegrityError, transaction
 
 from core.types import UserLike, signed_in
 from tenants.models import ApiToken
-from tenants.services import (
+from tenants.services.audit import audit_record
+from tenants.services.tokens import (
     API_TOKEN_DEFAULT_DAYS,
     CredentialsRevokedBecause,
     api_token_issue,
-    audit_record,
     user_credentials_revoke,
 )
 

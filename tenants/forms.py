@@ -4,11 +4,8 @@ from django import forms
 
 from core.forms import ServiceErrorsMixin
 from tenants.models import IDLE_POLICY_MAX_MIN, ApiToken, Membership, Quota, max_length_of
-from tenants.services import (
-    API_TOKEN_DEFAULT_DAYS,
-    API_TOKEN_MAX_DAYS,
-    MEMBER_IDENTIFIER_MAX_LENGTH,
-)
+from tenants.services.memberships import MEMBER_IDENTIFIER_MAX_LENGTH
+from tenants.services.tokens import API_TOKEN_DEFAULT_DAYS, API_TOKEN_MAX_DAYS
 
 
 def _number(**attrs) -> forms.NumberInput:

@@ -18,14 +18,14 @@ from core.types import UserLike, signed_in
 from tenants.access import is_platform_admin
 from tenants.models import Invitation, Membership, Notification, Tenant
 from tenants.selectors import invitation_list_for_user
-from tenants.services import (
+from tenants.services.audit import audit_record
+from tenants.services.memberships import (
     MEMBER_IDENTIFIER_MAX_LENGTH,
-    audit_record,
     check_role,
     membership_add,
-    notification_create,
     require_member_manager,
 )
+from tenants.services.notifications import notification_create
 
 INVITATION_DAYS = 14
 

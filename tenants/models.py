@@ -21,6 +21,12 @@ def max_length_of(model: type[models.Model], field_name: str) -> int:
     return field.max_length
 
 
+def is_whole_number(value: object) -> bool:
+    """An int and not a bool, which Python counts as one: what a count, a limit or a number
+    of days given as JSON must be."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 # The longest idle streak an idle-GPU policy may wait for: a week, in minutes.
 IDLE_POLICY_MAX_MIN = 7 * 24 * 60
 
@@ -224,7 +230,7 @@ class AuditLogAppendOnly(Exception):
     def __init__(self, operation: str) -> None:
         super().__init__(
             f"The audit log is append-only: AuditEvent rows cannot be {operation}. Record a "
-            "new event instead (tenants.services.audit_record)."
+            "new event instead (tenants.services.audit.audit_record)."
         )
 
 

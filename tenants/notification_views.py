@@ -12,7 +12,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from tenants.selectors import notification_list_for_user, notification_unread_count
-from tenants.services import notification_mark_all_read
+from tenants.services.notifications import notification_mark_all_read
 
 NOTIFICATIONS_PER_PAGE = 25
 

@@ -38,7 +38,7 @@ from mozilla_django_oidc.views import (
 
 from tenants.models import ExternalIdentity, Membership, Tenant, max_length_of
 from tenants.oidc_roles import plan_roles
-from tenants.services import audit_record
+from tenants.services.audit import audit_record
 
 logger = logging.getLogger("gantry.oidc")
 

@@ -15,7 +15,6 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods
 
 from core.http import form_page, or_404
-from tenants import services
 from tenants.access import idle_policy_can_edit, require_platform_admin
 from tenants.forms import FlavorForm, IdlePolicyForm
 from tenants.selectors import (
@@ -25,6 +24,8 @@ from tenants.selectors import (
     flavor_list_manageable,
     tenant_get_viewable,
 )
+from tenants.services import quotas
+from tenants.services.idle_policy import IDLE_POLICY_FIELDS, tenant_idle_policy_update
 
 FLAVORS_PER_PAGE = 50
 AUDIT_EVENTS_PER_PAGE = 50
@@ -55,7 +56,7 @@ def flavor_create(request: HttpRequest) -> HttpResponse:
         FlavorForm(request.POST)
         if request.method == "POST"
         else FlavorForm(initial={"gpu_fraction": 1}),
-        save=lambda data: services.flavor_create(actor=request.user, **data),
+        save=lambda data: quotas.flavor_create(actor=request.user, **data),
         done=done,
         template="tenants/flavor_form.html",
         context={"flavor": None},
@@ -71,13 +72,13 @@ def flavor_edit(request: HttpRequest, slug: str) -> HttpResponse:
         messages.success(request, f"Saved the GPU flavor {saved.slug}.")
         return redirect("tenants:flavor_list")
 
-    initial = {name: getattr(flavor, name) for name in services.FLAVOR_FIELDS}
+    initial = {name: getattr(flavor, name) for name in quotas.FLAVOR_FIELDS}
     return form_page(
         request,
         FlavorForm(request.POST, editing=True)
         if request.method == "POST"
         else FlavorForm(editing=True, initial=initial),
-        save=lambda data: services.flavor_update(flavor=flavor, actor=request.user, **data),
+        save=lambda data: quotas.flavor_update(flavor=flavor, actor=request.user, **data),
         done=done,
         template="tenants/flavor_form.html",
         context={"flavor": flavor},
@@ -98,18 +99,14 @@ def idle_policy(request: HttpRequest, slug: str) -> HttpResponse:
         form = IdlePolicyForm(request.POST)
         if form.is_valid():
             try:
-                services.tenant_idle_policy_update(
-                    tenant=tenant, actor=request.user, **form.cleaned_data
-                )
+                tenant_idle_policy_update(tenant=tenant, actor=request.user, **form.cleaned_data)
             except ValidationError as exc:
                 form.add_service_errors(exc)
             else:
                 messages.success(request, f"Saved the idle-GPU policy of {tenant.slug}.")
                 return redirect("tenants:idle_policy", slug=tenant.slug)
     elif can_edit:
-        form = IdlePolicyForm(
-            initial={name: getattr(tenant, name) for name in services.IDLE_POLICY_FIELDS}
-        )
+        form = IdlePolicyForm(initial={name: getattr(tenant, name) for name in IDLE_POLICY_FIELDS})
     return render(
         request,
         "tenants/idle_policy.html",

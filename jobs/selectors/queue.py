@@ -1,22 +1,21 @@
-"""Reads for admission: its snapshot, this month's usage, the submit preview."""
+"""Reads for admission: its snapshot (queued and held runs, nodes, quotas), what is held
+and free, this month's usage, and the fingerprint that tells a cycle nothing changed."""
 
 import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.db import connection
 from django.db.models import Sum
 from django.utils import timezone
 
-from clusters.models import Cluster, ClusterFlavor, ClusterNode
+from clusters.models import Cluster, ClusterNode
 from clusters.outside_claims import queues_of
-from core.types import UserLike
-from jobs import admission, estimates, placement
+from jobs import admission
 from jobs.calendar import month_start, next_month
 from jobs.models import (
     HOLDING_STATES,
@@ -29,194 +28,7 @@ from jobs.models import (
     TopologyMode,
 )
 from jobs.selectors import holding_sql
-from jobs.selectors.estimates import start_preview
-from jobs.selectors.submit_context import SubmitContext
-from tenants.access import tenant_list_submittable
-from tenants.models import GpuFlavor, Quota, Tenant
-
-
-def flavor_node_limits() -> dict[str, tuple[int, int]]:
-    """flavor slug -> (largest node count, largest GPUs per node) over enabled clusters."""
-    limits: dict[str, tuple[int, int]] = {}
-    rows = ClusterFlavor.objects.filter(cluster__enabled=True).values_list(
-        "flavor__slug", "nodes", "gpus_per_node"
-    )
-    for slug, nodes, gpus_per_node in rows:
-        max_nodes, max_gpus = limits.get(slug, (0, 0))
-        limits[slug] = (max(max_nodes, nodes), max(max_gpus, gpus_per_node))
-    return limits
-
-
-def resource_refusals(
-    *,
-    tenant: Tenant | None,
-    flavor: str,
-    nodes: int,
-    gpus_per_node: int,
-    topology_level: str = "",
-    topology_mode: str = "",
-    context: SubmitContext | None = None,
-) -> dict[str, list[str]]:
-    """Why a run of this shape is refused at submit, by field; empty when it is not: the
-    flavor, node and GPU counts the enabled clusters have, the tenant's quota (none, a per-run
-    maximum, guarantee + borrow limit) and whether any placement could ever exist. The submit
-    validation and the submit form's preview both ask this, so they never disagree.
-    ``context``: the submit context of ``tenant`` and ``flavor`` (the flavor, its node
-    limits, the tenant's quota of it), for a caller that has read it already (None: this
-    reads them)."""
-    errors: dict[str, list[str]] = {}
-
-    def refuse(name: str, message: str) -> None:
-        errors.setdefault(name, []).append(message)
-
-    if context is None:
-        limits = flavor_node_limits().get(flavor)
-        flavor_known = GpuFlavor.objects.filter(slug=flavor).exists()
-    else:
-        limits = context.node_limits
-        flavor_known = context.flavor is not None
-    if not flavor_known:
-        refuse("flavor", "Unknown GPU flavor.")
-    elif limits is None:
-        refuse("flavor", "No enabled cluster offers this GPU flavor.")
-    if nodes < 1:
-        refuse("nodes", "Must be at least 1.")
-    if gpus_per_node < 1:
-        refuse("gpus_per_node", "Must be at least 1.")
-    if errors:
-        return errors
-    assert limits is not None  # else refused above
-    max_nodes, max_gpus = limits
-    quota = None
-    if tenant is not None:
-        if context is None:
-            # One quota per (tenant, flavor): no order to ask for (the default one joins two
-            # tables).
-            quota = Quota.objects.filter(tenant=tenant, flavor__slug=flavor).order_by().first()
-        else:
-            quota = context.quota
-    largest = _largest_run(tenant=tenant, flavor=flavor, limits=limits, quota=quota)
-    if nodes > max_nodes:
-        refuse("nodes", f"At most {max_nodes} nodes of {flavor}.{largest}")
-    if gpus_per_node > max_gpus:
-        refuse("gpus_per_node", f"A {flavor} node has at most {max_gpus} GPUs.{largest}")
-    if tenant is not None and not errors:
-        _quota_refusals(
-            refuse,
-            tenant=tenant,
-            flavor=flavor,
-            quota=quota,
-            gpus=nodes * gpus_per_node,
-            largest=largest,
-        )
-    # The levels are read only to judge a level asked for (most runs ask for none).
-    levels = topology_levels_offered(flavor=flavor) if topology_level else []
-    if topology_level and topology_level not in levels:
-        refuse(
-            "topology_level",
-            f"No cluster with {flavor} GPUs has a {topology_level!r} level "
-            f"(levels: {', '.join(levels) or 'none'}).",
-        )
-    if not {"nodes", "gpus_per_node", "topology_level"} & set(errors):
-        why = placement_never_possible(
-            flavor=flavor,
-            nodes=nodes,
-            gpus_per_node=gpus_per_node,
-            topology_level=topology_level,
-            required=bool(topology_level) and topology_mode == TopologyMode.REQUIRED,
-        )
-        if why:
-            refuse("nodes", why)
-    return errors
-
-
-def _largest_run(
-    *, tenant: Tenant | None, flavor: str, limits: tuple[int, int], quota: Quota | None
-) -> str:
-    """The largest run of ``flavor`` that could ever start (for ``tenant``: within its quota,
-    with every node free), said after a refusal of a run too large, so the person knows what
-    to ask for instead, after a space. "" when the tenant may run none (the refusal says why)."""
-    max_nodes, max_gpus = limits
-    cap = max_nodes * max_gpus
-    if tenant is not None:
-        if quota is None:
-            return ""
-        cap = min(cap, quota.guaranteed_gpus + quota.borrow_limit_gpus)
-        if quota.max_gpus_per_run is not None:
-            cap = min(cap, quota.max_gpus_per_run)
-    nodes, per_node = placement.largest_shape(
-        max_nodes=max_nodes, max_gpus_per_node=max_gpus, max_gpus=cap
-    )
-    if nodes == 0:
-        return ""
-    whose = f" for tenant {tenant.slug}" if tenant is not None else ""
-    return (
-        f" The largest {flavor} run that could ever start{whose}: {nodes * per_node} GPUs "
-        f"({nodes} node{'s' if nodes > 1 else ''} × {per_node})."
-    )
-
-
-def _quota_refusals(
-    refuse, *, tenant: Tenant, flavor: str, quota: Quota | None, gpus: int, largest: str
-) -> None:
-    """What the tenant's quota of the flavor (None: it has none) could never admit."""
-    ceiling = 0 if quota is None else quota.guaranteed_gpus + quota.borrow_limit_gpus
-    if quota is None or ceiling == 0:
-        refuse("flavor", f"Tenant {tenant.slug} has no quota for {flavor}.")
-    elif quota.max_gpus_per_run is not None and gpus > quota.max_gpus_per_run:
-        refuse(
-            "gpus_per_node",
-            f"This run asks for {gpus} GPUs; tenant {tenant.slug} may use at most "
-            f"{quota.max_gpus_per_run} {flavor} GPUs per run.{largest}",
-        )
-    elif gpus > ceiling:
-        refuse(
-            "gpus_per_node",
-            f"This run asks for {gpus} GPUs and could never start: tenant {tenant.slug} may "
-            f"hold at most {ceiling} {flavor} GPUs ({quota.guaranteed_gpus} guaranteed + "
-            f"{quota.borrow_limit_gpus} borrowed).{largest}",
-        )
-
-
-def placement_never_possible(
-    *, flavor: str, nodes: int, gpus_per_node: int, topology_level: str = "", required: bool = False
-) -> str:
-    """Why no enabled cluster could place this gang even with every node free and taking
-    work; "" when one could. What a submit is refused for, not what it waits for."""
-    by_cluster: dict[str, tuple[tuple[str, ...], list[placement.Node]]] = {}
-    for cluster, levels, name, gpus, path in ClusterNode.objects.filter(
-        cluster__enabled=True, flavor__slug=flavor
-    ).values_list("cluster__name", "cluster__topology_levels", "name", "gpus", "path"):
-        entry = by_cluster.setdefault(cluster, (tuple(levels), []))
-        entry[1].append(placement.Node(name, gpus, gpus, path=tuple(path)))
-    if not by_cluster:
-        return f"No enabled cluster has {flavor} GPUs."
-    within = f" in one {topology_level}" if required else ""
-    level_known = False
-    for levels, cluster_nodes in by_cluster.values():
-        level = None
-        if required:
-            if topology_level not in levels:
-                continue
-            level = levels.index(topology_level) + 1
-            level_known = True
-        gang = placement.Gang(nodes, gpus_per_node, required_level=level)
-        if placement.place(cluster_nodes, gang) is not None:
-            return ""
-    if required and not level_known:
-        return f"No cluster with {flavor} GPUs has a {topology_level} level."
-    return f"No single cluster has {nodes} nodes with {gpus_per_node} {flavor} GPUs each{within}."
-
-
-def topology_levels_offered(*, flavor: str | None = None) -> list[str]:
-    """The topology levels of enabled clusters (with GPUs of ``flavor``), widest first."""
-    clusters = Cluster.objects.filter(enabled=True)
-    if flavor is not None:
-        clusters = clusters.filter(nodes__flavor__slug=flavor).distinct()
-    levels: list[str] = []
-    for names in clusters.order_by("name").values_list("topology_levels", flat=True):
-        levels += [name for name in names if name not in levels]
-    return levels
+from tenants.models import Quota, Tenant
 
 
 def _quota_of(row: Mapping[str, Any]) -> admission.Quota:
@@ -426,124 +238,6 @@ def gpu_hours_this_month(*, now, tenant=None) -> dict[tuple[str, str], float]:
             0.0, (now - max(started, month)).total_seconds()
         )
     return {key: value / 3600 for key, value in seconds.items()}
-
-
-@dataclass(frozen=True)
-class AdmissionPreview:
-    """What the submit form shows before submitting: the quota picture and the verdict."""
-
-    tenant: str
-    flavor: str
-    gpus: int
-    guaranteed: int
-    borrow_limit: int
-    in_use: int
-    idle: int  # idle GPUs of the flavor across enabled clusters
-    budget_gpu_hours: float | None
-    budget_used_gpu_hours: float
-    budget_mode: str
-    verdict: str  # "start", "borrow", "wait" or "cannot" (the submit would be refused)
-    message: str
-    start: str = ""  # when it would start, from the last start forecast, if it would wait
-
-    @property
-    def borrowable(self) -> int:
-        """GPUs the tenant could borrow right now beyond its guarantee."""
-        room = self.guaranteed + self.borrow_limit - max(self.in_use, self.guaranteed)
-        return max(0, min(room, self.idle))
-
-    @property
-    def budget_left_gpu_hours(self) -> float | None:
-        if self.budget_gpu_hours is None:
-            return None
-        return max(0.0, self.budget_gpu_hours - self.budget_used_gpu_hours)
-
-
-def admission_preview(
-    *,
-    user: UserLike,
-    tenant: str,
-    flavor: str,
-    nodes: int,
-    gpus_per_node: int,
-    priority: int = 50,
-    topology_level: str = "",
-    topology_required: bool = False,
-) -> AdmissionPreview:
-    """Run admission on the current snapshot plus this hypothetical run, changing nothing."""
-    tenant_obj = tenant_list_submittable(user=user).filter(slug=tenant).first()
-    if tenant_obj is None:
-        raise ValidationError({"tenant": "Unknown tenant, or you are not a member."})
-    if not GpuFlavor.objects.filter(slug=flavor).exists():
-        raise ValidationError({"flavor": "Unknown GPU flavor."})
-    refusals = resource_refusals(
-        tenant=tenant_obj,
-        flavor=flavor,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        topology_level=topology_level,
-        topology_mode=TopologyMode.REQUIRED if topology_required else "",
-    )
-    now = timezone.now()
-    snapshot, _ = admission_snapshot(now=now)
-    probe = admission.QueuedRun(
-        id=-1,
-        tenant=tenant,
-        flavor=flavor,
-        nodes=max(1, nodes),
-        gpus_per_node=max(1, gpus_per_node),
-        priority=priority,
-        submitted=now.timestamp(),
-        topology_level=topology_level,
-        topology_required=topology_required,
-    )
-    decisions = admission.decide(replace(snapshot, queued=(*snapshot.queued, probe)))
-    key = (tenant, flavor)
-    quota = snapshot.quotas.get(key) or admission.Quota(guaranteed=0)
-    in_use = sum(r.gpus for r in snapshot.held if (r.tenant, r.flavor) == key)
-    idle = admission.free_gpus(snapshot).get(flavor, 0)
-    admit = next((a for a in decisions.admitted if a.run_id == -1), None)
-    start = ""
-    if refusals:
-        verdict = "cannot"
-        message = "Cannot run: " + " ".join(m for messages in refusals.values() for m in messages)
-    elif admit is not None:
-        verdict = "borrow" if admit.borrowed else "start"
-        where = f"{admit.cluster} ({', '.join(admit.nodes)})"
-        message = (
-            f"Would start now on {where}, borrowing idle GPUs (preemptible)"
-            if admit.borrowed
-            else f"Would start now on {where}, within the tenant's guarantee"
-        )
-        if admit.over_budget:
-            message += "; past the soft monthly budget, so it will be flagged"
-    else:
-        wait = next(w for w in decisions.waiting if w.run_id == -1)
-        verdict = "wait"
-        message = f"Would wait: {wait.message} (position {wait.position})"
-        if wait.reason in estimates.STUCK:
-            # Decided now, not by the stored forecast, which may predate it (a hard budget
-            # spent since the last refresh would otherwise read as a start already past).
-            start = f"no start estimate: {estimates.STUCK[wait.reason]}"
-        else:
-            preview = start_preview(probe=probe, snapshot=snapshot)
-            if preview is not None:
-                start = preview.summary(now=now)
-    return AdmissionPreview(
-        tenant=tenant,
-        flavor=flavor,
-        gpus=probe.gpus,
-        guaranteed=quota.guaranteed,
-        borrow_limit=quota.borrow_limit,
-        in_use=in_use,
-        idle=max(0, idle),
-        budget_gpu_hours=quota.budget_gpu_hours,
-        budget_used_gpu_hours=snapshot.budget_used.get(key, 0.0),
-        budget_mode="hard" if quota.budget_hard else "soft",
-        verdict=verdict,
-        message=message,
-        start=start,
-    )
 
 
 def _table(model) -> str:

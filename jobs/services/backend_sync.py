@@ -415,15 +415,21 @@ def _run_started(*, run: Run, attempt: Attempt, started_at, message: str) -> Non
         )
 
 
+# What each end a backend reports makes of the attempt; any other is a failure.
+_ENDED_STATES = {
+    "SUCCEEDED": AttemptState.SUCCEEDED,
+    "FAILED": AttemptState.FAILED,
+    "CANCELLED": AttemptState.CANCELLED,
+    "PREEMPTED": AttemptState.PREEMPTED,
+    "LOST": AttemptState.LOST,
+}
+
+
 def _attempt_finish(*, attempt: Attempt, status: JobStatus, now, common: dict) -> int:
+    """The attempt's job ended: record the end and its usage (once: 0 when another sync
+    recorded it first), move the run on and wake admission."""
     run = attempt.run
-    state = {
-        "SUCCEEDED": AttemptState.SUCCEEDED,
-        "FAILED": AttemptState.FAILED,
-        "CANCELLED": AttemptState.CANCELLED,
-        "PREEMPTED": AttemptState.PREEMPTED,
-        "LOST": AttemptState.LOST,
-    }.get(status.state, AttemptState.FAILED)
+    state = _ENDED_STATES.get(status.state, AttemptState.FAILED)
     reason = "" if state == AttemptState.SUCCEEDED else (status.failure_reason or "UNKNOWN")
     finished_at = status.finished_at or now
     updated = Attempt.objects.filter(pk=attempt.pk, state__in=LIVE_ATTEMPT_STATES).update(
@@ -442,24 +448,8 @@ def _attempt_finish(*, attempt: Attempt, status: JobStatus, now, common: dict) -
         attempt=attempt, started=attempt.started_at or status.started_at, finished=finished_at
     )
     run.refresh_from_db(fields=["state", "cancel_requested_at", "restarts"])
-    live_states = (RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING)
     if run.state == RunState.PREEMPTED:
-        Attempt.objects.filter(pk=attempt.pk).update(
-            state=AttemptState.PREEMPTED, failure_reason="PREEMPTED"
-        )
-        if run.cancel_requested_at is None:
-            run_requeue_after_preemption(run=run, attempt=attempt)
-        else:  # cancelled while its job was being taken off: it ends here, not in the queue
-            run_transition(
-                run=run,
-                to=RunState.CANCELLED,
-                expected=(RunState.PREEMPTED,),
-                reason="CANCELLED",
-                message="Cancelled as requested",
-                attempt=attempt,
-                finished_at=finished_at,
-                failure_reason="CANCELLED",
-            )
+        _preempted_run_settle(run=run, attempt=attempt, finished_at=finished_at)
         return 1
     # A job that started and ended between two syncs (a sync held up by an outage, a short
     # job): its run's timeline still says it ran, when the backend says it started.
@@ -471,6 +461,40 @@ def _attempt_finish(*, attempt: Attempt, status: JobStatus, now, common: dict) -
             started_at=ran_at,
             message=f"Ran on {', '.join(status.node_list) or attempt.cluster.name}",
         )
+    _run_end(
+        run=run, attempt=attempt, status=status, state=state, reason=reason, finished_at=finished_at
+    )
+    admission_cycle_enqueue()
+    return 1
+
+
+def _preempted_run_settle(*, run: Run, attempt: Attempt, finished_at) -> None:
+    """The run was preempted and this was its job being taken off: the attempt ends
+    PREEMPTED and the run goes back to the queue, or ends if it was cancelled meanwhile."""
+    Attempt.objects.filter(pk=attempt.pk).update(
+        state=AttemptState.PREEMPTED, failure_reason="PREEMPTED"
+    )
+    if run.cancel_requested_at is None:
+        run_requeue_after_preemption(run=run, attempt=attempt)
+    else:  # cancelled while its job was being taken off: it ends here, not in the queue
+        run_transition(
+            run=run,
+            to=RunState.CANCELLED,
+            expected=(RunState.PREEMPTED,),
+            reason="CANCELLED",
+            message="Cancelled as requested",
+            attempt=attempt,
+            finished_at=finished_at,
+            failure_reason="CANCELLED",
+        )
+
+
+def _run_end(
+    *, run: Run, attempt: Attempt, status: JobStatus, state: str, reason: str, finished_at
+) -> None:
+    """What the attempt's end makes of its live run: succeeded, cancelled, queued again for
+    a restart it has left, or failed."""
+    live_states = (RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING)
     if state == AttemptState.SUCCEEDED:
         run_transition(
             run=run,
@@ -521,8 +545,6 @@ def _attempt_finish(*, attempt: Attempt, status: JobStatus, now, common: dict) -
             finished_at=finished_at,
             failure_reason=reason,
         )
-    admission_cycle_enqueue()
-    return 1
 
 
 @transaction.atomic

@@ -17,7 +17,8 @@ from core.types import UserLike
 from jobs.enqueue import admission_cycle_enqueue
 from jobs.selectors.capacity import Overcommit, flavor_overcommit, held_gpus_by_tenant_flavor
 from tenants.models import GpuFlavor, Quota, Tenant
-from tenants.services import MAX_STORED_INT, audit_record, quota_update
+from tenants.services.audit import audit_record
+from tenants.services.quotas import MAX_STORED_INT, quota_update
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,9 @@ def quota_update_checked(
     actor: UserLike,
     confirm_overcommit: bool = False,
 ) -> QuotaChange:
-    """``tenants.services.quota_update`` with the flavors enabled clusters offer, so a borrow
-    limit on a flavor nobody offers is refused; then an admission cycle applies the change.
+    """``tenants.services.quotas.quota_update`` with the flavors enabled clusters offer, so a
+    borrow limit on a flavor nobody offers is refused; then an admission cycle applies the
+    change.
 
     Raising a guarantee so that the flavor's guarantees add up to more than its capacity
     needs ``confirm_overcommit``: without it, ValidationError on ``confirm_overcommit`` and

@@ -19,7 +19,7 @@ from jobs.models import (
     WaitReason,
 )
 from tenants.models import max_length_of
-from tenants.services import audit_record
+from tenants.services.audit import audit_record
 
 WAIT_MESSAGE_MAX_LENGTH = max_length_of(Run, "wait_message")
 

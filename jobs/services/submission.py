@@ -19,7 +19,7 @@ from core.ids import MAX_ID
 from core.types import UserLike, signed_in
 from images.access import image_list_usable
 from images.models import DIGEST_PATTERN, Image
-from images.services import TagResolutionError, tag_resolve
+from images.services.registries import TagResolutionError, tag_resolve
 from jobs import spec
 from jobs.access import experiment_can_rerun, experiment_list_viewable
 from jobs.enqueue import admission_cycle_enqueue
@@ -34,7 +34,7 @@ from jobs.models import (
     RunState,
     TopologyMode,
 )
-from jobs.selectors.queue import resource_refusals
+from jobs.selectors.refusals import resource_refusals
 from jobs.selectors.runs import run_submitted_with
 from jobs.selectors.submit_context import submit_context
 from tenants.models import max_length_of

@@ -14,7 +14,7 @@ from jobs.models import (
 )
 from jobs.services.submission import run_record_values, submission_once
 from tenants.models import Tenant, slug_validator
-from tenants.services import audit_record, audit_snapshot
+from tenants.services.audit import audit_record, audit_snapshot
 
 # What a template is made of: what the form edits, the service saves and the audit records.
 TEMPLATE_FIELDS = ("name", "description", "values", "locked", "ranges")

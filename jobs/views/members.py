@@ -14,7 +14,6 @@ from django.views.decorators.http import require_GET, require_POST
 from core.http import or_404
 from jobs.selectors.capacity import member_usage_list, quota_usage_list, tenant_get_members_viewable
 from tenants import invitations as tenant_invitations
-from tenants import services as tenant_services
 from tenants.access import (
     is_platform_admin,
     membership_can_manage,
@@ -29,6 +28,7 @@ from tenants.selectors import (
     membership_get,
     quota_list_for_tenant,
 )
+from tenants.services.memberships import membership_remove, membership_role_change
 
 
 @login_required
@@ -130,7 +130,7 @@ def member_role(request: HttpRequest, slug: str, user_id: int) -> HttpResponse:
     membership = or_404(membership_get, tenant=tenant, user_id=user_id)
     try:
         changed = or_404(
-            tenant_services.membership_role_change,
+            membership_role_change,
             membership=membership,
             role=request.POST.get("role", ""),
             actor=request.user,
@@ -151,7 +151,7 @@ def member_remove(request: HttpRequest, slug: str, user_id: int) -> HttpResponse
     tenant = or_404(tenant_get_members_viewable, user=request.user, slug=slug)
     membership = or_404(membership_get, tenant=tenant, user_id=user_id)
     try:
-        or_404(tenant_services.membership_remove, membership=membership, actor=request.user)
+        or_404(membership_remove, membership=membership, actor=request.user)
     except ValidationError as exc:
         return _members_page(request, tenant, error=" ".join(exc.messages))
     return _after_member_change(

@@ -34,11 +34,8 @@ from jobs.models import Run
 from jobs.selectors.experiments import (
     experiment_get_viewable,
 )
-from jobs.selectors.queue import (
-    admission_preview,
-    flavor_node_limits,
-    topology_levels_offered,
-)
+from jobs.selectors.preview import admission_preview
+from jobs.selectors.refusals import flavor_node_limits, topology_levels_offered
 from jobs.selectors.templates import template_get_usable
 from jobs.services import submission
 from jobs.services import templates as template_services

@@ -23,7 +23,7 @@ from jobs.models import Attempt, Experiment, ExperimentTemplate, Run
 from jobs.services.backend_submit import job_spec_for
 from jobs.services.submission import run_rerun, run_submit
 from jobs.services.templates import template_save
-from tenants.services import api_token_create
+from tenants.services.tokens import api_token_create
 from tests.clusters.backends.test_k8s_manifest import BASE_SETTINGS, TOKEN, spec_for
 from tests.clusters.backends.test_render_injection import slurm_settings
 from tests.conftest import experiment_input

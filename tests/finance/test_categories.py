@@ -6,7 +6,8 @@ import ast
 from pathlib import Path
 
 import finance
-from finance import costing, selectors, services
+from finance import costing, services
+from finance.selectors import amounts, exports
 from telemetry import accounting
 
 FINANCE_DIR = Path(finance.__file__).parent
@@ -15,7 +16,7 @@ FINANCE_DIR = Path(finance.__file__).parent
 def test_finance_uses_telemetrys_categories_and_waste():
     assert accounting.WASTE == ("lost", "startup", "checkpoint", "idle", "input_wait", "comm_wait")
     assert (*accounting.WASTE, "effective") == accounting.CATEGORIES
-    assert selectors.WASTE is accounting.WASTE
+    assert amounts.WASTE is exports.WASTE is accounting.WASTE
     assert services.CATEGORIES is accounting.CATEGORIES
     # The tie order of costing holds every category once: effective first, then the waste
     assert ("effective", *accounting.WASTE) == costing.SHARE_ORDER
@@ -23,7 +24,7 @@ def test_finance_uses_telemetrys_categories_and_waste():
 
 
 def test_the_statement_line_categories_and_the_export_columns_keep_their_order():
-    line = selectors.Usage(
+    line = amounts.Usage(
         allocated_gpu_s=21, effective_gpu_s=0, lost_gpu_s=1, startup_gpu_s=2,
         checkpoint_gpu_s=3, idle_gpu_s=4, input_wait_gpu_s=5, comm_wait_gpu_s=6,
     )  # fmt: skip
@@ -32,7 +33,7 @@ def test_the_statement_line_categories_and_the_export_columns_keep_their_order()
         ("lost", 1), ("startup", 2), ("checkpoint", 3), ("idle", 4), ("input_wait", 5),
         ("comm_wait", 6),
     ]  # fmt: skip
-    assert selectors.EXPORT_COLUMNS[8:15] == (
+    assert exports.EXPORT_COLUMNS[8:15] == (
         "allocated_gpu_h", "effective_gpu_h", "lost_gpu_h", "startup_gpu_h", "checkpoint_gpu_h",
         "idle_gpu_h", "input_wait_gpu_h",
     )  # fmt: skip

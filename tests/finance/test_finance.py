@@ -7,8 +7,10 @@ from decimal import Decimal
 import pytest
 from django.core.exceptions import PermissionDenied, ValidationError
 
-from finance import costing, selectors, services
+from finance import costing, services
 from finance.models import DailyUsage, RateCard, UsageRollupState
+from finance.selectors.rate_cards import rate_cards_for
+from finance.selectors.statements import statement_month
 from jobs.models import Attempt, AttemptState
 from telemetry.accounting import WASTE
 from telemetry.models import AttemptAccounting
@@ -187,7 +189,7 @@ def test_daily_usage_reconciles_with_attempt_accounting_to_the_second_and_the_ce
     # The lines: alice at 2.50, 43,200 GPU-s = 30.00 (effective 42,900 = 29.79…, 29.79);
     # arthur at 2.50, 5.00; alice at 3.00, 46,800 GPU-s = 39.00 (effective 46,400 = 38.666…,
     # 38.67). The total is their sum.
-    total = selectors.statement_month(tenant=world.vision, month=date(2026, 3, 1)).total
+    total = statement_month(tenant=world.vision, month=date(2026, 3, 1)).total
     assert (total.allocated_gpu_s, total.cost, total.effective_cost) == (
         97200,
         Decimal("74.00"),
@@ -198,7 +200,7 @@ def test_daily_usage_reconciles_with_attempt_accounting_to_the_second_and_the_ce
             start=a.started_at,
             end=a.finished_at,
             allocated_gpu_s=a.accounting.allocated_gpu_s,
-            rates=selectors.rate_cards_for([world.a100.pk])[world.a100.pk],
+            rates=rate_cards_for([world.a100.pk])[world.a100.pk],
         )
         for a in attempts
     )
@@ -233,6 +235,6 @@ def test_rebuilding_a_day_gives_identical_rows_and_a_new_price_reprices_the_days
     services.daily_usage_update(now=MARCH_2 + timedelta(hours=12))
 
     assert [row[-1] for row in usage_rows()] == [Decimal("2.0000"), Decimal("4.0000")]
-    statement = selectors.statement_month(tenant=world.vision, month=date(2026, 3, 1))
+    statement = statement_month(tenant=world.vision, month=date(2026, 3, 1))
     assert statement.total.cost == Decimal("72.00")  # 12 h of 2 GPUs: 6 at 2.00, 6 at 4.00
     assert UsageRollupState.objects.get().rates_changed_from is None

@@ -13,8 +13,8 @@ from django.db import transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from finance import selectors
 from finance.models import DailyUsage
+from finance.selectors.statements import statement_month
 from finance.services import daily_usage_update, rate_card_add
 from jobs.models import Attempt, AttemptState
 from telemetry.accounting import WASTE
@@ -72,7 +72,7 @@ def test_a_hundred_short_attempts_cost_their_gpu_seconds_times_the_rate(client, 
     daily_usage_update(now=ROLLUP_AT)
 
     # Then the line is 700 GPU-s * 2.99 / 3600 = 0.5813…, rounded once: 0.58
-    statement = selectors.statement_month(tenant=world.vision, month=MARCH)
+    statement = statement_month(tenant=world.vision, month=MARCH)
     assert (statement.total.allocated_gpu_s, statement.total.cost) == (700, Decimal("0.58"))
     assert [line.usage.cost for line in statement.breakdowns["user"]] == [Decimal("0.58")]
     # and the export of the month has the same line
@@ -140,7 +140,7 @@ def test_every_line_is_its_exact_amount_rounded_once_and_the_totals_add_up(world
         expected_total = sum(lines.values(), Decimal("0.00"))
 
         daily_usage_update(now=ROLLUP_AT)
-        statement = selectors.statement_month(tenant=world.vision, month=MARCH)
+        statement = statement_month(tenant=world.vision, month=MARCH)
 
         # Each line is its exact amount rounded once (line by line, through the users'
         # breakdown of every card), the total is the sum of the lines

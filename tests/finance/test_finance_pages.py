@@ -36,7 +36,9 @@ from clusters.models import Cluster
 from finance import costing
 from finance import views as finance_views
 from finance.models import DailyUsage, RateCard
-from finance.selectors import EXPORT_COLUMNS, rate_cards_for, statement_month
+from finance.selectors.exports import EXPORT_COLUMNS
+from finance.selectors.rate_cards import rate_cards_for
+from finance.selectors.statements import statement_month
 from finance.services import daily_usage_update, rate_card_add
 from jobs.models import Attempt, AttemptState, Run
 from jobs.services.submission import run_submit

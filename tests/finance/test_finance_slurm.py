@@ -20,9 +20,9 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from clusters.backends.slurm_tres import gpus_of_tres
-from finance import selectors as finance_selectors
 from finance.costing import SECONDS_PER_HOUR
 from finance.models import DailyUsage
+from finance.selectors.statements import statement_total
 from finance.services import daily_usage_update, rate_card_add
 from jobs.models import Attempt, RunState
 from jobs.services.backend_submit import attempt_submit
@@ -113,9 +113,7 @@ def test_a_months_gpu_hours_equal_sacct(slurm_world, monkeypatch):
     months = sorted({a.started_at.date().replace(day=1) for a in attempts} | {
         a.finished_at.date().replace(day=1) for a in attempts
     })  # fmt: skip
-    totals = [
-        finance_selectors.statement_total(tenant=world.vision, month=month) for month in months
-    ]
+    totals = [statement_total(tenant=world.vision, month=month) for month in months]
     total_gpu_s = sum(slurm_gpu_s.values())
     assert sum(t.allocated_gpu_s for t in totals) == total_gpu_s
     rolled_up = DailyUsage.objects.filter(tenant=world.vision).aggregate(Sum("allocated_gpu_s"))

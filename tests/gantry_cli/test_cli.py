@@ -248,7 +248,7 @@ def test_gantry_token_and_url_from_the_environment(cli, server, monkeypatch):
 def services_token(*, username: str):
     from django.contrib.auth.models import User
 
-    from tenants.services import api_token_create
+    from tenants.services.tokens import api_token_create
 
     return api_token_create(
         user=User.objects.get(username=username),

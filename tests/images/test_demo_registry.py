@@ -11,7 +11,6 @@ from datetime import UTC, datetime
 import pytest
 from requests.adapters import HTTPAdapter
 
-from images import services
 from images.demo_registry import (
     DEMO_REGISTRY_URL,
     DemoRegistryTransport,
@@ -20,14 +19,21 @@ from images.demo_registry import (
     demo_image,
 )
 from images.models import Registry
-from images.registry import OCI_MANIFEST, RegistryClient, RegistryNotFound
+from images.oci import OCI_MANIFEST, RegistryNotFound
+from images.registry import RegistryClient
+from images.services.registries import (
+    CatalogRegistryClient,
+    registry_client_for,
+    registry_create,
+    tag_resolve,
+)
 from tests import REPOSITORY
 
 PYTORCH_DIGEST = "sha256:3c7c01d2195c3005ac24b2ccec80f994e8e2a850f7978a15be8b0e21bac9d87f"
 
 
-def demo_client() -> services.CatalogRegistryClient:
-    return services.CatalogRegistryClient(DEMO_REGISTRY_URL, transport=DemoRegistryTransport())
+def demo_client() -> CatalogRegistryClient:
+    return CatalogRegistryClient(DEMO_REGISTRY_URL, transport=DemoRegistryTransport())
 
 
 def test_a_demo_tag_resolves_to_the_hash_of_the_manifest_it_serves_with_its_metadata():
@@ -81,16 +87,16 @@ def test_the_transport_answers_only_for_the_url_it_is_given():
 
 @pytest.fixture
 def demo_registry(world) -> Registry:
-    return services.registry_create(name="demo", url=DEMO_REGISTRY_URL, actor=world.platform_admin)
+    return registry_create(name="demo", url=DEMO_REGISTRY_URL, actor=world.platform_admin)
 
 
 def test_with_the_demo_registry_on_its_host_is_answered_in_process(settings, demo_registry):
     settings.GANTRY_DEMO_REGISTRY = True
 
-    assert services.tag_resolve(
-        repository="registry.gantry.example/ml/jax", tag="0.4.30-cuda12"
-    ) == (demo_image("ml/jax", "0.4.30-cuda12").digest)
-    with services.registry_client_for(demo_registry) as client:
+    assert tag_resolve(repository="registry.gantry.example/ml/jax", tag="0.4.30-cuda12") == (
+        demo_image("ml/jax", "0.4.30-cuda12").digest
+    )
+    with registry_client_for(demo_registry) as client:
         assert isinstance(
             client._session.get_adapter(DEMO_REGISTRY_URL + "/v2/"), DemoRegistryTransport
         )
@@ -99,18 +105,18 @@ def test_with_the_demo_registry_on_its_host_is_answered_in_process(settings, dem
 def test_with_the_demo_registry_off_its_host_goes_over_the_network(settings, demo_registry):
     settings.GANTRY_DEMO_REGISTRY = False
 
-    with services.registry_client_for(demo_registry) as client:
+    with registry_client_for(demo_registry) as client:
         adapter = client._session.get_adapter(DEMO_REGISTRY_URL + "/v2/")
     assert type(adapter) is HTTPAdapter
 
 
 def test_another_registry_never_gets_the_demo_transport(settings, world):
     settings.GANTRY_DEMO_REGISTRY = True
-    other = services.registry_create(
+    other = registry_create(
         name="other", url="https://registry.example.org", actor=world.platform_admin
     )
 
-    with services.registry_client_for(other) as client:
+    with registry_client_for(other) as client:
         adapter = client._session.get_adapter("https://registry.example.org/v2/")
     assert type(adapter) is HTTPAdapter
 

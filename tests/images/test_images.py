@@ -14,8 +14,8 @@ from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from images import services
 from images.models import Image, Registry
+from images.services import catalog, registries
 from jobs.models import Experiment, Run
 from jobs.services.submission import run_submit
 from tenants.models import AuditEvent
@@ -53,7 +53,7 @@ BOT_BASIC = "Basic " + base64.b64encode(f"{BOT_USER}:{BOT_PASSWORD}".encode()).d
 
 @pytest.fixture
 def registry(world, local_registry: RegistryProcess, seeded_images: SeededImages) -> Registry:
-    return services.registry_create(
+    return registries.registry_create(
         name="local", url=local_registry.url, actor=world.platform_admin
     )
 
@@ -61,7 +61,7 @@ def registry(world, local_registry: RegistryProcess, seeded_images: SeededImages
 @pytest.fixture
 def down_registry(world) -> Registry:
     """A registry on a port nobody listens on."""
-    return services.registry_create(
+    return registries.registry_create(
         name="down", url=f"http://127.0.0.1:{free_port()}", actor=world.platform_admin
     )
 
@@ -75,7 +75,7 @@ def unique_repository(prefix: str) -> str:
 
 
 def import_image(world, registry: Registry, reference: str) -> Image:
-    image, created = services.image_import(
+    image, created = catalog.image_import(
         registry=registry, reference=reference, actor=world.platform_admin
     )
     assert created
@@ -83,7 +83,7 @@ def import_image(world, registry: Registry, reference: str) -> Image:
 
 
 def approve(world, image: Image) -> Image:
-    return services.image_set_status(
+    return catalog.image_set_status(
         image=image, status=Image.Status.APPROVED, actor=world.platform_admin
     )
 
@@ -132,7 +132,7 @@ def test_import_by_tag_records_the_exact_digest_labels_versions_and_size(
 ):
     pushed = seeded_images.trainer
 
-    image, created = services.image_import(
+    image, created = catalog.image_import(
         registry=registry, reference="team-a/trainer:v1", actor=world.platform_admin
     )
 
@@ -212,7 +212,7 @@ def test_importing_again_keeps_status_and_visibility_and_refreshes_the_tag(
         world, import_image(world, registry, f"team-a/trainer@{seeded_images.trainer.digest}")
     )
 
-    again, created = services.image_import(
+    again, created = catalog.image_import(
         registry=registry, reference="team-a/trainer:v1", actor=world.platform_admin
     )
 
@@ -235,7 +235,7 @@ def test_unknown_tag_is_a_reference_error_and_saves_nothing(
     before = Image.objects.count()
 
     with pytest.raises(ValidationError) as raised:
-        services.image_import(
+        catalog.image_import(
             registry=registry, reference="team-a/trainer:nope", actor=world.platform_admin
         )
 
@@ -248,7 +248,7 @@ def test_unknown_tag_is_a_reference_error_and_saves_nothing(
 
 def test_unknown_digest_is_a_reference_error(world, registry, local_registry):
     with pytest.raises(ValidationError) as raised:
-        services.image_import(
+        catalog.image_import(
             registry=registry, reference=f"team-a/trainer@{DIGEST_X}", actor=world.platform_admin
         )
 
@@ -284,7 +284,7 @@ def test_bad_reference_syntax_is_a_field_error_without_asking_the_registry(
     world, down_registry, reference, message
 ):
     with pytest.raises(ValidationError) as raised:
-        services.image_import(
+        catalog.image_import(
             registry=down_registry, reference=reference, actor=world.platform_admin
         )
 
@@ -296,7 +296,7 @@ def test_registry_down_says_unreachable_and_saves_nothing(world, down_registry):
     before = (Image.objects.count(), AuditEvent.objects.count())
 
     with pytest.raises(ValidationError) as raised:
-        services.image_import(
+        catalog.image_import(
             registry=down_registry, reference="team-a/trainer:v1", actor=world.platform_admin
         )
 
@@ -310,10 +310,12 @@ def test_registry_answering_5xx_says_unreachable_and_saves_nothing(
     world, stub_registry: StubRegistry
 ):
     stub_registry.route("HEAD", "/v2/team/x/manifests/v1", Reply(503))
-    stub = services.registry_create(name="stub", url=stub_registry.url, actor=world.platform_admin)
+    stub = registries.registry_create(
+        name="stub", url=stub_registry.url, actor=world.platform_admin
+    )
 
     with pytest.raises(ValidationError) as raised:
-        services.image_import(registry=stub, reference="team/x:v1", actor=world.platform_admin)
+        catalog.image_import(registry=stub, reference="team/x:v1", actor=world.platform_admin)
 
     host = stub_registry.url.removeprefix("http://")
     assert reference_errors(raised) == {
@@ -325,12 +327,12 @@ def test_registry_answering_5xx_says_unreachable_and_saves_nothing(
 def test_registry_that_times_out_says_unreachable_and_saves_nothing(
     world, hanging_server: HangingServer
 ):
-    silent = services.registry_create(
+    silent = registries.registry_create(
         name="silent", url=hanging_server.url, timeout_s=1, actor=world.platform_admin
     )
 
     with pytest.raises(ValidationError) as raised:
-        services.image_import(registry=silent, reference="team/x:v1", actor=world.platform_admin)
+        catalog.image_import(registry=silent, reference="team/x:v1", actor=world.platform_admin)
 
     assert reference_errors(raised) == {
         "reference": [f"registry unreachable, try again: {silent.host} did not answer within 1 s"]
@@ -339,7 +341,7 @@ def test_registry_that_times_out_says_unreachable_and_saves_nothing(
 
 
 def test_a_disabled_registry_imports_nothing(world, registry):
-    registry = services.registry_update(
+    registry = registries.registry_update(
         registry=registry,
         url=registry.url,
         auth_kind="anonymous",
@@ -348,7 +350,7 @@ def test_a_disabled_registry_imports_nothing(world, registry):
     )
 
     with pytest.raises(ValidationError) as raised:
-        services.image_import(
+        catalog.image_import(
             registry=registry, reference="team-a/trainer:v1", actor=world.platform_admin
         )
 
@@ -397,7 +399,7 @@ def test_registry_create_and_update_are_audited_with_exact_values(world, tmp_pat
     ca = tmp_path / "ca.pem"
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
 
-    registry = services.registry_create(
+    registry = registries.registry_create(
         name="internal",
         url="https://Registry.Internal.Example/",
         auth_kind="basic",
@@ -405,7 +407,7 @@ def test_registry_create_and_update_are_audited_with_exact_values(world, tmp_pat
         password_secret_ref="INTERNAL_REGISTRY_PASSWORD",
         actor=world.platform_admin,
     )
-    services.registry_update(
+    registries.registry_update(
         registry=registry,
         url="https://registry.internal.example",
         auth_kind="basic",
@@ -512,7 +514,7 @@ def test_bad_registry_settings_are_field_errors_and_save_nothing(world, override
     } | overrides
 
     with pytest.raises(ValidationError) as raised:
-        services.registry_create(actor=world.platform_admin, **values)
+        registries.registry_create(actor=world.platform_admin, **values)
 
     assert raised.value.message_dict == errors
     assert not Registry.objects.exists()
@@ -521,7 +523,7 @@ def test_bad_registry_settings_are_field_errors_and_save_nothing(world, override
 
 def test_a_second_registry_for_the_same_host_is_refused(world, registry, local_registry):
     with pytest.raises(ValidationError) as raised:
-        services.registry_create(name="again", url=local_registry.url, actor=world.platform_admin)
+        registries.registry_create(name="again", url=local_registry.url, actor=world.platform_admin)
 
     assert raised.value.message_dict == {"url": ["The registry local has this host already."]}
 
@@ -530,7 +532,7 @@ def test_the_host_cannot_change_once_images_were_imported(world, registry, seede
     import_image(world, registry, "team-a/trainer:v1")
 
     with pytest.raises(ValidationError) as raised:
-        services.registry_update(
+        registries.registry_update(
             registry=registry,
             url="http://127.0.0.1:1",
             auth_kind="anonymous",
@@ -656,7 +658,7 @@ def test_wrong_password_in_the_variable_is_a_registry_error(
     world, monkeypatch, token_registry: TokenRegistry, fresh_token_server: TokenServer
 ):
     monkeypatch.setenv(SECRET_VAR, "not-the-password")
-    registry = services.registry_create(
+    registry = registries.registry_create(
         name="private",
         url=token_registry.url,
         auth_kind="token",
@@ -666,7 +668,7 @@ def test_wrong_password_in_the_variable_is_a_registry_error(
     )
 
     with pytest.raises(ValidationError) as raised:
-        services.image_import(
+        catalog.image_import(
             registry=registry, reference="team-b/private:v1", actor=world.platform_admin
         )
 
@@ -685,7 +687,7 @@ def test_unset_secret_variable_is_named_and_nothing_is_saved(
     world, monkeypatch, token_registry: TokenRegistry
 ):
     monkeypatch.delenv(SECRET_VAR, raising=False)
-    registry = services.registry_create(
+    registry = registries.registry_create(
         name="private",
         url=token_registry.url,
         auth_kind="token",
@@ -695,7 +697,7 @@ def test_unset_secret_variable_is_named_and_nothing_is_saved(
     )
 
     with pytest.raises(ValidationError) as raised:
-        services.image_import(
+        catalog.image_import(
             registry=registry, reference="team-b/private:v1", actor=world.platform_admin
         )
 
@@ -712,7 +714,7 @@ def test_basic_auth_registry_imports_with_the_password_from_the_variable(
     world, monkeypatch, basic_auth_proxy: BasicAuthProxy, seeded_images
 ):
     monkeypatch.setenv(SECRET_VAR, BOT_PASSWORD)
-    registry = services.registry_create(
+    registry = registries.registry_create(
         name="basic",
         url=basic_auth_proxy.url,
         auth_kind="basic",
@@ -732,7 +734,7 @@ def test_basic_auth_registry_imports_with_the_password_from_the_variable(
 def test_anonymous_access_to_a_token_registry_gets_a_token_and_imports(
     world, token_registry: TokenRegistry, fresh_token_server: TokenServer
 ):
-    registry = services.registry_create(
+    registry = registries.registry_create(
         name="private", url=token_registry.url, auth_kind="token", actor=world.platform_admin
     )
 
@@ -817,7 +819,7 @@ def test_hiding_an_image_from_every_tenant_is_refused(client, world, registry, s
 def test_recheck_of_an_unchanged_tag_is_ok(world, registry, seeded_images):
     image = import_image(world, registry, "team-a/trainer:v1")
 
-    image = services.image_recheck(image=image, actor=world.platform_admin)
+    image = catalog.image_recheck(image=image, actor=world.platform_admin)
 
     assert image.check_status == Image.CheckStatus.OK
     assert image.check_message == f"tag v1 still points to {seeded_images.trainer.digest}"
@@ -861,7 +863,7 @@ def test_recheck_finds_a_deleted_digest_missing(world, registry, local_registry)
     )
     assert deleted.status_code == 202, deleted.text
 
-    image = services.image_recheck(image=image, actor=world.platform_admin)
+    image = catalog.image_recheck(image=image, actor=world.platform_admin)
 
     assert image.check_status == Image.CheckStatus.MISSING
     assert image.check_message == (
@@ -869,7 +871,7 @@ def test_recheck_finds_a_deleted_digest_missing(world, registry, local_registry)
     )
     assert image.digest == pushed.digest
     with pytest.raises(ValidationError) as raised:
-        services.image_set_status(image=image, status="approved", actor=world.platform_admin)
+        catalog.image_set_status(image=image, status="approved", actor=world.platform_admin)
     assert raised.value.message_dict == {
         "status": ["Its digest no longer exists on the registry: it cannot be approved."]
     }
@@ -886,7 +888,7 @@ def test_recheck_when_the_registry_is_down_records_an_error_and_nothing_else(wor
         check_message="Imported team/x:v1.",
     )
 
-    image = services.image_recheck(image=image, actor=world.platform_admin)
+    image = catalog.image_recheck(image=image, actor=world.platform_admin)
 
     image.refresh_from_db()
     assert image.check_status == Image.CheckStatus.ERROR
@@ -1115,7 +1117,7 @@ def test_submit_by_tag_of_an_image_not_visible_to_the_tenant_is_refused(
     world, registry, seeded_images
 ):
     image = approve(world, import_image(world, registry, "team-a/trainer:v1"))
-    services.image_set_visibility(
+    catalog.image_set_visibility(
         image=image, visible_to_all=False, allowed_tenants=[world.nlp], actor=world.platform_admin
     )
 

@@ -9,14 +9,14 @@ from datetime import UTC, datetime
 
 import pytest
 
-from images.registry import (
+from images.oci import (
     MANIFEST_ACCEPT,
     RegistryAuthError,
-    RegistryClient,
     RegistryError,
     RegistryNotFound,
     RegistryUnavailable,
 )
+from images.registry import RegistryClient
 from tests.registry_support import (
     BOT_PASSWORD,
     BOT_USER,

@@ -17,7 +17,7 @@ from jobs.services.backend_submit import attempt_submit
 from jobs.services.lifecycle import run_cancel
 from jobs.services.submission import ExperimentInput, run_submit
 from tenants.models import ApiToken
-from tenants.services import api_token_create, api_token_revoke
+from tenants.services.tokens import api_token_create, api_token_revoke
 from tests.conftest import COMMIT, PASSWORD, experiment_input
 
 RUNS = reverse("api:run-list")

@@ -47,7 +47,7 @@ from jobs.models import Attempt, ExperimentTemplate, Run
 from jobs.services.backend_submit import attempt_token_issue
 from jobs.services.submission import run_submit
 from tenants.api import TokenCreateThrottle
-from tenants.services import api_token_create
+from tenants.services.tokens import api_token_create
 from tests.conftest import COMMIT, PASSWORD, experiment_input
 from tests.jobs.test_lifecycle import run_to_running, submit
 

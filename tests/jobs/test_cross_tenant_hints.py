@@ -11,7 +11,7 @@ from jobs.models import Run, RunEvent, RunState
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.submission import run_submit
 from tenants.models import Quota
-from tenants.services import api_token_create
+from tenants.services.tokens import api_token_create
 from tests.conftest import experiment_input
 
 NEUTRAL = (

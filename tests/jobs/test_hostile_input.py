@@ -15,7 +15,7 @@ from jobs.models import Checkpoint, Experiment, Run, RunEvent
 from jobs.services.backend_submit import attempt_token_issue
 from telemetry.models import AttemptAccounting, SdkEvent, StepWindow
 from tenants.models import ApiToken
-from tenants.services import api_token_create
+from tenants.services.tokens import api_token_create
 from tests.conftest import experiment_input
 from tests.jobs.test_lifecycle import run_to_running
 

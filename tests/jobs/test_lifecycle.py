@@ -11,7 +11,8 @@ from clusters.backends import simulator
 from clusters.models import SimulatedJob
 from jobs.calendar import month_start
 from jobs.models import Attempt, AttemptState, Experiment, Run, RunEvent, RunState
-from jobs.selectors.queue import admission_preview, gpu_hours_this_month
+from jobs.selectors.preview import admission_preview
+from jobs.selectors.queue import gpu_hours_this_month
 from jobs.selectors.runs import runs_place_in_line
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit

@@ -14,7 +14,7 @@ from clusters.models import Cluster, ClusterNode, SimulatedJob
 from clusters.services import cluster_refresh_inventory
 from jobs.models import Attempt, AttemptState, Run, RunState, WaitReason
 from jobs.selectors.capacity import quota_usage_list
-from jobs.selectors.queue import admission_preview
+from jobs.selectors.preview import admission_preview
 from jobs.selectors.runs import runs_place_in_line
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit

@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 
 from jobs.models import Run, RunState
-from jobs.selectors.queue import admission_preview
+from jobs.selectors.preview import admission_preview
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.capacity import quota_update_checked
 from jobs.services.submission import experiment_validate, run_submit

@@ -23,7 +23,8 @@ from jobs.services.backend_sync import cluster_sync
 from jobs.services.submission import run_submit
 from jobs.views.quotas import QUOTAS_PER_PAGE
 from tenants.models import AuditEvent, GpuFlavor, Quota, Tenant
-from tenants.services import audit_record, flavor_create, quota_set, quota_update
+from tenants.services.audit import audit_record
+from tenants.services.quotas import flavor_create, quota_set, quota_update
 from tests.conftest import experiment_input, make_user
 
 pytestmark = pytest.mark.django_db

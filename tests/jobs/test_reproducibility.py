@@ -45,7 +45,7 @@ from jobs.services.backend_submit import attempt_submit, attempt_token_issue, jo
 from jobs.services.backend_sync import attempt_report_runtime, cluster_sync
 from jobs.services.submission import run_rerun, run_submit
 from tenants.models import Membership, Quota
-from tenants.services import api_token_create
+from tenants.services.tokens import api_token_create
 from tests.conftest import COMMIT, experiment_input
 
 pytestmark = pytest.mark.django_db

@@ -20,7 +20,7 @@ from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.lifecycle import run_cancel
 from jobs.services.submission import run_submit
 from tenants.access import tenant_list_viewable
-from tenants.services import api_token_create
+from tenants.services.tokens import api_token_create
 from tests.conftest import experiment_input
 
 pytestmark = pytest.mark.django_db

@@ -12,7 +12,7 @@ from jobs import spec
 from jobs.models import Experiment, Run
 from jobs.services.specs import experiment_spec
 from jobs.services.submission import run_submit
-from tenants.services import api_token_create
+from tenants.services.tokens import api_token_create
 from tests.conftest import COMMIT, DIGEST_A, experiment_input
 
 SPECS = reverse("api:spec-submit")

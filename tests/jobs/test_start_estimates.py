@@ -15,7 +15,8 @@ from gantry_cli.run_status import run_status, start_estimate
 from jobs.estimates import Start
 from jobs.models import Attempt, AttemptState, Run, RunState, StartForecast
 from jobs.selectors.estimates import StartPreview, estimate_inputs, run_start_estimate
-from jobs.selectors.queue import admission_preview, admission_snapshot
+from jobs.selectors.preview import admission_preview
+from jobs.selectors.queue import admission_snapshot
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.estimates import estimates_refresh
 from jobs.services.submission import run_submit

@@ -9,7 +9,7 @@ from django.db.models import Model
 from clusters.models import Cluster, ClusterFlavor
 from images.access import image_list_usable
 from images.models import Image
-from jobs.selectors.queue import flavor_node_limits
+from jobs.selectors.refusals import flavor_node_limits
 from jobs.selectors.submit_context import submit_context
 from tenants.access import roles_forget, tenant_list_submittable
 from tenants.models import GpuFlavor, Membership, Project, Quota, Tenant

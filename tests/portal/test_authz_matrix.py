@@ -48,7 +48,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
 
 from images.models import Image
-from images.services import registry_create
+from images.services.registries import registry_create
 from jobs.models import Attempt, Experiment, ExperimentTemplate, Run
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit, attempt_token_issue
@@ -58,7 +58,8 @@ from jobs.services.submission import experiment_input_of, run_submit
 from jobs.services.templates import template_save
 from tenants.invitations import membership_invite
 from tenants.models import Notification
-from tenants.services import api_token_create, notification_create
+from tenants.services.notifications import notification_create
+from tenants.services.tokens import api_token_create
 from tests.conftest import COMMIT, PASSWORD, experiment_input
 from tests.registry_support import free_port
 

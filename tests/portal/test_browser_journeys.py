@@ -26,11 +26,12 @@ from playwright.sync_api import Page, expect
 
 from clusters.models import Cluster
 from finance.accrual import accrual_month
-from finance.selectors import last_closed_month, statement_month
+from finance.selectors.months import last_closed_month
+from finance.selectors.statements import statement_month
 from images.models import Image
 from jobs.models import Attempt, AttemptState, Experiment, Run, RunState
 from jobs.selectors.logs import text_tail
-from jobs.selectors.queue import admission_preview
+from jobs.selectors.preview import admission_preview
 from jobs.selectors.runs import run_submitted_with
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit

@@ -19,10 +19,10 @@ from django.urls import reverse
 from django.utils.html import strip_tags
 
 from clusters.backends import JobStatus
-from finance import selectors as finance_selectors
 from finance import services as finance_services
 from finance.costing import line_cost
 from finance.models import DailyUsage
+from finance.selectors.statements import statement_month
 from jobs.models import Attempt, BudgetAlert, FairShareUsage, RunEvent, TenantMonthUsage
 from jobs.selectors.queue import gpu_hours_this_month
 from jobs.services import budgets
@@ -156,7 +156,7 @@ def ledger() -> list[tuple]:
 
 def statement_figures(world, month: date) -> tuple:
     """The statement's total and its lines by flavor (key, allocated GPU-seconds, cost)."""
-    statement = finance_selectors.statement_month(tenant=world.vision, month=month)
+    statement = statement_month(tenant=world.vision, month=month)
     total = statement.total
     return (
         total.allocated_gpu_s,

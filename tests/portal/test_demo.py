@@ -16,20 +16,15 @@ from django.db import transaction
 from django.db.models import Max, Min, Sum
 from django.utils import timezone
 
-from finance import selectors as finance_selectors
 from finance.models import DailyUsage, RateCard
+from finance.selectors.drill_down import attempts_in_month, statement_attempts
+from finance.selectors.statements import statement_month, statement_total
 from images.models import Image
 from jobs.models import Attempt, Run
 from jobs.selectors.estimates import run_start_estimate
 from jobs.selectors.runs import runs_place_in_line
-from portal.demo import (
-    DEMO_PASSWORD,
-    GPU_MINUTE_COLUMNS,
-    LOGINS,
-    _gpu_minutes_insert,
-    demo_seed,
-    previous_month,
-)
+from portal.demo import DEMO_PASSWORD, LOGINS, demo_seed, previous_month
+from portal.demo_history import GPU_MINUTE_COLUMNS, _gpu_minutes_insert
 from telemetry import accounting
 from telemetry.goodput import DEFAULT_GOODPUT_DAYS, goodput_window
 from telemetry.models import AttemptAccounting, GpuMinute
@@ -211,11 +206,11 @@ def test_last_months_statement_has_the_runs_of_last_month_at_last_months_price(d
     vision = Tenant.objects.get(slug="vision")
     month = previous_month(timezone.now().date())
 
-    statement = finance_selectors.statement_month(tenant=vision, month=month)
-    attempts = finance_selectors.statement_attempts(tenant=vision, month=month, filters={})
+    statement = statement_month(tenant=vision, month=month)
+    attempts = statement_attempts(tenant=vision, month=month, filters={})
     shares = {
         share.attempt.run.experiment.name: share
-        for share in finance_selectors.attempts_in_month(attempts=list(attempts), month=month)
+        for share in attempts_in_month(attempts=list(attempts), month=month)
     }
 
     assert statement.total.allocated_gpu_s >= 8 * 5 * 3600
@@ -277,12 +272,8 @@ def test_the_last_closed_month_has_a_run_of_every_tenant_whatever_the_day(demo):
     }
 
     for slug, (name, gpu_hours) in fixed.items():
-        statement = finance_selectors.statement_month(
-            tenant=Tenant.objects.get(slug=slug), month=month
-        )
-        attempts = finance_selectors.statement_attempts(
-            tenant=statement.tenant, month=month, filters={}
-        )
+        statement = statement_month(tenant=Tenant.objects.get(slug=slug), month=month)
+        attempts = statement_attempts(tenant=statement.tenant, month=month, filters={})
         names = {attempt.run.experiment.name for attempt in attempts}
         assert name in names, (slug, names)
         assert statement.total.allocated_gpu_s >= gpu_hours * 3600
@@ -387,7 +378,7 @@ def test_each_tenant_has_a_history_of_its_own(demo):
     for tenant in Tenant.objects.order_by("slug"):
         days = goodput_by_period(tenant=tenant, since=since, until=until, period=GoodputPeriod.DAY)
         total = sum((seconds for _, seconds in days), GpuSeconds())
-        month = finance_selectors.statement_total(tenant=tenant, month=last_month)
+        month = statement_total(tenant=tenant, month=last_month)
         assert total.attempts > 0 and month.allocated_gpu_s > 0, tenant.slug
         categories = ("allocated", "effective", *accounting.CATEGORIES)
         figures[tenant.slug] = (

@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 
 from jobs.models import Experiment, Run
 from jobs.services.submission import run_submit
-from tenants.services import api_token_create
+from tenants.services.tokens import api_token_create
 from tests.conftest import experiment_input
 
 pytestmark = pytest.mark.django_db

@@ -33,7 +33,7 @@ from tenants.models import (
     Project,
     Quota,
 )
-from tenants.services import api_token_create
+from tenants.services.tokens import api_token_create
 from tests import REPOSITORY
 from tests.conftest import PASSWORD, make_user
 from tests.jobs.test_lifecycle import run_to_running, submit

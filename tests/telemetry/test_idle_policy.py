@@ -16,7 +16,7 @@ from telemetry.idle import IdleAction, IdleStreak, idle_action, idle_streak
 from telemetry.models import GpuMinute
 from telemetry.policy import IdlePolicySummary, idle_policy_enforce, idle_streaks
 from tenants.models import AuditEvent, Notification, Tenant
-from tenants.services import tenant_idle_policy_update
+from tenants.services.idle_policy import tenant_idle_policy_update
 from tests.jobs.test_lifecycle import run_to_running, submit
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)

@@ -20,8 +20,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from finance.services import rate_card_add
-from images import services as image_services
 from images.models import Image
+from images.services.catalog import image_recheck, image_set_status, image_set_visibility
+from images.services.registries import registry_create, registry_update
 from jobs.models import Run, RunState
 from jobs.services import capacity
 from jobs.services.admission_cycle import admission_run_cycle
@@ -30,7 +31,6 @@ from jobs.services.backend_sync import cluster_sync
 from jobs.services.lifecycle import run_cancel
 from jobs.services.submission import run_submit
 from jobs.services.templates import template_delete, template_save
-from tenants import services
 from tenants.models import (
     ApiToken,
     AuditEvent,
@@ -40,6 +40,11 @@ from tenants.models import (
     Quota,
     Tenant,
 )
+from tenants.services.audit import audit_snapshot
+from tenants.services.idle_policy import tenant_idle_policy_update
+from tenants.services.memberships import global_role_grant, membership_set
+from tenants.services.quotas import flavor_create, flavor_update
+from tenants.services.tokens import api_token_create, api_token_revoke
 from tests.conftest import DIGEST_A, PASSWORD, experiment_input
 from tests.jobs.test_lifecycle import submit
 from tests.registry_support import free_port
@@ -108,14 +113,14 @@ def test_a_quota_change_records_every_field_before_and_after(world, window):
 
 
 def test_flavor_creation_and_edit_are_recorded(world):
-    flavor = services.flavor_create(
+    flavor = flavor_create(
         slug="a100-1g.10gb",
         name="A100 MIG 1g.10gb",
         memory_gb=10,
         gpu_fraction=Decimal("0.1429"),
         actor=world.platform_admin,
     )
-    services.flavor_update(
+    flavor_update(
         flavor=flavor,
         name="A100 MIG slice",
         memory_gb=10,
@@ -141,7 +146,7 @@ def test_flavor_creation_and_edit_are_recorded(world):
 
 
 def test_a_membership_change_records_the_role_before_and_after(world):
-    services.membership_set(
+    membership_set(
         user=world.researcher_a2,
         tenant=world.vision,
         role="tenant_admin",
@@ -158,9 +163,7 @@ def test_a_membership_change_records_the_role_before_and_after(world):
 
 
 def test_granting_a_global_role_is_recorded(world):
-    services.global_role_grant(
-        user=world.researcher_b, role=GlobalRole.FINANCE, actor=world.platform_admin
-    )
+    global_role_grant(user=world.researcher_b, role=GlobalRole.FINANCE, actor=world.platform_admin)
 
     assert recorded(event_of("role.grant")) == (
         world.platform_admin,
@@ -172,7 +175,7 @@ def test_granting_a_global_role_is_recorded(world):
 
 
 def test_an_idle_policy_change_is_recorded(world):
-    services.tenant_idle_policy_update(
+    tenant_idle_policy_update(
         tenant=world.vision,
         idle_notify_after_min=30,
         idle_cancel_after_min=60,
@@ -190,11 +193,9 @@ def test_an_idle_policy_change_is_recorded(world):
 
 def test_creating_and_revoking_a_token_are_recorded_without_the_secret(world):
     expires = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
-    token, secret = services.api_token_create(
-        user=world.researcher_a, name="laptop", expires_at=expires
-    )
-    services.api_token_revoke(token=token)
-    services.api_token_revoke(token=token)  # already revoked: nothing to record
+    token, secret = api_token_create(user=world.researcher_a, name="laptop", expires_at=expires)
+    api_token_revoke(token=token)
+    api_token_revoke(token=token)  # already revoked: nothing to record
 
     token.refresh_from_db()
     target = f"token {token.prefix}… of alice"
@@ -243,8 +244,8 @@ def test_approving_and_blocking_an_image_are_recorded(world):
         repository="registry.example.org/ml/new", digest=DIGEST_A[:-1] + "e"
     )
 
-    image_services.image_set_status(image=image, status="approved", actor=world.platform_admin)
-    image_services.image_set_status(image=image, status="blocked", actor=world.platform_admin)
+    image_set_status(image=image, status="approved", actor=world.platform_admin)
+    image_set_status(image=image, status="blocked", actor=world.platform_admin)
 
     assert list(
         AuditEvent.objects.order_by("id").values_list("actor", "target", "before", "after")
@@ -255,7 +256,7 @@ def test_approving_and_blocking_an_image_are_recorded(world):
 
 
 def test_a_visibility_change_is_recorded(world):
-    image_services.image_set_visibility(
+    image_set_visibility(
         image=world.image,
         visible_to_all=False,
         allowed_tenants=[world.vision, world.nlp],
@@ -274,10 +275,8 @@ def test_a_visibility_change_is_recorded(world):
 def test_registry_creation_edit_and_recheck_are_recorded(world):
     first_url = f"http://127.0.0.1:{free_port()}"
     second_url = f"http://127.0.0.1:{free_port()}"
-    registry = image_services.registry_create(
-        name="internal", url=first_url, actor=world.platform_admin
-    )
-    registry = image_services.registry_update(
+    registry = registry_create(name="internal", url=first_url, actor=world.platform_admin)
+    registry = registry_update(
         registry=registry, url=second_url, auth_kind="anonymous", actor=world.platform_admin
     )
     image = Image.objects.create(
@@ -285,7 +284,7 @@ def test_registry_creation_edit_and_recheck_are_recorded(world):
         repository=f"{second_url.removeprefix('http://')}/ml/model",
         digest=DIGEST_A,
     )
-    image_services.image_recheck(image=image, actor=world.platform_admin)
+    image_recheck(image=image, actor=world.platform_admin)
 
     settings = {
         "auth_kind": "anonymous",
@@ -533,7 +532,7 @@ def tenant_state(tenant: Tenant, **changes) -> dict:
         "name": "Vision Lab",
         "cost_center": "",
         "active": True,
-        "created_at": services.audit_snapshot(tenant)["created_at"],
+        "created_at": audit_snapshot(tenant)["created_at"],
         "idle_notify_after_min": None,
         "idle_cancel_after_min": None,
     } | changes
@@ -594,7 +593,7 @@ def test_an_admin_edit_of_a_cluster_is_recorded(world, superuser_client):
 
 
 def test_revoking_a_token_in_the_admin_is_recorded_without_its_hash(world, superuser_client):
-    token, _ = services.api_token_create(user=world.researcher_a)
+    token, _ = api_token_create(user=world.researcher_a)
     url = reverse("admin:tenants_apitoken_change", args=[token.pk])
     data = admin_form_data(superuser_client.get(url))
     now = timezone.localtime().replace(microsecond=0)
@@ -645,14 +644,14 @@ def test_what_gantry_pages_change_is_read_only_in_the_admin(world, superuser_cli
     }
     target = objects[admin_url]
     url = reverse(admin_url, args=[target.pk])
-    stored = services.audit_snapshot(type(target).objects.get(pk=target.pk))
+    stored = audit_snapshot(type(target).objects.get(pk=target.pk))
     events = AuditEvent.objects.count()
 
     page = superuser_client.get(url)
     posted = superuser_client.post(url, {"name": "changed", "status": "blocked"})
 
     assert (page.status_code, posted.status_code) == (200, 403)
-    assert services.audit_snapshot(type(target).objects.get(pk=target.pk)) == stored
+    assert audit_snapshot(type(target).objects.get(pk=target.pk)) == stored
     assert AuditEvent.objects.count() == events
 
 
@@ -661,7 +660,7 @@ def test_what_gantry_pages_change_is_read_only_in_the_admin(world, superuser_cli
 
 @pytest.fixture
 def event(world) -> AuditEvent:
-    services.membership_set(
+    membership_set(
         user=world.researcher_a2,
         tenant=world.vision,
         role="tenant_admin",
@@ -759,7 +758,7 @@ def test_a_user_who_made_changes_cannot_be_deleted_but_can_be_deactivated(event,
 
 def test_a_tenant_in_the_log_cannot_be_deleted(world):
     climate = Tenant.objects.create(slug="climate", name="Climate")
-    services.tenant_idle_policy_update(
+    tenant_idle_policy_update(
         tenant=climate,
         idle_notify_after_min=10,
         idle_cancel_after_min=None,

@@ -11,7 +11,7 @@ from django.test import Client
 from django.urls import reverse
 
 from tenants.models import ApiToken, AuditEvent
-from tenants.services import api_token_create
+from tenants.services.tokens import api_token_create
 from tests.conftest import PASSWORD
 from tests.tenants.test_audit_log import admin_form_data
 

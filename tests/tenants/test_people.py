@@ -25,13 +25,8 @@ from jobs.services.submission import run_submit
 from tenants.access import tenant_list_submittable
 from tenants.invitations import membership_invite
 from tenants.models import ApiToken, AuditEvent, Membership
-from tenants.services import (
-    API_TOKEN_MAX_DAYS,
-    api_token_issue,
-    membership_add,
-    membership_remove,
-    membership_role_change,
-)
+from tenants.services.memberships import membership_add, membership_remove, membership_role_change
+from tenants.services.tokens import API_TOKEN_MAX_DAYS, api_token_issue
 from tests.conftest import experiment_input
 
 RESEARCHER, TENANT_ADMIN = Membership.Role.RESEARCHER, Membership.Role.TENANT_ADMIN
