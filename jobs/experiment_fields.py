@@ -1,12 +1,14 @@
 """The fields of an experiment: the one table that everything else about them reads.
 
-The spec parser and its JSON Schema (``jobs.spec``), the submit form and its quota check
-(``jobs.forms``, the submit page), the API's input (``jobs.serializers``), the reproducibility
-record and its diff (``jobs.reproducibility``, ``jobs.selectors.experiments``) all take their
-fields, names, labels, help texts and limits from ``FIELDS``. A field is named by its
-``ExperimentInput`` name everywhere (form field, API key, ``Experiment`` attribute, error
-key); only a spec document nests it under its dotted ``spec`` name, and only the spec's own
-edge speaks that name.
+The spec parser and its JSON Schema (``jobs.spec``), the submit form, its page and its quota
+check (``jobs.forms``, ``jobs.views.submit``; the page's layout in ``FORM_ROWS``), the API
+(``jobs.serializers.experiments``), the submit's checks of ranges and lengths
+(``jobs.services.submission``) and the reproducibility record and its diff
+(``jobs.reproducibility``, ``jobs.selectors.experiments``; the rows' order in
+``RECORD_ORDER``) all take their fields, names, labels, help texts and limits from
+``FIELDS``. A field is named by its ``ExperimentInput`` name everywhere (form field, API key,
+``Experiment`` attribute, error key); only a spec document nests it under its dotted
+``spec`` name, and only the spec's own edge speaks that name.
 
 To add a field: an entry here, a column on ``jobs.models.Experiment`` (and its migration)
 and an attribute of ``jobs.services.submission.ExperimentInput`` (typed, so mypy checks its
@@ -22,7 +24,7 @@ from typing import Any, Literal
 from core.ids import MAX_ID
 
 COMMIT_PATTERN = r"^[0-9a-f]{40}$"
-TOPOLOGY_MODES = ("preferred", "required")
+TOPOLOGY_MODES = ("preferred", "required")  # jobs.models.TopologyMode
 
 
 class Required:
@@ -68,12 +70,8 @@ class ExperimentField:
     def row_label(self) -> str:
         return self.record_label or self.label
 
-    def default_value(self) -> Any:
-        return {} if self.default == {} else self.default
 
-
-# Canonical order: the order of keys in an exported spec, of the API's input and of the
-# rows of a diff.
+# Canonical order: the order of keys in an exported spec and of the API's input.
 FIELDS: tuple[ExperimentField, ...] = (
     ExperimentField(
         "tenant",

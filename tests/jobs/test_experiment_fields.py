@@ -14,7 +14,7 @@ from jobs.experiment_fields import (
     REQUIRED,
 )
 from jobs.forms import FORM_FIELDS, RunPreviewForm, RunSubmitForm
-from jobs.models import Experiment
+from jobs.models import Experiment, TopologyMode
 from jobs.services.submission import ExperimentInput
 from tenants.models import GpuFlavor, Project, Tenant, max_length_of
 
@@ -47,6 +47,10 @@ def test_max_lengths_are_those_of_the_columns_a_value_is_stored_in_or_looked_up_
         if field.max_length is not None:
             expected = columns.get(field.name) or max_length_of(Experiment, field.name)
             assert field.max_length == expected, field.name
+
+
+def test_the_topology_modes_are_the_models():
+    assert BY_NAME["topology_mode"].choices == tuple(TopologyMode.values)
 
 
 def test_the_record_holds_every_field_but_whose_the_experiment_is():
