@@ -3,7 +3,7 @@ Types only: every rule lives in ``jobs.services.submission``."""
 
 from rest_framework import serializers
 
-from jobs.experiment_fields import FIELDS, INPUT_FIELDS, ExperimentField
+from jobs.experiment_fields import INPUT_FIELDS, RECORD_ORDER, ExperimentField
 from jobs.models import Experiment, TopologyMode
 from jobs.serializers.common import reject_unknown
 from jobs.services.submission import ExperimentInput
@@ -75,5 +75,16 @@ class ExperimentSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Experiment
-        fields = ["id", "owner", *(field.name for field in FIELDS), "total_gpus", "created_at"]
+        # Whose it is, then the record's fields in the order of its diff.
+        fields = [
+            "id",
+            "tenant",
+            "project",
+            "owner",
+            "name",
+            *RECORD_ORDER,
+            "total_gpus",
+            "cloned_from",
+            "created_at",
+        ]
         read_only_fields = fields
