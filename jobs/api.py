@@ -47,18 +47,19 @@ from jobs.selectors.runs import (
     run_get_viewable,
     run_page_viewable,
 )
-from jobs.serializers import (
-    RUN_COLUMNS,
-    RUN_DETAIL_COLUMNS,
+from jobs.serializers.experiments import (
     ExperimentFilterSerializer,
     ExperimentInputSerializer,
     ExperimentSerializer,
+)
+from jobs.serializers.runs import (
+    RUN_COLUMNS,
+    RUN_DETAIL_COLUMNS,
     RunDetailSerializer,
     RunFilterSerializer,
     RunSerializer,
-    RuntimeReportResultSerializer,
-    RuntimeReportSerializer,
 )
+from jobs.serializers.runtime import RuntimeReportResultSerializer, RuntimeReportSerializer
 from jobs.services.backend_sync import MAX_RUNTIME_REPORT_BYTES, attempt_report_runtime
 from jobs.services.lifecycle import run_cancel
 from jobs.services.submission import run_rerun, run_submit

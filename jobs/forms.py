@@ -10,16 +10,10 @@ from clusters.env_names import NAME_PATTERN
 from core.forms import ServiceErrorsMixin
 from core.parsers import MAX_JSON_DEPTH, TOO_DEEP, json_depth
 from jobs import spec
+from jobs.experiment_fields import BY_NAME, INPUT_FIELDS, ExperimentField
 from jobs.models import Experiment, ExperimentTemplate, TopologyMode
-from jobs.services.submission import ExperimentInput
-from tenants.models import GpuFlavor, max_length_of
-
-# Lengths of the columns the free-text fields are stored in, so an overlong value is a form
-# error instead of a database error.
-_MAX_LENGTH = {
-    name: max_length_of(Experiment, name)
-    for name in ("code_repository", "dataset_uri", "dataset_version", "checkpoint_dir")
-}
+from jobs.services.submission import ExperimentInput, experiment_input_of
+from tenants.models import GpuFlavor
 
 
 def _reject_constant(name: str):
@@ -85,105 +79,68 @@ def _json_textarea(rows: int, editor: str, **attrs) -> forms.Textarea:
 ENV_NAME_PATTERN = "^" + NAME_PATTERN.pattern.removeprefix(r"\A").removesuffix(r"\Z") + "$"
 
 
-class RunSubmitForm(ServiceErrorsMixin, forms.Form):
-    """Choices are offered for convenience; the service re-validates every value."""
+def _experiment_field(field: ExperimentField) -> forms.Field:
+    """The submit form's field for one experiment field: its type, label, help and first
+    value, and the input the page shows. Only types are checked here; the limits the
+    browser is told of are checked again, with the service's messages, by the service."""
+    label, help_text = field.label, field.help
+    attrs = dict(_WIDGET_ATTRS.get(field.name, {}))
+    if field.type == "integer":
+        limits = {"min": field.minimum, "max": field.maximum}
+        attrs |= {key: value for key, value in limits.items() if value is not None}
+        return forms.IntegerField(
+            initial=field.default if field.initial is None else field.initial,
+            label=label,
+            help_text=help_text,
+            widget=forms.NumberInput(attrs=attrs),
+        )
+    if field.choices:
+        return forms.ChoiceField(
+            required=False,
+            choices=TopologyMode.choices,
+            initial=field.initial,
+            label=label,
+            help_text=help_text,
+        )
+    if field.required:
+        attrs = {"required": True, **attrs}
+    widget: forms.Widget
+    if field.widget == "json":
+        rows, editor = _JSON_EDITORS[field.name]
+        widget = _json_textarea(rows, editor, **attrs)
+    elif field.widget == "select":
+        widget = _select(**attrs)
+    elif field.widget == "textarea":
+        widget = forms.Textarea(attrs=attrs)
+    else:
+        widget = forms.TextInput(attrs=attrs)
+    return forms.CharField(
+        required=False,
+        max_length=field.max_length if field.text and not field.widget else None,
+        initial="{}" if field.widget == "json" else None,
+        label=label,
+        help_text=help_text,
+        widget=widget,
+    )
 
-    tenant = forms.CharField(
-        required=False, widget=_select(required=True), help_text="Whose quota the run uses."
-    )
-    project = forms.CharField(
-        required=False,
-        widget=_select(required=True, **{"data-filter-by": "id_tenant"}),
-        help_text="GPU hours are accounted to this project of the tenant.",
-    )
-    image = forms.CharField(
-        required=False,
-        widget=_select(required=True),
-        help_text="Approved images only; the run uses the image pinned by its digest.",
-    )
-    name = forms.CharField(
-        required=False,
-        help_text="Leave empty to name it after the project and the time.",
-    )
-    command = forms.CharField(
-        required=False,
-        widget=forms.Textarea(attrs={"rows": 3, "required": True, "spellcheck": "false"}),
-        help_text="Run by a shell inside the container, e.g. python train.py --epochs 3.",
-    )
-    code_repository = forms.CharField(
-        required=False,
-        max_length=_MAX_LENGTH["code_repository"],
-        label="Code repository",
-        help_text="Git URL of the code the image runs (recorded for reproducibility).",
-    )
-    code_commit = forms.CharField(
-        required=False,
-        label="Code commit",
-        widget=forms.TextInput(attrs={"spellcheck": "false", "autocomplete": "off"}),
-        help_text="Full 40-character commit SHA; required with a repository.",
-    )
-    dataset_uri = forms.CharField(
-        required=False, max_length=_MAX_LENGTH["dataset_uri"], label="Dataset URI"
-    )
-    dataset_version = forms.CharField(
-        required=False, max_length=_MAX_LENGTH["dataset_version"], label="Dataset version"
-    )
-    params = forms.CharField(
-        required=False,
-        initial="{}",
-        label="Parameters",
-        widget=_json_textarea(4, "params"),
-        help_text='A JSON object of hyperparameters, e.g. {"lr": 0.1}. At most 64 KiB.',
-    )
-    env = forms.CharField(
-        required=False,
-        initial="{}",
-        label="Environment",
-        widget=_json_textarea(3, "env", **{"data-key-pattern": ENV_NAME_PATTERN}),
-        help_text="A JSON object of variable names to strings. No secrets: it is stored as is.",
-    )
-    flavor = forms.CharField(required=False, label="GPU flavor", widget=_select(required=True))
-    nodes = forms.IntegerField(initial=1, widget=forms.NumberInput(attrs={"min": 1}))
-    gpus_per_node = forms.IntegerField(
-        initial=1, label="GPUs per node", widget=forms.NumberInput(attrs={"min": 1})
-    )
-    topology_level = forms.CharField(
-        required=False,
-        label="Topology",
-        widget=_select(),
-        help_text="A level of the clusters' network its nodes should share (e.g. one leaf "
-        "switch); by default as tight as the free nodes allow.",
-    )
-    topology_mode = forms.ChoiceField(
-        required=False,
-        choices=TopologyMode.choices,
-        initial=TopologyMode.PREFERRED,
-        label="Topology is",
-        help_text="Required waits until one domain of the level has room for the whole gang.",
-    )
-    priority = forms.IntegerField(
-        initial=50,
-        widget=forms.NumberInput(attrs={"min": 0, "max": 100}),
-        help_text="0-100; higher runs first within your tenant.",
-    )
-    max_runtime_minutes = forms.IntegerField(
-        initial=24 * 60,
-        label="Max runtime (minutes)",
-        widget=forms.NumberInput(attrs={"min": 1}),
-        help_text="The run is stopped after this long.",
-    )
-    max_restarts = forms.IntegerField(
-        initial=0,
-        label="Max restarts",
-        widget=forms.NumberInput(attrs={"min": 0}),
-        help_text="Requeue after a failure or preemption, resuming from the latest checkpoint.",
-    )
-    checkpoint_dir = forms.CharField(
-        required=False,
-        max_length=_MAX_LENGTH["checkpoint_dir"],
-        label="Checkpoint directory",
-        help_text="Where the job saves checkpoints; a restart resumes from the latest one.",
-    )
+
+# What the submit page's inputs carry beyond what the table says (static/gantry/editors.js
+# reads the data-* ones).
+_WIDGET_ATTRS: dict[str, dict] = {
+    "project": {"data-filter-by": "id_tenant"},
+    "command": {"rows": 3, "spellcheck": "false"},
+    "code_commit": {"spellcheck": "false", "autocomplete": "off"},
+    "env": {"data-key-pattern": ENV_NAME_PATTERN},
+}
+_JSON_EDITORS = {"params": (4, "params"), "env": (3, "env")}
+# The experiment fields the submit form shows, in the order of the table.
+FORM_FIELDS = tuple(field for field in INPUT_FIELDS if field.form_row)
+
+
+class RunSubmitForm(ServiceErrorsMixin, forms.Form):
+    """Choices are offered for convenience; the service re-validates every value. The
+    experiment's fields come from ``jobs.experiment_fields`` (``base_fields``, below)."""
+
     # Set by "Clone and edit": the experiment this one starts from (the service re-checks it).
     cloned_from = forms.IntegerField(
         required=False, min_value=1, max_value=2**63 - 1, widget=forms.HiddenInput
@@ -238,7 +195,7 @@ class RunSubmitForm(ServiceErrorsMixin, forms.Form):
         them as ``initial``). The browser does not send disabled inputs; a request that
         does is checked against the template by the service, see ``template_values``."""
         for name in template.locked:
-            field = self.fields[spec.BY_DOTTED[name].field]
+            field = self.fields[spec.BY_DOTTED[name].name]
             field.disabled = True
             field.help_text = f"Set by template {template.name}."
 
@@ -259,37 +216,23 @@ class RunSubmitForm(ServiceErrorsMixin, forms.Form):
         raw = field.widget.value_from_datadict(self.data, self.files, self.add_prefix(name))
         try:
             value = field.clean(raw)
-            if name in ("params", "env"):
+            if BY_NAME[name].type == "object":
                 return _parse_json(value)
         except ValidationError:
             return raw
         return value.replace("\r\n", "\n") if name == "command" else value
 
     def experiment_input(self) -> ExperimentInput:
-        data = self.cleaned_data
         return ExperimentInput(
-            tenant=data["tenant"],
-            project=data["project"],
-            image=data["image"],
-            command=data["command"],
-            flavor=data["flavor"],
-            nodes=data["nodes"],
-            gpus_per_node=data["gpus_per_node"],
-            name=data["name"],
-            code_repository=data["code_repository"],
-            code_commit=data["code_commit"],
-            dataset_uri=data["dataset_uri"],
-            dataset_version=data["dataset_version"],
-            params=data["params"],
-            env=data["env"],
-            priority=data["priority"],
-            max_runtime_minutes=data["max_runtime_minutes"],
-            max_restarts=data["max_restarts"],
-            checkpoint_dir=data["checkpoint_dir"],
-            topology_level=data["topology_level"],
-            topology_mode=data["topology_mode"],
-            cloned_from=data["cloned_from"],
+            **{field.name: self.cleaned_data[field.name] for field in INPUT_FIELDS}
         )
+
+
+# The experiment's fields first, then the form's own.
+RunSubmitForm.base_fields = {
+    **{field.name: _experiment_field(field) for field in FORM_FIELDS},
+    **RunSubmitForm.base_fields,
+}
 
 
 def _image_label(image) -> str:
@@ -299,29 +242,11 @@ def _image_label(image) -> str:
 
 def initial_from_experiment(experiment: Experiment) -> dict:
     """Form values that record a clone of the experiment: the same values, and its id."""
-    return {
-        "cloned_from": experiment.pk,
-        "tenant": experiment.tenant.slug,
-        "project": experiment.project.slug,
-        "image": experiment.image_reference,
-        "name": experiment.name,
-        "command": experiment.command,
-        "code_repository": experiment.code_repository,
-        "code_commit": experiment.code_commit,
-        "dataset_uri": experiment.dataset_uri,
-        "dataset_version": experiment.dataset_version,
-        "params": json.dumps(experiment.params, indent=2, sort_keys=True),
-        "env": json.dumps(experiment.env, indent=2, sort_keys=True),
-        "flavor": experiment.flavor.slug,
-        "nodes": experiment.nodes,
-        "gpus_per_node": experiment.gpus_per_node,
-        "priority": experiment.priority,
-        "max_runtime_minutes": experiment.max_runtime_minutes,
-        "max_restarts": experiment.max_restarts,
-        "checkpoint_dir": experiment.checkpoint_dir,
-        "topology_level": experiment.topology_level,
-        "topology_mode": experiment.topology_mode if experiment.topology_level else "",
-    }
+    initial = vars(experiment_input_of(experiment)) | {"cloned_from": experiment.pk}
+    for field in FORM_FIELDS:
+        if field.type == "object":
+            initial[field.name] = json.dumps(initial[field.name], indent=2, sort_keys=True)
+    return initial
 
 
 def initial_from_template(template: ExperimentTemplate) -> dict:
@@ -331,17 +256,17 @@ def initial_from_template(template: ExperimentTemplate) -> dict:
     initial: dict = dict(values or {})
     if template.tenant is not None:  # no query when tenant_id is None
         initial["tenant"] = template.tenant.slug
-    for name in ("params", "env"):
-        if name in initial:
-            initial[name] = json.dumps(initial[name], indent=2, sort_keys=True)
+    for field in FORM_FIELDS:
+        if field.type == "object" and field.name in initial:
+            initial[field.name] = json.dumps(initial[field.name], indent=2, sort_keys=True)
     return initial
 
 
-def _template_field_meta(field: spec.SpecField) -> dict:
-    meta: dict = {"name": field.dotted, "type": field.type}
-    if field.field == "topology_mode":
-        meta["choices"] = list(TopologyMode.values)
-    if field.field == "command":
+def _template_field_meta(field: ExperimentField) -> dict:
+    meta: dict = {"name": field.spec, "type": field.type}
+    if field.choices:
+        meta["choices"] = list(field.choices)
+    if field.widget == "textarea":
         meta["multiline"] = True
     return meta
 

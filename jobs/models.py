@@ -1,3 +1,6 @@
+from collections.abc import Callable, Iterable
+from typing import Any
+
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
@@ -6,9 +9,9 @@ from django.db.models import Q
 from clusters.models import Cluster
 from images.models import Image
 from jobs.durations import RunDuration
+from jobs.experiment_fields import COMMIT_PATTERN, ExperimentField
 from tenants.models import GpuFlavor, Project, Tenant, slug_validator
 
-COMMIT_PATTERN = r"^[0-9a-f]{40}$"
 MAX_COMMAND_BYTES = 16 * 1024
 MAX_PARAMS_BYTES = 64 * 1024
 
@@ -89,6 +92,16 @@ class Experiment(models.Model):
     def total_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
 
+    def values_of(self, fields: Iterable[ExperimentField]) -> dict[str, Any]:
+        """The values of ``fields`` (``jobs.experiment_fields``) as recorded here, those kept
+        as a row of another table by the name a request gives it (a slug, the reference)."""
+        return {
+            field.name: _RECORDED_AS[field.name](self)
+            if field.name in _RECORDED_AS
+            else getattr(self, field.name)
+            for field in fields
+        }
+
     @property
     def topology_required(self) -> bool:
         return bool(self.topology_level) and self.topology_mode == TopologyMode.REQUIRED
@@ -101,6 +114,17 @@ class Experiment(models.Model):
     def image_digest(self) -> str:
         """``sha256:…`` as run ("" for a reference without a digest)."""
         return self.image_reference.partition("@")[2]
+
+
+# The experiment fields an Experiment keeps as a row of another table, read as a request
+# names them.
+_RECORDED_AS: dict[str, Callable[["Experiment"], object]] = {
+    "tenant": lambda experiment: experiment.tenant.slug,
+    "project": lambda experiment: experiment.project.slug,
+    "image": lambda experiment: experiment.image_reference,
+    "flavor": lambda experiment: experiment.flavor.slug,
+    "cloned_from": lambda experiment: experiment.cloned_from_id,
+}
 
 
 class RunState(models.TextChoices):

@@ -12,50 +12,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from core.ids import MAX_ID
+from jobs.experiment_fields import RECORD_FIELDS
 
 ATTEMPT_TOKEN_PREFIX = "gat_"  # noqa: S105 (a prefix, not a password)
 
-# The record's fields in the order a diff shows them. ``env`` and ``params`` expand into one
-# row per key (``env.NAME``, ``params.optimizer.lr``).
-RECORD_FIELDS = (
-    "image",
-    "command",
-    "env",
-    "code_repository",
-    "code_commit",
-    "dataset_uri",
-    "dataset_version",
-    "params",
-    "flavor",
-    "nodes",
-    "gpus_per_node",
-    "topology_level",
-    "topology_mode",
-    "priority",
-    "max_runtime_minutes",
-    "max_restarts",
-    "checkpoint_dir",
-    "gantry_version",
-)
-FIELD_LABELS = {
-    "image": "Image",
-    "command": "Command",
-    "code_repository": "Code repository",
-    "code_commit": "Code commit",
-    "dataset_uri": "Dataset URI",
-    "dataset_version": "Dataset version",
-    "flavor": "GPU flavor",
-    "nodes": "Nodes",
-    "gpus_per_node": "GPUs per node",
-    "topology_level": "Topology level",
-    "topology_mode": "Topology",
-    "priority": "Priority",
-    "max_runtime_minutes": "Max runtime (minutes)",
-    "max_restarts": "Max restarts",
-    "checkpoint_dir": "Checkpoint directory",
-    "gantry_version": "Gantry version",
-}
-_EXPANDED_LABELS = {"env": "Environment", "params": "Parameter"}
+# The record's fields, in the order a diff shows them (``jobs.experiment_fields``): objects
+# (``env``, ``params``) expand into one row per key (``env.NAME``, ``params.optimizer.lr``),
+# labelled "<its label> <key>".
+FIELD_LABELS = {field.name: field.row_label for field in RECORD_FIELDS}
+_EXPANDED = {field.name for field in RECORD_FIELDS if field.type == "object"}
 
 
 # --- per-attempt tokens ------------------------------------------------------------------
@@ -119,8 +84,8 @@ class DiffRow(NamedTuple):
     @property
     def label(self) -> str:
         section, dot, key = self.field.partition(".")
-        if dot and section in _EXPANDED_LABELS:
-            return f"{_EXPANDED_LABELS[section]} {key}"
+        if dot and section in _EXPANDED:
+            return f"{FIELD_LABELS[section]} {key}"
         return FIELD_LABELS.get(self.field, self.field)
 
 
@@ -152,7 +117,7 @@ def experiment_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[DiffRow]
     """Every field of two records (mappings with the keys of ``RECORD_FIELDS``) side by
     side; environment variables and parameters key by key, nested parameters dotted."""
     rows: list[DiffRow] = []
-    for name in RECORD_FIELDS:
+    for name in FIELD_LABELS:
         if name == "env":
             env_a = {str(k): _scalar(v) for k, v in (a.get("env") or {}).items()}
             env_b = {str(k): _scalar(v) for k, v in (b.get("env") or {}).items()}

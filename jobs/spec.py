@@ -1,93 +1,67 @@
 """The experiment spec (version 1) and experiment templates, as plain data.
 
 A spec is a nested document (YAML or JSON) that names an experiment; ``ExperimentInput``
-is the flat request the services validate. ``FIELDS`` is the one table between the two:
-every dotted spec name (``resources.gpus_per_node``) with its ``ExperimentInput`` field
-(``gpus_per_node``) and JSON type. Errors are reported under dotted spec names.
+is the flat request the services validate. Both read their fields from
+``jobs.experiment_fields.FIELDS``: each with its ``ExperimentInput`` name (``gpus_per_node``)
+and its dotted spec name (``resources.gpus_per_node``). The parser reports errors under the
+dotted names a document has; ``template_apply`` and the services report them by field name,
+and a spec's edge (``errors_to_spec``) says them once in the spec's names.
 
 No Django here: the server, the tests and a command line client share this module.
 """
 
 import json
 from collections.abc import Iterable, Mapping, Set
-from dataclasses import dataclass
 from typing import Any
 
 from clusters.env_names import env_name_refusal
+from jobs.experiment_fields import SPEC_FIELDS, ExperimentField
 
 SPEC_VERSION = 1
 SPEC_KIND = "experiment"
 NON_FIELD = "non_field_errors"
 
-
-@dataclass(frozen=True)
-class SpecField:
-    dotted: str  # name in the spec, e.g. "resources.nodes"
-    field: str  # name in ExperimentInput, e.g. "nodes"
-    type: str  # JSON type: "string", "integer" or "object"
-
-
 # Canonical order: the order of keys in an exported spec.
-FIELDS: tuple[SpecField, ...] = (
-    SpecField("tenant", "tenant", "string"),
-    SpecField("project", "project", "string"),
-    SpecField("name", "name", "string"),
-    SpecField("image", "image", "string"),
-    SpecField("command", "command", "string"),
-    SpecField("resources.flavor", "flavor", "string"),
-    SpecField("resources.nodes", "nodes", "integer"),
-    SpecField("resources.gpus_per_node", "gpus_per_node", "integer"),
-    SpecField("resources.max_runtime_minutes", "max_runtime_minutes", "integer"),
-    SpecField("resources.topology_level", "topology_level", "string"),
-    SpecField("resources.topology_mode", "topology_mode", "string"),
-    SpecField("code.repository", "code_repository", "string"),
-    SpecField("code.commit", "code_commit", "string"),
-    SpecField("dataset.uri", "dataset_uri", "string"),
-    SpecField("dataset.version", "dataset_version", "string"),
-    SpecField("params", "params", "object"),
-    SpecField("env", "env", "object"),
-    SpecField("priority", "priority", "integer"),
-    SpecField("max_restarts", "max_restarts", "integer"),
-    SpecField("checkpoint_dir", "checkpoint_dir", "string"),
-)
-BY_DOTTED = {f.dotted: f for f in FIELDS}
-BY_FIELD = {f.field: f for f in FIELDS}
-GROUPS = ("resources", "code", "dataset")
+FIELDS = SPEC_FIELDS
+BY_DOTTED = {f.spec: f for f in FIELDS}
+BY_FIELD = {f.name: f for f in FIELDS}
+# The document's keys outside the groups, in order: the fields' and the template's, which
+# follows the name.
+_TOP_FIELD_KEYS = tuple(dict.fromkeys(f.spec.partition(".")[0] for f in FIELDS))
+GROUPS = tuple(dict.fromkeys(f.spec.partition(".")[0] for f in FIELDS if "." in f.spec))
 # Keys of the document that are not values of the experiment.
 META_KEYS = ("version", "kind", "template")
 TOP_LEVEL_KEYS = (
     "version",
     "kind",
-    "tenant",
-    "project",
-    "name",
-    "template",
-    "image",
-    "command",
-    "resources",
-    "code",
-    "dataset",
-    "params",
-    "env",
-    "priority",
-    "max_restarts",
-    "checkpoint_dir",
+    *(name for key in _TOP_FIELD_KEYS for name in ((key, "template") if key == "name" else (key,))),
 )
 REQUIRED = ("version", "kind", "tenant", "project")
 # What an experiment needs, from the spec or from its template.
-REQUIRED_VALUES = (
-    "image",
-    "command",
-    "resources.flavor",
-    "resources.nodes",
-    "resources.gpus_per_node",
-)
+REQUIRED_VALUES = tuple(f.spec for f in FIELDS if f.required and f.spec not in REQUIRED)
 # What a template may set, lock and bound.
-TEMPLATE_FIELDS = tuple(f.dotted for f in FIELDS if f.dotted != "tenant")
-RANGE_FIELDS = tuple(f.dotted for f in FIELDS if f.type == "integer")
+TEMPLATE_FIELDS = tuple(f.spec for f in FIELDS if f.spec != "tenant")
+RANGE_FIELDS = tuple(f.spec for f in FIELDS if f.type == "integer")
 
-_STRING = {"type": "string"}
-_INTEGER = {"type": "integer"}
+
+def _property(field: ExperimentField) -> dict[str, Any]:
+    """The JSON Schema of one field's value."""
+    schema: dict[str, Any] = {"type": field.type}
+    if field.text and field.max_length is not None:
+        schema["maxLength"] = field.max_length
+    if field.minimum is not None:
+        schema["minimum"] = field.minimum
+    if field.maximum is not None:
+        schema["maximum"] = field.maximum
+    if field.pattern:
+        schema["pattern"] = field.pattern
+    if field.choices:
+        schema["enum"] = list(field.choices)
+    if field.name == "env":
+        schema["additionalProperties"] = {"type": "string"}
+    if field.doc:
+        schema["description"] = field.doc
+    return schema
 
 
 def _object(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -101,63 +75,31 @@ def _object(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[
     return schema
 
 
+def _properties() -> dict[str, Any]:
+    properties: dict[str, Any] = {
+        "version": {"type": "integer", "const": SPEC_VERSION},
+        "kind": {"type": "string", "const": SPEC_KIND},
+        "template": {
+            "type": "string",
+            "description": "A template of the tenant, or a global one, by name.",
+        },
+    }
+    groups: dict[str, dict[str, Any]] = {}
+    for field in FIELDS:
+        group, dot, key = field.spec.partition(".")
+        if dot:
+            groups.setdefault(group, {})[key] = _property(field)
+        else:
+            properties[group] = _property(field)
+    properties.update({group: _object(members) for group, members in groups.items()})
+    return {key: properties[key] for key in TOP_LEVEL_KEYS}
+
+
 SPEC_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "https://gantry.example.org/schemas/experiment-spec-v1.json",
     "title": "Gantry experiment spec, version 1",
-    **_object(
-        {
-            "version": {"type": "integer", "const": SPEC_VERSION},
-            "kind": {"type": "string", "const": SPEC_KIND},
-            "tenant": {**_STRING, "description": "Tenant slug."},
-            "project": {**_STRING, "description": "Project slug within the tenant."},
-            "name": {**_STRING, "maxLength": 200},
-            "template": {
-                **_STRING,
-                "description": "A template of the tenant, or a global one, by name.",
-            },
-            "image": {
-                **_STRING,
-                "description": "repository@sha256:<64 hex>, or repository:tag resolved at submit.",
-            },
-            "command": {**_STRING, "description": "Shell command, at most 16 KiB."},
-            "resources": _object(
-                {
-                    "flavor": {**_STRING, "description": "GPU flavor slug, e.g. a100-80gb."},
-                    "nodes": {**_INTEGER, "minimum": 1},
-                    "gpus_per_node": {**_INTEGER, "minimum": 1},
-                    "max_runtime_minutes": {**_INTEGER, "minimum": 1, "maximum": 30 * 24 * 60},
-                    "topology_level": {
-                        **_STRING,
-                        "maxLength": 63,
-                        "description": "A topology level of the clusters, e.g. leaf: the "
-                        "gang's nodes share one domain of it.",
-                    },
-                    "topology_mode": {
-                        "type": "string",
-                        "enum": ["preferred", "required"],
-                        "description": "required: wait for one domain of the level; "
-                        "preferred (the default): as tight as the free nodes allow.",
-                    },
-                }
-            ),
-            "code": _object(
-                {
-                    "repository": {**_STRING, "maxLength": 500},
-                    "commit": {**_STRING, "pattern": "^[0-9a-f]{40}$"},
-                }
-            ),
-            "dataset": _object(
-                {"uri": {**_STRING, "maxLength": 500}, "version": {**_STRING, "maxLength": 200}}
-            ),
-            "params": {"type": "object", "description": "Free-form JSON object."},
-            "env": {"type": "object", "additionalProperties": _STRING},
-            "priority": {**_INTEGER, "minimum": 0, "maximum": 100},
-            "max_restarts": {**_INTEGER, "minimum": 0, "maximum": 20},
-            "checkpoint_dir": {**_STRING, "maxLength": 500},
-        },
-        REQUIRED,
-    ),
+    **_object(_properties(), REQUIRED),
 }
 
 _KNOWN_KEYS: dict[str, tuple[str, ...]] = {
@@ -261,24 +203,16 @@ def _missing(values: Mapping[str, Any], names: Iterable[str]) -> dict[str, list[
 
 def to_input(flat: Mapping[str, Any]) -> dict[str, Any]:
     """Dotted spec names → ExperimentInput field names (meta keys dropped)."""
-    return {BY_DOTTED[name].field: value for name, value in flat.items() if name in BY_DOTTED}
+    return {BY_DOTTED[name].name: value for name, value in flat.items() if name in BY_DOTTED}
 
 
 def errors_to_spec(errors: Mapping[str, list[str]]) -> dict[str, list[str]]:
-    """Errors by ExperimentInput field → errors by dotted spec name (others kept as named)."""
+    """Errors by ExperimentInput field → errors by dotted spec name (others kept as named):
+    what a spec's submitter is told, in the names of the document."""
     translated: dict[str, list[str]] = {}
     for name, messages in errors.items():
-        dotted = BY_FIELD[name].dotted if name in BY_FIELD else name
+        dotted = BY_FIELD[name].spec if name in BY_FIELD else name
         translated.setdefault(dotted, []).extend(messages)
-    return translated
-
-
-def errors_to_input(errors: Mapping[str, list[str]]) -> dict[str, list[str]]:
-    """Errors by dotted spec name → errors by ExperimentInput field (others kept as named)."""
-    translated: dict[str, list[str]] = {}
-    for name, messages in errors.items():
-        field = BY_DOTTED[name].field if name in BY_DOTTED else name
-        translated.setdefault(field, []).extend(messages)
     return translated
 
 
@@ -361,7 +295,7 @@ def template_rules_check(
                 _add(
                     errors, "locked", f"{name}: unknown field; known: {', '.join(TEMPLATE_FIELDS)}."
                 )
-            elif BY_DOTTED[name].field not in values:
+            elif BY_DOTTED[name].name not in values:
                 _add(errors, "locked", f"{name}: give the value it is locked to.")
     if not isinstance(ranges, Mapping):
         _add(errors, "ranges", "Expected an object of field names to {min, max}.")
@@ -382,7 +316,7 @@ def template_rules_check(
         if bounds["min"] > bounds["max"]:
             _add(errors, "ranges", f"{name}: min must not be greater than max.")
             continue
-        default = values.get(BY_DOTTED[name].field)
+        default = values.get(BY_DOTTED[name].name)
         if default is None:
             _add(errors, "ranges", f"{name}: give a default value inside the range.")
         elif not bounds["min"] <= default <= bounds["max"]:
@@ -404,34 +338,35 @@ def template_apply(
 ) -> tuple[dict[str, Any], dict[str, list[str]]]:
     """Start from the template's values and overlay the submitted ones.
 
-    Values are by ExperimentInput field name; ``locked`` and ``ranges`` and the errors are
-    by dotted spec name. A locked field may be submitted only with the template's value;
-    every ranged field of the merged result must be inside its range.
+    Values and errors are by ExperimentInput field name; ``locked`` and ``ranges`` by
+    dotted spec name, as a template stores them. A locked field may be submitted only with
+    the template's value; every ranged field of the merged result must be inside its range.
     """
     merged = {**template_values, **submitted}
     errors: dict[str, list[str]] = {}
     for name in locked:
-        field = BY_DOTTED[name].field
+        field = BY_DOTTED[name].name
         if field in submitted and submitted[field] != template_values.get(field):
             _add(
                 errors,
-                name,
+                field,
                 f"Locked by template {template_name}: must be "
                 f"{_shown(template_values.get(field))}.",
             )
     for name, bounds in ranges.items():
-        value: Any = merged.get(BY_DOTTED[name].field)
-        if name in errors or not _has_type(value, "integer"):
+        field = BY_DOTTED[name].name
+        value: Any = merged.get(field)
+        if field in errors or not _has_type(value, "integer"):
             continue
         if not bounds["min"] <= value <= bounds["max"]:
             _add(
                 errors,
-                name,
+                field,
                 f"Must be between {bounds['min']} and {bounds['max']} (template {template_name}).",
             )
-    flat = {BY_FIELD[field].dotted: value for field, value in merged.items() if field in BY_FIELD}
-    for name, message in _missing(flat, REQUIRED_VALUES).items():
-        errors.setdefault(name, []).extend(message)
+    required = (BY_DOTTED[name].name for name in REQUIRED_VALUES)
+    for field, message in _missing(merged, required).items():
+        errors.setdefault(field, []).extend(message)
     return merged, errors
 
 
@@ -452,10 +387,10 @@ def spec_of(values: Mapping[str, Any], *, template: str | None = None) -> dict[s
     """
     spec: dict[str, Any] = {"version": SPEC_VERSION, "kind": SPEC_KIND}
     for spec_field in FIELDS:
-        value = values.get(spec_field.field)
+        value = values.get(spec_field.name)
         if value is None or value in ("", {}):
             continue
-        group, dot, key = spec_field.dotted.partition(".")
+        group, dot, key = spec_field.spec.partition(".")
         if dot:
             spec.setdefault(group, {})[key] = value
         else:

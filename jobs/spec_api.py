@@ -24,7 +24,7 @@ from jobs.api import ID, IDEMPOTENCY_KEY, INVALID_PAGE, idempotency_key
 from jobs.models import ExperimentTemplate
 from jobs.selectors.experiments import experiment_get_viewable
 from jobs.selectors.runs import run_get_viewable
-from jobs.serializers import RunSerializer
+from jobs.serializers.runs import RunSerializer
 from jobs.services.specs import experiment_spec, spec_submit
 from jobs.spec import SPEC_SCHEMA
 from tenants.models import Tenant

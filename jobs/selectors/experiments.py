@@ -7,6 +7,7 @@ from django.db.models.functions import Coalesce
 
 from core.types import UserLike, signed_in
 from jobs.access import experiment_list_viewable
+from jobs.experiment_fields import RECORD_FIELDS
 from jobs.models import Attempt, Experiment, ExperimentTemplate, Run, RunState
 from jobs.selectors.paging import keyset_page
 from tenants.access import tenant_list_viewable
@@ -197,26 +198,7 @@ def experiment_pair_get_viewable(
 
 def experiment_record(experiment: Experiment) -> dict:
     """The reproducibility record as plain data, the input of ``experiment_diff``."""
-    return {
-        "image": experiment.image_reference,
-        "command": experiment.command,
-        "env": experiment.env,
-        "code_repository": experiment.code_repository,
-        "code_commit": experiment.code_commit,
-        "dataset_uri": experiment.dataset_uri,
-        "dataset_version": experiment.dataset_version,
-        "params": experiment.params,
-        "flavor": experiment.flavor.slug,
-        "nodes": experiment.nodes,
-        "gpus_per_node": experiment.gpus_per_node,
-        "topology_level": experiment.topology_level,
-        "topology_mode": experiment.topology_mode,
-        "priority": experiment.priority,
-        "max_runtime_minutes": experiment.max_runtime_minutes,
-        "max_restarts": experiment.max_restarts,
-        "checkpoint_dir": experiment.checkpoint_dir,
-        "gantry_version": experiment.gantry_version,
-    }
+    return experiment.values_of(RECORD_FIELDS)
 
 
 def experiment_attempts(*, experiment: Experiment) -> QuerySet[Attempt]:

@@ -16,7 +16,7 @@ from jobs.services.submission import (
     ExperimentInput,
     experiment_input_of,
     experiment_validate,
-    run_record_values,
+    run_record,
     submission_once,
 )
 from jobs.services.templates import template_run_record
@@ -38,10 +38,21 @@ def _spec_record(*, user: UserLike, document, submission_key: UUID | None) -> Ru
     values, errors = spec.spec_parse(document)
     if values is None:
         raise ValidationError(_with_rule_errors(user=user, document=document, errors=errors))
+    try:
+        return _spec_record_parsed(
+            user=user, document=document, values=values, submission_key=submission_key
+        )
+    except ValidationError as exc:  # by field: told in the document's names
+        raise ValidationError(spec.errors_to_spec(exc.message_dict)) from None
+
+
+def _spec_record_parsed(
+    *, user: UserLike, document, values: dict, submission_key: UUID | None
+) -> Run:
     name = spec.spec_template_name(document)
     if name is None:
-        return run_record_values(
-            user=user, values=values, submission_key=submission_key, template=None
+        return run_record(
+            user=user, data=ExperimentInput(**values), submission_key=submission_key, template=None
         )
     template = (
         template_list_usable(user=user)
@@ -88,7 +99,7 @@ def _with_rule_errors(
     try:
         experiment_validate(user=user, data=ExperimentInput(**{**_PLACEHOLDERS, **typed}))
     except ValidationError as exc:
-        given = {spec.BY_FIELD[field].dotted for field in typed if field in spec.BY_FIELD}
+        given = {spec.BY_FIELD[field].spec for field in typed if field in spec.BY_FIELD}
         for name, messages in spec.errors_to_spec(exc.message_dict).items():
             if name in given and name not in errors:
                 errors[name] = messages

@@ -20,11 +20,10 @@ from core.types import UserLike, signed_in
 from images.access import image_list_usable
 from images.models import DIGEST_PATTERN, Image
 from images.services.registries import TagResolutionError, tag_resolve
-from jobs import spec
 from jobs.access import experiment_can_rerun, experiment_list_viewable
 from jobs.enqueue import admission_cycle_enqueue
+from jobs.experiment_fields import COMMIT_PATTERN, INPUT_FIELDS, RANGES, TEXT_LIMITS
 from jobs.models import (
-    COMMIT_PATTERN,
     MAX_COMMAND_BYTES,
     MAX_PARAMS_BYTES,
     Experiment,
@@ -37,7 +36,6 @@ from jobs.models import (
 from jobs.selectors.refusals import resource_refusals
 from jobs.selectors.runs import run_submitted_with
 from jobs.selectors.submit_context import submit_context
-from tenants.models import max_length_of
 
 try:
     GANTRY_VERSION = version("gantry")
@@ -89,10 +87,9 @@ def _is_unicode_text(value) -> bool:
 
 
 def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
-    """Check a request against every rule; raise ValidationError naming each bad field."""
+    """Check a request against every rule; raise ValidationError naming each bad field.
+    Returns what it names, resolved: the tenant, project, image, flavor and cloned-from id."""
     errors: dict[str, list[str]] = {}
-    resolved: dict = {}
-
     # The tenant, project, pinned image, flavor, quota and node limits in one query.
     context = submit_context(
         user=user,
@@ -101,6 +98,35 @@ def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
         flavor=data.flavor,
         image=_image_pin(data.image),
     )
+    resolved = _resolve_owned(errors, user=user, data=data, context=context)
+    # The same checks the submit form's preview makes (jobs.selectors.preview.admission_preview),
+    # so the preview can never promise a wait for what the submit refuses.
+    for name, messages in resource_refusals(
+        tenant=context.tenant,
+        flavor=data.flavor,
+        nodes=data.nodes,
+        gpus_per_node=data.gpus_per_node,
+        topology_level=data.topology_level,
+        topology_mode=data.topology_mode,
+        context=context,
+    ).items():
+        errors.setdefault(name, []).extend(messages)
+    if context.flavor is not None and "flavor" not in errors:
+        resolved["flavor"] = context.flavor
+    _check_command(errors, data.command or "")
+    _check_params(errors, data.params)
+    _check_env(errors, data.env, nodes=data.nodes)
+    _check_code(errors, data)
+    _check_limits(errors, data)
+    if errors:
+        raise ValidationError(errors)
+    return resolved
+
+
+def _resolve_owned(errors, *, user: UserLike, data: ExperimentInput, context) -> dict:
+    """The tenant if the user may submit to it, and what must be of that tenant: the
+    project, the image, the experiment it is a clone of."""
+    resolved: dict = {}
     tenant = context.tenant
     known = _check(errors, "tenant", tenant is not None, "Unknown tenant, or you are not a member.")
     if known and tenant is not None:
@@ -115,24 +141,10 @@ def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
             resolved["cloned_from_id"] = _check_cloned_from(
                 errors, user=user, tenant=tenant, experiment_id=data.cloned_from
             )
+    return resolved
 
-    flavor = context.flavor
-    # The same checks the submit form's preview makes (jobs.selectors.queue.admission_preview),
-    # so the preview can never promise a wait for what the submit refuses.
-    for name, messages in resource_refusals(
-        tenant=tenant,
-        flavor=data.flavor,
-        nodes=data.nodes,
-        gpus_per_node=data.gpus_per_node,
-        topology_level=data.topology_level,
-        topology_mode=data.topology_mode,
-        context=context,
-    ).items():
-        errors.setdefault(name, []).extend(messages)
-    if flavor is not None and "flavor" not in errors:
-        resolved["flavor"] = flavor
 
-    command = data.command or ""
+def _check_command(errors, command: str) -> None:
     _check(errors, "command", command.strip() != "", "A command is required.")
     _check(
         errors,
@@ -142,36 +154,45 @@ def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
     )
     _check(errors, "command", "\x00" not in command, "Must not contain NUL characters.")
 
-    if _check(errors, "params", isinstance(data.params, dict), "Must be a JSON object."):
-        try:
-            encoded = json.dumps(data.params, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError):
-            _check(errors, "params", False, "Only JSON values; NaN and Infinity are not JSON.")
-        else:
-            size = len(encoded.encode())
-            _check(errors, "params", size <= MAX_PARAMS_BYTES, "At most 64 KiB as JSON.")
-            _check(errors, "params", "\\u0000" not in encoded, "Must not contain NUL characters.")
+
+def _check_params(errors, params) -> None:
+    if not _check(errors, "params", isinstance(params, dict), "Must be a JSON object."):
+        return
+    try:
+        encoded = json.dumps(params, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        _check(errors, "params", False, "Only JSON values; NaN and Infinity are not JSON.")
+        return
+    size = len(encoded.encode())
+    _check(errors, "params", size <= MAX_PARAMS_BYTES, "At most 64 KiB as JSON.")
+    _check(errors, "params", "\\u0000" not in encoded, "Must not contain NUL characters.")
+    _check(
+        errors,
+        "params",
+        _is_unicode_text(params),
+        "Must not contain unpaired surrogates (\\ud800 to \\udfff).",
+    )
+
+
+def _check_env(errors, env, *, nodes: int) -> None:
+    if not _check(errors, "env", isinstance(env, dict), "Must be an object of names to strings."):
+        return
+    for key, value in env.items():
+        refusal = env_name_refusal(key)
+        if refusal is not None:
+            _check(errors, "env", False, refusal)
+        elif key in MULTI_NODE_ENV and nodes > 1:
             _check(
                 errors,
-                "params",
-                _is_unicode_text(data.params),
-                "Must not contain unpaired surrogates (\\ud800 to \\udfff).",
+                "env",
+                False,
+                f"{key} is set by Gantry in every task of a multi-node job; leave it out.",
             )
-    if _check(errors, "env", isinstance(data.env, dict), "Must be an object of names to strings."):
-        for key, value in data.env.items():
-            refusal = env_name_refusal(key)
-            if refusal is not None:
-                _check(errors, "env", False, refusal)
-            elif key in MULTI_NODE_ENV and data.nodes > 1:
-                _check(
-                    errors,
-                    "env",
-                    False,
-                    f"{key} is set by Gantry in every task of a multi-node job; leave it out.",
-                )
-            elif not isinstance(value, str) or "\x00" in value:
-                _check(errors, "env", False, f"The value of {key} must be a string.")
+        elif not isinstance(value, str) or "\x00" in value:
+            _check(errors, "env", False, f"The value of {key} must be a string.")
 
+
+def _check_code(errors, data: ExperimentInput) -> None:
     if data.code_repository or data.code_commit:
         _check(
             errors,
@@ -180,6 +201,11 @@ def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
             "A commit is 40 lowercase hex characters.",
         )
         _check(errors, "code_repository", bool(data.code_repository), "Required with a commit.")
+
+
+def _check_limits(errors, data: ExperimentInput) -> None:
+    """The topology mode, the integers' ranges and the free texts' lengths
+    (``jobs.experiment_fields``)."""
     _check(
         errors,
         "topology_mode",
@@ -192,22 +218,16 @@ def experiment_validate(*, user: UserLike, data: ExperimentInput) -> dict:
         data.topology_mode != TopologyMode.REQUIRED or bool(data.topology_level),
         "Name the topology level that is required.",
     )
-    _check(errors, "priority", 0 <= data.priority <= 100, "Between 0 and 100.")
-    _check(
-        errors,
-        "max_runtime_minutes",
-        1 <= data.max_runtime_minutes <= 30 * 24 * 60,
-        "Between 1 minute and 30 days.",
-    )
-    _check(errors, "max_restarts", 0 <= data.max_restarts <= 20, "Between 0 and 20.")
-    for name in ("name", "code_repository", "dataset_uri", "dataset_version", "checkpoint_dir"):
-        limit = max_length_of(Experiment, name)
+    for name, (low, high) in RANGES.items():
+        message = _RANGE_MESSAGES.get(name, f"Between {low} and {high}.")
+        _check(errors, name, low <= getattr(data, name) <= high, message)
+    for name, limit in TEXT_LIMITS.items():
         value = getattr(data, name) or ""
         _check(errors, name, len(value) <= limit, f"At most {limit} characters.")
         _check(errors, name, "\x00" not in value, "Must not contain NUL characters.")
-    if errors:
-        raise ValidationError(errors)
-    return resolved
+
+
+_RANGE_MESSAGES = {"max_runtime_minutes": "Between 1 minute and 30 days."}
 
 
 def _check_cloned_from(errors, *, user: UserLike, tenant, experiment_id) -> int | None:
@@ -242,7 +262,7 @@ def _resolve_image(errors, *, tenant, reference: str, pinned: Image | None) -> I
     resolved: the registry of the repository's host says which digest the tag points to now,
     and that digest must be an approved image; the experiment records the digest. Resolving
     calls the registry inside run_submit's transaction, so each request has a short timeout
-    (images.services.SUBMIT_TIMEOUT_S); a registry that does not answer fails the submit.
+    (images.services.registries.SUBMIT_TIMEOUT_S); a registry that does not answer fails the submit.
     """
     reference = (reference or "").strip()
     if not reference:
@@ -353,29 +373,20 @@ def run_record(
     The ``create`` of ``submission_once``: it does not look the key up."""
     resolved = experiment_validate(user=user, data=data)
     image = resolved["image"]
+    # Every field as given, but those that name a row (resolved) and the defaults made here.
+    values = {field.name: getattr(data, field.name) for field in INPUT_FIELDS} | {
+        "tenant": resolved["tenant"],
+        "project": resolved["project"],
+        "name": data.name or f"{resolved['project'].slug}-{timezone.now():%Y%m%d-%H%M%S}",
+        "image": image,
+        "flavor": resolved["flavor"],
+        "topology_mode": data.topology_mode or TopologyMode.PREFERRED,
+    }
+    del values["cloned_from"]
     experiment = Experiment.objects.create(
-        tenant=resolved["tenant"],
-        project=resolved["project"],
-        owner=signed_in(user),
-        name=data.name or f"{resolved['project'].slug}-{timezone.now():%Y%m%d-%H%M%S}",
-        image=image,
+        **values,
         image_reference=image.reference,
-        command=data.command,
-        env=data.env,
-        code_repository=data.code_repository,
-        code_commit=data.code_commit,
-        dataset_uri=data.dataset_uri,
-        dataset_version=data.dataset_version,
-        params=data.params,
-        flavor=resolved["flavor"],
-        nodes=data.nodes,
-        gpus_per_node=data.gpus_per_node,
-        priority=data.priority,
-        max_runtime_minutes=data.max_runtime_minutes,
-        max_restarts=data.max_restarts,
-        checkpoint_dir=data.checkpoint_dir,
-        topology_level=data.topology_level,
-        topology_mode=data.topology_mode or TopologyMode.PREFERRED,
+        owner=signed_in(user),
         cloned_from_id=resolved.get("cloned_from_id"),
         template=template,
         gantry_version=GANTRY_VERSION,
@@ -385,28 +396,11 @@ def run_record(
 
 def experiment_input_of(experiment: Experiment) -> ExperimentInput:
     """The request that would record this experiment again, as it was recorded."""
-    return ExperimentInput(
-        tenant=experiment.tenant.slug,
-        project=experiment.project.slug,
-        image=experiment.image_reference,
-        command=experiment.command,
-        flavor=experiment.flavor.slug,
-        nodes=experiment.nodes,
-        gpus_per_node=experiment.gpus_per_node,
-        name=experiment.name,
-        code_repository=experiment.code_repository,
-        code_commit=experiment.code_commit,
-        dataset_uri=experiment.dataset_uri,
-        dataset_version=experiment.dataset_version,
-        params=experiment.params,
-        env=experiment.env,
-        priority=experiment.priority,
-        max_runtime_minutes=experiment.max_runtime_minutes,
-        max_restarts=experiment.max_restarts,
-        checkpoint_dir=experiment.checkpoint_dir,
-        topology_level=experiment.topology_level,
-        topology_mode=experiment.topology_mode if experiment.topology_level else "",
-    )
+    values = experiment.values_of(INPUT_FIELDS)
+    del values["cloned_from"]  # a clone of it records its own source
+    if not experiment.topology_level:
+        values["topology_mode"] = ""  # a mode says nothing without a level
+    return ExperimentInput(**values)
 
 
 def run_rerun(*, experiment: Experiment, user: UserLike, submission_key: UUID | None = None) -> Run:
@@ -481,22 +475,3 @@ def _run_create(
     )
     admission_cycle_enqueue()
     return run
-
-
-def run_record_values(
-    *,
-    user: UserLike,
-    values: dict,
-    submission_key: UUID | None,
-    template: ExperimentTemplate | None,
-) -> Run:
-    """run_record with ExperimentInput values; its errors by dotted spec name."""
-    try:
-        return run_record(
-            user=user,
-            data=ExperimentInput(**values),
-            submission_key=submission_key,
-            template=template,
-        )
-    except ValidationError as exc:
-        raise ValidationError(spec.errors_to_spec(exc.message_dict)) from None

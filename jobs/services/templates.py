@@ -12,7 +12,7 @@ from jobs.models import (
     ExperimentTemplate,
     Run,
 )
-from jobs.services.submission import run_record_values, submission_once
+from jobs.services.submission import ExperimentInput, run_record, submission_once
 from tenants.models import Tenant, slug_validator
 from tenants.services.audit import audit_record, audit_snapshot
 
@@ -127,8 +127,9 @@ def template_run_record(
     submission_key: UUID | None,
 ) -> Run:
     """The template's locks and ranges checked, then every rule of run_submit, and the run
-    queued with ``submission_key`` on it. ValidationError names dotted spec fields; nothing
-    is created on error. The ``create`` of ``submission_once``: it does not look the key up."""
+    queued with ``submission_key`` on it. ValidationError names the fields (ExperimentInput
+    names, as every service does); nothing is created on error. The ``create`` of
+    ``submission_once``: it does not look the key up."""
     if template.tenant is not None and template.tenant.slug != values.get("tenant"):
         raise ValidationError(
             {"template": [f"Template {template.name} belongs to tenant {template.tenant.slug}."]}
@@ -139,6 +140,6 @@ def template_run_record(
     )
     if errors:
         raise ValidationError(errors)
-    return run_record_values(
-        user=user, values=merged, submission_key=submission_key, template=template
+    return run_record(
+        user=user, data=ExperimentInput(**merged), submission_key=submission_key, template=template
     )

@@ -11,6 +11,8 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.core import signing
 from django.core.exceptions import ValidationError
+from django.core.serializers.json import DjangoJSONEncoder
+from django.forms import BoundField
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
@@ -19,12 +21,13 @@ from django.views.decorators.http import require_GET, require_http_methods
 from core.http import ascii_id, or_404
 from core.types import UserLike
 from images.access import image_list_usable_by_tenants
-from jobs import spec
 from jobs.access import (
     experiment_list_viewable,
     template_list_usable,
 )
+from jobs.experiment_fields import FORM_ROWS, PREVIEW_FIELDS
 from jobs.forms import (
+    FORM_FIELDS,
     RunPreviewForm,
     RunSubmitForm,
     initial_from_experiment,
@@ -48,15 +51,6 @@ from tenants.selectors import (
 )
 
 TEMPLATE_PICKER_SIZE = 100
-PREVIEW_FIELDS = (
-    "tenant",
-    "flavor",
-    "nodes",
-    "gpus_per_node",
-    "priority",
-    "topology_level",
-    "topology_mode",
-)
 # A submit form sent after the session ended waits in the session for the login (bounded:
 # a session row is no place for a large upload).
 DRAFT_SESSION_KEY = "jobs.run_submit.draft"
@@ -162,8 +156,6 @@ def run_submit(request: HttpRequest) -> HttpResponse:
                     user=request.user, submission_key=key, create=create
                 )
             except ValidationError as exc:
-                if template is not None:
-                    exc = ValidationError(spec.errors_to_input(exc.message_dict))
                 form.add_service_errors(exc)
             else:
                 run = submitted.run
@@ -199,12 +191,32 @@ def run_submit(request: HttpRequest) -> HttpResponse:
         "restored": restored is not None,
         "draft_owner": signing.dumps(request.user.pk, salt=DRAFT_OWNER_SALT),
     }
+    context |= _form_layout(form)
     if tenants:
         context |= _preview_context(
             request.user, {name: form[name].value() for name in PREVIEW_FIELDS}
         )[0]
     failed = request.method == "POST" and bool(form.errors)
     return render(request, "jobs/run_submit.html", context, status=400 if failed else 200)
+
+
+def _form_layout(form: RunSubmitForm) -> dict:
+    """What the page draws the form and its quota check from (``jobs.experiment_fields``):
+    the fieldsets, each a legend and its rows of fields; the quota check's fields, as a CSS
+    selector its htmx attributes include and trigger on, and the values of those a template
+    locks (a disabled input is not sent, so they go as hx-vals)."""
+    sections: list[tuple[str, list[tuple[str, list[BoundField]]]]] = []
+    for row, (legend, css) in FORM_ROWS.items():
+        fields = [form[field.name] for field in FORM_FIELDS if field.form_row == row]
+        if not sections or sections[-1][0] != legend:
+            sections.append((legend, []))
+        sections[-1][1].append((css, fields))
+    locked = {name: form[name].value() for name in PREVIEW_FIELDS if form.fields[name].disabled}
+    return {
+        "form_sections": sections,
+        "preview_fields": ", ".join(f"#{form[name].auto_id}" for name in PREVIEW_FIELDS),
+        "preview_locked": json.dumps(locked, cls=DjangoJSONEncoder) if locked else "",
+    }
 
 
 def _template_chosen(user: UserLike, value: str):

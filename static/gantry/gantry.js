@@ -227,79 +227,50 @@ window.GantryCharts = (function () {
     apply();
   }
 
-  // The submit form's quota check: re-rendered by the server whenever a field that decides
-  // admission changes (debounced; a late answer to an older request is dropped).
-  var PREVIEW_FIELDS = [
-    "tenant",
-    "flavor",
-    "nodes",
-    "gpus_per_node",
-    "priority",
-    "topology_level",
-    "topology_mode",
-  ];
-
-  function preview(container) {
-    var form = container.closest("form");
-    if (!form) {
+  // The submit form's quota check (templates/jobs/run_submit.html): htmx asks the server for
+  // it again a moment after a field it sends (its hx-include) changes. Here: busy from that
+  // change until the answer is in; a 400 is an answer too (it says what is missing); an
+  // answer from another address (the login page: the session ended) is dropped, keeping the
+  // last one, since reloading would lose what was typed; and once the form is sent, no check
+  // goes out, nor stays on its way to race the submit.
+  function quotaCheck(panel) {
+    var form = panel.closest("form");
+    var answer = panel.querySelector("[data-preview-url]");
+    var fields = panel.getAttribute("hx-include");
+    if (!form || !answer || !fields) {
       return;
     }
-    var url = container.getAttribute("data-preview-url");
-    var timer = null;
-    var latest = 0;
-
-    function refresh() {
-      var params = new URLSearchParams();
-      PREVIEW_FIELDS.forEach(function (name) {
-        var field = form.elements.namedItem(name);
-        if (field && "value" in field) {
-          params.set(name, field.value);
-        }
-      });
-      var request = ++latest;
-      container.setAttribute("aria-busy", "true");
-      fetch(url + "?" + params.toString(), {
-        credentials: "same-origin",
-        headers: { "X-Requested-With": "XMLHttpRequest" },
-        cache: "no-store",
-      })
-        .then(function (response) {
-          // 400 carries a fragment too: it says what is missing.
-          if (response.redirected || (!response.ok && response.status !== 400)) {
-            return null;
-          }
-          return response.text();
-        })
-        .then(function (html) {
-          if (html !== null && request === latest) {
-            container.innerHTML = html;
-          }
-        })
-        .catch(function () {
-          // Keep the last answer; the next change tries again.
-        })
-        .finally(function () {
-          if (request === latest) {
-            container.setAttribute("aria-busy", "false");
-          }
-        });
+    function busy(value) {
+      answer.setAttribute("aria-busy", value ? "true" : "false");
     }
-
-    function changed(event) {
-      if (PREVIEW_FIELDS.indexOf(event.target.name) === -1) {
-        return;
+    form.addEventListener("input", function (event) {
+      if (event.target.matches && event.target.matches(fields)) {
+        busy(true);
       }
-      window.clearTimeout(timer);
-      container.setAttribute("aria-busy", "true");
-      timer = window.setTimeout(refresh, 300);
-    }
-    form.addEventListener("input", changed);
-    form.addEventListener("change", changed);
-    // A check still waiting when the form is sent is dropped: the page is leaving, and a
-    // request racing the submit could change the session's cookie under it.
+    });
     form.addEventListener("submit", function () {
-      window.clearTimeout(timer);
-      latest += 1;
+      window.htmx.trigger(panel, "htmx:abort");
+    });
+    panel.addEventListener("htmx:beforeRequest", function (event) {
+      if (form.hasAttribute("data-submitting")) {
+        event.preventDefault();
+      } else {
+        busy(true);
+      }
+    });
+    panel.addEventListener("htmx:beforeSwap", function (event) {
+      var xhr = event.detail.xhr;
+      var asked = new URL(event.detail.pathInfo.requestPath, window.location.href).pathname;
+      if (xhr.responseURL && new URL(xhr.responseURL).pathname !== asked) {
+        event.detail.shouldSwap = false;
+        event.stopPropagation(); // not the page's reload of a poll sent to the login page
+      } else if (xhr.status === 400) {
+        event.detail.shouldSwap = true;
+        event.detail.isError = false;
+      }
+    });
+    panel.addEventListener("htmx:afterRequest", function () {
+      busy(false);
     });
   }
 
@@ -419,7 +390,7 @@ window.GantryCharts = (function () {
         }
       }
     });
-    document.querySelectorAll("[data-preview-url]").forEach(preview);
+    document.querySelectorAll(".preview-panel[hx-get]").forEach(quotaCheck);
     document.querySelectorAll("select[data-filter-by]").forEach(filterProjects);
     document.querySelectorAll("button[data-copy]").forEach(copyButton);
 

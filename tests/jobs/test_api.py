@@ -11,7 +11,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from jobs.models import Attempt, Experiment, Run, RunState
-from jobs.serializers import ExperimentInputSerializer
+from jobs.serializers.experiments import ExperimentInputSerializer
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.lifecycle import run_cancel

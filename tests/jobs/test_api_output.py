@@ -1,4 +1,4 @@
-"""The runs API writes runs, attempts and events by hand (jobs/serializers.py, "Output by
+"""The runs API writes runs, attempts and events by hand (jobs/serializers/runs.py, "Output by
 hand"): exactly what DRF's generic walk over the declared fields wrote, for runs in every
 state, in any time zone and datetime format."""
 
@@ -21,7 +21,7 @@ from jobs.models import (
     WaitReason,
 )
 from jobs.selectors.runs import run_attempts, run_events, run_get_viewable, run_page_viewable
-from jobs.serializers import (
+from jobs.serializers.runs import (
     AttemptSerializer,
     RunDetailSerializer,
     RunEventSerializer,

@@ -27,7 +27,7 @@ from jobs.selectors.runs import (
     runs_place_in_line,
     runs_usage,
 )
-from jobs.serializers import RUN_COLUMNS, RunSerializer
+from jobs.serializers.runs import RUN_COLUMNS, RunSerializer
 from tenants.access import tenant_list_viewable
 from tests.conftest import make_user
 from tests.jobs.test_run_list_queries import runs_of_the_list, submit_runs

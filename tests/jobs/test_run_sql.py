@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from jobs.access import run_list_viewable
 from jobs.models import Attempt, AttemptState, Run, RunEvent, RunState
 from jobs.selectors.runs import run_attempts, run_events, run_get_viewable, runs_place_in_line
-from jobs.serializers import RUN_DETAIL_COLUMNS, RunDetailSerializer, RunEventSerializer
+from jobs.serializers.runs import RUN_DETAIL_COLUMNS, RunDetailSerializer, RunEventSerializer
 from tenants.access import is_platform_admin, tenant_roles
 from tenants.models import Tenant
 from tests.jobs.test_lifecycle import submit

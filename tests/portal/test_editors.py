@@ -313,3 +313,43 @@ def test_a_locked_env_is_shown_as_read_only_rows(world, persona_page):
     expect(page.get_by_label("Variable 1 value")).to_be_disabled()
     expect(editor(page, "env").get_by_role("button")).to_have_count(0)
     assert json.loads(page.locator("#id_env").input_value()) == {"OMP_NUM_THREADS": "8"}
+
+
+def test_the_quota_check_follows_the_fields_it_sends_and_a_template_locks(world, persona_page):
+    """htmx asks for the quota check again after a field that decides admission changes (a
+    400 says what is missing), not after any other; a field the template locks is sent
+    although its input is disabled."""
+    page = persona_page(world.researcher_a)
+    asked: list[str] = []
+    page.on(
+        "request", lambda request: asked.append(request.url) if "/preview/" in request.url else None
+    )
+    fill_submit_form(page, "quota-check")
+    verdict = page.locator("[data-verdict]")
+    expect(verdict).to_have_attribute("data-verdict", "start")
+    expect(page.locator(".preview .facts dd").first).to_have_text("2 a100-80gb GPUs of vision")
+
+    page.select_option("#id_flavor", "")
+    expect(page.locator(".preview-problems li")).to_have_text("Choose a GPU flavor.")
+    expect(page.locator("[data-preview-url]")).to_have_attribute("aria-busy", "false")
+    sent = len(asked)
+    page.fill("#id_name", "renamed")
+    page.fill("#id_command", "python train.py --epochs 4")
+    page.wait_for_timeout(600)  # twice the check's delay
+    assert len(asked) == sent
+
+    template = template_save(
+        actor=world.tenant_admin_a,
+        tenant=world.vision,
+        name="pinned-flavor",
+        description="",
+        values={"resources": {"flavor": "a100-80gb", "nodes": 1}},
+        locked=["resources.flavor"],
+        ranges={},
+    )
+    page.goto(f"/runs/new/?template={template.pk}")
+    expect(page.locator("#id_flavor")).to_be_disabled()
+    page.fill("#id_gpus_per_node", "4")
+    expect(page.locator("[data-preview-url]")).to_have_attribute("aria-busy", "false")
+    expect(page.locator(".preview .facts dd").first).to_have_text("4 a100-80gb GPUs of vision")
+    assert "flavor=a100-80gb" in asked[-1]

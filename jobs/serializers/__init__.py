@@ -1,0 +1,1 @@
+"""Shapes of the runs API, one module per resource. Types only."""
