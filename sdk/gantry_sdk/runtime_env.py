@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 
-# The runtime report's limits (jobs/serializers.py): strings of at most 200 characters.
+# The runtime report's limits (jobs/serializers/runtime.py): strings of at most 200 characters.
 MAX_REPORT_TEXT = 200
 MAX_REPORT_ITEMS = 1024
 MAX_REPORT_FRAMEWORKS = 64
