@@ -24,10 +24,11 @@ from django.utils import timezone
 from psycopg import sql
 
 from clusters.backends import k8s_manifest, k8s_settings
-from clusters.backends.base import TELEMETRY_SETTINGS_KEY, PermanentBackendError
+from clusters.backends.base import TELEMETRY_SETTINGS_KEY
 from clusters.models import Cluster, ClusterFlavor, SimulatedJob
 from clusters.simulation import Workload
 from core import metrics
+from core.schema import SchemaError
 from jobs.models import Attempt
 from telemetry import exposition
 from telemetry.exposition import (
@@ -40,7 +41,8 @@ from telemetry.exposition import (
 )
 from telemetry.models import ClusterTelemetry, GpuMinute, RawScrape, UnmappedSamples
 from telemetry.simulated import minute_samples, simulated_telemetry
-from telemetry.sources import Scrape, SourceError, source_from_settings, source_settings_parse
+from telemetry.source_settings import source_from_settings, source_settings_parse
+from telemetry.sources import Scrape, SourceError
 
 logger = logging.getLogger(__name__)
 
@@ -230,7 +232,7 @@ def _record_error(cluster: Cluster, message: str, now: datetime) -> None:
 def _k8s_namespace_prefix(cluster: Cluster) -> str:
     try:
         return k8s_settings.parse_settings(cluster.settings).namespace_prefix
-    except PermanentBackendError:
+    except SchemaError:
         default = k8s_settings.K8sSettings.__dataclass_fields__["namespace_prefix"].default
         assert isinstance(default, str)
         return default

@@ -5,12 +5,10 @@ minute rollups by (attempt, host, GPU, minute), accounting by attempt; running a
 again gives the same rows.
 """
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
-from typing import cast
 
 from django.db import transaction
 from django.utils import timezone
@@ -21,7 +19,7 @@ from clusters.simulation import Workload
 from jobs.models import Attempt, AttemptState, Checkpoint
 from jobs.selectors.runs import attempt_token_refusal
 from jobs.services.backend_sync import checkpoints_record
-from telemetry import accounting
+from telemetry import accounting, sdk_events
 from telemetry.collection import telemetry_collect
 from telemetry.models import (
     SOURCE_MAX_LENGTH,
@@ -35,11 +33,6 @@ from telemetry.simulated import simulated_telemetry
 
 MAX_EVENTS_PER_BATCH = 500
 MAX_EVENTS_BODY_BYTES = 256 * 1024
-MAX_URI_LENGTH = 2048
-MAX_SEQ = 2**63 - 1
-# Timestamps outside these bounds are a broken clock, not telemetry.
-EARLIEST_TS = datetime(2000, 1, 1, tzinfo=UTC).timestamp()
-LATEST_TS = datetime(2100, 1, 1, tzinfo=UTC).timestamp()
 SIMULATOR_SOURCE = "simulator"
 # Simulator attempts that ended longer ago than this are not collected again.
 SIMULATOR_RECENT = timedelta(days=1)
@@ -60,80 +53,36 @@ class IngestResult:
 # --- SDK events -------------------------------------------------------------------------
 
 
-def _int(value, *, low: int = 0, high: int = MAX_SEQ) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        return None
-    return value
-
-
-def _seconds(value) -> float | None:
-    """A finite, non-negative number of seconds, else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) and value >= 0 else None
-
-
-def _moment(value) -> datetime | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    if not math.isfinite(value) or not EARLIEST_TS <= value <= LATEST_TS:
-        return None
+def _moment(value: float) -> datetime:
     return datetime.fromtimestamp(value, tz=UTC)
 
 
 def _parse_event(raw, *, attempt: Attempt, source: str) -> tuple[int, StepWindow | SdkEvent] | None:
-    """One event of a batch as an unsaved row, or None when it is unknown or malformed.
-    Unknown fields are ignored: newer SDKs may send more."""
-    if not isinstance(raw, dict):
+    """One event of a batch as an unsaved row, or None when it is unknown or malformed
+    (``sdk_events.EVENT_SCHEMA``, and a step window may not end before it starts)."""
+    if not sdk_events.EVENT.is_valid(raw):
         return None
-    seq = _int(raw.get("seq"), low=1)
-    ts = _moment(raw.get("ts"))
-    kind = raw.get("type")
-    if seq is None or ts is None:
-        return None
-    if kind == "step_window":
-        start, end = _moment(raw.get("start")), _moment(raw.get("end"))
-        steps = _int(raw.get("steps"), high=2**31 - 1)
-        numbers = [
-            _seconds(raw.get(name, 0.0))
-            for name in ("step_time_s", "data_wait_s", "comm_wait_s", "checkpoint_s")
-        ]
-        step = raw.get("step")
-        if step is not None:
-            step = _int(step)
-            if step is None:
-                return None
-        if start is None or end is None or start > end or steps is None or None in numbers:
+    seq, ts, kind = raw["seq"], _moment(raw["ts"]), raw["type"]
+    if kind == sdk_events.STEP_WINDOW:
+        start, end = _moment(raw["start"]), _moment(raw["end"])
+        if start > end:
             return None
-        if "step_time_s" not in raw:
-            return None
-        step_time_s, data_wait_s, comm_wait_s, checkpoint_s = cast("list[float]", numbers)
         return seq, StepWindow(
             attempt=attempt,
             source=source,
             seq=seq,
             start=start,
             end=end,
-            steps=steps,
-            step_time_s=step_time_s,
-            data_wait_s=data_wait_s,
-            comm_wait_s=comm_wait_s,
-            checkpoint_s=checkpoint_s,
-            step=step,
+            steps=raw["steps"],
+            step_time_s=float(raw["step_time_s"]),
+            data_wait_s=float(raw.get("data_wait_s", 0.0)),
+            comm_wait_s=float(raw.get("comm_wait_s", 0.0)),
+            checkpoint_s=float(raw.get("checkpoint_s", 0.0)),
+            step=raw.get("step"),
         )
-    if kind == SdkEvent.Type.READY:
-        payload = {}
-    elif kind in (SdkEvent.Type.CHECKPOINT_SAVED, SdkEvent.Type.CHECKPOINT_RESTORED):
-        step, uri, seconds = _int(raw.get("step")), raw.get("uri"), _seconds(raw.get("seconds"))
-        if step is None or seconds is None:
-            return None
-        # PostgreSQL's jsonb cannot hold U+0000.
-        if not isinstance(uri, str) or not 1 <= len(uri) <= MAX_URI_LENGTH or "\x00" in uri:
-            return None
-        payload = {"step": step, "uri": uri, "seconds": seconds}
-    else:
-        return None
+    payload = {}
+    if kind != sdk_events.READY:
+        payload = {"step": raw["step"], "uri": raw["uri"], "seconds": float(raw["seconds"])}
     return seq, SdkEvent(attempt=attempt, source=source, seq=seq, type=kind, ts=ts, payload=payload)
 
 

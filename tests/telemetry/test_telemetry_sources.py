@@ -23,6 +23,12 @@ from telemetry.exposition import (
     GpuSample,
     parse,
 )
+from telemetry.source_settings import (
+    SourceKind,
+    SourceSettings,
+    source_from_settings,
+    source_settings_parse,
+)
 from telemetry.sources import (
     USER_AGENT,
     DcgmScrapeSource,
@@ -31,11 +37,7 @@ from telemetry.sources import (
     Scrape,
     ScrapeFailure,
     SourceError,
-    SourceKind,
-    SourceSettings,
     matrix_exposition,
-    source_from_settings,
-    source_settings_parse,
 )
 from tests import REPOSITORY
 from tests.prometheus_support import (
