@@ -51,6 +51,7 @@ from jobs.services.usage import usage_record_attempt
 from telemetry import services as telemetry_services
 from telemetry.models import GpuMinute
 from telemetry.simulated import SimulatedMinute, simulated_telemetry
+from telemetry.simulator_source import simulated_windows_store
 from tenants import services as tenant_services
 from tenants.models import GlobalRole, GpuFlavor, Membership, Project, Quota, Tenant
 
@@ -493,9 +494,7 @@ def _record_history_telemetry(*, attempt: Attempt, profile: str, resume_step: in
         speedup=1,
         gpus=gpus,
     )
-    telemetry_services.simulated_windows_store(
-        attempt_id=attempt.pk, source="demo", windows=telemetry.windows
-    )
+    simulated_windows_store(attempt_id=attempt.pk, source="demo", windows=telemetry.windows)
     _gpu_minutes_insert(attempt=attempt, minutes=telemetry.minutes)
 
 

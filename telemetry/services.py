@@ -1,26 +1,22 @@
-"""Writes of the telemetry app: SDK events, simulator telemetry, per-attempt accounting.
+"""Writes of the telemetry app: SDK events and per-attempt accounting.
 
 Every write is idempotent: SDK events and step windows are keyed by (attempt, source, seq),
 minute rollups by (attempt, host, GPU, minute), accounting by attempt; running a write
 again gives the same rows.
 """
 
-from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from fractions import Fraction
 
 from django.db import transaction
 from django.utils import timezone
 
 from clusters.backends import CheckpointReport
-from clusters.models import Cluster, SimulatedJob
-from clusters.simulation import Workload
 from jobs.models import Attempt, AttemptState, Checkpoint
 from jobs.selectors.runs import attempt_token_refusal
 from jobs.services.backend_sync import checkpoints_record
 from telemetry import accounting, sdk_events
-from telemetry.collection import telemetry_collect
 from telemetry.models import (
     SOURCE_MAX_LENGTH,
     AttemptAccounting,
@@ -29,13 +25,9 @@ from telemetry.models import (
     StepWindow,
 )
 from telemetry.selectors import attempts_pending_accounting
-from telemetry.simulated import simulated_telemetry
 
 MAX_EVENTS_PER_BATCH = 500
 MAX_EVENTS_BODY_BYTES = 256 * 1024
-SIMULATOR_SOURCE = "simulator"
-# Simulator attempts that ended longer ago than this are not collected again.
-SIMULATOR_RECENT = timedelta(days=1)
 
 
 class AttemptClosed(Exception):
@@ -143,71 +135,6 @@ def sdk_events_ingest(*, attempt: Attempt, source: str, events: list) -> IngestR
         )
     return IngestResult(
         accepted=len(new), duplicates=repeated + len(parsed) - len(new), rejected=rejected
-    )
-
-
-# --- simulator telemetry -------------------------------------------------------------------
-
-
-def simulator_telemetry_collect(*, cluster: Cluster, now: datetime | None = None) -> int:
-    """Write the step windows the simulator's running and recently finished jobs report,
-    as their SDK would, then collect their GPU metrics like any cluster's (exposition text,
-    raw store, minute rollups). Idempotent: windows are only written once complete.
-    Returns the number of attempts whose windows were collected."""
-    now = now or timezone.now()
-    speedup = float(cluster.settings.get("speedup", 1))
-    jobs = {
-        str(job.pk): job
-        for job in SimulatedJob.objects.filter(cluster=cluster, started_at__isnull=False)
-        .exclude(finished_at__lt=now - SIMULATOR_RECENT)
-        .order_by("pk")
-    }
-    attempts = Attempt.objects.filter(cluster=cluster, backend_job_id__among=list(jobs)).only(
-        "pk", "backend_job_id"
-    )
-    collected = 0
-    for attempt in attempts:
-        job = jobs[attempt.backend_job_id]
-        assert job.started_at is not None  # only started jobs are collected
-        finished = job.finished_at is not None
-        telemetry = simulated_telemetry(
-            Workload(**job.profile["workload"]),
-            started_at=job.started_at,
-            until=job.finished_at if job.finished_at is not None else now,
-            finished=finished,
-            speedup=speedup,
-            gpus=[
-                (node, str(gpu)) for node, gpus in sorted(job.allocation.items()) for gpu in gpus
-            ],
-        )
-        simulated_windows_store(
-            attempt_id=attempt.pk, source=SIMULATOR_SOURCE, windows=telemetry.windows
-        )
-        collected += 1
-    telemetry_collect(cluster=cluster, now=now)
-    return collected
-
-
-def simulated_windows_store(*, attempt_id: int, source: str, windows: Iterable) -> None:
-    """The step windows a simulated job reported (``telemetry.simulated``), stored as the SDK's
-    would be; a window already stored (same attempt, source and seq) is left as it is."""
-    StepWindow.objects.bulk_create(
-        [
-            StepWindow(
-                attempt_id=attempt_id,
-                source=source,
-                seq=window.seq,
-                start=window.start,
-                end=window.end,
-                steps=window.steps,
-                step_time_s=window.step_time_s,
-                data_wait_s=window.data_wait_s,
-                comm_wait_s=window.comm_wait_s,
-                step=window.step,
-            )
-            for window in windows
-        ],
-        ignore_conflicts=True,
     )
 
 

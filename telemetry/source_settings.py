@@ -1,6 +1,6 @@
 """A cluster's telemetry source: ``cluster.settings["telemetry"]`` checked against
-``SETTINGS_SCHEMA`` (``source_settings_parse``), and the registry that builds the source the
-settings name (``SOURCES``, ``source_from_settings``).
+``SETTINGS_SCHEMA`` (``source_settings_parse``); ``telemetry.collection`` ``SOURCES`` builds
+the source the settings name.
 
 ``{"source": "dcgm", "targets": [...], "timeout_s": 5}``,
 ``{"source": "prometheus", "url": ..., "step_s": 15, "selector": "{job=\\"dcgm\\"}",
@@ -8,7 +8,6 @@ settings name (``SOURCES``, ``source_from_settings``).
 are refused. Pure: no Django.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -18,9 +17,6 @@ from telemetry.sources import (
     DCGM_TIMEOUT_S,
     DEFAULT_STEP_S,
     PROMETHEUS_TIMEOUT_S,
-    DcgmScrapeSource,
-    PrometheusSource,
-    TelemetrySource,
     url_problem,
 )
 
@@ -28,7 +24,7 @@ from telemetry.sources import (
 class SourceKind(StrEnum):
     DCGM = "dcgm"
     PROMETHEUS = "prometheus"
-    SIMULATOR = "simulator"  # the simulator's own telemetry; built by the collector
+    SIMULATOR = "simulator"  # a simulator cluster's own jobs (implied for those clusters)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,34 +173,3 @@ def source_settings_parse(raw: Any) -> SourceSettings:
         timeout_s=float(raw.get("timeout_s", PROMETHEUS_TIMEOUT_S)),
         token_env=raw.get("token_env"),
     )
-
-
-def _dcgm(settings: SourceSettings) -> TelemetrySource:
-    return DcgmScrapeSource(list(settings.targets), timeout_s=settings.timeout_s)
-
-
-def _prometheus(settings: SourceSettings) -> TelemetrySource:
-    return PrometheusSource(
-        settings.url,
-        step_s=settings.step_s,
-        selector=settings.selector,
-        timeout_s=settings.timeout_s,
-        token_env=settings.token_env,
-    )
-
-
-SOURCES: dict[SourceKind, Callable[[SourceSettings], TelemetrySource]] = {
-    SourceKind.DCGM: _dcgm,
-    SourceKind.PROMETHEUS: _prometheus,
-}
-
-
-def source_from_settings(settings: SourceSettings) -> TelemetrySource:
-    """The source the settings describe. Raises ValueError for the simulator: its telemetry
-    comes from the simulated jobs in the database, so the collector builds that source."""
-    factory = SOURCES.get(settings.source)
-    if factory is None:
-        raise ValueError(
-            f"the {settings.source} telemetry source is built by the collector, not from settings"
-        )
-    return factory(settings)
