@@ -33,10 +33,11 @@ import math
 import re
 import string
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
-from jsonschema import validators
+if TYPE_CHECKING:
+    import jsonschema
 
 # A format's check: raises ValueError with the reason when the value is wrong.
 FormatCheck = Callable[[Any], object]
@@ -75,12 +76,19 @@ def _is_number(_checker: object, instance: object) -> bool:
     )
 
 
-_Validator = validators.extend(
-    validators.Draft202012Validator,
-    type_checker=validators.Draft202012Validator.TYPE_CHECKER.redefine_many(
-        {"integer": _is_integer, "number": _is_number}
-    ),
-)
+@cache
+def _validator_class() -> Any:
+    """Draft 2020-12 with JSON's integers and numbers. jsonschema is imported on the first
+    check, not when the portal starts: most processes never check a schema."""
+    from jsonschema import validators
+
+    draft = validators.Draft202012Validator
+    return validators.extend(
+        draft,
+        type_checker=draft.TYPE_CHECKER.redefine_many(
+            {"integer": _is_integer, "number": _is_number}
+        ),
+    )
 
 
 def field_path(steps: Iterable[object]) -> str:
@@ -128,7 +136,7 @@ def _subschemas(root: Mapping[str, Any], schema_path: Iterable[object]) -> list[
     return found
 
 
-def _reason(error: jsonschema.ValidationError) -> str:
+def _reason(error: "jsonschema.ValidationError") -> str:
     """What is wrong, in plain words, when no message is given."""
     keyword, expected, schema = error.validator, error.validator_value, error.schema
     if keyword == "type":
@@ -187,11 +195,14 @@ class JsonSchema:
 
     def _validator(self) -> Any:
         if self._compiled is None:
-            _Validator.check_schema(self.schema)
-            checker = jsonschema.FormatChecker(formats=())
+            from jsonschema import FormatChecker
+
+            validator_class = _validator_class()
+            validator_class.check_schema(self.schema)
+            checker = FormatChecker(formats=())
             for name, check in self.formats.items():
                 checker.checks(name, raises=ValueError)(check)
-            self._compiled = _Validator(self.schema, format_checker=checker)
+            self._compiled = validator_class(self.schema, format_checker=checker)
         return self._compiled
 
     def is_valid(self, value: object) -> bool:
@@ -212,7 +223,7 @@ class JsonSchema:
             raise problem
         return value
 
-    def _error(self, error: jsonschema.ValidationError, *, where: str) -> SchemaError:
+    def _error(self, error: "jsonschema.ValidationError", *, where: str) -> SchemaError:
         steps = list(error.absolute_path)
         fields: dict[str, str] = {}
         if error.validator == "required" and isinstance(error.instance, Mapping):
@@ -251,7 +262,7 @@ class JsonSchema:
             message = string.Template(template).safe_substitute(fields)
         return SchemaError(f"{where}{message}", path=path)
 
-    def _template(self, error: jsonschema.ValidationError) -> str | None:
+    def _template(self, error: "jsonschema.ValidationError") -> str | None:
         chain = _subschemas(self.schema, error.absolute_schema_path)
         deepest = error.schema
         if chain[-1] is not deepest:
