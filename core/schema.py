@@ -197,13 +197,18 @@ class JsonSchema:
         if self._compiled is None:
             from jsonschema import FormatChecker
 
+            # The schemas are checked against the metaschema by the tests
+            # (tests/core/test_schema.py), not here: that takes a tenth of a second.
             validator_class = _validator_class()
-            validator_class.check_schema(self.schema)
             checker = FormatChecker(formats=())
             for name, check in self.formats.items():
                 checker.checks(name, raises=ValueError)(check)
             self._compiled = validator_class(self.schema, format_checker=checker)
         return self._compiled
+
+    def check_schema(self) -> None:
+        """Raise when the schema itself is no valid draft 2020-12 schema."""
+        _validator_class().check_schema(self.schema)
 
     def is_valid(self, value: object) -> bool:
         return bool(self._validator().is_valid(value))

@@ -79,4 +79,4 @@ def test_a_format_check_gives_the_reason():
     [slurm_settings.SETTINGS, k8s_settings.SETTINGS, source_settings.SETTINGS, sdk_events.EVENT],
 )
 def test_every_schema_is_a_valid_draft_2020_12_schema(schema):
-    assert schema.is_valid(None) in (True, False)  # compiling checks the schema itself
+    schema.check_schema()
