@@ -19,7 +19,8 @@ a ``string.Template``; it may use:
 - ``$path``: where the value is, as ``flavors.a100.product`` or ``targets[1]``;
 - ``$name`` and ``$parent``: the last and the one-but-last step of the path, quoted
   (``'partition'``); for ``required`` the path ends with the missing key;
-- ``$value``: the value, quoted (``'ftp://b'``, ``15.0``); ``$type``: its JSON type name;
+- ``$value``: the value, quoted (``'ftp://b'``, ``15.0``); ``$type``: its Python type's name
+  (``list``);
 - ``$reason``: the plain reason (``must be a string``, or what a format check said);
 - ``$unknown``, ``$allowed``, ``$s`` for ``additionalProperties``: the unknown keys and the
   known ones, comma-separated, and "s" when more than one key is unknown.
@@ -101,18 +102,6 @@ def field_path(steps: Iterable[object]) -> str:
         else:
             path += f".{step}" if path else str(step)
     return path
-
-
-def _type_name(instance: object) -> str:
-    return {
-        bool: "boolean",
-        int: "integer",
-        float: "number",
-        str: "string",
-        list: "array",
-        dict: "object",
-        type(None): "null",
-    }.get(type(instance), type(instance).__name__)
 
 
 def _subschemas(root: Mapping[str, Any], schema_path: Iterable[object]) -> list[Mapping[str, Any]]:
