@@ -11,9 +11,9 @@ from clusters.models import Cluster
 from clusters.simulation import STARTUP_S, Workload
 from jobs.models import Attempt, AttemptState, Checkpoint, Experiment, Run, RunEvent, RunState
 from jobs.services.usage import usage_record_attempt
-from telemetry import services as telemetry_services
 from telemetry.models import GpuMinute
 from telemetry.simulated import SimulatedMinute, simulated_telemetry
+from telemetry.simulator_source import simulated_windows_store
 
 
 def history_record_preempted(*, run: Run, cluster: Cluster, submitted) -> None:
@@ -120,9 +120,7 @@ def history_telemetry_record(*, attempt: Attempt, profile: str, resume_step: int
         speedup=1,
         gpus=gpus,
     )
-    telemetry_services.simulated_windows_store(
-        attempt_id=attempt.pk, source="demo", windows=telemetry.windows
-    )
+    simulated_windows_store(attempt_id=attempt.pk, source="demo", windows=telemetry.windows)
     _gpu_minutes_insert(attempt=attempt, minutes=telemetry.minutes)
 
 

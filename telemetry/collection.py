@@ -1,8 +1,9 @@
 """The GPU-metrics collector of one cluster: fetch, store raw, roll up, forget.
 
-1. ``telemetry_fetch`` reads the cluster's source (a DCGM exporter, a Prometheus server, or
-   the simulator) for the interval since the last read and stores every body it gets as a
-   ``RawScrape``; the read position advances in the same transaction.
+1. ``telemetry_fetch`` reads the cluster's source (``SOURCES``: a DCGM exporter, a
+   Prometheus server, or the simulator's jobs) for the interval since the last read and
+   stores every body it gets as a ``RawScrape``; the read position advances in the same
+   transaction.
 2. ``telemetry_roll_up`` turns raw samples into ``GpuMinute`` rows one window of whole
    minutes at a time: it parses the window's raw bodies, maps samples to attempts (pod,
    Slurm job, else host + GPU + time), replaces the window's rows and counts the unmapped
@@ -14,6 +15,7 @@
 
 import logging
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -24,10 +26,10 @@ from django.utils import timezone
 from psycopg import sql
 
 from clusters.backends import k8s_manifest, k8s_settings
-from clusters.backends.base import TELEMETRY_SETTINGS_KEY, PermanentBackendError
-from clusters.models import Cluster, ClusterFlavor, SimulatedJob
-from clusters.simulation import Workload
+from clusters.backends.base import TELEMETRY_SETTINGS_KEY
+from clusters.models import Cluster, ClusterFlavor
 from core import metrics
+from core.schema import SchemaError
 from jobs.models import Attempt
 from telemetry.exposition.ingestor import Ingestor
 from telemetry.exposition.mapping import (
@@ -36,18 +38,24 @@ from telemetry.exposition.mapping import (
     KubernetesJobAllocation,
     SlurmAllocation,
 )
-from telemetry.exposition.parsing import ExpositionParser, render
+from telemetry.exposition.parsing import ExpositionParser
 from telemetry.exposition.rollups import MinuteRollup
 from telemetry.models import ClusterTelemetry, GpuMinute, RawScrape, UnmappedSamples
-from telemetry.simulated import minute_samples, simulated_telemetry
-from telemetry.sources import Scrape, SourceError, source_from_settings, source_settings_parse
+from telemetry.simulator_source import SimulatorSource, simulated_allocations
+from telemetry.source_settings import SourceKind, SourceSettings, source_settings_parse
+from telemetry.sources import (
+    DcgmScrapeSource,
+    PrometheusSource,
+    Scrape,
+    SourceError,
+    TelemetrySource,
+)
 
 logger = logging.getLogger(__name__)
 
 MINUTE = timedelta(minutes=1)
-# A first read looks this far back; so does the simulator for jobs that ended.
+# A first read looks this far back, unless the source says otherwise (``first_lookback``).
 FIRST_FETCH_LOOKBACK = timedelta(minutes=10)
-SIMULATOR_LOOKBACK = timedelta(days=1)
 # Minutes rolled up per transaction: bounded work, and a crash repeats at most this much.
 WINDOW_MINUTES = 60
 # Samples may name an attempt's pod or Slurm job a little after the attempt was seen to end
@@ -87,60 +95,42 @@ def _minute_floor(moment: datetime) -> datetime:
 
 # --- sources ------------------------------------------------------------------------------
 
-
-class SimulatorSource:
-    """The simulator's jobs as a DCGM exporter would have reported them: every minute that
-    was completed in the interval, with its samples' timestamps."""
-
-    name = "simulator"
-
-    def __init__(self, cluster: Cluster, *, clock=timezone.now) -> None:
-        self.cluster = cluster
-        self.clock = clock
-
-    def fetch(self, *, start_ms: int, end_ms: int) -> list[Scrape]:
-        since, until = _moment(start_ms), _moment(end_ms)
-        speedup = float(self.cluster.settings.get("speedup", 1))
-        samples = []
-        for job in SimulatedJob.objects.filter(
-            cluster=self.cluster, started_at__isnull=False, started_at__lt=until
-        ).exclude(finished_at__lt=since):
-            assert job.started_at is not None  # filtered on started_at__isnull=False
-            finished_at = job.finished_at if job.finished_at and job.finished_at < until else None
-            telemetry = simulated_telemetry(
-                Workload(**job.profile["workload"]),
-                started_at=job.started_at,
-                until=finished_at or until,
-                finished=finished_at is not None,
-                speedup=speedup,
-                gpus=[
-                    (node, str(gpu))
-                    for node, gpus in sorted(job.allocation.items())
-                    for gpu in gpus
-                ],
-            )
-            samples += minute_samples(
-                telemetry,
-                started_at=job.started_at,
-                finished_at=finished_at,
-                since=since,
-                until=until,
-            )
-        if not samples:
-            return []
-        body = render(samples).encode()
-        return [Scrape(body=body, at_ms=end_ms, origin=f"simulator:{self.cluster.name}")]
+SourceFactory = Callable[[Cluster, SourceSettings], TelemetrySource]
+# Every telemetry source, by the kind the cluster's settings name. The simulator's reads the
+# cluster's simulated jobs; the others need only their settings.
+SOURCES: dict[SourceKind, SourceFactory] = {
+    SourceKind.DCGM: lambda _cluster, settings: DcgmScrapeSource(
+        list(settings.targets), timeout_s=settings.timeout_s
+    ),
+    SourceKind.PROMETHEUS: lambda _cluster, settings: PrometheusSource(
+        settings.url,
+        step_s=settings.step_s,
+        selector=settings.selector,
+        timeout_s=settings.timeout_s,
+        token_env=settings.token_env,
+    ),
+    SourceKind.SIMULATOR: lambda cluster, _settings: SimulatorSource(cluster),
+}
+# The telemetry settings of a cluster whose settings name none: a simulator's jobs exist
+# only in the database, so its source is implied; other clusters have none.
+IMPLIED_SETTINGS: dict[str, dict[str, str]] = {
+    Cluster.Backend.SIMULATOR: {"source": SourceKind.SIMULATOR.value}
+}
 
 
-def telemetry_source_for(cluster: Cluster):
-    """The cluster's source, or None when it has none configured. Raises ValueError for
-    settings that do not parse."""
-    if cluster.backend == Cluster.Backend.SIMULATOR:
-        return SimulatorSource(cluster)
-    raw = cluster.settings.get(TELEMETRY_SETTINGS_KEY)
+def telemetry_source_for(cluster: Cluster) -> TelemetrySource | None:
+    """The cluster's source, or None when it has none. Raises ValueError for settings that
+    do not parse or name a source the cluster cannot have."""
+    raw = cluster.settings.get(TELEMETRY_SETTINGS_KEY, IMPLIED_SETTINGS.get(cluster.backend))
     if raw is None:
         return None
-    return source_from_settings(source_settings_parse(raw))
+    return telemetry_source_build(cluster=cluster, settings=source_settings_parse(raw))
+
+
+def telemetry_source_build(*, cluster: Cluster, settings: SourceSettings) -> TelemetrySource:
+    """The source ``settings`` name, reading for ``cluster``. Raises ValueError when the
+    cluster cannot have it (the simulator's, on a cluster that is no simulator)."""
+    return SOURCES[settings.source](cluster, settings)
 
 
 # --- fetch --------------------------------------------------------------------------------
@@ -187,9 +177,8 @@ def telemetry_fetch(*, cluster: Cluster, source=None, now: datetime | None = Non
     parser = ExpositionParser()
     with transaction.atomic():
         state = _state_locked(cluster)
-        lookback = (
-            SIMULATOR_LOOKBACK if isinstance(source, SimulatorSource) else FIRST_FETCH_LOOKBACK
-        )
+        # A source may look further back on its first read (the simulator: its jobs' day).
+        lookback = getattr(source, "first_lookback", FIRST_FETCH_LOOKBACK)
         since = state.fetched_until or now - lookback
         if since >= now:
             return FetchSummary(0, 0, 0, ())
@@ -230,35 +219,18 @@ def _record_error(cluster: Cluster, message: str, now: datetime) -> None:
 def _k8s_namespace_prefix(cluster: Cluster) -> str:
     try:
         return k8s_settings.parse_settings(cluster.settings).namespace_prefix
-    except PermanentBackendError:
+    except SchemaError:
         default = k8s_settings.K8sSettings.__dataclass_fields__["namespace_prefix"].default
         assert isinstance(default, str)
         return default
 
 
-def allocations_for(*, cluster: Cluster, start: datetime, end: datetime) -> list[Allocation]:
-    """What each attempt of ``cluster`` held during [start, end), as mapping rules: its
-    Kubernetes Job's pods, its Slurm job id, and the GPUs of its hosts over its lifetime
-    when it held whole nodes (a partial node's GPU indices are known only to the
-    simulator; samples of such GPUs without labels stay unmapped, and counted)."""
+def attempt_allocations(*, cluster: Cluster, start: datetime, end: datetime) -> list[Allocation]:
+    """What each attempt of a Kubernetes or Slurm ``cluster`` held during [start, end), from
+    its own row: its Kubernetes Job's pods, its Slurm job id, and the GPUs of its hosts
+    over its lifetime when it held whole nodes (a partial node's GPU indices are not known;
+    samples of such GPUs without labels stay unmapped, and counted)."""
     allocations: list[Allocation] = []
-    if cluster.backend == Cluster.Backend.SIMULATOR:
-        jobs = SimulatedJob.objects.filter(
-            cluster=cluster, started_at__isnull=False, started_at__lt=end
-        ).exclude(finished_at__lt=start)
-        by_job = {str(job.pk): job for job in jobs}
-        for attempt_id, job_id in Attempt.objects.filter(
-            cluster=cluster, backend_job_id__among=list(by_job)
-        ).values_list("pk", "backend_job_id"):
-            job = by_job[job_id]
-            assert job.started_at is not None  # filtered on started_at__isnull=False
-            finished = _ms(job.finished_at) if job.finished_at else None
-            allocations += [
-                HostAllocation(node, str(gpu), _ms(job.started_at), finished, attempt_id)
-                for node, gpus in job.allocation.items()
-                for gpu in gpus
-            ]
-        return allocations
     attempts = (
         Attempt.objects.filter(cluster=cluster, submitted_at__lt=end)
         .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=start - LABEL_SLACK))
@@ -289,6 +261,22 @@ def allocations_for(*, cluster: Cluster, start: datetime, end: datetime) -> list
                 for gpu in range(per_node)
             ]
     return allocations
+
+
+AllocationRules = Callable[..., list[Allocation]]
+# Where each backend's attempts are found in the samples: the attempts' own rows, or, for
+# the simulator, its jobs, which know the GPU indices of a partial node too.
+ALLOCATIONS: dict[str, AllocationRules] = {
+    Cluster.Backend.KUBERNETES: attempt_allocations,
+    Cluster.Backend.SLURM: attempt_allocations,
+    Cluster.Backend.SIMULATOR: simulated_allocations,
+}
+
+
+def allocations_for(*, cluster: Cluster, start: datetime, end: datetime) -> list[Allocation]:
+    """What each attempt of ``cluster`` held during [start, end), as mapping rules
+    (``telemetry.exposition.mapping.AllocationIndex``), by its backend's rules (``ALLOCATIONS``)."""
+    return ALLOCATIONS[cluster.backend](cluster=cluster, start=start, end=end)
 
 
 # --- rollup -------------------------------------------------------------------------------

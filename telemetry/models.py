@@ -5,6 +5,7 @@ from django.db import models
 
 from clusters.models import Cluster
 from jobs.models import Attempt
+from telemetry import sdk_events
 
 SOURCE_MAX_LENGTH = 64
 
@@ -42,9 +43,10 @@ class SdkEvent(models.Model):
     """Any other SDK event (ready, checkpoint saved / restored), stored as sent."""
 
     class Type(models.TextChoices):
-        READY = "ready", "Ready"
-        CHECKPOINT_SAVED = "checkpoint_saved", "Checkpoint saved"
-        CHECKPOINT_RESTORED = "checkpoint_restored", "Checkpoint restored"
+        # The SDK's names for them, from the events' schema (step windows are rows of their own).
+        READY = sdk_events.READY, "Ready"
+        CHECKPOINT_SAVED = sdk_events.CHECKPOINT_SAVED, "Checkpoint saved"
+        CHECKPOINT_RESTORED = sdk_events.CHECKPOINT_RESTORED, "Checkpoint restored"
 
     attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="sdk_events")
     source = models.CharField(max_length=SOURCE_MAX_LENGTH)

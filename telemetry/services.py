@@ -1,28 +1,22 @@
-"""Writes of the telemetry app: SDK events, simulator telemetry, per-attempt accounting.
+"""Writes of the telemetry app: SDK events and per-attempt accounting.
 
 Every write is idempotent: SDK events and step windows are keyed by (attempt, source, seq),
 minute rollups by (attempt, host, GPU, minute), accounting by attempt; running a write
 again gives the same rows.
 """
 
-import math
-from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from fractions import Fraction
-from typing import cast
 
 from django.db import transaction
 from django.utils import timezone
 
 from clusters.backends import CheckpointReport
-from clusters.models import Cluster, SimulatedJob
-from clusters.simulation import Workload
 from jobs.models import Attempt, AttemptState, Checkpoint
 from jobs.selectors.runs import attempt_token_refusal
 from jobs.services.backend_sync import checkpoints_record
-from telemetry import accounting
-from telemetry.collection import telemetry_collect
+from telemetry import accounting, sdk_events
 from telemetry.models import (
     SOURCE_MAX_LENGTH,
     AttemptAccounting,
@@ -31,18 +25,9 @@ from telemetry.models import (
     StepWindow,
 )
 from telemetry.selectors.finished_attempts import attempts_pending_accounting
-from telemetry.simulated import simulated_telemetry
 
 MAX_EVENTS_PER_BATCH = 500
 MAX_EVENTS_BODY_BYTES = 256 * 1024
-MAX_URI_LENGTH = 2048
-MAX_SEQ = 2**63 - 1
-# Timestamps outside these bounds are a broken clock, not telemetry.
-EARLIEST_TS = datetime(2000, 1, 1, tzinfo=UTC).timestamp()
-LATEST_TS = datetime(2100, 1, 1, tzinfo=UTC).timestamp()
-SIMULATOR_SOURCE = "simulator"
-# Simulator attempts that ended longer ago than this are not collected again.
-SIMULATOR_RECENT = timedelta(days=1)
 
 
 class AttemptClosed(Exception):
@@ -60,80 +45,36 @@ class IngestResult:
 # --- SDK events -------------------------------------------------------------------------
 
 
-def _int(value, *, low: int = 0, high: int = MAX_SEQ) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        return None
-    return value
-
-
-def _seconds(value) -> float | None:
-    """A finite, non-negative number of seconds, else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) and value >= 0 else None
-
-
-def _moment(value) -> datetime | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    if not math.isfinite(value) or not EARLIEST_TS <= value <= LATEST_TS:
-        return None
+def _moment(value: float) -> datetime:
     return datetime.fromtimestamp(value, tz=UTC)
 
 
 def _parse_event(raw, *, attempt: Attempt, source: str) -> tuple[int, StepWindow | SdkEvent] | None:
-    """One event of a batch as an unsaved row, or None when it is unknown or malformed.
-    Unknown fields are ignored: newer SDKs may send more."""
-    if not isinstance(raw, dict):
+    """One event of a batch as an unsaved row, or None when it is unknown or malformed
+    (``sdk_events.EVENT_SCHEMA``, and a step window may not end before it starts)."""
+    if not sdk_events.EVENT.is_valid(raw):
         return None
-    seq = _int(raw.get("seq"), low=1)
-    ts = _moment(raw.get("ts"))
-    kind = raw.get("type")
-    if seq is None or ts is None:
-        return None
-    if kind == "step_window":
-        start, end = _moment(raw.get("start")), _moment(raw.get("end"))
-        steps = _int(raw.get("steps"), high=2**31 - 1)
-        numbers = [
-            _seconds(raw.get(name, 0.0))
-            for name in ("step_time_s", "data_wait_s", "comm_wait_s", "checkpoint_s")
-        ]
-        step = raw.get("step")
-        if step is not None:
-            step = _int(step)
-            if step is None:
-                return None
-        if start is None or end is None or start > end or steps is None or None in numbers:
+    seq, ts, kind = raw["seq"], _moment(raw["ts"]), raw["type"]
+    if kind == sdk_events.STEP_WINDOW:
+        start, end = _moment(raw["start"]), _moment(raw["end"])
+        if start > end:
             return None
-        if "step_time_s" not in raw:
-            return None
-        step_time_s, data_wait_s, comm_wait_s, checkpoint_s = cast("list[float]", numbers)
         return seq, StepWindow(
             attempt=attempt,
             source=source,
             seq=seq,
             start=start,
             end=end,
-            steps=steps,
-            step_time_s=step_time_s,
-            data_wait_s=data_wait_s,
-            comm_wait_s=comm_wait_s,
-            checkpoint_s=checkpoint_s,
-            step=step,
+            steps=raw["steps"],
+            step_time_s=float(raw["step_time_s"]),
+            data_wait_s=float(raw.get("data_wait_s", 0.0)),
+            comm_wait_s=float(raw.get("comm_wait_s", 0.0)),
+            checkpoint_s=float(raw.get("checkpoint_s", 0.0)),
+            step=raw.get("step"),
         )
-    if kind == SdkEvent.Type.READY:
-        payload = {}
-    elif kind in (SdkEvent.Type.CHECKPOINT_SAVED, SdkEvent.Type.CHECKPOINT_RESTORED):
-        step, uri, seconds = _int(raw.get("step")), raw.get("uri"), _seconds(raw.get("seconds"))
-        if step is None or seconds is None:
-            return None
-        # PostgreSQL's jsonb cannot hold U+0000.
-        if not isinstance(uri, str) or not 1 <= len(uri) <= MAX_URI_LENGTH or "\x00" in uri:
-            return None
-        payload = {"step": step, "uri": uri, "seconds": seconds}
-    else:
-        return None
+    payload = {}
+    if kind != sdk_events.READY:
+        payload = {"step": raw["step"], "uri": raw["uri"], "seconds": float(raw["seconds"])}
     return seq, SdkEvent(attempt=attempt, source=source, seq=seq, type=kind, ts=ts, payload=payload)
 
 
@@ -194,71 +135,6 @@ def sdk_events_ingest(*, attempt: Attempt, source: str, events: list) -> IngestR
         )
     return IngestResult(
         accepted=len(new), duplicates=repeated + len(parsed) - len(new), rejected=rejected
-    )
-
-
-# --- simulator telemetry -------------------------------------------------------------------
-
-
-def simulator_telemetry_collect(*, cluster: Cluster, now: datetime | None = None) -> int:
-    """Write the step windows the simulator's running and recently finished jobs report,
-    as their SDK would, then collect their GPU metrics like any cluster's (exposition text,
-    raw store, minute rollups). Idempotent: windows are only written once complete.
-    Returns the number of attempts whose windows were collected."""
-    now = now or timezone.now()
-    speedup = float(cluster.settings.get("speedup", 1))
-    jobs = {
-        str(job.pk): job
-        for job in SimulatedJob.objects.filter(cluster=cluster, started_at__isnull=False)
-        .exclude(finished_at__lt=now - SIMULATOR_RECENT)
-        .order_by("pk")
-    }
-    attempts = Attempt.objects.filter(cluster=cluster, backend_job_id__among=list(jobs)).only(
-        "pk", "backend_job_id"
-    )
-    collected = 0
-    for attempt in attempts:
-        job = jobs[attempt.backend_job_id]
-        assert job.started_at is not None  # only started jobs are collected
-        finished = job.finished_at is not None
-        telemetry = simulated_telemetry(
-            Workload(**job.profile["workload"]),
-            started_at=job.started_at,
-            until=job.finished_at if job.finished_at is not None else now,
-            finished=finished,
-            speedup=speedup,
-            gpus=[
-                (node, str(gpu)) for node, gpus in sorted(job.allocation.items()) for gpu in gpus
-            ],
-        )
-        simulated_windows_store(
-            attempt_id=attempt.pk, source=SIMULATOR_SOURCE, windows=telemetry.windows
-        )
-        collected += 1
-    telemetry_collect(cluster=cluster, now=now)
-    return collected
-
-
-def simulated_windows_store(*, attempt_id: int, source: str, windows: Iterable) -> None:
-    """The step windows a simulated job reported (``telemetry.simulated``), stored as the SDK's
-    would be; a window already stored (same attempt, source and seq) is left as it is."""
-    StepWindow.objects.bulk_create(
-        [
-            StepWindow(
-                attempt_id=attempt_id,
-                source=source,
-                seq=window.seq,
-                start=window.start,
-                end=window.end,
-                steps=window.steps,
-                step_time_s=window.step_time_s,
-                data_wait_s=window.data_wait_s,
-                comm_wait_s=window.comm_wait_s,
-                step=window.step,
-            )
-            for window in windows
-        ],
-        ignore_conflicts=True,
     )
 
 

@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
@@ -203,32 +202,41 @@ def _status_text(response: _Response) -> str:
 # --- URLs --------------------------------------------------------------------------------
 
 
-def _check_url(value: Any, where: str) -> str:
-    """An http(s) URL without credentials; ValueError naming ``where`` otherwise. The URL is
-    never echoed when it carries credentials."""
-    if not isinstance(value, str):
-        raise ValueError(f"{where} must be a string URL")
+def url_problem(value: str) -> str | None:
+    """What makes ``value`` no http(s) URL without credentials, said after the name of the
+    setting that holds it; None when it is one. The URL is never repeated when it carries
+    credentials."""
     try:
         parts = urlsplit(value)
     except ValueError:
-        raise ValueError(f"{where} is not a valid URL") from None
+        return "is not a valid URL"
     if "@" in parts.netloc:
-        raise ValueError(
-            f"{where} contains credentials (user:password@); they are refused: "
+        return (
+            "contains credentials (user:password@); they are refused: "
             "a Prometheus token goes in the environment variable named by token_env"
         )
     if re.search(r"[\x00-\x20\x7f]", value):
-        raise ValueError(f"{where} must not contain spaces or control characters: {value!r}")
+        return f"must not contain spaces or control characters: {value!r}"
     try:
         port = parts.port
     except ValueError:
-        raise ValueError(f"{where} has an invalid port: {value!r}") from None
+        return f"has an invalid port: {value!r}"
     if parts.scheme not in ("http", "https"):
-        raise ValueError(f"{where} must be an http:// or https:// URL, not {value!r}")
+        return f"must be an http:// or https:// URL, not {value!r}"
     if not parts.hostname:
-        raise ValueError(f"{where} has no host: {value!r}")
+        return f"has no host: {value!r}"
     if port == 0:
-        raise ValueError(f"{where} has port 0: {value!r}")
+        return f"has port 0: {value!r}"
+    return None
+
+
+def _check_url(value: Any, where: str) -> str:
+    """An http(s) URL without credentials; ValueError naming ``where`` otherwise."""
+    if not isinstance(value, str):
+        raise ValueError(f"{where} must be a string URL")
+    problem = url_problem(value)
+    if problem is not None:
+        raise ValueError(f"{where} {problem}")
     return value
 
 
@@ -540,162 +548,3 @@ class PrometheusSource:
         for warning in answer.get("warnings") or ():
             logger.warning("Prometheus at %s: %s", _origin(self.url), str(warning)[:200])
         return data.get("result")
-
-
-# --- settings ----------------------------------------------------------------------------
-
-
-class SourceKind(StrEnum):
-    DCGM = "dcgm"
-    PROMETHEUS = "prometheus"
-    SIMULATOR = "simulator"  # the simulator's own telemetry; built by the collector
-
-
-@dataclass(frozen=True, slots=True)
-class SourceSettings:
-    """``cluster.settings["telemetry"]`` validated. Secrets appear only as an environment
-    variable's name (``token_env``)."""
-
-    source: SourceKind
-    targets: tuple[str, ...] = ()  # dcgm
-    url: str = ""  # prometheus
-    step_s: int = DEFAULT_STEP_S  # prometheus
-    selector: str = ""  # prometheus
-    timeout_s: float = DCGM_TIMEOUT_S
-    token_env: str | None = None  # prometheus
-
-
-_KEYS = {
-    SourceKind.DCGM: ("source", "targets", "timeout_s"),
-    SourceKind.PROMETHEUS: ("source", "url", "step_s", "selector", "timeout_s", "token_env"),
-    SourceKind.SIMULATOR: ("source",),
-}
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _number(raw: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
-    value = raw.get(key, default)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not low <= value <= high  # also false for NaN
-    ):
-        raise ValueError(
-            f"{key} must be a number of seconds from {low:g} to {high:g}, not {value!r}"
-        )
-    return float(value)
-
-
-def source_settings_parse(raw: Any) -> SourceSettings:
-    """Validate ``cluster.settings["telemetry"]``; every problem is a ValueError saying which.
-
-    ``{"source": "dcgm", "targets": [...], "timeout_s": 5}``,
-    ``{"source": "prometheus", "url": ..., "step_s": 15, "selector": "{job=\\"dcgm\\"}",
-    "timeout_s": 10, "token_env": "PROM_TOKEN"}`` or ``{"source": "simulator"}``. Unknown
-    keys are refused."""
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"telemetry settings must be a JSON object, not {type(raw).__name__}")
-    choices = ", ".join(kind.value for kind in SourceKind)
-    if "source" not in raw:
-        raise ValueError(f'telemetry settings need "source": one of {choices}')
-    try:
-        kind = SourceKind(raw["source"])
-    except ValueError:
-        raise ValueError(
-            f"unknown telemetry source {raw['source']!r}: use one of {choices}"
-        ) from None
-    unknown = sorted(str(key) for key in raw if key not in _KEYS[kind])
-    if unknown:
-        raise ValueError(
-            f"unknown key{'s' if len(unknown) > 1 else ''} for the {kind} source: "
-            f"{', '.join(unknown)} (allowed: {', '.join(_KEYS[kind])})"
-        )
-    if kind is SourceKind.SIMULATOR:
-        return SourceSettings(source=kind)
-    if kind is SourceKind.DCGM:
-        targets = raw.get("targets")
-        if not isinstance(targets, list) or not targets:
-            raise ValueError(
-                'the dcgm source needs "targets": a list of dcgm-exporter URLs like '
-                "http://10.0.0.5:9400/metrics"
-            )
-        checked = tuple(_check_url(target, f"targets[{i}]") for i, target in enumerate(targets))
-        for i, target in enumerate(checked):
-            if target in checked[:i]:
-                raise ValueError(f"targets[{i}] repeats {target}")
-        timeout = _number(raw, "timeout_s", DCGM_TIMEOUT_S, 0.1, 120)
-        return SourceSettings(source=kind, targets=checked, timeout_s=timeout)
-    if "url" not in raw:
-        raise ValueError(
-            'the prometheus source needs "url": the Prometheus server\'s base URL like '
-            "http://prometheus:9090"
-        )
-    url = _check_url(raw["url"], "url")
-    parts = urlsplit(url)
-    if parts.query or parts.fragment or url.endswith(("?", "#")):
-        raise ValueError(
-            f"url must be the Prometheus base URL without a query or fragment, not {url!r}"
-        )
-    step = raw.get("step_s", DEFAULT_STEP_S)
-    if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step <= 3600:
-        raise ValueError(f"step_s must be a whole number of seconds from 1 to 3600, not {step!r}")
-    selector = raw.get("selector", "")
-    if not isinstance(selector, str) or (
-        selector
-        and (
-            not selector.startswith("{")
-            or not selector.endswith("}")
-            or re.search(r"[\r\n]", selector)
-        )
-    ):
-        raise ValueError(
-            f'selector must be a label matcher in braces on one line, like {{job="dcgm"}}, '
-            f"not {selector!r}"
-        )
-    token_env = raw.get("token_env")
-    if token_env is not None and (
-        not isinstance(token_env, str) or not _ENV_NAME.fullmatch(token_env)
-    ):
-        raise ValueError(
-            "token_env must be the NAME of an environment variable (letters, digits and "
-            f"underscores, not starting with a digit), not {token_env!r}"
-        )
-    return SourceSettings(
-        source=kind,
-        url=url.rstrip("/"),
-        step_s=step,
-        selector=selector,
-        timeout_s=_number(raw, "timeout_s", PROMETHEUS_TIMEOUT_S, 0.1, 120),
-        token_env=token_env,
-    )
-
-
-def _dcgm(settings: SourceSettings) -> TelemetrySource:
-    return DcgmScrapeSource(list(settings.targets), timeout_s=settings.timeout_s)
-
-
-def _prometheus(settings: SourceSettings) -> TelemetrySource:
-    return PrometheusSource(
-        settings.url,
-        step_s=settings.step_s,
-        selector=settings.selector,
-        timeout_s=settings.timeout_s,
-        token_env=settings.token_env,
-    )
-
-
-SOURCES: dict[SourceKind, Callable[[SourceSettings], TelemetrySource]] = {
-    SourceKind.DCGM: _dcgm,
-    SourceKind.PROMETHEUS: _prometheus,
-}
-
-
-def source_from_settings(settings: SourceSettings) -> TelemetrySource:
-    """The source the settings describe. Raises ValueError for the simulator: its telemetry
-    comes from the simulated jobs in the database, so the collector builds that source."""
-    factory = SOURCES.get(settings.source)
-    if factory is None:
-        raise ValueError(
-            f"the {settings.source} telemetry source is built by the collector, not from settings"
-        )
-    return factory(settings)

@@ -31,10 +31,7 @@ def telemetry_collect(cluster_id: int) -> None:
     if cluster is None:
         return
     with log_context(cluster=cluster.name):
-        if cluster.backend == Cluster.Backend.SIMULATOR:
-            services.simulator_telemetry_collect(cluster=cluster)
-        else:
-            collection.telemetry_collect(cluster=cluster)
+        collection.telemetry_collect(cluster=cluster)
 
 
 @shared_task

@@ -19,6 +19,7 @@ from kubernetes.config.config_exception import ConfigException
 from clusters.backends.base import PermanentBackendError, TransientBackendError
 from clusters.backends.k8s_settings import K8sSettings, parse_settings
 from clusters.models import Cluster
+from core.schema import SchemaError
 
 _clients: dict[tuple[int, str], client.ApiClient] = {}
 _clients_lock = threading.Lock()
@@ -52,7 +53,7 @@ class K8sConnection:
         try:
             self._settings: K8sSettings | None = parse_settings(cluster.settings or {})
             self._settings_error = ""
-        except PermanentBackendError as exc:
+        except SchemaError as exc:
             self._settings, self._settings_error = None, str(exc)
 
     @property

@@ -1,16 +1,18 @@
-"""A Kubernetes cluster's settings JSON, checked strictly: ``parse_settings`` → ``K8sSettings``
-(unknown keys and wrong types are errors; docs/kubernetes.md). Pure: no ORM, no client, no I/O.
+"""A Kubernetes cluster's settings JSON, checked strictly against ``SETTINGS_SCHEMA``:
+``parse_settings`` → ``K8sSettings`` (unknown keys and wrong types are errors;
+docs/kubernetes.md). Pure: no ORM, no client, no I/O.
 """
 
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 from clusters.backends.base import (
     TELEMETRY_SETTINGS_KEY,
     PermanentBackendError,
 )
+from core.schema import JsonSchema, SchemaError
 
 # Kueue's pod-set annotation for each kueue_topology_mode.
 KUEUE_TOPOLOGY_ANNOTATIONS = {
@@ -92,37 +94,203 @@ class K8sSettings:
             ) from None
 
 
-_T = TypeVar("_T")
+WHERE = "Kubernetes cluster settings: "
+_LEVEL_NAME_RULE = "must be 1 to 63 letters, digits, spaces, -, _ or ."
+_PYTHON_TYPES = {"string": "str", "number": "float", "integer": "int", "boolean": "bool"}
+_PYTHON_TYPES |= {"array": "list", "object": "dict"}
 
 
-def _fail(message: str) -> NoReturn:
-    raise PermanentBackendError(f"Kubernetes cluster settings: {message}")
+def _typed(json_type: str, message: str = "", **rules: Any) -> dict[str, Any]:
+    """A setting of ``json_type`` (named as Python names it in the type's message) and
+    ``rules``, whose failures say ``message``."""
+    python = _PYTHON_TYPES[json_type]
+    schema: dict[str, Any] = {"type": json_type, **rules}
+    schema["messages"] = {
+        "type": f"$path must be {python}, not $value",
+        **rules.get("messages", {}),
+    }
+    if message:
+        schema["message"] = message
+    return schema
 
 
-def _typed(raw: Mapping[str, Any], key: str, kind: type[_T], default: _T) -> _T:
-    value = raw.get(key, default)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        _fail(f"{key} must be {getattr(kind, '__name__', kind)}, not {value!r}")
-    return value
+def _empty_or(pattern: re.Pattern[str]) -> str:
+    return f"\\A\\Z|{pattern.pattern}"
 
 
-def _tolerations(raw: Any, where: str) -> tuple[Mapping[str, Any], ...]:
-    if not isinstance(raw, list):
-        _fail(f"{where} must be a list of tolerations")
-    for item in raw:
-        if not isinstance(item, dict) or not set(item) <= _TOLERATION_KEYS:
-            _fail(f"{where}: {item!r} is not a toleration (keys {sorted(_TOLERATION_KEYS)})")
-    return tuple(dict(item) for item in raw)
+_TOLERATIONS = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {key: {} for key in sorted(_TOLERATION_KEYS)},
+        "message": f"$path: $value is not a toleration (keys {sorted(_TOLERATION_KEYS)})",
+    },
+    "messages": {"type": "$path must be a list of tolerations"},
+}
+_FLAVOR_KEYS_MESSAGE = "$path must have keys among product, resource, node_selector, tolerations"
+_PRODUCT_MESSAGE = "$path must be a node label value such as NVIDIA-A100-SXM4-80GB"
+_FLAVOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "messages": {
+        "type": _FLAVOR_KEYS_MESSAGE,
+        "additionalProperties": _FLAVOR_KEYS_MESSAGE,
+        "required": _PRODUCT_MESSAGE,
+    },
+    "properties": {
+        "product": {
+            "type": "string",
+            "minLength": 1,
+            "pattern": LABEL_VALUE.pattern,
+            "message": _PRODUCT_MESSAGE,
+        },
+        "resource": {
+            "type": "string",
+            "pattern": _RESOURCE.pattern,
+            "message": "$path must be nvidia.com/gpu or nvidia.com/mig-<g>g.<m>gb",
+        },
+        "node_selector": {
+            "type": "object",
+            "propertyNames": {"pattern": _LABEL_KEY.pattern},
+            "additionalProperties": {"type": "string"},
+            "message": "$path must map label keys to strings",
+        },
+        "tolerations": _TOLERATIONS,
+    },
+    "required": ["product"],
+}
+_NOT_A_LABEL_KEY = "topology_labels: $value is not a node label key"
+_TOPOLOGY_LEVEL = {
+    "if": {"type": "string"},
+    "then": {"pattern": _LABEL_KEY.pattern, "message": _NOT_A_LABEL_KEY},
+    "else": {
+        "type": "object",
+        "required": ["name", "label"],
+        "additionalProperties": False,
+        "message": "topology_labels: $value is neither a node label key nor "
+        '{"name": <level>, "label": <node label key>}',
+        "properties": {
+            "label": {
+                "type": "string",
+                "pattern": _LABEL_KEY.pattern,
+                "message": _NOT_A_LABEL_KEY,
+            },
+            "name": {
+                "type": "string",
+                "pattern": _LEVEL_NAME.pattern,
+                "message": f"topology_labels: level name $value {_LEVEL_NAME_RULE}",
+            },
+        },
+    },
+}
+_KUEUE = {"properties": {"queueing": {"const": "kueue"}}, "required": ["queueing"]}
 
-
-def _string_map(raw: Any, where: str) -> dict[str, str]:
-    if not isinstance(raw, dict) or not all(
-        isinstance(k, str) and _LABEL_KEY.match(k) and isinstance(v, str) for k, v in raw.items()
-    ):
-        _fail(f"{where} must map label keys to strings")
-    return dict(raw)
+SETTINGS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "messages": {
+        "type": "settings must be a JSON object",
+        "additionalProperties": "unknown key(s) $unknown",
+    },
+    "additionalProperties": False,
+    "properties": {
+        "flavors": _typed("object", additionalProperties=_FLAVOR),
+        "url": _typed("string"),
+        "kubeconfig": _typed("string"),
+        "context": _typed("string"),
+        "token_env": _typed(
+            "string",
+            "token_env is the NAME of an environment variable, not the token itself",
+            pattern=_empty_or(C_IDENTIFIER),
+        ),
+        "token_file": _typed("string"),
+        "ca_file": _typed("string"),
+        "insecure_skip_tls_verify": _typed("boolean"),
+        "timeout_s": _typed(
+            "number",
+            "timeout_s must be between 0 and 300",
+            exclusiveMinimum=0,
+            maximum=300,
+        ),
+        "namespace_prefix": _typed(
+            "string",
+            "namespace_prefix must be lower-case letters, digits and dashes",
+            pattern=r"\A\Z|^[a-z0-9]([-a-z0-9]*)?$",
+        ),
+        "create_namespaces": _typed("boolean"),
+        "tolerations": _TOLERATIONS,
+        "ttl_seconds_after_finished": _typed(
+            "integer", "ttl_seconds_after_finished must not be negative", minimum=0
+        ),
+        "retriable_exit_codes": _typed(
+            "array",
+            items={
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 255,
+                "message": "retriable_exit_codes must be integers between 1 and 255",
+            },
+        ),
+        "disruption_action": _typed(
+            "string", "disruption_action must be FailJob or Ignore", enum=["FailJob", "Ignore"]
+        ),
+        "master_port": _typed(
+            "integer", "master_port must be a TCP port", minimum=1, maximum=65535
+        ),
+        "shm_size": _typed(
+            "string", "shm_size must be a quantity such as 16Gi", pattern=_empty_or(_QUANTITY)
+        ),
+        "queueing": _typed(
+            "string", "queueing must be none, kueue or volcano", enum=["none", "kueue", "volcano"]
+        ),
+        "kueue_queue": _typed("string"),
+        "kueue_topology_level": _typed(
+            "string",
+            "kueue_topology_level must be a node label key",
+            pattern=_empty_or(_LABEL_KEY),
+        ),
+        "kueue_topology_mode": _typed(
+            "string",
+            "kueue_topology_mode must be required or preferred",
+            enum=list(KUEUE_TOPOLOGY_ANNOTATIONS),
+        ),
+        "volcano_queue": _typed("string"),
+        "topology_labels": _typed(
+            "array",
+            items=_TOPOLOGY_LEVEL,
+            messages={"type": "topology_labels must be a list, widest level first"},
+        ),
+        TELEMETRY_SETTINGS_KEY: {},  # the telemetry collector's, checked there
+    },
+    "allOf": [
+        {
+            "anyOf": [
+                {"required": [key], "properties": {key: {"minLength": 1}}}
+                for key in ("url", "kubeconfig")
+            ],
+            "message": "either url or kubeconfig is required",
+        },
+        {
+            "if": _KUEUE,
+            "then": {
+                "required": ["kueue_queue"],
+                "properties": {
+                    "kueue_queue": {"minLength": 1, "pattern": LABEL_VALUE.pattern},
+                },
+            },
+            "message": "kueue_queue (the LocalQueue in each tenant namespace) is required "
+            "with Kueue",
+        },
+    ],
+}
+SETTINGS = JsonSchema(SETTINGS_SCHEMA)
+# The settings taken as they are written; the others get defaults or change type.
+_AS_GIVEN = (
+    "kubeconfig", "context", "token_env", "token_file", "ca_file", "insecure_skip_tls_verify",
+    "namespace_prefix", "create_namespaces", "ttl_seconds_after_finished", "disruption_action",
+    "master_port", "shm_size", "queueing", "kueue_queue", "kueue_topology_level",
+    "kueue_topology_mode", "volcano_queue",
+)  # fmt: skip
 
 
 def level_name_of(label: str) -> str:
@@ -133,27 +301,17 @@ def level_name_of(label: str) -> str:
     return name.removeprefix("topology-") or name
 
 
-def _topology_levels(raw: Any) -> tuple[TopologyLevel, ...]:
-    if not isinstance(raw, list):
-        _fail("topology_labels must be a list, widest level first")
+def _topology_levels(raw: list[Any]) -> tuple[TopologyLevel, ...]:
+    """The levels, each named: a label alone is named by ``level_name_of``. The schema has
+    checked each item; what it cannot see is a derived name's shape and a repeated one."""
     levels = []
     for item in raw:
         if isinstance(item, str):
             label, name = item, level_name_of(item)
-        elif isinstance(item, dict) and set(item) == {"name", "label"}:
-            label, name = item["label"], item["name"]
         else:
-            _fail(
-                f"topology_labels: {item!r} is neither a node label key nor "
-                '{"name": <level>, "label": <node label key>}'
-            )
-        if not isinstance(label, str) or not _LABEL_KEY.match(label):
-            _fail(f"topology_labels: {label!r} is not a node label key")
-        if not isinstance(name, str) or not _LEVEL_NAME.match(name):
-            _fail(
-                f"topology_labels: level name {name!r} must be 1 to 63 letters, digits, "
-                "spaces, -, _ or ."
-            )
+            label, name = item["label"], item["name"]
+        if not _LEVEL_NAME.match(name):
+            _fail(f"topology_labels: level name {name!r} {_LEVEL_NAME_RULE}")
         levels.append(TopologyLevel(name=name, label=label))
     for attribute in ("name", "label"):
         values = [getattr(level, attribute) for level in levels]
@@ -163,97 +321,30 @@ def _topology_levels(raw: Any) -> tuple[TopologyLevel, ...]:
     return tuple(levels)
 
 
+def _fail(message: str) -> NoReturn:
+    raise SchemaError(f"{WHERE}{message}")
+
+
 def parse_settings(raw: Mapping[str, Any]) -> K8sSettings:
-    """Read a cluster's settings JSON; every problem is a PermanentBackendError saying which."""
-    if not isinstance(raw, Mapping):
-        _fail("settings must be a JSON object")
-    known = set(K8sSettings.__dataclass_fields__) | {TELEMETRY_SETTINGS_KEY}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        _fail(f"unknown key(s) {', '.join(unknown)}")
-    flavors_raw = _typed(raw, "flavors", dict, {})
-    flavors = {}
-    for slug, item in flavors_raw.items():
-        if not isinstance(item, dict) or set(item) - set(FlavorSettings.__dataclass_fields__):
-            _fail(
-                f"flavors.{slug} must have keys among product, resource, node_selector, tolerations"
-            )
-        product = item.get("product")
-        if not isinstance(product, str) or not LABEL_VALUE.match(product) or not product:
-            _fail(
-                f"flavors.{slug}.product must be a node label value such as NVIDIA-A100-SXM4-80GB"
-            )
-        resource = item.get("resource", "nvidia.com/gpu")
-        if not isinstance(resource, str) or not _RESOURCE.match(resource):
-            _fail(f"flavors.{slug}.resource must be nvidia.com/gpu or nvidia.com/mig-<g>g.<m>gb")
-        flavors[slug] = FlavorSettings(
-            product=product,
-            resource=resource,
-            node_selector=_string_map(
-                item.get("node_selector", {}), f"flavors.{slug}.node_selector"
-            ),
-            tolerations=_tolerations(item.get("tolerations", []), f"flavors.{slug}.tolerations"),
+    """Read a cluster's settings JSON, checked against ``SETTINGS_SCHEMA``; every problem
+    is a ``SchemaError`` saying which."""
+    SETTINGS.validate(raw, where=WHERE)
+    flavors = {
+        slug: FlavorSettings(
+            product=item["product"],
+            resource=item.get("resource", "nvidia.com/gpu"),
+            node_selector=dict(item.get("node_selector", {})),
+            tolerations=tuple(dict(t) for t in item.get("tolerations", [])),
         )
-    if not raw.get("url") and not raw.get("kubeconfig"):
-        _fail("either url or kubeconfig is required")
-    queueing = _typed(raw, "queueing", str, "none")
-    if queueing not in ("none", "kueue", "volcano"):
-        _fail("queueing must be none, kueue or volcano")
-    kueue_queue = _typed(raw, "kueue_queue", str, "")
-    if queueing == "kueue" and not (kueue_queue and LABEL_VALUE.match(kueue_queue)):
-        _fail("kueue_queue (the LocalQueue in each tenant namespace) is required with Kueue")
-    mode = _typed(raw, "kueue_topology_mode", str, "required")
-    if mode not in KUEUE_TOPOLOGY_ANNOTATIONS:
-        _fail("kueue_topology_mode must be required or preferred")
-    level = _typed(raw, "kueue_topology_level", str, "")
-    if level and not _LABEL_KEY.match(level):
-        _fail("kueue_topology_level must be a node label key")
-    disruption = _typed(raw, "disruption_action", str, "FailJob")
-    if disruption not in ("FailJob", "Ignore"):
-        _fail("disruption_action must be FailJob or Ignore")
-    codes = _typed(raw, "retriable_exit_codes", list, [])
-    if not all(isinstance(c, int) and 1 <= c <= 255 for c in codes):
-        _fail("retriable_exit_codes must be integers between 1 and 255")
-    shm = _typed(raw, "shm_size", str, "")
-    if shm and not _QUANTITY.match(shm):
-        _fail("shm_size must be a quantity such as 16Gi")
-    prefix = _typed(raw, "namespace_prefix", str, "gantry-")
-    if prefix and not re.match(r"^[a-z0-9]([-a-z0-9]*)?$", prefix):
-        _fail("namespace_prefix must be lower-case letters, digits and dashes")
-    port = _typed(raw, "master_port", int, 29500)
-    if not 1 <= port <= 65535:
-        _fail("master_port must be a TCP port")
-    ttl = _typed(raw, "ttl_seconds_after_finished", int, 3600)
-    if ttl < 0:
-        _fail("ttl_seconds_after_finished must not be negative")
-    timeout = _typed(raw, "timeout_s", float, 10.0)
-    if not 0 < timeout <= 300:
-        _fail("timeout_s must be between 0 and 300")
-    token_env = _typed(raw, "token_env", str, "")
-    if token_env and not C_IDENTIFIER.match(token_env):
-        _fail("token_env is the NAME of an environment variable, not the token itself")
+        for slug, item in raw.get("flavors", {}).items()
+    }
+    given = {name: raw[name] for name in _AS_GIVEN if name in raw}
     return K8sSettings(
         flavors=flavors,
-        url=_typed(raw, "url", str, "").rstrip("/"),
-        kubeconfig=_typed(raw, "kubeconfig", str, ""),
-        context=_typed(raw, "context", str, ""),
-        token_env=token_env,
-        token_file=_typed(raw, "token_file", str, ""),
-        ca_file=_typed(raw, "ca_file", str, ""),
-        insecure_skip_tls_verify=_typed(raw, "insecure_skip_tls_verify", bool, False),
-        timeout_s=timeout,
-        namespace_prefix=prefix,
-        create_namespaces=_typed(raw, "create_namespaces", bool, True),
-        tolerations=_tolerations(raw.get("tolerations", []), "tolerations"),
-        ttl_seconds_after_finished=ttl,
-        retriable_exit_codes=tuple(sorted(set(codes))),
-        disruption_action=disruption,
-        master_port=port,
-        shm_size=shm,
-        queueing=queueing,
-        kueue_queue=kueue_queue,
-        kueue_topology_level=level,
-        kueue_topology_mode=mode,
-        volcano_queue=_typed(raw, "volcano_queue", str, "default"),
+        url=raw.get("url", "").rstrip("/"),
+        timeout_s=float(raw.get("timeout_s", 10.0)),
+        tolerations=tuple(dict(t) for t in raw.get("tolerations", [])),
+        retriable_exit_codes=tuple(sorted(set(raw.get("retriable_exit_codes", [])))),
         topology_labels=_topology_levels(raw.get("topology_labels", [])),
+        **given,
     )

@@ -39,7 +39,8 @@ from clusters.backends.slurm_jobs import job_status as status_of
 from clusters.backends.slurm_nodes import node_inventory
 from clusters.backends.slurm_quoting import RenderError
 from clusters.backends.slurm_rest import RestTransport
-from clusters.backends.slurm_settings import SettingsError, SlurmSettings
+from clusters.backends.slurm_settings import SlurmSettings
+from core.schema import SchemaError
 
 LOG_READ_BYTES = 256 * 1024
 
@@ -60,7 +61,7 @@ class SlurmBackend:
                 cluster.settings, cluster=cluster.name
             )
             self._error = ""
-        except SettingsError as exc:
+        except SchemaError as exc:
             # Raised on first use, so a misconfigured cluster fails the attempt with a
             # reason rather than failing the task that looked the backend up.
             self._settings, self._error = None, str(exc)

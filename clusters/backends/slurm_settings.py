@@ -1,9 +1,9 @@
-"""A Slurm cluster's settings JSON, checked strictly: ``SlurmSettings.parse`` (docs/slurm.md).
+"""A Slurm cluster's settings JSON, checked strictly against ``SETTINGS_SCHEMA``:
+``SlurmSettings.parse`` (docs/slurm.md).
 
 Pure: no Django, no processes.
 """
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +11,7 @@ from typing import Any
 from clusters.backends.base import TELEMETRY_SETTINGS_KEY
 from clusters.backends.slurm_quoting import ENV_NAME, LEVEL_NAME, PLAIN_PATH, PLAIN_WORD
 from clusters.backends.slurm_topology import DERIVED_LEVEL_NAMES
+from core.schema import JsonSchema
 
 TRANSPORTS = ("rest", "cli")
 CONTAINER_RUNTIMES = ("pyxis", "apptainer", "none")
@@ -19,8 +20,210 @@ DEFAULT_SIGNAL_BEFORE_S = 300
 DEFAULT_JOB_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-class SettingsError(ValueError):
-    """The cluster's settings are wrong: an operator must fix them."""
+# The value of transport that is not slurmrestd: the settings of transport rest apply
+# unless transport is this.
+_CLI_TRANSPORT = {"properties": {"transport": {"const": "cli"}}, "required": ["transport"]}
+_REST_URL = r"^https?://[^/\s?#]+(/[^\s?#]*)?$"
+
+
+def _text(pattern: str | None = None) -> dict[str, Any]:
+    """A string setting; when ``pattern`` is given, a value that is not empty must match it."""
+    schema: dict[str, Any] = {"type": "string"}
+    if pattern is not None:
+        schema["pattern"] = f"\\A\\Z|{pattern}"
+    schema["messages"] = {
+        "type": "setting $name must be a string",
+        "pattern": "setting $name = $value has characters Slurm options cannot take",
+    }
+    return schema
+
+
+def _choice(choices: tuple[str, ...]) -> dict[str, Any]:
+    """A string setting among ``choices``; empty means the first."""
+    return {
+        "type": "string",
+        "enum": ["", *choices],
+        "messages": {
+            "type": "setting $name must be a string",
+            "enum": f"setting $name must be one of {', '.join(choices)}",
+        },
+    }
+
+
+def _number(low: float, high: float) -> dict[str, Any]:
+    return {
+        "type": "number",
+        "minimum": low,
+        "maximum": high,
+        "messages": {
+            "type": "setting $name must be a number",
+            "minimum": f"setting $name must be between {low} and {high}",
+            "maximum": f"setting $name must be between {low} and {high}",
+        },
+    }
+
+
+def _required_text(name: str, message: str) -> dict[str, Any]:
+    """``name`` must be given and not empty, else ``message``."""
+    return {"required": [name], "properties": {name: {"minLength": 1}}, "message": message}
+
+
+def _plain_name(key: str, *, required: bool = False) -> dict[str, Any]:
+    """A flavor's Slurm name (GPU type, partition, QOS): a plain word, or empty."""
+    message = f"flavor $parent: {key} $value is not a plain Slurm name"
+    schema: dict[str, Any] = {"type": "string", "pattern": f"\\A\\Z|{PLAIN_WORD.pattern}"}
+    messages = {"type": message, "pattern": message}
+    if required:
+        schema["minLength"] = 1
+        messages["minLength"] = f"flavor $parent: {key} is required"
+    return schema | {"messages": messages}
+
+
+_FLAVORS_MESSAGE = (
+    'setting \'flavors\' must map each GPU flavor to its Slurm GPU type, e.g. {"a100-80gb": "a100"}'
+)
+_FLAVOR_ENTRY = {
+    "if": {"type": "string"},
+    # The GPU type alone.
+    "then": {
+        "minLength": 1,
+        "pattern": PLAIN_WORD.pattern,
+        "messages": {
+            "minLength": "flavor $name: gres_type is required",
+            "pattern": "flavor $name: gres_type $value is not a plain Slurm name",
+        },
+    },
+    "else": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "gres_type": _plain_name("gres_type", required=True),
+            "partition": _plain_name("partition"),
+            "qos": _plain_name("qos"),
+        },
+        "required": ["gres_type"],
+        "messages": {
+            "type": "flavor $name: give the GPU type, or an object with gres_type "
+            "and optionally partition and qos",
+            "additionalProperties": "flavor $name: give the GPU type, or an object with "
+            "gres_type and optionally partition and qos",
+            "required": "flavor $parent: gres_type is required",
+        },
+    },
+}
+
+SETTINGS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "messages": {
+        "type": "settings must be a JSON object",
+        "additionalProperties": "unknown Slurm setting(s): $unknown",
+    },
+    "additionalProperties": False,
+    "properties": {
+        "transport": _choice(TRANSPORTS),
+        "job_dir": _text(PLAIN_PATH.pattern),
+        "log_dir": _text(PLAIN_PATH.pattern),
+        "slurm_conf": _text(PLAIN_PATH.pattern),
+        "partition": _text(PLAIN_WORD.pattern),
+        "qos": _text(PLAIN_WORD.pattern),
+        "qos_prefix": _text(r"^[A-Za-z0-9_.-]{0,32}$"),
+        "job_path": _text(r"^[A-Za-z0-9_./:+@=-]+$"),
+        "container_runtime": _choice(CONTAINER_RUNTIMES),
+        "rest_timeout_s": _number(0.1, 600),
+        "cli_timeout_s": _number(0.1, 600),
+        "signal_before_s": _number(0, 65535),
+        "adopt_window_days": _number(1, 3650),
+        "tasks_per_node": {
+            "if": {"type": "string"},
+            "then": {
+                "const": "gpus",
+                "message": "setting 'tasks_per_node' must be a positive integer or \"gpus\"",
+            },
+            "else": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 1024,
+                "messages": {
+                    "type": "setting 'tasks_per_node' must be a positive integer or \"gpus\"",
+                    "minimum": "setting 'tasks_per_node' must be between 1 and 1024",
+                    "maximum": "setting 'tasks_per_node' must be between 1 and 1024",
+                },
+            },
+        },
+        "submit_users": {
+            "type": "array",
+            "items": {"type": "string", "pattern": PLAIN_WORD.pattern},
+            "message": "setting 'submit_users' must be a list of user names",
+        },
+        "topology_levels": {
+            "type": "array",
+            "items": {"type": "string", "pattern": LEVEL_NAME.pattern},
+            "uniqueItems": True,
+            "message": "setting 'topology_levels' must be a list of level names, widest first "
+            '(e.g. ["spine", "leaf"])',
+            "messages": {"uniqueItems": "setting 'topology_levels' names a level twice"},
+        },
+        "reclaim_priority": {
+            "type": "boolean",
+            "message": "setting 'reclaim_priority' must be true or false",
+        },
+        "topology": {
+            "type": "array",
+            "items": {"type": "string"},
+            "message": "setting 'topology' must be a list of topology.conf lines",
+        },
+        "rest_url": _text(),
+        "rest_user": _text(PLAIN_WORD.pattern),
+        "rest_token_env": _text(ENV_NAME.pattern),
+        "flavors": {
+            "type": "object",
+            "minProperties": 1,
+            "additionalProperties": _FLAVOR_ENTRY,
+            "messages": {"type": _FLAVORS_MESSAGE, "minProperties": _FLAVORS_MESSAGE},
+        },
+        TELEMETRY_SETTINGS_KEY: {},  # the telemetry collector's, checked there
+    },
+    "allOf": [
+        _required_text("job_dir", "setting 'job_dir' is required"),
+        {"required": ["flavors"], "message": _FLAVORS_MESSAGE},
+        {
+            "if": _CLI_TRANSPORT,
+            "then": {
+                "not": {"required": ["topology"]},
+                "message": "setting 'topology' is for transport 'rest' (slurmrestd has no "
+                "topology endpoint); the CLI reads `scontrol show topology` itself",
+            },
+            # slurmrestd's URL, user and token variable.
+            "else": {
+                "allOf": [
+                    {
+                        "properties": {"rest_url": {"pattern": _REST_URL}},
+                        "message": "setting 'rest_url' = $value is not an http(s) URL of "
+                        "slurmrestd (e.g. http://slurm-head:6820)",
+                    },
+                    {
+                        "required": ["rest_url"],
+                        "message": "setting 'rest_url' = '' is not an http(s) URL of "
+                        "slurmrestd (e.g. http://slurm-head:6820)",
+                    },
+                    _required_text(
+                        "rest_user", "setting 'rest_user' is required with transport 'rest'"
+                    ),
+                    _required_text(
+                        "rest_token_env",
+                        "setting 'rest_token_env' is required with transport 'rest'",
+                    ),
+                ]
+            },
+        },
+    ],
+}
+SETTINGS = JsonSchema(SETTINGS_SCHEMA)
+# The settings taken as they are written; the others get defaults or change type.
+_AS_GIVEN = (
+    "job_dir", "log_dir", "slurm_conf", "partition", "qos", "qos_prefix", "rest_url",
+    "rest_user", "rest_token_env", "reclaim_priority", "tasks_per_node",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,18 +268,34 @@ class SlurmSettings:
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], *, cluster: str = "") -> "SlurmSettings":
-        """Check every key; unknown keys and wrong types are errors, not silently ignored."""
-        reader = _Reader(raw, where=f"cluster {cluster}: " if cluster else "")
-        if not isinstance(raw, Mapping):
-            raise reader.fail("settings must be a JSON object")
-        known = set(cls.__dataclass_fields__) | {TELEMETRY_SETTINGS_KEY}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise reader.fail(f"unknown Slurm setting(s): {', '.join(unknown)}")
-        values = _scalars(reader)
-        values.update(_lists(reader, transport=values["transport"]))
-        values.update(_rest(reader, transport=values["transport"]))
-        values["flavors"] = _flavors(reader)
+        """Check every key against ``SETTINGS_SCHEMA``: unknown keys and wrong types are a
+        ``SchemaError`` naming the cluster and the setting, not silently ignored."""
+        SETTINGS.validate(raw, where=f"cluster {cluster}: " if cluster else "")
+        transport = raw.get("transport") or "rest"
+        values: dict[str, Any] = {name: raw[name] for name in _AS_GIVEN if name in raw}
+        values |= {
+            "transport": transport,
+            "container_runtime": raw.get("container_runtime") or "pyxis",
+            "job_path": raw.get("job_path") or DEFAULT_JOB_PATH,
+            "submit_users": tuple(raw.get("submit_users", ())),
+            "topology_levels": tuple(raw.get("topology_levels", ())),
+            "flavors": {
+                str(flavor): FlavorMapping(gres_type=entry)
+                if isinstance(entry, str)
+                else FlavorMapping(**entry)
+                for flavor, entry in raw["flavors"].items()
+            },
+        }
+        for name, kind in (
+            ("rest_timeout_s", float),
+            ("cli_timeout_s", float),
+            ("signal_before_s", int),
+            ("adopt_window_days", int),
+        ):
+            if name in raw:
+                values[name] = kind(raw[name])
+        if "topology" in raw:
+            values["topology"] = tuple(raw["topology"])
         return cls(**values)
 
     @property
@@ -87,162 +306,3 @@ class SlurmSettings:
     def deepest_level(self) -> str:
         """The name of the leaf-switch level, the one ``--switches`` counts."""
         return self.topology_levels[-1] if self.topology_levels else DERIVED_LEVEL_NAMES[0]
-
-
-class _Reader:
-    """The settings JSON, read one key at a time: each error names the cluster and the key."""
-
-    def __init__(self, raw: Mapping[str, Any], *, where: str):
-        self.raw = raw
-        self.where = where
-
-    def fail(self, message: str) -> SettingsError:
-        return SettingsError(f"{self.where}{message}")
-
-    def text(
-        self, name: str, pattern: re.Pattern[str] | None = None, *, required: bool = False
-    ) -> str:
-        value = self.raw.get(name, "")
-        if not isinstance(value, str):
-            raise self.fail(f"setting {name!r} must be a string")
-        if required and not value:
-            raise self.fail(f"setting {name!r} is required")
-        if value and pattern is not None and not pattern.match(value):
-            raise self.fail(
-                f"setting {name!r} = {value!r} has characters Slurm options cannot take"
-            )
-        return value
-
-    def number(
-        self, name: str, default: float, low: float, high: float, kind: type[float] = int
-    ) -> float:
-        value = self.raw.get(name, default)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.fail(f"setting {name!r} must be a number")
-        if not low <= value <= high:
-            raise self.fail(f"setting {name!r} must be between {low} and {high}")
-        return kind(value)
-
-
-def _scalars(reader: _Reader) -> dict[str, Any]:
-    """The transport, paths, names, runtime and numbers."""
-    raw, fail, text, number = reader.raw, reader.fail, reader.text, reader.number
-    values: dict[str, Any] = {}
-    values["transport"] = text("transport") or "rest"
-    if values["transport"] not in TRANSPORTS:
-        raise fail(f"setting 'transport' must be one of {', '.join(TRANSPORTS)}")
-    values["job_dir"] = text("job_dir", PLAIN_PATH, required=True)
-    values["log_dir"] = text("log_dir", PLAIN_PATH)
-    values["slurm_conf"] = text("slurm_conf", PLAIN_PATH)
-    values["partition"] = text("partition", PLAIN_WORD)
-    values["qos"] = text("qos", PLAIN_WORD)
-    values["qos_prefix"] = text("qos_prefix", re.compile(r"^[A-Za-z0-9_.-]{0,32}$"))
-    if "qos_prefix" not in raw:
-        values["qos_prefix"] = "gantry-"
-    values["job_path"] = text("job_path", re.compile(r"^[A-Za-z0-9_./:+@=-]+$"))
-    values["job_path"] = values["job_path"] or DEFAULT_JOB_PATH
-    values["container_runtime"] = text("container_runtime") or "pyxis"
-    if values["container_runtime"] not in CONTAINER_RUNTIMES:
-        raise fail(f"setting 'container_runtime' must be one of {', '.join(CONTAINER_RUNTIMES)}")
-    values["rest_timeout_s"] = number("rest_timeout_s", 10.0, 0.1, 600, float)
-    values["cli_timeout_s"] = number("cli_timeout_s", 30.0, 0.1, 600, float)
-    values["signal_before_s"] = number("signal_before_s", DEFAULT_SIGNAL_BEFORE_S, 0, 65535, int)
-    values["adopt_window_days"] = number("adopt_window_days", 14, 1, 3650, int)
-    return values
-
-
-def _lists(reader: _Reader, *, transport: str) -> dict[str, Any]:
-    """Tasks per node, the users who submit, the topology's level names and lines, and
-    whether reclaiming jobs go first."""
-    raw, fail = reader.raw, reader.fail
-    values: dict[str, Any] = {}
-    tasks = raw.get("tasks_per_node", 1)
-    if tasks != "gpus" and (isinstance(tasks, bool) or not isinstance(tasks, int)):
-        raise fail("setting 'tasks_per_node' must be a positive integer or \"gpus\"")
-    if isinstance(tasks, int) and not 1 <= tasks <= 1024:
-        raise fail("setting 'tasks_per_node' must be between 1 and 1024")
-    values["tasks_per_node"] = tasks
-    users = raw.get("submit_users", [])
-    if not isinstance(users, list) or not all(
-        isinstance(u, str) and PLAIN_WORD.match(u) for u in users
-    ):
-        raise fail("setting 'submit_users' must be a list of user names")
-    values["submit_users"] = tuple(users)
-    levels = raw.get("topology_levels", [])
-    if not isinstance(levels, list) or not all(
-        isinstance(level, str) and LEVEL_NAME.match(level) for level in levels
-    ):
-        raise fail(
-            "setting 'topology_levels' must be a list of level names, widest first "
-            '(e.g. ["spine", "leaf"])'
-        )
-    if len(set(levels)) != len(levels):
-        raise fail("setting 'topology_levels' names a level twice")
-    values["topology_levels"] = tuple(levels)
-    reclaim = raw.get("reclaim_priority", True)
-    if not isinstance(reclaim, bool):
-        raise fail("setting 'reclaim_priority' must be true or false")
-    values["reclaim_priority"] = reclaim
-    if "topology" in raw:
-        lines = raw["topology"]
-        if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
-            raise fail("setting 'topology' must be a list of topology.conf lines")
-        if transport != "rest":
-            raise fail(
-                "setting 'topology' is for transport 'rest' (slurmrestd has no topology "
-                "endpoint); the CLI reads `scontrol show topology` itself"
-            )
-        values["topology"] = tuple(lines)
-    return values
-
-
-def _rest(reader: _Reader, *, transport: str) -> dict[str, Any]:
-    """slurmrestd's URL, user and token variable: required with transport rest."""
-    fail, text = reader.fail, reader.text
-    values: dict[str, Any] = {}
-    values["rest_url"] = text("rest_url")
-    values["rest_user"] = text("rest_user", PLAIN_WORD)
-    values["rest_token_env"] = text("rest_token_env", ENV_NAME)
-    if transport == "rest":
-        url = values["rest_url"]
-        if not re.match(r"^https?://[^/\s?#]+(/[^\s?#]*)?$", url):
-            raise fail(
-                f"setting 'rest_url' = {url!r} is not an http(s) URL of slurmrestd "
-                "(e.g. http://slurm-head:6820)"
-            )
-        for name in ("rest_user", "rest_token_env"):
-            if not values[name]:
-                raise fail(f"setting {name!r} is required with transport 'rest'")
-    return values
-
-
-def _flavors(reader: _Reader) -> dict[str, FlavorMapping]:
-    """Each GPU flavor's Slurm GPU type, and optionally its partition and QOS."""
-    raw, fail = reader.raw, reader.fail
-    flavors = raw.get("flavors")
-    if not isinstance(flavors, Mapping) or not flavors:
-        raise fail(
-            "setting 'flavors' must map each GPU flavor to its Slurm GPU type, "
-            'e.g. {"a100-80gb": "a100"}'
-        )
-    mapped = {}
-    for flavor, entry in flavors.items():
-        if isinstance(entry, str):
-            entry = {"gres_type": entry}
-        if not isinstance(entry, Mapping) or set(entry) - {"gres_type", "partition", "qos"}:
-            raise fail(
-                f"flavor {flavor!r}: give the GPU type, or an object with gres_type "
-                "and optionally partition and qos"
-            )
-        for key in ("gres_type", "partition", "qos"):
-            value = entry.get(key, "")
-            if not isinstance(value, str) or (value and not PLAIN_WORD.match(value)):
-                raise fail(f"flavor {flavor!r}: {key} {value!r} is not a plain Slurm name")
-        if not entry.get("gres_type"):
-            raise fail(f"flavor {flavor!r}: gres_type is required")
-        mapped[str(flavor)] = FlavorMapping(
-            gres_type=entry["gres_type"],
-            partition=entry.get("partition", ""),
-            qos=entry.get("qos", ""),
-        )
-    return mapped

@@ -6,11 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from clusters.backends.base import PermanentBackendError
 from clusters.backends.k8s_settings import parse_settings as parse_k8s_settings
 from clusters.backends.slurm_settings import SlurmSettings
 from clusters.models import Cluster, ClusterFlavor, SimulatedJob
 from clusters.simulation import Workload
+from core.schema import SchemaError
 from jobs.models import Attempt, AttemptState
 from telemetry import collection
 from telemetry.exposition.parsing import GPU_UTIL, GR_ENGINE_ACTIVE, SM_ACTIVE, GpuSample, render
@@ -399,5 +399,5 @@ def test_backends_leave_the_telemetry_settings_to_the_collector():
     )
 
     assert (k8s.url, slurm.job_dir) == ("https://k8s:6443", "/shared/jobs")
-    with pytest.raises(PermanentBackendError, match="unknown key"):
+    with pytest.raises(SchemaError, match="unknown key"):
         parse_k8s_settings({"url": "https://k8s:6443", "telemetri": telemetry})

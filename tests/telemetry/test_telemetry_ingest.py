@@ -14,7 +14,7 @@ from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit, attempt_token_issue
 from jobs.services.backend_sync import cluster_sync
 from jobs.services.submission import run_submit
-from telemetry import services, tasks
+from telemetry import collection, services, tasks
 from telemetry.accounting import WASTE, AttemptTimeline, Outcome, account
 from telemetry.accounting import StepWindow as AccountingWindow
 from telemetry.models import AttemptAccounting, GpuMinute, SdkEvent, StepWindow
@@ -370,7 +370,7 @@ def simulate(world, profile: str, *, max_restarts: int = 0, **env) -> list[Attem
         if attempt is None:
             break
         run_attempt_to_the_end(world, attempt)
-    services.simulator_telemetry_collect(cluster=world.cluster)
+    collection.telemetry_collect(cluster=world.cluster)
     services.accounting_compute_pending(limit=100)
     attempts = list(run.attempts.select_related("accounting").order_by("number"))
     for attempt in attempts:
@@ -434,7 +434,7 @@ def test_collecting_twice_writes_the_same_rows(world):
         GpuMinute.objects.order_by("host", "gpu", "minute").values_list("gpu", "minute", "activity")
     )
 
-    services.simulator_telemetry_collect(cluster=world.cluster)
+    collection.telemetry_collect(cluster=world.cluster)
     services.accounting_compute(attempt=attempt)
 
     assert len(windows) == 20
@@ -466,7 +466,7 @@ def test_running_job_reports_only_complete_windows(world):
     cluster_sync(cluster=world.cluster)
     age_running_jobs(30 + 150)  # startup, two full windows and half of the third
 
-    services.simulator_telemetry_collect(cluster=world.cluster)
+    collection.telemetry_collect(cluster=world.cluster)
 
     assert list(StepWindow.objects.values_list("seq", "steps", "step")) == [
         (1, 60, 60),

@@ -15,6 +15,8 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from clusters.models import Cluster
+from telemetry.collection import telemetry_source_build
 from telemetry.exposition.parsing import (
     GPU_UTIL,
     KEPT_METRICS,
@@ -23,6 +25,7 @@ from telemetry.exposition.parsing import (
     GpuSample,
     parse,
 )
+from telemetry.source_settings import SourceKind, SourceSettings, source_settings_parse
 from telemetry.sources import (
     USER_AGENT,
     DcgmScrapeSource,
@@ -31,11 +34,7 @@ from telemetry.sources import (
     Scrape,
     ScrapeFailure,
     SourceError,
-    SourceKind,
-    SourceSettings,
     matrix_exposition,
-    source_from_settings,
-    source_settings_parse,
 )
 from tests import REPOSITORY
 from tests.prometheus_support import (
@@ -141,14 +140,20 @@ def test_prometheus_settings_defaults():
     )
 
 
-def test_simulator_settings_parse_but_the_collector_builds_that_source():
+def source_from_settings(settings: SourceSettings):
+    """The source ``settings`` name for a Kubernetes cluster (one that is no simulator)."""
+    cluster = Cluster(name="k8s-1", backend=Cluster.Backend.KUBERNETES)
+    return telemetry_source_build(cluster=cluster, settings=settings)
+
+
+def test_simulator_settings_parse_but_only_a_simulator_cluster_has_that_source():
     settings = source_settings_parse({"source": "simulator"})
 
     assert settings == SourceSettings(source=SourceKind.SIMULATOR)
     with pytest.raises(ValueError) as raised:
         source_from_settings(settings)
     assert str(raised.value) == (
-        "the simulator telemetry source is built by the collector, not from settings"
+        "the simulator telemetry source reads simulated jobs; cluster k8s-1 is a kubernetes cluster"
     )
 
 

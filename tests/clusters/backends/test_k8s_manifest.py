@@ -29,6 +29,7 @@ from clusters.backends.k8s_manifest import (
     to_yaml,
 )
 from clusters.backends.k8s_settings import parse_settings
+from core.schema import SchemaError
 from tests import TESTS
 from tests.clusters.backends.kubernetes_expansion import pod_process
 from tests.k8s_schemas import validate
@@ -547,7 +548,7 @@ def test_topology_levels_are_named_by_the_settings_or_by_their_label():
     ],
 )
 def test_bad_topology_labels_say_what_is_wrong(labels, message):
-    with pytest.raises(PermanentBackendError, match=message):
+    with pytest.raises(SchemaError, match=message):
         parse_settings({**BASE_SETTINGS, "topology_labels": labels})
 
 
@@ -733,7 +734,7 @@ def test_unrenderable_specs_are_permanent_errors(overrides, message):
     ],
 )
 def test_bad_settings_say_what_is_wrong(settings_, message):
-    with pytest.raises(PermanentBackendError, match=message):
+    with pytest.raises(SchemaError, match=message):
         parse_settings(settings_)
 
 

@@ -37,7 +37,7 @@ from clusters.backends.slurm_nodes import (
     parse_squeue_gpus,
 )
 from clusters.backends.slurm_quoting import RenderError, shell_quote
-from clusters.backends.slurm_settings import SettingsError, SlurmSettings
+from clusters.backends.slurm_settings import SlurmSettings
 from clusters.backends.slurm_topology import (
     UNKNOWN_TOPOLOGY,
     derived_level_names,
@@ -45,6 +45,7 @@ from clusters.backends.slurm_topology import (
     topology_paths,
 )
 from clusters.backends.slurm_tres import gpus_per_node_of, parse_gres
+from core.schema import SchemaError
 from tests import REPOSITORY
 
 IMAGE = "registry.example.org/ml/pytorch@sha256:" + "a" * 64
@@ -142,7 +143,7 @@ def test_settings_parse_with_defaults():
     ],
 )
 def test_settings_errors_name_the_setting(overrides, message):
-    with pytest.raises(SettingsError) as error:
+    with pytest.raises(SchemaError) as error:
         slurm_settings(**overrides)
     assert message in str(error.value)
     assert str(error.value).startswith("cluster test: ")

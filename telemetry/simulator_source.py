@@ -1,0 +1,165 @@
+"""The simulator's telemetry source: its jobs as a DCGM exporter and the job-side SDK would
+have reported them.
+
+A simulator cluster's jobs exist only in the database (``SimulatedJob``), so its source reads
+them there; the collector treats it like any other source (``telemetry.collection``
+``SOURCES``). One computation per job (``telemetry.simulated.simulated_telemetry``) gives
+both what the exporter shows, the minutes completed in the interval read, and what the SDK
+posts, the step windows completed so far.
+"""
+
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+
+from clusters.models import Cluster, SimulatedJob
+from clusters.simulation import Workload
+from jobs.models import Attempt
+from telemetry.exposition.mapping import Allocation, HostAllocation
+from telemetry.exposition.parsing import GpuSample, render
+from telemetry.models import StepWindow
+from telemetry.simulated import SimulatedWindow, minute_samples, simulated_telemetry
+from telemetry.sources import FetchResult, Scrape, ScrapeFailure
+
+# The source name of the step windows the simulator's jobs report, as an SDK names its own.
+SIMULATOR_SOURCE = "simulator"
+# Jobs that ended longer ago than this are not read again for step windows; a first read
+# looks this far back.
+SIMULATOR_RECENT = timedelta(days=1)
+
+
+def _moment(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def _started_jobs(
+    cluster: Cluster, *, before: datetime, not_ended_before: datetime
+) -> dict[str, SimulatedJob]:
+    """The cluster's jobs that started before ``before`` and had not ended before
+    ``not_ended_before``, by job id (what their attempts hold as ``backend_job_id``)."""
+    jobs = (
+        SimulatedJob.objects.filter(
+            cluster=cluster, started_at__isnull=False, started_at__lt=before
+        )
+        .exclude(finished_at__lt=not_ended_before)
+        .order_by("pk")
+    )
+    return {str(job.pk): job for job in jobs}
+
+
+def _attempt_ids(cluster: Cluster, jobs: Iterable[str]) -> dict[str, int]:
+    """The attempt of each of ``jobs`` that has one, by job id."""
+    return dict(
+        Attempt.objects.filter(cluster=cluster, backend_job_id__among=list(jobs)).values_list(
+            "backend_job_id", "pk"
+        )
+    )
+
+
+def simulated_allocations(*, cluster: Cluster, start: datetime, end: datetime) -> list[Allocation]:
+    """The GPUs each attempt of the simulator ``cluster`` held during [start, end): its job's
+    GPU indices on each node, from the job's start to its end."""
+    jobs = _started_jobs(cluster, before=end, not_ended_before=start)
+    allocations: list[Allocation] = []
+    for job_id, attempt_id in _attempt_ids(cluster, jobs).items():
+        job = jobs[job_id]
+        assert job.started_at is not None  # only started jobs
+        finished = _ms(job.finished_at) if job.finished_at else None
+        allocations += [
+            HostAllocation(node, str(gpu), _ms(job.started_at), finished, attempt_id)
+            for node, gpus in job.allocation.items()
+            for gpu in gpus
+        ]
+    return allocations
+
+
+class SimulatorSource:
+    """The simulator's jobs of one cluster as telemetry.
+
+    ``fetch`` returns, as a scrape with timestamps, every minute a job completed in the
+    interval, on its hosts and GPU indices (``simulated_allocations`` maps them to the job's
+    attempt). It also stores the step windows the jobs' SDK would have posted by the end of
+    the interval (idempotent: a window is written once complete, keyed by its seq), in the
+    collector's transaction.
+    """
+
+    name = "simulator"
+    first_lookback = SIMULATOR_RECENT
+
+    def __init__(self, cluster: Cluster) -> None:
+        if cluster.backend != Cluster.Backend.SIMULATOR:
+            raise ValueError(
+                f"the simulator telemetry source reads simulated jobs; cluster {cluster.name} "
+                f"is a {cluster.backend} cluster"
+            )
+        self.cluster = cluster
+        self.failures: list[ScrapeFailure] = []  # always empty: there is one "target"
+
+    def fetch(self, *, start_ms: int, end_ms: int) -> FetchResult:
+        since, until = _moment(start_ms), _moment(end_ms)
+        speedup = float(self.cluster.settings.get("speedup", 1))
+        jobs = _started_jobs(
+            self.cluster, before=until, not_ended_before=min(since, until - SIMULATOR_RECENT)
+        )
+        attempts = _attempt_ids(self.cluster, jobs)
+        samples: list[GpuSample] = []
+        for job_id, job in jobs.items():
+            assert job.started_at is not None  # filtered on started_at__isnull=False
+            finished_at = job.finished_at if job.finished_at and job.finished_at < until else None
+            telemetry = simulated_telemetry(
+                Workload(**job.profile["workload"]),
+                started_at=job.started_at,
+                until=finished_at or until,
+                finished=finished_at is not None,
+                speedup=speedup,
+                gpus=[
+                    (node, str(gpu))
+                    for node, gpus in sorted(job.allocation.items())
+                    for gpu in gpus
+                ],
+            )
+            samples += minute_samples(
+                telemetry,
+                started_at=job.started_at,
+                finished_at=finished_at,
+                since=since,
+                until=until,
+            )
+            if job_id in attempts:
+                simulated_windows_store(
+                    attempt_id=attempts[job_id], source=SIMULATOR_SOURCE, windows=telemetry.windows
+                )
+        if not samples:
+            return FetchResult()
+        body = render(samples).encode()
+        return FetchResult(
+            [Scrape(body=body, at_ms=end_ms, origin=f"simulator:{self.cluster.name}")]
+        )
+
+
+def simulated_windows_store(
+    *, attempt_id: int, source: str, windows: Iterable[SimulatedWindow]
+) -> None:
+    """The step windows a simulated job reported (``telemetry.simulated``), stored as the SDK's
+    would be; a window already stored (same attempt, source and seq) is left as it is."""
+    StepWindow.objects.bulk_create(
+        [
+            StepWindow(
+                attempt_id=attempt_id,
+                source=source,
+                seq=window.seq,
+                start=window.start,
+                end=window.end,
+                steps=window.steps,
+                step_time_s=window.step_time_s,
+                data_wait_s=window.data_wait_s,
+                comm_wait_s=window.comm_wait_s,
+                step=window.step,
+            )
+            for window in windows
+        ],
+        ignore_conflicts=True,
+    )
