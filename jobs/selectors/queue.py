@@ -16,7 +16,7 @@ from django.utils import timezone
 from clusters.models import Cluster, ClusterFlavor, ClusterNode
 from clusters.outside_claims import queues_of
 from core.types import UserLike
-from jobs import admission, estimates, placement
+from jobs import admission, admission_types, estimates, placement
 from jobs.calendar import month_start, next_month
 from jobs.models import (
     HOLDING_STATES,
@@ -219,8 +219,8 @@ def topology_levels_offered(*, flavor: str | None = None) -> list[str]:
     return levels
 
 
-def _quota_of(row: Mapping[str, Any]) -> admission.Quota:
-    return admission.Quota(
+def _quota_of(row: Mapping[str, Any]) -> admission_types.Quota:
+    return admission_types.Quota(
         guaranteed=row["guaranteed_gpus"],
         borrow_limit=row["borrow_limit_gpus"],
         max_gpus_per_run=row["max_gpus_per_run"],
@@ -230,7 +230,9 @@ def _quota_of(row: Mapping[str, Any]) -> admission.Quota:
     )
 
 
-def cluster_nodes(*, now, clusters: Iterable[Cluster] | None = None) -> list[admission.ClusterNode]:
+def cluster_nodes(
+    *, now, clusters: Iterable[Cluster] | None = None
+) -> list[admission_types.ClusterNode]:
     """The node inventory of every enabled cluster (or of ``clusters``), for admission, in
     one query.
 
@@ -257,7 +259,7 @@ def cluster_nodes(*, now, clusters: Iterable[Cluster] | None = None) -> list[adm
             schedulable = False
             reason = f"not seen by {cluster}'s inventory since {seen:%Y-%m-%d %H:%M:%S} UTC"
         nodes.append(
-            admission.ClusterNode(
+            admission_types.ClusterNode(
                 cluster=cluster,
                 flavor=flavor,
                 name=name,
@@ -271,14 +273,14 @@ def cluster_nodes(*, now, clusters: Iterable[Cluster] | None = None) -> list[adm
     return nodes
 
 
-def held_runs() -> tuple[admission.HeldRun, ...]:
+def held_runs() -> tuple[admission_types.HeldRun, ...]:
     """Every run that holds GPUs now, with the nodes it holds them on (where the backend
     runs it if it said so, else where admission placed it), in one query."""
     rows = holding_sql.held_run_rows(
         holding=HOLDING_STATES, live=(AttemptState.CREATED, *LIVE_ATTEMPT_STATES)
     )
     return tuple(
-        admission.HeldRun(
+        admission_types.HeldRun(
             id=run_id,
             tenant=tenant,
             flavor=flavor,
@@ -329,7 +331,7 @@ def gpu_occupancy(*, now) -> Occupancy:
     in_use: dict[tuple[str, str], int] = defaultdict(int)
     for run in held:
         in_use[(run.tenant, run.flavor)] += run.gpus
-    snapshot = admission.Snapshot(
+    snapshot = admission_types.Snapshot(
         queued=(), held=held, nodes=tuple(cluster_nodes(now=now)), quotas={}
     )
     return Occupancy(in_use=dict(in_use), free=admission.free_gpus(snapshot))
@@ -337,7 +339,7 @@ def gpu_occupancy(*, now) -> Occupancy:
 
 def admission_snapshot(
     *, now=None, written: dict[int, tuple[str, str]] | None = None
-) -> tuple[admission.Snapshot, dict[str, Cluster]]:
+) -> tuple[admission_types.Snapshot, dict[str, Cluster]]:
     """Everything admission needs, read in a handful of queries. ``written``, if given, is
     filled with each queued run's wait reason and message as stored, from the same query
     (the cycle rewrites only those that change)."""
@@ -357,7 +359,7 @@ def admission_snapshot(
     queued_runs = []
     for row in rows:
         queued_runs.append(
-            admission.QueuedRun(
+            admission_types.QueuedRun(
                 id=row[0],
                 tenant=row[1],
                 flavor=row[2],
@@ -394,7 +396,7 @@ def admission_snapshot(
             "tenant__slug", "flavor__slug", "decayed_gpu_seconds"
         )
     }
-    snapshot = admission.Snapshot(
+    snapshot = admission_types.Snapshot(
         queued=queued,
         held=held,
         nodes=tuple(nodes),
@@ -486,7 +488,7 @@ def admission_preview(
     )
     now = timezone.now()
     snapshot, _ = admission_snapshot(now=now)
-    probe = admission.QueuedRun(
+    probe = admission_types.QueuedRun(
         id=-1,
         tenant=tenant,
         flavor=flavor,
@@ -499,7 +501,7 @@ def admission_preview(
     )
     decisions = admission.decide(replace(snapshot, queued=(*snapshot.queued, probe)))
     key = (tenant, flavor)
-    quota = snapshot.quotas.get(key) or admission.Quota(guaranteed=0)
+    quota = snapshot.quotas.get(key) or admission_types.Quota(guaranteed=0)
     in_use = sum(r.gpus for r in snapshot.held if (r.tenant, r.flavor) == key)
     idle = admission.free_gpus(snapshot).get(flavor, 0)
     admit = next((a for a in decisions.admitted if a.run_id == -1), None)

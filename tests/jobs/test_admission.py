@@ -3,7 +3,8 @@ budgets, priority/FIFO, reasons, positions, reservations."""
 
 from dataclasses import replace
 
-from jobs.admission import (
+from jobs.admission import decide, free_gpus, held_placements
+from jobs.admission_types import (
     Admit,
     ClusterNode,
     HeldRun,
@@ -14,9 +15,6 @@ from jobs.admission import (
     Snapshot,
     Wait,
     Waiting,
-    decide,
-    free_gpus,
-    held_placements,
     nodes_of,
 )
 from jobs.reclaim import OutsideClaim, OutsideQueue
