@@ -21,9 +21,11 @@ from jobs.admission_types import (
 from jobs.reclaim import outside_taker, stolen_reason
 
 
-def _tightness(where: placement.Placement) -> tuple[int, int]:
-    """Smaller is tighter: one node, then the deepest shared domain."""
-    return (0, 0) if where.single_node else (1, -len(where.domain))
+def _tightness(where: placement.Placement) -> tuple[int, ...]:
+    """Smaller is tighter: the deepest shared domain. The placements of one run are all on
+    one node or all on several (``jobs.placement``: one node exactly when the gang has one),
+    and one node is as tight as can be: those have nothing to compare."""
+    return () if where.single_node else (-len(where.domain),)
 
 
 class CycleState:
@@ -95,7 +97,7 @@ class CycleState:
             run.flavor,
             run.nodes,
             run.gpus_per_node,
-            run.topology_level if run.topology_required else "",
+            run.topology_level if run.topology_required else None,
             self.flavor_versions[run.flavor][0],
         )
 
