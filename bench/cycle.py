@@ -50,7 +50,7 @@ from bench.report import Section, ms, quick, ratio, timed
 from bench.workload import make_snapshot
 from clusters.models import Cluster, ClusterFlavor, ClusterNode
 from images.models import Image
-from jobs import admission
+from jobs import admission, admission_types
 from jobs.calendar import month_start
 from jobs.models import (
     HOLDING_STATES,
@@ -115,7 +115,7 @@ def explicit_submitted_at() -> Iterator[None]:
         field.auto_now_add = True
 
 
-def seed(snapshot: admission.Snapshot) -> None:
+def seed(snapshot: admission_types.Snapshot) -> None:
     """Write ``snapshot`` into the empty database; run ids are the snapshot's ids."""
     truncate()
     now = at(snapshot.now)
@@ -334,7 +334,7 @@ class DbLedger:
             "id", "tenant__slug", "cluster__name", "gpus", "priority", "admitted_at",
             "submitted_at", "borrowed",
         ):  # fmt: skip
-            run = admission.HeldRun(
+            run = admission_types.HeldRun(
                 id=r["id"], tenant=r["tenant__slug"], flavor=flavor, cluster=r["cluster__name"],
                 gpus=r["gpus"], priority=r["priority"],
                 admitted=(r["admitted_at"] or r["submitted_at"]).timestamp(),
@@ -344,7 +344,7 @@ class DbLedger:
             found[run.cluster].append(Holding(run, on))
         return found
 
-    def quota(self, key: Key) -> admission.Quota | None:
+    def quota(self, key: Key) -> admission_types.Quota | None:
         row = (
             Quota.objects.filter(tenant__slug=key[0], flavor__slug=key[1], tenant__active=True)
             .values(
@@ -355,7 +355,7 @@ class DbLedger:
         )  # fmt: skip
         if row is None:
             return None
-        return admission.Quota(
+        return admission_types.Quota(
             guaranteed=row["guaranteed_gpus"],
             borrow_limit=row["borrow_limit_gpus"],
             max_gpus_per_run=row["max_gpus_per_run"],
@@ -400,8 +400,8 @@ class DbLedger:
         }
 
     def admit(
-        self, run: admission.QueuedRun, pool: NodePool, nodes: tuple[str, ...], *, borrowed: bool,
-        over_budget: bool,
+        self, run: admission_types.QueuedRun, pool: NodePool, nodes: tuple[str, ...], *,
+        borrowed: bool, over_budget: bool,
     ) -> None:  # fmt: skip
         row = Run.objects.get(pk=run.id)
         cluster = self.clusters[pool.cluster]
@@ -430,7 +430,7 @@ class DbLedger:
     def preempted(self) -> list[Holding]:
         return list(self.gone)
 
-    def preempt(self, victim: Holding, *, by: admission.QueuedRun) -> None:
+    def preempt(self, victim: Holding, *, by: admission_types.QueuedRun) -> None:
         self.gone.append(victim)
         run_preempt(
             run=Run.objects.get(pk=victim.run.id),
@@ -442,7 +442,7 @@ def naive_cycle(now: datetime) -> Outcome:
     """One naive admission cycle, rolled back so that the data stays as it was."""
     with transaction.atomic():
         queued = tuple(
-            admission.QueuedRun(
+            admission_types.QueuedRun(
                 id=r["id"], tenant=r["tenant__slug"], flavor=r["flavor__slug"],
                 nodes=r["experiment__nodes"], gpus_per_node=r["experiment__gpus_per_node"],
                 priority=r["priority"], submitted=r["submitted_at"].timestamp(),
@@ -531,7 +531,9 @@ class Measured:
     preempted: int
 
 
-def expect_next(now: datetime, *, with_naive: bool) -> tuple[admission.Decisions, tuple | None]:
+def expect_next(
+    now: datetime, *, with_naive: bool
+) -> tuple[admission_types.Decisions, tuple | None]:
     """What the next cycle should decide, and the naive admitter's time for it."""
     expected = admission.decide(admission_snapshot(now=now)[0])
     naive = None
@@ -543,7 +545,7 @@ def expect_next(now: datetime, *, with_naive: bool) -> tuple[admission.Decisions
     return expected, naive
 
 
-def gantry_cycle(now: datetime, expected: admission.Decisions) -> tuple[float, int]:
+def gantry_cycle(now: datetime, expected: admission_types.Decisions) -> tuple[float, int]:
     seconds, queries, summary = measure(lambda: admission_run_cycle(now=now))
     assert (summary.admitted, summary.preempted) == (
         len(expected.admitted),

@@ -70,7 +70,8 @@ from bench.trace import (
 )
 from bench.workload import make_snapshot
 from jobs import estimates, placement
-from jobs.admission import ClusterNode, Decisions, QueuedRun, Snapshot, decide, nodes_of
+from jobs.admission import decide
+from jobs.admission_types import ClusterNode, Decisions, QueuedRun, Snapshot, nodes_of
 
 COMPRESSION = 5  # arrivals this much faster than in the trace ("busy" in bench/trace.py)
 WINDOW_START = 4_000  # the first task estimated (by arrival): runs queue from about here

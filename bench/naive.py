@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from jobs import placement
-from jobs.admission import (
+from jobs.admission_types import (
     ClusterNode,
     Decisions,
     HeldRun,

@@ -56,7 +56,8 @@ from bench.trace import (
     tenant_of,
 )
 from bench.workload import as_count_based, make_snapshot
-from jobs.admission import ClusterNode, Pool, decide, nodes_of
+from jobs.admission import decide
+from jobs.admission_types import ClusterNode, Pool, nodes_of
 
 # --- the policies ------------------------------------------------------------------------
 

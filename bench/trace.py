@@ -29,17 +29,8 @@ from pathlib import Path
 
 from bench.report import Section, quick
 from jobs import placement
-from jobs.admission import (
-    ClusterNode,
-    HeldRun,
-    Pool,
-    QueuedRun,
-    Quota,
-    Snapshot,
-    decide,
-    fair_share_decayed,
-    nodes_of,
-)
+from jobs.admission import decide, fair_share_decayed
+from jobs.admission_types import ClusterNode, HeldRun, Pool, QueuedRun, Quota, Snapshot, nodes_of
 
 # Beside the checkout (``../shared/data``), or where GANTRY_BENCH_TRACE_DIR says: a second
 # checkout (a git worktree elsewhere) reads the same copy of the trace.

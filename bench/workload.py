@@ -20,7 +20,7 @@ from dataclasses import asdict, replace
 
 from bench import count_based
 from jobs import placement
-from jobs.admission import ClusterNode, HeldRun, Pool, QueuedRun, Quota, Snapshot
+from jobs.admission_types import ClusterNode, HeldRun, Pool, QueuedRun, Quota, Snapshot
 
 TENANTS = 100
 FLAVORS = 4

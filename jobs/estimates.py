@@ -32,10 +32,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from jobs import admission, placement
+from jobs import admission, admission_types, placement
 
 DAY_S = 86_400.0
-_NOTHING = admission.Decisions(admitted=(), preempted=(), waiting=())
+_NOTHING = admission_types.Decisions(admitted=(), preempted=(), waiting=())
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,7 @@ class Forecast:
 
 
 def simulate(
-    snapshot: admission.Snapshot,
+    snapshot: admission_types.Snapshot,
     *,
     ends: Mapping[int, float | None],
     runtimes: Mapping[int, float | None],
@@ -113,7 +113,7 @@ def simulate(
     # Why the simulation ended: "steps", "horizon" or "stuck" (nothing more is known to end).
     # Read only for the runs left without a start, so a queue emptied early needs no state.
     stopped = "steps"
-    waits: dict[tuple[str, str], admission.Wait] = {}  # (tenant, flavor) -> its head's wait
+    waits: dict[tuple[str, str], admission_types.Wait] = {}  # (tenant, flavor) -> its head's wait
     lines = _Lines(queued.values())
     resumed: dict[int, float | None] = {}  # preempted run -> the time it had left
     # Flavors whose GPUs changed hands since the last simulated cycle. Flavors share nothing
@@ -151,7 +151,7 @@ def simulate(
             _leave(victim, on_nodes.pop(victim.id, {}), free, usage, left_by, record=False)
             # It goes back to the queue, as the real cycle sends it, and competes again.
             count = max(1, len(victim.nodes))
-            queued[victim.id] = admission.QueuedRun(
+            queued[victim.id] = admission_types.QueuedRun(
                 id=victim.id, tenant=victim.tenant, flavor=victim.flavor, nodes=count,
                 gpus_per_node=max(1, victim.gpus // count), priority=victim.priority,
                 submitted=victim.admitted,
@@ -164,7 +164,7 @@ def simulate(
                 keys = [f"{admit.cluster}/{name}" for name in admit.nodes]
                 behind = tuple(sorted({left_by[key] for key in keys if key in left_by}))
                 starts[entering.id] = Start(entering.id, at, admit.cluster, admit.nodes, behind)
-            held[entering.id] = admission.HeldRun(
+            held[entering.id] = admission_types.HeldRun(
                 id=entering.id,
                 tenant=entering.tenant,
                 flavor=entering.flavor,
@@ -239,10 +239,10 @@ def simulate(
 
 # Waits that no run ending can lift: said as they are rather than as a start time (the
 # forward simulation and the submit preview alike).
-STUCK: dict[admission.Wait, str] = {
-    admission.Wait.NO_QUOTA: "the tenant has no quota for this flavor",
-    admission.Wait.TOO_LARGE: "it is larger than the tenant's quota allows per run",
-    admission.Wait.BUDGET_EXHAUSTED: (
+STUCK: dict[admission_types.Wait, str] = {
+    admission_types.Wait.NO_QUOTA: "the tenant has no quota for this flavor",
+    admission_types.Wait.TOO_LARGE: "it is larger than the tenant's quota allows per run",
+    admission_types.Wait.BUDGET_EXHAUSTED: (
         "the tenant's hard GPU-hour budget for the month is spent; it starts when the budget "
         "resets or is raised"
     ),
@@ -259,28 +259,28 @@ class _Lines:
 
     FRONT = 2
 
-    def __init__(self, runs: Iterable[admission.QueuedRun]):
-        self.lines: dict[tuple[str, str], list[admission.QueuedRun]] = defaultdict(list)
-        for run in sorted(runs, key=admission.queue_order):
+    def __init__(self, runs: Iterable[admission_types.QueuedRun]):
+        self.lines: dict[tuple[str, str], list[admission_types.QueuedRun]] = defaultdict(list)
+        for run in sorted(runs, key=admission_types.queue_order):
             self.lines[(run.tenant, run.flavor)].append(run)
         self.depth: dict[tuple[str, str], int] = {}
 
     def __bool__(self) -> bool:
         return bool(self.lines)
 
-    def add(self, run: admission.QueuedRun) -> None:
-        insort(self.lines[(run.tenant, run.flavor)], run, key=admission.queue_order)
+    def add(self, run: admission_types.QueuedRun) -> None:
+        insort(self.lines[(run.tenant, run.flavor)], run, key=admission_types.queue_order)
 
-    def remove(self, run: admission.QueuedRun) -> None:
+    def remove(self, run: admission_types.QueuedRun) -> None:
         line = self.lines[(run.tenant, run.flavor)]
         line.remove(run)
         if not line:
             del self.lines[(run.tenant, run.flavor)]
 
-    def is_head(self, run: admission.QueuedRun) -> bool:
+    def is_head(self, run: admission_types.QueuedRun) -> bool:
         return self.lines[(run.tenant, run.flavor)][0] is run
 
-    def front(self, flavors: set[str]) -> tuple[admission.QueuedRun, ...]:
+    def front(self, flavors: set[str]) -> tuple[admission_types.QueuedRun, ...]:
         return tuple(
             run
             for key, line in self.lines.items()
@@ -317,7 +317,7 @@ def _on_grid(end: float, *, now: float, at: float, resolution: float, min_step_s
 
 
 def _leave(
-    run: admission.HeldRun,
+    run: admission_types.HeldRun,
     nodes: Mapping[str, int],
     free: dict[str, int],
     usage: dict[str, int],
@@ -335,10 +335,10 @@ def _leave(
 
 
 def _no_bound_reasons(
-    snapshot: admission.Snapshot,
+    snapshot: admission_types.Snapshot,
     *,
     end_at: Mapping[int, float | None],
-    held: Mapping[int, admission.HeldRun],
+    held: Mapping[int, admission_types.HeldRun],
 ) -> dict[str, str]:
     """flavor -> what keeps GPUs of it without a known end, in words."""
     parts: dict[str, list[str]] = defaultdict(list)
@@ -377,9 +377,9 @@ def _names(names: Sequence[str], shown: int = 3) -> str:
 def first_fit(
     forecast: Forecast,
     *,
-    run: admission.QueuedRun,
-    quota: admission.Quota | None,
-    nodes: Sequence[admission.ClusterNode],
+    run: admission_types.QueuedRun,
+    quota: admission_types.Quota | None,
+    nodes: Sequence[admission_types.ClusterNode],
     levels: Mapping[str, tuple[str, ...]],
 ) -> Start:
     """When a run submitted now, behind every run already queued, would start: the first
@@ -391,7 +391,7 @@ def first_fit(
     if key in forecast.ready and forecast.ready[key] is None:
         return Start(run.id, None, why="an earlier run of the tenant has no estimate")
     not_before = forecast.ready.get(key) or -math.inf
-    pools: dict[str, list[admission.ClusterNode]] = defaultdict(list)
+    pools: dict[str, list[admission_types.ClusterNode]] = defaultdict(list)
     for node in nodes:
         if node.flavor == run.flavor:
             pools[node.cluster].append(node)

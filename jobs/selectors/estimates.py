@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster
 from clusters.simulation import Workload, work_wall_s
-from jobs import admission, estimates
+from jobs import admission_types, estimates
 from jobs.durations import duration_text
 from jobs.models import (
     HOLDING_STATES,
@@ -33,7 +33,7 @@ HISTORY_PER_KEY = 20  # the most recent runs of each experiment, template or ten
 
 @dataclass(frozen=True)
 class EstimateInputs:
-    snapshot: admission.Snapshot
+    snapshot: admission_types.Snapshot
     latest_ends: dict[int, float | None]  # held run -> when it frees its GPUs at the latest
     expected_ends: dict[int, float | None]
     max_runtimes: dict[int, float | None]  # queued run -> seconds
@@ -90,7 +90,7 @@ def _expected_runtime(history, *, experiment, template, shape, max_runtime_s: fl
     )
 
 
-def _simulator_speedups(snapshot: admission.Snapshot) -> dict[str, float]:
+def _simulator_speedups(snapshot: admission_types.Snapshot) -> dict[str, float]:
     """flavor -> the speed-up a run of it gets when every enabled cluster that offers the
     flavor is a simulator (the slowest of them, so the longest wall time); flavors that a
     real cluster offers are absent: there, only history says how long a run takes."""
@@ -127,7 +127,7 @@ def _simulated_s(env: dict, *, resume_step: int | None, speedup: float | None) -
         return None
 
 
-def estimate_inputs(*, snapshot: admission.Snapshot, now: datetime) -> EstimateInputs:
+def estimate_inputs(*, snapshot: admission_types.Snapshot, now: datetime) -> EstimateInputs:
     """How long every run of the admission ``snapshot`` holds its GPUs, at the latest (max
     runtimes) and as expected, in five queries. Expected: for a run on a simulated cluster
     that declares its simulated work, that work's wall time (to the second); else history.
@@ -267,7 +267,7 @@ class StartPreview:
 
 
 def start_preview(
-    *, probe: admission.QueuedRun, snapshot: admission.Snapshot
+    *, probe: admission_types.QueuedRun, snapshot: admission_types.Snapshot
 ) -> StartPreview | None:
     """When ``probe``, submitted now behind every queued run, would start, from the last
     stored forecast of its flavor (no simulation here); None before the first one."""

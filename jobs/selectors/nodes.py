@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster
 from core.types import UserLike
-from jobs import admission, placement
+from jobs import admission, admission_types, placement
 from jobs.models import HOLDING_STATES, Run
 from jobs.selectors.queue import cluster_nodes, held_runs
 from tenants.access import NotVisible, global_roles, is_platform_admin, tenant_roles
@@ -220,7 +220,7 @@ def _named_runs(*, user: UserLike) -> dict[int, NamedRun]:
 
 
 def _node_view(
-    node: admission.ClusterNode, held: list[tuple[int, int]], named: Mapping[int, NamedRun]
+    node: admission_types.ClusterNode, held: list[tuple[int, int]], named: Mapping[int, NamedRun]
 ) -> NodeView:
     groups = []
     hidden = 0
@@ -298,7 +298,7 @@ def cluster_node_map(*, user: UserLike, now: datetime | None = None) -> NodeMap:
     nodes = cluster_nodes(now=now)
     levels = {name: tuple(cluster.topology_levels) for name, cluster in clusters.items()}
     held = held_runs()
-    snapshot = admission.Snapshot(
+    snapshot = admission_types.Snapshot(
         queued=(), held=held, nodes=tuple(nodes), quotas={}, levels=levels
     )
     held_on: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)

@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from core.types import UserLike
-from jobs import admission, estimates
+from jobs import admission, admission_types, estimates
 from jobs.models import TopologyMode
 from jobs.selectors.estimates import start_preview
 from jobs.selectors.queue import admission_snapshot
@@ -74,7 +74,7 @@ def admission_preview(
     )
     now = timezone.now()
     snapshot, _ = admission_snapshot(now=now)
-    probe = admission.QueuedRun(
+    probe = admission_types.QueuedRun(
         id=-1,
         tenant=tenant,
         flavor=flavor,
@@ -87,7 +87,7 @@ def admission_preview(
     )
     decisions = admission.decide(replace(snapshot, queued=(*snapshot.queued, probe)))
     key = (tenant, flavor)
-    quota = snapshot.quotas.get(key) or admission.Quota(guaranteed=0)
+    quota = snapshot.quotas.get(key) or admission_types.Quota(guaranteed=0)
     in_use = sum(r.gpus for r in snapshot.held if (r.tenant, r.flavor) == key)
     idle = admission.free_gpus(snapshot).get(flavor, 0)
     admit = next((a for a in decisions.admitted if a.run_id == -1), None)

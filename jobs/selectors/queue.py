@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster, ClusterNode
 from clusters.outside_claims import queues_of
-from jobs import admission
+from jobs import admission, admission_types
 from jobs.calendar import month_start, next_month
 from jobs.models import (
     HOLDING_STATES,
@@ -31,8 +31,8 @@ from jobs.selectors import holding_sql
 from tenants.models import Quota, Tenant
 
 
-def _quota_of(row: Mapping[str, Any]) -> admission.Quota:
-    return admission.Quota(
+def _quota_of(row: Mapping[str, Any]) -> admission_types.Quota:
+    return admission_types.Quota(
         guaranteed=row["guaranteed_gpus"],
         borrow_limit=row["borrow_limit_gpus"],
         max_gpus_per_run=row["max_gpus_per_run"],
@@ -42,7 +42,9 @@ def _quota_of(row: Mapping[str, Any]) -> admission.Quota:
     )
 
 
-def cluster_nodes(*, now, clusters: Iterable[Cluster] | None = None) -> list[admission.ClusterNode]:
+def cluster_nodes(
+    *, now, clusters: Iterable[Cluster] | None = None
+) -> list[admission_types.ClusterNode]:
     """The node inventory of every enabled cluster (or of ``clusters``), for admission, in
     one query.
 
@@ -69,7 +71,7 @@ def cluster_nodes(*, now, clusters: Iterable[Cluster] | None = None) -> list[adm
             schedulable = False
             reason = f"not seen by {cluster}'s inventory since {seen:%Y-%m-%d %H:%M:%S} UTC"
         nodes.append(
-            admission.ClusterNode(
+            admission_types.ClusterNode(
                 cluster=cluster,
                 flavor=flavor,
                 name=name,
@@ -83,14 +85,14 @@ def cluster_nodes(*, now, clusters: Iterable[Cluster] | None = None) -> list[adm
     return nodes
 
 
-def held_runs() -> tuple[admission.HeldRun, ...]:
+def held_runs() -> tuple[admission_types.HeldRun, ...]:
     """Every run that holds GPUs now, with the nodes it holds them on (where the backend
     runs it if it said so, else where admission placed it), in one query."""
     rows = holding_sql.held_run_rows(
         holding=HOLDING_STATES, live=(AttemptState.CREATED, *LIVE_ATTEMPT_STATES)
     )
     return tuple(
-        admission.HeldRun(
+        admission_types.HeldRun(
             id=run_id,
             tenant=tenant,
             flavor=flavor,
@@ -141,7 +143,7 @@ def gpu_occupancy(*, now) -> Occupancy:
     in_use: dict[tuple[str, str], int] = defaultdict(int)
     for run in held:
         in_use[(run.tenant, run.flavor)] += run.gpus
-    snapshot = admission.Snapshot(
+    snapshot = admission_types.Snapshot(
         queued=(), held=held, nodes=tuple(cluster_nodes(now=now)), quotas={}
     )
     return Occupancy(in_use=dict(in_use), free=admission.free_gpus(snapshot))
@@ -149,7 +151,7 @@ def gpu_occupancy(*, now) -> Occupancy:
 
 def admission_snapshot(
     *, now=None, written: dict[int, tuple[str, str]] | None = None
-) -> tuple[admission.Snapshot, dict[str, Cluster]]:
+) -> tuple[admission_types.Snapshot, dict[str, Cluster]]:
     """Everything admission needs, read in a handful of queries. ``written``, if given, is
     filled with each queued run's wait reason and message as stored, from the same query
     (the cycle rewrites only those that change)."""
@@ -169,7 +171,7 @@ def admission_snapshot(
     queued_runs = []
     for row in rows:
         queued_runs.append(
-            admission.QueuedRun(
+            admission_types.QueuedRun(
                 id=row[0],
                 tenant=row[1],
                 flavor=row[2],
@@ -206,7 +208,7 @@ def admission_snapshot(
             "tenant__slug", "flavor__slug", "decayed_gpu_seconds"
         )
     }
-    snapshot = admission.Snapshot(
+    snapshot = admission_types.Snapshot(
         queued=queued,
         held=held,
         nodes=tuple(nodes),

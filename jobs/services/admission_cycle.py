@@ -2,6 +2,7 @@
 
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -11,9 +12,11 @@ from django.db import connection, transaction
 from django.db.models import Count
 from django.utils import timezone
 
+from clusters.models import Cluster
 from core import metrics
 from core.bulk import rows_update
 from jobs import admission
+from jobs.admission_types import Decisions
 from jobs.enqueue import admission_kick_clear, attempt_submit_enqueue
 from jobs.models import (
     AdmissionState,
@@ -116,6 +119,29 @@ def _admission_cycle_locked(*, now=None) -> AdmissionSummary | None:
     fair_share_update(holding=holding, now=now)
     decisions = admission.decide(snapshot)
 
+    new_attempts = _admissions_apply(decisions, clusters=clusters, now=now)
+    # After the admissions: each preempted run's job is cancelled for the reclaiming run's
+    # attempt, which a backend that starts it first submits before that cancel.
+    preempted = _preemptions_apply(decisions, new_attempts=new_attempts)
+    _wait_reasons_write(decisions, written=written)
+    attempt_submit_enqueue(attempt.pk for attempt in new_attempts)
+    if inputs is not None:
+        # Admissions and preemptions change what the next cycle reads: it decides in full.
+        fingerprint = inputs[0] if not (new_attempts or preempted) else ""
+        AdmissionState.objects.update_or_create(
+            pk=1,
+            defaults={"fingerprint": fingerprint, "valid_until": inputs[1], "decided_at": now},
+        )
+    return AdmissionSummary(
+        admitted=len(new_attempts), preempted=preempted, waiting=len(decisions.waiting)
+    )
+
+
+def _admissions_apply(
+    decisions: Decisions, *, clusters: Mapping[str, Cluster], now: datetime
+) -> list[Attempt]:
+    """Each admitted run moved to ADMITTED (if still queued) with its first or next attempt
+    on the nodes chosen; returns the attempts created."""
     admitted_ids = [d.run_id for d in decisions.admitted]
     runs = Run.objects.select_related("flavor").filter(pk__among=admitted_ids).in_bulk()
     attempt_counts = dict(
@@ -168,8 +194,12 @@ def _admission_cycle_locked(*, now=None) -> AdmissionSummary | None:
                     placement=list(decision.nodes),
                 )
             )
-    # After the admissions: each preempted run's job is cancelled for the reclaiming run's
-    # attempt, which a backend that starts it first submits before that cancel.
+    return new_attempts
+
+
+def _preemptions_apply(decisions: Decisions, *, new_attempts: list[Attempt]) -> int:
+    """Each preempted run taken off its GPUs for the reclaiming run's new attempt; returns
+    how many were."""
     preempted = 0
     if decisions.preempted:
         victims = Run.objects.filter(pk__among=[p.run_id for p in decisions.preempted]).in_bulk()
@@ -181,10 +211,16 @@ def _admission_cycle_locked(*, now=None) -> AdmissionSummary | None:
                 admin_detail=preempt.detail,
                 for_attempt=reclaiming.get(preempt.by_run_id),
             )
+    return preempted
+
+
+def _wait_reasons_write(decisions: Decisions, *, written: Mapping[int, tuple[str, str]]) -> None:
+    """Each waiting run's reason and message, with the GPUs held for it if it starves.
+
+    Only reasons are written, and only where they changed (``written``, read with the
+    snapshot): positions are counted when read (jobs.selectors.runs), so a run admitted
+    ahead rewrites no row behind it."""
     reservations = {r.run_id: r for r in decisions.reservations}
-    # Only reasons are written, and only where they changed (``written``, read with the
-    # snapshot): positions are counted when read (jobs.selectors.runs), so a run admitted
-    # ahead rewrites no row behind it.
     changed = []
     for wait in decisions.waiting:
         message = wait.message
@@ -197,14 +233,3 @@ def _admission_cycle_locked(*, now=None) -> AdmissionSummary | None:
         if written.get(wait.run_id, row) != row:
             changed.append((wait.run_id, *row))
     rows_update(Run, ["wait_reason", "wait_message"], changed, state=RunState.QUEUED)
-    attempt_submit_enqueue(attempt.pk for attempt in new_attempts)
-    if inputs is not None:
-        # Admissions and preemptions change what the next cycle reads: it decides in full.
-        fingerprint = inputs[0] if not (new_attempts or preempted) else ""
-        AdmissionState.objects.update_or_create(
-            pk=1,
-            defaults={"fingerprint": fingerprint, "valid_until": inputs[1], "decided_at": now},
-        )
-    return AdmissionSummary(
-        admitted=len(new_attempts), preempted=preempted, waiting=len(decisions.waiting)
-    )

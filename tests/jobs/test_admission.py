@@ -3,7 +3,8 @@ budgets, priority/FIFO, reasons, positions, reservations."""
 
 from dataclasses import replace
 
-from jobs.admission import (
+from jobs.admission import decide, free_gpus, held_placements
+from jobs.admission_types import (
     Admit,
     ClusterNode,
     HeldRun,
@@ -14,9 +15,6 @@ from jobs.admission import (
     Snapshot,
     Wait,
     Waiting,
-    decide,
-    free_gpus,
-    held_placements,
     nodes_of,
 )
 from jobs.reclaim import OutsideClaim, OutsideQueue
@@ -629,3 +627,76 @@ def test_the_overcommitted_guarantees_are_named_only_when_they_leave_no_room():
         "(c1-a100-00: 3, c1-a100-01: 4); the a100 guarantees of all tenants add up to more than "
         "the 16 GPUs the clusters have, so not all can be kept at once"
     ]
+
+
+def test_a_borrower_with_nothing_idle_holds_back_its_tenant_and_is_named_as_the_head():
+    quotas = {("vision", "a100"): Quota(8, borrow_limit=32), ("nlp", "a100"): Quota(32)}
+    decisions = decide(
+        snapshot(
+            [run(1), run(2)], held_runs=[held(9, "vision", 8), held(10, "nlp", 24)], quotas=quotas
+        )
+    )
+    assert waiting(decisions) == [(1, Wait.NO_IDLE, 1), (2, Wait.BEHIND_HEAD, 2)]
+    assert decisions.waiting[1].message == (
+        "waiting behind run 1 of tenant vision, which is first in line for a100 (priority, "
+        "then submission order)"
+    )
+
+
+def test_between_borrowed_runs_of_one_priority_and_age_the_larger_id_is_preempted_first():
+    pool = Pool("c1", "a100", nodes=2, gpus_per_node=8)
+    first, second = (node.name for node in pool.expand())
+    borrowed = [
+        HeldRun(11, "nlp", "a100", "c1", 8, 10, 1.0, True, (first,)),
+        HeldRun(12, "nlp", "a100", "c1", 8, 10, 1.0, True, (second,)),
+    ]
+    quotas = {("vision", "a100"): Quota(8), ("nlp", "a100"): Quota(0, borrow_limit=16)}
+    decisions = decide(snapshot([run(1)], held_runs=borrowed, pools=(pool,), quotas=quotas))
+    assert [(p.run_id, p.by_run_id) for p in decisions.preempted] == [(12, 1)]
+    assert decisions.admitted == (Admit(1, "c1", nodes=(second,)),)
+
+
+def starving_in_leaves(leaves):
+    """A starving gang of 2 × 8 GPUs that must share a leaf, on nodes each used 4 of 8 by a
+    run of tenant lab: the leaves given as {leaf: node count}."""
+    nodes = tuple(
+        ClusterNode("c1", "a100", f"{leaf}-{i}", 8, path=(leaf,))
+        for leaf, count in leaves.items()
+        for i in range(count)
+    )
+    return decide(
+        Snapshot(
+            queued=(replace(run(1, nodes=2, submitted=0), topology_level="leaf",
+                            topology_required=True),),
+            held=tuple(
+                HeldRun(10 + i, "lab", "a100", "c1", 4, 50, 0.0, False, (node.name,))
+                for i, node in enumerate(nodes)
+            ),
+            nodes=nodes,
+            quotas={("vision", "a100"): Quota(16), ("lab", "a100"): Quota(32)},
+            now=1000.0,
+            starvation_after_s=600.0,
+            levels={"c1": ("leaf",)},
+        )
+    )  # fmt: skip
+
+
+def test_a_starving_gang_that_must_share_a_leaf_holds_nodes_in_a_leaf_large_enough():
+    decisions = starving_in_leaves({"l1": 1, "l2": 2})
+    assert decisions.reservations == (Reservation(1, "c1", "a100", 8, ("l2-0", "l2-1")),)
+
+
+def test_a_starving_gang_between_leaves_as_close_to_fitting_holds_the_first():
+    decisions = starving_in_leaves({"l1": 2, "l2": 2})
+    assert decisions.reservations == (Reservation(1, "c1", "a100", 8, ("l1-0", "l1-1")),)
+
+
+def test_a_one_node_run_goes_where_it_leaves_least_whatever_the_depth_of_the_node():
+    nodes = (
+        ClusterNode("c1", "a100", "c1-00", 8),
+        ClusterNode("c2", "a100", "c2-00", 8, path=("row1", "leaf1")),
+    )
+    decisions = decide(
+        Snapshot(queued=(run(1),), held=(), nodes=nodes, quotas={("vision", "a100"): Quota(8)})
+    )
+    assert decisions.admitted == (Admit(1, "c1", nodes=("c1-00",)),)

@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 
 from bench import naive
 from jobs import placement
-from jobs.admission import (
+from jobs.admission import decide, fair_share_decayed
+from jobs.admission_types import (
     Admit,
     ClusterNode,
     Decisions,
@@ -40,8 +41,6 @@ from jobs.admission import (
     Reservation,
     Snapshot,
     Wait,
-    decide,
-    fair_share_decayed,
     nodes_of,
     queue_order,
 )

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jobs import estimates
-from jobs.admission import ClusterNode, HeldRun, Pool, QueuedRun, Quota, Snapshot, nodes_of
+from jobs.admission_types import ClusterNode, HeldRun, Pool, QueuedRun, Quota, Snapshot, nodes_of
 
 EXACT = {"resolution": 0.0, "min_step_s": 0.0}  # every end a step of its own
 

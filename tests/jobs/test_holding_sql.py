@@ -19,7 +19,7 @@ from django.urls import reverse
 
 from clusters.models import Cluster, ClusterFlavor, ClusterNode
 from clusters.services import cluster_refresh_inventory
-from jobs import admission
+from jobs import admission, admission_types
 from jobs.calendar import month_start
 from jobs.models import (
     HOLDING_STATES,
@@ -53,7 +53,7 @@ CLOCKS = (
 # --- the reference: the ORM's queries as they were -------------------------------------------
 
 
-def orm_cluster_nodes(*, now, clusters=None) -> list[admission.ClusterNode]:
+def orm_cluster_nodes(*, now, clusters=None) -> list[admission_types.ClusterNode]:
     rows = ClusterNode.objects.order_by("cluster__name", "name")
     if clusters is None:
         rows = rows.filter(cluster__enabled=True)
@@ -80,7 +80,7 @@ def orm_cluster_nodes(*, now, clusters=None) -> list[admission.ClusterNode]:
             schedulable = False
             reason = f"not seen by {cluster}'s inventory since {seen:%Y-%m-%d %H:%M:%S} UTC"
         nodes.append(
-            admission.ClusterNode(
+            admission_types.ClusterNode(
                 cluster=cluster,
                 flavor=row["flavor__slug"],
                 name=row["name"],
@@ -94,7 +94,7 @@ def orm_cluster_nodes(*, now, clusters=None) -> list[admission.ClusterNode]:
     return nodes
 
 
-def orm_held_runs() -> tuple[admission.HeldRun, ...]:
+def orm_held_runs() -> tuple[admission_types.HeldRun, ...]:
     live = Attempt.objects.filter(
         run=OuterRef("pk"), state__in=(AttemptState.CREATED, *LIVE_ATTEMPT_STATES)
     ).order_by("-number")
@@ -119,7 +119,7 @@ def orm_held_runs() -> tuple[admission.HeldRun, ...]:
         )
     )
     return tuple(
-        admission.HeldRun(
+        admission_types.HeldRun(
             id=row["id"],
             tenant=row["tenant__slug"],
             flavor=row["flavor__slug"],
@@ -181,7 +181,7 @@ def orm_quota_usage_list(*, quotas, tenant=None, now) -> list[QuotaUsage]:
     in_use: dict[tuple[str, str], int] = defaultdict(int)
     for run in held:
         in_use[(run.tenant, run.flavor)] += run.gpus
-    snapshot = admission.Snapshot(
+    snapshot = admission_types.Snapshot(
         queued=(), held=held, nodes=tuple(orm_cluster_nodes(now=now)), quotas={}
     )
     free = admission.free_gpus(snapshot)

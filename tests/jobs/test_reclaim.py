@@ -12,7 +12,8 @@ from clusters.backends.simulator import SimulatorBackend
 from clusters.models import Cluster, SimulatedJob
 from clusters.outside_claims import OutsideClaim, OutsideQueue, claims_record, queues_of
 from clusters.services import cluster_refresh_inventory
-from jobs.admission import (
+from jobs.admission import decide
+from jobs.admission_types import (
     Admit,
     HeldRun,
     Pool,
@@ -22,7 +23,6 @@ from jobs.admission import (
     Snapshot,
     Wait,
     Waiting,
-    decide,
     nodes_of,
 )
 from jobs.enqueue import ATTEMPT_CANCEL
