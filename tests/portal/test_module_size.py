@@ -51,7 +51,6 @@ MODULES_OVER = {
 FUNCTIONS_OVER = {
     ("portal/demo.py", "demo_seed"): "233 lines: to split",
     ("jobs/admission.py", "decide"): "238 lines: to split, or say why it stays whole",
-    ("jobs/estimates.py", "simulate"): "167 lines: to split",
     ("jobs/services/admission_cycle.py", "_admission_cycle_locked"): "109 lines: to split",
     ("jobs/services/backend_sync.py", "_attempt_finish"): "108 lines: to split",
     ("jobs/services/submission.py", "experiment_validate"): "120 lines: to split",
