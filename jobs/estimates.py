@@ -83,158 +83,236 @@ def simulate(
     once started (None: no bound). Missing ids count as None."""
     now = snapshot.now
     until = now + horizon_s
-    queued = {run.id: run for run in snapshot.queued}
-    originals = set(queued)
-    held = {run.id: run for run in snapshot.held}
-    end_at = {run.id: ends.get(run.id) for run in snapshot.held}
-    on_nodes = {
-        run_id: dict(nodes) for run_id, nodes in admission.held_placements(snapshot).items()
-    }
-    clusters_of = {run.id: run.cluster for run in snapshot.held}
+    run = _Simulation(snapshot, ends=ends, runtimes=runtimes)
+    # Why the simulation ended: "steps", "horizon" or "stuck" (nothing more is known to end).
+    # Read only for the runs left without a start, so a queue emptied early needs no state.
+    stopped = "steps"
+    for _ in range(max_steps):
+        decisions = run.cycle()
+        run.record_step()
+        future = [end for end in run.end_at.values() if end is not None]
+        if not future:
+            stopped = "stuck"
+            break
+        following = _on_grid(min(future), now=now, at=run.at, resolution=resolution,
+                             min_step_s=min_step_s)  # fmt: skip
+        if following > until:
+            stopped = "horizon"
+            break
+        run.advance(following, requeued=decisions.preempted)
+
+    starts = {**run.starts, **run.no_starts(stopped=stopped, horizon_s=horizon_s)}
+    return Forecast(
+        starts=starts, steps=tuple(run.steps), until=until, ready=_ready(snapshot.queued, starts)
+    )
+
+
+class _Simulation:
+    """The clusters and the queue as the simulation moves them forward, one admission cycle
+    at a time (``cycle``, then ``advance`` to the next end), and the starts found so far."""
+
+    def __init__(
+        self,
+        snapshot: admission_types.Snapshot,
+        *,
+        ends: Mapping[int, float | None],
+        runtimes: Mapping[int, float | None],
+    ):
+        self.snapshot = snapshot
+        self.runtimes = runtimes
+        self.at = snapshot.now
+        self.queued = {run.id: run for run in snapshot.queued}
+        self.originals = set(self.queued)
+        self.held = {run.id: run for run in snapshot.held}
+        self.end_at = {run.id: ends.get(run.id) for run in snapshot.held}
+        self.on_nodes = {
+            run_id: dict(nodes) for run_id, nodes in admission.held_placements(snapshot).items()
+        }
+        self.free = _free_at_start(snapshot, self.on_nodes)
+        self.usage: dict[str, int] = defaultdict(int)
+        for run in snapshot.held:
+            self.usage[f"{run.tenant}/{run.flavor}"] += run.gpus
+        self.starts: dict[int, Start] = {}
+        self.steps: list[Step] = []
+        self.left_by: dict[str, int] = {}  # "cluster/node" -> the run that last left it
+        self.last_free: dict[str, int] = {}
+        self.last_usage: dict[str, int] = {}
+        self.waits: dict[
+            tuple[str, str], admission_types.Wait
+        ] = {}  # (tenant, flavor) -> head's wait
+        self.lines = _Lines(self.queued.values())
+        self.resumed: dict[int, float | None] = {}  # preempted run -> the time it had left
+        # Flavors whose GPUs changed hands since the last simulated cycle. Flavors share
+        # nothing in admission, and a cycle over a flavor where nothing changed decides
+        # nothing new (what could start started the cycle before; a run that began starving
+        # since only holds nodes back), so only these are decided again.
+        self.changed = {run.flavor for run in snapshot.queued}
+
+    def cycle(self) -> admission_types.Decisions:
+        """The admission cycle at ``at``, its decisions applied: the heads' waits noted,
+        the preempted runs back in the queue, the admitted ones holding their nodes."""
+        decisions = self._decide()
+        for wait in decisions.waiting:
+            blocked = self.queued[wait.run_id]
+            if self.lines.is_head(blocked):
+                self.waits[(blocked.tenant, blocked.flavor)] = wait.reason
+        for preempt in decisions.preempted:
+            self._requeue(self.held.pop(preempt.run_id))
+        for admit in decisions.admitted:
+            self._admit(admit)
+        return decisions
+
+    def _decide(self) -> admission_types.Decisions:
+        # Once the queue is empty the steps go on, without decisions, as the held runs end:
+        # the preview places a newcomer on them (``first_fit``).
+        decisions = _NOTHING
+        while self.lines and self.changed:
+            decisions = admission.decide(
+                replace(
+                    self.snapshot,
+                    queued=self.lines.front(self.changed),
+                    held=tuple(run for run in self.held.values() if run.flavor in self.changed),
+                    nodes=tuple(
+                        node for node in self.snapshot.nodes if node.flavor in self.changed
+                    ),
+                    now=self.at,
+                ),
+                explain=False,
+            )
+            if not self.lines.deepen({admit.run_id for admit in decisions.admitted}):
+                break
+        return decisions
+
+    def _requeue(self, victim: admission_types.HeldRun) -> None:
+        end = self.end_at.pop(victim.id, None)
+        # Back in the queue with the work it had left (``runtimes`` knows queued runs only);
+        # it holds its GPUs for that long once it starts again.
+        self.resumed[victim.id] = None if end is None else max(0.0, end - self.at)
+        _leave(victim, self.on_nodes.pop(victim.id, {}), self.free, self.usage, self.left_by,
+               record=False)  # fmt: skip
+        # It goes back to the queue, as the real cycle sends it, and competes again.
+        count = max(1, len(victim.nodes))
+        self.queued[victim.id] = admission_types.QueuedRun(
+            id=victim.id, tenant=victim.tenant, flavor=victim.flavor, nodes=count,
+            gpus_per_node=max(1, victim.gpus // count), priority=victim.priority,
+            submitted=victim.admitted,
+        )  # fmt: skip
+        self.lines.add(self.queued[victim.id])
+
+    def _admit(self, admit: admission_types.Admit) -> None:
+        entering = self.queued.pop(admit.run_id)
+        self.lines.remove(entering)
+        if entering.id in self.originals and entering.id not in self.starts:
+            keys = [f"{admit.cluster}/{name}" for name in admit.nodes]
+            behind = tuple(sorted({self.left_by[key] for key in keys if key in self.left_by}))
+            self.starts[entering.id] = Start(
+                entering.id, self.at, admit.cluster, admit.nodes, behind
+            )
+        self.held[entering.id] = admission_types.HeldRun(
+            id=entering.id,
+            tenant=entering.tenant,
+            flavor=entering.flavor,
+            cluster=admit.cluster,
+            gpus=entering.gpus,
+            priority=entering.priority,
+            admitted=self.at,
+            borrowed=admit.borrowed,
+            nodes=admit.nodes,
+        )
+        self.on_nodes[entering.id] = dict.fromkeys(admit.nodes, entering.gpus_per_node)
+        runtime = (
+            self.resumed.pop(entering.id)
+            if entering.id in self.resumed
+            else self.runtimes.get(entering.id)
+        )
+        self.end_at[entering.id] = self.at + runtime if runtime is not None else None
+        self.usage[f"{entering.tenant}/{entering.flavor}"] += entering.gpus
+        for name in admit.nodes:
+            key = f"{admit.cluster}/{name}"
+            self.free[key] = max(0, self.free[key] - entering.gpus_per_node)
+
+    def record_step(self) -> None:
+        """The clusters after this cycle, as what changed since the previous step."""
+        self.steps.append(
+            Step(
+                at=self.at,
+                free={k: v for k, v in self.free.items() if self.last_free.get(k) != v},
+                usage={k: v for k, v in self.usage.items() if self.last_usage.get(k) != v},
+            )
+        )
+        self.last_free, self.last_usage = dict(self.free), dict(self.usage)
+
+    def advance(self, following: float, *, requeued: Sequence[admission_types.Preempt]) -> None:
+        """To ``following``: every run ending by then leaves its nodes, and the flavors of
+        those runs and of the runs ``requeued`` this cycle are decided again."""
+        ending = [
+            run_id for run_id, end in self.end_at.items() if end is not None and end <= following
+        ]
+        self.changed = {self.queued[preempt.run_id].flavor for preempt in requeued}
+        for run_id in ending:
+            self.changed.add(self.held[run_id].flavor)
+            del self.end_at[run_id]
+            _leave(self.held.pop(run_id), self.on_nodes.pop(run_id, {}), self.free, self.usage,
+                   self.left_by, record=True)  # fmt: skip
+        self.at = following
+
+    def no_starts(self, *, stopped: str, horizon_s: float) -> dict[int, Start]:
+        """A start without a number for every queued run of the snapshot that did not
+        start, with the reason, by what ended the simulation (``stopped``)."""
+        unbounded = _no_bound_reasons(self.snapshot, end_at=self.end_at, held=self.held)
+        flavors = {node.flavor for node in self.snapshot.nodes}
+        starts = {}
+        for run_id in sorted(self.originals - self.starts.keys()):
+            left = self.queued[run_id]
+            wait = self.waits.get((left.tenant, left.flavor))
+            if left.flavor not in flavors:
+                why = f"no enabled cluster has {left.flavor} GPUs"
+            elif wait in STUCK:
+                why = STUCK[wait]
+            elif stopped == "horizon":
+                why = f"it does not start within the {horizon_s / 3600:,.0f} hours looked ahead"
+            elif stopped == "steps":
+                simulated = (self.at - self.snapshot.now) / 3600
+                why = f"it does not start within the {simulated:,.0f} hours simulated"
+            else:
+                why = (
+                    unbounded.get(left.flavor)
+                    or "it cannot start while the clusters stay as they are"
+                )
+            starts[run_id] = Start(run_id, None, why=why)
+        return starts
+
+
+def _free_at_start(
+    snapshot: admission_types.Snapshot, on_nodes: Mapping[int, Mapping[str, int]]
+) -> dict[str, int]:
+    """ "cluster/node" -> GPUs free for Gantry's runs: none on a node that takes no work, less
+    what jobs from outside Gantry and the held runs use."""
     free = {
         f"{node.cluster}/{node.name}": max(0, node.gpus - node.outside) if node.schedulable else 0
         for node in snapshot.nodes
     }
+    clusters_of = {run.id: run.cluster for run in snapshot.held}
     for run_id, nodes in on_nodes.items():
         for name, gpus in nodes.items():
             key = f"{clusters_of[run_id]}/{name}"
             if key in free:
                 free[key] = max(0, free[key] - gpus)
-    usage: dict[str, int] = defaultdict(int)
-    for run in snapshot.held:
-        usage[f"{run.tenant}/{run.flavor}"] += run.gpus
+    return free
 
-    starts: dict[int, Start] = {}
-    steps: list[Step] = []
-    left_by: dict[str, int] = {}  # "cluster/node" -> the run that last left it
-    last_free: dict[str, int] = {}
-    last_usage: dict[str, int] = {}
-    at = now
-    # Why the simulation ended: "steps", "horizon" or "stuck" (nothing more is known to end).
-    # Read only for the runs left without a start, so a queue emptied early needs no state.
-    stopped = "steps"
-    waits: dict[tuple[str, str], admission_types.Wait] = {}  # (tenant, flavor) -> its head's wait
-    lines = _Lines(queued.values())
-    resumed: dict[int, float | None] = {}  # preempted run -> the time it had left
-    # Flavors whose GPUs changed hands since the last simulated cycle. Flavors share nothing
-    # in admission, and a cycle over a flavor where nothing changed decides nothing new (what
-    # could start started the cycle before; a run that began starving since only holds
-    # nodes back), so only these are decided again.
-    changed = {run.flavor for run in snapshot.queued}
-    for _ in range(max_steps):
-        # Once the queue is empty the steps go on, without decisions, as the held runs end:
-        # the preview places a newcomer on them (``first_fit``).
-        decisions = _NOTHING
-        while lines and changed:
-            decisions = admission.decide(
-                replace(
-                    snapshot,
-                    queued=lines.front(changed),
-                    held=tuple(run for run in held.values() if run.flavor in changed),
-                    nodes=tuple(node for node in snapshot.nodes if node.flavor in changed),
-                    now=at,
-                ),
-                explain=False,
-            )
-            if not lines.deepen({admit.run_id for admit in decisions.admitted}):
-                break
-        for wait in decisions.waiting:
-            blocked = queued[wait.run_id]
-            if lines.is_head(blocked):
-                waits[(blocked.tenant, blocked.flavor)] = wait.reason
-        for preempt in decisions.preempted:
-            victim = held.pop(preempt.run_id)
-            end = end_at.pop(victim.id, None)
-            # Back in the queue with the work it had left (``runtimes`` knows queued runs
-            # only); it holds its GPUs for that long once it starts again.
-            resumed[victim.id] = None if end is None else max(0.0, end - at)
-            _leave(victim, on_nodes.pop(victim.id, {}), free, usage, left_by, record=False)
-            # It goes back to the queue, as the real cycle sends it, and competes again.
-            count = max(1, len(victim.nodes))
-            queued[victim.id] = admission_types.QueuedRun(
-                id=victim.id, tenant=victim.tenant, flavor=victim.flavor, nodes=count,
-                gpus_per_node=max(1, victim.gpus // count), priority=victim.priority,
-                submitted=victim.admitted,
-            )  # fmt: skip
-            lines.add(queued[victim.id])
-        for admit in decisions.admitted:
-            entering = queued.pop(admit.run_id)
-            lines.remove(entering)
-            if entering.id in originals and entering.id not in starts:
-                keys = [f"{admit.cluster}/{name}" for name in admit.nodes]
-                behind = tuple(sorted({left_by[key] for key in keys if key in left_by}))
-                starts[entering.id] = Start(entering.id, at, admit.cluster, admit.nodes, behind)
-            held[entering.id] = admission_types.HeldRun(
-                id=entering.id,
-                tenant=entering.tenant,
-                flavor=entering.flavor,
-                cluster=admit.cluster,
-                gpus=entering.gpus,
-                priority=entering.priority,
-                admitted=at,
-                borrowed=admit.borrowed,
-                nodes=admit.nodes,
-            )
-            on_nodes[entering.id] = dict.fromkeys(admit.nodes, entering.gpus_per_node)
-            runtime = (
-                resumed.pop(entering.id) if entering.id in resumed else runtimes.get(entering.id)
-            )
-            end_at[entering.id] = at + runtime if runtime is not None else None
-            usage[f"{entering.tenant}/{entering.flavor}"] += entering.gpus
-            for name in admit.nodes:
-                key = f"{admit.cluster}/{name}"
-                free[key] = max(0, free[key] - entering.gpus_per_node)
-        steps.append(
-            Step(
-                at=at,
-                free={k: v for k, v in free.items() if last_free.get(k) != v},
-                usage={k: v for k, v in usage.items() if last_usage.get(k) != v},
-            )
-        )
-        last_free, last_usage = dict(free), dict(usage)
-        future = [end for end in end_at.values() if end is not None]
-        if not future:
-            stopped = "stuck"
-            break
-        following = _on_grid(min(future), now=now, at=at, resolution=resolution,
-                             min_step_s=min_step_s)  # fmt: skip
-        if following > until:
-            stopped = "horizon"
-            break
-        ending = [run_id for run_id, end in end_at.items() if end is not None and end <= following]
-        changed = {queued[preempt.run_id].flavor for preempt in decisions.preempted}
-        for run_id in ending:
-            changed.add(held[run_id].flavor)
-            del end_at[run_id]
-            _leave(held.pop(run_id), on_nodes.pop(run_id, {}), free, usage, left_by, record=True)
-        at = following
 
-    unbounded = _no_bound_reasons(snapshot, end_at=end_at, held=held)
-    flavors = {node.flavor for node in snapshot.nodes}
-    for run_id in sorted(originals - starts.keys()):
-        left = queued[run_id]
-        if left.flavor not in flavors:
-            why = f"no enabled cluster has {left.flavor} GPUs"
-        elif (left.tenant, left.flavor) in waits and waits[(left.tenant, left.flavor)] in STUCK:
-            why = STUCK[waits[(left.tenant, left.flavor)]]
-        elif stopped == "horizon":
-            why = f"it does not start within the {horizon_s / 3600:,.0f} hours looked ahead"
-        elif stopped == "steps":
-            why = f"it does not start within the {(at - now) / 3600:,.0f} hours simulated"
-        else:
-            why = (
-                unbounded.get(left.flavor) or "it cannot start while the clusters stay as they are"
-            )
-        starts[run_id] = Start(run_id, None, why=why)
-
+def _ready(
+    queued: Iterable[admission_types.QueuedRun], starts: Mapping[int, Start]
+) -> dict[str, float | None]:
+    """ "tenant/flavor" -> when the last of its queued runs starts; None if one never does."""
     ready: dict[str, float | None] = {}
-    for waiting in snapshot.queued:
+    for waiting in queued:
         key = f"{waiting.tenant}/{waiting.flavor}"
         start = starts[waiting.id].at
         if key in ready and ready[key] is None:
             continue
         ready[key] = None if start is None else max(start, ready.get(key) or start)
-    return Forecast(starts=starts, steps=tuple(steps), until=until, ready=ready)
+    return ready
 
 
 # Waits that no run ending can lift: said as they are rather than as a start time (the
@@ -358,7 +436,7 @@ def _no_bound_reasons(
         parts[flavor].append(f"{_names(names)} take{'s' if len(names) == 1 else ''} no work")
     unbounded: dict[str, int] = defaultdict(int)
     for run_id, end in end_at.items():
-        if end is None and run_id in held:
+        if end is None:  # every run in end_at is held
             unbounded[held[run_id].flavor] += 1
     for flavor, count in unbounded.items():
         parts[flavor].append(

@@ -26,7 +26,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-EQUIVALENT_TOML = ROOT / "tests" / "mutation" / "equivalent.toml"
+EQUIVALENT_FILE = ROOT / "tests" / "mutation" / "equivalent.toml"
 KILLED, TIMEOUT, SURVIVED, NO_TESTS = "killed", "timeout", "survived", "no tests"
 EQUIVALENT, NOT_CHECKED = "equivalent", "not checked"
 
@@ -62,7 +62,7 @@ def function_of(mutant: str) -> str:
 
 
 def equivalents() -> dict[str, str]:
-    entries = tomllib.loads(EQUIVALENT_TOML.read_text()).get("mutant", [])
+    entries = tomllib.loads(EQUIVALENT_FILE.read_text()).get("mutant", [])
     return {entry["name"]: entry["reason"] for entry in entries}
 
 

@@ -127,31 +127,45 @@ def _simulated_s(env: dict, *, resume_step: int | None, speedup: float | None) -
         return None
 
 
+# What both reads take of a run: who, its experiment's shape, max runtime and environment.
+_RUN_FIELDS = (
+    "id",
+    "experiment__project_id",
+    "experiment__name",
+    "experiment__template_id",
+    "tenant__slug",
+    "flavor__slug",
+    "experiment__nodes",
+    "experiment__gpus_per_node",
+    "experiment__max_runtime_minutes",
+    "experiment__env",
+)
+
+
 def estimate_inputs(*, snapshot: admission_types.Snapshot, now: datetime) -> EstimateInputs:
     """How long every run of the admission ``snapshot`` holds its GPUs, at the latest (max
     runtimes) and as expected, in five queries. Expected: for a run on a simulated cluster
     that declares its simulated work, that work's wall time (to the second); else history.
     Every figure is wall time, as every time limit is (clusters.simulation)."""
     history = _durations_by_key(now=now)
-    speedups = _simulator_speedups(snapshot)
-    cluster_speedups = {
-        name: float(cluster_settings.get("speedup", 1))
-        for name, cluster_settings in Cluster.objects.filter(
-            backend=Cluster.Backend.SIMULATOR
-        ).values_list("name", "settings")
-    }
-    fields = (
-        "id",
-        "experiment__project_id",
-        "experiment__name",
-        "experiment__template_id",
-        "tenant__slug",
-        "flavor__slug",
-        "experiment__nodes",
-        "experiment__gpus_per_node",
-        "experiment__max_runtime_minutes",
-        "experiment__env",
+    max_runtimes, expected_runtimes = _queued_runtimes(
+        history, speedups=_simulator_speedups(snapshot)
     )
+    latest_ends, expected_ends = _held_ends(history, snapshot=snapshot, now=now)
+    return EstimateInputs(
+        snapshot=snapshot,
+        latest_ends=latest_ends,
+        expected_ends=expected_ends,
+        max_runtimes=max_runtimes,
+        expected_runtimes=expected_runtimes,
+    )
+
+
+def _queued_runtimes(
+    history: dict[tuple, list[float]], *, speedups: dict[str, float]
+) -> tuple[dict[int, float | None], dict[int, float | None]]:
+    """Queued run -> seconds it holds its GPUs once started: at the latest (its max
+    runtime), and as expected (its simulated work from its latest checkpoint, or history)."""
     max_runtimes: dict[int, float | None] = {}
     expected_runtimes: dict[int, float | None] = {}
     # A requeued run resumes from its latest checkpoint: its work left starts there.
@@ -161,7 +175,7 @@ def estimate_inputs(*, snapshot: admission_types.Snapshot, now: datetime) -> Est
     queued = Run.objects.filter(state=RunState.QUEUED).annotate(
         resume_step=Subquery(latest_checkpoint)
     )
-    for row in queued.values_list(*fields, "resume_step"):
+    for row in queued.values_list(*_RUN_FIELDS, "resume_step"):
         run_id, project, name, template, tenant, flavor, nodes, gpus_per_node, minutes = row[:9]
         env, resume_step = row[9:]
         experiment = (project, name)
@@ -178,7 +192,20 @@ def estimate_inputs(*, snapshot: admission_types.Snapshot, now: datetime) -> Est
                 max_runtime_s=minutes * 60.0,
             )
         )
+    return max_runtimes, expected_runtimes
 
+
+def _held_ends(
+    history: dict[tuple, list[float]], *, snapshot: admission_types.Snapshot, now: datetime
+) -> tuple[dict[int, float | None], dict[int, float | None]]:
+    """Held run -> when it frees its GPUs: at the latest (its start, or the end of the
+    placement grace, plus its max runtime), and as expected."""
+    cluster_speedups = {
+        name: float(cluster_settings.get("speedup", 1))
+        for name, cluster_settings in Cluster.objects.filter(
+            backend=Cluster.Backend.SIMULATOR
+        ).values_list("name", "settings")
+    }
     live = Attempt.objects.filter(run=OuterRef("pk"), state__in=LIVE_ATTEMPT_STATES).order_by(
         "-number"
     )
@@ -192,7 +219,7 @@ def estimate_inputs(*, snapshot: admission_types.Snapshot, now: datetime) -> Est
     expected_ends: dict[int, float | None] = {}
     at = now.timestamp()
     for row in held.values_list(
-        *fields, "admitted_at", "submitted_at", "attempt_started", "attempt_resume_step"
+        *_RUN_FIELDS, "admitted_at", "submitted_at", "attempt_started", "attempt_resume_step"
     ):
         run_id, project, name, template, tenant, flavor, nodes, gpus_per_node, minutes = row[:9]
         env, admitted, submitted, started, resume_step = row[9:]
@@ -225,13 +252,7 @@ def estimate_inputs(*, snapshot: admission_types.Snapshot, now: datetime) -> Est
             ),
             latest_end=latest,
         )
-    return EstimateInputs(
-        snapshot=snapshot,
-        latest_ends=latest_ends,
-        expected_ends=expected_ends,
-        max_runtimes=max_runtimes,
-        expected_runtimes=expected_runtimes,
-    )
+    return latest_ends, expected_ends
 
 
 def forecast_of(data: dict) -> estimates.Forecast:

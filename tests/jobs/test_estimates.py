@@ -742,3 +742,90 @@ def test_a_closed_node_without_a_reason_is_said_to_take_no_work():
     )
     forecast = estimates.simulate(snapshot, ends={}, runtimes={10: 60.0}, **EXACT)
     assert forecast.starts[10].why == "no bound: gpu-1 (takes no work) takes no work"
+
+
+def test_a_line_longer_than_its_front_starts_whole_when_all_of_it_fits():
+    # Nine one-GPU runs of one tenant and 16 free GPUs: every run starts in the first cycle,
+    # the line's front deepened twice (2, 8, 32) as each whole front is admitted.
+    snapshot = Snapshot(
+        queued=tuple(QueuedRun(10 + i, "t", "a100", 1, 1, 50, float(i)) for i in range(9)),
+        held=(),
+        nodes=nodes_of(Pool("c", "a100", 2, 8)),
+        quotas={("t", "a100"): Quota(16)},
+        now=100.0,
+    )
+    forecast = estimates.simulate(
+        snapshot, ends={}, runtimes={10 + i: 600.0 for i in range(9)}, **EXACT
+    )
+    assert {run_id: start.at for run_id, start in forecast.starts.items()} == {
+        10 + i: 100.0 for i in range(9)
+    }
+    assert forecast.steps[0].usage == {"t/a100": 9}
+
+
+def test_a_run_started_in_the_simulation_holds_the_node_it_was_placed_on():
+    # Run 10 takes the whole 4-GPU node n0 at once. When run 1 frees the 8-GPU node n1, run
+    # 11 fits there: admission must know run 10 is on n0 (a run with unknown nodes would be
+    # assumed on n1, the node with the most free GPUs, and 11 would wait for run 10's end).
+    snapshot = Snapshot(
+        queued=(
+            QueuedRun(10, "t", "a100", 1, 4, 50, 1.0),
+            QueuedRun(11, "u", "a100", 1, 8, 50, 2.0),
+        ),
+        held=(HeldRun(1, "v", "a100", "c", 8, 50, 0.0, False, ("n1",)),),
+        nodes=(ClusterNode("c", "a100", "n0", 4), ClusterNode("c", "a100", "n1", 8)),
+        quotas={key: Quota(16) for key in (("t", "a100"), ("u", "a100"), ("v", "a100"))},
+        now=100.0,
+    )
+    forecast = estimates.simulate(
+        snapshot, ends={1: 500.0}, runtimes={10: 3000.0, 11: 600.0}, **EXACT
+    )
+    assert forecast.starts == {
+        10: estimates.Start(10, 100.0, "c", ("n0",), ()),
+        11: estimates.Start(11, 500.0, "c", ("n1",), (1,)),
+    }
+
+
+def test_every_kind_of_unbounded_hold_is_named_in_the_plural_too():
+    # Two closed nodes, one busy from outside, two runs ahead without a maximum runtime.
+    nodes = (
+        ClusterNode("c", "a100", "gpu-1", 8, outside=2),
+        ClusterNode("c", "a100", "gpu-2", 8, schedulable=False),
+        ClusterNode("c", "a100", "gpu-3", 8, schedulable=False, reason="drained"),
+        ClusterNode("c", "a100", "gpu-4", 8),
+        ClusterNode("c", "a100", "gpu-5", 8),
+    )
+    snapshot = Snapshot(
+        queued=(QueuedRun(10, "t", "a100", 1, 8, 50, 1.0),),
+        held=(
+            HeldRun(1, "u", "a100", "c", 8, 50, 0.0, False, ("gpu-4",)),
+            HeldRun(2, "u", "a100", "c", 8, 50, 0.0, False, ("gpu-5",)),
+        ),
+        nodes=nodes,
+        quotas={("t", "a100"): Quota(16), ("u", "a100"): Quota(16)},
+        now=100.0,
+    )
+    forecast = estimates.simulate(snapshot, ends={}, runtimes={10: 60.0}, **EXACT)
+    assert forecast.starts[10] == estimates.Start(
+        10,
+        None,
+        why="no bound: gpu-1 is busy with jobs from outside Gantry, whose end is unknown; "
+        "gpu-2 (takes no work), gpu-3 (drained) take no work; "
+        "2 runs ahead have no maximum runtime",
+    )
+
+
+def test_a_preempted_run_goes_back_in_line_by_when_it_was_admitted():
+    # u's preempted run (admitted at 0) is back in u's line ahead of u's run 12 (submitted
+    # at 5): it restarts when t's run ends and holds the node again for the 4,900 s it had
+    # left, so run 12 starts after it.
+    snapshot = replace(
+        borrower(), queued=(*borrower().queued, QueuedRun(12, "u", "a100", 1, 8, 50, 5.0))
+    )
+    forecast = estimates.simulate(
+        snapshot, ends={1: 5000.0}, runtimes={10: 600.0, 12: 300.0}, **EXACT
+    )
+    assert forecast.starts == {
+        10: estimates.Start(10, 100.0, "c", ("c-a100-00",), ()),
+        12: estimates.Start(12, 5600.0, "c", ("c-a100-00",), (1,)),
+    }

@@ -87,3 +87,10 @@ def test_admission_is_sampled_by_default_and_the_sample_is_the_same_every_run(si
     assert picked == mutation.sample(names, "jobs/admission.py", size)
     assert picked == [name for name in names if name in set(picked)]  # mutmut's order
     assert mutation.sample(names[:10], "finance/costing.py", None) == names[:10]
+
+
+def test_the_report_reads_the_checked_in_reasons():
+    explained = mutation.equivalents()
+
+    assert "jobs.estimates.x_simulate__mutmut_3" in explained
+    assert all(len(reason.split()) >= 5 for reason in explained.values())
