@@ -31,7 +31,13 @@ def _all(checks: list[Check]) -> Check:
     if len(checks) == 1:
         return checks[0]
 
-    return lambda value: all(check(value) for check in checks)
+    def every(value: Any) -> bool:
+        for check in checks:  # noqa: SIM110 (a loop: all() would build a generator per value)
+            if not check(value):
+                return False
+        return True
+
+    return every
 
 
 def _type_check(kinds: str | list[str], type_checks: Mapping[str, Check]) -> Check:
@@ -79,6 +85,11 @@ class _Compiler:
         if keyword in ("enum", "const"):
             choices = _strings(expected if keyword == "enum" else [expected])
             return lambda value: isinstance(value, str) and value in choices
+        if keyword == "minimum" and "maximum" in schema:
+            high = schema["maximum"]
+            return lambda value: not is_number(value) or expected <= value <= high
+        if keyword == "maximum" and "minimum" in schema:
+            return None  # checked with the minimum
         if keyword == "minimum":
             return lambda value: not is_number(value) or value >= expected
         if keyword == "maximum":
@@ -142,10 +153,15 @@ class _Compiler:
         is_object = self.types["object"]
         named = [(name, self.compile(sub)) for name, sub in expected.items()]
 
-        return lambda value: (
-            not is_object(value)
-            or all(check(value[name]) for name, check in named if name in value)
-        )
+        def properties(value: Any) -> bool:
+            if not is_object(value):
+                return True
+            for name, check in named:  # noqa: SIM110 (as in _all)
+                if name in value and not check(value[name]):
+                    return False
+            return True
+
+        return properties
 
     def _additional(self, expected: Any, schema: Mapping[str, Any]) -> Check:
         if "patternProperties" in schema:
