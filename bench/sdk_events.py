@@ -112,5 +112,8 @@ def run() -> Section:
     )
     for name, seconds in timings.items():
         section.rows.append([name, f"{seconds * 1e6:,.1f} µs", ratio(seconds, ours)])
-    section.notes.append("Target: within 2× of the hand-written checks.")
+    section.notes.append(
+        "The check alone, without building the event's row (about 10 µs more, the same for "
+        "all three)."
+    )
     return section
