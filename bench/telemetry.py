@@ -8,13 +8,15 @@ first: a regex per line, a dict of labels per sample, a scan of the node's alloc
 sample, lists of values per minute. Both must produce the same rollups; the run stops if
 they do not. Then the rollups are stored the way the collector stores a window
 (``telemetry.collection.gpu_minutes_replace``) against a raw PostgreSQL COPY of the same
-rows into the same table.
+rows into the same table. Last, the SDK's events are checked against their schema
+(``bench/sdk_events.py``).
 """
 
 import math
 import re
 from collections import defaultdict
 
+from bench import sdk_events
 from bench.report import Section, best_of, ms, ratio, timed
 from telemetry.exposition.ingestor import ingest
 from telemetry.exposition.mapping import Allocation, HostAllocation, PodAllocation, SlurmAllocation
@@ -243,7 +245,7 @@ def run() -> list[Section]:
         f"Target ≥ 200,000 samples/s: {verdict} ({fresh_rate:,.0f} samples/s fresh, the "
         "collector's case)."
     )
-    return [section, store_section(rows)]
+    return [section, store_section(rows), sdk_events.run()]
 
 
 # --- storing rollups -----------------------------------------------------------------------

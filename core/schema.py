@@ -27,21 +27,24 @@ a ``string.Template``; it may use:
 
 Formats are named checks given with the schema: ``{"format": "http-url"}`` calls the check
 registered under "http-url", which raises ValueError saying what is wrong; that text is
-``$reason``. Pure: no Django.
+``$reason``.
+
+Speed. A schema is compiled once per process, on first use, into a plain yes/no check
+(``core.schema_check``); jsonschema is asked only for the first error of a value that check
+refused. Pure: no Django.
 """
 
 import math
 import re
 import string
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from core.schema_check import Check, FormatCheck, compile_check
+
 if TYPE_CHECKING:
     import jsonschema
-
-# A format's check: raises ValueError with the reason when the value is wrong.
-FormatCheck = Callable[[Any], object]
 
 _TYPE_NAMES = {
     "string": "a string",
@@ -65,16 +68,28 @@ class SchemaError(ValueError):
         self.path = path
 
 
-def _is_integer(_checker: object, instance: object) -> bool:
+def _is_integer(instance: object) -> bool:
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
-def _is_number(_checker: object, instance: object) -> bool:
+def _is_number(instance: object) -> bool:
     return (
         isinstance(instance, int | float)
         and not isinstance(instance, bool)
         and math.isfinite(instance)
     )
+
+
+# Each JSON type as a check of a Python value: jsonschema's own for the others.
+_TYPE_CHECKS: dict[str, Check] = {
+    "string": lambda instance: isinstance(instance, str),
+    "integer": _is_integer,
+    "number": _is_number,
+    "boolean": lambda instance: isinstance(instance, bool),
+    "array": lambda instance: isinstance(instance, list),
+    "object": lambda instance: isinstance(instance, dict),
+    "null": lambda instance: instance is None,
+}
 
 
 @cache
@@ -87,7 +102,10 @@ def _validator_class() -> Any:
     return validators.extend(
         draft,
         type_checker=draft.TYPE_CHECKER.redefine_many(
-            {"integer": _is_integer, "number": _is_number}
+            {
+                "integer": lambda _checker, instance: _is_integer(instance),
+                "number": lambda _checker, instance: _is_number(instance),
+            }
         ),
     )
 
@@ -173,7 +191,8 @@ def _reason(error: "jsonschema.ValidationError") -> str:
 
 
 class JsonSchema:
-    """One JSON Schema and its format checks, compiled on first use."""
+    """One JSON Schema and its format checks, compiled on first use (once per process for
+    the module-level schemas)."""
 
     def __init__(
         self, schema: Mapping[str, Any], *, formats: Mapping[str, FormatCheck] | None = None
@@ -181,6 +200,7 @@ class JsonSchema:
         self.schema = schema
         self.formats = dict(formats or {})
         self._compiled: Any = None
+        self._check: Check | None = None
 
     def _validator(self) -> Any:
         if self._compiled is None:
@@ -200,11 +220,16 @@ class JsonSchema:
         _validator_class().check_schema(self.schema)
 
     def is_valid(self, value: object) -> bool:
-        return bool(self._validator().is_valid(value))
+        if self._check is None:
+            compiled = compile_check(self.schema, type_checks=_TYPE_CHECKS, formats=self.formats)
+            self._check = compiled or self._validator().is_valid
+        return bool(self._check(value))
 
     def error(self, value: object, *, where: str = "") -> SchemaError | None:
         """The first problem of ``value``, its message prefixed with ``where``; None when
         there is none."""
+        if self.is_valid(value):
+            return None
         first = next(iter(self._validator().iter_errors(value)), None)
         if first is None:
             return None

@@ -254,7 +254,8 @@ class _Groups:
 
 def _queue_times(scope: KpiScope, groups: _Groups) -> None:
     """Attempts that started in the range: the first attempt of a run waited from the
-    run's submission, a later one from its creation at requeue (as ``attempt_timeline``)."""
+    run's submission, a later one from its creation at requeue (as
+    ``telemetry.selectors.timeline.attempt_timeline``)."""
     waiting_since = Case(When(number=1, then=F("run__submitted_at")), default=F("created_at"))
     rows = Attempt.objects.filter(
         scope.filters("run__"), started_at__gte=scope.since, started_at__lt=scope.until

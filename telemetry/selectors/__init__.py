@@ -1,7 +1,8 @@
 """Reads of the telemetry app, one module per sub-area: finished attempts and the accounting
 still to compute (``finished_attempts``), GPU-seconds per accounting category
 (``gpu_seconds``), a run's telemetry page (``run_page``, its reads in ``run_page_sql``), a
-tenant's goodput (``tenant_goodput``) and the samples mapped to no attempt (``unmapped``).
+tenant's goodput (``tenant_goodput``), the samples mapped to no attempt (``unmapped``) and
+a finished attempt's timeline, the accounting's input (``timeline``).
 
 The pages' reads give plain data: the views turn it into tables and chart series. Each
 answers in one query per table it reads, grouping in SQL.

@@ -43,10 +43,6 @@ SERVICE_READS_ALLOWED = {
     "jobs/services/submission.py:submission_once": (
         "writes through the service it is given (``create``), once per submission key"
     ),
-    "telemetry/services.py:attempt_timeline": (
-        "the accounting service's input, read in its transaction; it moves to the selectors "
-        "when telemetry/selectors.py (954 lines) is split"
-    ),
 }
 SELECTOR_MODULES = re.compile(r"(^|\.)selectors(\.|$)")
 

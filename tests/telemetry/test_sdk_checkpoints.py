@@ -19,6 +19,7 @@ from jobs.services.backend_submit import attempt_submit, attempt_token_issue
 from jobs.services.backend_sync import attempt_cancel, checkpoints_record
 from jobs.services.lifecycle import run_preempt
 from telemetry import services
+from telemetry.selectors.timeline import attempt_timeline
 from tests.jobs.test_lifecycle import run_to_running, submit
 
 URL = "/api/v1/attempts/events/"
@@ -183,7 +184,7 @@ def test_a_checkpoint_the_sdk_reported_is_counted_once_in_the_accounting(world):
         (1, 500, "s3://ckpt/vision/run/step-500", start + timedelta(seconds=570), 10.0)
     ]
 
-    timeline = services.attempt_timeline(attempt=attempt)
+    timeline = attempt_timeline(attempt=attempt)
     row = services.accounting_compute(attempt=attempt)
 
     assert timeline.checkpoint_intervals == [(Fraction(int(t0) + 560), Fraction(int(t0) + 570))]
@@ -209,7 +210,7 @@ def test_a_save_the_backend_recorded_first_is_still_counted_once_as_the_sdk_time
     post_events(attempt, saved(1, 500, t0 + 570, seconds=10))
     finish(attempt, start)
 
-    timeline = services.attempt_timeline(attempt=attempt)
+    timeline = attempt_timeline(attempt=attempt)
     row = services.accounting_compute(attempt=attempt)
 
     assert checkpoints(attempt.run)[0][2] == "s3://from-the-backend"  # left as it was
