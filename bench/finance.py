@@ -39,7 +39,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import Group
 from django.db import connection, transaction
-from django.db.models import Count, Sum
+from django.db.models import Count, Max, Sum
 from django.test import Client
 from django.urls import reverse
 from psycopg import sql
@@ -47,7 +47,7 @@ from psycopg import sql
 from bench.cycle import QueryCounter, truncate, vacuum
 from bench.report import Section, best_of, ms, ratio, timed
 from clusters.models import Cluster, ClusterFlavor
-from finance.models import DailyUsage
+from finance.models import DailyUsage, UsageRollupState
 from finance.selectors.exports import EXPORT_COLUMNS, export_rows
 from finance.selectors.rate_cards import platform_currency
 from finance.selectors.statements import statement_month
@@ -386,7 +386,20 @@ def rebuild(workers: int) -> tuple[float, list[MonthRebuilt]]:
     started = time.perf_counter()
     with context.Pool(workers, maxtasksperchild=1) as pool:
         done = pool.map(rebuild_month, months(), chunksize=1)
-    return time.perf_counter() - started, done
+    took = time.perf_counter() - started
+    watermark_set()
+    return took, done
+
+
+def watermark_set() -> None:
+    """What ``daily_usage_update`` leaves once it has taken in every accounting row: the
+    statements hold every attempt, so the statement page's accrual (``finance.accrual``)
+    finds none, as on a site whose rollup has run. Without it every attempt of the year
+    reads as not rolled up: the page prices each one again and reads the rate cards."""
+    newest = AttemptAccounting.objects.aggregate(newest=Max("computed_at"))["newest"]
+    UsageRollupState.objects.update_or_create(
+        pk=1, defaults={"accounted_until": newest, "rates_changed_from": None}
+    )
 
 
 # --- the monthly statement: the page, and a straightforward query over attempts ------------
