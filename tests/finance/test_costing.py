@@ -391,3 +391,16 @@ def test_the_unit_given_back_comes_from_the_category_owed_the_least_fraction():
         DayShare(date(2026, 3, 2), cards[0], seconds(effective=1, input_wait=1)),
         DayShare(date(2026, 3, 2), cards[1], seconds(effective=16, startup=1, input_wait=75)),
     ]
+
+
+def test_an_attempt_starting_when_a_rate_starts_is_one_share_under_that_rate():
+    # Given the price changing at 10:00 and an attempt from 10:00 to 11:00
+    start = MARCH_1 + timedelta(hours=10)
+    cards = rates((MARCH_1 - timedelta(days=28), start, "2.50"), (start, None, "3.60"))
+
+    shares = split_attempt(
+        start=start, end=start + timedelta(hours=1), gpu_seconds={"effective": 3600}, rates=cards
+    )
+
+    # Then one share under the new rate: no empty one cut at its start
+    assert shares == [DayShare(date(2026, 3, 1), cards[1], seconds(effective=3600))]

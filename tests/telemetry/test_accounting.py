@@ -466,6 +466,80 @@ def test_a_minute_ending_at_the_allocation_start_does_not_end_startup():
     assert (accounting.startup, accounting.effective) == (60, 60)
 
 
+def test_a_step_window_inside_a_checkpoint_interval_is_all_checkpoint():
+    # Given a window waiting for data, whose whole minute [60, 120) is a blocking save: no
+    # open time to share out (the shares are zero, not a division by zero)
+    accounting = account(
+        AttemptTimeline(
+            gpus=1,
+            start=T0,
+            end=T0 + 180,
+            outcome=Outcome.SUCCEEDED,
+            step_windows=[StepWindow(T0 + 60, T0 + 120, 60, 1.0, data_wait_s=10)],
+            checkpoint_intervals=[(T0 + 60, T0 + 120)],
+        )
+    )
+
+    # Then startup until the window, the save, and the last minute effective; no input wait
+    assert accounting.categories() == {
+        "lost": 0,
+        "startup": 60,
+        "checkpoint": 60,
+        "idle": 0,
+        "input_wait": 0,
+        "comm_wait": 0,
+        "effective": 60,
+    }
+
+
+def test_a_step_window_its_checkpoint_seconds_fill_has_no_step_time_to_wait_in():
+    # Given a one-minute window reporting 60 s blocked checkpointing (no interval) and 10 s
+    # waiting for data: every open second is checkpoint, none is left for steps
+    accounting = account(
+        AttemptTimeline(
+            gpus=1,
+            start=T0,
+            end=T0 + 60,
+            outcome=Outcome.SUCCEEDED,
+            step_windows=[StepWindow(T0, T0 + 60, 60, 1.0, data_wait_s=10, checkpoint_s=60)],
+        )
+    )
+
+    assert (accounting.checkpoint, accounting.input_wait, accounting.effective) == (60, 0, 0)
+
+
+def test_overlapping_checkpoint_intervals_count_from_the_first_ones_start():
+    # Given saves over [60, 120) and [90, 150): one blocked stretch [60, 150)
+    accounting = account(
+        AttemptTimeline(
+            gpus=2,
+            start=T0,
+            end=T0 + 180,
+            outcome=Outcome.SUCCEEDED,
+            checkpoint_intervals=[(T0 + 90, T0 + 150), (T0 + 60, T0 + 120)],
+        )
+    )
+
+    assert (accounting.checkpoint, accounting.effective) == (2 * 90, 2 * 90)
+
+
+def test_activity_at_the_idle_threshold_is_not_idle():
+    # Given a first minute exactly at the threshold and a second one below it
+    accounting = account(
+        AttemptTimeline(
+            gpus=1,
+            start=T0,
+            end=T0 + 120,
+            outcome=Outcome.SUCCEEDED,
+            activity={"0": {T0: 0.05, T0 + 60: 0.04}},
+            idle_threshold=0.05,
+        )
+    )
+
+    # Then only the second minute is idle, and the first one, active, ends no startup
+    assert (accounting.startup, accounting.idle, accounting.effective) == (0, 60, 60)
+
+
 def test_queue_time_is_wall_seconds_from_submission_and_none_without_it():
     def queued(submitted_at):
         return account(
