@@ -2,8 +2,10 @@
 report. The tables keep the ``jobs_*`` names they had before the models moved here from
 ``jobs`` (clusters/migrations/0001_initial.py changed Django's state only)."""
 
+from django.conf import settings
 from django.db import models
 
+from clusters.health import NodeHealth
 from tenants.models import GpuFlavor, slug_validator
 
 
@@ -33,6 +35,9 @@ class Cluster(models.Model):
     # Jobs from outside Gantry waiting for GPUs, as the last inventory read them
     # (``clusters.outside_claims.claims_record``): what admission must not preempt for.
     outside_claims = models.JSONField(default=dict, blank=True)
+    # What Gantry does about each class of node-health signal, and its limits; only what
+    # differs from the defaults (clusters.health_policy), set by platform admins, audited.
+    health_policy = models.JSONField(default=dict, blank=True)
 
     class Meta:
         db_table = "jobs_cluster"
@@ -57,6 +62,20 @@ class ClusterNode(models.Model):
     reason = models.CharField(max_length=500, blank=True)
     path = models.JSONField(default=list, blank=True, help_text="Topology domains, widest first")
     updated_at = models.DateTimeField()
+    # Gantry's own view of the node's health (design §10), apart from what the backend says
+    # (``schedulable``): a quarantined node takes no new work from Gantry's placement
+    # whatever its backend says, from the next admission cycle on.
+    health = models.CharField(
+        max_length=12,
+        choices=[(h.value, h.value.capitalize()) for h in NodeHealth],
+        default=NodeHealth.HEALTHY.value,
+    )
+    health_reason = models.CharField(max_length=500, blank=True)
+    health_since = models.DateTimeField(null=True, blank=True)
+    # The quarantine as pushed to the backend (Slurm drain, Kubernetes cordon and taint):
+    # when it took, and why it did not (a permission error, say: Gantry still excludes it).
+    fenced_at = models.DateTimeField(null=True, blank=True)
+    fence_error = models.TextField(blank=True)
 
     class Meta:
         db_table = "jobs_clusternode"
@@ -72,6 +91,40 @@ class ClusterNode(models.Model):
     def gpus_outside(self) -> int:
         """GPUs held by jobs Gantry did not submit."""
         return max(0, self.gpus_used - self.gpus_used_by_gantry)
+
+
+class NodeHealthEvent(models.Model):
+    """One node-health signal and what Gantry did about it, or a person's act on a node
+    (quarantine, return to service with a note): the node's history. A flood of the same
+    signal from one GPU is one row whose ``count`` and ``last_observed_at`` grow. Kept when
+    the node leaves the inventory: it names the node, it does not point at its row."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="+")
+    node = models.CharField(max_length=253)
+    gpu = models.CharField(max_length=64, blank=True)
+    source = models.CharField(max_length=16)  # clusters.health.Source, or "person"
+    signal = models.CharField(max_length=32)  # clusters.health.SignalClass, or the act
+    code = models.CharField(max_length=64, blank=True)
+    detail = models.CharField(max_length=500, blank=True)
+    observed_at = models.DateTimeField()
+    last_observed_at = models.DateTimeField()
+    count = models.PositiveIntegerField(default=1)
+    recorded_at = models.DateTimeField()
+    action = models.CharField(max_length=24, blank=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    note = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-observed_at", "-id"]
+        indexes = [
+            models.Index(fields=["cluster", "node", "-observed_at"], name="nodehealth_node_recent"),
+            models.Index(fields=["-observed_at"], name="nodehealth_recent"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node} {self.signal} {self.code} at {self.observed_at:%Y-%m-%d %H:%M}"
 
 
 class ClusterFlavor(models.Model):

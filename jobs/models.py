@@ -159,6 +159,15 @@ class FailureReason(models.TextChoices):
     UNKNOWN = "UNKNOWN", "Unknown"
 
 
+class CauseClass(models.TextChoices):
+    """Whose fault an attempt's end was (design §10): the program's, the platform's, or the
+    hardware's. Platform and hardware ends are retried elsewhere and credited."""
+
+    USER = "user", "User"
+    PLATFORM = "platform", "Platform"
+    HARDWARE = "hardware", "Hardware"
+
+
 class WaitReason(models.TextChoices):
     QUOTA = "QUOTA", "Guaranteed quota in use, no borrowing"
     BORROW_LIMIT = "BORROW_LIMIT", "Borrow limit reached"
@@ -210,6 +219,12 @@ class Run(models.Model):
     start_record: str = ""
     failure_reason = models.CharField(max_length=16, choices=FailureReason.choices, blank=True)
     restarts = models.PositiveIntegerField(default=0)
+    # Requeues after a platform or hardware end: not counted against max_restarts, bounded
+    # apart so a run cannot loop on broken hardware.
+    platform_retries = models.PositiveIntegerField(default=0)
+    # Nodes its next attempts must not be placed on (where an earlier one failed for the
+    # hardware's sake): admission leaves them out, the backend is told to exclude them.
+    excluded_nodes = models.JSONField(default=list, blank=True)
     submitted_at = models.DateTimeField(auto_now_add=True, db_index=True)
     admitted_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -347,6 +362,10 @@ class Attempt(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     failure_reason = models.CharField(max_length=16, choices=FailureReason.choices, blank=True)
     failure_message = models.TextField(blank=True)
+    # Whose fault its end was, once ended unsuccessfully, and the evidence: the node, GPU,
+    # signal, code and time that made it so (jobs.attribution).
+    cause_class = models.CharField(max_length=10, choices=CauseClass.choices, blank=True)
+    cause_evidence = models.JSONField(default=dict, blank=True)
     backend_error = models.TextField(blank=True, help_text="Last transient backend error")
     node_list = models.JSONField(default=list, blank=True)
     # The nodes admission placed the attempt on (what the backend is told to use); the
