@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from clusters.health import Signal
 from clusters.job_env import gantry_environment
 
 # The key of a cluster's settings that belongs to the telemetry collector (where to read
@@ -66,6 +67,9 @@ class JobSpec:
     # It takes GPUs that a preemption is freeing for it: a backend that can (``reclaim_first``)
     # starts it there before any job that was queued for them earlier.
     reclaiming: bool = False
+    # Nodes the job must not run on (where an earlier attempt of its run failed for the
+    # hardware's sake): Slurm ``--exclude``, Kubernetes node affinity ``NotIn``.
+    excluded_nodes: tuple[str, ...] = ()
 
 
 def job_env(spec: JobSpec) -> dict[str, str]:
@@ -124,6 +128,9 @@ class NodeInventory:
     schedulable: bool = True
     reason: str = ""  # why it takes no new work, in the backend's words ("drained: …")
     path: tuple[str, ...] = ()  # its topology domains, widest first (block, leaf switch)
+    # What the backend says about its health now (Slurm state and reason, Kubernetes
+    # conditions and taints), as node-health signals (clusters.health).
+    signals: tuple[Signal, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,3 +219,10 @@ class Backend(Protocol):
     def inventory(self) -> Inventory:
         """Every GPU node with what is free on it, whether it takes work and where it sits
         in the topology; in one or a few batched calls."""
+
+    def fence(self, node: str, reason: str) -> None:
+        """Take the node out of the backend's scheduling with Gantry's reason (Slurm drain,
+        Kubernetes cordon and taint); idempotent. BackendError says why it could not."""
+
+    def unfence(self, node: str) -> None:
+        """Undo ``fence``: the node takes work again (Slurm resume, uncordon and untaint)."""
