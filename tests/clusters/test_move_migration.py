@@ -163,7 +163,7 @@ def old_world(apps, world) -> dict:
     }
 
 
-def test_the_move_keeps_every_row_and_id_of_a_database_with_live_runs(before_move, world):
+def test_the_move_keeps_every_row_and_id_of_a_database_with_live_runs(world, before_move):
     # Given a database before the move: clusters, nodes, flavors, a simulated job, runs in
     # every state on a cluster and their attempts, and the content types of the moved models
     ids = old_world(before_move, world)
@@ -231,7 +231,7 @@ def test_the_move_keeps_every_row_and_id_of_a_database_with_live_runs(before_mov
     )
 
 
-def test_migrating_forwards_again_changes_nothing(before_move, world):
+def test_migrating_forwards_again_changes_nothing(world, before_move):
     # Given a database before the move, migrated over it
     ids = old_world(before_move, world)
     migrate(latest())
@@ -248,7 +248,7 @@ def test_migrating_forwards_again_changes_nothing(before_move, world):
     assert Cluster.objects.get(pk=ids["slurm"]).name == "old-slurm"
 
 
-def test_the_move_back_and_forth_keeps_the_rows_and_content_types(before_move, world):
+def test_the_move_back_and_forth_keeps_the_rows_and_content_types(world, before_move):
     # Given a database migrated over the move
     ids = old_world(before_move, world)
     migrate(latest())
