@@ -100,12 +100,12 @@ class HealthBatch:
     nameless: int = 0  # samples without a Hostname label: no node to blame
     stale: int = 0  # samples not newer than their series' last
     latest_future_ms: int = 0  # the furthest ahead of now a refused sample was, in ms
-    _first: dict[tuple[str, str, str, str], Signal] = field(default_factory=dict)
+    _sent: set[tuple[str, str, str, str]] = field(default_factory=set)
 
     def emit(self, signal: Signal) -> None:
         key = (signal.node, signal.gpu, signal.signal, signal.code)
-        if key not in self._first:  # samples come in time order: the first is the earliest
-            self._first[key] = signal
+        if key not in self._sent:  # samples come in time order: the first is the earliest
+            self._sent.add(key)
             self.signals.append(signal)
 
 

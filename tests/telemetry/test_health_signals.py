@@ -270,9 +270,23 @@ def test_throttling_counts_once_it_persists_two_samples_over_a_minute():
         == []
     )
     assert run([0, 300_001, 330_000]).signals == []
+    assert [s.detail for s in run([0, 300_000]).signals] == [
+        "thermal throttling: clock event reasons 0x40 for 300 s (2 samples)"
+    ]
+    assert [(s.signal, s.detail) for s in run([0, 60_000], mask=0x80).signals] == [
+        (
+            SignalClass.POWER_THROTTLE,
+            "power throttling: clock event reasons 0x80 for 60 s (2 samples)",
+        )
+    ]
     # HW slowdown counts as thermal, SW power cap as power; a run continues across fetches.
     first = run([0], mask=0x0C)
     assert first.signals == []
+    assert first.state == {
+        f"gpu-node2\t0\t{CLOCK_EVENTS}": [0x0C, T0],
+        f"gpu-node2\t0\t{CLOCK_EVENTS}:thermal_throttle": [T0, T0, 1],
+        f"gpu-node2\t0\t{CLOCK_EVENTS}:power_throttle": [T0, T0, 1],
+    }
     second = run([30_000, 90_000], mask=0x0C, state=first.state)
     assert [(s.signal, s.at, s.detail) for s in second.signals] == [
         (
@@ -292,15 +306,17 @@ def test_samples_from_the_future_are_refused_and_nameless_ones_counted():
     batch = health_signals(
         [
             at(XID_ERRORS, 79, NOW + 60_001),
+            at(XID_ERRORS, 79, NOW + 90_000, gpu="2"),
             at(XID_ERRORS, 48, NOW + 60_000, gpu="1"),
             at(XID_ERRORS, 62, T0, host=""),
+            at(XID_ERRORS, 62, T0, host="", gpu="2"),
         ],
         {},
         now_ms=NOW,
     )
 
     assert [(s.gpu, s.code, s.at) for s in batch.signals] == [("1", "48", (NOW + 60_000) / 1000)]
-    assert (batch.future, batch.latest_future_ms, batch.nameless) == (1, 60_001, 1)
+    assert (batch.future, batch.latest_future_ms, batch.nameless) == (2, 90_000, 2)
     assert f"gpu-node2\t0\t{XID_ERRORS}" not in batch.state
 
 
