@@ -27,10 +27,12 @@ from psycopg import sql
 
 from clusters.backends import k8s_manifest, k8s_settings
 from clusters.backends.base import TELEMETRY_SETTINGS_KEY
+from clusters.health import Signal
 from clusters.models import Cluster, ClusterFlavor
 from core import metrics
 from core.schema import SchemaError
 from jobs.models import Attempt
+from telemetry.exposition.health_signals import health_signals
 from telemetry.exposition.ingestor import Ingestor
 from telemetry.exposition.mapping import (
     Allocation,
@@ -38,7 +40,13 @@ from telemetry.exposition.mapping import (
     KubernetesJobAllocation,
     SlurmAllocation,
 )
-from telemetry.exposition.parsing import ExpositionParser
+from telemetry.exposition.parsing import (
+    HEALTH_CEILING,
+    KEPT_METRICS,
+    VALUE_CEILING,
+    ExpositionParser,
+    GpuSample,
+)
 from telemetry.exposition.rollups import MinuteRollup
 from telemetry.models import ClusterTelemetry, GpuMinute, RawScrape, UnmappedSamples
 from telemetry.simulator_source import SimulatorSource, simulated_allocations
@@ -143,11 +151,26 @@ def _state_locked(cluster: Cluster) -> ClusterTelemetry:
     return ClusterTelemetry.objects.select_for_update().get(cluster=cluster)
 
 
-def raw_scrape_build(*, cluster: Cluster, scrape: Scrape, parser: ExpositionParser) -> RawScrape:
+# What a fetch's parser keeps: the rollups' gauges and the node-health fields, in one pass.
+FETCH_CEILING = {**HEALTH_CEILING, **VALUE_CEILING}
+
+
+def raw_scrape_build(
+    *,
+    cluster: Cluster,
+    scrape: Scrape,
+    parser: ExpositionParser,
+    health_out: list[GpuSample] | None = None,
+) -> RawScrape:
     """The row that keeps one body; parsing it here counts what it holds and bounds its
-    samples' timestamps, so a rollup window reads only the bodies that overlap it."""
+    samples' timestamps, so a rollup window reads only the bodies that overlap it. With a
+    ``FETCH_CEILING`` parser, the body's node-health samples go to ``health_out``; the row
+    counts and bounds the rollups' gauges only, as before."""
     result = parser.parse(scrape.body, default_ts=scrape.at_ms)
-    stamps = [sample.ts for sample in result.samples]
+    kept = [sample for sample in result.samples if sample.metric in KEPT_METRICS]
+    if health_out is not None:
+        health_out += (sample for sample in result.samples if sample.metric in HEALTH_CEILING)
+    stamps = [sample.ts for sample in kept]
     stats = result.stats
     return RawScrape(
         cluster=cluster,
@@ -157,7 +180,7 @@ def raw_scrape_build(*, cluster: Cluster, scrape: Scrape, parser: ExpositionPars
         last_sample_at=_moment(max(stamps)) if stamps else None,
         body=zlib.compress(scrape.body, 1),
         size=len(scrape.body),
-        samples=stats.samples,
+        samples=len(kept),
         rejected=stats.malformed + stats.non_finite + stats.out_of_range,
     )
 
@@ -174,7 +197,8 @@ def telemetry_fetch(*, cluster: Cluster, source=None, now: datetime | None = Non
         return FetchSummary(0, 0, 0, (str(exc),))
     if source is None:
         return FetchSummary(0, 0, 0, ())
-    parser = ExpositionParser()
+    parser = ExpositionParser(FETCH_CEILING)
+    health_samples: list[GpuSample] = []
     with transaction.atomic():
         state = _state_locked(cluster)
         # A source may look further back on its first read (the simulator: its jobs' day).
@@ -190,13 +214,25 @@ def telemetry_fetch(*, cluster: Cluster, source=None, now: datetime | None = Non
             return FetchSummary(0, 0, 0, (str(exc),))
         errors = tuple(str(failure) for failure in getattr(scrapes, "failures", ()))
         rows = [
-            raw_scrape_build(cluster=cluster, scrape=scrape, parser=parser) for scrape in scrapes
+            raw_scrape_build(
+                cluster=cluster, scrape=scrape, parser=parser, health_out=health_samples
+            )
+            for scrape in scrapes
         ]
         RawScrape.objects.bulk_create(rows)
+        errors += _health_update(cluster=cluster, state=state, samples=health_samples, now=now)
         state.fetched_until = now
         state.last_error = "; ".join(errors)[:2000]
         state.last_error_at = now if errors else state.last_error_at
-        state.save(update_fields=["fetched_until", "last_error", "last_error_at", "updated_at"])
+        state.save(
+            update_fields=[
+                "fetched_until",
+                "last_error",
+                "last_error_at",
+                "health_state",
+                "updated_at",
+            ]
+        )
     summary = FetchSummary(
         scrapes=len(rows),
         samples=sum(row.samples for row in rows),
@@ -205,6 +241,43 @@ def telemetry_fetch(*, cluster: Cluster, source=None, now: datetime | None = Non
     )
     metrics.telemetry_samples_recorded(cluster=cluster.name, ingested=summary.samples)
     return summary
+
+
+def node_signals_send(*, cluster: Cluster, signals: list[Signal], now: datetime) -> None:
+    """Hand DCGM's signals to node health: the one place telemetry calls it."""
+    from clusters.services.health import node_signals_record  # type: ignore[import-not-found]
+
+    node_signals_record(cluster=cluster, signals=signals, now=now)
+
+
+def _health_update(
+    *, cluster: Cluster, state: ClusterTelemetry, samples: list[GpuSample], now: datetime
+) -> tuple[str, ...]:
+    """Turn the fetched bodies' health samples into signals, send them, and keep each
+    series' last value on ``state`` (saved by the caller). Only faults are sent: a fetch
+    that read nothing (a silent source) sends nothing, as stale is neither healthy nor
+    faulty; the collector row's ``fetched_until`` and ``last_error`` say it is stale.
+    Returns sentences for ``last_error``. If sending fails, the state stays where it was,
+    so the next fetch sees the same growth again; the fetch itself is kept."""
+    if not samples:
+        return ()
+    batch = health_signals(samples, state.health_state, now_ms=_ms(now))
+    errors: tuple[str, ...] = ()
+    if batch.future:
+        errors += (
+            f"node health: {batch.future} DCGM samples stamped up to "
+            f"{batch.latest_future_ms / 1000:.0f} s after Gantry's clock were refused "
+            "(is the source's clock ahead?)",
+        )
+    if batch.signals:
+        try:
+            with transaction.atomic():
+                node_signals_send(cluster=cluster, signals=batch.signals, now=now)
+        except Exception as exc:  # node health must never stop the metrics being kept
+            logger.exception("node health signals of cluster %s not recorded", cluster.name)
+            return (*errors, f"node health: signals not recorded: {exc}")
+    state.health_state = batch.state
+    return errors
 
 
 def _record_error(cluster: Cluster, message: str, now: datetime) -> None:

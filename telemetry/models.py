@@ -190,6 +190,9 @@ class ClusterTelemetry(models.Model):
     rolled_up_until = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     last_error_at = models.DateTimeField(null=True, blank=True)
+    # Each DCGM health series' last value (telemetry.exposition.health_signals.State), so a
+    # counter growing between two fetches is seen, across restarts too.
+    health_state = models.JSONField(default=dict, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -24,7 +24,13 @@ from urllib.parse import urlsplit, urlunsplit
 import requests
 import urllib3
 
-from telemetry.exposition.parsing import KEPT_METRICS, MAX_BODY_BYTES, BodyTooLarge
+from telemetry.exposition.parsing import (
+    DCGM_FIELDS,
+    HEALTH_CEILING,
+    KEPT_METRICS,
+    MAX_BODY_BYTES,
+    BodyTooLarge,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -395,12 +401,28 @@ class _TooLarge(Exception):
     pass
 
 
+_OTHER_NAME = {field.name: field.alias for field in DCGM_FIELDS if field.alias}
+
+
+def prometheus_queries(selector: str) -> list[tuple[str, str]]:
+    """(metric, PromQL) for each field Gantry reads: the rollups' gauges and the
+    node-health fields, a field with two names (DCGM 4.6 renamed fields) under either
+    (``a{sel} or b{sel}``: set operators keep each series' own metric name)."""
+    queries = []
+    for metric in sorted(KEPT_METRICS | HEALTH_CEILING.keys()):
+        names = (metric, _OTHER_NAME[metric]) if metric in _OTHER_NAME else (metric,)
+        queries.append((metric, " or ".join(f"{name}{selector}" for name in names)))
+    return queries
+
+
 class PrometheusSource:
     """Reads the gauges Gantry keeps back from a Prometheus server's HTTP API.
 
-    One ``query_range`` per kept metric (``<metric><selector>``) and window: per-metric
-    queries keep each answer to one metric's series, so the size cap is reached eight times
-    later than with one ``__name__`` regex query, and a rejected selector names the metric.
+    One ``query_range`` per field (``prometheus_queries``: the rollups' gauges and the
+    node-health fields) and window: per-field queries keep each answer to one field's
+    series, so the size cap is reached much later than with one ``__name__`` regex query,
+    and a rejected selector names the query. Each series is written under the field's
+    exporter name, whichever name Prometheus stored it under.
     The interval is read on an absolute grid of ``step_s`` (points at multiples of the step,
     ``start_ms <= t < end_ms``), so consecutive fetches neither overlap nor leave gaps;
     windows hold at most ``max_points`` points (Prometheus refuses more than 11,000 per
@@ -479,17 +501,17 @@ class PrometheusSource:
             headers["Authorization"] = f"Bearer {token}"
         points = self.max_points  # per window; halved for the rest of the fetch when too big
         with _session(headers) as session:
-            for metric in sorted(KEPT_METRICS):
+            for metric, query in prometheus_queries(self.selector):
                 start = first
                 while start <= last:
                     end = min(last, start + (points - 1) * step_ms)
                     try:
-                        matrix = self._query(session, metric, start, end)
+                        matrix = self._query(session, query, start, end)
                     except _TooLarge:
                         if start == end:
                             raise SourceError(
                                 f"Prometheus at {_origin(self.url)}: the answer to "
-                                f"{metric}{self.selector} for a single step is over the "
+                                f"{query} for a single step is over the "
                                 f"{self.max_response_bytes:,}-byte limit; narrow the selector"
                             ) from None
                         points = ((end - start) // step_ms + 2) // 2
@@ -499,19 +521,17 @@ class PrometheusSource:
                             metric, matrix, max_body_bytes=self.max_body_bytes
                         )
                     except _UnexpectedAnswer as exc:
-                        raise self._error(metric, f"sent an unexpected answer: {exc}") from None
+                        raise self._error(query, f"sent an unexpected answer: {exc}") from None
                     result += (Scrape(body=b, at_ms=at_ms, origin=self.origin) for b in bodies)
                     start = end + step_ms
         return result
 
-    def _error(self, metric: str, what: str) -> SourceError:
-        return SourceError(
-            f"Prometheus at {_origin(self.url)} {what} (query {metric}{self.selector})"
-        )
+    def _error(self, query: str, what: str) -> SourceError:
+        return SourceError(f"Prometheus at {_origin(self.url)} {what} (query {query})")
 
-    def _query(self, session: requests.Session, metric: str, start: int, end: int) -> Any:
+    def _query(self, session: requests.Session, query: str, start: int, end: int) -> Any:
         params = {
-            "query": f"{metric}{self.selector}",
+            "query": query,
             "start": f"{start // 1000}.{start % 1000:03d}",
             "end": f"{end // 1000}.{end % 1000:03d}",
             "step": str(self.step_s),
@@ -535,16 +555,16 @@ class PrometheusSource:
         if isinstance(answer, dict) and answer.get("status") == "error":
             kind = str(answer.get("errorType", "error"))
             text = str(answer.get("error", ""))[:_ERROR_TEXT_LIMIT]
-            raise self._error(metric, f"refused the query: {kind}: {text}")
+            raise self._error(query, f"refused the query: {kind}: {text}")
         if not 200 <= response.status < 300:
-            raise self._error(metric, f"answered {_status_text(response)}")
+            raise self._error(query, f"answered {_status_text(response)}")
         if not isinstance(answer, dict):
-            raise self._error(metric, "sent an answer that is not a JSON object")
+            raise self._error(query, "sent an answer that is not a JSON object")
         data = answer.get("data")
         if answer.get("status") != "success" or not isinstance(data, dict):
-            raise self._error(metric, 'sent an answer without "status": "success" and "data"')
+            raise self._error(query, 'sent an answer without "status": "success" and "data"')
         if data.get("resultType") != "matrix":
-            raise self._error(metric, f"sent a {data.get('resultType')!r} instead of a matrix")
+            raise self._error(query, f"sent a {data.get('resultType')!r} instead of a matrix")
         for warning in answer.get("warnings") or ():
             logger.warning("Prometheus at %s: %s", _origin(self.url), str(warning)[:200])
         return data.get("result")

@@ -88,6 +88,9 @@ LIVE_EXPOSITION = (
     f"DCGM_FI_DEV_XID_ERRORS{{{_SLURM1}}} 79\n"
     "# TYPE DCGM_FI_DEV_SM_CLOCK gauge\n"
     f"DCGM_FI_DEV_SM_CLOCK{{{_POD0}}} 1410\n"
+    # A node-health counter under its DCGM 4.6 name (DCGM_FI_DEV_PCIE_REPLAY_COUNTER before).
+    "# TYPE DCGM_FI_DEV_PCIE_REPLAY_TOTAL counter\n"
+    f"DCGM_FI_DEV_PCIE_REPLAY_TOTAL{{{_SLURM1}}} 3\n"
 ).encode()
 LIVE_SERIES = sum(not line.startswith(b"#") for line in LIVE_EXPOSITION.splitlines())
 

@@ -9,7 +9,7 @@ out-of-range value. Timestamps are Unix milliseconds, as in the exposition forma
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a 64-GPU node with every DCGM field is ~1 MiB; 8x headroom
@@ -22,6 +22,55 @@ DRAM_ACTIVE = "DCGM_FI_PROF_DRAM_ACTIVE"
 FB_USED = "DCGM_FI_DEV_FB_USED"
 POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"
 XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
+# The node-health fields (docs/node-health.md, "DCGM signals"), by dcgm-exporter's names.
+ECC_DBE_VOL = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
+ECC_DBE_AGG = "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL"
+RETIRED_SBE = "DCGM_FI_DEV_RETIRED_SBE"
+RETIRED_DBE = "DCGM_FI_DEV_RETIRED_DBE"
+RETIRED_PENDING = "DCGM_FI_DEV_RETIRED_PENDING"
+ROWS_UNCORRECTABLE = "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"
+ROWS_CORRECTABLE = "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"
+ROW_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
+ROW_REMAP_PENDING = "DCGM_FI_DEV_ROW_REMAP_PENDING"
+CLOCK_EVENTS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
+NVLINK_CRC_FLIT = "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"
+NVLINK_CRC_DATA = "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"
+NVLINK_REPLAY = "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"
+NVLINK_RECOVERY = "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"
+PCIE_REPLAY = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmField:
+    name: str  # dcgm-exporter's name (its default CSV's), the one Gantry uses inside
+    field_id: int  # DCGM's field ID (dcgm_fields.h): the names change, the IDs do not
+    alias: str  # the field's other name ("" if none): DCGM 4.6 renamed fields (the old
+    # names stay as deprecated aliases), and field 112 was named *_THROTTLE_* before
+
+
+# The one table of DCGM field names Gantry reads: every name a series may carry maps to
+# the field's name above (``FIELD_NAMES``), so a DCGM 4.6 exporter's series count as the
+# same field. Sources: DCGM 4.6 dcgmlib/dcgm_fields.h, "Deprecated: renamed per DCGM Field
+# Naming Standard"; dcgm-exporter etc/default-counters.csv.
+DCGM_FIELDS = (
+    DcgmField(XID_ERRORS, 230, "DCGM_FI_DEV_XID_ERROR"),
+    DcgmField(ECC_DBE_VOL, 311, ""),
+    DcgmField(ECC_DBE_AGG, 313, ""),
+    DcgmField(RETIRED_SBE, 390, "DCGM_FI_DEV_PAGE_RETIRED_SBE_TOTAL"),
+    DcgmField(RETIRED_DBE, 391, "DCGM_FI_DEV_PAGE_RETIRED_DBE_TOTAL"),
+    DcgmField(RETIRED_PENDING, 392, "DCGM_FI_DEV_PAGE_RETIRED_PENDING"),
+    DcgmField(ROWS_UNCORRECTABLE, 393, "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL"),
+    DcgmField(ROWS_CORRECTABLE, 394, "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL"),
+    DcgmField(ROW_REMAP_FAILURE, 395, "DCGM_FI_DEV_ROW_REMAP_FAILED"),
+    DcgmField(ROW_REMAP_PENDING, 396, ""),
+    DcgmField(CLOCK_EVENTS, 112, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"),
+    DcgmField(NVLINK_CRC_FLIT, 409, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL"),
+    DcgmField(NVLINK_CRC_DATA, 419, "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL"),
+    DcgmField(NVLINK_REPLAY, 429, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL"),
+    DcgmField(NVLINK_RECOVERY, 439, "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL"),
+    DcgmField(PCIE_REPLAY, 202, "DCGM_FI_DEV_PCIE_REPLAY_TOTAL"),
+)
+FIELD_NAMES = {name: dcgm.name for dcgm in DCGM_FIELDS for name in (dcgm.name, dcgm.alias) if name}
 
 # The largest value each kept gauge can take: ratios are 0-1, GPU_UTIL is a percentage;
 # the rest are only bounded below (MiB, W, the last XID code).
@@ -36,6 +85,9 @@ VALUE_CEILING = {
     XID_ERRORS: math.inf,
 }
 KEPT_METRICS = frozenset(VALUE_CEILING)
+# What a node-health parser keeps (``ExpositionParser(HEALTH_CEILING)``): every health
+# field, bounded only below (counts, 0/1 flags, the XID code, the clock-events bitmask).
+HEALTH_CEILING = {dcgm.name: math.inf for dcgm in DCGM_FIELDS}
 
 # dcgm-exporter's label names, with the spellings of older releases and of master after
 # d5e5f51 (``hostname``); the first name present wins.
@@ -176,7 +228,10 @@ class ExpositionParser:
     """Keeps what label sets mean between scrapes: dcgm-exporter repeats the same label
     set on every metric of a GPU and on every scrape, so each is parsed once."""
 
-    def __init__(self) -> None:
+    def __init__(self, ceilings: Mapping[str, float] = VALUE_CEILING) -> None:
+        # The metrics this parser keeps, with the largest value each can take: the gauges
+        # of the minute rollups by default, the node-health fields with HEALTH_CEILING.
+        self._ceilings = ceilings
         self._heads: dict[str, _Head] = {}
         # A GPU's label set is the same on each of its metrics: parsed once for all.
         self._label_sets: dict[str, _Series | None] = {}
@@ -203,7 +258,8 @@ class ExpositionParser:
                 series = self._label_sets[text] = None if labels is None else _series_of(labels)
         if _METRIC_NAME.fullmatch(name) is None:
             series = None
-        parsed = self._heads[head] = (name, series, VALUE_CEILING.get(name))
+        name = FIELD_NAMES.get(name, name)  # a DCGM 4.6 name is the field's exporter name
+        parsed = self._heads[head] = (name, series, self._ceilings.get(name))
         return parsed
 
     def parse(self, body: bytes | str, *, default_ts: int) -> ParseResult:

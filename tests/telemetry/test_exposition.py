@@ -512,3 +512,16 @@ def test_the_ingestor_learns_each_head_once_and_counts_like_the_parser():
     assert (ingestor.stats.comments, ingestor.stats.non_finite, ingestor.stats.blanks) == (2, 2, 2)
     assert [(row.attempt_id, row.activity, row.samples) for row in ingestor.rows()] == [(9, 0.5, 2)]
     assert len(ingestor._routes) == 2  # the GPU_UTIL and SM_CLOCK heads, learned once
+
+
+def test_the_dcgm_4_6_xid_name_rolls_up_as_the_xid_and_counts_as_one_metric():
+    body = (
+        'DCGM_FI_DEV_XID_ERROR{gpu="0",Hostname="node1",hpc_job="7"} 79\n'
+        f'DCGM_FI_DEV_XID_ERRORS{{gpu="0",Hostname="node1",hpc_job="7"}} 79 {T0}\n'
+    )
+
+    rows, stats, unmapped, rollup_stats = ingest([(body, T0)], [SlurmAllocation("7", 1)])
+
+    assert [(row.attempt_id, row.xid, row.samples) for row in rows] == [(1, 79, 1)]
+    assert (stats.samples, unmapped, rollup_stats.duplicates) == (2, 0, 1)
+    assert parse(body, default_ts=T0).samples[0].metric == XID_ERRORS

@@ -19,8 +19,10 @@ from clusters.models import Cluster
 from telemetry.collection import telemetry_source_build
 from telemetry.exposition.parsing import (
     GPU_UTIL,
+    HEALTH_CEILING,
     KEPT_METRICS,
     MAX_BODY_BYTES,
+    PCIE_REPLAY,
     ExpositionParser,
     GpuSample,
     parse,
@@ -35,6 +37,7 @@ from telemetry.sources import (
     ScrapeFailure,
     SourceError,
     matrix_exposition,
+    prometheus_queries,
 )
 from tests import REPOSITORY
 from tests.prometheus_support import (
@@ -742,7 +745,7 @@ def test_the_token_from_token_env_is_sent_as_a_bearer_token_and_nowhere_else(exp
 
     assert source.fetch(start_ms=0, end_ms=60_000) == []
 
-    assert len(exporter.requests) == len(KEPT_METRICS)
+    assert len(exporter.requests) == len(prometheus_queries("")) == 23
     assert {r.headers["Authorization"] for r in exporter.requests} == {f"Bearer {TOKEN}"}
     assert {r.headers["User-Agent"] for r in exporter.requests} == {"gantry-telemetry"}
     error = {"status": "error", "errorType": "unavailable", "error": "too busy"}
@@ -750,7 +753,8 @@ def test_the_token_from_token_env_is_sent_as_a_bearer_token_and_nowhere_else(exp
     with pytest.raises(SourceError) as raised:
         source.fetch(start_ms=0, end_ms=60_000)
     assert str(raised.value) == (
-        f"Prometheus at {url} refused the query: unavailable: too busy (query DCGM_FI_DEV_FB_USED)"
+        f"Prometheus at {url} refused the query: unavailable: too busy "
+        "(query DCGM_FI_DEV_CLOCKS_EVENT_REASONS or DCGM_FI_DEV_CLOCK_THROTTLE_REASONS)"
     )
     shown = [str(raised.value), repr(raised.value), repr(source), repr(settings), str(settings)]
     assert not [text for text in shown if TOKEN in text]
@@ -835,7 +839,9 @@ def test_bad_answers_fail_the_fetch_with_what_was_wrong(exporter, route, problem
     with pytest.raises(SourceError) as raised:
         PrometheusSource(url, step_s=60).fetch(start_ms=0, end_ms=60_000)
 
-    assert str(raised.value) == f"Prometheus at {url} {problem} (query DCGM_FI_DEV_FB_USED)"
+    assert (
+        str(raised.value) == f"Prometheus at {url} {problem} (query {prometheus_queries('')[0][1]})"
+    )
 
 
 def asked(exporter: FakeExporter) -> list[tuple[str, str, str, str]]:
@@ -868,9 +874,22 @@ def test_each_metric_is_read_on_the_absolute_step_grid_in_windows_of_max_points(
     )
 
     assert asked(exporter) == [
-        (f'{metric}{{job="dcgm"}}', start, end, "15")
-        for metric in sorted(KEPT_METRICS)
+        (query, start, end, "15")
+        for _, query in prometheus_queries('{job="dcgm"}')
         for start, end in (("15.000", "60.000"), ("75.000", "120.000"))
+    ]
+    assert prometheus_queries('{job="dcgm"}')[:3] == [
+        (
+            "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+            'DCGM_FI_DEV_CLOCKS_EVENT_REASONS{job="dcgm"} or '
+            'DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{job="dcgm"}',
+        ),
+        (
+            "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+            'DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS{job="dcgm"} or '
+            'DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL{job="dcgm"}',
+        ),
+        ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", 'DCGM_FI_DEV_ECC_DBE_AGG_TOTAL{job="dcgm"}'),
     ]
     samples, *_ = parse_all(scrapes)
     assert [(s.metric, s.ts) for s in samples] == sorted(
@@ -887,7 +906,7 @@ def test_windows_stay_within_prometheus_point_limit(exporter):
         ("0.000", "10999.000"),
         ("11000.000", "11000.000"),
     }
-    assert len(exporter.requests) == 2 * len(KEPT_METRICS)
+    assert len(exporter.requests) == 2 * len(prometheus_queries(""))
 
 
 def test_an_answer_over_the_cap_is_asked_again_for_half_the_window_and_later_ones_stay_small(
@@ -905,7 +924,7 @@ def test_an_answer_over_the_cap_is_asked_again_for_half_the_window_and_later_one
     scrapes = source.fetch(start_ms=1_000_001, end_ms=1_110_001)  # 1005 s to 1110 s
 
     pairs = ((1005, 1020), (1035, 1050), (1065, 1080), (1095, 1110))
-    first, *others = sorted(KEPT_METRICS)
+    first, *others = [query for _, query in prometheus_queries("")]
     assert [(q, start, end) for q, start, end, _ in asked(exporter)] == [
         (first, "1005.000", "1110.000"),
         (first, "1005.000", "1050.000"),
@@ -1059,7 +1078,10 @@ def test_prometheus_refusing_the_selector_is_a_source_error(prometheus: Promethe
     message = str(raised.value)
     assert message.startswith(f"Prometheus at {prometheus.url} refused the query: bad_data: ")
     assert "error parsing regexp: missing closing )" in message
-    assert message.endswith('(query DCGM_FI_DEV_FB_USED{job=~"("})')
+    assert message.endswith(
+        '(query DCGM_FI_DEV_CLOCKS_EVENT_REASONS{job=~"("} or '
+        'DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{job=~"("})'
+    )
 
 
 def test_an_unreachable_prometheus_is_a_source_error():
@@ -1096,3 +1118,13 @@ def test_prometheus_gives_back_what_the_exporter_served_on_the_step_grid(
     assert b'Hostname="gpu-node1"' in text
     assert b'hostname="gpu-node2"' in text
     assert b"DCGM_FI_DEV_SM_CLOCK" not in text  # not a metric Gantry keeps: not asked for
+    # A health field stored under its DCGM 4.6 name comes back under the exporter's name.
+    health = ExpositionParser(HEALTH_CEILING)
+    replays = [
+        (s.host, s.gpu, s.metric, s.value, s.ts)
+        for scrape in scrapes
+        for s in health.parse(scrape.body, default_ts=0).samples
+        if s.metric == PCIE_REPLAY
+    ]
+    assert replays == [("gpu-node2", "1", PCIE_REPLAY, 3.0, ts) for ts in grid]
+    assert b"DCGM_FI_DEV_PCIE_REPLAY_COUNTER{" in text
