@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.utils import timezone
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -35,6 +36,13 @@ from clusters.backends.base import (
     TransientBackendError,
 )
 from clusters.backends.k8s_connection import K8sConnection, status_message
+from clusters.backends.k8s_fence import (
+    FenceError,
+    cordoned_by_someone_else,
+    fence_patch,
+    node_name,
+    unfence_patch,
+)
 from clusters.backends.k8s_manifest import (
     ATTEMPT_LABEL,
     CONTAINER,
@@ -237,8 +245,69 @@ class KubernetesBackend(K8sConnection):
             if nodes
             else []
         )
-        found = node_inventory(nodes, pods, self.settings)
+        found = node_inventory(nodes, pods, self.settings, now=timezone.now().timestamp())
         return replace(found, claims=tuple(pending_claims(waiting, self.settings)))
+
+    # --- fencing: cordon and Gantry's taint (docs/node-health.md) -----------------------------
+
+    def fence(self, node: str, reason: str) -> None:
+        """Cordon ``node`` and taint it ``gantry.io/node-health=quarantined:NoSchedule``,
+        keeping its other taints; idempotent. Running pods stay (NoSchedule evicts none)."""
+        self._patch_node(node, lambda current: fence_patch(current, reason), "fence")
+
+    def unfence(self, node: str) -> None:
+        """Take Gantry's taint off ``node`` and uncordon it if Gantry cordoned it. A node
+        that someone else cordoned stays cordoned: BackendError says so."""
+        current = self._patch_node(node, unfence_patch, "unfence")
+        if cordoned_by_someone_else(current):
+            raise PermanentBackendError(
+                f"node {node} was cordoned by someone else, not by Gantry: Gantry took its own "
+                "taint off but leaves the cordon to whoever set it (kubectl uncordon "
+                f"{node})"
+            )
+
+    def _patch_node(self, node: str, patch_for: Callable[[dict], dict | None], what: str) -> dict:
+        """Read the node, patch it with its resourceVersion; a 409 (it changed in between)
+        reads it again and retries once. Returns the node as last read or patched."""
+        try:
+            name = node_name(node)
+        except FenceError as exc:
+            raise PermanentBackendError(str(exc)) from None
+        core = client.CoreV1Api(self.api())
+        for _ in range(2):
+            current = self._node_call(f"{what} node {name}: read", core.read_node, name)
+            patch = patch_for(current)
+            if patch is None:
+                return current
+            try:
+                # A merge patch (RFC 7386): lists replaced whole, null deletes a key.
+                return self._node_call(
+                    f"{what} node {name}",
+                    core.patch_node,
+                    name,
+                    patch,
+                    _content_type="application/merge-patch+json",
+                )
+            except _Conflict:
+                continue
+        raise TransientBackendError(
+            f"{what} node {name}: the node changed twice while Gantry patched it (409 "
+            "Conflict); the next sync tries again"
+        )
+
+    def _node_call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict:
+        response = self._call(what, fn, *args, tolerate=(403, 404, 409), **kwargs)
+        if not isinstance(response, ApiException):
+            return json.loads(response.data)
+        if response.status == 409:
+            raise _Conflict
+        if response.status == 403:
+            raise PermanentBackendError(
+                f"{what}: forbidden (403): Gantry's Kubernetes identity may not read and patch "
+                "nodes; grant it get and patch on nodes (a ClusterRole; docs/kubernetes.md) "
+                f"({status_message(response)})"
+            )
+        raise PermanentBackendError(f"{what}: {self.cluster.name} has no such node (404)")
 
     def test_connection(self) -> str:
         """One sentence saying the settings work; raises a BackendError saying what does not
@@ -435,6 +504,10 @@ class KubernetesBackend(K8sConnection):
 
 class _AlreadyExists(Exception):
     pass
+
+
+class _Conflict(Exception):
+    """409: the object changed since it was read."""
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from clusters.backends.base import COMMAND_SHELL, JobSpec, job_env
+from clusters.backends.slurm_fence import FenceError, node_name
 from clusters.backends.slurm_quoting import LEVEL_NAME, RenderError, plain_word, shell_quote
 from clusters.backends.slurm_settings import SlurmSettings
 from clusters.env_names import env_name_refusal
@@ -34,6 +35,7 @@ class BatchJob:
     script: str
     environment: dict[str, str] = field(repr=False)
     nodelist: str = ""  # the nodes admission chose, comma-separated; empty: Slurm places
+    exclude: str = ""  # nodes the job must not run on (a hardware fault there), comma-separated
     switches: int = 0  # at most this many leaf switches (``--switches``); 0: no limit
     top_priority: bool = False  # it reclaims preempted GPUs: ``--priority=TOP``
 
@@ -51,6 +53,8 @@ class BatchJob:
         options.append(f"--nodes={self.nodes}")
         if self.nodelist:
             options.append(f"--nodelist={self.nodelist}")
+        if self.exclude:
+            options.append(f"--exclude={self.exclude}")
         if self.switches:
             options.append(f"--switches={self.switches}")
         options += [
@@ -70,7 +74,9 @@ class BatchJob:
 
         slurmrestd 22.05 does not read ``#SBATCH`` lines: every option goes in ``job``. It
         ignores ``requeue: false`` (the cluster default applies), rejects ``B:`` signals and
-        refuses a switch count ("Disabled key: required_switches"); it takes ``nodelist``.
+        refuses a switch count ("Disabled key: required_switches"); it takes ``nodelist``
+        and, for ``--exclude``, ``exclude_nodes`` (its v0.0.38 ``job_params``: the
+        ``excluded_nodes`` it reports is disabled as an input).
         """
         job = {
             "name": self.name,
@@ -94,6 +100,8 @@ class BatchJob:
             job["signal"] = self.signal
         if self.nodelist:
             job["nodelist"] = self.nodelist
+        if self.exclude:
+            job["exclude_nodes"] = self.exclude
         return {"script": self.script, "job": job}
 
 
@@ -197,6 +205,12 @@ def batch_job(
         )
     if len(set(placement)) != len(placement):
         raise RenderError("the placement names a node twice")
+    try:
+        excluded = sorted({node_name(node) for node in spec.excluded_nodes})
+    except FenceError as exc:
+        raise RenderError(f"excluded node: {exc}") from None
+    if both := sorted(set(placement) & set(excluded)):
+        raise RenderError(f"node {both[0]} is both in the placement and excluded")
     job_env = {"PATH": settings.job_path}
     if spec.attempt_token:
         job_env[ATTEMPT_TOKEN_ENV] = spec.attempt_token
@@ -218,6 +232,7 @@ def batch_job(
         script="",
         environment=job_env,
         nodelist=",".join(placement),
+        exclude=",".join(excluded),
         switches=1 if _one_leaf_switch(spec, settings) and settings.transport == "cli" else 0,
         top_priority=spec.reclaiming and reclaims_first(settings),
     )
@@ -259,6 +274,8 @@ def _script(job: BatchJob, spec: JobSpec, settings: SlurmSettings) -> str:
                 else "(a switch count cannot say it)."
             )
         )
+    if job.exclude:
+        lines.append(f"# Not on {job.exclude}: a node Gantry found faulty while this run used it.")
     if job.top_priority:
         lines.append(
             "# It takes GPUs a preemption frees: first in Slurm's queue, so no job waiting "

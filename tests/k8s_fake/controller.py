@@ -144,6 +144,30 @@ class Controller:
         """What ``kubectl cordon`` (or ``uncordon``) does."""
         self.store.patch("nodes", "", name, {"spec": {"unschedulable": unschedulable}}, "merge")
 
+    def set_condition(
+        self, node: str, kind: str, status: str, *, reason: str = "", message: str = ""
+    ) -> None:
+        """Set (or replace) one condition of a node, as the kubelet or a health agent such
+        as node-problem-detector or NVSentinel does, stamped with the cluster's time."""
+        with self.store.lock:
+            current = self.store.find("nodes", "", node)
+            if current is None:
+                raise KeyError(node)
+            conditions = [
+                c for c in current["status"].get("conditions") or [] if c.get("type") != kind
+            ]
+            conditions.append(
+                {
+                    "type": kind,
+                    "status": status,
+                    "reason": reason,
+                    "message": message,
+                    "lastTransitionTime": self.clock.stamp(),
+                }
+            )
+            current["status"]["conditions"] = conditions
+            self.store.touch("nodes", current)
+
     def add_pod(
         self,
         name: str,

@@ -1419,7 +1419,8 @@ def test_admission_places_a_gang_on_free_gpus_only_and_kubernetes_runs_it_there(
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
     assert terms == [
-        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-3", "gpu-4"]}]}
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-3"]}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-4"]}]},
     ]
     for _ in range(3):
         _sync(world, 1)

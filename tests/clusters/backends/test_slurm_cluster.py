@@ -465,6 +465,82 @@ def test_a_drained_node_and_outside_load_keep_a_run_queued_until_they_go(
     assert (run.state, attempt.node_list) == (RunState.SUCCEEDED, ["gpu-node1"])
 
 
+def assert_sinfo(node: str, wanted: str, *, timeout: float = 60) -> None:
+    """sinfo says ``wanted`` of one node of partition gpu (name, state, reason) within
+    ``timeout``: a resumed node is ``idle*``, not responding, until its slurmd registers
+    again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        line = slurm("sinfo", "-h", "-N", "-p", "gpu", "-n", node, "-o", "%n %T %E").strip()
+        if line == wanted or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert line == wanted
+
+
+@pytest.mark.parametrize("transport", ["cli", "rest"])
+def test_gantry_drains_a_node_with_its_reason_and_resumes_it(
+    slurm_env, accounts, cluster_restored, transport
+):
+    # Through REST too: slurmrestd v0.0.38 cannot drain, so scontrol does (slurm_conf set).
+    b = backend(transport)
+    b.fence("gpu-node2", "XID 79 on GPU 1")
+    assert_sinfo("gpu-node2", "gpu-node2 drained gantry: XID 79 on GPU 1")
+    b.fence("gpu-node2", "XID 48 on GPU 3")  # drained already: the first reason stays
+    assert_sinfo("gpu-node2", "gpu-node2 drained gantry: XID 79 on GPU 1")
+    nodes = {node.name: node for node in b.inventory().nodes}
+    assert (nodes["gpu-node2"].schedulable, nodes["gpu-node2"].reason) == (
+        False,
+        "drained: gantry: XID 79 on GPU 1",
+    )
+    assert (nodes["gpu-node2"].signals, nodes["gpu-node1"].signals) == ((), ())
+    assert nodes["gpu-node1"].schedulable
+    b.unfence("gpu-node2")
+    assert_sinfo("gpu-node2", "gpu-node2 idle none")
+    b.unfence("gpu-node2")  # idempotent
+    assert_sinfo("gpu-node2", "gpu-node2 idle none")
+
+
+def test_gantry_never_resumes_a_node_someone_drained(slurm_env, accounts, cluster_restored):
+    slurm("scontrol", "update", "nodename=gpu-node2", "state=drain", "reason=bad DIMM (ticket 42)")
+    b = backend("cli")
+    b.fence("gpu-node2", "XID 79 on GPU 1")  # unschedulable already: their reason stays
+    assert_sinfo("gpu-node2", "gpu-node2 drained bad DIMM (ticket 42)")
+    with pytest.raises(PermanentBackendError, match=r"^Slurm node gpu-node2 is IDLE\+DRAIN for "):
+        b.unfence("gpu-node2")
+    assert_sinfo("gpu-node2", "gpu-node2 drained bad DIMM (ticket 42)")
+
+
+def test_a_drain_slurm_refuses_says_gantry_needs_admin_rights(
+    slurm_env, accounts, cluster_restored, tmp_path, monkeypatch
+):
+    """scontrol run as a Slurm user without AdminLevel (slurmrest): Slurm's own refusal."""
+    wrapper = tmp_path / "scontrol"
+    wrapper.write_text('#!/bin/sh\nexec runuser -u slurmrest -- /usr/bin/scontrol "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with pytest.raises(PermanentBackendError) as refused:
+        backend("cli").fence("gpu-node2", "XID 79 on GPU 1")
+    assert str(refused.value) == (
+        "Slurm refused to drain node gpu-node2 (Invalid user id): only Slurm administrators "
+        "may drain or resume nodes; give Gantry's Slurm user AdminLevel=Admin "
+        "(sacctmgr modify user <user> set AdminLevel=Admin)"
+    )
+    assert_sinfo("gpu-node2", "gpu-node2 idle none")
+
+
+@pytest.mark.parametrize("transport", ["cli", "rest"])
+def test_a_job_excluding_a_node_runs_on_the_other(slurm_env, accounts, transport):
+    b = backend(transport)
+    for excluded, ran_on in (("gpu-node2", "gpu-node1"), ("gpu-node1", "gpu-node2")):
+        s = spec(excluded_nodes=(excluded,), command="hostname")
+        job_id = b.submit(s)
+        shown = slurm("scontrol", "-o", "show", "job", job_id)
+        assert f" ExcNodeList={excluded} " in shown
+        status = wait_for(b, s.name, job_id, {"SUCCEEDED", "FAILED"})
+        assert (status.state, status.node_list) == ("SUCCEEDED", [ran_on])
+
+
 @pytest.fixture(scope="module")
 def timeout_job(slurm_env, accounts):
     """A job with a one-minute limit that sleeps for longer; checked by the last test."""
