@@ -19,6 +19,12 @@ from typing import Any
 from clusters.health import Signal, SignalClass, Source
 
 FENCE_TAINT = {"key": "gantry.io/node-health", "value": "quarantined", "effect": "NoSchedule"}
+# What a health-check pod tolerates to reach a fenced node: the cordon (the taint the node
+# lifecycle controller mirrors it as, which DaemonSets tolerate) and Gantry's taint.
+CHECK_TOLERATIONS = (
+    {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": FENCE_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"},
+)
 # The reason Gantry fenced the node for, and whether it set spec.unschedulable itself
 # ("true") or found the node cordoned already ("false").
 REASON_ANNOTATION = "gantry.io/node-health-reason"

@@ -35,8 +35,15 @@ from clusters.backends.base import (
     PermanentBackendError,
     TransientBackendError,
 )
+from clusters.backends.health_check import (
+    HealthCheckSettingsError,
+    health_check_name,
+    parse_health_check,
+    settings_for_check,
+)
 from clusters.backends.k8s_connection import K8sConnection, status_message
 from clusters.backends.k8s_fence import (
+    CHECK_TOLERATIONS,
     FenceError,
     cordoned_by_someone_else,
     fence_patch,
@@ -55,6 +62,7 @@ from clusters.backends.k8s_manifest import (
     token_secret_name,
 )
 from clusters.backends.k8s_pending import PENDING_UNBOUND_PODS, pending_claims
+from clusters.backends.k8s_settings import K8sSettings
 from clusters.backends.k8s_status import (
     LIVE_BOUND_PODS,
     backend_job_id,
@@ -98,7 +106,10 @@ class KubernetesBackend(K8sConnection):
         """Create the attempt's objects, or adopt the Job already named after the attempt
         (looked up first only if an earlier try may have created it; creating a Job that
         exists answers 409 and adopts it all the same)."""
-        objects = render(spec, self.settings, token=spec.attempt_token)
+        return self._submit(spec, self.settings, may_exist=may_exist)
+
+    def _submit(self, spec: JobSpec, settings: K8sSettings, *, may_exist: bool) -> str:
+        objects = render(spec, settings, token=spec.attempt_token)
         job = objects[-1]
         name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
         existing = self._read_job(namespace, name) if may_exist else None
@@ -308,6 +319,41 @@ class KubernetesBackend(K8sConnection):
                 f"({status_message(response)})"
             )
         raise PermanentBackendError(f"{what}: {self.cluster.name} has no such node (404)")
+
+    # --- the health check on demand (clusters.backends.health_check) ---------------------------
+
+    def health_check(self, node: str, *, check_id: int, flavor: str, gpus: int) -> JobRef:
+        """Submit the cluster's health check (its command in its image) to ``node``, holding
+        its ``gpus`` GPUs of ``flavor``, in namespace ``<namespace_prefix>health-check``;
+        ``sync`` then reads its end (``health_check_result``). Its pod tolerates the cordon
+        and Gantry's taint: it reaches a node Gantry fenced, and no other pod does."""
+        try:
+            check = parse_health_check(settings_for_check(self.cluster), needs_image=True)
+            name = node_name(node)
+        except (HealthCheckSettingsError, FenceError) as exc:
+            raise PermanentBackendError(f"{self.cluster.name}: {exc}") from None
+        if check is None:
+            raise PermanentBackendError(
+                f"{self.cluster.name} has no health_check setting (its command and image)"
+            )
+        spec = JobSpec(
+            name=health_check_name(check_id),
+            attempt_id=0,
+            run_id=0,
+            tenant="health-check",
+            project="health-check",
+            image=check.image,
+            command=check.command,
+            env={},
+            flavor=flavor,
+            nodes=1,
+            gpus_per_node=gpus,
+            max_runtime_s=check.max_runtime_s,
+            placement=(name,),
+        )
+        settings = self.settings
+        tolerating = replace(settings, tolerations=(*settings.tolerations, *CHECK_TOLERATIONS))
+        return JobRef(spec.name, self._submit(spec, tolerating, may_exist=True))
 
     def test_connection(self) -> str:
         """One sentence saying the settings work; raises a BackendError saying what does not

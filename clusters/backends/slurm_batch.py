@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from clusters.backends.base import COMMAND_SHELL, JobSpec, job_env
+from clusters.backends.health_check import NAME as HEALTH_CHECK_NAME
 from clusters.backends.slurm_fence import FenceError, node_name
 from clusters.backends.slurm_quoting import LEVEL_NAME, RenderError, plain_word, shell_quote
 from clusters.backends.slurm_settings import SlurmSettings
@@ -38,14 +39,15 @@ class BatchJob:
     exclude: str = ""  # nodes the job must not run on (a hardware fault there), comma-separated
     switches: int = 0  # at most this many leaf switches (``--switches``); 0: no limit
     top_priority: bool = False  # it reclaims preempted GPUs: ``--priority=TOP``
+    reservation: str = ""  # a health check held to a drained node by Gantry's reservation
 
     def sbatch_options(self) -> list[str]:
         """The options as sbatch arguments, in the order of the script's #SBATCH lines."""
-        options = [
-            f"--job-name={self.name}",
-            f"--comment={self.comment}",
-            f"--account={self.account}",
-        ]
+        options = [f"--job-name={self.name}", f"--comment={self.comment}"]
+        if self.account:  # a health check without one: the user's default account
+            options.append(f"--account={self.account}")
+        if self.reservation:
+            options.append(f"--reservation={self.reservation}")
         if self.partition:
             options.append(f"--partition={self.partition}")
         if self.qos:
@@ -81,7 +83,6 @@ class BatchJob:
         job = {
             "name": self.name,
             "comment": self.comment,
-            "account": self.account,
             # A string: 22.05 silently ignores the [min, max] array form.
             "nodes": str(self.nodes),
             "tasks_per_node": self.tasks_per_node,
@@ -92,6 +93,10 @@ class BatchJob:
             "standard_output": self.output,
             "environment": dict(self.environment),
         }
+        if self.account:
+            job["account"] = self.account
+        if self.reservation:
+            job["reservation"] = self.reservation
         if self.partition:
             job["partition"] = self.partition
         if self.qos:
@@ -160,6 +165,7 @@ def batch_job(
     settings: SlurmSettings,
     *,
     environment: Mapping[str, str] | None = None,
+    reservation: str = "",
 ) -> BatchJob:
     """The batch job that runs ``spec`` on the cluster.
 
@@ -175,7 +181,12 @@ def batch_job(
     if spec.nodes < 1 or spec.gpus_per_node < 1:
         raise RenderError("a job needs at least one node and one GPU per node")
     name = plain_word(spec.name, "job name")
-    account = plain_word(spec.tenant, "tenant (the Slurm account)")
+    # Only a health check (named gantry-hc<id>) may go without an account.
+    account = (
+        plain_word(spec.tenant, "tenant (the Slurm account)")
+        if spec.tenant or not HEALTH_CHECK_NAME.match(spec.name)
+        else ""
+    )
     partition = mapping.partition or settings.partition
     qos = mapping.qos or settings.qos
     # Settings hold a positive integer or "gpus" (one task per GPU).
@@ -235,6 +246,7 @@ def batch_job(
         exclude=",".join(excluded),
         switches=1 if _one_leaf_switch(spec, settings) and settings.transport == "cli" else 0,
         top_priority=spec.reclaiming and reclaims_first(settings),
+        reservation=plain_word(reservation, "reservation") if reservation else "",
     )
     return replace(job, script=_script(job, spec, settings))
 
@@ -258,8 +270,13 @@ def _one_leaf_switch(spec: JobSpec, settings: SlurmSettings) -> bool:
 
 def _script(job: BatchJob, spec: JobSpec, settings: SlurmSettings) -> str:
     lines = ["#!/bin/bash", *(f"#SBATCH {option}" for option in job.sbatch_options())]
+    what = (
+        f"health check of {','.join(spec.placement)}"
+        if HEALTH_CHECK_NAME.match(spec.name)
+        else f"run {int(spec.run_id)}, attempt {int(spec.attempt_id)}"
+    )
     lines += [
-        f"# Gantry run {int(spec.run_id)}, attempt {int(spec.attempt_id)}.",
+        f"# Gantry {what}.",
         "# GANTRY_ATTEMPT_TOKEN=<redacted>: it comes with the submit environment, never in",
         "# this script.",
     ]

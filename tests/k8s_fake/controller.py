@@ -484,7 +484,12 @@ class Controller:
         """Why the scheduler would not put ``pod`` on ``node``, in its words; None if fine."""
         spec, name = pod["spec"], node["metadata"]["name"]
         labels = node["metadata"].get("labels", {})
-        if node["spec"].get("unschedulable"):
+        # The scheduler's NodeUnschedulable filter: a cordoned node takes only the pods that
+        # tolerate the taint the cordon is mirrored as (DaemonSets do).
+        cordon = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+        if node["spec"].get("unschedulable") and not _tolerated(
+            spec.get("tolerations") or [], cordon
+        ):
             return "node(s) were unschedulable"
         for taint in node["spec"].get("taints") or []:
             if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(

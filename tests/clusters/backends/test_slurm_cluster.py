@@ -38,6 +38,7 @@ from clusters.backends import (
     TransientBackendError,
 )
 from clusters.backends.base import job_env
+from clusters.backends.health_check import FAILED, PASSED, health_check_result
 from clusters.backends.slurm import QuotaLimit, SlurmBackend, mirror_quotas
 from clusters.backends.slurm_batch import batch_job, step_command
 from clusters.backends.slurm_quoting import shell_quote
@@ -539,6 +540,37 @@ def test_a_job_excluding_a_node_runs_on_the_other(slurm_env, accounts, transport
         assert f" ExcNodeList={excluded} " in shown
         status = wait_for(b, s.name, job_id, {"SUCCEEDED", "FAILED"})
         assert (status.state, status.node_list) == ("SUCCEEDED", [ran_on])
+
+
+def test_a_health_check_runs_on_a_node_gantry_drained_and_leaves_it_drained(
+    slurm_env, accounts, cluster_restored
+):
+    checks = {"command": "exit 226", "account": "vision", "max_runtime_s": 60}
+    b = backend("cli", health_check=checks)
+    b.fence("gpu-node2", "XID 79 on GPU 1")
+    check_id = int(SESSION) % 10**6 * 10 + 1
+    ref = b.health_check("gpu-node2", check_id=check_id, flavor="a100-80gb", gpus=8)
+    assert ref.name == f"gantry-hc{check_id}"
+    # Drained again at once, with Gantry's reason: the check runs on, nothing else starts.
+    state, reason = (
+        slurm("scontrol", "-o", "show", "node", "gpu-node2").split(" State=")[1].split(" ")[0],
+        slurm("sinfo", "-h", "-N", "-p", "gpu", "-n", "gpu-node2", "-o", "%E").strip(),
+    )
+    assert "DRAIN" in state
+    assert reason == "gantry: XID 79 on GPU 1"
+    ended = wait_for(b, ref.name, ref.backend_job_id, {"SUCCEEDED", "FAILED"})
+    result = health_check_result(ended)
+    assert (ended.node_list, result.verdict, result.exit_code) == (["gpu-node2"], FAILED, 226)
+    assert result.detail.startswith("a dcgmi diag test failed (DCGM_ST_NVVS_ERROR): Slurm job ")
+    assert_sinfo("gpu-node2", "gpu-node2 drained gantry: XID 79 on GPU 1")
+
+    passing = backend("cli", health_check={**checks, "command": "nvidia-smi -L || true"})
+    ref = passing.health_check("gpu-node2", check_id=check_id + 1, flavor="a100-80gb", gpus=8)
+    ended = wait_for(passing, ref.name, ref.backend_job_id, {"SUCCEEDED", "FAILED"})
+    assert health_check_result(ended).verdict == PASSED
+    assert_sinfo("gpu-node2", "gpu-node2 drained gantry: XID 79 on GPU 1")
+    passing.unfence("gpu-node2")
+    assert_sinfo("gpu-node2", "gpu-node2 idle none")
 
 
 @pytest.fixture(scope="module")
