@@ -542,13 +542,15 @@ def test_a_job_excluding_a_node_runs_on_the_other(slurm_env, accounts, transport
         assert (status.state, status.node_list) == ("SUCCEEDED", [ran_on])
 
 
+@pytest.mark.parametrize("transport", ["cli", "rest"])
 def test_a_health_check_runs_on_a_node_gantry_drained_and_leaves_it_drained(
-    slurm_env, accounts, cluster_restored
+    slurm_env, accounts, cluster_restored, transport
 ):
+    # Through REST the check is submitted by slurmrestd's user, whom the reservation admits.
     checks = {"command": "exit 226", "account": "vision", "max_runtime_s": 60}
-    b = backend("cli", health_check=checks)
+    b = backend(transport, health_check=checks)
     b.fence("gpu-node2", "XID 79 on GPU 1")
-    check_id = int(SESSION) % 10**6 * 10 + 1
+    check_id = int(SESSION) % 10**6 * 10 + (1 if transport == "cli" else 5)
     ref = b.health_check("gpu-node2", check_id=check_id, flavor="a100-80gb", gpus=8)
     assert ref.name == f"gantry-hc{check_id}"
     # Drained again at once, with Gantry's reason: the check runs on, nothing else starts.
@@ -564,7 +566,7 @@ def test_a_health_check_runs_on_a_node_gantry_drained_and_leaves_it_drained(
     assert result.detail.startswith("a dcgmi diag test failed (DCGM_ST_NVVS_ERROR): Slurm job ")
     assert_sinfo("gpu-node2", "gpu-node2 drained gantry: XID 79 on GPU 1")
 
-    passing = backend("cli", health_check={**checks, "command": "nvidia-smi -L || true"})
+    passing = backend(transport, health_check={**checks, "command": "nvidia-smi -L || true"})
     ref = passing.health_check("gpu-node2", check_id=check_id + 1, flavor="a100-80gb", gpus=8)
     ended = wait_for(passing, ref.name, ref.backend_job_id, {"SUCCEEDED", "FAILED"})
     assert health_check_result(ended).verdict == PASSED

@@ -321,3 +321,46 @@ def test_a_node_both_placed_on_and_excluded_is_refused():
             spec(placement=("gpu-node2",), excluded_nodes=("gpu-node2",)),
             SlurmSettings.parse(SETTINGS),
         )
+
+
+# --- the health check -----------------------------------------------------------------------
+
+
+def test_a_health_check_needs_the_setting_and_a_node_not_drained_by_someone_else(scontrol):
+    fake = scontrol({"gpu-node2": ("IDLE+DRAIN", "bad DIMM (ticket 42)")})
+    with pytest.raises(PermanentBackendError) as refused:
+        backend().health_check("gpu-node2", check_id=1, flavor="a100-80gb", gpus=8)
+    assert str(refused.value) == "cluster hpc has no health_check setting (its command)"
+    checks = {"command": "dcgmi diag -r 1"}
+    with pytest.raises(PermanentBackendError) as refused:
+        backend(health_check=checks).health_check(
+            "gpu-node2", check_id=1, flavor="a100-80gb", gpus=8
+        )
+    assert str(refused.value) == (
+        "Slurm node gpu-node2 is drained for 'bad DIMM (ticket 42)', not by Gantry: Gantry "
+        "checks only nodes that take work or that it drained itself"
+    )
+    assert fake.calls == [["scontrol", "-o", "show", "node", "gpu-node2"]]
+    with pytest.raises(PermanentBackendError) as refused:
+        backend(health_check={"command": "x", "image": "y"}).health_check(
+            "gpu-node2", check_id=1, flavor="a100-80gb", gpus=8
+        )
+    assert str(refused.value) == (
+        "cluster hpc: health_check: unknown setting(s) image (it takes account, command, "
+        "max_runtime_s)"
+    )
+
+
+def test_a_health_check_script_runs_its_command_on_the_node():
+    spec_ = spec(name="gantry-hc4", tenant="", command="dcgmi diag -r 1", placement=("gpu-node2",))
+    job = batch_job(spec_, SlurmSettings.parse(SETTINGS), reservation="gantry-hc4")
+    lines = job.script.splitlines()
+    assert lines[1:3] == ["#SBATCH --job-name=gantry-hc4", "#SBATCH --comment=gantry-hc4"]
+    assert "#SBATCH --reservation=gantry-hc4" in lines
+    assert not any(line.startswith("#SBATCH --account") for line in lines)
+    assert "# Gantry health check of gpu-node2." in lines
+    assert job.rest_submission()["job"]["reservation"] == "gantry-hc4"
+    assert "account" not in job.rest_submission()["job"]
+    # An attempt without a tenant is refused as before: only a check may go without one.
+    with pytest.raises(RenderError, match="is not a plain Slurm name"):
+        batch_job(spec(tenant=""), SlurmSettings.parse(SETTINGS))
