@@ -226,3 +226,9 @@ class Backend(Protocol):
 
     def unfence(self, node: str) -> None:
         """Undo ``fence``: the node takes work again (Slurm resume, uncordon and untaint)."""
+
+    def health_check(self, node: str, *, check_id: int, flavor: str, gpus: int) -> JobRef:
+        """Submit the cluster's health check (its ``health_check`` setting) to ``node``,
+        holding its ``gpus`` GPUs of ``flavor``, as job ``gantry-hc<check_id>``; ``sync``
+        follows it and ``clusters.backends.health_check.health_check_result`` reads its end.
+        BackendError when the cluster has no such setting or the node cannot be checked."""

@@ -29,6 +29,7 @@ from clusters.backends.base import (
     PermanentBackendError,
     job_env,
 )
+from clusters.backends.k8s_fence import FenceError, node_name
 from clusters.backends.k8s_settings import (
     C_IDENTIFIER,
     KUEUE_TOPOLOGY_ANNOTATIONS,
@@ -203,11 +204,30 @@ def _pod_failure_policy(settings: K8sSettings) -> dict[str, Any]:
     return {"rules": rules}
 
 
+def _by_name(operator: str, node: str) -> dict[str, Any]:
+    """A node field selector requirement on ``metadata.name``: the API server takes one
+    value per requirement with In and NotIn (``ValidateNodeFieldSelectorRequirement``)."""
+    return {"key": "metadata.name", "operator": operator, "values": [node]}
+
+
+def excluded_names(spec: JobSpec) -> list[str]:
+    """The nodes the job must avoid, sorted; a name that is not a node name is refused."""
+    excluded = sorted(set(spec.excluded_nodes))
+    for node in excluded:
+        try:
+            node_name(node)
+        except FenceError as exc:
+            raise PermanentBackendError(f"excluded node: {exc}") from None
+    if both := sorted(set(excluded) & set(spec.placement)):
+        raise PermanentBackendError(f"node {both[0]} is both in the placement and excluded")
+    return excluded
+
+
 def pinned_affinity(spec: JobSpec, *, attempt_label: str) -> dict[str, Any]:
     """The pods on the nodes admission chose, one rank per node: required node affinity
     to those nodes by name (``metadata.name``, exact even where a node's hostname label
-    differs from its name) and, for a gang, required anti-affinity between the attempt's
-    pods per ``kubernetes.io/hostname``."""
+    differs from its name; one term per node, the terms ORed) and, for a gang, required
+    anti-affinity between the attempt's pods per ``kubernetes.io/hostname``."""
     if len(set(spec.placement)) != spec.nodes:
         raise PermanentBackendError(
             f"the placement must name {spec.nodes} distinct nodes, one per rank; it names "
@@ -217,15 +237,7 @@ def pinned_affinity(spec: JobSpec, *, attempt_label: str) -> dict[str, Any]:
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [
-                    {
-                        "matchFields": [
-                            {
-                                "key": "metadata.name",
-                                "operator": "In",
-                                "values": sorted(spec.placement),
-                            }
-                        ]
-                    }
+                    {"matchFields": [_by_name("In", node)]} for node in sorted(spec.placement)
                 ]
             }
         }
@@ -240,6 +252,19 @@ def pinned_affinity(spec: JobSpec, *, attempt_label: str) -> dict[str, Any]:
             ]
         }
     return affinity
+
+
+def excluding_affinity(excluded: list[str]) -> dict[str, Any]:
+    """Required node affinity that keeps the pods off ``excluded`` (nodes where an earlier
+    attempt of the run met a hardware fault): one term whose requirements, ANDed, are
+    ``metadata.name NotIn [node]`` for each."""
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchFields": [_by_name("NotIn", n) for n in excluded]}]
+            }
+        }
+    }
 
 
 def kueue_topology(spec: JobSpec, settings: K8sSettings) -> tuple[str, str] | None:
@@ -328,8 +353,12 @@ def _pod_spec(
         pod_spec["tolerations"] = [dict(t) for t in tolerations]
     if settings.queueing == "volcano":
         pod_spec["schedulerName"] = "volcano"
+    excluded = excluded_names(spec)
     if spec.placement and settings.queueing != "kueue":
+        # Pinned to nodes none of which is excluded: the pin says it all.
         pod_spec["affinity"] = pinned_affinity(spec, attempt_label=attempt_label)
+    elif excluded:
+        pod_spec["affinity"] = excluding_affinity(excluded)
     if spec.nodes > 1:
         pod_spec["subdomain"] = name
     pod_spec["containers"] = [container]

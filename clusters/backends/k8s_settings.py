@@ -261,6 +261,7 @@ SETTINGS_SCHEMA: dict[str, Any] = {
             messages={"type": "topology_labels must be a list, widest level first"},
         ),
         TELEMETRY_SETTINGS_KEY: {},  # the telemetry collector's, checked there
+        "health_check": {},  # checked by clusters.backends.health_check
     },
     "allOf": [
         {

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from clusters.backends.base import Inventory, JobStatus, NodeInventory
+from clusters.backends.k8s_fence import node_signals
 from clusters.backends.k8s_manifest import (
     ATTEMPT_LABEL,
     COMPLETION_INDEX_ANNOTATION,
@@ -449,7 +450,11 @@ def _named(names: list[str]) -> str:
 
 
 def node_inventory(
-    nodes: list[dict[str, Any]], pods: list[dict[str, Any]], settings: K8sSettings
+    nodes: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+    settings: K8sSettings,
+    *,
+    now: float = 0.0,
 ) -> Inventory:
     """The GPU nodes of the cluster's flavors with what is used on them, whether they take
     Gantry's pods and where they sit in the topology.
@@ -458,7 +463,8 @@ def node_inventory(
     have not finished, whoever runs them; those labelled ``gantry.io/attempt`` are
     Gantry's. Cordoned and NotReady nodes, and nodes with a NoSchedule or NoExecute taint
     that Gantry's pods (the cluster's and the flavor's tolerations) do not tolerate, take
-    no work. A node's path is the values of the cluster's ``topology_labels``, widest
+    no work. Its conditions become health signals (``k8s_fence.node_signals``, ``now`` for
+    those without a time). A node's path is the values of the cluster's ``topology_labels``, widest
     first, up to the first one it lacks; a label no GPU node carries, or that some lack
     while others carry it, is a problem for the operator."""
     used: dict[str, list[dict[str, Any]]] = {}
@@ -500,6 +506,7 @@ def node_inventory(
                 schedulable=not reason,
                 reason=reason,
                 path=tuple(path),
+                signals=node_signals(node, now=now),
             )
         )
     problems = []

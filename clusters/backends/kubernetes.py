@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.utils import timezone
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -34,7 +35,21 @@ from clusters.backends.base import (
     PermanentBackendError,
     TransientBackendError,
 )
+from clusters.backends.health_check import (
+    HealthCheckSettingsError,
+    health_check_name,
+    parse_health_check,
+    settings_for_check,
+)
 from clusters.backends.k8s_connection import K8sConnection, status_message
+from clusters.backends.k8s_fence import (
+    CHECK_TOLERATIONS,
+    FenceError,
+    cordoned_by_someone_else,
+    fence_patch,
+    node_name,
+    unfence_patch,
+)
 from clusters.backends.k8s_manifest import (
     ATTEMPT_LABEL,
     CONTAINER,
@@ -47,6 +62,7 @@ from clusters.backends.k8s_manifest import (
     token_secret_name,
 )
 from clusters.backends.k8s_pending import PENDING_UNBOUND_PODS, pending_claims
+from clusters.backends.k8s_settings import K8sSettings
 from clusters.backends.k8s_status import (
     LIVE_BOUND_PODS,
     backend_job_id,
@@ -90,7 +106,10 @@ class KubernetesBackend(K8sConnection):
         """Create the attempt's objects, or adopt the Job already named after the attempt
         (looked up first only if an earlier try may have created it; creating a Job that
         exists answers 409 and adopts it all the same)."""
-        objects = render(spec, self.settings, token=spec.attempt_token)
+        return self._submit(spec, self.settings, may_exist=may_exist)
+
+    def _submit(self, spec: JobSpec, settings: K8sSettings, *, may_exist: bool) -> str:
+        objects = render(spec, settings, token=spec.attempt_token)
         job = objects[-1]
         name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
         existing = self._read_job(namespace, name) if may_exist else None
@@ -237,8 +256,104 @@ class KubernetesBackend(K8sConnection):
             if nodes
             else []
         )
-        found = node_inventory(nodes, pods, self.settings)
+        found = node_inventory(nodes, pods, self.settings, now=timezone.now().timestamp())
         return replace(found, claims=tuple(pending_claims(waiting, self.settings)))
+
+    # --- fencing: cordon and Gantry's taint (docs/node-health.md) -----------------------------
+
+    def fence(self, node: str, reason: str) -> None:
+        """Cordon ``node`` and taint it ``gantry.io/node-health=quarantined:NoSchedule``,
+        keeping its other taints; idempotent. Running pods stay (NoSchedule evicts none)."""
+        self._patch_node(node, lambda current: fence_patch(current, reason), "fence")
+
+    def unfence(self, node: str) -> None:
+        """Take Gantry's taint off ``node`` and uncordon it if Gantry cordoned it. A node
+        that someone else cordoned stays cordoned: BackendError says so."""
+        current = self._patch_node(node, unfence_patch, "unfence")
+        if cordoned_by_someone_else(current):
+            raise PermanentBackendError(
+                f"node {node} was cordoned by someone else, not by Gantry: Gantry took its own "
+                "taint off but leaves the cordon to whoever set it (kubectl uncordon "
+                f"{node})"
+            )
+
+    def _patch_node(self, node: str, patch_for: Callable[[dict], dict | None], what: str) -> dict:
+        """Read the node, patch it with its resourceVersion; a 409 (it changed in between)
+        reads it again and retries once. Returns the node as last read or patched."""
+        try:
+            name = node_name(node)
+        except FenceError as exc:
+            raise PermanentBackendError(str(exc)) from None
+        core = client.CoreV1Api(self.api())
+        for _ in range(2):
+            current = self._node_call(f"{what} node {name}: read", core.read_node, name)
+            patch = patch_for(current)
+            if patch is None:
+                return current
+            try:
+                # A merge patch (RFC 7386): lists replaced whole, null deletes a key.
+                return self._node_call(
+                    f"{what} node {name}",
+                    core.patch_node,
+                    name,
+                    patch,
+                    _content_type="application/merge-patch+json",
+                )
+            except _Conflict:
+                continue
+        raise TransientBackendError(
+            f"{what} node {name}: the node changed twice while Gantry patched it (409 "
+            "Conflict); the next sync tries again"
+        )
+
+    def _node_call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict:
+        response = self._call(what, fn, *args, tolerate=(403, 404, 409), **kwargs)
+        if not isinstance(response, ApiException):
+            return json.loads(response.data)
+        if response.status == 409:
+            raise _Conflict
+        if response.status == 403:
+            raise PermanentBackendError(
+                f"{what}: forbidden (403): Gantry's Kubernetes identity may not read and patch "
+                "nodes; grant it get and patch on nodes (a ClusterRole; docs/kubernetes.md) "
+                f"({status_message(response)})"
+            )
+        raise PermanentBackendError(f"{what}: {self.cluster.name} has no such node (404)")
+
+    # --- the health check on demand (clusters.backends.health_check) ---------------------------
+
+    def health_check(self, node: str, *, check_id: int, flavor: str, gpus: int) -> JobRef:
+        """Submit the cluster's health check (its command in its image) to ``node``, holding
+        its ``gpus`` GPUs of ``flavor``, in namespace ``<namespace_prefix>health-check``;
+        ``sync`` then reads its end (``health_check_result``). Its pod tolerates the cordon
+        and Gantry's taint: it reaches a node Gantry fenced, and no other pod does."""
+        try:
+            check = parse_health_check(settings_for_check(self.cluster), needs_image=True)
+            name = node_name(node)
+        except (HealthCheckSettingsError, FenceError) as exc:
+            raise PermanentBackendError(f"{self.cluster.name}: {exc}") from None
+        if check is None:
+            raise PermanentBackendError(
+                f"{self.cluster.name} has no health_check setting (its command and image)"
+            )
+        spec = JobSpec(
+            name=health_check_name(check_id),
+            attempt_id=0,
+            run_id=0,
+            tenant="health-check",
+            project="health-check",
+            image=check.image,
+            command=check.command,
+            env={},
+            flavor=flavor,
+            nodes=1,
+            gpus_per_node=gpus,
+            max_runtime_s=check.max_runtime_s,
+            placement=(name,),
+        )
+        settings = self.settings
+        tolerating = replace(settings, tolerations=(*settings.tolerations, *CHECK_TOLERATIONS))
+        return JobRef(spec.name, self._submit(spec, tolerating, may_exist=True))
 
     def test_connection(self) -> str:
         """One sentence saying the settings work; raises a BackendError saying what does not
@@ -435,6 +550,10 @@ class KubernetesBackend(K8sConnection):
 
 class _AlreadyExists(Exception):
     pass
+
+
+class _Conflict(Exception):
+    """409: the object changed since it was read."""
 
 
 @contextlib.contextmanager

@@ -15,15 +15,18 @@ timeout. Errors:
 
 import os
 import pwd
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import suppress
 from dataclasses import replace
 from pathlib import Path
 
 from django.conf import settings as django_settings
+from django.utils import timezone
 
 from clusters.backends import register
 from clusters.backends.base import (
+    BackendError,
     Inventory,
     JobRef,
     JobSpec,
@@ -31,18 +34,37 @@ from clusters.backends.base import (
     PermanentBackendError,
     TransientBackendError,
 )
+from clusters.backends.health_check import (
+    HealthCheckSettingsError,
+    health_check_name,
+    parse_health_check,
+    settings_for_check,
+)
 from clusters.backends.slurm_accounts import QuotaLimit, is_operator, quota_commands
 from clusters.backends.slurm_batch import BatchJob, batch_job, reclaims_first
 from clusters.backends.slurm_cli import CliTransport
+from clusters.backends.slurm_fence import (
+    FenceError,
+    fence_argv,
+    is_drained,
+    is_gantry_reason,
+    is_permission_error,
+    node_name,
+    takes_work,
+    unfence_argv,
+)
 from clusters.backends.slurm_jobs import SlurmJob, is_ours, is_transient_text, slurm_message
 from clusters.backends.slurm_jobs import job_status as status_of
-from clusters.backends.slurm_nodes import node_inventory
+from clusters.backends.slurm_nodes import SlurmNode, node_inventory, parse_scontrol_nodes
 from clusters.backends.slurm_quoting import RenderError
 from clusters.backends.slurm_rest import RestTransport
-from clusters.backends.slurm_settings import SlurmSettings
+from clusters.backends.slurm_settings import REST_API, SlurmSettings
 from core.schema import SchemaError
 
 LOG_READ_BYTES = 256 * 1024
+# How long a health check of a drained node may take to start while the node is resumed
+# for it (held by Gantry's reservation): a scheduling cycle or two.
+CHECK_START_TIMEOUT_S = 60.0
 
 
 @register("slurm")
@@ -240,10 +262,191 @@ class SlurmBackend:
         transport = self.transport
         jobs, claims, claims_error = transport.queue()
         found = node_inventory(
-            transport.nodes(), self.settings, jobs=jobs, topology=transport.topology()
+            transport.nodes(),
+            self.settings,
+            jobs=jobs,
+            topology=transport.topology(),
+            now=timezone.now().timestamp(),
         )
         self._reclaim_first = None  # asked again with each inventory
         return replace(found, claims=tuple(claims), claims_error=claims_error)
+
+    # --- fencing: scontrol drain and resume (docs/node-health.md) ---------------------------
+
+    def fence(self, node: str, reason: str) -> None:
+        """Drain ``node`` with reason ``gantry: <reason>``: Slurm starts no new job there and
+        lets the running ones finish. Idempotent. A node already drained (or failing) for
+        a reason of someone else's is left as it is: it takes no work already, and its reason
+        stays theirs. A node that is only DOWN is drained, so that it stays out when it
+        comes back (its reason, often Slurm's own "Not responding", becomes Gantry's)."""
+        cli = self._fence_cli("drain")
+        current = self._node(cli, node)
+        if is_drained(current.state) and (is_gantry_reason(current.reason) or current.reason):
+            return
+        self._scontrol(cli, fence_argv(node, reason), node, "drain")
+
+    def unfence(self, node: str) -> None:
+        """Resume ``node`` if Gantry drained it. A node drained or taken down for another
+        reason is never resumed: BackendError says whose reason it is."""
+        cli = self._fence_cli("resume")
+        current = self._node(cli, node)
+        if takes_work(current.state):
+            return
+        if not is_gantry_reason(current.reason):
+            why = f"for {current.reason!r}" if current.reason else "without a reason"
+            raise PermanentBackendError(
+                f"Slurm node {node} is {current.state.upper()} {why}, not by Gantry: Gantry "
+                "resumes only the nodes it drained itself; a Slurm administrator resumes it "
+                f"(scontrol update NodeName={node} State=RESUME) once it is fit"
+            )
+        self._scontrol(cli, unfence_argv(node), node, "resume")
+
+    def _fence_cli(self, what: str) -> CliTransport:
+        """scontrol: slurmrestd's API v0.0.38 has no node update (only GET /nodes and
+        /node/{name}); through REST, the CLI is used where the settings name a slurm.conf."""
+        settings = self.settings
+        if isinstance(self.transport, CliTransport):
+            return self.transport
+        if settings.slurm_conf:
+            return CliTransport(settings)
+        raise PermanentBackendError(
+            f"cluster {self.cluster.name}: slurmrestd's API {REST_API} cannot {what} nodes "
+            "(it has no endpoint that changes a node): give the setting slurm_conf, so that "
+            "Gantry runs scontrol on its workers as a Slurm administrator, or turn the "
+            "health policy's fence_backend off (Gantry then only keeps the node out of its "
+            "own placement)"
+        )
+
+    def _node(self, cli: CliTransport, node: str) -> SlurmNode:
+        try:
+            name = node_name(node)
+        except FenceError as exc:
+            raise PermanentBackendError(str(exc)) from None
+        done = cli.run(["scontrol", "-o", "show", "node", name])
+        message = slurm_message(done.stderr + "\n" + done.stdout)
+        if done.returncode != 0:
+            if is_transient_text(message):
+                raise TransientBackendError(f"scontrol show node {node}: {message}")
+            raise PermanentBackendError(f"Slurm has no node {node}: {message}")
+        found = [n for n in parse_scontrol_nodes(done.stdout) if n.name == node]
+        if not found:
+            raise PermanentBackendError(f"Slurm has no node {node}")
+        return found[0]
+
+    def _scontrol(self, cli: CliTransport, argv: list[str], node: str, what: str) -> None:
+        done = cli.run(argv)
+        if done.returncode == 0:
+            return
+        message = slurm_message(done.stderr + "\n" + done.stdout)
+        message = message.removeprefix("slurm_update error: ")
+        if is_permission_error(message):
+            raise PermanentBackendError(
+                f"Slurm refused to {what} node {node} ({message}): only Slurm administrators "
+                "may drain or resume nodes; give Gantry's Slurm user AdminLevel=Admin "
+                "(sacctmgr modify user <user> set AdminLevel=Admin)"
+            )
+        if is_transient_text(message):
+            raise TransientBackendError(f"scontrol could not {what} node {node}: {message}")
+        raise PermanentBackendError(f"Slurm refused to {what} node {node}: {message}")
+
+    # --- the health check on demand (clusters.backends.health_check) ---------------------------
+
+    def health_check(self, node: str, *, check_id: int, flavor: str, gpus: int) -> JobRef:
+        """Submit the cluster's health check to ``node``, holding its ``gpus`` GPUs of
+        ``flavor``; ``sync`` then reads its end (``health_check_result``). It runs on the
+        node itself, not in a container. A node Gantry drained starts no job: it is held
+        for the check by a maintenance reservation for Gantry's Slurm user (so no other job
+        starts there), resumed until the check starts, and drained again with its reason
+        (a drain lets the running check finish); the reservation lapses with the check's
+        time limit. A node drained by someone else is not checked."""
+        settings = self.settings
+        try:
+            check = parse_health_check(settings_for_check(self.cluster), needs_image=False)
+        except HealthCheckSettingsError as exc:
+            raise PermanentBackendError(f"cluster {self.cluster.name}: {exc}") from None
+        if check is None:
+            raise PermanentBackendError(
+                f"cluster {self.cluster.name} has no health_check setting (its command)"
+            )
+        spec = JobSpec(
+            name=health_check_name(check_id),
+            attempt_id=0,
+            run_id=0,
+            tenant=check.account,
+            project="health-check",
+            image="",
+            command=check.command,
+            env={},
+            flavor=flavor,
+            nodes=1,
+            gpus_per_node=gpus,
+            max_runtime_s=check.max_runtime_s,
+            placement=(node,),
+        )
+        on_node = replace(settings, container_runtime="none")
+        cli = self._fence_cli("check")
+        current = self._node(cli, node)
+        if not is_drained(current.state):
+            return JobRef(spec.name, self.transport.submit(self._check_job(spec, on_node)))
+        if not is_gantry_reason(current.reason):
+            raise PermanentBackendError(
+                f"Slurm node {node} is drained for {current.reason!r}, not by Gantry: Gantry "
+                "checks only nodes that take work or that it drained itself"
+            )
+        return self._check_drained(cli, spec, on_node, current)
+
+    def _check_job(self, spec: JobSpec, settings: SlurmSettings, reservation: str = "") -> BatchJob:
+        try:
+            return batch_job(spec, settings, reservation=reservation)
+        except RenderError as exc:
+            raise PermanentBackendError(f"cluster {self.cluster.name}: {exc}") from None
+
+    def _check_drained(
+        self, cli: CliTransport, spec: JobSpec, settings: SlurmSettings, node: SlurmNode
+    ) -> JobRef:
+        user = settings.rest_user if settings.transport == "rest" else _current_user()
+        minutes = -(-spec.max_runtime_s // 60) + 2
+        self._scontrol(
+            cli,
+            [
+                "scontrol", "create", "reservation", f"ReservationName={spec.name}",
+                "StartTime=now", f"Duration={minutes}", f"Nodes={node.name}",
+                f"Users={user}", "Flags=MAINT,IGNORE_JOBS",
+            ],
+            node.name,
+            "reserve",
+        )  # fmt: skip
+        redrain = ["scontrol", "update", f"NodeName={node.name}", "State=DRAIN"]
+        redrain.append(f"Reason={node.reason}")
+        job_id = ""
+        try:
+            self._scontrol(cli, unfence_argv(node.name), node.name, "resume")
+            job_id = self.transport.submit(self._check_job(spec, settings, spec.name))
+            deadline = time.monotonic() + CHECK_START_TIMEOUT_S
+            while time.monotonic() < deadline:
+                status = self.sync([JobRef(spec.name, job_id)]).get(spec.name)
+                if status is not None and status.state != "PENDING":
+                    return JobRef(spec.name, job_id)
+                time.sleep(0.5)
+            raise TransientBackendError(
+                f"the health check of {node.name} did not start within "
+                f"{CHECK_START_TIMEOUT_S:g} s; it was cancelled"
+            )
+        except BaseException:
+            if job_id:
+                with suppress(BackendError):
+                    self.transport.cancel(job_id)
+            raise
+        finally:
+            # Drained again whatever happened: the quarantine stands until a person ends it.
+            # Then the reservation ends now: a running check keeps its node (Slurm refuses
+            # to delete a reservation in use, but ends it), and none waits for it.
+            try:
+                self._scontrol(cli, redrain, node.name, "drain")
+            finally:
+                end = ["scontrol", "update", f"ReservationName={spec.name}", "EndTime=now"]
+                with suppress(BackendError):
+                    self._scontrol(cli, end, node.name, "release the reservation of")
 
     def mirror_quotas(self, quotas: Iterable[QuotaLimit]) -> list[list[str]]:
         """Make Slurm enforce the tenants' GPU limits too: an account and a QOS with

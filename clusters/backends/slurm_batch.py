@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from clusters.backends.base import COMMAND_SHELL, JobSpec, job_env
+from clusters.backends.health_check import NAME as HEALTH_CHECK_NAME
+from clusters.backends.slurm_fence import FenceError, node_name
 from clusters.backends.slurm_quoting import LEVEL_NAME, RenderError, plain_word, shell_quote
 from clusters.backends.slurm_settings import SlurmSettings
 from clusters.env_names import env_name_refusal
@@ -34,16 +36,18 @@ class BatchJob:
     script: str
     environment: dict[str, str] = field(repr=False)
     nodelist: str = ""  # the nodes admission chose, comma-separated; empty: Slurm places
+    exclude: str = ""  # nodes the job must not run on (a hardware fault there), comma-separated
     switches: int = 0  # at most this many leaf switches (``--switches``); 0: no limit
     top_priority: bool = False  # it reclaims preempted GPUs: ``--priority=TOP``
+    reservation: str = ""  # a health check held to a drained node by Gantry's reservation
 
     def sbatch_options(self) -> list[str]:
         """The options as sbatch arguments, in the order of the script's #SBATCH lines."""
-        options = [
-            f"--job-name={self.name}",
-            f"--comment={self.comment}",
-            f"--account={self.account}",
-        ]
+        options = [f"--job-name={self.name}", f"--comment={self.comment}"]
+        if self.account:  # a health check without one: the user's default account
+            options.append(f"--account={self.account}")
+        if self.reservation:
+            options.append(f"--reservation={self.reservation}")
         if self.partition:
             options.append(f"--partition={self.partition}")
         if self.qos:
@@ -51,6 +55,8 @@ class BatchJob:
         options.append(f"--nodes={self.nodes}")
         if self.nodelist:
             options.append(f"--nodelist={self.nodelist}")
+        if self.exclude:
+            options.append(f"--exclude={self.exclude}")
         if self.switches:
             options.append(f"--switches={self.switches}")
         options += [
@@ -70,12 +76,13 @@ class BatchJob:
 
         slurmrestd 22.05 does not read ``#SBATCH`` lines: every option goes in ``job``. It
         ignores ``requeue: false`` (the cluster default applies), rejects ``B:`` signals and
-        refuses a switch count ("Disabled key: required_switches"); it takes ``nodelist``.
+        refuses a switch count ("Disabled key: required_switches"); it takes ``nodelist``
+        and, for ``--exclude``, ``exclude_nodes`` (its v0.0.38 ``job_params``: the
+        ``excluded_nodes`` it reports is disabled as an input).
         """
         job = {
             "name": self.name,
             "comment": self.comment,
-            "account": self.account,
             # A string: 22.05 silently ignores the [min, max] array form.
             "nodes": str(self.nodes),
             "tasks_per_node": self.tasks_per_node,
@@ -86,6 +93,10 @@ class BatchJob:
             "standard_output": self.output,
             "environment": dict(self.environment),
         }
+        if self.account:
+            job["account"] = self.account
+        if self.reservation:
+            job["reservation"] = self.reservation
         if self.partition:
             job["partition"] = self.partition
         if self.qos:
@@ -94,6 +105,8 @@ class BatchJob:
             job["signal"] = self.signal
         if self.nodelist:
             job["nodelist"] = self.nodelist
+        if self.exclude:
+            job["exclude_nodes"] = self.exclude
         return {"script": self.script, "job": job}
 
 
@@ -152,6 +165,7 @@ def batch_job(
     settings: SlurmSettings,
     *,
     environment: Mapping[str, str] | None = None,
+    reservation: str = "",
 ) -> BatchJob:
     """The batch job that runs ``spec`` on the cluster.
 
@@ -167,7 +181,12 @@ def batch_job(
     if spec.nodes < 1 or spec.gpus_per_node < 1:
         raise RenderError("a job needs at least one node and one GPU per node")
     name = plain_word(spec.name, "job name")
-    account = plain_word(spec.tenant, "tenant (the Slurm account)")
+    # Only a health check (named gantry-hc<id>) may go without an account.
+    account = (
+        plain_word(spec.tenant, "tenant (the Slurm account)")
+        if spec.tenant or not HEALTH_CHECK_NAME.match(spec.name)
+        else ""
+    )
     partition = mapping.partition or settings.partition
     qos = mapping.qos or settings.qos
     # Settings hold a positive integer or "gpus" (one task per GPU).
@@ -197,6 +216,12 @@ def batch_job(
         )
     if len(set(placement)) != len(placement):
         raise RenderError("the placement names a node twice")
+    try:
+        excluded = sorted({node_name(node) for node in spec.excluded_nodes})
+    except FenceError as exc:
+        raise RenderError(f"excluded node: {exc}") from None
+    if both := sorted(set(placement) & set(excluded)):
+        raise RenderError(f"node {both[0]} is both in the placement and excluded")
     job_env = {"PATH": settings.job_path}
     if spec.attempt_token:
         job_env[ATTEMPT_TOKEN_ENV] = spec.attempt_token
@@ -218,8 +243,10 @@ def batch_job(
         script="",
         environment=job_env,
         nodelist=",".join(placement),
+        exclude=",".join(excluded),
         switches=1 if _one_leaf_switch(spec, settings) and settings.transport == "cli" else 0,
         top_priority=spec.reclaiming and reclaims_first(settings),
+        reservation=plain_word(reservation, "reservation") if reservation else "",
     )
     return replace(job, script=_script(job, spec, settings))
 
@@ -243,8 +270,13 @@ def _one_leaf_switch(spec: JobSpec, settings: SlurmSettings) -> bool:
 
 def _script(job: BatchJob, spec: JobSpec, settings: SlurmSettings) -> str:
     lines = ["#!/bin/bash", *(f"#SBATCH {option}" for option in job.sbatch_options())]
+    what = (
+        f"health check of {','.join(spec.placement)}"
+        if HEALTH_CHECK_NAME.match(spec.name)
+        else f"run {int(spec.run_id)}, attempt {int(spec.attempt_id)}"
+    )
     lines += [
-        f"# Gantry run {int(spec.run_id)}, attempt {int(spec.attempt_id)}.",
+        f"# Gantry {what}.",
         "# GANTRY_ATTEMPT_TOKEN=<redacted>: it comes with the submit environment, never in",
         "# this script.",
     ]
@@ -259,6 +291,8 @@ def _script(job: BatchJob, spec: JobSpec, settings: SlurmSettings) -> str:
                 else "(a switch count cannot say it)."
             )
         )
+    if job.exclude:
+        lines.append(f"# Not on {job.exclude}: a node Gantry found faulty while this run used it.")
     if job.top_priority:
         lines.append(
             "# It takes GPUs a preemption frees: first in Slurm's queue, so no job waiting "

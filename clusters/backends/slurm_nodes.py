@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from clusters.backends.base import Inventory, NodeInventory
+from clusters.backends.slurm_fence import node_signals
 from clusters.backends.slurm_hostlist import expand_hostlist
 from clusters.backends.slurm_jobs import JOB_ID, SlurmJob, base_state, describe_errors
 from clusters.backends.slurm_settings import SlurmSettings
@@ -204,11 +205,13 @@ def node_inventory(
     *,
     jobs: Iterable[SlurmJob] = (),
     topology: str | None = "",
+    now: float = 0.0,
 ) -> Inventory:
     """The GPU nodes of the cluster's flavors: a node with the flavor's GPU type (in its
     partition, if it names one), the GPUs jobs hold on it and those of them Gantry's jobs
     hold (from ``jobs``), whether it takes work (with Slurm's state and the operator's
-    reason, "drained: bad DIMM"), and its path in the switch tree ``topology`` (text of
+    reason, "drained: bad DIMM"), what its state says about its health (``signals``, stamped
+    ``now``, Unix seconds) and its path in the switch tree ``topology`` (text of
     ``scontrol show topology``; "" for none, None when it cannot be known)."""
     gantry = gantry_gpus_by_node(jobs)
     found = []
@@ -231,6 +234,7 @@ def node_inventory(
                     ),
                     schedulable=not condition,
                     reason=reason,
+                    signals=node_signals(node.name, node.state, node.reason, at=now),
                 )
             )
             break  # a node serves one flavor

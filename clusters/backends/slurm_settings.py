@@ -182,6 +182,7 @@ SETTINGS_SCHEMA: dict[str, Any] = {
             "messages": {"type": _FLAVORS_MESSAGE, "minProperties": _FLAVORS_MESSAGE},
         },
         TELEMETRY_SETTINGS_KEY: {},  # the telemetry collector's, checked there
+        "health_check": {},  # checked by clusters.backends.health_check
     },
     "allOf": [
         _required_text("job_dir", "setting 'job_dir' is required"),

@@ -144,6 +144,30 @@ class Controller:
         """What ``kubectl cordon`` (or ``uncordon``) does."""
         self.store.patch("nodes", "", name, {"spec": {"unschedulable": unschedulable}}, "merge")
 
+    def set_condition(
+        self, node: str, kind: str, status: str, *, reason: str = "", message: str = ""
+    ) -> None:
+        """Set (or replace) one condition of a node, as the kubelet or a health agent such
+        as node-problem-detector or NVSentinel does, stamped with the cluster's time."""
+        with self.store.lock:
+            current = self.store.find("nodes", "", node)
+            if current is None:
+                raise KeyError(node)
+            conditions = [
+                c for c in current["status"].get("conditions") or [] if c.get("type") != kind
+            ]
+            conditions.append(
+                {
+                    "type": kind,
+                    "status": status,
+                    "reason": reason,
+                    "message": message,
+                    "lastTransitionTime": self.clock.stamp(),
+                }
+            )
+            current["status"]["conditions"] = conditions
+            self.store.touch("nodes", current)
+
     def add_pod(
         self,
         name: str,
@@ -460,7 +484,12 @@ class Controller:
         """Why the scheduler would not put ``pod`` on ``node``, in its words; None if fine."""
         spec, name = pod["spec"], node["metadata"]["name"]
         labels = node["metadata"].get("labels", {})
-        if node["spec"].get("unschedulable"):
+        # The scheduler's NodeUnschedulable filter: a cordoned node takes only the pods that
+        # tolerate the taint the cordon is mirrored as (DaemonSets do).
+        cordon = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+        if node["spec"].get("unschedulable") and not _tolerated(
+            spec.get("tolerations") or [], cordon
+        ):
             return "node(s) were unschedulable"
         for taint in node["spec"].get("taints") or []:
             if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(

@@ -440,10 +440,45 @@ def _validate_job(body: dict) -> None:
         raise ApiError(
             422, "Invalid", "spec.completions: Required value: when completionMode is Indexed"
         )
+    _validate_node_fields(pod_spec)
     if spec.get("podFailurePolicy") and pod_spec.get("restartPolicy") != "Never":
         raise ApiError(
             422, "Invalid", "spec.template.spec.restartPolicy: only Never with podFailurePolicy"
         )
+
+
+def _validate_node_fields(pod_spec: dict) -> None:
+    """The API server's ValidateNodeFieldSelectorRequirement: a node field selector (only
+    metadata.name) takes In or NotIn with exactly one value."""
+    required = (
+        ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        or {}
+    ).get("nodeSelectorTerms") or []
+    for t, term in enumerate(required):
+        for r, requirement in enumerate(term.get("matchFields") or []):
+            where = (
+                "spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuring"
+                f"Execution.nodeSelectorTerms[{t}].matchFields[{r}]"
+            )
+            if requirement.get("key") != "metadata.name":
+                raise ApiError(
+                    422, "Invalid", f"{where}.key: Invalid value: not a valid field selector key"
+                )
+            if requirement.get("operator") not in ("In", "NotIn"):
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f"{where}.operator: Invalid value: not a valid selector operator",
+                )
+            if len(requirement.get("values") or []) != 1:
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f"{where}.values: Required value: must be only one value when `operator` "
+                    "is 'In' or 'NotIn' for node field selector",
+                )
 
 
 __all__ = ["FakeApiServer", "not_found"]

@@ -417,12 +417,10 @@ def test_a_placed_gang_is_pinned_to_its_nodes_one_rank_on_each():
     assert pod_spec_of(placed("placed-gang"))["affinity"] == {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {
+                # One term per node, ORed: a node field selector takes one value.
                 "nodeSelectorTerms": [
-                    {
-                        "matchFields": [
-                            {"key": "metadata.name", "operator": "In", "values": list(GANG)}
-                        ]
-                    }
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]}
+                    for n in GANG
                 ]
             }
         },
@@ -457,7 +455,10 @@ def test_volcano_pods_are_pinned_too():
     pod = pod_spec_of(placed("placed-volcano"))
     assert pod["schedulerName"] == "volcano"
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert terms["nodeSelectorTerms"][0]["matchFields"][0]["values"] == list(GANG[:2])
+    assert [t["matchFields"][0]["values"] for t in terms["nodeSelectorTerms"]] == [
+        [GANG[0]],
+        [GANG[1]],
+    ]
     assert "podAntiAffinity" in pod["affinity"]
 
 

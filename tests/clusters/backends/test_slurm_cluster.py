@@ -38,6 +38,7 @@ from clusters.backends import (
     TransientBackendError,
 )
 from clusters.backends.base import job_env
+from clusters.backends.health_check import FAILED, PASSED, health_check_result
 from clusters.backends.slurm import QuotaLimit, SlurmBackend, mirror_quotas
 from clusters.backends.slurm_batch import batch_job, step_command
 from clusters.backends.slurm_quoting import shell_quote
@@ -463,6 +464,115 @@ def test_a_drained_node_and_outside_load_keep_a_run_queued_until_they_go(
     run.refresh_from_db()
     attempt.refresh_from_db()
     assert (run.state, attempt.node_list) == (RunState.SUCCEEDED, ["gpu-node1"])
+
+
+def assert_sinfo(node: str, wanted: str, *, timeout: float = 60) -> None:
+    """sinfo says ``wanted`` of one node of partition gpu (name, state, reason) within
+    ``timeout``: a resumed node is ``idle*``, not responding, until its slurmd registers
+    again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        line = slurm("sinfo", "-h", "-N", "-p", "gpu", "-n", node, "-o", "%n %T %E").strip()
+        if line == wanted or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert line == wanted
+
+
+@pytest.mark.parametrize("transport", ["cli", "rest"])
+def test_gantry_drains_a_node_with_its_reason_and_resumes_it(
+    slurm_env, accounts, cluster_restored, transport
+):
+    # Through REST too: slurmrestd v0.0.38 cannot drain, so scontrol does (slurm_conf set).
+    b = backend(transport)
+    b.fence("gpu-node2", "XID 79 on GPU 1")
+    assert_sinfo("gpu-node2", "gpu-node2 drained gantry: XID 79 on GPU 1")
+    b.fence("gpu-node2", "XID 48 on GPU 3")  # drained already: the first reason stays
+    assert_sinfo("gpu-node2", "gpu-node2 drained gantry: XID 79 on GPU 1")
+    nodes = {node.name: node for node in b.inventory().nodes}
+    assert (nodes["gpu-node2"].schedulable, nodes["gpu-node2"].reason) == (
+        False,
+        "drained: gantry: XID 79 on GPU 1",
+    )
+    assert (nodes["gpu-node2"].signals, nodes["gpu-node1"].signals) == ((), ())
+    assert nodes["gpu-node1"].schedulable
+    b.unfence("gpu-node2")
+    assert_sinfo("gpu-node2", "gpu-node2 idle none")
+    b.unfence("gpu-node2")  # idempotent
+    assert_sinfo("gpu-node2", "gpu-node2 idle none")
+
+
+def test_gantry_never_resumes_a_node_someone_drained(slurm_env, accounts, cluster_restored):
+    slurm("scontrol", "update", "nodename=gpu-node2", "state=drain", "reason=bad DIMM (ticket 42)")
+    b = backend("cli")
+    b.fence("gpu-node2", "XID 79 on GPU 1")  # unschedulable already: their reason stays
+    assert_sinfo("gpu-node2", "gpu-node2 drained bad DIMM (ticket 42)")
+    with pytest.raises(PermanentBackendError, match=r"^Slurm node gpu-node2 is IDLE\+DRAIN for "):
+        b.unfence("gpu-node2")
+    assert_sinfo("gpu-node2", "gpu-node2 drained bad DIMM (ticket 42)")
+
+
+def test_a_drain_slurm_refuses_says_gantry_needs_admin_rights(
+    slurm_env, accounts, cluster_restored, tmp_path, monkeypatch
+):
+    """scontrol run as a Slurm user without AdminLevel (slurmrest): Slurm's own refusal."""
+    wrapper = tmp_path / "scontrol"
+    wrapper.write_text('#!/bin/sh\nexec runuser -u slurmrest -- /usr/bin/scontrol "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with pytest.raises(PermanentBackendError) as refused:
+        backend("cli").fence("gpu-node2", "XID 79 on GPU 1")
+    assert str(refused.value) == (
+        "Slurm refused to drain node gpu-node2 (Invalid user id): only Slurm administrators "
+        "may drain or resume nodes; give Gantry's Slurm user AdminLevel=Admin "
+        "(sacctmgr modify user <user> set AdminLevel=Admin)"
+    )
+    assert_sinfo("gpu-node2", "gpu-node2 idle none")
+
+
+@pytest.mark.parametrize("transport", ["cli", "rest"])
+def test_a_job_excluding_a_node_runs_on_the_other(slurm_env, accounts, transport):
+    b = backend(transport)
+    for excluded, ran_on in (("gpu-node2", "gpu-node1"), ("gpu-node1", "gpu-node2")):
+        s = spec(excluded_nodes=(excluded,), command="hostname")
+        job_id = b.submit(s)
+        shown = slurm("scontrol", "-o", "show", "job", job_id)
+        assert f" ExcNodeList={excluded} " in shown
+        status = wait_for(b, s.name, job_id, {"SUCCEEDED", "FAILED"})
+        assert (status.state, status.node_list) == ("SUCCEEDED", [ran_on])
+
+
+@pytest.mark.parametrize("transport", ["cli", "rest"])
+def test_a_health_check_runs_on_a_node_gantry_drained_and_leaves_it_drained(
+    slurm_env, accounts, cluster_restored, transport
+):
+    # Through REST the check is submitted by slurmrestd's user, whom the reservation admits.
+    checks = {"command": "exit 226", "account": "vision", "max_runtime_s": 60}
+    b = backend(transport, health_check=checks)
+    b.fence("gpu-node2", "XID 79 on GPU 1")
+    check_id = int(SESSION) % 10**6 * 10 + (1 if transport == "cli" else 5)
+    ref = b.health_check("gpu-node2", check_id=check_id, flavor="a100-80gb", gpus=8)
+    assert ref.name == f"gantry-hc{check_id}"
+    # Drained again at once, with Gantry's reason: the check runs on, nothing else starts.
+    state, reason = (
+        slurm("scontrol", "-o", "show", "node", "gpu-node2").split(" State=")[1].split(" ")[0],
+        slurm("sinfo", "-h", "-N", "-p", "gpu", "-n", "gpu-node2", "-o", "%E").strip(),
+    )
+    assert "DRAIN" in state
+    assert reason == "gantry: XID 79 on GPU 1"
+    ended = wait_for(b, ref.name, ref.backend_job_id, {"SUCCEEDED", "FAILED"})
+    result = health_check_result(ended)
+    assert (ended.node_list, result.verdict, result.exit_code) == (["gpu-node2"], FAILED, 226)
+    assert result.detail.startswith("a dcgmi diag test failed (DCGM_ST_NVVS_ERROR): Slurm job ")
+    assert_sinfo("gpu-node2", "gpu-node2 drained gantry: XID 79 on GPU 1")
+
+    passing = backend(transport, health_check={**checks, "command": "nvidia-smi -L || true"})
+    ref = passing.health_check("gpu-node2", check_id=check_id + 1, flavor="a100-80gb", gpus=8)
+    ended = wait_for(passing, ref.name, ref.backend_job_id, {"SUCCEEDED", "FAILED"})
+    assert health_check_result(ended).verdict == PASSED
+    assert_sinfo("gpu-node2", "gpu-node2 drained gantry: XID 79 on GPU 1")
+    passing.unfence("gpu-node2")
+    assert_sinfo("gpu-node2", "gpu-node2 idle none")
 
 
 @pytest.fixture(scope="module")
