@@ -264,7 +264,7 @@ def statement(request: HttpRequest, tenant_slug: str, month: date) -> HttpRespon
             "statement": report,
             "total": report.total,
             "accrual": accrual,
-            "accrued_cost": report.total.cost + accrual.cost,
+            "accrued_cost": report.total.charged_cost + accrual.cost,
             "accrued_gpu_hours": gpu_hours(report.total.allocated_gpu_s + accrual.gpu_s),
             "accrued_at": now,
             "breakdowns": [(DIMENSIONS[name], lines) for name, lines in report.breakdowns.items()],
