@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from finance import costing
 from finance.models import DailyUsage, RateCard
+from finance.selectors.burn_down import budget_burn_down
 from finance.selectors.statements import statement_month
 from finance.services import daily_usage_update, rate_card_add, rate_card_credit_policy_set
 from jobs.models import Attempt, AttemptState, CauseClass, TenantMonthUsage
@@ -450,3 +451,60 @@ def test_credited_lines_cost_the_statement_page_no_query(client, world, credited
     assert 'data-section="credits"' not in content
     # 12, as docs/benchmarks.md measures the page: the credited lines come from its lines
     assert len(credited.captured_queries) == len(uncredited.captured_queries) == 12
+
+
+def policy_url(card: RateCard) -> str:
+    return f"/finance/rates/{card.pk}/credit-policy/"
+
+
+def test_finance_sets_a_cards_policy_on_the_rate_card_page(client, world, credited_march):
+    card = RateCard.objects.get()
+    client.force_login(world.finance)
+    page = client.get("/finance/rates/").content.decode()
+    assert f'action="{policy_url(card)}"' in page
+
+    response = client.post(policy_url(card), {"credit_policy": "charge"})
+
+    assert (response.status_code, response["Location"]) == (302, "/finance/rates/")
+    assert RateCard.objects.get().credit_policy == "charge"
+    assert AuditEvent.objects.filter(action="ratecard.credit_policy").count() == 1
+    page = client.get("/finance/rates/").content.decode()
+    assert "now says: charge them like any other gpu time." in page
+
+
+@pytest.mark.parametrize(
+    ("persona", "status"), [("tenant_admin_a", 403), ("researcher_a", 404), (None, 302)]
+)
+def test_others_cannot_set_a_policy_and_change_nothing(
+    client, world, credited_march, persona, status
+):
+    card = RateCard.objects.get()
+    if persona:
+        client.force_login(getattr(world, persona))
+
+    response = client.post(policy_url(card), {"credit_policy": "charge"})
+
+    assert response.status_code == status
+    assert RateCard.objects.get().credit_policy == "credit"
+    assert not AuditEvent.objects.filter(action="ratecard.credit_policy").exists()
+
+
+def test_a_bad_policy_or_card_changes_nothing(client, world, credited_march):
+    card = RateCard.objects.get()
+    client.force_login(world.finance)
+
+    assert client.post(policy_url(card), {"credit_policy": "waive"}).status_code == 302
+    assert client.get(policy_url(card)).status_code == 405
+    assert client.post(f"/finance/rates/{card.pk + 1}/credit-policy/", {}).status_code == 404
+    assert RateCard.objects.get().credit_policy == "credit"
+    assert not AuditEvent.objects.filter(action="ratecard.credit_policy").exists()
+
+
+def test_the_burn_down_counts_charged_hours_only(client, world, credited_march):
+    burn = budget_burn_down(tenant=world.vision, month=MARCH, as_of=date(2025, 3, 31))
+
+    # 21,600 allocated, 3,400 credited: 18,200 GPU-s burn the budget, as the ledger says.
+    assert [(flavor.flavor_slug, flavor.used_gpu_s) for flavor in burn.flavors] == [
+        ("a100-80gb", 18200)
+    ]
+    assert ledger(world) == 18200
