@@ -151,9 +151,13 @@ class RateCardForm(ServiceErrorsMixin, forms.Form):
         label="Hardware and platform failures",
         choices=RateCard.CreditPolicy.choices,
         initial=RateCard.CreditPolicy.CREDIT,
+        required=False,  # left out (an older client, a script): the default, credit
         help_text="Credit: the GPU-hours a hardware or platform fault cost an attempt (its "
         "lost work and startup) are not charged.",
     )
+
+    def clean_credit_policy(self) -> str:
+        return self.cleaned_data["credit_policy"] or RateCard.CreditPolicy.CREDIT
 
 
 class CreditPolicyForm(forms.Form):

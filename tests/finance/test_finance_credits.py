@@ -508,3 +508,16 @@ def test_the_burn_down_counts_charged_hours_only(client, world, credited_march):
         ("a100-80gb", 18200)
     ]
     assert ledger(world) == 18200
+
+
+def test_a_card_added_on_the_page_says_how_failures_are_billed(client, world):
+    client.force_login(world.finance)
+    form = {"flavor": "a100-80gb", "price_per_gpu_hour": "2.50", "currency": "EUR"}
+
+    client.post("/finance/rates/", {**form, "valid_from": "2025-01-01", "credit_policy": "charge"})
+    client.post("/finance/rates/", {**form, "valid_from": "2025-02-01"})  # left out: credit
+
+    assert list(RateCard.objects.order_by("valid_from").values_list("credit_policy", flat=True)) == [
+        "charge",
+        "credit",
+    ]
