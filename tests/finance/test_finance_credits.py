@@ -517,7 +517,5 @@ def test_a_card_added_on_the_page_says_how_failures_are_billed(client, world):
     client.post("/finance/rates/", {**form, "valid_from": "2025-01-01", "credit_policy": "charge"})
     client.post("/finance/rates/", {**form, "valid_from": "2025-02-01"})  # left out: credit
 
-    assert list(RateCard.objects.order_by("valid_from").values_list("credit_policy", flat=True)) == [
-        "charge",
-        "credit",
-    ]
+    policies = RateCard.objects.order_by("valid_from").values_list("credit_policy", flat=True)
+    assert list(policies) == ["charge", "credit"]
