@@ -142,7 +142,7 @@ class TenantMonthSoFar:
 
     @property
     def accrued_cost(self) -> Decimal:
-        return self.row.to_date.cost + self.accrual.cost
+        return self.row.to_date.charged_cost + self.accrual.cost
 
 
 def tenant_month_overview_accrued(

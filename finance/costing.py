@@ -12,6 +12,13 @@ over it (or none: time no rate card covers is unpriced and costs nothing).
 No money is rounded here per attempt or per day. A statement line adds up the whole
 GPU-seconds of its segments under one rate, and its cost is that quantity × the price,
 rounded once, half to even, to the cent (``line_cost``); totals are sums of lines.
+
+Credits (issue 34): a segment of an attempt that a platform or hardware fault ended is
+credited its lost and startup GPU-seconds when its rate card's policy credits them (time no
+card covers costs nothing and is credited too). A line's charged cost is its charged
+GPU-seconds priced and rounded once; its credited amounts are what the allocated cost adds
+to that, rounded cumulatively (``line_costs``), so charged + credited = allocated, to the
+GPU-second and to the cent.
 """
 
 import itertools
@@ -21,7 +28,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from fractions import Fraction
 
-from telemetry.accounting import EFFECTIVE, WASTE
+from telemetry.accounting import CREDITED, EFFECTIVE, WASTE
 
 # The categories (``telemetry.accounting``'s) in the order a segment's leftover units are
 # handed out on a tie: effective first, then the waste in precedence order. Every DailyUsage
@@ -41,6 +48,7 @@ class Rate:
     valid_to: datetime | None
     price_per_gpu_hour: Decimal
     card_id: int | None = None
+    credits: bool = True  # the card's policy: credit platform and hardware failures
 
     def covers(self, moment: datetime) -> bool:
         return self.valid_from <= moment and (self.valid_to is None or moment < self.valid_to)
@@ -61,6 +69,14 @@ class DayShare:
     @property
     def unpriced_gpu_s(self) -> int:
         return self.allocated_gpu_s if self.rate is None else 0
+
+    def credited_gpu_s(self, *, credit_due: bool) -> int:
+        """The share's credited GPU-seconds: its lost and startup ones when the attempt is
+        due a credit (``telemetry.accounting.credit_due``) and its rate card credits (no
+        card: nothing is charged anyway, so it is credited)."""
+        if not credit_due or (self.rate is not None and not self.rate.credits):
+            return 0
+        return sum(self.gpu_seconds[name] for name in CREDITED)
 
 
 def midnight(day: date) -> datetime:
@@ -83,6 +99,26 @@ def line_cost(*, gpu_s: int, price_per_gpu_hour: Decimal | None) -> Decimal:
     if price_per_gpu_hour is None:
         return Decimal("0.00")
     return cents(line_amount(gpu_s=gpu_s, price_per_gpu_hour=price_per_gpu_hour))
+
+
+def line_costs(
+    *, charged_gpu_s: int, credited_gpu_s: Sequence[int], price_per_gpu_hour: Decimal | None
+) -> tuple[Decimal, list[Decimal]]:
+    """A line's charged cost and its credited amounts (one per entry of ``credited_gpu_s``).
+
+    The charged cost is ``line_cost`` of the charged GPU-seconds: rounded once, like any
+    line. The credited amounts are rounded cumulatively: each is the cost of the charged
+    and credited GPU-seconds so far minus the cost before it. So they add up to exactly
+    ``line_cost`` of the whole allocation (charged + credited = allocated, to the cent), and
+    each is within a cent of its exact amount."""
+    charged = line_cost(gpu_s=charged_gpu_s, price_per_gpu_hour=price_per_gpu_hour)
+    credited, seconds, before = [], charged_gpu_s, charged
+    for gpu_s in credited_gpu_s:
+        seconds += gpu_s
+        after = line_cost(gpu_s=seconds, price_per_gpu_hour=price_per_gpu_hour)
+        credited.append(after - before)
+        before = after
+    return charged, credited
 
 
 def shares_cost(shares: Iterable[DayShare]) -> Decimal:

@@ -17,6 +17,7 @@ from django import forms
 from django.db.models import QuerySet
 
 from core.forms import ServiceErrorsMixin
+from finance.models import RateCard
 from finance.selectors.months import EARLIEST_MONTH, LATEST_MONTH, month_is_statable
 from tenants.models import GpuFlavor, Tenant
 
@@ -146,3 +147,18 @@ class RateCardForm(ServiceErrorsMixin, forms.Form):
         widget=forms.DateInput(attrs={"type": "date"}, format="%Y-%m-%d"),
         help_text="From 00:00 UTC on this day. It ends the flavor's current card.",
     )
+    credit_policy = forms.ChoiceField(
+        label="Hardware and platform failures",
+        choices=RateCard.CreditPolicy.choices,
+        initial=RateCard.CreditPolicy.CREDIT,
+        required=False,  # left out (an older client, a script): the default, credit
+        help_text="Credit: the GPU-hours a hardware or platform fault cost an attempt (its "
+        "lost work and startup) are not charged.",
+    )
+
+    def clean_credit_policy(self) -> str:
+        return self.cleaned_data["credit_policy"] or RateCard.CreditPolicy.CREDIT
+
+
+class CreditPolicyForm(forms.Form):
+    credit_policy = forms.ChoiceField(choices=RateCard.CreditPolicy.choices)

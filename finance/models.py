@@ -15,13 +15,22 @@ from tenants.models import GpuFlavor, Project, Tenant
 class RateCard(models.Model):
     """The price of one GPU-hour of a flavor from ``valid_from`` (00:00 UTC) until the next
     card of the flavor starts. A flavor's cards follow each other without gaps or overlaps:
-    adding a card ends the one before it (design §8)."""
+    adding a card ends the one before it (design §8). ``credit_policy`` says whether the
+    GPU-seconds a platform or hardware fault cost (lost + startup) are credited or charged
+    under it."""
+
+    class CreditPolicy(models.TextChoices):
+        CREDIT = "credit", "Credit platform and hardware failures"
+        CHARGE = "charge", "Charge them like any other GPU time"
 
     flavor = models.ForeignKey(GpuFlavor, on_delete=models.PROTECT, related_name="rate_cards")
     price_per_gpu_hour = models.DecimalField(max_digits=12, decimal_places=4)
     currency = models.CharField(max_length=3, help_text="ISO 4217 code, e.g. EUR")
     valid_from = models.DateField()
     valid_to = models.DateField(null=True, blank=True, help_text="Exclusive; empty: open-ended")
+    credit_policy = models.CharField(
+        max_length=6, choices=CreditPolicy.choices, default=CreditPolicy.CREDIT
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -71,6 +80,10 @@ class DailyUsage(models.Model):
     input_wait_gpu_s = models.BigIntegerField()
     comm_wait_gpu_s = models.BigIntegerField()
     unpriced_gpu_s = models.BigIntegerField(help_text="GPU-seconds no rate card covered")
+    # Per credited cause (telemetry.models.CREDITED_CAUSES): GPU-seconds not charged because
+    # a hardware or platform fault ended the attempt; charged = allocated - both.
+    credited_hardware_gpu_s = models.BigIntegerField(default=0)
+    credited_platform_gpu_s = models.BigIntegerField(default=0)
     rate_card = models.ForeignKey(
         RateCard,
         null=True,
@@ -98,6 +111,14 @@ class DailyUsage(models.Model):
     @property
     def waste_gpu_s(self) -> int:
         return self.allocated_gpu_s - self.effective_gpu_s
+
+    @property
+    def credited_gpu_s(self) -> int:
+        return self.credited_hardware_gpu_s + self.credited_platform_gpu_s
+
+    @property
+    def charged_gpu_s(self) -> int:
+        return self.allocated_gpu_s - self.credited_gpu_s
 
 
 class UsageRollupState(models.Model):

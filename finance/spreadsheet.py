@@ -43,7 +43,7 @@ def column_formats(columns: Sequence[str], currency: str) -> list[str | None]:
             formats.append(money_format(PRICE_PLACES, currency))
         elif name.endswith("_gpu_h"):
             formats.append(GPU_HOURS_FORMAT)
-        elif name in ("cost", "effective_cost", "waste_cost"):
+        elif name == "cost" or name.endswith("_cost"):
             formats.append(money_format(MONEY_PLACES, currency))
         else:
             formats.append(None)

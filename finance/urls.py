@@ -29,6 +29,11 @@ app_name = "finance"
 urlpatterns = [
     path("", views.index, name="index"),
     path("rates/", views.rate_cards, name="rate_cards"),
+    path(
+        "rates/<int:card_id>/credit-policy/",
+        views.rate_card_credit_policy,
+        name="rate_card_credit_policy",
+    ),
     path("export.csv", views.export_csv, name="export_csv"),
     path("export.xlsx", views.export_xlsx, name="export_xlsx"),
     path("<slug:tenant_slug>/<finance_month:month>/", views.statement, name="statement"),

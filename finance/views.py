@@ -29,13 +29,14 @@ from django.http import (
 from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_GET, require_http_methods
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from core.http import or_404
 from finance import access
 from finance.access import rate_card_can_manage
 from finance.accrual import accrual_month, tenant_month_overview_accrued
-from finance.forms import ExportForm, RateCardForm, StatementChoiceForm
+from finance.forms import CreditPolicyForm, ExportForm, RateCardForm, StatementChoiceForm
+from finance.models import RateCard
 from finance.selectors.amounts import gpu_hours
 from finance.selectors.burn_down import BurnDown, budget_burn_down
 from finance.selectors.drill_down import attempts_in_month, statement_attempts
@@ -51,7 +52,7 @@ from finance.selectors.statements import (
     usage_by_month,
     usage_rolled_up_until,
 )
-from finance.services import rate_card_add
+from finance.services import rate_card_add, rate_card_credit_policy_set
 from finance.spreadsheet import usage_workbook_write
 from telemetry.templatetags.gpu_units import share_percent
 
@@ -264,7 +265,7 @@ def statement(request: HttpRequest, tenant_slug: str, month: date) -> HttpRespon
             "statement": report,
             "total": report.total,
             "accrual": accrual,
-            "accrued_cost": report.total.cost + accrual.cost,
+            "accrued_cost": report.total.charged_cost + accrual.cost,
             "accrued_gpu_hours": gpu_hours(report.total.allocated_gpu_s + accrual.gpu_s),
             "accrued_at": now,
             "breakdowns": [(DIMENSIONS[name], lines) for name, lines in report.breakdowns.items()],
@@ -345,9 +346,34 @@ def rate_cards(request: HttpRequest) -> HttpResponse:
             "form": form,
             "currency": currency,
             "today": _today(),
+            "credit_policies": RateCard.CreditPolicy.choices,
         },
         status=400 if form is not None and form.errors else 200,
     )
+
+
+@login_required
+@require_POST
+def rate_card_credit_policy(request: HttpRequest, card_id: int) -> HttpResponse:
+    """Finance and platform admins set whether a card credits or charges hardware and
+    platform failures."""
+    or_404(access.require_finance_reader, request.user)
+    if not rate_card_can_manage(user=request.user):
+        raise PermissionDenied("Only finance and platform admins manage rate cards.")
+    card = or_404(RateCard.objects.select_related("flavor").get, pk=card_id)
+    form = CreditPolicyForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose credit or charge: the card was not changed.")
+        return redirect("finance:rate_cards")
+    card = rate_card_credit_policy_set(
+        card=card, credit_policy=form.cleaned_data["credit_policy"], actor=request.user
+    )
+    messages.success(
+        request,
+        f"The rate card of {card.flavor.slug} from {card.valid_from:%Y-%m-%d} now says: "
+        f"{card.get_credit_policy_display().lower()}.",
+    )
+    return redirect("finance:rate_cards")
 
 
 # --- exports ------------------------------------------------------------------------------

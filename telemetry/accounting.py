@@ -3,7 +3,9 @@
 Every GPU-second of the allocation falls in exactly one category, by precedence:
 lost → startup → checkpoint → idle → input_wait → comm_wait → effective. The sums are exact
 ``Fraction``s, so ``effective + Σ waste == allocated`` holds exactly; ``whole_seconds()``
-rounds them to integer GPU-seconds that still add up to the rounded allocation.
+rounds them to integer GPU-seconds that still add up to the rounded allocation. An attempt
+that ended by the platform's or the hardware's fault is credited its lost and startup
+GPU-seconds (``credited``): charged = allocated − credited, exactly.
 Times are Unix seconds (int, float or Fraction); the edges convert datetimes.
 """
 
@@ -38,6 +40,9 @@ EFFECTIVE = "effective"
 WASTE = ("lost", "startup", "checkpoint", "idle", "input_wait", "comm_wait")
 # Every category, effective last: ``whole_seconds`` breaks rounding ties in this order.
 CATEGORIES = (*WASTE, EFFECTIVE)
+# The waste credited back when an attempt ended by the platform's or the hardware's fault:
+# the work it lost, and its startup (the time to get going again was ours to cause too).
+CREDITED = ("lost", "startup")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +120,29 @@ class Accounting:
             whole[name] += 1
         whole["allocated"] = total
         return whole
+
+
+def credit_due(*, outcome: Outcome, ours: bool) -> bool:
+    """Whether an attempt's ``CREDITED`` categories are credited: it ended by losing its
+    work (failed, preempted, lost) and the cause was the platform's or the hardware's
+    (``ours``). A succeeded or cancelled attempt is never credited, whatever its cause."""
+    return ours and outcome in LOSING_OUTCOMES
+
+
+def credited(accounting: Accounting, *, outcome: Outcome, ours: bool) -> Fraction:
+    """The attempt's credited GPU-seconds, exact: ``lost + startup`` when credit is due."""
+    if not credit_due(outcome=outcome, ours=ours):
+        return Fraction(0)
+    return sum((getattr(accounting, name) for name in CREDITED), Fraction(0))
+
+
+def credited_whole(whole: Mapping[str, int], *, outcome: Outcome, ours: bool) -> int:
+    """The credited GPU-seconds in whole seconds: the sum of the credited categories as
+    ``Accounting.whole_seconds`` rounded them (not the exact credit rounded again), so
+    ``charged = allocated - credited`` and the categories still add up to the second."""
+    if not credit_due(outcome=outcome, ours=ours):
+        return 0
+    return sum(whole[name] for name in CREDITED)
 
 
 def _exact(value: Seconds) -> Fraction:

@@ -4,10 +4,13 @@ accounting computed from them (design §7), and the count of samples no attempt 
 from django.db import models
 
 from clusters.models import Cluster
-from jobs.models import Attempt
+from jobs.models import Attempt, CauseClass
 from telemetry import sdk_events
 
 SOURCE_MAX_LENGTH = 64
+# The causes whose attempts are credited (issue 34: nobody pays for broken hardware), in the
+# order statements list them. The user's own failures are charged.
+CREDITED_CAUSES = (CauseClass.HARDWARE, CauseClass.PLATFORM)
 
 
 class StepWindow(models.Model):
@@ -100,7 +103,9 @@ class GpuMinute(models.Model):
 
 class AttemptAccounting(models.Model):
     """An attempt's allocated GPU-seconds split by design §7, in whole GPU-seconds:
-    ``effective + Σ waste == allocated`` exactly."""
+    ``effective + Σ waste == allocated`` exactly. ``credited_gpu_s`` (lost + startup when
+    the cause was the platform's or the hardware's) is not charged, rate cards permitting
+    (``finance``)."""
 
     attempt = models.OneToOneField(Attempt, on_delete=models.CASCADE, related_name="accounting")
     allocated_gpu_s = models.BigIntegerField()
@@ -113,6 +118,23 @@ class AttemptAccounting(models.Model):
     comm_wait_gpu_s = models.BigIntegerField()
     activity_weighted_gpu_s = models.FloatField(help_text="Σ activity × time, GPU-seconds")
     queue_s = models.FloatField(null=True, blank=True, help_text="Wall seconds, not GPU-seconds")
+    cause_class = models.CharField(
+        max_length=10,
+        choices=CauseClass.choices,
+        blank=True,
+        help_text="The attempt's cause class the credit was computed with",
+    )
+    credited_gpu_s = models.BigIntegerField(
+        default=0,
+        help_text="Lost + startup GPU-seconds when a platform or hardware cause ended the "
+        "attempt; charged = allocated − credited",
+    )
+    budget_credited = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Credited GPU-seconds taken off the tenant's monthly budget ledger so far, "
+        "per month (first day, ISO) — kept by finance's rollup",
+    )
     computed_at = models.DateTimeField()
 
     class Meta:
@@ -120,6 +142,10 @@ class AttemptAccounting(models.Model):
 
     def __str__(self) -> str:
         return f"accounting of attempt {self.attempt_id}"
+
+    @property
+    def charged_gpu_s(self) -> int:
+        return self.allocated_gpu_s - self.credited_gpu_s
 
     @property
     def waste_gpu_s(self) -> int:

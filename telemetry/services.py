@@ -16,7 +16,13 @@ from jobs.models import Attempt
 from jobs.selectors.runs import attempt_token_refusal
 from jobs.services.backend_sync import checkpoints_record
 from telemetry import accounting, sdk_events
-from telemetry.models import SOURCE_MAX_LENGTH, AttemptAccounting, SdkEvent, StepWindow
+from telemetry.models import (
+    CREDITED_CAUSES,
+    SOURCE_MAX_LENGTH,
+    AttemptAccounting,
+    SdkEvent,
+    StepWindow,
+)
 from telemetry.selectors.finished_attempts import attempts_pending_accounting
 from telemetry.selectors.timeline import attempt_timeline
 
@@ -137,17 +143,26 @@ def sdk_events_ingest(*, attempt: Attempt, source: str, events: list) -> IngestR
 
 def accounting_compute(*, attempt: Attempt, now: datetime | None = None) -> AttemptAccounting:
     """Compute the attempt's accounting from its telemetry and store it, replacing the
-    previous result. Recomputing from the same data gives the same values."""
+    previous result. Recomputing from the same data gives the same values. The credit
+    follows the attempt's cause class as it is now: a cause stored later makes the attempt
+    pending again (``attempts_pending_accounting``), and the recomputation replaces the
+    credit, never adds to it."""
     now = now or timezone.now()  # taken before reading: later data makes it pending again
     attempt = Attempt.objects.select_related("run").get(pk=attempt.pk)
-    result = accounting.account(attempt_timeline(attempt=attempt))
+    timeline = attempt_timeline(attempt=attempt)
+    result = accounting.account(timeline)
     whole = result.whole_seconds()
+    credited = accounting.credited_whole(
+        whole, outcome=timeline.outcome, ours=attempt.cause_class in CREDITED_CAUSES
+    )
     values = {
         "allocated_gpu_s": whole["allocated"],
         "effective_gpu_s": whole["effective"],
         **{f"{name}_gpu_s": whole[name] for name in accounting.WASTE},
         "activity_weighted_gpu_s": round(result.active_gpu_hours * 3600, 3),
         "queue_s": None if result.queue_s is None else round(float(result.queue_s), 3),
+        "cause_class": attempt.cause_class,
+        "credited_gpu_s": credited,
         "computed_at": now,
     }
     row, _ = AttemptAccounting.objects.update_or_create(attempt=attempt, defaults=values)

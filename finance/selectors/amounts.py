@@ -11,6 +11,7 @@ from django.db.models import QuerySet, Sum
 from finance import costing
 from finance.models import DailyUsage
 from telemetry.accounting import WASTE
+from telemetry.models import CREDITED_CAUSES
 from telemetry.selectors.gpu_seconds import CATEGORY_LABELS
 
 SECONDS_PER_HOUR = Decimal(costing.SECONDS_PER_HOUR)
@@ -36,6 +37,20 @@ class WasteShare:
 
 
 @dataclass(frozen=True, slots=True)
+class Credit:
+    """GPU time credited for one cause (hardware or platform) and its amount."""
+
+    cause: str
+    label: str
+    gpu_s: int
+    amount: Decimal
+
+    @property
+    def gpu_hours(self) -> Decimal:
+        return gpu_hours(self.gpu_s)
+
+
+@dataclass(frozen=True, slots=True)
 class Usage:
     """GPU-seconds by category and cost of some DailyUsage rows, added up."""
 
@@ -48,8 +63,47 @@ class Usage:
     input_wait_gpu_s: int = 0
     comm_wait_gpu_s: int = 0
     unpriced_gpu_s: int = 0
-    cost: Decimal = ZERO_MONEY
+    credited_hardware_gpu_s: int = 0
+    credited_platform_gpu_s: int = 0
+    cost: Decimal = ZERO_MONEY  # of the allocation: charged_cost + the credited amounts
     effective_cost: Decimal = ZERO_MONEY
+    charged_cost: Decimal = ZERO_MONEY
+    credited_hardware_cost: Decimal = ZERO_MONEY
+    credited_platform_cost: Decimal = ZERO_MONEY
+
+    @property
+    def credited_gpu_s(self) -> int:
+        return self.credited_hardware_gpu_s + self.credited_platform_gpu_s
+
+    @property
+    def charged_gpu_s(self) -> int:
+        return self.allocated_gpu_s - self.credited_gpu_s
+
+    @property
+    def credited_cost(self) -> Decimal:
+        return self.credited_hardware_cost + self.credited_platform_cost
+
+    @property
+    def charged_hours(self) -> Decimal:
+        return gpu_hours(self.charged_gpu_s)
+
+    @property
+    def credited_hours(self) -> Decimal:
+        return gpu_hours(self.credited_gpu_s)
+
+    @property
+    def credits(self) -> list["Credit"]:
+        """The credited GPU-seconds and amounts per cause, the causes with none left out."""
+        return [
+            Credit(
+                cause=cause.value,
+                label=cause.label,
+                gpu_s=getattr(self, f"credited_{cause.value}_gpu_s"),
+                amount=getattr(self, f"credited_{cause.value}_cost"),
+            )
+            for cause in CREDITED_CAUSES
+            if getattr(self, f"credited_{cause.value}_gpu_s")
+        ]
 
     @property
     def waste_gpu_s(self) -> int:
@@ -108,13 +162,23 @@ def _priced(row: Mapping[str, Any]) -> Usage:
     once."""
     seconds = {name: row[f"sum_{name}"] or 0 for name in GPU_FIELDS}
     price = row[PRICE]
-    return Usage(
+    credited = [seconds[f"credited_{cause.value}_gpu_s"] for cause in CREDITED_CAUSES]
+    charged, amounts = costing.line_costs(
+        charged_gpu_s=seconds["allocated_gpu_s"] - sum(credited),
+        credited_gpu_s=credited,
+        price_per_gpu_hour=price,
+    )
+    values: dict[str, Any] = {
         **seconds,
-        cost=costing.line_cost(gpu_s=seconds["allocated_gpu_s"], price_per_gpu_hour=price),
-        effective_cost=costing.line_cost(
+        "cost": charged + sum(amounts, ZERO_MONEY),  # = line_cost of the allocation, exactly
+        "effective_cost": costing.line_cost(
             gpu_s=seconds["effective_gpu_s"], price_per_gpu_hour=price
         ),
-    )
+        "charged_cost": charged,
+    }
+    for cause, amount in zip(CREDITED_CAUSES, amounts, strict=True):
+        values[f"credited_{cause.value}_cost"] = amount
+    return Usage(**values)
 
 
 def usage_lines(rows: QuerySet[DailyUsage], *group: str) -> Iterator[tuple[dict[str, Any], Usage]]:

@@ -1,12 +1,13 @@
-"""A tenant's month against its budgets: allocated GPU-hours added up day by day, per
-flavor."""
+"""A tenant's month against its budgets: charged GPU-hours (allocated less what was credited
+for hardware and platform failures, as the budget ledger counts them) added up day by day,
+per flavor."""
 
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from decimal import Decimal
 
-from django.db.models import Sum
+from django.db.models import F, Sum
 
 from finance.selectors.amounts import gpu_hours
 from finance.selectors.months import month_after, month_first_day
@@ -16,7 +17,7 @@ from tenants.models import Quota, Tenant
 
 @dataclass(frozen=True)
 class FlavorBurn:
-    """One flavor's month: cumulative allocated GPU-hours per day against its budget."""
+    """One flavor's month: cumulative charged GPU-hours per day against its budget."""
 
     flavor_slug: str
     flavor_name: str
@@ -62,9 +63,9 @@ class BurnDown:
 
 
 def budget_burn_down(*, tenant: Tenant, month: date, as_of: date) -> BurnDown:
-    """Per flavor with a monthly budget or usage in the month: allocated GPU-hours added up
-    day by day, up to ``as_of`` (later days have no value yet). One grouped query for the
-    usage and one for the quotas."""
+    """Per flavor with a monthly budget or usage in the month: charged GPU-hours added up
+    day by day (budgets do not burn on credited hours), up to ``as_of`` (later days have no
+    value yet). One grouped query for the usage and one for the quotas."""
     month = month_first_day(month)
     end = month_after(month)
     days = [month + timedelta(days=n) for n in range((end - month).days)]
@@ -73,7 +74,11 @@ def budget_burn_down(*, tenant: Tenant, month: date, as_of: date) -> BurnDown:
     rows = (
         month_rows(tenant=tenant, month=month)
         .values("flavor__slug", "flavor__name", "date")
-        .annotate(gpu_s=Sum("allocated_gpu_s"))
+        .annotate(
+            gpu_s=Sum(
+                F("allocated_gpu_s") - F("credited_hardware_gpu_s") - F("credited_platform_gpu_s")
+            )
+        )
         .order_by("flavor__slug", "date")
     )
     for row in rows:

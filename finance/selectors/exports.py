@@ -7,20 +7,34 @@ from django.db.models import QuerySet
 from django.db.models.functions import TruncMonth
 
 from finance.models import DailyUsage
-from finance.selectors.amounts import GPU_FIELDS, LINE_FIELDS, PRICE, gpu_hours, usage_lines
+from finance.selectors.amounts import (
+    GPU_FIELDS,
+    LINE_FIELDS,
+    PRICE,
+    Usage,
+    gpu_hours,
+    usage_lines,
+)
 from finance.selectors.months import month_after
 from telemetry.accounting import WASTE
+from telemetry.models import CREDITED_CAUSES
 from tenants.models import Tenant
 
 EXPORT_COLUMNS = (
     "from", "to", "tenant", "project", "user", "flavor", "cluster", "price_per_gpu_hour",
     "allocated_gpu_h", "effective_gpu_h", *(f"{name}_gpu_h" for name in WASTE),
-    "unpriced_gpu_h", "cost", "effective_cost", "waste_cost", "currency",
+    "unpriced_gpu_h", *(f"credited_{cause.value}_gpu_h" for cause in CREDITED_CAUSES),
+    *(f"credited_{cause.value}_cost" for cause in CREDITED_CAUSES), "charged_cost",
+    "cost", "effective_cost", "waste_cost", "currency",
 )  # fmt: skip
 _EXPORT_NAMES = (
     "tenant__slug", "project__slug", "user__username", "flavor__slug", "cluster__name",
     "rate_card__valid_from",
 )  # fmt: skip
+
+
+def _credit_amounts(usage: Usage) -> list:
+    return [getattr(usage, f"credited_{cause.value}_cost") for cause in CREDITED_CAUSES]
 
 
 def _export_rows(*, tenant: Tenant | None, first_day: date, last_day: date) -> QuerySet:
@@ -53,6 +67,8 @@ def export_rows(
             *(row[name] for name in _EXPORT_NAMES[:-1]),
             row[PRICE],
             *(gpu_hours(getattr(usage, name)) for name in GPU_FIELDS),
+            *_credit_amounts(usage),
+            usage.charged_cost,
             usage.cost,
             usage.effective_cost,
             usage.waste_cost,

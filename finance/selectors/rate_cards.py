@@ -21,6 +21,7 @@ def rate_cards_for(flavor_ids: Iterable[int]) -> dict[int, list[costing.Rate]]:
                 valid_to=costing.midnight(card.valid_to) if card.valid_to else None,
                 price_per_gpu_hour=card.price_per_gpu_hour,
                 card_id=card.pk,
+                credits=card.credit_policy == RateCard.CreditPolicy.CREDIT,
             )
         )
     return rates

@@ -1,7 +1,7 @@
 """A tenant's monthly statement, its breakdowns, the month-over-month trend, every
 tenant's last closed month and month so far, and how far the rollup has got."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any
 
@@ -9,8 +9,9 @@ from django.db.models import QuerySet
 from django.db.models.functions import TruncMonth
 
 from finance.models import DailyUsage, UsageRollupState
-from finance.selectors.amounts import Usage, usage_lines, usage_total
+from finance.selectors.amounts import Credit, Usage, usage_lines, usage_total
 from finance.selectors.months import TREND_MONTHS, month_after, month_first_day, months_back
+from telemetry.models import CREDITED_CAUSES
 from tenants.models import Tenant
 
 
@@ -47,12 +48,25 @@ class StatementLine:
     usage: Usage
 
 
+@dataclass(frozen=True, slots=True)
+class CreditLine:
+    """A statement line's GPU time credited for one cause: what the line names, and the
+    cause class only (its evidence, which may name nodes other tenants use, is not here)."""
+
+    project: str
+    user: str
+    flavor: str
+    cluster: str
+    credit: Credit
+
+
 @dataclass(frozen=True)
 class Statement:
     tenant: Tenant
     month: date  # the first day
     total: Usage
     breakdowns: dict[str, list[StatementLine]]  # by dimension name, in DIMENSIONS order
+    credits: list[CreditLine] = field(default_factory=list)  # the credited lines, by cause
 
     @property
     def month_end(self) -> date:
@@ -105,6 +119,34 @@ def statement_month(*, tenant: Tenant, month: date) -> Statement:
         month=month,
         total=usage_total(usage for _, usage in lines),
         breakdowns={name: _breakdown(lines, name) for name in DIMENSIONS},
+        credits=_credit_lines(lines),
+    )
+
+
+def _credit_lines(lines: list[tuple[dict[str, Any], Usage]]) -> list[CreditLine]:
+    """The credited part of every statement line, per cause, hardware first, then by
+    project, user, flavor and cluster: read from the lines already fetched."""
+    found = [
+        CreditLine(
+            project=row[DIMENSIONS["project"].label],
+            user=row[DIMENSIONS["user"].label],
+            flavor=row[DIMENSIONS["flavor"].label],
+            cluster=row[DIMENSIONS["cluster"].label],
+            credit=credit,
+        )
+        for row, usage in lines
+        for credit in usage.credits
+    ]
+    causes = [cause.value for cause in CREDITED_CAUSES]
+    return sorted(
+        found,
+        key=lambda line: (
+            causes.index(line.credit.cause),
+            line.project,
+            line.user,
+            line.flavor,
+            line.cluster,
+        ),
     )
 
 

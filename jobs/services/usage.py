@@ -1,6 +1,13 @@
-"""What tenants have used: the monthly ledger and decayed fair-share usage."""
+"""What tenants have used: the monthly ledger and decayed fair-share usage.
+
+The ledger (``TenantMonthUsage``, what budgets burn) counts charged GPU-seconds: an
+attempt's allocation is added when it ends (``usage_record_attempt``), and the GPU-seconds
+credited for a platform or hardware fault are taken off again once they are known
+(``usage_credit_attempt``, called by finance's rollup, which knows the attempt's accounting
+and its rate card's credit policy)."""
 
 from collections.abc import Mapping
+from datetime import date
 
 from django.conf import settings
 from django.db.models import F
@@ -28,6 +35,20 @@ def usage_record_attempt(*, attempt: Attempt, started, finished) -> None:
         TenantMonthUsage.objects.filter(pk=row.pk).update(
             gpu_seconds=F("gpu_seconds") + seconds * run.gpus
         )
+
+
+def usage_credit_attempt(*, attempt: Attempt, gpu_seconds_by_month: Mapping[date, int]) -> None:
+    """Take credited GPU-seconds of ``attempt`` off its tenant's ledger, per month (the first
+    day); a negative number puts back a credit taken before (a cause or policy changed).
+    The caller passes only the change since its last call, so nothing is credited twice."""
+    run = attempt.run
+    for month, seconds in sorted(gpu_seconds_by_month.items()):
+        if not seconds:
+            continue
+        row, _ = TenantMonthUsage.objects.get_or_create(
+            tenant_id=run.tenant_id, flavor_id=run.flavor_id, month=month
+        )
+        TenantMonthUsage.objects.filter(pk=row.pk).update(gpu_seconds=F("gpu_seconds") - seconds)
 
 
 def fair_share_update(*, holding: Mapping[tuple[str, str], int], now) -> None:

@@ -1,7 +1,7 @@
 """The end states of an attempt, and the finished attempts whose accounting is still to
 compute, or to compute again."""
 
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
 
 from jobs.models import Attempt, AttemptState
 from telemetry.models import GpuMinute, SdkEvent, StepWindow
@@ -18,7 +18,9 @@ FINISHED_STATES = (
 def attempts_pending_accounting(*, limit: int) -> QuerySet[Attempt]:
     """Finished attempts without accounting, or with data newer than their accounting:
     step windows, SDK events or GPU minutes received since, a next attempt created since
-    (it decides which checkpoint was resumed, hence the lost time). Oldest first."""
+    (it decides which checkpoint was resumed, hence the lost time), or a cause class
+    other than the one the credit was computed with (stored after the accounting). Oldest
+    first."""
     computed_at = OuterRef("accounting__computed_at")
     newer = (
         Exists(StepWindow.objects.filter(attempt=OuterRef("pk"), received_at__gt=computed_at))
@@ -34,7 +36,7 @@ def attempts_pending_accounting(*, limit: int) -> QuerySet[Attempt]:
     )
     return (
         Attempt.objects.filter(state__in=FINISHED_STATES, finished_at__isnull=False)
-        .filter(Q(accounting__isnull=True) | newer)
+        .filter(Q(accounting__isnull=True) | newer | ~Q(accounting__cause_class=F("cause_class")))
         .select_related("run")
         .order_by("finished_at", "pk")[:limit]
     )

@@ -17,7 +17,8 @@ AFTER_MOVE = [
     ("telemetry", "0004_finance_models_moved_to_finance_app"),
     ("finance", "0001_initial"),
 ]
-LATEST = [("finance", "0002_daily_usage_rate_card_instead_of_rounded_cost")]
+# The latest finance schema, which the models below read.
+LATEST = [("finance", "0004_i34_credits")]
 ACCOUNTED_UNTIL = datetime(2026, 3, 2, 6, 0, tzinfo=UTC)
 
 
@@ -107,6 +108,9 @@ def test_the_move_keeps_every_finance_row_and_its_table(before_move, world):
         world.cluster,
     )
     assert (row.allocated_gpu_s, row.effective_gpu_s, row.waste_gpu_s) == (7200, 5400, 1800)
+    # Issue 34: nothing was credited before credits existed, and the cards credit by default.
+    assert (row.credited_gpu_s, row.charged_gpu_s) == (0, 7200)
+    assert {card.credit_policy for card in RateCard.objects.all()} == {"credit"}
     # The rounded cost is gone; the row names the card in force on its day (the second).
     assert row.rate_card_id == second.pk
     assert UsageRollupState.objects.get(pk=1).accounted_until == ACCOUNTED_UNTIL

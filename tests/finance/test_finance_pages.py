@@ -634,11 +634,21 @@ HEADER = [
     "from", "to", "tenant", "project", "user", "flavor", "cluster", "price_per_gpu_hour",
     "allocated_gpu_h", "effective_gpu_h", "lost_gpu_h", "startup_gpu_h", "checkpoint_gpu_h",
     "idle_gpu_h", "input_wait_gpu_h", "comm_wait_gpu_h", "unpriced_gpu_h",
+    "credited_hardware_gpu_h", "credited_platform_gpu_h",
+    "credited_hardware_cost", "credited_platform_cost", "charged_cost",
     "cost", "effective_cost", "waste_cost", "currency",
 ]  # fmt: skip
 Z = "0.000000"
+
+
+def uncredited(row: list[str]) -> list[str]:
+    """An export row of a line nothing was credited on (no hardware or platform failure):
+    its credited GPU-hours and amounts are zero, and it is charged its whole cost."""
+    return [*row[:17], Z, Z, "0.00", "0.00", row[17], *row[17:]]
+
+
 # The statement's lines: one per project, user, flavor, cluster and rate card of the month.
-MARCH_ROWS = [
+MARCH_ROWS = [uncredited(row) for row in [
     ["2025-03-01", "2025-03-31", "vision", "detection", "alice", "a100-80gb", "sim-1", "2.5000",
      "6.000000", "4.500000", Z, "0.500000", Z, "1.000000", Z, Z, Z,
      "15.00", "11.25", "3.75", "EUR"],
@@ -648,7 +658,7 @@ MARCH_ROWS = [
      "2.000000", "2.000000", Z, Z, Z, Z, Z, Z, Z, "5.00", "5.00", "0.00", "EUR"],
     ["2025-03-01", "2025-03-31", "vision", "segmentation", "arthur", "a100-80gb", "slurm-1",
      "2.5000", "8.000000", "8.000000", Z, Z, Z, Z, Z, Z, Z, "20.00", "20.00", "0.00", "EUR"],
-]  # fmt: skip
+]]  # fmt: skip
 
 
 def test_csv_export_of_a_tenants_month(client, world, march):
@@ -674,8 +684,10 @@ def test_csv_export_of_every_tenant_for_finance(client, world, march):
 
     assert csv_rows(response) == [
         HEADER,
-        ["2025-03-05", "2025-03-05", "nlp", "llm", "bob", "a100-80gb", "sim-1", "2.5000",
-         "2.000000", "2.000000", Z, Z, Z, Z, Z, Z, Z, "5.00", "5.00", "0.00", "EUR"],
+        uncredited(
+            ["2025-03-05", "2025-03-05", "nlp", "llm", "bob", "a100-80gb", "sim-1", "2.5000",
+             "2.000000", "2.000000", Z, Z, Z, Z, Z, Z, Z, "5.00", "5.00", "0.00", "EUR"]
+        ),
     ]  # fmt: skip
     assert (
         'filename="gantry-usage-all-tenants-20250305-20250305.csv"'
@@ -697,7 +709,7 @@ def test_csv_gpu_hours_are_exact_to_six_places(client, world):
     # 7 GPU-seconds = 0.0019444… GPU-hours; 6 effective = 0.001666…; idle 1 = 0.000277…
     assert row[8:10] == ["0.001944", "0.001667"]
     assert row[13] == "0.000278"
-    assert row[17:20] == ["0.00", "0.00", "0.00"]  # 7 GPU-s at 2.50 = 0.0048…
+    assert row[22:25] == ["0.00", "0.00", "0.00"]  # 7 GPU-s at 2.50 = 0.0048…
 
 
 def test_csv_cells_that_a_spreadsheet_would_run_get_an_apostrophe(client, world):
@@ -758,10 +770,10 @@ def test_xlsx_export_holds_the_same_rows_as_the_csv(client, world, march):
     for got, expected in zip(as_text, MARCH_ROWS, strict=True):
         assert got[:7] == expected[:7]
         assert got[7] == (Decimal(expected[7]) if expected[7] else None)
-        assert [Decimal(str(value)) for value in got[8:20]] == [
-            Decimal(value) for value in expected[8:20]
+        assert [Decimal(str(value)) for value in got[8:25]] == [
+            Decimal(value) for value in expected[8:25]
         ]
-        assert got[20] == "EUR"
+        assert got[25] == "EUR"
 
 
 def test_xlsx_opens_ready_to_read_formatted_frozen_and_wide_enough(client, world, march):
@@ -773,7 +785,7 @@ def test_xlsx_opens_ready_to_read_formatted_frozen_and_wide_enough(client, world
 
     sheet = load_workbook(io.BytesIO(b"".join(response.streaming_content))).active
     assert sheet.freeze_panes == "A2"
-    assert [cell.font.b for cell in sheet[1]] == [True] * 21
+    assert [cell.font.b for cell in sheet[1]] == [True] * 26
     first = dict(zip(HEADER, sheet[2], strict=True))
     assert first["from"].value == datetime(2025, 3, 1)
     assert {name: cell.number_format for name, cell in first.items()} == {
@@ -781,7 +793,9 @@ def test_xlsx_opens_ready_to_read_formatted_frozen_and_wide_enough(client, world
         "tenant": "General", "project": "General", "user": "General", "flavor": "General",
         "cluster": "General",
         "price_per_gpu_hour": '#,##0.0000 "EUR"',
-        **dict.fromkeys(HEADER[8:17], "#,##0.00####"),
+        **dict.fromkeys(HEADER[8:19], "#,##0.00####"),
+        "credited_hardware_cost": '#,##0.00 "EUR"', "credited_platform_cost": '#,##0.00 "EUR"',
+        "charged_cost": '#,##0.00 "EUR"',
         "cost": '#,##0.00 "EUR"', "effective_cost": '#,##0.00 "EUR"',
         "waste_cost": '#,##0.00 "EUR"',
         "currency": "General",
@@ -794,7 +808,9 @@ def test_xlsx_opens_ready_to_read_formatted_frozen_and_wide_enough(client, world
         "from": 12, "to": 12, "tenant": 16, "project": 20, "user": 16, "flavor": 14,
         "cluster": 14, "price_per_gpu_hour": 20, "allocated_gpu_h": 17, "effective_gpu_h": 17,
         "lost_gpu_h": 14, "startup_gpu_h": 15, "checkpoint_gpu_h": 18, "idle_gpu_h": 14,
-        "input_wait_gpu_h": 18, "comm_wait_gpu_h": 17, "unpriced_gpu_h": 16, "cost": 14,
+        "input_wait_gpu_h": 18, "comm_wait_gpu_h": 17, "unpriced_gpu_h": 16,
+        "credited_hardware_gpu_h": 25, "credited_platform_gpu_h": 25,
+        "credited_hardware_cost": 24, "credited_platform_cost": 24, "charged_cost": 14, "cost": 14,
         "effective_cost": 16, "waste_cost": 14, "currency": 10,
     }  # fmt: skip
     unpriced = dict(zip(HEADER, sheet[3], strict=True))

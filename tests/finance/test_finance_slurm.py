@@ -24,7 +24,7 @@ from finance.costing import SECONDS_PER_HOUR
 from finance.models import DailyUsage
 from finance.selectors.statements import statement_total
 from finance.services import daily_usage_update, rate_card_add
-from jobs.models import Attempt, RunState
+from jobs.models import Attempt, CauseClass, RunState
 from jobs.services.backend_submit import attempt_submit
 from telemetry.models import AttemptAccounting
 from telemetry.services import accounting_compute_pending
@@ -88,6 +88,10 @@ def test_a_months_gpu_hours_equal_sacct(slurm_world, monkeypatch):
         Attempt.objects.filter(pk__in=[a.pk for a in attempts]).select_related("run__experiment")
     )
     assert sorted(a.state for a in attempts) == ["FAILED", "SUCCEEDED", "SUCCEEDED"]
+    # Issue 34: the failed job's end is put down to the hardware (as attribution would for a
+    # fault on its node), so its lost and startup GPU-seconds are credited, not charged.
+    crashed = next(a for a in attempts if a.state == "FAILED")
+    Attempt.objects.filter(pk=crashed.pk).update(cause_class=CauseClass.HARDWARE)
 
     assert accounting_compute_pending() == len(JOBS)
     daily_usage_update(now=timezone.now())
@@ -138,3 +142,10 @@ def test_a_months_gpu_hours_equal_sacct(slurm_world, monkeypatch):
     )
     assert sum((t.cost for t in totals), Decimal("0.00")) == expected_cost
     assert sum(t.unpriced_gpu_s for t in totals) == 0
+    # With the credit: charged + credited is still Slurm's, to the second and the cent, and
+    # the credit is the crashed attempt's lost and startup GPU-seconds.
+    credited = AttemptAccounting.objects.get(attempt=crashed)
+    assert credited.credited_gpu_s == credited.lost_gpu_s + credited.startup_gpu_s > 0
+    assert sum(t.credited_gpu_s for t in totals) == credited.credited_gpu_s
+    assert sum(t.charged_gpu_s + t.credited_gpu_s for t in totals) == total_gpu_s
+    assert sum((t.charged_cost + t.credited_cost for t in totals), Decimal("0.00")) == expected_cost
