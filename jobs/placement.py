@@ -140,7 +140,8 @@ def explain(nodes: Sequence[Node], gang: Gang, *, flavor: str, levels: Sequence[
     if gang.required_level is not None and gang.nodes > 1:
         need += f" in one {level_name(levels, gang.required_level)}"
     excluded = sorted(node.name for node in nodes if node.name in gang.excluded)
-    nodes = [node for node in nodes if node.name not in gang.excluded]
+    usable = [node for node in nodes if node.name not in gang.excluded]
+    nodes, every_node = usable, nodes
     working = [node for node in nodes if node.schedulable]  # summed and tallied: any order
     every = sorted(nodes, key=lambda n: n.name)
     listed = len(every) <= EXPLAIN_NODES_LISTED
@@ -160,7 +161,8 @@ def explain(nodes: Sequence[Node], gang: Gang, *, flavor: str, levels: Sequence[
             )
             spread += _not_free_totals(working)
         parts.append(f"{free} {flavor} GPUs are free, at most {most} on any node ({spread})")
-        capable = [node for node in nodes if node.gpus >= gang.gpus_per_node]
+        # Excluded nodes count here: the GPUs exist, only not for this run (said below).
+        capable = [node for node in every_node if node.gpus >= gang.gpus_per_node]
         if len(capable) < gang.nodes:
             parts.append(
                 f"only {len(capable)} node{'' if len(capable) == 1 else 's'} "

@@ -64,6 +64,8 @@ def job_spec_for(attempt: Attempt) -> JobSpec:
         topology_level=experiment.topology_level,
         topology_required=experiment.topology_required,
         reclaiming=attempt.reclaimed_from.exists(),
+        # Where a hardware or platform fault ended an earlier attempt: never again for it.
+        excluded_nodes=tuple(sorted(attempt.run.excluded_nodes or ())),
     )
 
 

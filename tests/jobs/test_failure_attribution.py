@@ -1,7 +1,6 @@
 """An ended attempt's cause class stored by the sync, hardware and platform ends retried on
 other nodes (bounded), runs on a quarantined node, and the attempt-failures signal."""
 
-
 import pytest
 from django.utils import timezone
 
@@ -9,9 +8,11 @@ from clusters.backends import JobStatus
 from clusters.health import Signal, SignalClass, Source
 from clusters.models import ClusterNode, NodeHealthEvent
 from jobs.models import Attempt, AttemptState, Checkpoint, Run, RunEvent, RunState
+from jobs.selectors.queue import cluster_nodes
+from jobs.selectors.runs import attempt_get_for_work
 from jobs.services import attribution as attribution_services
 from jobs.services.admission_cycle import admission_run_cycle
-from jobs.services.backend_submit import attempt_submit
+from jobs.services.backend_submit import attempt_submit, job_spec_for
 from jobs.services.backend_sync import attempt_apply_status, attempt_cancel, cluster_sync
 from jobs.services.submission import run_submit
 from tests.conftest import experiment_input
@@ -99,6 +100,7 @@ def test_hardware_end_is_retried_on_other_nodes_not_counted_against_restarts(wor
     second = run.attempts.get(number=2)
     assert node not in second.placement
     assert len(second.placement) == 1
+    assert job_spec_for(attempt_get_for_work(second.pk)).excluded_nodes == (node,)
 
 
 def test_a_run_that_keeps_hitting_broken_hardware_fails_after_the_limit(world):
@@ -211,3 +213,32 @@ def test_runs_on_a_quarantined_node_leave_as_the_policy_says(world, policy):
         AttemptState.PREEMPTED,
         "platform",
     )
+
+
+def test_a_quarantined_node_takes_no_work_with_gantrys_reason(world):
+    ClusterNode.objects.filter(cluster=world.cluster, name="sim-1-a100-80gb-01").update(
+        health="quarantined", health_reason="XID 79 on GPU 3"
+    )
+    ClusterNode.objects.filter(cluster=world.cluster, name="sim-1-a100-80gb-02").update(
+        health="suspect", health_reason="thermal throttling"
+    )
+    nodes = {node.name: node for node in cluster_nodes(now=timezone.now())}
+    assert (nodes["sim-1-a100-80gb-01"].schedulable, nodes["sim-1-a100-80gb-01"].reason) == (
+        False,
+        "quarantined by Gantry: XID 79 on GPU 3",
+    )
+    assert (nodes["sim-1-a100-80gb-02"].schedulable, nodes["sim-1-a100-80gb-02"].reason) == (
+        True,
+        "",
+    )  # suspect: still placed on
+
+
+def test_the_periodic_sync_settles_runs_on_quarantined_nodes(world):
+    from jobs.tasks import sync_all_clusters
+
+    attempt = running(world)
+    ClusterNode.objects.filter(cluster=world.cluster, name=attempt.node_list[0]).update(
+        health="quarantined", health_reason="ECC"
+    )
+    sync_all_clusters()
+    assert Run.objects.get(pk=attempt.run_id).state == RunState.PREEMPTED
