@@ -201,7 +201,8 @@ def cause_words(cause: str, evidence: Evidence) -> str:
         else:
             what = signal.replace("_", " ")
         where = f" on GPU {gpu}" if gpu else ""
-        return f"a hardware fault on its node ({what}{where})"
+        said = f"{what}{where}".strip()
+        return f"a hardware fault on its node ({said})" if said else "a hardware fault on its node"
     if cause == PLATFORM:
         return "the platform: " + _PLATFORM_WORDS.get(signal, "not the program")
     if cause == USER:

@@ -240,6 +240,7 @@ def test_gpu_index_against_reported_uuids_cannot_be_told_apart_and_counts():
             {"signal": "node_down", "code": "NODE_FAILURE", "gpu": ""},
             "a hardware fault on its node (node down)",
         ),
+        (HARDWARE, {}, "a hardware fault on its node"),
         (PLATFORM, {"signal": "preempted"}, "the platform: preempted to make room"),
         (PLATFORM, {"signal": "lost"}, "the platform: lost by the cluster"),
         (PLATFORM, {"signal": "quarantine"}, "the platform: its node was taken out of service"),

@@ -242,3 +242,68 @@ def test_the_periodic_sync_settles_runs_on_quarantined_nodes(world):
     )
     sync_all_clusters()
     assert Run.objects.get(pk=attempt.run_id).state == RunState.PREEMPTED
+
+
+def hardware_ended(world) -> tuple[Attempt, str, NodeHealthEvent]:
+    attempt = running(world)
+    node = attempt.node_list[0]
+    event = xid79(world, node, attempt.started_at)
+    end(attempt, reason="GPU_XID", message="GPU error")
+    return attempt, node, event
+
+
+def test_the_api_shows_the_cause_and_its_evidence_to_the_runs_tenant_only(world):
+    from rest_framework.test import APIClient
+
+    attempt, node, event = hardware_ended(world)
+    client = APIClient()
+    client.force_authenticate(world.researcher_a)
+    [shown] = client.get(f"/api/v1/runs/{attempt.run_id}/").json()["attempts"]
+    assert (shown["cause_class"], shown["cause"]) == (
+        "hardware",
+        "a hardware fault on its node (XID 79 on GPU 3)",
+    )
+    assert shown["cause_evidence"] == {
+        "node": node,
+        "gpu": "3",
+        "signal": "gpu_lost",
+        "code": "79",
+        "at": event.observed_at.isoformat(),
+        "detail": "GPU has fallen off the bus",
+    }
+    outsider = APIClient()
+    outsider.force_authenticate(world.researcher_b)  # nlp: not the run's tenant
+    assert outsider.get(f"/api/v1/runs/{attempt.run_id}/").status_code == 404
+
+
+def test_the_run_page_shows_the_cause_escaped(world, client):
+    from django.urls import reverse
+
+    attempt, node, _ = hardware_ended(world)
+    attempt.refresh_from_db()
+    Attempt.objects.filter(pk=attempt.pk).update(
+        cause_evidence={**attempt.cause_evidence, "detail": "<script>x</script>"}
+    )
+    client.force_login(world.researcher_a)
+    content = client.get(reverse("jobs:run_detail", args=[attempt.run_id])).content.decode()
+    assert "Cause: a hardware fault on its node (XID 79 on GPU 3)" in content
+    assert f'node <span class="mono">{node}</span>, GPU 3' in content
+    assert "&lt;script&gt;x&lt;/script&gt;" in content
+    assert "<script>x</script>" not in content
+
+
+def test_the_cli_says_the_cause_with_its_evidence():
+    from gantry_cli.runs import cause_line
+
+    attempt = {
+        "cause_class": "hardware",
+        "cause": "a hardware fault on its node (XID 79 on GPU 3)",
+        "cause_evidence": {"node": "n1", "gpu": "3", "at": "2027-01-15T08:01:00+00:00"},
+    }
+    assert cause_line(attempt) == (
+        "a hardware fault on its node (XID 79 on GPU 3); node n1, GPU 3, at "
+        "2027-01-15T08:01:00+00:00"
+    )
+    assert cause_line({"cause_class": "user", "cause": "the program", "cause_evidence": {}}) == (
+        "the program"
+    )
