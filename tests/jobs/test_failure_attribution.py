@@ -307,3 +307,26 @@ def test_the_cli_says_the_cause_with_its_evidence():
     assert cause_line({"cause_class": "user", "cause": "the program", "cause_evidence": {}}) == (
         "the program"
     )
+
+
+def test_exclusions_and_quarantines_add_no_query_to_the_admission_snapshot(world):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs.selectors.queue import admission_snapshot
+
+    def snapshot_queries() -> int:
+        with CaptureQueriesContext(connection) as queries:
+            admission_snapshot(now=timezone.now())
+        return len(queries)
+
+    run_submit(user=world.researcher_a, data=experiment_input(world))
+    before = snapshot_queries()
+    for _ in range(5):
+        run = run_submit(user=world.researcher_a, data=experiment_input(world))
+        Run.objects.filter(pk=run.pk).update(excluded_nodes=["sim-1-a100-80gb-00"])
+    ClusterNode.objects.filter(cluster=world.cluster).update(health="quarantined")
+    assert snapshot_queries() == before
+    snapshot, _ = admission_snapshot(now=timezone.now())
+    assert sorted({run.excluded for run in snapshot.queued}) == [(), ("sim-1-a100-80gb-00",)]
+    assert {node.reason for node in snapshot.nodes} == {"quarantined by Gantry: no reason given"}
