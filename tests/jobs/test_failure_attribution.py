@@ -330,3 +330,15 @@ def test_exclusions_and_quarantines_add_no_query_to_the_admission_snapshot(world
     snapshot, _ = admission_snapshot(now=timezone.now())
     assert sorted({run.excluded for run in snapshot.queued}) == [(), ("sim-1-a100-80gb-00",)]
     assert {node.reason for node in snapshot.nodes} == {"quarantined by Gantry: no reason given"}
+
+
+def test_the_runtime_reports_error_at_exit_is_read(world):
+    attempt = running(world)
+    error = "CUDA error: uncorrectable ECC error encountered"
+    Attempt.objects.filter(pk=attempt.pk).update(runtime_env={"error_at_exit": error})
+    attempt.runtime_env = {"error_at_exit": error}
+    end(attempt, reason="USER_EXIT", exit_code=1, message="")
+    attempt.refresh_from_db()
+    assert (attempt.cause_class, attempt.cause_evidence["signal"]) == ("hardware", "runtime_error")
+    assert attempt.cause_evidence["detail"] == error
+    assert Run.objects.get(pk=attempt.run_id).platform_retries == 1
