@@ -342,3 +342,31 @@ def test_the_runtime_reports_error_at_exit_is_read(world):
     assert (attempt.cause_class, attempt.cause_evidence["signal"]) == ("hardware", "runtime_error")
     assert attempt.cause_evidence["detail"] == error
     assert Run.objects.get(pk=attempt.run_id).platform_retries == 1
+
+
+@pytest.mark.parametrize(
+    ("reason", "cause", "signal"),
+    [("UNKNOWN", "platform", "backend_error"), ("IMAGE_PULL", "user", "image_pull")],
+)
+def test_a_job_the_cluster_refuses_for_good_gets_its_cause(
+    world, monkeypatch, reason, cause, signal
+):
+    from clusters.backends import PermanentBackendError
+    from clusters.backends.simulator import SimulatorBackend
+
+    def refuse(self, spec, *, may_exist=True):
+        raise PermanentBackendError("no such partition", failure_reason=reason)
+
+    monkeypatch.setattr(SimulatorBackend, "submit", refuse)
+    run = run_submit(user=world.researcher_a, data=experiment_input(world))
+    admission_run_cycle()
+    attempt = run.attempts.get()
+    attempt_submit(attempt_id=attempt.pk)
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.cause_class, attempt.cause_evidence["signal"]) == (
+        AttemptState.FAILED,
+        cause,
+        signal,
+    )
+    assert attempt.cause_evidence["detail"] == "no such partition"
+    assert Run.objects.get(pk=run.pk).state == RunState.FAILED  # refused again if retried
