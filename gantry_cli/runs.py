@@ -114,6 +114,19 @@ def cmd_ls(ctx: Context) -> int:
     return EXIT_OK
 
 
+def cause_line(attempt: dict[str, Any]) -> str:
+    """Whose fault the attempt's end was, with its evidence: "a hardware fault on its node
+    (XID 79 on GPU 3); node n1, GPU 3, at 2027-01-15T08:01:00+00:00"."""
+    evidence = attempt.get("cause_evidence") or {}
+    where = [
+        f"{label}{evidence[key]}"
+        for key, label in (("node", "node "), ("gpu", "GPU "), ("at", "at "))
+        if evidence.get(key)
+    ]
+    words = str(attempt.get("cause") or attempt["cause_class"])
+    return words + (f"; {', '.join(where)}" if where else "")
+
+
 def cmd_show(ctx: Context) -> int:
     run = ctx.client().get(f"runs/{ctx.args.run}/")
     if ctx.args.json:
@@ -148,13 +161,19 @@ def cmd_show(ctx: Context) -> int:
                 ",".join(a["node_list"]),
                 a["exit_code"],
                 a["failure_reason"],
+                a.get("cause_class", ""),  # a server older than causes sends none
                 when(a["started_at"]),
                 when(a["finished_at"]),
             )
             for a in run["attempts"]
         ]
-        headers = ("ATTEMPT", "STATE", "CLUSTER", "NODES", "EXIT", "FAILURE", "STARTED", "ENDED")
+        headers = (
+            "ATTEMPT", "STATE", "CLUSTER", "NODES", "EXIT", "FAILURE", "CAUSE", "STARTED", "ENDED"
+        )  # fmt: skip
         print(table(headers, rows))
+        for a in run["attempts"]:
+            if a.get("cause_class"):
+                print(f"Attempt {a['number']}: {cause_line(a)}")
     if run["events"]:
         print()
         event_rows = [

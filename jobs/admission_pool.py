@@ -131,12 +131,24 @@ class PoolState:
         # ``since`` falls among the times nodes were entered, not on the time itself.
         times = self._remembered(("entered",), lambda: sorted(set(self.entered.values())))
         return self._remembered(
-            ("closest", run.nodes, run.gpus_per_node, level, bisect_left(times, since)),
-            lambda: self._closest(run.nodes, run.gpus_per_node, level, since),
+            (
+                "closest",
+                run.nodes,
+                run.gpus_per_node,
+                level,
+                bisect_left(times, since),
+                run.excluded,
+            ),
+            lambda: self._closest(run.nodes, run.gpus_per_node, level, since, run.excluded),
         )
 
     def _closest(
-        self, count: int, gpus_per_node: int, level: int | None, since: float
+        self,
+        count: int,
+        gpus_per_node: int,
+        level: int | None,
+        since: float,
+        excluded: tuple[str, ...] = (),
     ) -> tuple[tuple[str, ...], tuple[int, int]] | None:
         best: tuple[tuple[str, ...], tuple[int, int]] | None = None
         entered, free, reserved, fenced = self.entered, self.free, self.reserved, self.fenced
@@ -149,7 +161,7 @@ class PoolState:
                         name,
                     )
                     for name in names
-                    if name not in fenced
+                    if name not in fenced and name not in excluded
                 ]
             )[:count]
             if len(ranked) < count:
@@ -215,7 +227,9 @@ class PoolState:
         level = self.required_level(run)
         if level == -1:
             return None
-        gang = placement.Gang(run.nodes, run.gpus_per_node, required_level=level)
+        gang = placement.Gang(
+            run.nodes, run.gpus_per_node, required_level=level, excluded=frozenset(run.excluded)
+        )
         if extra:
             return placement.place(self.view(extra), gang)
         return self._remembered(("place", gang), lambda: placement.place(self.view(), gang))
@@ -230,7 +244,9 @@ class PoolState:
                 f"needs its {run.nodes} nodes in one {run.topology_level}, a level {self.cluster}"
                 f" does not have (its levels: {', '.join(self.levels) or 'none'})"
             )
-        gang = placement.Gang(run.nodes, run.gpus_per_node, required_level=level)
+        gang = placement.Gang(
+            run.nodes, run.gpus_per_node, required_level=level, excluded=frozenset(run.excluded)
+        )
         return self._remembered(
             ("explain", gang),
             lambda: placement.explain(self.view(), gang, flavor=self.flavor, levels=self.levels),

@@ -98,6 +98,7 @@ class CycleState:
             run.nodes,
             run.gpus_per_node,
             run.topology_level if run.topology_required else None,
+            run.excluded,
             self.flavor_versions[run.flavor][0],
         )
 

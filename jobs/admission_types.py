@@ -36,6 +36,9 @@ class QueuedRun:
     # as possible (preferred).
     topology_level: str = ""
     topology_required: bool = False
+    # Nodes this run is never placed on (a hardware or platform fault ended an attempt of
+    # it there), sorted.
+    excluded: tuple[str, ...] = ()
 
     @property
     def gpus(self) -> int:

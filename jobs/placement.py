@@ -48,6 +48,8 @@ class Gang:
     # The gang must lie inside one domain at this depth of the path (1: the first level,
     # e.g. a block; 2: a leaf switch, ...); None: anywhere in the cluster.
     required_level: int | None = None
+    # Nodes this gang is never placed on (a fault ended one of its attempts there).
+    excluded: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +73,9 @@ def place(nodes: Sequence[Node], gang: Gang) -> Placement | None:
     """The placement of ``gang`` on ``nodes`` (see the module's rules), or None."""
     if gang.nodes < 1 or gang.gpus_per_node < 1:
         return None
-    candidates = [node for node in nodes if _fits(node, gang.gpus_per_node)]
+    candidates = [
+        node for node in nodes if _fits(node, gang.gpus_per_node) and node.name not in gang.excluded
+    ]
     if len(candidates) < gang.nodes:
         return None
     if gang.nodes == 1:  # one node is tighter than any domain
@@ -135,6 +139,9 @@ def explain(nodes: Sequence[Node], gang: Gang, *, flavor: str, levels: Sequence[
     )
     if gang.required_level is not None and gang.nodes > 1:
         need += f" in one {level_name(levels, gang.required_level)}"
+    excluded = sorted(node.name for node in nodes if node.name in gang.excluded)
+    usable = [node for node in nodes if node.name not in gang.excluded]
+    nodes, every_node = usable, nodes
     working = [node for node in nodes if node.schedulable]  # summed and tallied: any order
     every = sorted(nodes, key=lambda n: n.name)
     listed = len(every) <= EXPLAIN_NODES_LISTED
@@ -154,7 +161,8 @@ def explain(nodes: Sequence[Node], gang: Gang, *, flavor: str, levels: Sequence[
             )
             spread += _not_free_totals(working)
         parts.append(f"{free} {flavor} GPUs are free, at most {most} on any node ({spread})")
-        capable = [node for node in nodes if node.gpus >= gang.gpus_per_node]
+        # Excluded nodes count here: the GPUs exist, only not for this run (said below).
+        capable = [node for node in every_node if node.gpus >= gang.gpus_per_node]
         if len(capable) < gang.nodes:
             parts.append(
                 f"only {len(capable)} node{'' if len(capable) == 1 else 's'} "
@@ -173,6 +181,8 @@ def explain(nodes: Sequence[Node], gang: Gang, *, flavor: str, levels: Sequence[
                 )
     else:
         parts.append(f"no {flavor} node takes work now")
+    if excluded:
+        parts.append(_excluded_words(excluded))
     if listed and working:
         return "; ".join(parts)  # the list above names the nodes that take no work
     unschedulable = sorted((node for node in nodes if not node.schedulable), key=lambda n: n.name)
@@ -182,6 +192,16 @@ def explain(nodes: Sequence[Node], gang: Gang, *, flavor: str, levels: Sequence[
     if more > 0:
         parts.append(f"{more} more node{'s take' if more > 1 else ' takes'} no work")
     return "; ".join(parts)
+
+
+def _excluded_words(excluded: Sequence[str]) -> str:
+    named = ", ".join(excluded[:EXPLAIN_NODES_LISTED])
+    more = len(excluded) - EXPLAIN_NODES_LISTED
+    named += f" and {more} more" if more > 0 else ""
+    return (
+        f"not placed on {named}: {'a fault' if len(excluded) == 1 else 'faults'} ended an "
+        "attempt of this run there"
+    )
 
 
 def _node_figure(node: Node) -> str:

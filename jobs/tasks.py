@@ -9,7 +9,7 @@ from clusters.backends import BackendError, TransientBackendError
 from clusters.models import Cluster
 from clusters.services import cluster_refresh_inventory
 from core.log_context import log_context
-from jobs.services import backend_submit, backend_sync, budgets
+from jobs.services import attribution, backend_submit, backend_sync, budgets
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.estimates import estimates_refresh
 
@@ -61,6 +61,9 @@ def sync_all_clusters() -> None:
             # unreachable" on the cluster and on every live attempt, for their runs' pages.
             backend_sync.cluster_sync(cluster=cluster)
             cluster_refresh_inventory(cluster=cluster)
+            # After the refresh, which may have quarantined nodes: their runs leave as the
+            # cluster's policy says (idempotent: an attempt already acted on is skipped).
+            attribution.quarantined_attempts_settle(cluster=cluster, now=timezone.now())
         except BackendError as exc:  # recorded on the cluster; the other clusters go on
             with log_context(cluster=cluster.name):
                 logger.warning("cluster %s: %s", cluster.name, exc)

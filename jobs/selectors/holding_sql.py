@@ -130,6 +130,8 @@ _NODE_FIELDS = (
     (ClusterNode, "schedulable"),
     (ClusterNode, "reason"),
     (ClusterNode, "path"),
+    (ClusterNode, "health"),
+    (ClusterNode, "health_reason"),
 )
 
 

@@ -13,6 +13,7 @@ from django.db import connection
 from django.db.models import Sum
 from django.utils import timezone
 
+from clusters.health import NodeHealth
 from clusters.models import Cluster, ClusterNode
 from clusters.outside_claims import queues_of
 from jobs import admission, admission_types
@@ -66,8 +67,15 @@ def cluster_nodes(
         schedulable,
         reason,
         path,
+        health,
+        health_reason,
     ) in rows:
-        if schedulable and valid_until is not None and valid_until < now:
+        if health == NodeHealth.QUARANTINED:
+            # Gantry's own exclusion, whatever the backend says (it may not be allowed to
+            # drain the node, or not have done so yet).
+            schedulable = False
+            reason = f"quarantined by Gantry: {health_reason or 'no reason given'}"
+        elif schedulable and valid_until is not None and valid_until < now:
             schedulable = False
             reason = f"not seen by {cluster}'s inventory since {seen:%Y-%m-%d %H:%M:%S} UTC"
         nodes.append(
@@ -166,6 +174,7 @@ def admission_snapshot(
         "submitted_at",
         "experiment__topology_level",
         "experiment__topology_mode",
+        "excluded_nodes",
         *(("wait_reason", "wait_message") if written is not None else ()),
     )
     queued_runs = []
@@ -181,10 +190,11 @@ def admission_snapshot(
                 submitted=row[6].timestamp(),
                 topology_level=row[7],
                 topology_required=row[8] == TopologyMode.REQUIRED,
+                excluded=tuple(sorted(row[9] or ())),
             )
         )
         if written is not None:
-            written[row[0]] = (row[9], row[10])
+            written[row[0]] = (row[10], row[11])
     queued = tuple(queued_runs)
     held = held_runs()
     clusters = {cluster.name: cluster for cluster in Cluster.objects.filter(enabled=True)}

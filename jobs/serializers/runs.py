@@ -11,9 +11,11 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import ISO_8601, serializers
 from rest_framework.settings import api_settings
 
+from jobs.attribution import cause_words
 from jobs.models import (
     Attempt,
     AttemptState,
+    CauseClass,
     FailureReason,
     Run,
     RunEvent,
@@ -253,6 +255,16 @@ class AttemptSerializer(serializers.ModelSerializer):
         help_text="What the job reported about its runtime: driver, CUDA, NCCL versions, …",
     )
     failure_reason = _reason(FailureReason.choices)
+    cause_class = _reason(CauseClass.choices)
+    cause_evidence = serializers.DictField(
+        child=serializers.CharField(allow_blank=True),
+        read_only=True,
+        help_text="What made the cause so: node, gpu, signal, code, at (ISO 8601), detail; "
+        "{} when it has none (the attempt's own nodes only, never another tenant's jobs).",
+    )
+    cause = serializers.SerializerMethodField(
+        help_text='The cause in words, e.g. "a hardware fault on its node (XID 79 on GPU 3)".'
+    )
 
     class Meta:
         model = Attempt
@@ -267,6 +279,9 @@ class AttemptSerializer(serializers.ModelSerializer):
             "exit_code",
             "failure_reason",
             "failure_message",
+            "cause_class",
+            "cause_evidence",
+            "cause",
             "submitted_at",
             "started_at",
             "finished_at",
@@ -276,6 +291,10 @@ class AttemptSerializer(serializers.ModelSerializer):
             "runtime_reported_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.CharField())
+    def get_cause(self, instance: Attempt) -> str:
+        return cause_words(instance.cause_class, instance.cause_evidence or {})
 
     def to_representation(self, instance: Attempt) -> dict[str, Any]:
         # By hand (see "Output by hand" above), in the order of Meta.fields.
@@ -291,6 +310,11 @@ class AttemptSerializer(serializers.ModelSerializer):
             "exit_code": _integer(instance.exit_code),
             "failure_reason": _FAILURE_REASON.to_representation(instance.failure_reason),
             "failure_message": str(instance.failure_message),
+            "cause_class": str(instance.cause_class),
+            "cause_evidence": {
+                str(key): str(value) for key, value in (instance.cause_evidence or {}).items()
+            },
+            "cause": cause_words(instance.cause_class, instance.cause_evidence or {}),
             "submitted_at": _datetime(instance.submitted_at, zone),
             "started_at": _datetime(instance.started_at, zone),
             "finished_at": _datetime(instance.finished_at, zone),

@@ -54,6 +54,10 @@ class RuntimeReportSerializer(serializers.Serializer):
     )
     hostname = _report_text("Host name of the reporting process (rank 0).")
     kernel_version = _report_text("Linux kernel release.")
+    error_at_exit = _report_text(
+        "The CUDA or NCCL error the job exits with, reported just before it exits: the "
+        "failure attribution reads it (an uncorrectable ECC error is the hardware's)."
+    )
     node_list = _report_list("Every node the attempt runs on.")
     gpu_uuids = _report_list("UUID of every GPU the attempt uses (nvidia-smi -L).")
 

@@ -18,7 +18,7 @@ from clusters.backends import (
 )
 from clusters.backends.calls import backend_call
 from core.log_context import log_context
-from jobs import reproducibility
+from jobs import attribution, reproducibility
 from jobs.enqueue import (
     admission_cycle_enqueue,
     attempt_cancel_enqueue,
@@ -64,6 +64,8 @@ def job_spec_for(attempt: Attempt) -> JobSpec:
         topology_level=experiment.topology_level,
         topology_required=experiment.topology_required,
         reclaiming=attempt.reclaimed_from.exists(),
+        # Where a hardware or platform fault ended an earlier attempt: never again for it.
+        excluded_nodes=tuple(sorted(attempt.run.excluded_nodes or ())),
     )
 
 
@@ -168,12 +170,26 @@ def attempt_token_issue(*, attempt: Attempt) -> str:
 
 
 def _attempt_fail_submit(attempt: Attempt, run: Run, exc: PermanentBackendError) -> None:
+    """The backend refused the job for good: the attempt and its run fail (not retried: it
+    would be refused again). The cause is the cluster's, but for an image it cannot pull."""
     now = timezone.now()
+    cause, evidence = attribution.attribute(
+        attribution.EndedAttempt(
+            state=AttemptState.FAILED,
+            ended=now.timestamp(),
+            failure_reason=exc.failure_reason,
+            message=str(exc),
+            backend_error=exc.failure_reason != "IMAGE_PULL",
+        ),
+        (),
+    )
     Attempt.objects.filter(pk=attempt.pk).update(
         state=AttemptState.FAILED,
         finished_at=now,
         failure_reason=exc.failure_reason,
         failure_message=str(exc)[:2000],
+        cause_class=cause,
+        cause_evidence=evidence,
     )
     run_transition(
         run=run,

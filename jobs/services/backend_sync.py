@@ -37,11 +37,11 @@ from jobs.models import (
     WaitReason,
 )
 from jobs.selectors.runs import attempt_get_for_work, attempt_token_refusal
+from jobs.services import attempt_end
 from jobs.services.lifecycle import (
     WAIT_MESSAGE_MAX_LENGTH,
     attempt_accept,
     pending_message,
-    run_requeue_after_preemption,
     run_transition,
 )
 from jobs.services.usage import usage_record_attempt
@@ -447,9 +447,20 @@ def _attempt_finish(*, attempt: Attempt, status: JobStatus, now, common: dict) -
     usage_record_attempt(
         attempt=attempt, started=attempt.started_at or status.started_at, finished=finished_at
     )
-    run.refresh_from_db(fields=["state", "cancel_requested_at", "restarts"])
-    if run.state == RunState.PREEMPTED:
-        _preempted_run_settle(run=run, attempt=attempt, finished_at=finished_at)
+    run.refresh_from_db(
+        fields=["state", "cancel_requested_at", "restarts", "platform_retries", "excluded_nodes"]
+    )
+    preempted = run.state == RunState.PREEMPTED
+    cause, evidence = attempt_end.attempt_cause_store(
+        attempt=attempt,
+        status=status,
+        state=AttemptState.PREEMPTED if preempted else state,
+        reason="PREEMPTED" if preempted else reason,
+        finished_at=finished_at,
+        now=now,
+    )
+    if preempted:
+        attempt_end.preempted_run_settle(run=run, attempt=attempt, finished_at=finished_at)
         return 1
     # A job that started and ended between two syncs (a sync held up by an outage, a short
     # job): its run's timeline still says it ran, when the backend says it started.
@@ -461,90 +472,17 @@ def _attempt_finish(*, attempt: Attempt, status: JobStatus, now, common: dict) -
             started_at=ran_at,
             message=f"Ran on {', '.join(status.node_list) or attempt.cluster.name}",
         )
-    _run_end(
-        run=run, attempt=attempt, status=status, state=state, reason=reason, finished_at=finished_at
+    attempt_end.run_end(
+        run=run,
+        attempt=attempt,
+        status=status,
+        state=state,
+        reason=reason,
+        finished_at=finished_at,
+        cause=(cause, evidence),
     )
     admission_cycle_enqueue()
     return 1
-
-
-def _preempted_run_settle(*, run: Run, attempt: Attempt, finished_at) -> None:
-    """The run was preempted and this was its job being taken off: the attempt ends
-    PREEMPTED and the run goes back to the queue, or ends if it was cancelled meanwhile."""
-    Attempt.objects.filter(pk=attempt.pk).update(
-        state=AttemptState.PREEMPTED, failure_reason="PREEMPTED"
-    )
-    if run.cancel_requested_at is None:
-        run_requeue_after_preemption(run=run, attempt=attempt)
-    else:  # cancelled while its job was being taken off: it ends here, not in the queue
-        run_transition(
-            run=run,
-            to=RunState.CANCELLED,
-            expected=(RunState.PREEMPTED,),
-            reason="CANCELLED",
-            message="Cancelled as requested",
-            attempt=attempt,
-            finished_at=finished_at,
-            failure_reason="CANCELLED",
-        )
-
-
-def _run_end(
-    *, run: Run, attempt: Attempt, status: JobStatus, state: str, reason: str, finished_at
-) -> None:
-    """What the attempt's end makes of its live run: succeeded, cancelled, queued again for
-    a restart it has left, or failed."""
-    live_states = (RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING)
-    if state == AttemptState.SUCCEEDED:
-        run_transition(
-            run=run,
-            to=RunState.SUCCEEDED,
-            expected=live_states,
-            reason="SUCCEEDED",
-            message=status.message or "Finished successfully",
-            attempt=attempt,
-            finished_at=finished_at,
-        )
-    elif state == AttemptState.CANCELLED:
-        run_transition(
-            run=run,
-            to=RunState.CANCELLED,
-            expected=live_states,
-            reason="CANCELLED",
-            message="Cancelled on the cluster"
-            if run.cancel_requested_at is None
-            else "Cancelled as requested",
-            attempt=attempt,
-            finished_at=finished_at,
-            failure_reason="CANCELLED",
-        )
-    elif run.restarts < run.experiment.max_restarts and run.cancel_requested_at is None:
-        run_transition(
-            run=run,
-            to=RunState.QUEUED,
-            expected=live_states,
-            reason=reason,
-            message=(
-                f"Attempt {attempt.number} ended {status.state} ({reason}); requeued, restart "
-                f"{run.restarts + 1} of {run.experiment.max_restarts}"
-            ),
-            attempt=attempt,
-            restarts=run.restarts + 1,
-            cluster=None,
-        )
-    else:
-        detail = f" exit code {status.exit_code}" if status.exit_code is not None else ""
-        run_transition(
-            run=run,
-            to=RunState.FAILED,
-            expected=live_states,
-            reason=reason,
-            message=f"Attempt {attempt.number} ended {status.state} ({reason}){detail}. "
-            f"{status.message}".strip(),
-            attempt=attempt,
-            finished_at=finished_at,
-            failure_reason=reason,
-        )
 
 
 @transaction.atomic

@@ -212,6 +212,8 @@ def _attempts_inputs(context) -> tuple:
             attempt.failure_reason,
             attempt.failure_message,
             attempt.backend_error,
+            attempt.cause_class,
+            attempt.cause_evidence,
         )
         for attempt in context["attempts"]
     )

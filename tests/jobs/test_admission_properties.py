@@ -1472,3 +1472,25 @@ def test_fair_share_decay_halves_old_usage_each_half_life_and_saturates_while_he
     limit = 8 * day / math.log(2)
     held_long = fair_share_decayed(0.0, gpus_held=8, elapsed_s=100 * day, half_life_s=day)
     assert math.isclose(held_long, limit, rel_tol=1e-12) and held_long <= limit
+
+
+# --- an excluded node is never in its run's placement ----------------------------------------
+
+
+@PROPERTY
+@given(snapshots(), st.data())
+def test_an_excluded_node_is_never_in_the_runs_placement_nor_held_for_it(snapshot, data):
+    names = sorted({node.name for node in snapshot.nodes})
+    queued = tuple(
+        replace(run, excluded=tuple(sorted(data.draw(st.sets(st.sampled_from(names))))))
+        if names
+        else run
+        for run in snapshot.queued
+    )
+    snapshot = replace(snapshot, queued=queued)
+    excluded = {run.id: set(run.excluded) for run in queued}
+    decisions = decided(snapshot)
+    for admit in decisions.admitted:
+        assert not excluded[admit.run_id].intersection(admit.nodes), admit
+    for reservation in decisions.reservations:
+        assert not excluded[reservation.run_id].intersection(reservation.nodes), reservation

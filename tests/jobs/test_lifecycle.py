@@ -313,6 +313,9 @@ def test_cancel_of_a_finished_run_is_refused_and_changes_nothing(world):
 
 def test_lost_after_grace_when_backend_forgets_the_job(world, settings):
     settings.GANTRY_LOST_GRACE_S = 60
+    # A lost job is the platform's: retried, unless the cluster allows no such retry.
+    world.cluster.health_policy = {"max_platform_retries": 0}
+    world.cluster.save(update_fields=["health_policy"])
     run = submit(world)
     admission_run_cycle()
     attempt = run.attempts.get()
@@ -334,6 +337,9 @@ def test_lost_after_grace_when_backend_forgets_the_job(world, settings):
     cluster_sync(cluster=world.cluster)
     run.refresh_from_db()
     assert (run.state, run.failure_reason) == ("FAILED", "LOST")
+    assert Attempt.objects.values_list("cause_class", "cause_evidence__signal").get(
+        pk=attempt.pk
+    ) == ("platform", "lost")
 
 
 def test_a_sync_writes_last_seen_only_when_it_is_older_than_its_resolution(world):

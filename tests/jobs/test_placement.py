@@ -413,3 +413,15 @@ def test_the_largest_shape_is_the_most_gpus_on_the_fewest_nodes(
 
     assert largest == shape
     assert [type(count) for count in largest] == [int, int]  # counts, printed in messages
+
+
+def test_a_gang_whose_exclusions_leave_no_placement_says_so():
+    from jobs.placement import Gang, Node, explain, place
+
+    nodes = [Node("n1", 8, 8), Node("n2", 8, 8)]
+    gang = Gang(2, 8, excluded=frozenset({"n2"}))
+    assert place(nodes, gang) is None
+    assert explain(nodes, gang, flavor="a100") == (
+        "needs 2 nodes × 8 a100 GPUs; 8 a100 GPUs are free, at most 8 on any node (n1: 8); "
+        "not placed on n2: a fault ended an attempt of this run there"
+    )

@@ -190,3 +190,17 @@ def test_a_one_node_run_takes_the_fullest_node_that_fits(nodes, gpus):
     [name] = placement.nodes
     chosen = next(n for n in nodes if n.name == name)
     assert chosen.free == min(n.free for n in fits)
+
+
+@settings(max_examples=300, deadline=None)
+@given(small_clusters(), gangs, st.data())
+def test_an_excluded_node_is_never_placed_on(nodes, gang, data):
+    names = sorted({node.name for node in nodes})
+    excluded = frozenset(data.draw(st.sets(st.sampled_from(names)))) if names else frozenset()
+    placement = place(nodes, Gang(gang.nodes, gang.gpus_per_node, gang.required_level, excluded))
+    others = [node for node in nodes if node.name not in excluded]
+    if placement is None:
+        assert reference(others, gang) is None  # none without them either
+        return
+    assert not excluded.intersection(placement.nodes)
+    assert_valid(others, gang, placement)
