@@ -262,12 +262,12 @@ def _random_faults(
     node: str, gpus: int, settings: FaultSettings, start: float, end: float
 ) -> list[Fault]:
     found = []
+    chances = [(signal, rate * BUCKET_S / DAY_S) for signal, rate in settings.rates.items()]
+    chances = [(signal, chance) for signal, chance in chances if chance > 0]
     for bucket in range(math.floor(start / BUCKET_S), math.ceil(end / BUCKET_S)):
-        for signal, rate in settings.rates.items():
-            if rate <= 0:
-                continue
+        for signal, chance in chances:
             draw = _draw(settings.seed, node, bucket, signal.value)
-            if _unit(draw) >= rate * BUCKET_S / DAY_S:
+            if _unit(draw) >= chance:
                 continue
             at = bucket * BUCKET_S + int.from_bytes(draw[8:12], "big") / 2**32 * BUCKET_S
             if start <= at < end:

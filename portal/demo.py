@@ -52,7 +52,7 @@ from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.estimates import estimates_refresh
 from jobs.services.submission import ExperimentInput, run_submit
 from jobs.services.templates import template_save
-from portal.demo_faults import DEMO_FAULTS, history_record_hardware_fault
+from portal.demo_faults import DEMO_FAULTS, history_record_hardware_fault, lemon_fence
 from portal.demo_history import history_record, history_record_preempted, history_telemetry_record
 from telemetry import services as telemetry_services
 from tenants.models import GlobalRole, GpuFlavor, Membership, Project, Quota, Tenant
@@ -178,6 +178,7 @@ def _seed_cluster(*, speedup: int) -> Cluster:
             "faults": DEMO_FAULTS,
         },
     )
+    lemon_fence(cluster)
     cluster_refresh_inventory(cluster=cluster)
     return cluster
 

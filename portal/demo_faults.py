@@ -13,8 +13,7 @@ from django.utils import timezone
 from clusters.backends import backend_for
 from clusters.health import XIDS, Action, SignalClass, Source
 from clusters.models import Cluster, ClusterNode, NodeHealthEvent, SimulatedFence
-from clusters.services import cluster_refresh_inventory
-from clusters.sim_faults import Fault, fault_settings, faults_between
+from clusters.sim_faults import CLASS_XID, Fault, fault_settings, faults_between
 from clusters.simulation import STARTUP_S, sim_layout
 from jobs.models import Attempt, AttemptState, Checkpoint, Run, RunEvent, RunState
 from jobs.services.usage import usage_record_attempt
@@ -49,6 +48,17 @@ def lemon_fault(cluster: Cluster, *, after: datetime) -> Fault:
 
 def fault_reason(fault: Fault) -> str:
     return f"{fault.description} on GPU {fault.gpu}"
+
+
+def lemon_fence(cluster: Cluster) -> None:
+    """Drain the lemon on the simulator as Gantry did (dated by the history), before the
+    seed's first inventory read, so that read already finds it taking no work."""
+    lemon = fault_settings(
+        cluster.settings["faults"],
+        nodes={node.name: node.gpus for node in sim_layout(cluster.name, cluster.settings).nodes},
+    ).lemons[LEMON]
+    fault = Fault(0.0, LEMON, lemon.gpu, lemon.signal, CLASS_XID[lemon.signal], lemon=True)
+    backend_for(cluster).fence(LEMON, f"gantry: quarantined: {fault_reason(fault)}")
 
 
 def history_record_hardware_fault(*, run: Run, cluster: Cluster, submitted: datetime) -> None:
@@ -177,9 +187,7 @@ def _quarantine(cluster: Cluster, fault: Fault) -> None:
     quarantined_at = failed_at + QUARANTINED_AFTER
     fenced_at = failed_at + FENCED_AFTER
     reason = fault_reason(fault)
-    backend_for(cluster).fence(LEMON, f"gantry: quarantined: {reason}")
     SimulatedFence.objects.filter(cluster=cluster, node=LEMON).update(fenced_at=fenced_at)
-    cluster_refresh_inventory(cluster=cluster)  # the node takes no work from now on
     detail = f"XID {fault.xid} {XIDS[fault.xid].description}"
     for source, signal, code, gpu, text, observed, action in (
         (Source.DCGM.value, SignalClass.GPU_LOST.value, str(fault.xid), str(fault.gpu), detail,
