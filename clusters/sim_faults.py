@@ -255,7 +255,7 @@ def _draw(*parts: object) -> bytes:
 
 def _unit(data: bytes) -> float:
     """A number in [0, 1) from 8 bytes."""
-    return int.from_bytes(data[:8], "big") / 2**64
+    return int.from_bytes(data[:8]) / 2**64
 
 
 def _random_faults(
@@ -263,22 +263,22 @@ def _random_faults(
 ) -> list[Fault]:
     found = []
     chances = [(signal, rate * BUCKET_S / DAY_S) for signal, rate in settings.rates.items()]
-    chances = [(signal, chance) for signal, chance in chances if chance > 0]
+    chances = [(signal, chance) for signal, chance in chances if chance]
     for bucket in range(math.floor(start / BUCKET_S), math.ceil(end / BUCKET_S)):
         for signal, chance in chances:
             draw = _draw(settings.seed, node, bucket, signal.value)
             if _unit(draw) >= chance:
                 continue
-            at = bucket * BUCKET_S + int.from_bytes(draw[8:12], "big") / 2**32 * BUCKET_S
+            at = bucket * BUCKET_S + int.from_bytes(draw[8:12]) / 2**32 * BUCKET_S
             if start <= at < end:
-                gpu = int.from_bytes(draw[12:16], "big") % gpus
+                gpu = int.from_bytes(draw[12:16]) % gpus
                 found.append(Fault(at, node, gpu, signal, CLASS_XID[signal]))
     return found
 
 
 def lemon_phase_s(node: str, lemon: Lemon, seed: int) -> int:
     """Seconds past each multiple of ``every_s`` (from the Unix epoch) at which it fails."""
-    return int.from_bytes(_draw(seed, node, "lemon")[:8], "big") % lemon.every_s
+    return int.from_bytes(_draw(seed, node, "lemon")[:8]) % lemon.every_s
 
 
 def _lemon_faults(node: str, lemon: Lemon, seed: int, start: float, end: float) -> list[Fault]:
