@@ -179,3 +179,24 @@ class SimulatedJob(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.state})"
+
+
+class SimulatedFence(models.Model):
+    """The simulator backend's own drain of a node (``fence``): the node takes no new
+    simulated jobs until ``unfence`` sets ``released_at``. One row per node, kept after the
+    release: the release resets the node's GPUs (their last XID reads 0 again)."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+")
+    node = models.CharField(max_length=253)
+    reason = models.CharField(max_length=500)
+    fenced_at = models.DateTimeField()
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "node"], name="simulated_fence_unique"),
+        ]
+
+    def __str__(self) -> str:
+        state = "released" if self.released_at else "fenced"
+        return f"{self.cluster_id}/{self.node} ({state})"

@@ -11,8 +11,11 @@ It tells a story (tests/portal/test_demo.py holds it to each part):
   (vision's guarantee and borrow limit are used up) and where it stands in the queue;
   ``dpr-sweep`` of nlp runs on borrowed GPUs, preemptible;
 - history: ``colbert-distill`` borrowed GPUs, was preempted when their owner reclaimed them,
-  and resumed from its checkpoint on a second attempt; ``unet-sweep-1`` was input-bound and
-  its diagnosis says so; a healthy run, an idle notebook, a crash, a communication-bound run;
+  and resumed from its checkpoint on a second attempt; ``segformer-b5`` ran on a lemon node
+  whose GPU fell off the bus (XID 79): Gantry quarantined and drained the node, and the run
+  was retried from its checkpoint on another node, its lost GPU-hours credited;
+  ``unet-sweep-1`` was input-bound and its diagnosis says so; a healthy run, an idle
+  notebook, a crash, a communication-bound run;
 - a month of it, accounted and rolled up: three runs on fixed days of the last closed month
   (priced at the A100 rate before this month's rise), so finance's landing statement has
   lines whatever today's date is, and the profile runs above a few days to weeks back, so
@@ -49,6 +52,7 @@ from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.estimates import estimates_refresh
 from jobs.services.submission import ExperimentInput, run_submit
 from jobs.services.templates import template_save
+from portal.demo_faults import DEMO_FAULTS, history_record_hardware_fault, lemon_fence
 from portal.demo_history import history_record, history_record_preempted, history_telemetry_record
 from telemetry import services as telemetry_services
 from tenants.models import GlobalRole, GpuFlavor, Membership, Project, Quota, Tenant
@@ -130,6 +134,11 @@ def demo_seed(*, speedup: int = 30) -> None:
     _seed_history(submit, cluster=cluster, pytorch=pytorch, megatron=megatron, now=now)
     _seed_live_runs(submit, pytorch=pytorch, megatron=megatron)
     _seed_last_month(submit, cluster=cluster, pytorch=pytorch, megatron=megatron, now=now)
+    # Last, so the run numbers above stay as the docs show them.
+    hardware = submit("alice", "vision", "segmentation", "segformer-b5", pytorch)
+    history_record_hardware_fault(
+        run=hardware, cluster=cluster, submitted=now - timedelta(days=2, hours=8)
+    )
     _date_the_world_before(_oldest_submit() - timedelta(days=1))
 
     # What beat would do within two minutes: account the history and roll it up into daily
@@ -153,21 +162,23 @@ def _seed_cluster(*, speedup: int) -> Cluster:
             "speedup": speedup,
             "topology": ["block", "leaf"],
             "pools": [
-                # Two blocks of leaf switches, two nodes per leaf: one node is drained and one
-                # is busy with jobs from outside Gantry, so 4 whole nodes (32 GPUs) and 2
-                # stray GPUs take Gantry's work.
+                # Two blocks of leaf switches, two nodes per leaf: one node is a lemon that
+                # Gantry quarantined (portal/demo_faults.py) and one is busy with jobs from
+                # outside Gantry, so 4 whole nodes (32 GPUs) and 2 stray GPUs take Gantry's
+                # work.
                 {
                     "flavor": "a100-80gb",
                     "nodes": 6,
                     "gpus_per_node": 8,
                     "domains": [2, 2],
-                    "drained": {"sim-east-a100-80gb-04": "GPU 3 fell off the bus (XID 79)"},
                     "outside": {"sim-east-a100-80gb-05": 6},
                 },
                 {"flavor": "h100-80gb", "nodes": 2, "gpus_per_node": 8},
             ],
+            "faults": DEMO_FAULTS,
         },
     )
+    lemon_fence(cluster)
     cluster_refresh_inventory(cluster=cluster)
     return cluster
 

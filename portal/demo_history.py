@@ -71,7 +71,7 @@ def history_record_preempted(*, run: Run, cluster: Cluster, submitted) -> None:
         finished_at=finished,
         borrowed=True,
     )
-    _date_the_records(
+    date_the_records(
         run=run, submitted=submitted, attempts={first: first_start, second: second_start}
     )
     for at, attempt, from_state, to_state, reason, message in (
@@ -192,7 +192,7 @@ def history_record(
         failure_reason="USER_EXIT" if failed else "",
     )
     usage_record_attempt(attempt=attempt, started=started, finished=finished)
-    _date_the_records(run=run, submitted=submitted, attempts={attempt: admitted})
+    date_the_records(run=run, submitted=submitted, attempts={attempt: admitted})
     for at, from_state, to_state, reason in (
         (admitted, RunState.QUEUED, RunState.ADMITTED, "ADMITTED"),
         (started, RunState.PENDING, RunState.RUNNING, "STARTED"),
@@ -205,7 +205,7 @@ def history_record(
     return attempt
 
 
-def _date_the_records(*, run: Run, submitted: datetime, attempts: dict[Attempt, datetime]) -> None:
+def date_the_records(*, run: Run, submitted: datetime, attempts: dict[Attempt, datetime]) -> None:
     """A history run's own records carry its dates, not the seed's: the experiment was
     created and the run submitted at ``submitted``, each attempt created when admitted."""
     Experiment.objects.filter(pk=run.experiment_id).update(created_at=submitted)

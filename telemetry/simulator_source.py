@@ -5,19 +5,28 @@ A simulator cluster's jobs exist only in the database (``SimulatedJob``), so its
 them there; the collector treats it like any other source (``telemetry.collection``
 ``SOURCES``). One computation per job (``telemetry.simulated.simulated_telemetry``) gives
 both what the exporter shows, the minutes completed in the interval read, and what the SDK
-posts, the step windows completed so far.
+posts, the step windows completed so far. The cluster's injected faults
+(``clusters.sim_faults``) show as the exporter would show them, on every GPU they touch
+whether a job runs there or not: a GPU's last XID (``DCGM_FI_DEV_XID_ERRORS``) from its
+fault on, and a throttled GPU's clock-event reasons (``DCGM_FI_DEV_CLOCKS_EVENT_REASONS``).
 """
 
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from clusters.models import Cluster, SimulatedJob
-from clusters.simulation import Workload
+from clusters.models import Cluster, SimulatedFence, SimulatedJob
+from clusters.sim_faults import FaultSettings, fault_settings, gauge_readings
+from clusters.simulation import Workload, sim_layout
 from jobs.models import Attempt
 from telemetry.exposition.mapping import Allocation, HostAllocation
 from telemetry.exposition.parsing import GpuSample, render
 from telemetry.models import StepWindow
-from telemetry.simulated import SimulatedWindow, minute_samples, simulated_telemetry
+from telemetry.simulated import (
+    SCRAPE_INTERVAL_S,
+    SimulatedWindow,
+    minute_samples,
+    simulated_telemetry,
+)
 from telemetry.sources import FetchResult, Scrape, ScrapeFailure
 
 # The source name of the step windows the simulator's jobs report, as an SDK names its own.
@@ -25,6 +34,11 @@ SIMULATOR_SOURCE = "simulator"
 # Jobs that ended longer ago than this are not read again for step windows; a first read
 # looks this far back.
 SIMULATOR_RECENT = timedelta(days=1)
+# The exporter's names of the gauges faults move (dcgm-exporter, DCGM's field names).
+GAUGE_METRICS = {
+    "xid": "DCGM_FI_DEV_XID_ERRORS",
+    "clock_reasons": "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+}
 
 
 def _moment(ms: int) -> datetime:
@@ -114,7 +128,7 @@ class SimulatorSource:
                 started_at=job.started_at,
                 until=finished_at or until,
                 finished=finished_at is not None,
-                speedup=speedup,
+                speedup=speedup * float(job.profile.get("speed", 1.0)),
                 gpus=[
                     (node, str(gpu))
                     for node, gpus in sorted(job.allocation.items())
@@ -132,12 +146,63 @@ class SimulatorSource:
                 simulated_windows_store(
                     attempt_id=attempts[job_id], source=SIMULATOR_SOURCE, windows=telemetry.windows
                 )
+        samples += self._fault_samples(start_ms=start_ms, end_ms=end_ms)
         if not samples:
             return FetchResult()
         body = render(samples).encode()
         return FetchResult(
             [Scrape(body=body, at_ms=end_ms, origin=f"simulator:{self.cluster.name}")]
         )
+
+    def _fault_samples(self, *, start_ms: int, end_ms: int) -> list[GpuSample]:
+        """The XID and clock-event gauges the cluster's faults set in [start, end)."""
+        layout = sim_layout(self.cluster.name, self.cluster.settings)
+        nodes = {node.name: node.gpus for node in layout.nodes}
+        try:
+            settings = fault_settings(self.cluster.settings.get("faults"), nodes=nodes)
+        except ValueError:
+            return []  # the backend refuses the cluster and says why (its inventory error)
+        if not (settings.injects or settings.throttled):
+            return []
+        released = {
+            fence.node: fence.released_at.timestamp()
+            for fence in SimulatedFence.objects.filter(
+                cluster=self.cluster, released_at__isnull=False
+            )
+            if fence.released_at is not None
+        }
+        return fault_gauge_samples(
+            nodes, settings, start_ms=start_ms, end_ms=end_ms, released=released
+        )
+
+
+def fault_gauge_samples(
+    nodes: dict[str, int],
+    settings: FaultSettings,
+    *,
+    start_ms: int,
+    end_ms: int,
+    released: dict[str, float],
+) -> list[GpuSample]:
+    """The exporter's samples of the faults' gauges, scraped every ``SCRAPE_INTERVAL_S``."""
+    return [
+        GpuSample(
+            reading.node,
+            str(reading.gpu),
+            f"GPU-sim-{reading.node}-{reading.gpu}",
+            GAUGE_METRICS[reading.metric],
+            float(reading.value),
+            int(reading.at * 1000),
+        )
+        for reading in gauge_readings(
+            nodes,
+            settings,
+            start=start_ms / 1000,
+            end=end_ms / 1000,
+            every_s=SCRAPE_INTERVAL_S,
+            released=released,
+        )
+    ]
 
 
 def simulated_windows_store(

@@ -15,16 +15,22 @@ the same cluster. Cluster settings::
 A pool may lay its nodes out in topology domains, drain nodes and carry load from outside
 Gantry (``clusters.simulation.sim_layout``). A job placed by admission starts on exactly its
 nodes once their GPUs are free; until then it is pending and says what it waits for.
+
+``settings["faults"]`` injects hardware faults (``clusters.sim_faults``): a job on a GPU
+that faults fails at that instant (GPU_XID, or NODE_FAILURE for a GPU that takes its node
+down), and a throttled GPU slows the jobs on it. ``fence`` drains a node the way Slurm's
+drain does (``SimulatedFence``): running jobs go on, no new one starts there.
 """
 
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from clusters.backends import register
 from clusters.backends.base import (
+    BackendError,
     CheckpointReport,
     Inventory,
     JobRef,
@@ -36,7 +42,8 @@ from clusters.backends.base import (
 )
 from clusters.env_names import env_name_refusal
 from clusters.job_env import job_environment_shown
-from clusters.models import Cluster, SimulatedJob
+from clusters.models import Cluster, SimulatedFence, SimulatedJob
+from clusters.sim_faults import FaultSettings, fault_settings, first_fault_hitting, gang_speed
 from clusters.simulation import (
     STARTUP_S,
     SimLayout,
@@ -64,12 +71,67 @@ class SimulatorBackend:
         self.speedup = float(cluster.settings.get("speedup", 1))
         self.pools = cluster.settings.get("pools", [])
         self._layout: SimLayout | None = None
+        self._faults: FaultSettings | None = None
 
     @property
     def layout(self) -> SimLayout:
         if self._layout is None:
             self._layout = sim_layout(self.cluster.name, self.cluster.settings)
         return self._layout
+
+    @property
+    def gpus_of(self) -> dict[str, int]:
+        return {node.name: node.gpus for node in self.layout.nodes}
+
+    @property
+    def faults(self) -> FaultSettings:
+        """The cluster's fault settings; wrong ones refuse every use of the backend with the
+        reason (as a Slurm cluster's wrong settings do), rather than run without them."""
+        if self._faults is None:
+            try:
+                self._faults = fault_settings(
+                    self.cluster.settings.get("faults"), nodes=self.gpus_of
+                )
+            except ValueError as exc:
+                raise PermanentBackendError(f"cluster {self.cluster.name}: {exc}") from None
+        return self._faults
+
+    def fence(self, node: str, reason: str) -> None:
+        """Drain ``node`` with Gantry's reason: its running jobs go on, no new one starts
+        there, and the inventory says why. Fencing a fenced node changes nothing but the
+        reason."""
+        self._known(node)
+        text = (reason if reason.startswith("gantry:") else f"gantry: {reason}")[:500]
+        now = timezone.now()
+        with transaction.atomic():
+            fence, created = SimulatedFence.objects.select_for_update().get_or_create(
+                cluster=self.cluster, node=node, defaults={"reason": text, "fenced_at": now}
+            )
+            if created or (fence.released_at is None and fence.reason == text):
+                return
+            if fence.released_at is not None:
+                fence.fenced_at, fence.released_at = now, None
+            fence.reason = text
+            fence.save(update_fields=["reason", "fenced_at", "released_at"])
+
+    def unfence(self, node: str) -> None:
+        """Undo ``fence``: the node takes new jobs again; idempotent."""
+        self._known(node)
+        SimulatedFence.objects.filter(
+            cluster=self.cluster, node=node, released_at__isnull=True
+        ).update(released_at=timezone.now())
+
+    def _known(self, node: str) -> None:
+        if node not in self.gpus_of:
+            raise BackendError(f"cluster {self.cluster.name} has no node named {node}")
+
+    def _fenced(self) -> dict[str, str]:
+        """The nodes fenced now, with Gantry's reason."""
+        return dict(
+            SimulatedFence.objects.filter(
+                cluster=self.cluster, released_at__isnull=True
+            ).values_list("node", "reason")
+        )
 
     def render(self, spec: JobSpec) -> str:
         workload = self._workload(spec)
@@ -122,6 +184,7 @@ class SimulatorBackend:
                     profile={
                         "workload": _workload_dict(workload),
                         "checkpoint_dir": spec.checkpoint_dir or "sim://checkpoints",
+                        "excluded_nodes": sorted(spec.excluded_nodes),
                     },
                     max_runtime_s=spec.max_runtime_s,
                     submitted_at=timezone.now(),
@@ -158,6 +221,7 @@ class SimulatorBackend:
 
     def inventory(self) -> Inventory:
         self._advance()
+        fenced = self._fenced()
         used: dict[str, int] = {}
         for allocation in SimulatedJob.objects.filter(
             cluster=self.cluster, state="RUNNING"
@@ -172,8 +236,10 @@ class SimulatorBackend:
                     gpus=node.gpus,
                     gpus_used=min(node.gpus, used.get(node.name, 0) + node.outside),
                     gpus_used_by_gantry=used.get(node.name, 0),
-                    schedulable=not node.drained,
-                    reason=f"drained: {node.drained}" if node.drained else "",
+                    schedulable=not node.drained and node.name not in fenced,
+                    reason=f"drained: {node.drained}"
+                    if node.drained
+                    else fenced.get(node.name, ""),
                     path=node.path,
                 )
                 for node in self.layout.nodes
@@ -205,14 +271,16 @@ class SimulatorBackend:
         job placed by admission starts on its nodes once they have its GPUs free; one
         placed by nobody takes the first nodes that fit, in submission order."""
         Cluster.objects.select_for_update().filter(pk=self.cluster.pk).first()
+        faults = self.faults
         now = timezone.now()
         live = list(
             SimulatedJob.objects.filter(cluster=self.cluster, state__in=LIVE).order_by("id")
         )
         for job in live:
             if job.state == "RUNNING":
-                self._finish_if_done(job, now)
+                self._finish_if_done(job, now, faults)
         nodes = {node.name: node for node in self.layout.nodes}
+        fenced = self._fenced()
         free = {
             node.name: list(range(node.gpus - node.outside)) for node in self.layout.nodes
         }  # the outside load holds the highest GPU indices
@@ -220,17 +288,26 @@ class SimulatorBackend:
             if job.state == "RUNNING":
                 for node, indices in job.allocation.items():
                     free[node] = [i for i in free.get(node, []) if i not in indices]
-        taking = {name: indices for name, indices in free.items() if not nodes[name].drained}
+        taking = {
+            name: indices
+            for name, indices in free.items()
+            if not nodes[name].drained and name not in fenced
+        }
         blocked_flavors: set[str] = set()
         for job in live:
             if job.state != "PENDING":
                 continue
             if job.placement:
-                allocation, message = _on_placement(job, nodes, taking)
+                allocation, message = _on_placement(job, nodes, taking, fenced)
             else:
                 if job.flavor in blocked_flavors:
                     continue  # FIFO, like a batch scheduler without backfill
-                pool_free = {n: i for n, i in taking.items() if nodes[n].flavor == job.flavor}
+                excluded = set(job.profile.get("excluded_nodes", ()))
+                pool_free = {
+                    n: i
+                    for n, i in taking.items()
+                    if nodes[n].flavor == job.flavor and n not in excluded
+                }
                 allocation = place(pool_free, nodes=job.nodes, gpus_per_node=job.gpus_per_node)
                 message = "waiting for free GPUs"
                 if allocation is None:
@@ -243,17 +320,42 @@ class SimulatorBackend:
             for node, indices in allocation.items():
                 taking[node] = [i for i in taking[node] if i not in indices]
             job.state, job.allocation, job.started_at, job.message = "RUNNING", allocation, now, ""
-            job.save(update_fields=["state", "allocation", "started_at", "message"])
+            # A throttled GPU slows the gang for as long as it runs: its pace is set once.
+            speed = gang_speed(allocation, faults)
+            if speed < 1:
+                job.profile = {**job.profile, "speed": speed}
+            job.save(update_fields=["state", "allocation", "started_at", "message", "profile"])
 
-    def _finish_if_done(self, job: SimulatedJob, now) -> None:
+    def _finish_if_done(self, job: SimulatedJob, now, faults: FaultSettings) -> None:
         assert job.started_at is not None  # called for running jobs only
         workload = Workload(**job.profile["workload"])
+        speedup = self.speedup * _speed(job)
         outcome = outcome_at(
             workload,
             elapsed_s=(now - job.started_at).total_seconds(),
             max_runtime_s=job.max_runtime_s,
-            speedup=self.speedup,
+            speedup=speedup,
         )
+        if faults.injects:
+            ends = now
+            if outcome.state != "RUNNING":
+                ends = min(now, job.started_at + timedelta(seconds=outcome.ends_at_s))
+            fault = first_fault_hitting(
+                job.allocation,
+                self.gpus_of,
+                faults,
+                start=job.started_at.timestamp(),
+                end=ends.timestamp(),
+            )
+            if fault is not None:
+                job.state, job.exit_code = "FAILED", fault.exit_code
+                job.failure_reason = fault.failure_reason
+                job.finished_at = datetime.fromtimestamp(fault.at, tz=UTC)
+                job.message = fault.message()
+                job.save(
+                    update_fields=["state", "exit_code", "failure_reason", "finished_at", "message"]
+                )
+                return
         if outcome.state == "RUNNING":
             return
         job.state = outcome.state
@@ -262,8 +364,8 @@ class SimulatorBackend:
         job.finished_at = job.started_at + timedelta(seconds=outcome.ends_at_s)
         job.message = simulated_outcome_message(
             profile=workload.profile,
-            simulated_s=outcome.ends_at_s * self.speedup,
-            speedup=self.speedup,
+            simulated_s=outcome.ends_at_s * speedup,
+            speedup=speedup,
         )
         job.save(update_fields=["state", "exit_code", "failure_reason", "finished_at", "message"])
 
@@ -286,14 +388,15 @@ class SimulatorBackend:
             return ()
         workload = Workload(**job.profile["workload"])
         until = job.finished_at or timezone.now()
-        elapsed_s = (until - job.started_at).total_seconds() * self.speedup
+        speedup = self.speedup * _speed(job)
+        elapsed_s = (until - job.started_at).total_seconds() * speedup
         prefix = job.profile["checkpoint_dir"].rstrip("/")
         return tuple(
             CheckpointReport(
                 step=step,
                 uri=f"{prefix}/{job.name}/step-{step}",
                 saved_at=job.started_at
-                + timedelta(seconds=(STARTUP_S + step - workload.resume_step) / self.speedup),
+                + timedelta(seconds=(STARTUP_S + step - workload.resume_step) / speedup),
             )
             for step in checkpoint_steps(workload, elapsed_s=elapsed_s)
         )
@@ -328,8 +431,16 @@ def _workload_dict(workload: Workload) -> dict:
     }
 
 
+def _speed(job: SimulatedJob) -> float:
+    """The share of its normal pace the job keeps (below 1 on a throttled GPU)."""
+    return float(job.profile.get("speed", 1.0))
+
+
 def _on_placement(
-    job: SimulatedJob, nodes: dict[str, SimNode], free: dict[str, list[int]]
+    job: SimulatedJob,
+    nodes: dict[str, SimNode],
+    free: dict[str, list[int]],
+    fenced: dict[str, str],
 ) -> tuple[dict[str, list[int]] | None, str]:
     """GPUs for ``job`` on exactly the nodes it was placed on, or why not yet."""
     allocation: dict[str, list[int]] = {}
@@ -338,8 +449,8 @@ def _on_placement(
         node = nodes.get(name)
         if node is None:
             short.append(f"{name} is not a node of this cluster")
-        elif node.drained:
-            short.append(f"{name} is drained: {node.drained}")
+        elif node.drained or name in fenced:
+            short.append(f"{name} is drained: {node.drained or fenced[name]}")
         elif len(free.get(name, [])) < job.gpus_per_node:
             short.append(f"{name} has {len(free.get(name, []))} of {job.gpus_per_node} free")
         else:

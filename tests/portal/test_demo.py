@@ -16,6 +16,8 @@ from django.db import transaction
 from django.db.models import Max, Min, Sum
 from django.utils import timezone
 
+from clusters.models import ClusterNode, NodeHealthEvent
+from clusters.sim_faults import fault_settings, faults_between
 from finance.models import DailyUsage, RateCard
 from finance.selectors.drill_down import attempts_in_month, statement_attempts
 from finance.selectors.statements import statement_month, statement_total
@@ -160,6 +162,70 @@ def test_a_borrowed_run_was_preempted_and_resumed_from_its_checkpoint(demo):
     assert largest_waste(first.accounting) == "lost"  # its work after the checkpoint
 
 
+def test_a_lemon_node_was_quarantined_and_the_run_it_failed_was_retried_elsewhere(demo):
+    """The node's GPU fell off the bus at the instant the simulator's lemon settings say;
+    Gantry's policy quarantined the node and drained it on the simulator (it takes no work:
+    the inventory says why); the attempt it ended is the hardware's, with the evidence, and
+    the run resumed from its checkpoint on another node with the lemon excluded."""
+    lemon = "sim-east-a100-80gb-04"
+    run = run_named("segformer-b5")
+    first, second = Attempt.objects.filter(run=run).order_by("number")
+    cluster = first.cluster
+    nodes = {f"sim-east-a100-80gb-0{i}": 8 for i in range(6)}
+    [fault] = faults_between(
+        {lemon: 8},
+        fault_settings(cluster.settings["faults"], nodes=nodes),
+        start=first.started_at.timestamp(),
+        end=first.finished_at.timestamp() + 1,
+    )
+    assert fault.at == first.finished_at.timestamp()
+    assert (first.state, first.failure_reason, first.exit_code, first.node_list) == (
+        "FAILED", "NODE_FAILURE", 137, [lemon],
+    )  # fmt: skip
+    assert first.failure_message == (
+        f"XID 79 (GPU has fallen off the bus) on GPU 3 of {lemon}: the node went down with it"
+    )
+    assert (first.cause_class, first.cause_evidence) == (
+        "hardware",
+        {"node": lemon, "gpu": "3", "signal": "gpu_lost", "code": "79",
+         "at": first.finished_at.isoformat(), "detail": "XID 79 GPU has fallen off the bus"},
+    )  # fmt: skip
+    assert (second.state, second.node_list, second.resumed_from.attempt) == (
+        "SUCCEEDED", ["sim-east-a100-80gb-01"], first,
+    )  # fmt: skip
+    assert (run.state, run.platform_retries, run.excluded_nodes) == ("SUCCEEDED", 1, [lemon])
+    assert largest_waste(first.accounting) == "lost"  # its work after the checkpoint
+    assert GpuMinute.objects.filter(attempt=first, gpu="3", xid=79).count() == 1
+
+    node = ClusterNode.objects.get(cluster=cluster, name=lemon)
+    assert (node.health, node.schedulable, node.reason, node.health_reason) == (
+        "quarantined",
+        False,
+        "gantry: quarantined: XID 79 (GPU has fallen off the bus) on GPU 3",
+        "XID 79 (GPU has fallen off the bus) on GPU 3",
+    )
+    assert node.health_since - first.finished_at == timedelta(seconds=45)
+    assert node.fenced_at - first.finished_at == timedelta(seconds=70)
+    history = list(
+        NodeHealthEvent.objects.filter(node=lemon)
+        .order_by("observed_at")
+        .values_list("source", "signal", "code", "gpu", "action")
+    )
+    assert history == [
+        ("dcgm", "gpu_lost", "79", "3", "quarantine"),
+        ("gantry", "fence", "", "", "fence"),
+    ]
+    # The live runs were placed around it: on every other node that takes Gantry's work.
+    placed = {
+        node
+        for placement in Attempt.objects.filter(finished_at=None).values_list(
+            "placement", flat=True
+        )
+        for node in placement
+    }
+    assert lemon not in placed and {"sim-east-a100-80gb-00", "sim-east-a100-80gb-03"} <= placed
+
+
 def test_the_input_bound_run_is_diagnosed_as_input_bound(demo):
     run = run_named("unet-sweep-1")
     telemetry = run_telemetry(run=run, attempts=list(run.attempts.all()), now=timezone.now())
@@ -181,10 +247,12 @@ def test_the_history_spans_a_month_and_accounts_as_its_profiles(demo):
         row.attempt.run.experiment.name: row
         for row in AttemptAccounting.objects.select_related("attempt__run__experiment")
     }
-    assert AttemptAccounting.objects.count() == 11  # nine runs, and one preempted and resumed
+    # Nine runs, one preempted and resumed, and one retried after a hardware fault.
+    assert AttemptAccounting.objects.count() == 13
     assert sorted(rows) == [
         "colbert-distill", "cordex-emulator", "cordex-v0", "dpr-train", "llama-ft-lr1e4",
-        "llama-ft-lr3e4", "notebook-debug", "unet-sweep-1", "yolo-baseline", "yolo-v0",
+        "llama-ft-lr3e4", "notebook-debug", "segformer-b5", "unet-sweep-1", "yolo-baseline",
+        "yolo-v0",
     ]  # fmt: skip
     for row in AttemptAccounting.objects.all():
         assert row.effective_gpu_s + row.waste_gpu_s == row.allocated_gpu_s
