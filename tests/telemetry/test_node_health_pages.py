@@ -412,3 +412,64 @@ def test_the_real_services_module_is_the_clusters_one(monkeypatch):
     monkeypatch.setattr(node_views.importlib, "import_module", imported.append)
     node_views.health_services()
     assert imported == ["clusters.services.health"]
+
+
+# --- what researchers see ---------------------------------------------------------------------
+
+
+def ettr_shown(html: str) -> str:
+    return text(re.search(r'data-kpi="ettr">(.*?)</dd>', html, re.S).group(1))
+
+
+def test_run_page_shows_the_runs_ettr_to_its_tenant_only(client, world, health_world, clock):
+    vision, nlp = health_world.vision, health_world.nlp
+    url = reverse("telemetry:run_telemetry", args=[vision.pk])
+    # 330,600 effective GPU-s over 2 GPUs x 2 days from attempt 1's admission to the end.
+    assert ettr_shown(get(client, world.researcher_a, url).content.decode()) == "95.7 %"
+    get(client, world.researcher_b, url, 404)
+    nlp_url = reverse("telemetry:run_telemetry", args=[nlp.pk])
+    assert ettr_shown(get(client, world.researcher_b, nlp_url).content.decode()) == "96.7 %"
+
+
+def test_a_run_still_going_counts_to_now(client, world, health_world, clock):
+    Run.objects.filter(pk=health_world.vision.pk).update(finished_at=None, state=RunState.RUNNING)
+    url = reverse("telemetry:run_telemetry", args=[health_world.vision.pk])
+    # 330,600 of 2 GPUs x 3 days (attempt 1 was admitted 3 days before now).
+    assert ettr_shown(get(client, world.researcher_a, url).content.decode()) == "63.8 % so far"
+
+
+def test_tenant_usage_page_shows_the_tenants_ettr(client, world, health_world, clock):
+    url = reverse("telemetry:tenant_goodput", args=["vision"]) + "?days=30"
+    html = get(client, world.researcher_a, url).content.decode()
+    assert ettr_shown(html) == "95.7 %"  # vision's run only, not nlp's
+    assert "96.7" not in html and "96.0" not in html
+    get(client, world.researcher_a, reverse("telemetry:tenant_goodput", args=["nlp"]), 404)
+
+
+# --- the cluster map --------------------------------------------------------------------------
+
+
+def map_node(html: str, node: str) -> str:
+    return re.search(rf'<li class="[^"]*" data-node="{node}">.*?</li>', html, re.S).group(0)
+
+
+def test_the_cluster_map_marks_quarantined_and_suspect_nodes(client, world, health_world):
+    a, b = health_world.a, health_world.b
+    url = reverse("jobs:cluster_nodes")
+    admin_html = get(client, world.platform_admin, url).content.decode()
+    row = map_node(admin_html, a)
+    assert row.startswith(f'<li class="node node-quarantined" data-node="{a}">')
+    assert (
+        '<span class="tag tag-health-quarantined" data-health="quarantined" '
+        'title="ecc_uncorrectable on GPU 5">quarantined</span>'
+    ) in row
+    assert (
+        '<span class="tag tag-health-suspect" data-health="suspect" title="thermal throttling">'
+        in map_node(admin_html, b)
+    )
+    healthy = map_node(admin_html, "sim-1-a100-80gb-02")
+    assert "data-health" not in healthy and "node-healthy" not in healthy
+    # A researcher sees the state, not the reason.
+    member_row = map_node(get(client, world.researcher_a, url).content.decode(), a)
+    assert '<span class="tag tag-health-quarantined" data-health="quarantined">' in member_row
+    assert "ecc_uncorrectable" not in member_row
