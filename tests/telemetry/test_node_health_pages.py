@@ -275,6 +275,9 @@ def test_overview_queries_do_not_grow_with_nodes_or_events(client, world, health
     assert len(after) == len(before)
     own = [q["sql"] for q in after.captured_queries if "nodehealthevent" in q["sql"]]
     assert len(own) == 1
+    # Session, user, roles, the notifications badge; nodes, events, lost per node, ETTR per
+    # tenant, failures per month, lost and credited by cause.
+    assert len(after) == 10
 
 
 # --- one node ---------------------------------------------------------------------------------
@@ -323,6 +326,9 @@ def test_node_page_queries_do_not_grow_with_events(client, world, health_world, 
     with CaptureQueriesContext(connection) as after:
         assert client.get(url).status_code == 200
     assert len(after) == len(before)
+    # Session, user, roles, the notifications badge; the node, its events (with who acted),
+    # the attempts affected (with their run, tenant and accounting).
+    assert len(after) == 7
 
 
 # --- the acts ---------------------------------------------------------------------------------
