@@ -114,36 +114,26 @@ class CauseHours:
         return self.credited_gpu_s / SECONDS_PER_HOUR
 
 
-def lost_and_credited_by_cause(
-    *, since: datetime, until: datetime, node: tuple[int, str] | None = None
-) -> list[CauseHours]:
+def lost_and_credited_by_cause(*, since: datetime, until: datetime) -> list[CauseHours]:
     """GPU-seconds lost and credited of the attempts that ended in [since, until), per cause
-    class (``CAUSES`` order); of the attempts whose evidence names ``node`` (cluster id,
-    node name) when given.
+    class (``CAUSES`` order).
 
     The one place credited seconds are read: until finance stores them per attempt (issue
     34.5), they follow ``telemetry.kpis.reliability.credited_gpu_s`` from lost and startup."""
     rows = AttemptAccounting.objects.filter(
         attempt__finished_at__gte=since, attempt__finished_at__lt=until
     ).exclude(attempt__cause_class="")
-    if node is not None:
-        rows = rows.filter(attempt__cluster_id=node[0], attempt__cause_evidence__node=node[1])
     sums = {
         cause: (attempts, lost or 0, startup or 0)
         for cause, attempts, lost, startup in rows.values_list("attempt__cause_class")
         .annotate(attempts=Count("pk"), lost=Sum("lost_gpu_s"), startup=Sum("startup_gpu_s"))
         .order_by()
     }
-    return [
-        CauseHours(
-            cause=cause,
-            attempts=sums.get(cause, (0, 0, 0))[0],
-            lost_gpu_s=sums.get(cause, (0, 0, 0))[1],
-            credited_gpu_s=reliability.credited_gpu_s(
-                cause_class=cause,
-                lost_gpu_s=sums.get(cause, (0, 0, 0))[1],
-                startup_gpu_s=sums.get(cause, (0, 0, 0))[2],
-            ),
+    found = []
+    for cause in CAUSES:
+        attempts, lost, startup = sums.get(cause, (0, 0, 0))
+        credited = reliability.credited_gpu_s(
+            cause_class=cause, lost_gpu_s=lost, startup_gpu_s=startup
         )
-        for cause in CAUSES
-    ]
+        found.append(CauseHours(cause, attempts, lost, credited))
+    return found
