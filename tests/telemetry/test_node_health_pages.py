@@ -479,3 +479,10 @@ def test_the_cluster_map_marks_quarantined_and_suspect_nodes(client, world, heal
     member_row = map_node(get(client, world.researcher_a, url).content.decode(), a)
     assert '<span class="tag tag-health-quarantined" data-health="quarantined">' in member_row
     assert "ecc_uncorrectable" not in member_row
+
+
+def test_platform_kpis_link_to_node_health_for_platform_admins_only(client, world):
+    url = reverse("telemetry:platform_kpis")
+    link = f'<a href="{reverse("telemetry:node_health")}" data-link="node-health">Node health</a>'
+    assert link in get(client, world.platform_admin, url).content.decode()
+    assert link not in get(client, world.finance, url).content.decode()
