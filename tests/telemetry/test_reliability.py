@@ -61,8 +61,8 @@ def test_ettr_of_no_wall_time_is_no_figure():
     ("effective", "gpus", "wall", "message"),
     [
         (1, 0, 1, "at least one GPU, not 0"),
-        (-1, 1, 1, "never negative"),
-        (1, 1, -1, "never negative"),
+        (-1, 1, 1, r"^wall time and effective GPU-seconds are never negative$"),
+        (1, 1, -1, r"^wall time and effective GPU-seconds are never negative$"),
     ],
 )
 def test_ettr_refuses_impossible_input(effective, gpus, wall, message):
@@ -160,8 +160,15 @@ def test_a_fault_and_a_quarantine_at_the_same_moment_measure_zero():
 
 
 def test_window_must_not_end_before_it_begins():
-    with pytest.raises(ValueError, match="ends before it begins"):
+    with pytest.raises(ValueError, match=r"^the window ends before it begins$"):
         node_history([], since=10.0, until=9.0)
+    # An empty window is a window: nothing in it.
+    assert node_history([fault(10.0)], since=10.0, until=10.0) == NodeHistory(0, 0.0, ())
+
+
+def test_the_window_includes_its_start_and_leaves_out_its_end():
+    events = [fault(10.0), fault(20.0)]
+    assert node_history(events, since=10.0, until=20.0).faults == 1
 
 
 # --- MTBF ------------------------------------------------------------------------------------
