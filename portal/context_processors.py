@@ -86,6 +86,12 @@ def navigation_groups(
     if admin:
         platform += [
             _link(request, "Clusters", "jobs:cluster_list"),
+            _link(
+                request,
+                "Node health",
+                "telemetry:node_health",
+                pages=("telemetry:node_detail",),
+            ),
             _link(request, "Flavors", "tenants:flavor_list"),
             _link(request, "Registries", "images:registry_list"),
             _link(request, "Unmapped", "telemetry:unmapped_samples"),

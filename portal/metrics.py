@@ -18,10 +18,12 @@ from django.db.models import Count
 from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from clusters.health import NodeHealth
+from clusters.models import ClusterNode, NodeHealthEvent
 from jobs.models import Run, RunState, WaitReason
 from portal.celery import app as celery_app
 from portal.metrics_files import metric_files
@@ -47,6 +49,8 @@ class ScrapeTimeCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield self._runs_pending()
+        yield from self._node_health()
+        yield self._node_health_events()
         queue = self._celery_queue_length()
         if queue is not None:
             yield queue
@@ -66,6 +70,47 @@ class ScrapeTimeCollector(Collector):
         )
         for tenant, flavor, reason, runs in rows:
             family.add_metric([tenant, flavor, _reason_label(reason)], runs)
+        return family
+
+    def _node_health(self) -> Iterator[GaugeMetricFamily]:
+        """Nodes per cluster and health state (every state, zeros too, so a panel sums them),
+        and the quarantined ones alone for alerting."""
+        by_state = GaugeMetricFamily(
+            "gantry_cluster_nodes",
+            "GPU nodes per cluster and Gantry's health state (healthy, suspect, quarantined)",
+            labels=["cluster", "health"],
+        )
+        quarantined = GaugeMetricFamily(
+            "gantry_nodes_quarantined",
+            "GPU nodes Gantry has quarantined (no new work), per cluster",
+            labels=["cluster"],
+        )
+        counts: dict[str, dict[str, int]] = {}
+        rows = ClusterNode.objects.values_list("cluster__name", "health").annotate(n=Count("id"))
+        for cluster, health, nodes in rows.order_by("cluster__name", "health"):
+            counts.setdefault(cluster, dict.fromkeys(NodeHealth, 0))[health] = nodes
+        for cluster, states in counts.items():
+            for health, nodes in states.items():
+                by_state.add_metric([cluster, str(health)], nodes)
+            quarantined.add_metric([cluster], states[NodeHealth.QUARANTINED])
+        yield by_state
+        yield quarantined
+
+    def _node_health_events(self) -> CounterMetricFamily:
+        """Node-health events recorded, per cluster, signal class (or a person's act) and
+        source: a counter, as rows are only ever added (a flood of one signal is one row)."""
+        family = CounterMetricFamily(
+            "gantry_node_health_events",
+            "Node-health events Gantry recorded, per cluster, signal class and source",
+            labels=["cluster", "signal", "source"],
+        )
+        rows = (
+            NodeHealthEvent.objects.values_list("cluster__name", "signal", "source")
+            .annotate(n=Count("id"))
+            .order_by("cluster__name", "signal", "source")
+        )
+        for cluster, signal, source, events in rows:
+            family.add_metric([cluster, signal, source], events)
         return family
 
     def _celery_queue_length(self) -> GaugeMetricFamily | None:

@@ -21,6 +21,8 @@ from django.views.decorators.http import require_GET
 from core.http import or_404
 from jobs.selectors.runs import run_attempts, run_get_viewable
 from telemetry.goodput import DEFAULT_GOODPUT_DAYS, GOODPUT_DAYS, goodput_window
+from telemetry.kpis.metrics import Ratio
+from telemetry.kpis.reliability_reads import ettr_by_tenant, run_ettr
 from telemetry.selectors import run_page
 from telemetry.selectors.gpu_seconds import CATEGORY_LABELS, SECONDS_PER_HOUR, GpuSeconds
 from telemetry.selectors.run_page import AttemptTelemetry, RunTelemetry
@@ -198,7 +200,8 @@ def run_telemetry(request: HttpRequest, run_id: int) -> HttpResponse:
     mislead; the activity and step charts are live instead."""
     run = or_404(run_get_viewable, user=request.user, run_id=run_id)
     attempts = list(run_attempts(run=run))
-    telemetry = run_page.run_telemetry(run=run, attempts=attempts, now=timezone.now())
+    now = timezone.now()
+    telemetry = run_page.run_telemetry(run=run, attempts=attempts, now=now)
     columns, rows = _waste_table(telemetry)
     charts = {
         "activity_chart": _activity_chart(telemetry),
@@ -217,6 +220,7 @@ def run_telemetry(request: HttpRequest, run_id: int) -> HttpResponse:
             "resolution_text": RESOLUTION_TEXT[telemetry.resolution],
             "metrics": ACTIVITY_METRICS,
             "has_charts": any(charts.values()),
+            "ettr": run_ettr(run=run, now=now),
             **charts,
         },
     )
@@ -287,6 +291,9 @@ def tenant_goodput(request: HttpRequest, slug: str) -> HttpResponse:
             "by_user": goodput_by_user(tenant=tenant, since=since, until=until),
             "by_project": goodput_by_project(tenant=tenant, since=since, until=until),
             "goodput_chart": chart,
+            "ettr": ettr_by_tenant(since=since, until=until, tenant_id=tenant.pk).get(
+                tenant.slug, Ratio()
+            ),
             "has_charts": chart is not None,
         },
     )

@@ -21,7 +21,8 @@ from enum import StrEnum
 
 from django.utils import timezone
 
-from clusters.models import Cluster
+from clusters.health import NodeHealth
+from clusters.models import Cluster, ClusterNode
 from core.types import UserLike
 from jobs import admission, admission_types, placement
 from jobs.models import HOLDING_STATES, Run
@@ -72,6 +73,10 @@ class NodeView:
     # GPUs held by Gantry's runs and used by outside jobs beyond what the node has: load
     # from outside took GPUs a run was placed on before the backend started it.
     overbooked: int = 0
+    # Gantry's own view of the node (clusters.health.NodeHealth), and why, for platform
+    # admins only (the reason may name what failed there).
+    health: str = NodeHealth.HEALTHY.value
+    health_reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +225,10 @@ def _named_runs(*, user: UserLike) -> dict[int, NamedRun]:
 
 
 def _node_view(
-    node: admission_types.ClusterNode, held: list[tuple[int, int]], named: Mapping[int, NamedRun]
+    node: admission_types.ClusterNode,
+    held: list[tuple[int, int]],
+    named: Mapping[int, NamedRun],
+    health: tuple[str, str] = (NodeHealth.HEALTHY.value, ""),
 ) -> NodeView:
     groups = []
     hidden = 0
@@ -247,6 +255,8 @@ def _node_view(
         reason=node.reason,
         groups=tuple(groups),
         overbooked=max(0, holding + node.outside - node.gpus),
+        health=health[0],
+        health_reason=health[1],
     )
 
 
@@ -288,6 +298,19 @@ def _flavor_view(
     )
 
 
+def _unhealthy_nodes(*, admin: bool) -> dict[tuple[str, str], tuple[str, str]]:
+    """(cluster, node) -> (health, reason) of the suspect and quarantined nodes, in one
+    query; the reason only for platform admins."""
+    rows = (
+        ClusterNode.objects.filter(cluster__enabled=True)
+        .exclude(health=NodeHealth.HEALTHY.value)
+        .values_list("cluster__name", "name", "health", "health_reason")
+    )
+    return {
+        (cluster, name): (health, reason if admin else "") for cluster, name, health, reason in rows
+    }
+
+
 def cluster_node_map(*, user: UserLike, now: datetime | None = None) -> NodeMap:
     """The node map of every enabled cluster, as ``user`` may see it. Raises NotVisible
     (404 at the edge) for a user with neither a tenant nor a global role."""
@@ -309,11 +332,17 @@ def cluster_node_map(*, user: UserLike, now: datetime | None = None) -> NodeMap:
                 held_on[(cluster_of[run_id], node_name)].append((run_id, gpus))
     named = _named_runs(user=user)
     admin = is_platform_admin(user)
+    unhealthy = _unhealthy_nodes(admin=admin)
 
     pools: dict[tuple[str, str], list[NodeView]] = defaultdict(list)
     paths: dict[str, dict[str, tuple[str, ...]]] = defaultdict(dict)
     for node in nodes:
-        view = _node_view(node, held_on.get((node.cluster, node.name), []), named)
+        view = _node_view(
+            node,
+            held_on.get((node.cluster, node.name), []),
+            named,
+            unhealthy.get((node.cluster, node.name), (NodeHealth.HEALTHY.value, "")),
+        )
         pools[(node.cluster, node.flavor)].append(view)
         paths[node.cluster][node.name] = node.path
     views = []

@@ -333,7 +333,15 @@ NAVIGATION = {
     "platform_admin": {
         "Work": ["Runs", "Experiments", "Templates", "Images", "Quotas", "Nodes"],
         "Reports": ["Goodput", "Finance", "KPIs"],
-        "Platform": ["Clusters", "Flavors", "Registries", "Unmapped", "Audit", "Admin"],
+        "Platform": [
+            "Clusters",
+            "Node health",
+            "Flavors",
+            "Registries",
+            "Unmapped",
+            "Audit",
+            "Admin",
+        ],
     },
 }
 

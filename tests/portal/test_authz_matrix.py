@@ -63,6 +63,8 @@ from tenants.services.tokens import api_token_create
 from tests.conftest import COMMIT, PASSWORD, experiment_input
 from tests.registry_support import free_port
 
+# A node of the world's simulated cluster (its inventory names them so).
+NODE = "sim-1-a100-80gb-00"
 ANON, ALICE, BOB, TARA, FIONA, PAUL = PERSONAS = (
     "anonymous",
     "alice",
@@ -160,6 +162,11 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     ("telemetry:tenant_goodput", "GET"):        (302, 200, 404, 200, 200, 200),
     ("telemetry:unmapped_samples", "GET"):      (302, 404, 404, 404, 404, 200),
     ("telemetry:platform_kpis", "GET"):         (302, 404, 404, 404, 200, 200),
+    ("telemetry:node_health", "GET"):           (302, 404, 404, 404, 404, 200),
+    ("telemetry:node_detail", "GET"):           (302, 404, 404, 404, 404, 200),
+    # Sent without a note: refused before the clusters app is asked (allowed acts: tests/telemetry)
+    ("telemetry:node_quarantine", "POST"):      (302, 404, 404, 404, 404, 400),
+    ("telemetry:node_release", "POST"):         (302, 404, 404, 404, 404, 400),
     # tenants: flavors (platform), the audit log, a tenant's idle-GPU policy
     ("tenants:flavor_list", "GET"):             (302, 404, 404, 404, 404, 200),
     ("tenants:flavor_create", "GET"):           (302, 404, 404, 404, 404, 200),
@@ -382,6 +389,10 @@ def paths(objects: Objects) -> dict[str, str]:
         "telemetry:tenant_goodput": reverse("telemetry:tenant_goodput", args=["vision"]),
         "telemetry:unmapped_samples": reverse("telemetry:unmapped_samples"),
         "telemetry:platform_kpis": reverse("telemetry:platform_kpis"),
+        "telemetry:node_health": reverse("telemetry:node_health"),
+        "telemetry:node_detail": reverse("telemetry:node_detail", args=["sim-1", NODE]),
+        "telemetry:node_quarantine": reverse("telemetry:node_quarantine", args=["sim-1", NODE]),
+        "telemetry:node_release": reverse("telemetry:node_release", args=["sim-1", NODE]),
         "tenants:flavor_list": reverse("tenants:flavor_list"),
         "tenants:flavor_create": reverse("tenants:flavor_create"),
         "tenants:flavor_edit": reverse("tenants:flavor_edit", args=["a100-80gb"]),

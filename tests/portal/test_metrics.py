@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from clusters.backends.base import PermanentBackendError, TransientBackendError
 from clusters.backends.calls import backend_call
-from clusters.models import Cluster
+from clusters.models import Cluster, ClusterNode, NodeHealthEvent
 from core import metrics
 from jobs.models import RunState
 from jobs.services.admission_cycle import admission_run_cycle
@@ -87,6 +87,45 @@ def test_a_scrape_with_the_token_gets_the_exposition(client, settings, world):
     assert "a-name-that-is-no-label" not in body
     assert "python train.py" not in body
     assert client.post("/metrics", **bearer(TOKEN)).status_code == 405
+
+
+def test_node_health_series(client, settings, world):
+    settings.GANTRY_METRICS_TOKEN = TOKEN
+    nodes = ClusterNode.objects.filter(cluster=world.cluster).order_by("name")
+    first, second = (node.name for node in nodes[:2])
+    nodes.filter(name=first).update(health="quarantined")
+    nodes.filter(name=second).update(health="suspect")
+    now = timezone.now()
+    for node, signal, source in (
+        (first, "ecc_uncorrectable", "dcgm"),
+        (first, "ecc_uncorrectable", "dcgm"),
+        (first, "quarantine", "person"),
+        (second, "thermal_throttle", "dcgm"),
+    ):
+        NodeHealthEvent.objects.create(
+            cluster=world.cluster,
+            node=node,
+            source=source,
+            signal=signal,
+            observed_at=now,
+            last_observed_at=now,
+            recorded_at=now,
+            count=5,
+        )
+    body = client.get("/metrics", **bearer(TOKEN)).content.decode()
+    events = 'gantry_node_health_events_total{cluster="sim-1",'
+    series = {line for line in body.splitlines() if "node" in line and not line.startswith("#")}
+    assert series == {
+        'gantry_cluster_nodes{cluster="sim-1",health="healthy"} 4.0',
+        'gantry_cluster_nodes{cluster="sim-1",health="suspect"} 1.0',
+        'gantry_cluster_nodes{cluster="sim-1",health="quarantined"} 1.0',
+        'gantry_nodes_quarantined{cluster="sim-1"} 1.0',
+        events + 'signal="ecc_uncorrectable",source="dcgm"} 2.0',
+        events + 'signal="quarantine",source="person"} 1.0',
+        events + 'signal="thermal_throttle",source="dcgm"} 1.0',
+    }
+    assert "# TYPE gantry_node_health_events_total counter" in body
+    assert "# TYPE gantry_nodes_quarantined gauge" in body
 
 
 def test_unknown_backend_operations_are_refused_as_labels():
@@ -217,7 +256,13 @@ def test_prometheus_scrapes_pending_runs_and_telemetry_samples(
 
 def exposed_metric_names() -> set[str]:
     """The families Gantry exposes: its counters and histograms and the scrape-time gauges."""
-    names = {"gantry_runs_pending", "gantry_celery_queue_length"}
+    names = {
+        "gantry_runs_pending",
+        "gantry_celery_queue_length",
+        "gantry_cluster_nodes",
+        "gantry_nodes_quarantined",
+        "gantry_node_health_events_total",
+    }
     for value in vars(metrics).values():
         if hasattr(value, "_name") and hasattr(value, "_type"):
             names.add(value._name + ("_total" if value._type == "counter" else ""))

@@ -1,0 +1,118 @@
+"""The Node health pages (platform admins; everyone else gets 404, as on every platform
+page): every node's state and figures, the worst offenders and the reliability figures,
+one node's history, and a person's quarantine and return to service with a note.
+
+Thin: check access, call the selectors, render; the two acts call the clusters app's
+services (``clusters.services.health``) and redirect back."""
+
+import importlib
+from types import ModuleType
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from clusters.health import NodeHealth
+from clusters.models import ClusterNode
+from core.http import or_404
+from jobs.models import CauseClass
+from telemetry.kpis import node_health
+from telemetry.kpis.metrics import Ratio
+from telemetry.kpis.reliability_reads import (
+    CAUSES,
+    ettr_by_tenant,
+    failures_by_month,
+    lost_and_credited_by_cause,
+)
+from tenants.access import require_platform_admin
+
+MONTHS_SHOWN = 6
+NOTE_MAX_LENGTH = 2000
+
+
+class NodeActForm(forms.Form):
+    """A person's act on a node: the note says why (kept in the node's history)."""
+
+    note = forms.CharField(max_length=NOTE_MAX_LENGTH, strip=True, widget=forms.Textarea)
+
+
+def health_services() -> ModuleType:
+    """The clusters app's node-health services, imported when an act is asked for (the one
+    place this page reaches them; tests replace it)."""
+    return importlib.import_module("clusters.services.health")
+
+
+@login_required
+@require_GET
+def node_list(request: HttpRequest) -> HttpResponse:
+    or_404(require_platform_admin, request.user)
+    now = timezone.now()
+    overview = node_health.node_overview(now=now)
+    ettr = ettr_by_tenant(since=overview.since, until=now)
+    return render(
+        request,
+        "telemetry/node_health.html",
+        {
+            "overview": overview,
+            "days": node_health.NODE_WINDOW_DAYS,
+            "ettr_by_tenant": ettr,
+            "ettr_total": sum(ettr.values(), start=Ratio()),
+            "causes": [CauseClass(cause).label for cause in CAUSES],
+            "by_month": failures_by_month(today=timezone.localdate(now), months=MONTHS_SHOWN),
+            "by_cause": lost_and_credited_by_cause(since=overview.since, until=now),
+        },
+    )
+
+
+@login_required
+@require_GET
+def node_detail(request: HttpRequest, cluster: str, node: str) -> HttpResponse:
+    or_404(require_platform_admin, request.user)
+    detail = or_404(node_health.node_detail, cluster=cluster, node=node, now=timezone.now())
+    return render(request, "telemetry/node_detail.html", _detail_context(detail, NodeActForm()))
+
+
+def _detail_context(detail: node_health.NodeDetail, form: NodeActForm) -> dict:
+    return {
+        "detail": detail,
+        "row": detail.row,
+        "form": form,
+        "days": node_health.NODE_WINDOW_DAYS,
+        "quarantined": detail.row.health == NodeHealth.QUARANTINED,
+        "events_shown": node_health.EVENTS_SHOWN,
+    }
+
+
+@login_required
+@require_POST
+def node_act(request: HttpRequest, cluster: str, node: str, act: str) -> HttpResponse:
+    """Quarantine the node, or return it to service (``act``), with the form's note."""
+    or_404(require_platform_admin, request.user)
+    found = or_404(
+        ClusterNode.objects.select_related("cluster").get, cluster__name=cluster, name=node
+    )
+    form = NodeActForm(data=request.POST)
+    if not form.is_valid():
+        detail = node_health.node_detail(cluster=cluster, node=node, now=timezone.now())
+        return render(
+            request, "telemetry/node_detail.html", _detail_context(detail, form), status=400
+        )
+    services = health_services()
+    service = services.node_quarantine if act == "quarantine" else services.node_release
+    try:
+        service(
+            cluster=found.cluster, node=node, actor=request.user, note=form.cleaned_data["note"]
+        )
+    except (ValidationError, ValueError) as exc:
+        text = "; ".join(exc.messages) if isinstance(exc, ValidationError) else str(exc)
+        messages.error(request, f"{node} was not changed: {text}")
+    else:
+        done = "quarantined" if act == "quarantine" else "returned to service"
+        messages.success(request, f"{node} {done}.")
+    return redirect(reverse("telemetry:node_detail", args=[cluster, node]))
