@@ -8,6 +8,7 @@ from django.utils import timezone
 from clusters.backends import BackendError, TransientBackendError
 from clusters.models import Cluster
 from clusters.services import cluster_refresh_inventory
+from clusters.services.health import node_fences_push
 from core.log_context import log_context
 from jobs.services import backend_submit, backend_sync, budgets
 from jobs.services.admission_cycle import admission_run_cycle
@@ -61,6 +62,7 @@ def sync_all_clusters() -> None:
             # unreachable" on the cluster and on every live attempt, for their runs' pages.
             backend_sync.cluster_sync(cluster=cluster)
             cluster_refresh_inventory(cluster=cluster)
+            node_fences_push(cluster=cluster)  # quarantines to the backend, after the inventory
         except BackendError as exc:  # recorded on the cluster; the other clusters go on
             with log_context(cluster=cluster.name):
                 logger.warning("cluster %s: %s", cluster.name, exc)
