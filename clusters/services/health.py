@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from clusters.backends import BackendError, backend_for
@@ -56,7 +57,7 @@ REASON_MAX_LENGTH = max_length_of(ClusterNode, "health_reason")
 # The prefix of every reason Gantry gives the backend (Slurm drain reason, Kubernetes
 # taint): a node the backend shows unschedulable with it was fenced by Gantry.
 FENCE_REASON_PREFIX = "gantry:"
-_OUTCOME_RANK = {
+_OUTCOME_RANK: dict[str, int] = {
     Outcome.OBSERVE: 0,
     Outcome.WARN: 1,
     Outcome.REFUSED: 2,
@@ -119,7 +120,12 @@ def _signals_record(
 ) -> list[NodeHealthEvent]:
     policy = _policy(cluster)
     _health_lock(cluster)
-    rows = {row.name: row for row in ClusterNode.objects.filter(cluster=cluster)}
+    rows = {
+        row.name: row
+        for row in ClusterNode.objects.filter(cluster=cluster).only(
+            "name", "health", "health_reason", "health_since"
+        )
+    }
     views = _views(rows)
     decisions = decide(policy, nodes=views, signals=signals)
     events = _events_write(
@@ -170,7 +176,7 @@ def _events_write(
                 _moment(group.span.last),
             )
             row.count = group.span.count
-            if _OUTCOME_RANK.get(Outcome(row.action), 0) < _OUTCOME_RANK[outcome]:
+            if _OUTCOME_RANK.get(row.action, 0) < _OUTCOME_RANK[outcome]:
                 row.action = outcome.value
             row.save(update_fields=["observed_at", "last_observed_at", "count", "action"])
             updated.append(row)
@@ -487,12 +493,12 @@ def node_fences_push(*, cluster: Cluster, now: datetime | None = None) -> int:
         policy = _policy(cluster)
         nodes = ClusterNode.objects.filter(cluster=cluster)
         to_fence = list(nodes.filter(health=NodeHealth.QUARANTINED, fenced_at__isnull=True))
-        to_unfence = [
-            row
-            for row in nodes.exclude(health=NodeHealth.QUARANTINED)
-            if row.fenced_at is not None
-            or (not row.schedulable and FENCE_REASON_PREFIX in row.reason)
-        ]
+        to_unfence = list(
+            nodes.exclude(health=NodeHealth.QUARANTINED).filter(
+                Q(fenced_at__isnull=False)
+                | Q(schedulable=False, reason__contains=FENCE_REASON_PREFIX)
+            )
+        )
         if not policy.fence_backend:
             _fenced_left_say(cluster=cluster, rows=to_unfence)
             return 0
