@@ -6,6 +6,7 @@ quarantines to the backend (drain refused, crash between write and push)."""
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import time_machine
 from django.core.exceptions import ValidationError
 
 from clusters.backends import BackendError, register
@@ -549,3 +550,20 @@ def test_platform_admins_edit_the_policy_in_the_django_admin(world):
     )
     # Nothing else changed: no "cluster.update" (the policy's own event says it all).
     assert not AuditEvent.objects.filter(action="cluster.update").exists()
+
+
+def test_the_periodic_sync_pushes_quarantines_after_the_inventory(fake, world, monkeypatch):
+    from jobs import tasks
+
+    synced = []
+    monkeypatch.setattr(
+        tasks.backend_sync, "cluster_sync", lambda cluster: synced.append(cluster.name)
+    )
+    node_quarantine(cluster=fake, node="gpu-4", actor=world.platform_admin, note="PSU", now=NOW)
+
+    with time_machine.travel(NOW + timedelta(minutes=1), tick=False):
+        tasks.sync_all_clusters()
+
+    assert sorted(synced) == ["fake-1", "sim-1"]
+    assert FakeBackend.calls == [("fence", "gpu-4", "gantry: quarantined by paul: PSU")]
+    assert node(fake, "gpu-4").fenced_at == NOW + timedelta(minutes=1)
