@@ -102,7 +102,9 @@ class HealthPolicy:
     flood_window_s: int = 300
 
     def action(self, signal: SignalClass) -> Action:
-        return self.actions.get(signal, DEFAULT_ACTIONS.get(signal, Action.OBSERVE))
+        """The action for ``signal``; the default where ``actions`` does not say (a policy
+        made in code with only some classes)."""
+        return self.actions.get(signal, DEFAULT_ACTIONS[signal])
 
 
 DEFAULT_POLICY = HealthPolicy()
@@ -112,15 +114,10 @@ _ACTIONS = ", ".join(a.value for a in Action)
 _ON_QUARANTINE = ", ".join(o.value for o in OnQuarantine)
 
 
-def _whole(name: str, low: int, high: int) -> dict[str, Any]:
-    message = f"{name} must be a whole number from {low:,} to {high:,}, not $value"
-    return {"type": "integer", "minimum": low, "maximum": high, "message": message}
-
-
-def _flag(name: str) -> dict[str, Any]:
-    return {"type": "boolean", "message": f"{name} must be true or false, not $value"}
-
-
+# Written out, not built by helpers: the schema is made once, at import (mutation testing
+# cannot reach code that runs only then).
+_WHOLE = "$path must be a whole number from "
+_FLAG = {"type": "boolean", "message": "$path must be true or false, not $value"}
 POLICY_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
@@ -145,8 +142,18 @@ POLICY_SCHEMA: dict[str, Any] = {
                 f"(the classes: {_CLASSES})",
             },
         },
-        "suspect_window_s": _whole("suspect_window_s", 60, 30 * 86400),
-        "suspect_tenants": _whole("suspect_tenants", 1, 1000),
+        "suspect_window_s": {
+            "type": "integer",
+            "minimum": 60,
+            "maximum": 2_592_000,
+            "message": _WHOLE + "60 to 2,592,000 (30 days), not $value",
+        },
+        "suspect_tenants": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 1000,
+            "message": _WHOLE + "1 to 1,000, not $value",
+        },
         "max_quarantined_share": {
             "type": "number",
             "minimum": 0,
@@ -154,14 +161,24 @@ POLICY_SCHEMA: dict[str, Any] = {
             "message": "max_quarantined_share must be a number from 0 to 1 (a share of the "
             "cluster's nodes), not $value",
         },
-        "fence_backend": _flag("fence_backend"),
+        "fence_backend": _FLAG,
         "on_quarantine": {
             "enum": [o.value for o in OnQuarantine],
             "message": f"on_quarantine must be one of {_ON_QUARANTINE}, not $value",
         },
-        "release_needs_check": _flag("release_needs_check"),
-        "max_platform_retries": _whole("max_platform_retries", 0, 100),
-        "flood_window_s": _whole("flood_window_s", 1, 86400),
+        "release_needs_check": _FLAG,
+        "max_platform_retries": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 100,
+            "message": _WHOLE + "0 to 100, not $value",
+        },
+        "flood_window_s": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 86_400,
+            "message": _WHOLE + "1 to 86,400 (a day), not $value",
+        },
     },
 }
 _SCHEMA = JsonSchema(POLICY_SCHEMA)

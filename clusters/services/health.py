@@ -24,17 +24,11 @@ from clusters.backends.calls import backend_call
 from clusters.health import NodeHealth, Signal, SignalClass, Source
 from clusters.health_policy import (
     GANTRY,
-    PERSON,
     Act,
-    Decisions,
-    FloodKey,
     HealthPolicy,
     NodeView,
     Outcome,
-    Span,
     decide,
-    flood_groups,
-    flood_key,
     policy_edit_problem,
     policy_from,
     policy_raw,
@@ -42,6 +36,7 @@ from clusters.health_policy import (
 )
 from clusters.models import Cluster, ClusterNode, NodeHealthEvent
 from clusters.selectors import cluster_health_policy
+from clusters.services.health_events import act_event, events_write, moment, stamp
 from core.log_context import log_context
 from core.schema import SchemaError
 from core.types import UserLike
@@ -57,12 +52,6 @@ REASON_MAX_LENGTH = max_length_of(ClusterNode, "health_reason")
 # The prefix of every reason Gantry gives the backend (Slurm drain reason, Kubernetes
 # taint): a node the backend shows unschedulable with it was fenced by Gantry.
 FENCE_REASON_PREFIX = "gantry:"
-_OUTCOME_RANK: dict[str, int] = {
-    Outcome.OBSERVE: 0,
-    Outcome.WARN: 1,
-    Outcome.REFUSED: 2,
-    Outcome.QUARANTINE: 3,
-}
 
 
 def _health_lock(cluster: Cluster) -> None:
@@ -74,17 +63,9 @@ def _health_lock(cluster: Cluster) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [HEALTH_LOCK_KEY, cluster.pk])
 
 
-def _stamp(value: datetime | None) -> float | None:
-    return None if value is None else value.timestamp()
-
-
-def _moment(stamp: float) -> datetime:
-    return datetime.fromtimestamp(stamp, tz=UTC)
-
-
 def _views(rows: dict[str, ClusterNode]) -> dict[str, NodeView]:
     return {
-        name: NodeView(NodeHealth(row.health), _stamp(row.health_since))
+        name: NodeView(NodeHealth(row.health), stamp(row.health_since))
         for name, row in rows.items()
     }
 
@@ -102,13 +83,21 @@ def node_signals_record(
     node not in the inventory is recorded and changes no node."""
     with log_context(cluster=cluster.name):
         stamp = now.timestamp()
-        checked = []
+        checked, repaired = [], []
         for signal in signals:
             clean, problem = signal_checked(signal, now=stamp)
             if problem:
-                logger.warning("node health signal repaired: %s: %r", problem, signal)
+                repaired.append((problem, signal))
             if clean is not None:
                 checked.append(clean)
+        if repaired:  # one line for a flood of bad signals, not one per signal
+            problem, first = repaired[0]
+            logger.warning(
+                "%d node-health signal(s) repaired; the first: %s: %r",
+                len(repaired),
+                problem,
+                first,
+            )
         if not checked:
             return []
         return _signals_record(cluster=cluster, signals=checked, now=now)
@@ -128,7 +117,7 @@ def _signals_record(
     }
     views = _views(rows)
     decisions = decide(policy, nodes=views, signals=signals)
-    events = _events_write(
+    events = events_write(
         cluster=cluster, policy=policy, views=views, signals=signals, decisions=decisions, now=now
     )
     for name, decision in decisions.nodes.items():
@@ -144,117 +133,6 @@ def _signals_record(
         ClusterNode.objects.filter(pk=row.pk).update(**changes)
         logger.warning("node %s %s: %s", name, decision.health.value, reason)
     return events
-
-
-def _events_write(
-    *,
-    cluster: Cluster,
-    policy: HealthPolicy,
-    views: dict[str, NodeView],
-    signals: list[Signal],
-    decisions: Decisions,
-    now: datetime,
-) -> list[NodeHealthEvent]:
-    """One event per flood group: new rows, or stored ones whose count and span grow."""
-    window = policy.flood_window_s
-    stored_rows = _stored_events(cluster=cluster, views=views, signals=signals, window=window)
-    groups = flood_groups(
-        signals,
-        window=window,
-        stored={
-            key: Span(row.observed_at.timestamp(), row.last_observed_at.timestamp(), row.count)
-            for key, row in stored_rows.items()
-        },
-    )
-    created, updated = [], []
-    for group in groups:
-        outcome = max((decisions.outcomes[i] for i in group.members), key=_OUTCOME_RANK.__getitem__)
-        if group.stored:
-            row = stored_rows[group.key]
-            row.observed_at, row.last_observed_at = (
-                _moment(group.span.first),
-                _moment(group.span.last),
-            )
-            row.count = group.span.count
-            if _OUTCOME_RANK.get(row.action, 0) < _OUTCOME_RANK[outcome]:
-                row.action = outcome.value
-            row.save(update_fields=["observed_at", "last_observed_at", "count", "action"])
-            updated.append(row)
-            continue
-        first = min(
-            (signals[i] for i in group.members),
-            key=lambda s: (s.at, s.source, s.detail),
-        )
-        created.append(
-            NodeHealthEvent(
-                cluster=cluster,
-                node=first.node,
-                gpu=first.gpu,
-                source=str(first.source),
-                signal=str(first.signal),
-                code=first.code,
-                detail=first.detail,
-                observed_at=_moment(group.span.first),
-                last_observed_at=_moment(group.span.last),
-                count=group.span.count,
-                recorded_at=now,
-                action=outcome.value,
-            )
-        )
-    return [*NodeHealthEvent.objects.bulk_create(created), *updated]
-
-
-def _stored_events(
-    *, cluster: Cluster, views: dict[str, NodeView], signals: list[Signal], window: float
-) -> dict[FloodKey, NodeHealthEvent]:
-    """The latest stored event of each key of the batch that a signal of it could add to:
-    seen within the window of the batch's earliest signal, and not before a person
-    returned the node to service (a fault after that is a new event)."""
-    keys = {flood_key(s) for s in signals}
-    rows = NodeHealthEvent.objects.filter(
-        cluster=cluster,
-        node__in={key[0] for key in keys},
-        signal__in={key[2] for key in keys},
-        last_observed_at__gte=_moment(min(s.at for s in signals) - window),
-    ).order_by("-last_observed_at", "-id")
-    found: dict[FloodKey, NodeHealthEvent] = {}
-    for row in rows:
-        key = (row.node, row.gpu, row.signal, row.code)
-        if key not in keys or key in found:
-            continue
-        view = views.get(row.node)
-        released = view is not None and view.health == NodeHealth.HEALTHY and view.since
-        if released and row.last_observed_at.timestamp() < released:
-            continue
-        found[key] = row
-    return found
-
-
-def _act_event(
-    *,
-    cluster: Cluster,
-    node: str,
-    act: Act,
-    outcome: Outcome,
-    actor: UserLike | None,
-    note: str = "",
-    detail: str = "",
-    source: str = PERSON,
-    now: datetime,
-) -> NodeHealthEvent:
-    return NodeHealthEvent.objects.create(
-        cluster=cluster,
-        node=node,
-        source=source,
-        signal=act.value,
-        detail=detail[: max_length_of(NodeHealthEvent, "detail")],
-        observed_at=now,
-        last_observed_at=now,
-        recorded_at=now,
-        action=outcome.value,
-        actor=actor if actor is not None and actor.is_authenticated else None,
-        note=note,
-    )
 
 
 def _policy(cluster: Cluster) -> HealthPolicy:
@@ -295,9 +173,11 @@ def node_quarantine(
     now = now or timezone.now()
     row = _node_locked(cluster=cluster, node=node)
     if row.health == NodeHealth.QUARANTINED:
+        since = row.health_since
         raise ValidationError(
-            f"{node} is quarantined already (since {row.health_since:%Y-%m-%d %H:%M} UTC): "
-            f"{row.health_reason}"
+            f"{node} is quarantined already"
+            + (f" (since {since.astimezone(UTC):%Y-%m-%d %H:%M} UTC)" if since else "")
+            + f": {row.health_reason}"
         )
     before = _health_of(row)
     note = note.strip()
@@ -316,7 +196,7 @@ def node_quarantine(
         before=before,
         after={**_health_of(row), "note": note},
     )
-    return _act_event(
+    return act_event(
         cluster=cluster,
         node=node,
         act=Act.QUARANTINE,
@@ -370,7 +250,7 @@ def node_release(
         before=before,
         after={**_health_of(row), "note": note},
     )
-    return _act_event(
+    return act_event(
         cluster=cluster,
         node=node,
         act=Act.RELEASE,
@@ -403,7 +283,7 @@ def node_health_check_record(
         )
         return node_signals_record(cluster=cluster, signals=[signal], now=now or timezone.now())
     return [
-        _act_event(
+        act_event(
             cluster=cluster,
             node=node,
             act=Act.CHECK_PASSED,
@@ -434,7 +314,7 @@ def cluster_health_policy_check(
     recent = (
         NodeHealthEvent.objects.filter(
             cluster=cluster,
-            last_observed_at__gte=_moment(now.timestamp() - policy.suspect_window_s),
+            last_observed_at__gte=moment(now.timestamp() - policy.suspect_window_s),
             source__in=[s.value for s in Source],
             signal__in=[c.value for c in SignalClass],
         )
@@ -566,7 +446,7 @@ def _push(
         if still.exclude(fence_error=error).update(fence_error=error):
             logger.warning("node %s: %s failed: %s", row.name, name, error)
             failed = Outcome.FENCE_FAILED if fence else Outcome.UNFENCE_FAILED
-            _act_event(
+            act_event(
                 cluster=cluster,
                 node=row.name,
                 act=act,
@@ -579,7 +459,7 @@ def _push(
         return 0
     if still.update(fenced_at=now if fence else None, fence_error=""):
         took = Outcome.FENCED if fence else Outcome.UNFENCED
-        _act_event(
+        act_event(
             cluster=cluster,
             node=row.name,
             act=act,

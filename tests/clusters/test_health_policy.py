@@ -2,7 +2,7 @@
 (the blast radius, flapping, stale sources, unknown XIDs, floods). No database."""
 
 import math
-from types import MappingProxyType
+from types import MappingProxyType, SimpleNamespace
 
 import pytest
 
@@ -77,8 +77,14 @@ def test_overrides_are_read_and_written_back_as_only_the_overrides():
         "on_quarantine": "stop",
         "release_needs_check": True,
         "flood_window_s": 60,
+        "suspect_window_s": 7200,
+        "suspect_tenants": 3,
+        "max_platform_retries": 5,
     }
     policy = policy_from(raw)
+    assert (policy.suspect_window_s, policy.suspect_tenants) == (7200, 3)
+    assert (policy.max_platform_retries, policy.flood_window_s) == (5, 60)
+    assert (policy.fence_backend, policy.release_needs_check) == (False, True)
     assert policy.action(SignalClass.THERMAL_THROTTLE) == Action.OBSERVE
     assert policy.action(SignalClass.XID_UNKNOWN) == Action.WARN
     assert policy.action(SignalClass.GPU_LOST) == Action.QUARANTINE  # the default stays
@@ -129,9 +135,29 @@ def test_overrides_are_read_and_written_back_as_only_the_overrides():
         ),
         (
             {"suspect_window_s": 1.5},
-            "suspect_window_s must be a whole number from 60 to 2,592,000, not 1.5",
+            "suspect_window_s must be a whole number from 60 to 2,592,000 (30 days), not 1.5",
         ),
-        ({"flood_window_s": 0}, "flood_window_s must be a whole number from 1 to 86,400, not 0"),
+        (
+            {"suspect_window_s": 3600.5},
+            "suspect_window_s must be a whole number from 60 to 2,592,000 (30 days), not 3600.5",
+        ),
+        (
+            {"max_platform_retries": -1},
+            "max_platform_retries must be a whole number from 0 to 100, not -1",
+        ),
+        (
+            {"max_platform_retries": 2.5},
+            "max_platform_retries must be a whole number from 0 to 100, not 2.5",
+        ),
+        (
+            {"flood_window_s": 86401},
+            "flood_window_s must be a whole number from 1 to 86,400 (a day), not 86401",
+        ),
+        ({"release_needs_check": 1}, "release_needs_check must be true or false, not 1"),
+        (
+            {"flood_window_s": 0},
+            "flood_window_s must be a whole number from 1 to 86,400 (a day), not 0",
+        ),
         (
             {"on_quarantine": "kill"},
             "on_quarantine must be one of requeue, finish, stop, not 'kill'",
@@ -144,6 +170,13 @@ def test_bad_policies_are_refused_by_name(raw, message):
     with pytest.raises(SchemaError) as refused:
         policy_from(raw)
     assert str(refused.value) == message
+
+
+def test_a_policy_made_in_code_with_some_classes_takes_the_defaults_for_the_others():
+    partial = HealthPolicy(actions={SignalClass.NVLINK: Action.WARN})
+    assert partial.action(SignalClass.NVLINK) == Action.WARN
+    assert partial.action(SignalClass.GPU_LOST) == Action.QUARANTINE
+    assert partial.action(SignalClass.XID_APPLICATION) == Action.OBSERVE
 
 
 def test_the_schema_is_a_valid_draft_2020_12_schema():
@@ -255,6 +288,9 @@ def test_a_signal_from_before_a_release_does_not_quarantine_again():
     assert (late.nodes, late.outcomes) == ({}, (Outcome.OBSERVE,))
     fresh = decide(half, nodes=nodes, signals=[xid79("n0", T0 + 1)])
     assert fresh.nodes["n0"].health == QUARANTINED
+    # Seen at the very moment of the release: after it, as far as anyone can tell.
+    same = decide(half, nodes=nodes, signals=[xid79("n0", T0)])
+    assert (same.nodes["n0"].health, same.outcomes) == (QUARANTINED, (Outcome.QUARANTINE,))
 
 
 def test_a_signal_about_a_node_not_in_the_inventory_changes_nothing():
@@ -312,6 +348,28 @@ def test_a_policy_edit_that_would_quarantine_half_a_cluster_is_refused():
         "nodes (n1, n2, n3), 5 of 8 in all, more than max_quarantined_share 0.5 allows "
         "(4). Quarantine nodes by hand if you mean it, or raise max_quarantined_share."
     )
+
+
+def test_a_refused_edit_names_five_nodes_and_counts_the_others():
+    strict = policy_from({"actions": {"pcie_replay": "quarantine"}})
+    for count, named in (
+        (6, "n0, n1, n2, n3, n4 and 1 more"),
+        (7, "n0, n1, n2, n3, n4 and 2 more"),
+    ):
+        recent = [(f"n{i}", SignalClass.PCIE_REPLAY) for i in range(count)]
+        problem = policy_edit_problem(strict, nodes=cluster(10), recent=recent)
+        assert problem is not None
+        assert f"would quarantine {count} more nodes ({named}), {count} of 10" in problem
+    five = [(f"n{i}", SignalClass.PCIE_REPLAY) for i in range(5)]
+    assert "(n0, n1, n2, n3, n4), 5 of 10" in (
+        policy_edit_problem(strict, nodes=cluster(10), recent=five) or ""
+    )
+    one = policy_edit_problem(
+        HealthPolicy(actions=strict.actions, max_quarantined_share=0.0),
+        nodes=cluster(4),
+        recent=[("n2", SignalClass.PCIE_REPLAY)],
+    )
+    assert one is not None and "would quarantine 1 more node (n2), 1 of 4" in one
 
 
 # Floods
@@ -386,9 +444,14 @@ def test_bad_signals_are_repaired_not_raised():
             "",
         ),
         (
-            Signal(" n1 ", SignalClass.NVLINK, "syslog", T0, gpu=7),  # type: ignore[arg-type]
-            Signal("n1", SignalClass.NVLINK, "syslog", T0, gpu="7"),  # type: ignore[arg-type]
+            Signal(" n1 ", SignalClass.NVLINK, "syslog", T0, gpu=7, code="74"),  # type: ignore[arg-type]
+            Signal("n1", SignalClass.NVLINK, "syslog", T0, gpu="7", code="74"),  # type: ignore[arg-type]
             "unknown source 'syslog'",
+        ),
+        (
+            SimpleNamespace(node="n2", signal="gpu_lost", at=T0),  # no source, GPU or code
+            Signal("n2", SignalClass.GPU_LOST, "", T0),  # type: ignore[arg-type]
+            "unknown source ''",
         ),
     ]
     for given, wanted, problem in cases:
