@@ -456,6 +456,12 @@ def test_bad_signals_are_repaired_not_raised():
     ]
     for given, wanted, problem in cases:
         assert signal_checked(given, now=now) == (wanted, problem)
+    clean, _ = signal_checked(Signal("n1", SignalClass.NVLINK, Source.DCGM, T0), now=now)
+    assert clean is not None and type(clean.source) is Source  # the enum, not its text
+    long = "s" * 50
+    assert signal_checked(Signal("n1", SignalClass.NVLINK, long, T0), now=now)[1] == (  # type: ignore[arg-type]
+        f"unknown source '{'s' * 40}'"
+    )
     assert signal_checked(Signal("", SignalClass.NVLINK, Source.DCGM, T0), now=now) == (
         None,
         "a signal that names no node was dropped",
