@@ -1,16 +1,22 @@
 """Reading clusters: how their backends are doing, as their syncs and inventory refreshes
 leave it (platform admins' home page: one query whatever the number of clusters), the
-clusters a platform admin manages, and the capacity of each flavor."""
+clusters a platform admin manages, the capacity of each flavor, and the nodes' health:
+their policy and their history."""
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Prefetch, QuerySet, Sum
+from django.db.models import Prefetch, Q, QuerySet, Sum
 
-from clusters.models import Cluster, ClusterFlavor
+from clusters.health_policy import DEFAULT_POLICY, HealthPolicy, policy_from
+from clusters.models import Cluster, ClusterFlavor, NodeHealthEvent
+from core.schema import SchemaError
 from core.types import UserLike
 from tenants.access import require_platform_admin
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,3 +89,28 @@ def flavor_capacity(*, flavor_ids: Iterable[int] | None = None) -> dict[int, int
     return dict(
         pools.values("flavor_id").annotate(gpus=Sum("gpus")).values_list("flavor_id", "gpus")
     )
+
+
+def cluster_health_policy(*, cluster: Cluster) -> HealthPolicy:
+    """The cluster's node-health policy: its stored overrides on the defaults. A stored
+    policy that is not one (written around ``cluster_health_policy_set``) counts as the
+    defaults, and says so in the log, rather than stopping every health decision."""
+    try:
+        return policy_from(cluster.health_policy or {})
+    except SchemaError as exc:
+        logger.warning("cluster %s: health policy ignored, defaults apply: %s", cluster.name, exc)
+        return DEFAULT_POLICY
+
+
+def node_health_events(
+    *, cluster: Cluster, node: str | None = None, since: datetime | None = None
+) -> QuerySet[NodeHealthEvent]:
+    """A cluster's node-health history, newest first: every signal recorded and every act
+    (a person's quarantine or release, Gantry's drain on the backend), of one node or all;
+    ``since``: the events still going on then or later (last seen at or after it)."""
+    events = NodeHealthEvent.objects.filter(cluster=cluster).select_related("actor")
+    if node is not None:
+        events = events.filter(node=node)
+    if since is not None:
+        events = events.filter(Q(last_observed_at__gte=since) | Q(observed_at__gte=since))
+    return events.order_by("-observed_at", "-id")

@@ -8,6 +8,7 @@ from django.utils import timezone
 from clusters.backends import BackendError, TransientBackendError
 from clusters.models import Cluster
 from clusters.services import cluster_refresh_inventory
+from clusters.services.health import node_fences_push
 from core.log_context import log_context
 from jobs.services import attribution, backend_submit, backend_sync, budgets
 from jobs.services.admission_cycle import admission_run_cycle
@@ -64,6 +65,7 @@ def sync_all_clusters() -> None:
             # After the refresh, which may have quarantined nodes: their runs leave as the
             # cluster's policy says (idempotent: an attempt already acted on is skipped).
             attribution.quarantined_attempts_settle(cluster=cluster, now=timezone.now())
+            node_fences_push(cluster=cluster)  # quarantines to the backend, after the inventory
         except BackendError as exc:  # recorded on the cluster; the other clusters go on
             with log_context(cluster=cluster.name):
                 logger.warning("cluster %s: %s", cluster.name, exc)

@@ -1,6 +1,7 @@
-"""Writing what the backends report about their clusters: the node inventory, and asking a
-backend whether its settings work."""
+"""Writing what the backends report about their clusters: the node inventory (and the
+node-health signals it carries), and asking a backend whether its settings work."""
 
+import logging
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
@@ -9,12 +10,17 @@ from django.db import transaction
 from django.utils import timezone
 
 from clusters.backends import BackendError, backend_for, inventory_items
+from clusters.backends.base import Inventory
 from clusters.backends.calls import backend_call
+from clusters.health import Signal, SignalClass, Source
 from clusters.models import Cluster, ClusterFlavor, ClusterNode
 from clusters.outside_claims import claims_record
+from clusters.services.health import node_signals_record
 from core.bulk import rows_update
 from core.log_context import log_context
 from tenants.models import GpuFlavor, max_length_of
+
+logger = logging.getLogger(__name__)
 
 # Node fields the inventory mirrors; a row is written only when one of them changed.
 _NODE_FIELDS = (
@@ -75,6 +81,9 @@ def _cluster_refresh_inventory(*, cluster: Cluster, now) -> None:
         }
     with transaction.atomic():
         current = {node.name: node for node in ClusterNode.objects.filter(cluster=cluster)}
+        lost = _gpus_lost(
+            cluster=cluster, inventory=inventory, current=current, flavors=flavors, now=now
+        )
         created, changed = [], []
         for name, values in wanted.items():
             row = current.get(name)
@@ -108,6 +117,51 @@ def _cluster_refresh_inventory(*, cluster: Cluster, now) -> None:
                 flavors=flavors,
             ),
         )
+    _signals_record(
+        cluster=cluster, signals=[*lost, *(s for n in inventory.nodes for s in n.signals)], now=now
+    )
+
+
+def _gpus_lost(
+    *,
+    cluster: Cluster,
+    inventory: Inventory,
+    current: dict[str, ClusterNode],
+    flavors: dict[str, GpuFlavor],
+    now,
+) -> list[Signal]:
+    """A GPU_LOST signal for each node reporting fewer GPUs of its flavor than its row had
+    (none, too: it is then left out of the inventory). Not for the simulator, whose node
+    sizes a person sets on its capacity page."""
+    if cluster.backend == Cluster.Backend.SIMULATOR:
+        return []
+    lost = []
+    for node in inventory.nodes:
+        row, flavor = current.get(node.name), flavors.get(node.flavor)
+        if row is None or flavor is None or row.flavor_id != flavor.pk or node.gpus >= row.gpus:
+            continue
+        lost.append(
+            Signal(
+                node=node.name,
+                signal=SignalClass.GPU_LOST,
+                source=Source.INVENTORY,
+                at=now.timestamp(),
+                code=str(node.gpus),
+                detail=f"reports {node.gpus} GPUs, had {row.gpus}",
+            )
+        )
+    return lost
+
+
+def _signals_record(*, cluster: Cluster, signals: list[Signal], now) -> None:
+    """The inventory's node-health signals to the policy. Nothing here stops the refresh:
+    a failure is logged, and the next refresh brings the backend's signals again."""
+    if not signals:
+        return
+    try:
+        node_signals_record(cluster=cluster, signals=signals, now=now)
+    except Exception:
+        logger.exception("cluster %s: node-health signals not recorded", cluster.name)
 
 
 def _flavors_update(*, cluster: Cluster, nodes: Iterable[dict[str, Any]]) -> None:
