@@ -245,7 +245,7 @@ def telemetry_fetch(*, cluster: Cluster, source=None, now: datetime | None = Non
 
 def node_signals_send(*, cluster: Cluster, signals: list[Signal], now: datetime) -> None:
     """Hand DCGM's signals to node health: the one place telemetry calls it."""
-    from clusters.services.health import node_signals_record  # type: ignore[import-not-found]
+    from clusters.services.health import node_signals_record
 
     node_signals_record(cluster=cluster, signals=signals, now=now)
 
