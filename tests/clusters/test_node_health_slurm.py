@@ -29,7 +29,12 @@ from jobs.tasks import sync_all_clusters
 from telemetry.tasks import telemetry_collect
 from tests import prometheus_support
 from tests.clusters.backends import test_slurm_cluster as cluster_tests
-from tests.clusters.backends.test_slurm_cluster import OUTSIDE_JOB, slurm
+from tests.clusters.backends.test_slurm_cluster import (
+    IDLE_NODES,
+    OUTSIDE_JOB,
+    refresh_until,
+    slurm,
+)
 from tests.clusters.node_health_support import Worker, checkpoint_report, exporter_body
 from tests.conftest import experiment_input
 from tests.prometheus_support import Route
@@ -127,9 +132,10 @@ def test_a_dcgm_fault_drains_gpu_node2_and_its_run_resumes_on_gpu_node1(
         cluster=cluster, actor=world.platform_admin, raw={"max_quarantined_share": 0.5}
     )
     telemetry_collect(cluster.pk)  # every GPU healthy: the baseline
+    refresh_until(world, IDLE_NODES)  # after a restart, until both slurmd answer again
 
     outside = gpu_node1_busy_from_outside()
-    worker.call(sync_all_clusters)  # the inventory sees gpu-node1's GPU taken
+    refresh_until(world, {**IDLE_NODES, "gpu-node1": (8, 1, 0, True, "", ["spine", "leaf1"])})
     tokens = tmp_path / "tokens"
     tokens.mkdir()
     run = worker.call(
