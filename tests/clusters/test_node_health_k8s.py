@@ -213,6 +213,21 @@ def test_a_dcgm_fault_cordons_and_taints_the_node_and_the_pod_moves_to_the_other
     second.refresh_from_db()
     assert second.node_list == ["gpu-1"]
     k8s.step_until(run, RunState.SUCCEEDED)
+    run.refresh_from_db()
+    assert run.restarts == 0  # not counted against the researcher's max_restarts
+    assert list(
+        run.events.filter(to_state__in=[RunState.PREEMPTED, RunState.QUEUED]).values_list(
+            "to_state", "message"
+        )
+    ) == [
+        ("QUEUED", "Submitted"),
+        (
+            "PREEMPTED",
+            f"Taken off its nodes: node gpu-0 was quarantined by Gantry ({fault_reason}); it "
+            "resumes from its latest checkpoint on other nodes, not counted against your restarts",
+        ),
+        ("QUEUED", "Back in the queue after preemption; it will resume from checkpoint step 700"),
+    ]
     # No pod of anyone's landed on gpu-0 since the fault.
     assert [
         p["metadata"]["name"]

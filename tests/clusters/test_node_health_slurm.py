@@ -226,6 +226,21 @@ def test_a_dcgm_fault_drains_gpu_node2_and_its_run_resumes_on_gpu_node1(
     second.refresh_from_db()
     assert (run.state, second.node_list) == (RunState.SUCCEEDED, ["gpu-node1"])
     assert f"on gpu-node1 from {CHECKPOINT}" in run_logs(run=run).splitlines()
+    assert run.restarts == 0  # not counted against the researcher's max_restarts
+    assert list(
+        run.events.filter(to_state__in=[RunState.PREEMPTED, RunState.QUEUED]).values_list(
+            "to_state", "message"
+        )
+    ) == [
+        ("QUEUED", "Submitted"),
+        (
+            "PREEMPTED",
+            "Taken off its nodes: node gpu-node2 was quarantined by Gantry (GPU 1: XID 79 GPU has "
+            "fallen off the bus); it resumes from its latest checkpoint on other nodes, not "
+            "counted against your restarts",
+        ),
+        ("QUEUED", "Back in the queue after preemption; it will resume from checkpoint step 500"),
+    ]
     job = second.backend_job_id
     assert cluster_tests.sacct_row(job)["JobName"] == second.name
     assert slurm("sacct", "-X", "-n", "-P", "-j", job, "-o", "NodeList").split() == ["gpu-node1"]
