@@ -42,9 +42,13 @@ def node_name(node: str) -> str:
 def fence_reason(reason: str) -> str:
     """Gantry's drain reason: ``gantry: `` and the reason on one line, control characters
     and double quotes (scontrol strips a quote at either end of a value) replaced, at most
-    ``MAX_REASON`` characters."""
+    ``MAX_REASON`` characters. A reason that carries the prefix already (node health's
+    push says ``gantry: …`` to every backend) gets it once."""
     text = re.sub(r"[\x00-\x1f\x7f\"]+", " ", str(reason or ""))
-    text = " ".join(text.split()) or "node health"
+    text = " ".join(text.split())
+    if is_gantry_reason(text):
+        text = text[len(GANTRY_REASON_PREFIX.rstrip()) :].lstrip()
+    text = text or "node health"
     if len(text) > MAX_REASON:
         text = text[: MAX_REASON - 1].rstrip() + "…"
     return GANTRY_REASON_PREFIX + text

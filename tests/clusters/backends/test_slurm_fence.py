@@ -95,6 +95,10 @@ def test_the_drain_is_one_argument_per_key_with_gantrys_reason():
 def test_a_reason_is_one_line_without_quotes_and_bounded():
     assert fence_reason('XID 79\non GPU 1\r\n"bad"\x1b[31m') == "gantry: XID 79 on GPU 1 bad [31m"
     assert fence_reason("") == "gantry: node health"
+    # Node health's push gives every backend the prefixed reason: Slurm shows it once.
+    assert fence_reason("gantry: GPU 1: XID 79") == "gantry: GPU 1: XID 79"
+    assert fence_reason(" gantry:  GPU 1 ") == "gantry: GPU 1"
+    assert fence_reason("gantry:") == "gantry: node health"
     long = fence_reason("x" * 1000)
     assert long == "gantry: " + "x" * (MAX_REASON - 1) + "…"
     assert is_gantry_reason("gantry: XID 79 on GPU 1")
