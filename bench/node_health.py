@@ -32,7 +32,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from bench.report import Section, quick
-from bench.trace import CHECKPOINT_EVERY_S, Gantry, Task, load_tasks, node_groups
+from bench.trace import (
+    CHECKPOINT_EVERY_S,
+    TASKS_CSV,
+    Gantry,
+    Task,
+    load_tasks,
+    node_groups,
+    read_pods,
+)
 from clusters.health import HARDWARE_CLASSES, NodeHealth, Signal, SignalClass, Source
 from clusters.health_policy import HealthPolicy, NodeView, decide, policy_from
 from clusters.sim_faults import Fault, FaultSettings, Lemon, faults_between
@@ -167,9 +175,11 @@ class HealthReplay(Gantry):
         guard: bool,
         label: str,
         health_policy: HealthPolicy = POLICY,
+        failing: frozenset[str] = frozenset(),
     ):
         super().__init__(tasks, nodes, until=until)
         self.guard = guard
+        self.failing = failing  # the names of the tasks the trace says failed (pod_phase)
         self.rules = health_policy
         self.figures = Figures(label)
         self.faults = list(faults)
@@ -253,6 +263,11 @@ class HealthReplay(Gantry):
         return held
 
     def finish(self, task_id: int) -> None:
+        if self.tasks[task_id].name in self.failing:
+            # The trace's failed pods end as the program's failure: negatives for attribution.
+            facts = self.attempt_facts(task_id, "FAILED", "USER_EXIT", exit_code=1)
+            self.pending.append(Ended(task_id, facts, False, False))
+            self.schedule_sync()
         super().finish(task_id)
         self.ended_at[task_id] = self.now
         self.done_work[task_id] = self.tasks[task_id].runtime
@@ -441,9 +456,12 @@ def replay(
     guard: bool,
     label: str,
     until: float,
+    failing: frozenset[str] = frozenset(),
 ) -> tuple[Figures, HealthReplay]:
     started = time.perf_counter()
-    sim = HealthReplay(tasks, nodes, until=until, faults=faults, guard=guard, label=label)
+    sim = HealthReplay(
+        tasks, nodes, until=until, faults=faults, guard=guard, label=label, failing=failing
+    )
     sim.run()
     figures = sim.summary()
     figures.seconds = time.perf_counter() - started
@@ -484,19 +502,30 @@ class Busy(HealthReplay):
             )
 
 
-def _faulty(job: tuple[list[Task], tuple[ClusterNode, ...], list[Fault], bool, str, float]):
-    tasks, nodes, faults, guard, label, until = job
-    return replay(tasks, nodes, faults, guard=guard, label=label, until=until)[0]
+def _faulty(job: tuple) -> Figures:
+    tasks, nodes, faults, guard, label, until, failing = job
+    return replay(tasks, nodes, faults, guard=guard, label=label, until=until, failing=failing)[0]
 
 
 def measure(
-    tasks: list[Task], nodes: tuple[ClusterNode, ...], *, until: float, seed: int = SEED
+    tasks: list[Task],
+    nodes: tuple[ClusterNode, ...],
+    *,
+    until: float,
+    seed: int = SEED,
+    failing: frozenset[str] = frozenset(),
 ) -> tuple[list[Figures], dict[str, Lemon], list[Fault]]:
     """The fault-free replay (which picks the lemons), then with and without the policy on
     the same faults, side by side in two processes."""
     started = time.perf_counter()
     clean = Busy(
-        tasks, nodes, until=until, faults=(), guard=True, label="fault-free, with the policy"
+        tasks,
+        nodes,
+        until=until,
+        faults=(),
+        guard=True,
+        label="fault-free, with the policy",
+        failing=failing,
     )
     clean.run()
     free = clean.summary()
@@ -504,8 +533,8 @@ def measure(
     lemons = pick_lemons(clean)
     faults = inject(nodes, lemons, seed=seed, until=until)
     jobs = [
-        (tasks, nodes, faults, True, "with the policy", until),
-        (tasks, nodes, faults, False, "without (baseline)", until),
+        (tasks, nodes, faults, True, "with the policy", until, failing),
+        (tasks, nodes, faults, False, "without (baseline)", until, failing),
     ]
     workers = max(1, min(2, os.cpu_count() or 1))
     if workers > 1:
@@ -636,8 +665,9 @@ def section(
         f"the baseline's ends (signals recorded, nobody acting on them) {bare.true_pos}, "
         f"{bare.false_pos} and {bare.false_neg}, of {bare.true_pos + bare.false_neg} and "
         f"{bare.negatives}. An attempt ended by an injected hardware fault, or requeued off a "
-        "node quarantined for one, is a positive; every other ended attempt (application XIDs, "
-        "admission's preemptions) a negative.",
+        "node quarantined for one, is a positive; every other ended attempt (the trace's failed "
+        "pods, which end as the program's failure; application XIDs; admission's preemptions) "
+        "a negative.",
         *(f"Goal: {what}: {value} — {_goal(met)}." for what, met, value in goals),
     ]
     return table
@@ -648,7 +678,8 @@ def run() -> list[Section]:
     until = DAYS * DAY_S
     nodes = trace_nodes(share)
     tasks = [t for t in load_tasks(compression=COMPRESSION) if t.arrival < until][::stride]
-    figures, lemons, faults = measure(tasks, nodes, until=until)
+    failing = frozenset(row["name"] for row in read_pods(TASKS_CSV) if row["pod_phase"] == "Failed")
+    figures, lemons, faults = measure(tasks, nodes, until=until, failing=failing)
     for f in figures:
         sys.stderr.write(f"bench: node_health: {f.label}: {f.seconds:.0f} s\n")
     return [section(figures, lemons, faults, nodes=nodes, tasks=tasks, until=until)]
