@@ -22,6 +22,7 @@ three lemon nodes. Three replays on the same tasks:
 Method and caveats: docs/benchmarks-notes.md, *Node health*.
 """
 
+import heapq
 import math
 import multiprocessing
 import os
@@ -33,9 +34,12 @@ from dataclasses import dataclass, field, replace
 
 from bench.report import Section, quick
 from bench.trace import (
+    ARRIVAL,
     CHECKPOINT_EVERY_S,
+    COMPLETION,
     TASKS_CSV,
     Gantry,
+    Held,
     Task,
     load_tasks,
     node_groups,
@@ -84,7 +88,8 @@ POLICY = policy_from({"max_quarantined_share": 0.5})
 MAX_LATENCY_S = 120.0
 PRECISION_GOAL = RECALL_GOAL = 0.95
 
-FAULT, SYNC = 2, 3  # event kinds after trace.py's ARRIVAL (0) and COMPLETION (1)
+FAULT, SYNC = 2, 3  # event kinds after trace.py's ARRIVAL (0) and COMPLETION (1): at one
+# instant arrivals and ends come first, then faults, then the sync that sees them
 
 
 def trace_nodes(share: float) -> tuple[ClusterNode, ...]:
@@ -207,17 +212,16 @@ class HealthReplay(Gantry):
 
     # --- the engine ----------------------------------------------------------------------
 
-    def run(self):  # type: ignore[override]
-        import heapq
-
+    def run(self) -> Figures:  # type: ignore[override]
+        """trace.Simulation.run with two more kinds of event: a fault, and a sync."""
         while self.events and self.events[0][0] <= self.until:
             now = self.events[0][0]
             self.advance(now)
             while self.events and self.events[0][0] == now:
                 _, kind, ident, attempt = heapq.heappop(self.events)
-                if kind == 0:
+                if kind == ARRIVAL:
                     self.enqueue(ident)
-                elif kind == 1:
+                elif kind == COMPLETION:
                     if self.attempts[ident] == attempt and self.running(ident):
                         self.finish(ident)
                 elif kind == FAULT:
@@ -230,8 +234,6 @@ class HealthReplay(Gantry):
         return self.figures
 
     def schedule_sync(self) -> None:
-        import heapq
-
         tick = math.ceil(self.now / SYNC_S) * SYNC_S
         if self.sync_at != tick:
             self.sync_at = tick
@@ -256,7 +258,7 @@ class HealthReplay(Gantry):
             taken[name], self.free_gpus[name] = tuple(free[:per_node]), free[per_node:]
         self.gpus_of[task_id] = taken
 
-    def release(self, task_id: int):  # type: ignore[override]
+    def release(self, task_id: int) -> Held:
         held = super().release(task_id)
         for name, gpus in self.gpus_of.pop(task_id, {}).items():
             self.free_gpus[name] = sorted(self.free_gpus[name] + list(gpus))
