@@ -1,10 +1,10 @@
 """``make bench``: every benchmark reports Gantry beside a baseline measured in the same run;
 the results go to docs/benchmarks.md with the machine they ran on.
 
-``python -m bench [admission] [placement] [cycle] [trace] [estimates] [telemetry] [k8s]
-[slurm] [finance] [load] [runlist]`` runs some of them and only prints.
-``GANTRY_BENCH_QUICK=1`` runs admission, placement, cycle, trace and estimates on small
-sizes (does it still work?) and never writes docs/benchmarks.md.
+``python -m bench [admission] [placement] [cycle] [trace] [node_health] [estimates]
+[telemetry] [k8s] [slurm] [finance] [load] [runlist]`` runs some of them and only prints.
+``GANTRY_BENCH_QUICK=1`` runs admission, placement, cycle, trace, node_health and estimates
+on small sizes (does it still work?) and never writes docs/benchmarks.md.
 
 The admission cycle runs against the database ``gantry_bench`` on the server of
 DATABASE_URL (created and migrated here, so the tests' database is never touched), with
@@ -34,6 +34,7 @@ BENCHMARKS = (
     "placement",
     "cycle",
     "trace",
+    "node_health",
     "estimates",
     "telemetry",
     "k8s",
@@ -135,6 +136,10 @@ def run(name: str) -> list[Section]:
         from bench import load
 
         return load.run()
+    if name == "node_health":
+        from bench import node_health
+
+        return node_health.run()
     if name == "estimates":
         from bench import estimates
 
