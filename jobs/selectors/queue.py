@@ -43,6 +43,11 @@ def _quota_of(row: Mapping[str, Any]) -> admission_types.Quota:
     )
 
 
+# The reason a quarantined node takes no work, before Gantry's why (which only platform
+# admins see on the node map).
+QUARANTINED = "quarantined by Gantry"
+
+
 def cluster_nodes(
     *, now, clusters: Iterable[Cluster] | None = None
 ) -> list[admission_types.ClusterNode]:
@@ -74,7 +79,7 @@ def cluster_nodes(
             # Gantry's own exclusion, whatever the backend says (it may not be allowed to
             # drain the node, or not have done so yet).
             schedulable = False
-            reason = f"quarantined by Gantry: {health_reason or 'no reason given'}"
+            reason = f"{QUARANTINED}: {health_reason or 'no reason given'}"
         elif schedulable and valid_until is not None and valid_until < now:
             schedulable = False
             reason = f"not seen by {cluster}'s inventory since {seen:%Y-%m-%d %H:%M:%S} UTC"
