@@ -5,9 +5,6 @@ one node's history, and a person's quarantine and return to service with a note.
 Thin: check access, call the selectors, render; the two acts call the clusters app's
 services (``clusters.services.health``) and redirect back."""
 
-import importlib
-from types import ModuleType
-
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -20,6 +17,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from clusters.health import NodeHealth
 from clusters.models import ClusterNode
+from clusters.services.health import node_quarantine, node_release
 from core.http import or_404
 from jobs.models import CauseClass
 from telemetry.kpis import node_health
@@ -40,12 +38,6 @@ class NodeActForm(forms.Form):
     """A person's act on a node: the note says why (kept in the node's history)."""
 
     note = forms.CharField(max_length=NOTE_MAX_LENGTH, strip=True, widget=forms.Textarea)
-
-
-def health_services() -> ModuleType:
-    """The clusters app's node-health services, imported when an act is asked for (the one
-    place this page reaches them; tests replace it)."""
-    return importlib.import_module("clusters.services.health")
 
 
 @login_required
@@ -103,8 +95,7 @@ def node_act(request: HttpRequest, cluster: str, node: str, act: str) -> HttpRes
         return render(
             request, "telemetry/node_detail.html", _detail_context(detail, form), status=400
         )
-    services = health_services()
-    service = services.node_quarantine if act == "quarantine" else services.node_release
+    service = node_quarantine if act == "quarantine" else node_release
     try:
         service(
             cluster=found.cluster, node=node, actor=request.user, note=form.cleaned_data["note"]
