@@ -70,6 +70,10 @@ def attempt(run, number, *, created, finished, cause="", node="", lost=0, startu
         **{f"{name}_gpu_s": value for name, value in waste.items()},
         activity_weighted_gpu_s=0.0,
         computed_at=finished,
+        # What finance's accounting stores (docs/node-health.md, Credits): lost + startup
+        # for a hardware or platform end.
+        cause_class=cause,
+        credited_gpu_s=lost + startup if cause in ("hardware", "platform") else 0,
     )
     return row
 
@@ -259,6 +263,27 @@ def test_overview_lost_and_credited_by_cause_and_month(client, world, health_wor
         ("2026-01", "2026-01 0 0 0"),
         ("2026-02", "2026-02 0 0 0"),
         ("2026-03", "2026-03 1 1 1"),
+    ]
+
+
+def test_credited_is_finances_stored_credit_under_the_cause_it_was_computed_with(
+    world, health_world
+):
+    from telemetry.kpis.reliability_reads import CauseHours, lost_and_credited_by_cause
+
+    since, until = NOW - 30 * DAY, NOW
+    vision_first = AttemptAccounting.objects.get(
+        attempt__run=health_world.vision, attempt__number=1
+    )
+    nlp_first = AttemptAccounting.objects.get(attempt__run=health_world.nlp, attempt__number=1)
+    # The stored credit is read, not recomputed; an accounting computed before
+    # the cause was known (cause_class "") counts once it is computed again.
+    AttemptAccounting.objects.filter(pk=vision_first.pk).update(credited_gpu_s=1234)
+    AttemptAccounting.objects.filter(pk=nlp_first.pk).update(cause_class="", credited_gpu_s=0)
+    assert lost_and_credited_by_cause(since=since, until=until) == [
+        CauseHours("user", 1, 3600, 0),
+        CauseHours("platform", 0, 0, 0),
+        CauseHours("hardware", 1, 7200, 1234),
     ]
 
 
