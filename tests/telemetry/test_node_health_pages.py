@@ -352,8 +352,8 @@ def test_node_page_queries_do_not_grow_with_events(client, world, health_world, 
         assert client.get(url).status_code == 200
     assert len(after) == len(before)
     # Session, user, roles, the notifications badge; the node, its events (with who acted),
-    # the attempts affected (with their run, tenant and accounting).
-    assert len(after) == 7
+    # the attempts affected (with their run, tenant and accounting), its health checks.
+    assert len(after) == 8
 
 
 # --- the acts ---------------------------------------------------------------------------------
