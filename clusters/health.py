@@ -39,13 +39,16 @@ class SignalClass(StrEnum):
     ECC_UNCORRECTABLE = "ecc_uncorrectable"  # double-bit / uncontained ECC (XID 48, 95, 140)
     ROW_REMAP_FAILURE = "row_remap_failure"  # memory repair failed (XID 64, DCGM field 395)
     GPU_LOST = "gpu_lost"  # fallen off the bus (XID 79), or missing from the inventory
-    NVLINK = "nvlink"  # NVLink errors (XID 74, 144-150) or its error counters growing
+    NVLINK = "nvlink"  # NVLink errors the driver reports as fatal (XID 74, 144-150)
     GPU_RESET_NEEDED = "gpu_reset_needed"  # GSP / micro-controller / init (XID 62, 119, 120…)
     # DCGM, degraded but working.
     ECC_PAGE_RETIREMENT = "ecc_page_retirement"  # pages retired / rows remapped (XID 63)
     THERMAL_THROTTLE = "thermal_throttle"  # clock event reasons SW/HW thermal
     POWER_THROTTLE = "power_throttle"  # clock event reasons SW power cap, HW power brake
     PCIE_REPLAY = "pcie_replay"  # PCIe replay counter growing
+    # NVLink CRC / replay / recovery counters growing: the link retried and recovered (a
+    # link getting worse, worth a look; not a fault the job died of, unlike XID 74).
+    NVLINK_ERRORS = "nvlink_errors"
     # XIDs that say nothing about the hardware (the catalog: restart the application).
     XID_APPLICATION = "xid_application"
     XID_UNKNOWN = "xid_unknown"  # a code not in the table: recorded, no action by default
@@ -83,6 +86,7 @@ DEFAULT_ACTIONS: dict[SignalClass, Action] = {
     SignalClass.THERMAL_THROTTLE: Action.WARN,
     SignalClass.POWER_THROTTLE: Action.OBSERVE,
     SignalClass.PCIE_REPLAY: Action.WARN,
+    SignalClass.NVLINK_ERRORS: Action.WARN,
     SignalClass.XID_APPLICATION: Action.OBSERVE,
     SignalClass.XID_UNKNOWN: Action.OBSERVE,
     SignalClass.NODE_DOWN: Action.WARN,  # the backend takes no work there itself already

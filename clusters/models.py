@@ -127,6 +127,43 @@ class NodeHealthEvent(models.Model):
         return f"{self.node} {self.signal} {self.code} at {self.observed_at:%Y-%m-%d %H:%M}"
 
 
+class NodeHealthCheck(models.Model):
+    """An active health check of one node, asked for by a platform admin: a short job the
+    backend runs pinned to the node (``Backend.health_check``), followed by the periodic
+    sync (``clusters.services.health_checks``); its verdict is recorded through
+    ``node_health_check_record`` (a pass lets a node return to service where the policy
+    asks for one)."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"  # asked for, not submitted yet
+        RUNNING = "running"  # submitted: the backend runs or queues it
+        PASSED = "passed"
+        FAILED = "failed"
+        INCONCLUSIVE = "inconclusive"  # cancelled, timed out, never submitted: no verdict
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="+")
+    node = models.CharField(max_length=253)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    requested_at = models.DateTimeField()
+    job_name = models.CharField(max_length=64, blank=True)
+    backend_job_id = models.CharField(max_length=255, blank=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    detail = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+        indexes = [
+            models.Index(fields=["cluster", "node", "-requested_at"], name="nodecheck_node_recent"),
+            models.Index(fields=["state"], name="nodecheck_state"),
+        ]
+
+    def __str__(self) -> str:
+        return f"health check {self.pk} of {self.node}: {self.state}"
+
+
 class ClusterFlavor(models.Model):
     """Capacity of one flavor on one cluster in brief, refreshed from the node inventory:
     how many nodes have it, the most GPUs one node has, and the GPUs of all of them."""

@@ -11,7 +11,7 @@ from datetime import datetime
 from django.db.models import Prefetch, Q, QuerySet, Sum
 
 from clusters.health_policy import DEFAULT_POLICY, HealthPolicy, policy_from
-from clusters.models import Cluster, ClusterFlavor, NodeHealthEvent
+from clusters.models import Cluster, ClusterFlavor, NodeHealthCheck, NodeHealthEvent
 from core.schema import SchemaError
 from core.types import UserLike
 from tenants.access import require_platform_admin
@@ -114,3 +114,12 @@ def node_health_events(
     if since is not None:
         events = events.filter(Q(last_observed_at__gte=since) | Q(observed_at__gte=since))
     return events.order_by("-observed_at", "-id")
+
+
+def node_health_checks(*, cluster: Cluster, node: str, limit: int = 10) -> list[NodeHealthCheck]:
+    """The node's latest active health checks, newest first, with who asked."""
+    return list(
+        NodeHealthCheck.objects.filter(cluster=cluster, node=node)
+        .select_related("requested_by")
+        .order_by("-requested_at", "-id")[:limit]
+    )

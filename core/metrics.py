@@ -17,7 +17,16 @@ from datetime import datetime
 from django.db import transaction
 from prometheus_client import Counter, Histogram
 
-BACKEND_OPERATIONS = ("submit", "sync", "cancel", "logs", "inventory", "fence", "unfence")
+BACKEND_OPERATIONS = (
+    "submit",
+    "sync",
+    "cancel",
+    "logs",
+    "inventory",
+    "fence",
+    "unfence",
+    "health_check",
+)
 ERROR_KINDS = ("transient", "permanent", "unexpected")
 MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from clusters.health import HARDWARE_CLASSES, SignalClass, xid_class
+from clusters.health_policy import PERSON, Act
 
 USER = "user"
 PLATFORM = "platform"
@@ -33,10 +34,10 @@ HARDWARE = "hardware"
 # Seconds after an attempt's end in which a fault signal still counts as its cause.
 GRACE_S = 120.0
 
-# Where a person's act on a node is recorded (NodeHealthEvent.source), and the acts that
-# take a node out of service.
-PERSON = "person"
-PERSON_REMOVALS = frozenset({"quarantine", "drain"})
+# A person's acts (NodeHealthEvent rows of source PERSON, clusters.health_policy) that take
+# a node out of service. Gantry's own push to the backend (source GANTRY: the drain or
+# cordon that follows a quarantine) is no cause of its own: the quarantine before it is.
+PERSON_REMOVALS = frozenset({Act.QUARANTINE.value})
 
 # Any other failure reason (OOM_GPU, OOM_HOST, USER_EXIT, TIMEOUT, IMAGE_PULL, NCCL,
 # UNKNOWN) is the program's: nothing is credited on a guess.
@@ -60,7 +61,7 @@ class HealthEvent:
     """One node-health event as recorded (``clusters.models.NodeHealthEvent``)."""
 
     node: str
-    signal: str  # a SignalClass value, or a person's act ("quarantine", "release")
+    signal: str  # a SignalClass value, or an act's (clusters.health_policy.Act)
     at: float  # unix seconds, first observed
     gpu: str = ""
     code: str = ""
@@ -184,8 +185,7 @@ _PLATFORM_WORDS = {
     "preempted": "preempted to make room",
     "lost": "lost by the cluster",
     "backend_error": "an error of the cluster",
-    "quarantine": "its node was taken out of service",
-    "drain": "its node was taken out of service",
+    Act.QUARANTINE.value: "its node was taken out of service",
 }
 
 

@@ -9,6 +9,7 @@ from clusters.backends import BackendError, TransientBackendError
 from clusters.models import Cluster
 from clusters.services import cluster_refresh_inventory
 from clusters.services.health import node_fences_push
+from clusters.services.health_checks import node_health_checks_follow
 from core.log_context import log_context
 from jobs.services import attribution, backend_submit, backend_sync, budgets
 from jobs.services.admission_cycle import admission_run_cycle
@@ -66,6 +67,7 @@ def sync_all_clusters() -> None:
             # cluster's policy says (idempotent: an attempt already acted on is skipped).
             attribution.quarantined_attempts_settle(cluster=cluster, now=timezone.now())
             node_fences_push(cluster=cluster)  # quarantines to the backend, after the inventory
+            node_health_checks_follow(cluster=cluster)  # checks asked for, and their verdicts
         except BackendError as exc:  # recorded on the cluster; the other clusters go on
             with log_context(cluster=cluster.name):
                 logger.warning("cluster %s: %s", cluster.name, exc)

@@ -8,11 +8,11 @@ so the history and the live simulator tell the same story."""
 
 from datetime import UTC, datetime, timedelta
 
-from django.utils import timezone
-
 from clusters.backends import backend_for
-from clusters.health import XIDS, Action, SignalClass, Source
-from clusters.models import Cluster, ClusterNode, NodeHealthEvent, SimulatedFence
+from clusters.health import XIDS, Signal, SignalClass, Source
+from clusters.health_policy import signal_sentence
+from clusters.models import Cluster, SimulatedFence
+from clusters.services.health import FENCE_REASON_PREFIX, node_fences_push, node_signals_record
 from clusters.sim_faults import CLASS_XID, Fault, fault_settings, faults_between
 from clusters.simulation import STARTUP_S, sim_layout
 from jobs.models import Attempt, AttemptState, Checkpoint, Run, RunEvent, RunState
@@ -46,8 +46,22 @@ def lemon_fault(cluster: Cluster, *, after: datetime) -> Fault:
     return faults_between({LEMON: nodes[LEMON]}, settings, start=start, end=start + 4 * 3600)[0]
 
 
+def fault_signal(fault: Fault) -> Signal:
+    """The DCGM signal the fault makes (telemetry/exposition/health_signals.py's words)."""
+    return Signal(
+        node=fault.node,
+        signal=fault.signal,
+        source=Source.DCGM,
+        at=fault.at,
+        gpu=str(fault.gpu),
+        code=str(fault.xid),
+        detail=f"XID {fault.xid} {XIDS[fault.xid].description}",
+    )
+
+
 def fault_reason(fault: Fault) -> str:
-    return f"{fault.description} on GPU {fault.gpu}"
+    """The node's health reason, as the policy words it (``GPU 3: XID 79 …``)."""
+    return signal_sentence(fault_signal(fault))
 
 
 def lemon_fence(cluster: Cluster) -> None:
@@ -58,7 +72,8 @@ def lemon_fence(cluster: Cluster) -> None:
         nodes={node.name: node.gpus for node in sim_layout(cluster.name, cluster.settings).nodes},
     ).lemons[LEMON]
     fault = Fault(0.0, LEMON, lemon.gpu, lemon.signal, CLASS_XID[lemon.signal], lemon=True)
-    backend_for(cluster).fence(LEMON, f"gantry: quarantined: {fault_reason(fault)}")
+    # The reason node_fences_push gives, so its push later finds the fence as it wants it.
+    backend_for(cluster).fence(LEMON, f"{FENCE_REASON_PREFIX} {fault_reason(fault)}")
 
 
 def history_record_hardware_fault(*, run: Run, cluster: Cluster, submitted: datetime) -> None:
@@ -181,38 +196,14 @@ def _events(
 
 
 def _quarantine(cluster: Cluster, fault: Fault) -> None:
-    """What Gantry's policy did about the fault: the XID 79 signal, which quarantines by
-    default; the node quarantined; its drain pushed to the simulator."""
+    """What Gantry's policy did about the fault, through the node-health services at the
+    history's instants: the XID 79 signal, which quarantines by default (its own row
+    says so), recorded 45 s after the fault; the drain pushed to the simulator 70 s after
+    it (a ``fence`` row of Gantry's)."""
     failed_at = datetime.fromtimestamp(fault.at, tz=UTC)
-    quarantined_at = failed_at + QUARANTINED_AFTER
-    fenced_at = failed_at + FENCED_AFTER
-    reason = fault_reason(fault)
-    SimulatedFence.objects.filter(cluster=cluster, node=LEMON).update(fenced_at=fenced_at)
-    detail = f"XID {fault.xid} {XIDS[fault.xid].description}"
-    for source, signal, code, gpu, text, observed, action in (
-        (Source.DCGM.value, SignalClass.GPU_LOST.value, str(fault.xid), str(fault.gpu), detail,
-         failed_at, Action.QUARANTINE.value),
-        ("gantry", "fence", "", "", f"drained on sim-east: gantry: quarantined: {reason}",
-         fenced_at, "fence"),
-    ):  # fmt: skip
-        NodeHealthEvent.objects.create(
-            cluster=cluster,
-            node=LEMON,
-            gpu=gpu,
-            source=source,
-            signal=signal,
-            code=code,
-            detail=text,
-            observed_at=observed,
-            last_observed_at=observed,
-            recorded_at=observed + (QUARANTINED_AFTER if action != "fence" else timedelta()),
-            action=action,
-        )
-    ClusterNode.objects.filter(cluster=cluster, name=LEMON).update(
-        health="quarantined",
-        health_reason=reason,
-        health_since=quarantined_at,
-        fenced_at=fenced_at,
-        fence_error="",
-        updated_at=timezone.now(),
+    node_signals_record(
+        cluster=cluster, signals=[fault_signal(fault)], now=failed_at + QUARANTINED_AFTER
     )
+    fenced_at = failed_at + FENCED_AFTER
+    node_fences_push(cluster=cluster, now=fenced_at)
+    SimulatedFence.objects.filter(cluster=cluster, node=LEMON).update(fenced_at=fenced_at)

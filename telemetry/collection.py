@@ -29,6 +29,7 @@ from clusters.backends import k8s_manifest, k8s_settings
 from clusters.backends.base import TELEMETRY_SETTINGS_KEY
 from clusters.health import Signal
 from clusters.models import Cluster, ClusterFlavor
+from clusters.services.health import node_signals_record
 from core import metrics
 from core.schema import SchemaError
 from jobs.models import Attempt
@@ -244,9 +245,8 @@ def telemetry_fetch(*, cluster: Cluster, source=None, now: datetime | None = Non
 
 
 def node_signals_send(*, cluster: Cluster, signals: list[Signal], now: datetime) -> None:
-    """Hand DCGM's signals to node health: the one place telemetry calls it."""
-    from clusters.services.health import node_signals_record
-
+    """Hand DCGM's signals to node health: the one place telemetry calls it (the seam the
+    tests replace)."""
     node_signals_record(cluster=cluster, signals=signals, now=now)
 
 

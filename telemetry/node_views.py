@@ -5,9 +5,6 @@ one node's history, and a person's quarantine and return to service with a note.
 Thin: check access, call the selectors, render; the two acts call the clusters app's
 services (``clusters.services.health``) and redirect back."""
 
-import importlib
-from types import ModuleType
-
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -20,6 +17,9 @@ from django.views.decorators.http import require_GET, require_POST
 
 from clusters.health import NodeHealth
 from clusters.models import ClusterNode
+from clusters.selectors import node_health_checks
+from clusters.services.health import node_quarantine, node_release
+from clusters.services.health_checks import node_health_check_request
 from core.http import or_404
 from jobs.models import CauseClass
 from telemetry.kpis import node_health
@@ -40,12 +40,6 @@ class NodeActForm(forms.Form):
     """A person's act on a node: the note says why (kept in the node's history)."""
 
     note = forms.CharField(max_length=NOTE_MAX_LENGTH, strip=True, widget=forms.Textarea)
-
-
-def health_services() -> ModuleType:
-    """The clusters app's node-health services, imported when an act is asked for (the one
-    place this page reaches them; tests replace it)."""
-    return importlib.import_module("clusters.services.health")
 
 
 @login_required
@@ -86,6 +80,7 @@ def _detail_context(detail: node_health.NodeDetail, form: NodeActForm) -> dict:
         "days": node_health.NODE_WINDOW_DAYS,
         "quarantined": detail.row.health == NodeHealth.QUARANTINED,
         "events_shown": node_health.EVENTS_SHOWN,
+        "checks": node_health_checks(cluster=detail.node.cluster, node=detail.node.name),
     }
 
 
@@ -103,8 +98,7 @@ def node_act(request: HttpRequest, cluster: str, node: str, act: str) -> HttpRes
         return render(
             request, "telemetry/node_detail.html", _detail_context(detail, form), status=400
         )
-    services = health_services()
-    service = services.node_quarantine if act == "quarantine" else services.node_release
+    service = node_quarantine if act == "quarantine" else node_release
     try:
         service(
             cluster=found.cluster, node=node, actor=request.user, note=form.cleaned_data["note"]
@@ -115,4 +109,21 @@ def node_act(request: HttpRequest, cluster: str, node: str, act: str) -> HttpRes
     else:
         done = "quarantined" if act == "quarantine" else "returned to service"
         messages.success(request, f"{node} {done}.")
+    return redirect(reverse("telemetry:node_detail", args=[cluster, node]))
+
+
+@login_required
+@require_POST
+def node_health_check(request: HttpRequest, cluster: str, node: str) -> HttpResponse:
+    """Ask for an active health check of the node: the next sync submits it."""
+    or_404(require_platform_admin, request.user)
+    found = or_404(
+        ClusterNode.objects.select_related("cluster").get, cluster__name=cluster, name=node
+    )
+    try:
+        node_health_check_request(cluster=found.cluster, node=node, actor=request.user)
+    except ValidationError as exc:
+        messages.error(request, f"No health check asked for: {'; '.join(exc.messages)}")
+    else:
+        messages.success(request, f"A health check of {node} was asked for; the next sync runs it.")
     return redirect(reverse("telemetry:node_detail", args=[cluster, node]))

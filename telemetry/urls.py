@@ -24,4 +24,9 @@ urlpatterns = [
         {"act": "release"},
         name="node_release",
     ),
+    path(
+        "telemetry/nodes/<slug:cluster>/<str:node>/health-check/",
+        node_views.node_health_check,
+        name="node_health_check",
+    ),
 ]

@@ -23,6 +23,7 @@ drain does (``SimulatedFence``): running jobs go on, no new one starts there.
 """
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from django.db import IntegrityError, transaction
@@ -40,10 +41,19 @@ from clusters.backends.base import (
     PermanentBackendError,
     job_env,
 )
+from clusters.backends.health_check import NAME as HEALTH_CHECK_NAME
+from clusters.backends.health_check import health_check_name
 from clusters.env_names import env_name_refusal
 from clusters.job_env import job_environment_shown
 from clusters.models import Cluster, SimulatedFence, SimulatedJob
-from clusters.sim_faults import FaultSettings, fault_settings, first_fault_hitting, gang_speed
+from clusters.sim_faults import (
+    XID_HOLD_S,
+    FaultSettings,
+    fault_settings,
+    faults_between,
+    first_fault_hitting,
+    gang_speed,
+)
 from clusters.simulation import (
     STARTUP_S,
     SimLayout,
@@ -56,6 +66,10 @@ from clusters.simulation import (
 )
 
 LIVE = ("PENDING", "RUNNING")
+# A simulated health check's length in simulated seconds (dcgmi diag -r 1 takes about a
+# minute); its exit when it finds a fault: dcgmi's DCGM_ST_NVVS_ERROR as an 8-bit status.
+HEALTH_CHECK_S = 60.0
+HEALTH_CHECK_FAILED_EXIT = 226
 
 
 @register(Cluster.Backend.SIMULATOR)
@@ -197,8 +211,66 @@ class SimulatorBackend:
 
     def sync(self, refs: list[JobRef]) -> dict[str, JobStatus]:
         self._advance()
+        checks = [ref for ref in refs if HEALTH_CHECK_NAME.match(ref.name)]
         jobs = SimulatedJob.objects.filter(name__among=[ref.name for ref in refs])
-        return {job.name: self._status(job) for job in jobs}
+        found = {job.name: self._status(job) for job in jobs}
+        found.update((ref.name, self._check_status(ref)) for ref in checks)
+        return found
+
+    def health_check(self, node: str, *, check_id: int, flavor: str, gpus: int) -> JobRef:
+        """A simulated health check pinned to ``node``: it runs ``HEALTH_CHECK_S`` simulated
+        seconds from now and fails (exit 226, as dcgmi diag does when a test fails) if the
+        node is a lemon or a fatal fault hit it within ``XID_HOLD_S`` before the check's
+        end (the fault still shows, as the exporter's XID does); else it passes. Computed,
+        not stored: the ref carries the node and the start, so any process can follow it.
+        It holds no GPUs (a quarantined node takes no work anyway)."""
+        self._known(node)
+        return JobRef(health_check_name(check_id), f"{node}@{timezone.now().timestamp():.6f}")
+
+    def _check_status(self, ref: JobRef) -> JobStatus:
+        node, _, at = ref.backend_job_id.rpartition("@")
+        try:
+            start = float(at)
+        except ValueError:
+            start = None
+        if start is None or node not in self.gpus_of:
+            return JobStatus(
+                state="FAILED",
+                backend_job_id=ref.backend_job_id,
+                failure_reason="LOST",
+                message=f"the simulator has no health check {ref.backend_job_id!r}",
+            )
+        end = start + HEALTH_CHECK_S / self.speedup
+        started = datetime.fromtimestamp(start, tz=UTC)
+        running = JobStatus(
+            "RUNNING", backend_job_id=ref.backend_job_id, started_at=started, node_list=[node]
+        )
+        if timezone.now().timestamp() < end:
+            return running
+        finished = datetime.fromtimestamp(end, tz=UTC)
+        faults = [
+            fault
+            for fault in faults_between(
+                {node: self.gpus_of[node]}, self.faults, start=end - XID_HOLD_S, end=end
+            )
+            if fault.fatal
+        ]
+        if faults:
+            last = faults[-1]
+            found = f"{last.description} on GPU {last.gpu}"
+        elif node in self.faults.lemons:
+            lemon = self.faults.lemons[node]
+            found = f"GPU {lemon.gpu} fails its memory test"
+        else:
+            return replace(running, state="SUCCEEDED", exit_code=0, finished_at=finished)
+        return replace(
+            running,
+            state="FAILED",
+            exit_code=HEALTH_CHECK_FAILED_EXIT,
+            failure_reason="USER_EXIT",
+            finished_at=finished,
+            message=f"dcgmi diag -r 1 on {node}: {found}",
+        )
 
     def cancel(self, ref: JobRef) -> None:
         now = timezone.now()

@@ -26,7 +26,7 @@ from clusters.models import Cluster, ClusterNode
 from core.types import UserLike
 from jobs import admission, admission_types, placement
 from jobs.models import HOLDING_STATES, Run
-from jobs.selectors.queue import cluster_nodes, held_runs
+from jobs.selectors.queue import QUARANTINED, cluster_nodes, held_runs
 from tenants.access import NotVisible, global_roles, is_platform_admin, tenant_roles
 
 
@@ -229,6 +229,8 @@ def _node_view(
     held: list[tuple[int, int]],
     named: Mapping[int, NamedRun],
     health: tuple[str, str] = (NodeHealth.HEALTHY.value, ""),
+    *,
+    admin: bool = False,
 ) -> NodeView:
     groups = []
     hidden = 0
@@ -252,7 +254,8 @@ def _node_view(
         gpus=node.gpus,
         free=rest if node.schedulable else 0,
         schedulable=node.schedulable,
-        reason=node.reason,
+        # Why Gantry quarantined it is for platform admins; everyone sees that it did.
+        reason=node.reason if admin or health[0] != NodeHealth.QUARANTINED else QUARANTINED,
         groups=tuple(groups),
         overbooked=max(0, holding + node.outside - node.gpus),
         health=health[0],
@@ -342,6 +345,7 @@ def cluster_node_map(*, user: UserLike, now: datetime | None = None) -> NodeMap:
             held_on.get((node.cluster, node.name), []),
             named,
             unhealthy.get((node.cluster, node.name), (NodeHealth.HEALTHY.value, "")),
+            admin=admin,
         )
         pools[(node.cluster, node.flavor)].append(view)
         paths[node.cluster][node.name] = node.path

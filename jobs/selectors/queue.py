@@ -43,6 +43,11 @@ def _quota_of(row: Mapping[str, Any]) -> admission_types.Quota:
     )
 
 
+# The reason a quarantined node takes no work, before Gantry's why (which only platform
+# admins see on the node map).
+QUARANTINED = "quarantined by Gantry"
+
+
 def cluster_nodes(
     *, now, clusters: Iterable[Cluster] | None = None
 ) -> list[admission_types.ClusterNode]:
@@ -74,7 +79,7 @@ def cluster_nodes(
             # Gantry's own exclusion, whatever the backend says (it may not be allowed to
             # drain the node, or not have done so yet).
             schedulable = False
-            reason = f"quarantined by Gantry: {health_reason or 'no reason given'}"
+            reason = f"{QUARANTINED}: {health_reason or 'no reason given'}"
         elif schedulable and valid_until is not None and valid_until < now:
             schedulable = False
             reason = f"not seen by {cluster}'s inventory since {seen:%Y-%m-%d %H:%M:%S} UTC"
@@ -258,8 +263,9 @@ def _table(model) -> str:
 
 def admission_fingerprint(*, now: datetime) -> tuple[str, datetime] | None:
     """What admission reads, condensed: a digest of every queued and held run (state,
-    priority, cluster, borrowed), the live attempts' nodes, the node inventory, the
-    clusters, quotas and tenants, and which budgets are spent; with the moment until which
+    priority, cluster, borrowed, excluded nodes), the live attempts' nodes, the node
+    inventory (with Gantry's health of each node), the clusters, quotas and tenants, and
+    which budgets are spent; with the moment until which
     the same inputs give the same decisions (the next run to start starving, the next
     inventory to go stale, the next month). A few aggregate queries in PostgreSQL, no rows
     read into Python. None on other databases: there every cycle decides in full."""
@@ -269,7 +275,7 @@ def admission_fingerprint(*, now: datetime) -> tuple[str, datetime] | None:
     queries: dict[str, tuple[str, list[Any]]] = {
         "runs": (
             f"SELECT count(*), sum(hashtext(concat_ws('|', id, state, priority, cluster_id, "  # noqa: S608
-            f"borrowed)))::text FROM {_table(Run)} WHERE state = ANY(%s)",
+            f"borrowed, excluded_nodes::text)))::text FROM {_table(Run)} WHERE state = ANY(%s)",
             [[RunState.QUEUED, *HOLDING_STATES]],
         ),
         "attempts": (
@@ -280,7 +286,9 @@ def admission_fingerprint(*, now: datetime) -> tuple[str, datetime] | None:
         ),
         "nodes": (
             f"SELECT count(*), sum(hashtext(concat_ws('|', id, cluster_id, flavor_id, name, "  # noqa: S608
-            f"gpus, gpus_used, gpus_used_by_gantry, schedulable, reason, path::text)))::text "
+            # Gantry's own view too: a quarantine takes the node out at the next cycle.
+            f"gpus, gpus_used, gpus_used_by_gantry, schedulable, reason, path::text, health, "
+            f"health_reason)))::text "
             f"FROM {_table(ClusterNode)}",
             [],
         ),

@@ -3,7 +3,6 @@ attempt from the node-health events on its nodes (``jobs.attribution`` decides),
 of a hardware- or platform-ended run on other nodes, runs on a node that gets quarantined,
 and the attempt-failures signal for a node where several tenants' attempts fail."""
 
-import importlib
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
@@ -13,7 +12,10 @@ from typing import Any
 from django.db import transaction
 
 from clusters.health import NodeHealth, Signal, SignalClass, Source
+from clusters.health_policy import Act, OnQuarantine
 from clusters.models import Cluster, ClusterNode, NodeHealthEvent
+from clusters.selectors import cluster_health_policy
+from clusters.services.health import node_signals_record
 from jobs import attribution
 from jobs.models import (
     LIVE_ATTEMPT_STATES,
@@ -26,24 +28,14 @@ from jobs.services.lifecycle import run_cancel, run_preempt
 
 logger = logging.getLogger(__name__)
 
-# The defaults of the policy fields read here, as clusters.health_policy states them.
-POLICY_DEFAULTS: dict[str, Any] = {
-    "max_platform_retries": 3,
-    "on_quarantine": "requeue",
-    "suspect_tenants": 2,
-    "suspect_window_s": 3600,
-}
-ON_QUARANTINE = ("requeue", "finish", "stop")
-
 # The key of the SDK runtime report that carries the CUDA/NCCL error the job exited with.
 RUNTIME_ERROR_KEY = "error_at_exit"
 
 
 def health_policy_value(cluster: Cluster, name: str) -> Any:
-    """One field of the cluster's health policy (its override, else the default). The one
-    place jobs read the policy: it becomes ``clusters.health_policy.policy_from`` once that
-    lands."""
-    return (cluster.health_policy or {}).get(name, POLICY_DEFAULTS[name])
+    """One field of the cluster's health policy (``clusters.health_policy.HealthPolicy``:
+    its override, else the default). The one place jobs read the policy."""
+    return getattr(cluster_health_policy(cluster=cluster), name)
 
 
 def attempt_nodes(attempt: Attempt) -> list[str]:
@@ -155,7 +147,7 @@ def _quarantine_evidence(
     return CauseClass.PLATFORM, {
         "node": node,
         "gpu": "",
-        "signal": "quarantine",
+        "signal": Act.QUARANTINE.value,
         "code": "",
         "at": at.isoformat(),
         "detail": reason[:500],
@@ -175,7 +167,7 @@ def quarantined_attempts_settle(*, cluster: Cluster, now: datetime) -> int:
         ).values_list("name", "health_reason", "health_since")
     }
     action = health_policy_value(cluster, "on_quarantine")
-    if not quarantined or action == "finish":
+    if not quarantined or action == OnQuarantine.FINISH:
         return 0
     acted = 0
     live = Attempt.objects.filter(
@@ -191,7 +183,7 @@ def quarantined_attempts_settle(*, cluster: Cluster, now: datetime) -> int:
             cause_class=cause, cause_evidence=evidence
         )
         why = f"node {node} was quarantined by Gantry ({reason or 'no reason given'})"
-        if action == "stop":
+        if action == OnQuarantine.STOP:
             run_cancel(run=attempt.run, actor=None, system_reason=f"Stopped: {why}")
             acted += 1
             continue
@@ -207,13 +199,6 @@ def quarantined_attempts_settle(*, cluster: Cluster, now: datetime) -> int:
 
 
 # --- the attempt-failures signal ---------------------------------------------------------------
-
-
-def _node_signals_record(*, cluster: Cluster, signals: Sequence[Signal], now: datetime) -> Any:
-    """``clusters.services.health.node_signals_record``, looked up when called: the one
-    door through which jobs send node-health signals."""
-    health = importlib.import_module("clusters.services.health")
-    return health.node_signals_record(cluster=cluster, signals=signals, now=now)
 
 
 def attempt_failures_check(*, attempt: Attempt, cause: str, now: datetime) -> list[Signal]:
@@ -251,7 +236,7 @@ def attempt_failures_check(*, attempt: Attempt, cause: str, now: datetime) -> li
     if signals:
         try:
             with transaction.atomic():  # a savepoint: the end is recorded whatever happens
-                _node_signals_record(cluster=cluster, signals=signals, now=now)
+                node_signals_record(cluster=cluster, signals=signals, now=now)
         except Exception:  # a signal not recorded never fails the attempt's end
             logger.exception("attempt %s: attempt-failures signal not recorded", attempt.pk)
     return signals

@@ -77,10 +77,10 @@ COUNTERS: dict[str, tuple[SignalClass, str]] = {
     ROWS_UNCORRECTABLE: (SignalClass.ECC_PAGE_RETIREMENT, "rows remapped (uncorrectable)"),
     ROWS_CORRECTABLE: (SignalClass.ECC_PAGE_RETIREMENT, "rows remapped (correctable)"),
     ROW_REMAP_PENDING: (SignalClass.ECC_PAGE_RETIREMENT, "row remapping pending"),
-    NVLINK_CRC_FLIT: (SignalClass.NVLINK, "NVLink CRC flit errors"),
-    NVLINK_CRC_DATA: (SignalClass.NVLINK, "NVLink CRC data errors"),
-    NVLINK_REPLAY: (SignalClass.NVLINK, "NVLink replay errors"),
-    NVLINK_RECOVERY: (SignalClass.NVLINK, "NVLink recovery errors"),
+    NVLINK_CRC_FLIT: (SignalClass.NVLINK_ERRORS, "NVLink CRC flit errors"),
+    NVLINK_CRC_DATA: (SignalClass.NVLINK_ERRORS, "NVLink CRC data errors"),
+    NVLINK_REPLAY: (SignalClass.NVLINK_ERRORS, "NVLink replay errors"),
+    NVLINK_RECOVERY: (SignalClass.NVLINK_ERRORS, "NVLink recovery errors"),
     PCIE_REPLAY: (SignalClass.PCIE_REPLAY, "PCIe replays"),
 }
 # Counters whose value above 0 at first sight is a fault now (see the module's docstring).

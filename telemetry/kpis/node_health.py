@@ -22,7 +22,7 @@ from telemetry.kpis import metrics, reliability
 from telemetry.kpis.metrics import Distribution
 from telemetry.kpis.reliability import EventKind, Mtbf, NodeEvent
 from telemetry.kpis.reliability_reads import HARDWARE_OR_PLATFORM
-from telemetry.models import AttemptAccounting
+from telemetry.models import CREDITED_CAUSES, AttemptAccounting
 from telemetry.selectors.gpu_seconds import SECONDS_PER_HOUR
 
 NODE_WINDOW_DAYS = 30
@@ -139,7 +139,7 @@ def _lost_by_node(since: datetime, until: datetime) -> dict[tuple[int, str], tup
         AttemptAccounting.objects.filter(
             attempt__finished_at__gte=since, attempt__finished_at__lt=until
         )
-        .filter(Q(attempt__cause_class__in=sorted(reliability.CREDITED_CAUSES)))
+        .filter(Q(attempt__cause_class__in=sorted(CREDITED_CAUSES)))
         .values_list("attempt__cluster_id", "attempt__cause_evidence__node")
         .annotate(lost=Sum("lost_gpu_s"), attempts=Count("pk"))
         .order_by()
@@ -155,7 +155,7 @@ def _fill(row: NodeRow, events: list[tuple], *, since: datetime, until: datetime
     """The node's last signal, MTBF and latencies from its window's events (newest first)."""
     reduced = [_event(s, sig, act, obs, rec) for s, sig, act, _, _, _, obs, rec in events]
     for source, signal, _, code, gpu, detail, observed, _ in events:
-        if source != reliability.PERSON:
+        if not reliability.is_act(source=source, signal=signal):
             row.last_signal = LastSignal(signal, code, gpu, detail, observed)
             break
     history = reliability.node_history(

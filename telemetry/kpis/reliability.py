@@ -1,5 +1,6 @@
-"""The reliability figures of issue 34 (design §10): ETTR, MTBF, fault-to-quarantine latency,
-and the GPU-seconds credited for a failure. Pure: plain numbers in, plain numbers out (times
+"""The reliability figures of issue 34 (design §10): ETTR, MTBF and fault-to-quarantine
+latency. (The GPU-seconds credited for a failure are finance's, stored on
+``AttemptAccounting.credited_gpu_s``.) Pure: plain numbers in, plain numbers out (times
 are Unix seconds), so every figure is tested without a database; the selectors in
 ``telemetry.kpis.reliability_reads`` feed it.
 
@@ -32,17 +33,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from clusters.health import HARDWARE_CLASSES, Action
+from clusters.health import HARDWARE_CLASSES
+from clusters.health_policy import GANTRY, PERSON, Act, Outcome
 from telemetry.kpis.metrics import Ratio
 
 SECONDS_PER_HOUR = 3600
 SECONDS_PER_DAY = 86400
 GPU_DAYS_PER_RATE = 1000  # "failures per 1,000 GPU-days"
-# jobs.models.CauseClass values whose lost hours Gantry credits (not the user's fault).
-CREDITED_CAUSES = frozenset({"platform", "hardware"})
-# A person's act on a node, as ``NodeHealthEvent.source`` names it.
-PERSON = "person"
-RELEASE = "release"
+# NodeHealthEvent rows that record an act, not a signal (clusters.health_policy): a
+# person's quarantine or release, Gantry's push to the backend, a passing health check.
+ACT_SOURCES = frozenset({PERSON, GANTRY})
+ACT_SIGNALS = frozenset(act.value for act in Act)
 
 
 def ettr(*, effective_gpu_s: float, gpus: int, wall_s: float) -> Ratio:
@@ -61,16 +62,6 @@ def wall_seconds(*, first_admission: float, end: float | None, now: float) -> fl
     return max(0.0, (now if end is None else end) - first_admission)
 
 
-def credited_gpu_s(*, cause_class: str, lost_gpu_s: int, startup_gpu_s: int) -> int:
-    """GPU-seconds credited for an attempt (or a sum of attempts of one cause): its lost
-    work and its startup when the cause was the platform's or the hardware's, else none.
-    Until finance stores the credited seconds (issue 34.5), this is the one place the rule
-    lives; linear, so it applies to sums as to one attempt."""
-    if cause_class not in CREDITED_CAUSES:
-        return 0
-    return lost_gpu_s + startup_gpu_s
-
-
 class EventKind(StrEnum):
     FAULT = "fault"  # a hardware signal
     QUARANTINE = "quarantine"  # the node was quarantined (by the policy or a person)
@@ -79,20 +70,29 @@ class EventKind(StrEnum):
 
 
 def event_kind(*, source: str, signal: str, action: str) -> EventKind:
-    """What a NodeHealthEvent row means for these figures. A row may be both a hardware
-    signal and the quarantine it caused: it is the QUARANTINE then, and ``is_fault`` says
-    it is a fault too."""
-    if action == Action.QUARANTINE:
+    """What a NodeHealthEvent row (as ``clusters.services.health`` writes it) means for
+    these figures: its ``action`` says what was done (``Outcome``): a quarantine (the
+    policy's, on the signal's own row, or a person's ``Act.QUARANTINE``) or a person's
+    release. A row may be both a hardware signal and the quarantine it caused: it is the
+    QUARANTINE then, and ``is_fault`` says it is a fault too. Gantry's push to the backend
+    (``fenced``, ``fence_failed``, …) and a passing check are OTHER."""
+    if action == Outcome.QUARANTINE:
         return EventKind.QUARANTINE
-    if action == RELEASE or (source == PERSON and signal == RELEASE):
+    if action == Outcome.RELEASE:
         return EventKind.RELEASE
-    if source != PERSON and signal in HARDWARE_CLASSES:
+    if is_fault(source=source, signal=signal):
         return EventKind.FAULT
     return EventKind.OTHER
 
 
+def is_act(*, source: str, signal: str) -> bool:
+    """A row that records an act on the node rather than a signal about it."""
+    return source in ACT_SOURCES or signal in ACT_SIGNALS
+
+
 def is_fault(*, source: str, signal: str) -> bool:
-    return source != PERSON and signal in HARDWARE_CLASSES
+    """A hardware signal from a source (never an act: a person or Gantry sends none)."""
+    return not is_act(source=source, signal=signal) and signal in HARDWARE_CLASSES
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,12 +14,12 @@ from django.utils import timezone
 from jobs.models import Attempt, CauseClass, Run
 from telemetry.kpis import reliability
 from telemetry.kpis.metrics import Ratio
-from telemetry.models import AttemptAccounting
+from telemetry.models import CREDITED_CAUSES, AttemptAccounting
 from telemetry.selectors.gpu_seconds import SECONDS_PER_HOUR
 
 CAUSES = tuple(CauseClass.values)
 # Attempts whose end Gantry credits: the ones a node-health page counts against a node.
-HARDWARE_OR_PLATFORM = Q(cause_class__in=sorted(reliability.CREDITED_CAUSES))
+HARDWARE_OR_PLATFORM = Q(cause_class__in=sorted(CREDITED_CAUSES))
 
 
 def day_start(day: date) -> datetime:
@@ -116,24 +116,18 @@ class CauseHours:
 
 def lost_and_credited_by_cause(*, since: datetime, until: datetime) -> list[CauseHours]:
     """GPU-seconds lost and credited of the attempts that ended in [since, until), per cause
-    class (``CAUSES`` order).
-
-    The one place credited seconds are read: until finance stores them per attempt (issue
-    34.5), they follow ``telemetry.kpis.reliability.credited_gpu_s`` from lost and startup."""
+    class (``CAUSES`` order): finance's credit as stored on each attempt's accounting
+    (``AttemptAccounting.credited_gpu_s``), under the cause class it was computed with (the
+    row's ``cause_class``), so lost and credited always describe the same attempts. An
+    attempt whose cause is stored after its accounting counts once it is accounted again
+    (within a minute, ``telemetry.tasks.accounting_compute_pending``)."""
     rows = AttemptAccounting.objects.filter(
         attempt__finished_at__gte=since, attempt__finished_at__lt=until
-    ).exclude(attempt__cause_class="")
+    ).exclude(cause_class="")
     sums = {
-        cause: (attempts, lost or 0, startup or 0)
-        for cause, attempts, lost, startup in rows.values_list("attempt__cause_class")
-        .annotate(attempts=Count("pk"), lost=Sum("lost_gpu_s"), startup=Sum("startup_gpu_s"))
+        cause: (attempts, lost or 0, credited or 0)
+        for cause, attempts, lost, credited in rows.values_list("cause_class")
+        .annotate(attempts=Count("pk"), lost=Sum("lost_gpu_s"), credited=Sum("credited_gpu_s"))
         .order_by()
     }
-    found = []
-    for cause in CAUSES:
-        attempts, lost, startup = sums.get(cause, (0, 0, 0))
-        credited = reliability.credited_gpu_s(
-            cause_class=cause, lost_gpu_s=lost, startup_gpu_s=startup
-        )
-        found.append(CauseHours(cause, attempts, lost, credited))
-    return found
+    return [CauseHours(cause, *sums.get(cause, (0, 0, 0))) for cause in CAUSES]

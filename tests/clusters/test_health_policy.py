@@ -111,7 +111,8 @@ def test_overrides_are_read_and_written_back_as_only_the_overrides():
             {"actions": {"gpu_lost": "quarantine", "fan": "warn"}},
             "unknown signal class in actions: fan (the classes: ecc_uncorrectable, "
             "row_remap_failure, gpu_lost, nvlink, gpu_reset_needed, ecc_page_retirement, "
-            "thermal_throttle, power_throttle, pcie_replay, xid_application, xid_unknown, "
+            "thermal_throttle, power_throttle, pcie_replay, nvlink_errors, xid_application, "
+            "xid_unknown, "
             "node_down, node_condition, attempt_failures, health_check_failed)",
         ),
         (
@@ -472,3 +473,22 @@ def test_the_policy_is_frozen():
     assert isinstance(DEFAULT_POLICY.actions, MappingProxyType)
     with pytest.raises(TypeError):
         DEFAULT_POLICY.actions[SignalClass.GPU_LOST] = Action.OBSERVE  # type: ignore[index]
+
+
+def test_nvlink_counters_warn_where_xid_74_quarantines():
+    """Growing NVLink CRC / replay / recovery counters (a link that retried and recovered)
+    make a node suspect; the driver's fatal NVLink XIDs quarantine it."""
+    from clusters.health import HARDWARE_CLASSES, xid_class
+
+    assert DEFAULT_ACTIONS[SignalClass.NVLINK_ERRORS] == Action.WARN
+    assert SignalClass.NVLINK_ERRORS not in HARDWARE_CLASSES
+    assert [xid_class(code) for code in (74, 144, 150)] == [SignalClass.NVLINK] * 3
+    assert DEFAULT_ACTIONS[SignalClass.NVLINK] == Action.QUARANTINE
+    nodes = cluster(4)
+    counters = signal(
+        "n1", SignalClass.NVLINK_ERRORS, T0, code="DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"
+    )
+    decisions = decide(DEFAULT_POLICY, nodes=nodes, signals=[counters])
+    assert (decisions.nodes["n1"].health, decisions.outcomes) == (SUSPECT, (Outcome.WARN,))
+    strict = policy_from({"actions": {"nvlink_errors": "quarantine"}})
+    assert strict.action(SignalClass.NVLINK_ERRORS) == Action.QUARANTINE

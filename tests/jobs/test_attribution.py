@@ -192,6 +192,19 @@ def test_a_person_draining_the_node_is_the_platforms():
     assert (cause, evidence["signal"], evidence["detail"]) == (PLATFORM, "quarantine", "bad fan")
 
 
+@pytest.mark.parametrize(
+    ("source", "signal"),
+    [("gantry", "fence"), ("gantry", "unfence"), ("person", "release"),
+     ("health_check", "health_check_passed")],
+)  # fmt: skip
+def test_other_acts_on_the_node_are_no_cause(source, signal):
+    """Gantry's push to the backend follows a quarantine (which is the cause, if any); a
+    release or a passing check takes nothing out of service."""
+    act = HealthEvent("n1", signal, T0 + 100, source=source)
+    cause, evidence = attribute(ended(failure_reason="USER_EXIT", exit_code=1), [act])
+    assert (cause, evidence["signal"]) == (USER, "user_exit")
+
+
 def test_hardware_beats_preemption():
     cause, evidence = attribute(ended(state="PREEMPTED", failure_reason="PREEMPTED"), [XID79])
     assert (cause, evidence["code"], evidence["at"][:10]) == (HARDWARE, "79", T0_ISO[:10])

@@ -147,7 +147,7 @@ def test_two_tenants_failing_on_one_node_send_the_attempt_failures_signal(world,
     sent = []
     monkeypatch.setattr(
         attribution_services,
-        "_node_signals_record",
+        "node_signals_record",
         lambda **kwargs: sent.append(kwargs),
     )
     first = running(world, gpus_per_node=4)
@@ -173,6 +173,83 @@ def test_two_tenants_failing_on_one_node_send_the_attempt_failures_signal(world,
             call["now"].timestamp(),
             detail="attempts of 2 tenants failed on the node within 60 min",
         )
+    ]
+
+
+def test_the_attempt_failures_signal_makes_the_node_suspect(world):
+    """Through the clusters service, not a stand-in: the node is suspect, the event names
+    no tenant."""
+    first = running(world, gpus_per_node=4)
+    second = running(world, user=world.researcher_b, tenant="nlp", project="llm", gpus_per_node=4)
+    end(first, reason="USER_EXIT", exit_code=1)
+    end(second, reason="USER_EXIT", exit_code=1)
+    node = ClusterNode.objects.get(cluster=world.cluster, name=first.node_list[0])
+    assert (node.health, node.health_reason) == (
+        "suspect",
+        "attempts of 2 tenants failed on the node within 60 min",
+    )
+    [event] = NodeHealthEvent.objects.filter(cluster=world.cluster)
+    assert (event.node, event.source, event.signal, event.action, event.count) == (
+        node.name,
+        "attempts",
+        "attempt_failures",
+        "warn",
+        1,
+    )
+
+
+def test_a_persons_quarantine_during_the_attempt_is_the_platforms(world):
+    from clusters.services.health import node_quarantine
+
+    attempt = running(world)
+    node = attempt.node_list[0]
+    act = node_quarantine(
+        cluster=world.cluster, node=node, actor=world.platform_admin, note="fan noise"
+    )
+    end(attempt, reason="USER_EXIT", exit_code=137)
+    attempt.refresh_from_db()
+    assert (attempt.cause_class, attempt.cause_evidence) == (
+        "platform",
+        {
+            "node": node,
+            "gpu": "",
+            "signal": "quarantine",
+            "code": "",
+            "at": act.observed_at.isoformat(),
+            "detail": "",
+        },
+    )
+    run = Run.objects.get(pk=attempt.run_id)
+    assert (run.state, run.platform_retries, run.excluded_nodes) == (RunState.QUEUED, 1, [node])
+
+
+def test_a_signal_the_policy_quarantined_on_and_its_fence_make_a_hardware_end(world):
+    from clusters.services.health import node_fences_push, node_signals_record
+
+    attempt = running(world)
+    node = attempt.node_list[0]
+    at = timezone.now()
+    signal = Signal(node, SignalClass.GPU_LOST, Source.DCGM, at.timestamp(), gpu="3",
+                    code="79", detail="XID 79 GPU has fallen off the bus")  # fmt: skip
+    [recorded] = node_signals_record(cluster=world.cluster, signals=[signal], now=at)
+    assert node_fences_push(cluster=world.cluster) == 1
+    end(attempt, reason="NODE_FAILURE", exit_code=137)
+    attempt.refresh_from_db()
+    assert (attempt.cause_class, attempt.cause_evidence) == (
+        "hardware",
+        {
+            "node": node,
+            "gpu": "3",
+            "signal": "gpu_lost",
+            "code": "79",
+            "at": recorded.observed_at.isoformat(),
+            "detail": "XID 79 GPU has fallen off the bus",
+        },
+    )
+    rows = NodeHealthEvent.objects.filter(node=node).order_by("id")
+    assert [(e.source, e.signal, e.action) for e in rows] == [
+        ("dcgm", "gpu_lost", "quarantine"),
+        ("gantry", "fence", "fenced"),
     ]
 
 

@@ -29,6 +29,7 @@ from portal.demo import DEMO_PASSWORD, LOGINS, demo_seed, previous_month
 from portal.demo_history import GPU_MINUTE_COLUMNS, _gpu_minutes_insert
 from telemetry import accounting
 from telemetry.goodput import DEFAULT_GOODPUT_DAYS, goodput_window
+from telemetry.kpis.node_health import node_overview
 from telemetry.models import AttemptAccounting, GpuMinute
 from telemetry.selectors.gpu_seconds import GpuSeconds
 from telemetry.selectors.run_page import run_telemetry
@@ -201,20 +202,25 @@ def test_a_lemon_node_was_quarantined_and_the_run_it_failed_was_retried_elsewher
     assert (node.health, node.schedulable, node.reason, node.health_reason) == (
         "quarantined",
         False,
-        "gantry: quarantined: XID 79 (GPU has fallen off the bus) on GPU 3",
-        "XID 79 (GPU has fallen off the bus) on GPU 3",
+        "gantry: GPU 3: XID 79 GPU has fallen off the bus",
+        "GPU 3: XID 79 GPU has fallen off the bus",
     )
     assert node.health_since - first.finished_at == timedelta(seconds=45)
     assert node.fenced_at - first.finished_at == timedelta(seconds=70)
+    # The rows node health's services write (clusters.health_policy's vocabulary).
     history = list(
         NodeHealthEvent.objects.filter(node=lemon)
         .order_by("observed_at")
-        .values_list("source", "signal", "code", "gpu", "action")
+        .values_list("source", "signal", "code", "gpu", "action", "recorded_at")
     )
     assert history == [
-        ("dcgm", "gpu_lost", "79", "3", "quarantine"),
-        ("gantry", "fence", "", "", "fence"),
+        ("dcgm", "gpu_lost", "79", "3", "quarantine", node.health_since),
+        ("gantry", "fence", "", "", "fenced", node.fenced_at),
     ]
+    # The node health page counts the fault and its 45 s to the quarantine.
+    overview = node_overview(now=timezone.now())
+    [row] = [row for row in overview.nodes if row.name == lemon]
+    assert (row.faults, row.latencies, row.last_signal.signal) == (1, (45.0,), "gpu_lost")
     # The live runs were placed around it: on every other node that takes Gantry's work.
     placed = {
         node

@@ -335,3 +335,14 @@ def test_a_scrape_sums_what_other_processes_recorded(client, settings, db):
         'gantry_backend_errors_total{cluster="elsewhere-1",kind="transient",operation="sync"} 5.0'
     )
     assert expected in body.splitlines()
+
+
+def test_backend_operations_name_node_healths_calls_once_each():
+    from core.metrics import BACKEND_OPERATIONS
+
+    assert len(BACKEND_OPERATIONS) == len(set(BACKEND_OPERATIONS))
+    assert [op for op in BACKEND_OPERATIONS if op in ("fence", "unfence", "health_check")] == [
+        "fence",
+        "unfence",
+        "health_check",
+    ]

@@ -167,8 +167,11 @@ def test_when_node_health_fails_the_metrics_are_kept_and_the_fault_is_sent_again
     assert calls == [["48"], ["48"]]
 
 
-def test_without_node_health_installed_the_fetch_still_succeeds(world):
-    # Until clusters.services.health exists, sending fails: the fetch keeps its data.
+def test_the_fetch_records_through_node_health(world):
+    """No stand-in: the signal reaches clusters.services.health, which records it (a node
+    this cluster's inventory does not have: recorded, no action)."""
+    from clusters.models import NodeHealthEvent
+
     cluster = make_cluster(world, Cluster.Backend.SLURM, "slurm-1")
 
     summary = collection.telemetry_fetch(
@@ -177,5 +180,11 @@ def test_without_node_health_installed_the_fetch_still_succeeds(world):
         now=NOW,
     )
 
-    assert summary.scrapes == 1
-    assert summary.errors[0].startswith("node health: signals not recorded: ")
+    assert (summary.scrapes, summary.errors) == (1, ())
+    [event] = NodeHealthEvent.objects.filter(cluster=cluster)
+    assert (event.source, event.signal, event.code, event.action) == (
+        "dcgm",
+        "gpu_lost",
+        "79",
+        "observe",
+    )

@@ -163,7 +163,7 @@ def test_counters_that_grow_across_two_fetches_are_signals_and_a_drop_is_a_reset
             detail="row-remap failure grew from 0 to 1",
         ),
         dcgm(
-            SignalClass.NVLINK,
+            SignalClass.NVLINK_ERRORS,  # the link retried: warn, not XID 74's NVLINK
             at_ms=T0 + 30_000,
             code=NVLINK_CRC_FLIT,
             detail="NVLink CRC flit errors grew from 7 to 9",

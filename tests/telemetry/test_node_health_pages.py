@@ -70,6 +70,10 @@ def attempt(run, number, *, created, finished, cause="", node="", lost=0, startu
         **{f"{name}_gpu_s": value for name, value in waste.items()},
         activity_weighted_gpu_s=0.0,
         computed_at=finished,
+        # What finance's accounting stores (docs/node-health.md, Credits): lost + startup
+        # for a hardware or platform end.
+        cause_class=cause,
+        credited_gpu_s=lost + startup if cause in ("hardware", "platform") else 0,
     )
     return row
 
@@ -262,6 +266,27 @@ def test_overview_lost_and_credited_by_cause_and_month(client, world, health_wor
     ]
 
 
+def test_credited_is_finances_stored_credit_under_the_cause_it_was_computed_with(
+    world, health_world
+):
+    from telemetry.kpis.reliability_reads import CauseHours, lost_and_credited_by_cause
+
+    since, until = NOW - 30 * DAY, NOW
+    vision_first = AttemptAccounting.objects.get(
+        attempt__run=health_world.vision, attempt__number=1
+    )
+    nlp_first = AttemptAccounting.objects.get(attempt__run=health_world.nlp, attempt__number=1)
+    # The stored credit is read, not recomputed; an accounting computed before
+    # the cause was known (cause_class "") counts once it is computed again.
+    AttemptAccounting.objects.filter(pk=vision_first.pk).update(credited_gpu_s=1234)
+    AttemptAccounting.objects.filter(pk=nlp_first.pk).update(cause_class="", credited_gpu_s=0)
+    assert lost_and_credited_by_cause(since=since, until=until) == [
+        CauseHours("user", 1, 3600, 0),
+        CauseHours("platform", 0, 0, 0),
+        CauseHours("hardware", 1, 7200, 1234),
+    ]
+
+
 def test_overview_queries_do_not_grow_with_nodes_or_events(client, world, health_world, clock):
     client.force_login(world.platform_admin)
     url = reverse("telemetry:node_health")
@@ -327,8 +352,8 @@ def test_node_page_queries_do_not_grow_with_events(client, world, health_world, 
         assert client.get(url).status_code == 200
     assert len(after) == len(before)
     # Session, user, roles, the notifications badge; the node, its events (with who acted),
-    # the attempts affected (with their run, tenant and accounting).
-    assert len(after) == 7
+    # the attempts affected (with their run, tenant and accounting), its health checks.
+    assert len(after) == 8
 
 
 # --- the acts ---------------------------------------------------------------------------------
@@ -346,8 +371,8 @@ def services(monkeypatch):
 
         return act
 
-    module = SimpleNamespace(node_quarantine=record("quarantine"), node_release=record("release"))
-    monkeypatch.setattr(node_views, "health_services", lambda: module)
+    monkeypatch.setattr(node_views, "node_quarantine", record("quarantine"))
+    monkeypatch.setattr(node_views, "node_release", record("release"))
     return calls
 
 
@@ -413,11 +438,36 @@ def test_an_act_on_an_unknown_node_is_404(client, world, health_world, services)
     assert services == []
 
 
-def test_the_real_services_module_is_the_clusters_one(monkeypatch):
-    imported = []
-    monkeypatch.setattr(node_views.importlib, "import_module", imported.append)
-    node_views.health_services()
-    assert imported == ["clusters.services.health"]
+def test_the_acts_go_through_the_clusters_services(client, world, health_world):
+    """Without the stand-ins: the quarantine and the release are H1's, audited, recorded as
+    the person's acts; a release the policy refuses changes nothing."""
+    from tenants.models import AuditEvent
+
+    b = health_world.b
+    client.force_login(world.platform_admin)
+    quarantine = reverse("telemetry:node_quarantine", args=["sim-1", b])
+    release = reverse("telemetry:node_release", args=["sim-1", b])
+    assert client.post(quarantine, {"note": "fans"}).status_code == 302
+    node = ClusterNode.objects.get(cluster=world.cluster, name=b)
+    assert (node.health, node.health_reason) == ("quarantined", "quarantined by paul: fans")
+    world.cluster.health_policy = {"release_needs_check": True}
+    world.cluster.save(update_fields=["health_policy"])
+    response = client.post(release, {"note": "fixed"}, follow=True)
+    assert f"{b} was not changed: {b} returns to service only after a health check" in text(
+        response.content.decode()
+    )
+    assert ClusterNode.objects.get(pk=node.pk).health == "quarantined"
+    world.cluster.health_policy = {}
+    world.cluster.save(update_fields=["health_policy"])
+    assert client.post(release, {"note": "fixed"}).status_code == 302
+    assert ClusterNode.objects.get(pk=node.pk).health == "healthy"
+    acts = NodeHealthEvent.objects.filter(node=b, source="person").order_by("id")
+    assert [(e.signal, e.action, e.actor, e.note) for e in acts] == [
+        ("quarantine", "quarantine", world.platform_admin, "fans"),
+        ("release", "release", world.platform_admin, "fixed"),
+    ]
+    audited = AuditEvent.objects.filter(target=f"sim-1/{b}").order_by("id")
+    assert [a.action for a in audited] == ["node.quarantine", "node.release"]
 
 
 # --- what researchers see ---------------------------------------------------------------------
@@ -464,7 +514,11 @@ def test_the_cluster_map_marks_quarantined_and_suspect_nodes(client, world, heal
     url = reverse("jobs:cluster_nodes")
     admin_html = get(client, world.platform_admin, url).content.decode()
     row = map_node(admin_html, a)
-    assert row.startswith(f'<li class="node node-quarantined" data-node="{a}">')
+    # Quarantined: it takes no work from Gantry's placement (jobs.selectors.queue), and says why.
+    assert row.startswith(f'<li class="node node-off node-quarantined" data-node="{a}">')
+    assert row.endswith(
+        '<span class="node-state">quarantined by Gantry: ecc_uncorrectable on GPU 5</span></li>'
+    )
     assert (
         '<span class="tag tag-health-quarantined" data-health="quarantined" '
         'title="ecc_uncorrectable on GPU 5">quarantined</span>'
@@ -479,6 +533,7 @@ def test_the_cluster_map_marks_quarantined_and_suspect_nodes(client, world, heal
     member_row = map_node(get(client, world.researcher_a, url).content.decode(), a)
     assert '<span class="tag tag-health-quarantined" data-health="quarantined">' in member_row
     assert "ecc_uncorrectable" not in member_row
+    assert member_row.endswith('<span class="node-state">quarantined by Gantry</span></li>')
 
 
 def test_platform_kpis_link_to_node_health_for_platform_admins_only(client, world):

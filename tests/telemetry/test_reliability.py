@@ -10,7 +10,6 @@ from telemetry.kpis.reliability import (
     Mtbf,
     NodeEvent,
     NodeHistory,
-    credited_gpu_s,
     ettr,
     event_kind,
     is_fault,
@@ -76,16 +75,6 @@ def test_wall_seconds_run_to_the_end_or_to_now():
     assert wall_seconds(first_admission=500.0, end=400.0, now=1000.0) == 0.0  # skewed clock
 
 
-# --- credited --------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("cause", "credited"), [("hardware", 700), ("platform", 700), ("user", 0), ("", 0)]
-)
-def test_credited_is_lost_plus_startup_for_our_causes_only(cause, credited):
-    assert credited_gpu_s(cause_class=cause, lost_gpu_s=600, startup_gpu_s=100) == credited
-
-
 # --- event kinds -----------------------------------------------------------------------------
 
 
@@ -94,8 +83,15 @@ def test_credited_is_lost_plus_startup_for_our_causes_only(cause, credited):
     [
         ("dcgm", "ecc_uncorrectable", "quarantine", EventKind.QUARANTINE),
         ("person", "quarantine", "quarantine", EventKind.QUARANTINE),
-        ("person", "release", "", EventKind.RELEASE),
         ("person", "release", "release", EventKind.RELEASE),
+        ("person", "release", "", EventKind.OTHER),  # H1 writes every release's action
+        ("gantry", "fence", "fenced", EventKind.OTHER),
+        ("gantry", "fence", "fence_failed", EventKind.OTHER),
+        ("gantry", "unfence", "unfenced", EventKind.OTHER),
+        ("health_check", "health_check_passed", "observe", EventKind.OTHER),
+        ("health_check", "health_check_failed", "quarantine", EventKind.QUARANTINE),
+        ("health_check", "health_check_failed", "warn", EventKind.FAULT),
+        ("dcgm", "gpu_lost", "quarantine_refused", EventKind.FAULT),
         ("dcgm", "gpu_lost", "warn", EventKind.FAULT),
         ("backend", "node_down", "warn", EventKind.FAULT),
         ("dcgm", "thermal_throttle", "warn", EventKind.OTHER),
@@ -111,6 +107,7 @@ def test_is_fault_only_for_hardware_signals_from_a_source():
     assert is_fault(source="dcgm", signal="ecc_uncorrectable")
     assert not is_fault(source="dcgm", signal="power_throttle")
     assert not is_fault(source="person", signal="ecc_uncorrectable")
+    assert not is_fault(source="gantry", signal="gpu_lost")
 
 
 # --- a node's history ------------------------------------------------------------------------
