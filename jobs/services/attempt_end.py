@@ -6,12 +6,12 @@ from datetime import datetime
 
 from clusters.backends import JobStatus
 from jobs.models import Attempt, AttemptState, CauseClass, Run, RunState
+from jobs.selectors.node_health import health_policy_value
 from jobs.services.attribution import (
     attempt_cause,
     attempt_failures_check,
     excluded_after,
     give_up_words,
-    health_policy_value,
     retry_words,
 )
 from jobs.services.lifecycle import run_requeue_after_preemption, run_transition

@@ -7,14 +7,12 @@ import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.db import transaction
 
 from clusters.health import NodeHealth, Signal, SignalClass, Source
 from clusters.health_policy import Act, OnQuarantine
 from clusters.models import Cluster, ClusterNode, NodeHealthEvent
-from clusters.selectors import cluster_health_policy
 from clusters.services.health import node_signals_record
 from jobs import attribution
 from jobs.models import (
@@ -24,18 +22,13 @@ from jobs.models import (
     CauseClass,
     Run,
 )
+from jobs.selectors.node_health import health_policy_value
 from jobs.services.lifecycle import run_cancel, run_preempt
 
 logger = logging.getLogger(__name__)
 
 # The key of the SDK runtime report that carries the CUDA/NCCL error the job exited with.
 RUNTIME_ERROR_KEY = "error_at_exit"
-
-
-def health_policy_value(cluster: Cluster, name: str) -> Any:
-    """One field of the cluster's health policy (``clusters.health_policy.HealthPolicy``:
-    its override, else the default). The one place jobs read the policy."""
-    return getattr(cluster_health_policy(cluster=cluster), name)
 
 
 def attempt_nodes(attempt: Attempt) -> list[str]:

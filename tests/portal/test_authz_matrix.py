@@ -36,6 +36,7 @@ import copy
 import json
 from dataclasses import asdict, dataclass
 from datetime import date
+from decimal import Decimal
 from urllib.parse import urlencode
 
 import pytest
@@ -47,6 +48,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
 
+from finance.services import rate_card_add
 from images.models import Image
 from images.services.registries import registry_create
 from jobs.models import Attempt, Experiment, ExperimentTemplate, Run
@@ -156,6 +158,7 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     ("finance:export_xlsx", "GET"):             (302, 404, 404, 200, 200, 200),
     ("finance:statement", "GET"):               (302, 404, 404, 200, 200, 200),
     ("finance:runs", "GET"):                    (302, 404, 404, 200, 200, 200),
+    ("finance:rate_card_credit_policy", "POST"): (302, 404, 404, 403, 302, 302),
     # telemetry
     ("telemetry:run_telemetry", "GET"):         (302, 200, 404, 200, 200, 200),
     ("telemetry:goodput", "GET"):               (302, 302, 404, 302, 302, 302),
@@ -167,6 +170,7 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     # Sent without a note: refused before the clusters app is asked (allowed acts: tests/telemetry)
     ("telemetry:node_quarantine", "POST"):      (302, 404, 404, 404, 404, 400),
     ("telemetry:node_release", "POST"):         (302, 404, 404, 404, 404, 400),
+    ("telemetry:node_health_check", "POST"):    (302, 404, 404, 404, 404, 302),
     # tenants: flavors (platform), the audit log, a tenant's idle-GPU policy
     ("tenants:flavor_list", "GET"):             (302, 404, 404, 404, 404, 200),
     ("tenants:flavor_create", "GET"):           (302, 404, 404, 404, 404, 200),
@@ -246,6 +250,7 @@ class Objects:
     tokens: dict[str, str]  # persona -> the secret of an API token of theirs
     alice_token_id: int
     invitation_id: int  # vision's invitation of fiona
+    rate_card_id: int
 
 
 @dataclass(frozen=True)
@@ -318,6 +323,13 @@ def objects(world) -> Objects:
             actor=world.tenant_admin_a,
             now=timezone.now(),
         ).pk,
+        rate_card_id=rate_card_add(
+            flavor=world.a100,
+            price_per_gpu_hour=Decimal("2.00"),
+            currency="EUR",
+            valid_from=date(2020, 1, 1),
+            actor=world.finance,
+        ).pk,
     )
 
 
@@ -384,6 +396,9 @@ def paths(objects: Objects) -> dict[str, str]:
         "finance:export_xlsx": f"{reverse('finance:export_xlsx')}?{export}",
         "finance:statement": reverse("finance:statement", args=vision_month),
         "finance:runs": reverse("finance:runs", args=vision_month),
+        "finance:rate_card_credit_policy": reverse(
+            "finance:rate_card_credit_policy", args=[objects.rate_card_id]
+        ),
         "telemetry:run_telemetry": reverse("telemetry:run_telemetry", args=[run_id]),
         "telemetry:goodput": f"{reverse('telemetry:goodput')}?tenant=vision",
         "telemetry:tenant_goodput": reverse("telemetry:tenant_goodput", args=["vision"]),
@@ -393,6 +408,9 @@ def paths(objects: Objects) -> dict[str, str]:
         "telemetry:node_detail": reverse("telemetry:node_detail", args=["sim-1", NODE]),
         "telemetry:node_quarantine": reverse("telemetry:node_quarantine", args=["sim-1", NODE]),
         "telemetry:node_release": reverse("telemetry:node_release", args=["sim-1", NODE]),
+        "telemetry:node_health_check": reverse(
+            "telemetry:node_health_check", args=["sim-1", NODE]
+        ),
         "tenants:flavor_list": reverse("tenants:flavor_list"),
         "tenants:flavor_create": reverse("tenants:flavor_create"),
         "tenants:flavor_edit": reverse("tenants:flavor_edit", args=["a100-80gb"]),
@@ -469,6 +487,7 @@ def bodies(objects: Objects) -> dict[str, dict]:
         "images:image_visibility": {"visible_to_all": "on"},
         "images:registry_create": registry | {"name": "matrix-2"},
         "images:registry_edit": registry | {"timeout_s": "5"},
+        "finance:rate_card_credit_policy": {"credit_policy": "charge"},
         "finance:rate_cards": {
             "flavor": "a100-80gb",
             "price_per_gpu_hour": "2.50",

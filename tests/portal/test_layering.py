@@ -43,6 +43,10 @@ SERVICE_READS_ALLOWED = {
     "jobs/services/submission.py:submission_once": (
         "writes through the service it is given (``create``), once per submission key"
     ),
+    "clusters/services/health_events.py:stored_events": (
+        "reads the rows a batch of signals adds to, for the writes that follow under the "
+        "cluster's node-health lock"
+    ),
 }
 SELECTOR_MODULES = re.compile(r"(^|\.)selectors(\.|$)")
 
@@ -186,7 +190,8 @@ def test_every_selector_and_service_module_is_scanned():
     assert {
         "tenants/services/memberships.py",
         "images/services/catalog.py",
-        "clusters/services.py",
+        "clusters/services/inventory.py",
+        "clusters/services/health.py",
         "finance/services.py",
         "telemetry/services.py",
         "jobs/services/capacity.py",

@@ -427,7 +427,7 @@ def test_adding_a_rate_card_and_ending_the_previous_one_are_recorded(world):
 
 
 def price(amount: str) -> dict:
-    return {"price_per_gpu_hour": amount, "currency": "EUR"}
+    return {"price_per_gpu_hour": amount, "currency": "EUR", "credit_policy": "credit"}
 
 
 # --- Django admin ---------------------------------------------------------------------------
