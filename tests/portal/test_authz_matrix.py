@@ -408,9 +408,7 @@ def paths(objects: Objects) -> dict[str, str]:
         "telemetry:node_detail": reverse("telemetry:node_detail", args=["sim-1", NODE]),
         "telemetry:node_quarantine": reverse("telemetry:node_quarantine", args=["sim-1", NODE]),
         "telemetry:node_release": reverse("telemetry:node_release", args=["sim-1", NODE]),
-        "telemetry:node_health_check": reverse(
-            "telemetry:node_health_check", args=["sim-1", NODE]
-        ),
+        "telemetry:node_health_check": reverse("telemetry:node_health_check", args=["sim-1", NODE]),
         "tenants:flavor_list": reverse("tenants:flavor_list"),
         "tenants:flavor_create": reverse("tenants:flavor_create"),
         "tenants:flavor_edit": reverse("tenants:flavor_edit", args=["a100-80gb"]),
