@@ -182,25 +182,15 @@ def node_quarantine(
     before = _health_of(row)
     note = note.strip()
     who = getattr(actor, "username", "a person")
-    row.health = NodeHealth.QUARANTINED.value
-    row.health_reason = (f"quarantined by {who}: {note}" if note else f"quarantined by {who}")[
-        :REASON_MAX_LENGTH
-    ]
-    row.health_since = now
-    row.fence_error = ""
-    row.save(update_fields=["health", "health_reason", "health_since", "fence_error"])
-    audit_record(
-        actor=actor,
-        action="node.quarantine",
-        target=f"{cluster.name}/{node}",
-        before=before,
-        after={**_health_of(row), "note": note},
-    )
-    return act_event(
+    reason = f"quarantined by {who}: {note}" if note else f"quarantined by {who}"
+    return _person_act(
         cluster=cluster,
-        node=node,
+        row=row,
+        health=NodeHealth.QUARANTINED,
+        reason=reason[:REASON_MAX_LENGTH],
         act=Act.QUARANTINE,
         outcome=Outcome.QUARANTINE,
+        before=before,
         actor=actor,
         note=note,
         now=now,
@@ -237,27 +227,49 @@ def node_release(
                 f"{node} returns to service only after a health check passes on it since its "
                 "quarantine (this cluster's policy: release_needs_check); none has yet."
             )
-    before = _health_of(row)
-    row.health = NodeHealth.HEALTHY.value
-    row.health_reason = ""
+    return _person_act(
+        cluster=cluster,
+        row=row,
+        health=NodeHealth.HEALTHY,
+        reason="",
+        act=Act.RELEASE,
+        outcome=Outcome.RELEASE,
+        before=_health_of(row),
+        actor=actor,
+        note=note,
+        now=now,
+    )
+
+
+def _person_act(
+    *,
+    cluster: Cluster,
+    row: ClusterNode,
+    health: NodeHealth,
+    reason: str,
+    act: Act,
+    outcome: Outcome,
+    before: dict,
+    actor: UserLike,
+    note: str,
+    now: datetime,
+) -> NodeHealthEvent:
+    """A person's quarantine or release of ``row``: its new health, the audit row
+    ("node.quarantine", "node.release") and the node's history event."""
+    row.health = health.value
+    row.health_reason = reason
     row.health_since = now
     row.fence_error = ""
     row.save(update_fields=["health", "health_reason", "health_since", "fence_error"])
     audit_record(
         actor=actor,
-        action="node.release",
-        target=f"{cluster.name}/{node}",
+        action=f"node.{act.value}",
+        target=f"{cluster.name}/{row.name}",
         before=before,
         after={**_health_of(row), "note": note},
     )
     return act_event(
-        cluster=cluster,
-        node=node,
-        act=Act.RELEASE,
-        outcome=Outcome.RELEASE,
-        actor=actor,
-        note=note,
-        now=now,
+        cluster=cluster, node=row.name, act=act, outcome=outcome, actor=actor, note=note, now=now
     )
 
 
