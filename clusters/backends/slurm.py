@@ -478,17 +478,24 @@ class SlurmBackend:
 
 
 def _merge(record: SlurmJob, live: SlurmJob | None) -> SlurmJob:
-    """The accounting record, with what only slurmctld knew filled in."""
+    """The accounting record, with what only slurmctld knew filled in.
+
+    The exit code is slurmctld's while it still holds the job: squeue's ``exit_code`` is
+    the raw wait(2) status, exact, while sacct's ``ExitCode`` folds a return code of 128 or
+    more into code - 128 (a job that ran ``exit 226`` reads ``98:0``; observed on 22.05).
+    """
     if live is None:
         return record
+    knows_exit = live.exit_code is not None or live.signal or record.exit_code is None
+    ended = live if knows_exit else record
     return replace(
         record,
         nodes=record.nodes or live.nodes,
         gpus=record.gpus if record.gpus is not None else live.gpus,
         start=record.start or live.start,
         end=record.end or live.end,
-        exit_code=record.exit_code if record.exit_code is not None else live.exit_code,
-        signal=record.signal if record.exit_code is not None else live.signal,
+        exit_code=ended.exit_code,
+        signal=ended.signal,
     )
 
 

@@ -32,6 +32,7 @@ from tests.clusters.backends import test_slurm_cluster as cluster_tests
 from tests.clusters.backends.test_slurm_cluster import (
     IDLE_NODES,
     OUTSIDE_JOB,
+    cluster_quiet,
     refresh_until,
     slurm,
 )
@@ -119,6 +120,7 @@ def test_a_dcgm_fault_drains_gpu_node2_and_its_run_resumes_on_gpu_node1(
     monkeypatch,
     django_capture_on_commit_callbacks,
 ):
+    cluster_quiet()  # the run is placed by what is free: nothing of an earlier test is
     world = slurm_world
     worker = Worker(monkeypatch, django_capture_on_commit_callbacks)
     # Each node's dcgm-exporter, named in the cluster's telemetry settings.

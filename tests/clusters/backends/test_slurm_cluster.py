@@ -321,11 +321,13 @@ OUTSIDE_JOB = "outside-load"  # jobs submitted here from outside Gantry
 
 @pytest.fixture
 def cluster_restored(slurm_env):
-    """Whatever a test drained or loaded from outside Gantry is undone, pass or fail."""
+    """Whatever a test drained, reserved or loaded from outside Gantry is undone, pass or
+    fail."""
     yield
     out = slurm("squeue", "-h", "-t", "PENDING,RUNNING", f"--name={OUTSIDE_JOB}", "-o", "%i")
     if out.split():
         slurm("scancel", *out.split())
+    end_health_check_reservations()
     # Resuming a node that is not drained is refused ("Invalid node state"): harmless.
     subprocess.run(
         ["scontrol", "update", "nodename=gpu-node[1-2]", "state=resume"],
@@ -333,6 +335,36 @@ def cluster_restored(slurm_env):
         timeout=30,
         check=False,
     )
+
+
+def end_health_check_reservations() -> None:
+    """Gantry's health-check reservations (``gantry-hc<id>``) end now: one a failed test
+    left would keep its node in maintenance for the next test."""
+    shown = slurm("scontrol", "-o", "show", "reservation")
+    for line in shown.splitlines():
+        name = line.partition("ReservationName=")[2].split(" ", 1)[0]
+        if name.startswith("gantry-hc"):
+            # Ending one in use is refused with "Reservation is in use": its check then
+            # ends within its own limit, and the reservation with it.
+            subprocess.run(
+                ["scontrol", "delete", f"ReservationName={name}"],
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
+
+
+def cluster_quiet(*, timeout: float = 90) -> None:
+    """No job of an earlier test is left on the cluster (the Slurm tests run one at a
+    time, in one worker): what still runs is cancelled, and this waits until it is gone."""
+    end_health_check_reservations()
+    deadline = time.monotonic() + timeout
+    while out := slurm(
+        "squeue", "-a", "-h", "-t", "PENDING,RUNNING,COMPLETING", "-o", "%i"
+    ).split():
+        assert time.monotonic() < deadline, f"jobs still on the cluster: {out}"
+        subprocess.run(["scancel", *out], capture_output=True, timeout=30, check=False)
+        time.sleep(0.5)
 
 
 def cluster_nodes(world) -> dict[str, tuple]:

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusters.backends.base import InventoryItem, JobSpec, NodeInventory, inventory_items
+from clusters.backends.slurm import _merge
 from clusters.backends.slurm_accounts import QuotaLimit, jwt_claims, quota_commands
 from clusters.backends.slurm_batch import batch_job, enroot_image, step_command
 from clusters.backends.slurm_hostlist import expand_hostlist
@@ -1269,3 +1270,22 @@ def test_pure_module_imports_no_django():
         cwd=REPOSITORY,
     )
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("live", "expected"),
+    [
+        # squeue's wait status is exact; sacct folds 226 into 98 (observed on 22.05).
+        ({"exit_code": 226, "signal": 0}, (226, 0)),
+        ({"exit_code": None, "signal": 9}, (None, 9)),
+        # slurmctld had no exit status for it: the accounting record's.
+        ({"exit_code": None, "signal": 0}, (98, 0)),
+        ({"exit_code": None, "signal": None}, (98, 0)),
+    ],
+)
+def test_a_finished_job_keeps_slurmctlds_exact_exit_code_over_saccts(live, expected):
+    record = SlurmJob(job_id="7", name="gantry-hc7", state="FAILED", exit_code=98, signal=0)
+    held = SlurmJob(job_id="7", name="gantry-hc7", state="FAILED", nodes=("gpu-node2",), **live)
+    merged = _merge(record, held)
+    assert (merged.exit_code, merged.signal, merged.nodes) == (*expected, ("gpu-node2",))
+    assert _merge(record, None) is record
