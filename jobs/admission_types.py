@@ -23,6 +23,17 @@ class Wait(StrEnum):
     TOO_LARGE = "TOO_LARGE"  # more GPUs than the quota allows per run
 
 
+class Queueing(StrEnum):
+    """What a tenant's later runs of a flavor may do while the first in line cannot be
+    placed (docs/admission.md, "Backfill"): wait behind it (``strict``), start if they do
+    not delay its reserved start (``backfill``, EASY), or start whenever they fit
+    (``best-effort``, Kueue's BestEffortFIFO: the head can starve)."""
+
+    STRICT = "strict"
+    BACKFILL = "backfill"
+    BEST_EFFORT = "best-effort"
+
+
 @dataclass(frozen=True, slots=True)
 class QueuedRun:
     id: int
@@ -39,6 +50,9 @@ class QueuedRun:
     # Nodes this run is never placed on (a hardware or platform fault ended an attempt of
     # it there), sorted.
     excluded: tuple[str, ...] = ()
+    # Its maximum runtime: how long it holds its GPUs at the latest once started. None: no
+    # bound (it cannot start ahead of a reserved head by ending first).
+    max_runtime_s: float | None = None
 
     @property
     def gpus(self) -> int:
@@ -61,6 +75,9 @@ class HeldRun:
     # before placement was recorded): it is then assumed on the nodes with the most free
     # GPUs, so the count stays right and nothing is placed on GPUs it may hold.
     nodes: tuple[str, ...] = ()
+    # When it frees its GPUs at the latest (its start, or the end of the placement grace,
+    # plus its max runtime; epoch seconds). None: no bound is known.
+    latest_end: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +145,11 @@ class Snapshot:
     # cluster -> the jobs from outside Gantry waiting for its GPUs (``jobs.reclaim``);
     # a cluster not named has none.
     outside: Mapping[str, OutsideQueue] = field(default_factory=dict)
+    # cluster -> its queueing policy; a cluster not named is ``strict`` here (the selector
+    # names every enabled cluster: their default is ``backfill``).
+    queueing: Mapping[str, Queueing] = field(default_factory=dict)
+    # tenant -> a policy for its runs that overrides its clusters' policies.
+    tenant_queueing: Mapping[str, Queueing] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +159,10 @@ class Admit:
     borrowed: bool = False
     over_budget: bool = False
     nodes: tuple[str, ...] = ()  # where it is placed, sorted
+    # Backfilled: the waiting head of its tenant's line it started ahead of, and why that
+    # does not delay the head ("it ends before run 11's reserved start at ...").
+    ahead_of: int | None = None
+    ahead_because: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,11 +195,25 @@ class Reservation:
 
 
 @dataclass(frozen=True, slots=True)
+class Shadow:
+    """The start reserved for the waiting head of a tenant's line under ``backfill``: the
+    nodes it starts on at the latest, and when (EASY backfill's "shadow time": the held runs
+    there end by then at their max runtimes). ``at`` None: a run it waits on has no bound."""
+
+    run_id: int
+    cluster: str
+    flavor: str
+    nodes: tuple[str, ...]
+    at: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class Decisions:
     admitted: tuple[Admit, ...]
     preempted: tuple[Preempt, ...]
     waiting: tuple[Waiting, ...]
     reservations: tuple[Reservation, ...] = ()
+    shadows: tuple[Shadow, ...] = ()
 
 
 def queue_order(run: QueuedRun) -> tuple[int, float, int]:
