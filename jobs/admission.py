@@ -47,7 +47,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from functools import partial
 
-from jobs import placement
+from jobs import backfill, placement
 from jobs.admission_pool import PoolState
 from jobs.admission_state import CycleState
 from jobs.admission_types import (
@@ -56,8 +56,10 @@ from jobs.admission_types import (
     HeldRun,
     Preempt,
     QueuedRun,
+    Queueing,
     Quota,
     Reservation,
+    Shadow,
     Snapshot,
     Wait,
     Waiting,
@@ -78,6 +80,7 @@ def decide(snapshot: Snapshot, *, explain: bool = True) -> Decisions:
         preempted=tuple(cycle.preempted),
         waiting=cycle.waiting(explain=explain),
         reservations=tuple(cycle.reservations),
+        shadows=tuple(cycle.shadows),
     )
 
 
@@ -99,6 +102,11 @@ class _Cycle:
         self.waits: dict[int, tuple[Wait, str | Callable[[], str]]] = {}
         self.reservations: list[Reservation] = []
         self.blocked: dict[Key, int] = {}  # (tenant, flavor) -> the head run that waits
+        # Heads a later run of their tenant may pass (backfill, best-effort), and what each
+        # reserves: a Plan, ``backfill.NEVER`` (it holds nothing), or None (best-effort).
+        self.heads: dict[Key, QueuedRun] = {}
+        self.plans: dict[Key, backfill.Plan | str | None] = {}
+        self.shadows: list[Shadow] = []
         self.borrowers: dict[Key, int] = {}  # (tenant, flavor) -> index of its first borrower
         self.capacity: dict[str, int] = defaultdict(int)
         for node in snapshot.nodes:
@@ -110,8 +118,77 @@ class _Cycle:
     def block(
         self, key: Key, run: QueuedRun, reason: Wait, message: str | Callable[[], str]
     ) -> None:
-        self.blocked[key] = run.id
+        """``run`` waits for ``reason``; the first to wait is its tenant's head for the
+        flavor. A head waiting for a placement (not for quota or budget, which a later run
+        would take from it) may be passed where the queueing policy allows it."""
         self.waits[run.id] = (reason, message)
+        if key in self.blocked:
+            return
+        self.blocked[key] = run.id
+        if reason not in (Wait.CAPACITY, Wait.NO_IDLE, Wait.TOO_LARGE):
+            return
+        pools = self.passing_pools(run)
+        if not pools:
+            return
+        self.heads[key] = run
+        if reason is Wait.TOO_LARGE:
+            self.plans[key] = backfill.NEVER
+        elif any(self.policy(run.tenant, pool) is Queueing.BACKFILL for pool in pools):
+            reserved = backfill.plan(self.state, run)
+            self.plans[key] = reserved
+            if isinstance(reserved, backfill.Plan):
+                self.shadows.append(reserved.shadow())
+        else:
+            self.plans[key] = None
+
+    def policy(self, tenant: str, pool: PoolState) -> Queueing:
+        return self.snapshot.tenant_queueing.get(tenant) or self.snapshot.queueing.get(
+            pool.cluster, Queueing.STRICT
+        )
+
+    def passing_pools(self, run: QueuedRun) -> list[PoolState]:
+        """The pools where a later run of ``run``'s tenant may pass it."""
+        return [
+            pool
+            for pool in self.state.pools_by_flavor[run.flavor]
+            if self.policy(run.tenant, pool) is not Queueing.STRICT
+        ]
+
+    def start_ahead(self, key: Key, run: QueuedRun, over_budget: bool, borrowed: bool) -> None:
+        """Onto free GPUs now, ahead of the tenant's waiting head, where that keeps the
+        head's reserved start (``jobs.backfill``); else ``run`` waits behind it, saying
+        why it may not pass."""
+        head = self.heads[key]
+        reserved = self.plans[key]
+        if isinstance(reserved, backfill.Plan):
+            if self.policy(run.tenant, reserved.pool) is not Queueing.BACKFILL:
+                reserved = None  # it reserves on a pool where runs pass at will
+            unreserved = f"the queueing policy lets runs pass run {head.id}"
+        elif reserved == backfill.NEVER:
+            unreserved = (
+                f"run {head.id} could not be placed even with every Gantry run gone, so it "
+                "holds nothing back"
+            )
+        else:
+            unreserved = f"the queueing policy is best-effort: run {head.id} holds nothing back"
+        found = backfill.fit(
+            self.state,
+            run,
+            self.passing_pools(run),
+            reserved if isinstance(reserved, backfill.Plan) else None,
+            unreserved=unreserved,
+        )
+        if isinstance(found, str):
+            self.waits[run.id] = (Wait.BEHIND_HEAD, partial(self.behind_reason, run, found))
+            return
+        backfill.took(
+            self.state, run, found, reserved if isinstance(reserved, backfill.Plan) else None
+        )
+        self.state.admit(run, found.pool, found.where)
+        self.admitted.append(
+            Admit(run.id, found.pool.cluster, borrowed=borrowed, over_budget=over_budget,
+                  nodes=found.where.nodes, ahead_of=head.id, ahead_because=found.because)
+        )  # fmt: skip
 
     def precheck(self, key: Key, run: QueuedRun) -> tuple[Quota | None, bool]:
         """Quota and budget gates common to both phases; returns (quota, over_budget)."""
@@ -153,7 +230,11 @@ class _Cycle:
         while pending:
             for run in pending:
                 key = (run.tenant, run.flavor)
-                if key in self.blocked or key in borrowers:
+                if key in borrowers:
+                    continue
+                if key in self.blocked:
+                    if key in self.heads:
+                        self.pass_within_guarantee(key, run)
                     continue
                 quota, over_budget = self.precheck(key, run)
                 if quota is None:
@@ -174,6 +255,17 @@ class _Cycle:
                 (run for key, index in returned.items() for run in queues[key][index:]),
                 key=queue_order,
             )
+
+    def pass_within_guarantee(self, key: Key, run: QueuedRun) -> None:
+        """A run behind a head it may pass: within the guarantee, onto free GPUs only;
+        beyond it, it borrows in phase 2."""
+        quota, over_budget = self.precheck(key, run)
+        if quota is None:
+            return
+        if self.state.usage[key] + run.gpus > quota.guaranteed:
+            self.borrowers[key] = self.queues[key].index(run)
+            return
+        self.start_ahead(key, run, over_budget, borrowed=False)
 
     def admit_within_guarantee(self, key: Key, run: QueuedRun, over_budget: bool) -> None:
         """Onto free GPUs, else by reclaiming borrowed ones; else the run waits (CAPACITY)
@@ -286,12 +378,20 @@ class _Cycle:
 
     def borrow(self, key: Key, run: QueuedRun) -> bool:
         """Admit ``run`` onto free GPUs within the tenant's guarantee and borrow limit, or
-        block its tenant's queue with the reason it waits. True if admitted."""
+        block its tenant's queue with the reason it waits. True if the tenant's next run
+        is asked next: this one was admitted, or waits for a placement in a line that
+        later runs may pass."""
+        passing = key in self.heads
         quota, over_budget = self.precheck(key, run)
         if quota is None:
-            return False
+            return key in self.heads and self.waits[run.id][0] is Wait.TOO_LARGE
         tenant, flavor = key
         in_use = self.state.usage[key]
+        if passing:
+            if in_use + run.gpus > quota.guaranteed + quota.borrow_limit:
+                return False  # the head waits for a placement; this one, for quota too
+            self.start_ahead(key, run, over_budget, borrowed=in_use + run.gpus > quota.guaranteed)
+            return True
         if in_use + run.gpus > quota.guaranteed + quota.borrow_limit:
             usage = _usage_words(tenant, flavor, in_use, quota.guaranteed)
             if quota.borrow_limit == 0:
@@ -311,7 +411,7 @@ class _Cycle:
             usage = _usage_words(tenant, flavor, in_use, quota.guaranteed)
             self.block(key, run, Wait.NO_IDLE, partial(self.borrow_reason, run, usage))
             self.state.reserve(run, self.reservations)  # binds the borrowers after it
-            return False
+            return key in self.heads
         pool, where = fit
         self.state.admit(run, pool, where)
         self.admitted.append(
@@ -331,9 +431,7 @@ class _Cycle:
             positions[run.flavor] += 1
             reason, message = self.waits.get(run.id) or (
                 Wait.BEHIND_HEAD,
-                f"waiting behind run {self.blocked.get((run.tenant, run.flavor), '?')} of "
-                f"tenant {run.tenant}, which is first in line for {run.flavor} (priority, "
-                "then submission order)",
+                partial(self.behind_reason, run, ""),
             )
             if not explain:
                 message = ""
@@ -341,6 +439,14 @@ class _Cycle:
                 message = message()
             waiting.append(Waiting(run.id, reason, message, positions[run.flavor]))
         return tuple(waiting)
+
+    def behind_reason(self, run: QueuedRun, why_not_ahead: str) -> str:
+        message = (
+            f"waiting behind run {self.blocked.get((run.tenant, run.flavor), '?')} of "
+            f"tenant {run.tenant}, which is first in line for {run.flavor} (priority, "
+            "then submission order)"
+        )
+        return f"{message}; {why_not_ahead}" if why_not_ahead else message
 
 
 def _usage_words(tenant: str, flavor: str, in_use: int, guarantee: int) -> str:

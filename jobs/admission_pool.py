@@ -30,6 +30,7 @@ class PoolState:
         self.reserved: dict[str, int] = defaultdict(int)
         self.fenced: set[str] = set()  # nodes a starving run waits on: no reclaims there
         self.borrowed: list[HeldRun] = []  # in victim order
+        self.holders: set[int] = set()  # the runs holding GPUs here (by id)
         self.entered: dict[str, float] = {}  # node -> when the latest run on it was admitted
         # Every change bumps the version; placements, views and reasons computed at a
         # version are reused until the next change (many queued runs share a shape).

@@ -46,9 +46,13 @@ class CycleState:
             flavor_pool.flavor_version = self.flavor_versions[flavor]
         self.usage: dict[tuple[str, str], int] = defaultdict(int)
         self.held_on: dict[int, dict[str, int]] = {}  # run id -> node -> GPUs
+        self.pool_of: dict[int, PoolState] = {}  # run id -> the pool it holds GPUs in
+        # run id -> when it frees its GPUs at the latest (None: no bound), for backfill.
+        self.latest_end: dict[int, float | None] = {}
         unplaced: list[tuple[PoolState, HeldRun]] = []
         for run in sorted(snapshot.held, key=lambda r: (r.admitted, r.id)):
             self.usage[(run.tenant, run.flavor)] += run.gpus
+            self.latest_end[run.id] = run.latest_end
             pool = self.pools.get((run.cluster, run.flavor))
             if pool is None:
                 continue
@@ -80,17 +84,19 @@ class CycleState:
             each.settle()
         self.now = snapshot.now
         self.starvation_after_s = snapshot.starvation_after_s
-        # Answers by the shape asked about and the pools' versions (``_shape``).
-        self._answers: dict[tuple[object, ...], object] = {}
+        # Answers by the shape asked about and the pools' versions (``shape``).
+        self.answers: dict[tuple[object, ...], object] = {}
 
     def _hold(self, pool: PoolState, run_id: int, on: dict[str, int], admitted: float) -> None:
         self.held_on[run_id] = on
+        self.pool_of[run_id] = pool
+        pool.holders.add(run_id)
         for name, gpus in on.items():
             pool.take(name, gpus)
             if name in pool.nodes:
                 pool.entered[name] = max(pool.entered.get(name, -math.inf), admitted)
 
-    def _shape(self, run: QueuedRun) -> tuple[object, ...]:
+    def shape(self, run: QueuedRun) -> tuple[object, ...]:
         """What a placement question about ``run`` depends on: its shape and the state of
         the clusters with its flavor (every pool's version)."""
         return (
@@ -106,10 +112,10 @@ class CycleState:
         """Where the gang fits on available GPUs: the tightest placement, then the one that
         leaves the least behind, then the cluster's name. Runs of one shape asked about
         while nothing changed share the answer."""
-        key = ("best_fit", *self._shape(run))
-        if key not in self._answers:
-            self._answers[key] = self._best_fit(run)
-        return cast(tuple[PoolState, placement.Placement] | None, self._answers[key])
+        key = ("best_fit", *self.shape(run))
+        if key not in self.answers:
+            self.answers[key] = self._best_fit(run)
+        return cast(tuple[PoolState, placement.Placement] | None, self.answers[key])
 
     def _best_fit(self, run: QueuedRun) -> tuple[PoolState, placement.Placement] | None:
         best, best_rank = None, None
@@ -161,6 +167,8 @@ class CycleState:
     def admit(self, run: QueuedRun, pool: PoolState, where: placement.Placement) -> None:
         self._hold(pool, run.id, dict.fromkeys(where.nodes, run.gpus_per_node), self.now)
         self.usage[(run.tenant, run.flavor)] += run.gpus
+        bound = run.max_runtime_s
+        self.latest_end[run.id] = None if bound is None else self.now + bound
 
     def stolen(
         self, pool: PoolState, victims: list[HeldRun], outside: Mapping[str, OutsideQueue]
@@ -186,6 +194,8 @@ class CycleState:
     def preempt(self, victim: HeldRun) -> None:
         pool = self.pools[(victim.cluster, victim.flavor)]
         pool.borrowed.remove(victim)
+        del self.pool_of[victim.id]
+        pool.holders.discard(victim.id)
         for name, gpus in self.held_on.pop(victim.id).items():
             pool.give(name, gpus)
         self.usage[(victim.tenant, victim.flavor)] -= victim.gpus
@@ -227,10 +237,10 @@ class CycleState:
 
     def explain(self, run: QueuedRun) -> str:
         """Why ``run`` has no placement now, cluster by cluster."""
-        key = ("explain", *self._shape(run))
-        if key not in self._answers:
-            self._answers[key] = self._explain(run)
-        return cast(str, self._answers[key])
+        key = ("explain", *self.shape(run))
+        if key not in self.answers:
+            self.answers[key] = self._explain(run)
+        return cast(str, self.answers[key])
 
     def _explain(self, run: QueuedRun) -> str:
         pools = self.pools_by_flavor[run.flavor]

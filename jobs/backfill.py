@@ -1,0 +1,246 @@
+"""Backfill inside a tenant and flavor (EASY): what a waiting head reserves and which later
+runs of its tenant may start ahead of it (pure: no ORM, no clock, no I/O).
+
+When the first run in a tenant's line for a flavor cannot be placed, ``plan`` finds the
+start it is reserved under the ``backfill`` policy: the held runs of each cluster end, at
+the latest, at their max runtimes; taken in that order, the first moment the head has a
+placement is its *reserved start* (Slurm's "shadow time") and those nodes are its
+*reserved nodes*. On them, GPUs beyond what the head will need at that moment are
+*spare*. A later run of the tenant may then start now (``fit``) if it fits on GPUs free now
+and either ends by the reserved start at its own max runtime, or takes on the reserved
+nodes only spare GPUs. Either way the head's reserved nodes are as free at the reserved
+start as they were without it: backfill never makes the head start later than its latest
+start without it (for the runs of one tenant; another tenant's runs are not held back by
+the reservation, as under ``strict``: docs/admission.md, "Backfill").
+
+A head that could not be placed even with every Gantry run gone (load from outside
+Gantry, drained nodes, a gang larger than any domain at its required level) reserves
+nothing and holds nobody back (``plan`` returns ``NEVER``).
+
+``jobs.admission`` asks; the clusters' state is ``jobs.admission_state``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from jobs import placement
+from jobs.admission_pool import PoolState
+from jobs.admission_state import CycleState
+from jobs.admission_types import QueuedRun, Shadow
+
+
+@dataclass(slots=True)
+class Plan:
+    """A head's reservation as a cycle goes: its reserved start and nodes, and what is
+    spare on those nodes (less what runs started ahead of it since took there)."""
+
+    head: int
+    pool: PoolState
+    nodes: tuple[str, ...]
+    at: float | None  # None: a run it waits on has no bound
+    spare: dict[str, int] = field(default_factory=dict)
+
+    def shadow(self) -> Shadow:
+        return Shadow(self.head, self.pool.cluster, self.pool.flavor, self.nodes, self.at)
+
+
+NEVER = "never"  # the head has no placement even with every Gantry run gone
+
+
+def plan(state: CycleState, head: QueuedRun) -> Plan | str:
+    """The head's reserved start: the earliest, over the clusters, at which the held runs'
+    latest ends leave it a placement (then the cluster's name); ``NEVER`` if no cluster
+    has one even with all of them gone. Heads of one shape asked about while nothing
+    changed share the answer (each gets its own copy: what is spare is counted down)."""
+    key = ("plan", *state.shape(head))
+    if key not in state.answers:
+        state.answers[key] = _plan(state, head)
+    found = state.answers[key]
+    if not isinstance(found, Plan):
+        return NEVER
+    return Plan(head.id, found.pool, found.nodes, found.at, dict(found.spare))
+
+
+def _plan(state: CycleState, head: QueuedRun) -> Plan | None:
+    best: Plan | None = None
+    for pool in state.pools_by_flavor[head.flavor]:
+        found = _plan_on(state, pool, head)
+        if found is None:
+            continue
+        if (
+            best is None
+            or _later(best.at, found.at)
+            or (best.at == found.at and found.pool.cluster < best.pool.cluster)
+        ):
+            best = found
+    return best
+
+
+def _later(a: float | None, b: float | None) -> bool:
+    """Is ``a`` later than ``b`` (None is never)?"""
+    return (math.inf if a is None else a) > (math.inf if b is None else b)
+
+
+def _plan_on(state: CycleState, pool: PoolState, head: QueuedRun) -> Plan | None:
+    if pool.required_level(head) == -1:
+        return None
+    # The held runs of the pool by when they end at the latest: one overdue ends now.
+    ending: dict[float, list[int]] = defaultdict(list)
+    for run_id in pool.holders:
+        end = state.latest_end.get(run_id)
+        ending[math.inf if end is None else max(end, state.now)].append(run_id)
+    everything: dict[str, int] = defaultdict(int)
+    for run_id in pool.holders:
+        for name, gpus in state.held_on[run_id].items():
+            everything[name] += gpus
+    if _Fits(pool, head, everything).count < head.nodes or pool.place(head, everything) is None:
+        return None
+    fits = _Fits(pool, head, {})
+    for at in sorted(ending):
+        for run_id in sorted(ending[at]):
+            for name, gpus in state.held_on[run_id].items():
+                fits.free(name, gpus)
+        if fits.count >= head.nodes:
+            where = pool.place(head, fits.freed)
+            if where is not None:
+                return _with_spare(pool, head, where, fits.freed, None if at == math.inf else at)
+    return None
+
+
+class _Fits:
+    """How many nodes would have the gang's GPUs per node, kept as held runs free theirs
+    (a quick count before a placement is tried)."""
+
+    def __init__(self, pool: PoolState, head: QueuedRun, freed: dict[str, int]):
+        self.need = head.gpus_per_node
+        self.freed: dict[str, int] = defaultdict(int, freed)
+        self.room = {
+            name: pool.available(name) + freed.get(name, 0)
+            for name, node in pool.nodes.items()
+            if node.schedulable and name not in head.excluded
+        }
+        self.count = sum(1 for room in self.room.values() if room >= self.need)
+
+    def free(self, name: str, gpus: int) -> None:
+        self.freed[name] += gpus
+        if name in self.room:
+            before = self.room[name] >= self.need
+            self.room[name] += gpus
+            self.count += (self.room[name] >= self.need) - before
+
+
+def _with_spare(
+    pool: PoolState,
+    head: QueuedRun,
+    where: placement.Placement,
+    freed: dict[str, int],
+    at: float | None,
+) -> Plan:
+    spare = {
+        name: pool.available(name) + freed.get(name, 0) - head.gpus_per_node for name in where.nodes
+    }
+    return Plan(head.id, pool, where.nodes, at, spare)
+
+
+@dataclass(frozen=True, slots=True)
+class Backfill:
+    """Where a later run may start now ahead of the head, and why that is allowed."""
+
+    pool: PoolState
+    where: placement.Placement
+    because: str
+
+
+def fit(
+    state: CycleState,
+    run: QueuedRun,
+    pools: list[PoolState],
+    reserved: Plan | None,
+    *,
+    unreserved: str,
+) -> Backfill | str:
+    """Where ``run`` starts now ahead of its tenant's waiting head, among ``pools`` (those
+    whose policy lets it pass), keeping the head's ``reserved`` start; or why it may not,
+    phrased to follow "waiting behind run N ...; ". With no reservation to keep, it goes
+    wherever it fits, ``unreserved`` saying why that is allowed."""
+    ends_first = _ends_first(state, run, reserved)
+    best: tuple[tuple[object, ...], PoolState, placement.Placement] | None = None
+    crossing: placement.Placement | None = None  # where it would go, taking reserved GPUs
+    for pool in pools:
+        where = pool.place(run)
+        if where is None:
+            continue
+        if reserved is not None and pool is reserved.pool and not ends_first:
+            kept = pool.place(run, _only_spare(pool, reserved))
+            if kept is None:
+                crossing = crossing or where
+                continue
+            where = kept
+        rank = (_tightness(where), pool.left_after(run, where), pool.cluster)
+        if best is None or rank < best[0]:
+            best = (rank, pool, where)
+    if best is not None:
+        _, pool, where = best
+        if reserved is None:
+            because = unreserved
+        elif pool is reserved.pool and ends_first:
+            because = (
+                f"it ends by {clock(state.now + (run.max_runtime_s or 0))} at the latest, "
+                f"before run {reserved.head}'s reserved start at {clock(reserved.at)}"
+            )
+        else:
+            because = f"it uses GPUs run {reserved.head} does not need"
+        return Backfill(pool, where, because)
+    if crossing is None or reserved is None:
+        return "it does not fit the GPUs free now either"
+    head, on = reserved.head, ", ".join(sorted(set(crossing.nodes) & set(reserved.nodes)))
+    if reserved.at is None:
+        return (
+            f"run {head}'s reserved nodes ({on}) have no known start (a run there has no "
+            f"maximum runtime), so it may use only GPUs run {head} does not need there"
+        )
+    if run.max_runtime_s is None:
+        return (
+            f"it has no maximum runtime, so it cannot start ahead of run {head}'s reserved "
+            f"start at {clock(reserved.at)} on {on}"
+        )
+    return f"it would end after run {head}'s reserved start at {clock(reserved.at)} on {on}"
+
+
+def _ends_first(state: CycleState, run: QueuedRun, reserved: Plan | None) -> bool:
+    """Does ``run``, started now, end by the head's reserved start at its max runtime?"""
+    if reserved is None or reserved.at is None or run.max_runtime_s is None:
+        return False
+    return state.now + run.max_runtime_s <= reserved.at
+
+
+def took(state: CycleState, run: QueuedRun, started: Backfill, reserved: Plan | None) -> None:
+    """A run started ahead of the head: what it took on the reserved nodes is no longer
+    spare, unless it ends by the reserved start."""
+    if reserved is None or started.pool is not reserved.pool:
+        return
+    if _ends_first(state, run, reserved):
+        return
+    for name in started.where.nodes:
+        if name in reserved.spare:
+            reserved.spare[name] -= run.gpus_per_node
+
+
+def _only_spare(pool: PoolState, reserved: Plan) -> dict[str, int]:
+    """``extra`` for ``PoolState.place``: the reserved nodes with only their spare GPUs."""
+    return {name: min(0, reserved.spare[name] - pool.available(name)) for name in reserved.nodes}
+
+
+def _tightness(where: placement.Placement) -> tuple[int, ...]:
+    return () if where.single_node else (-len(where.domain),)
+
+
+def clock(at: float | None) -> str:
+    """An instant as the wait messages say it (UTC, to the minute)."""
+    if at is None:
+        return "an unknown time"
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
