@@ -67,6 +67,7 @@ from jobs.admission_types import (
 )
 
 Key = tuple[str, str]  # (tenant, flavor)
+UNPLANNED = "unplanned"  # a head's reservation, not planned yet
 
 
 def decide(snapshot: Snapshot, *, explain: bool = True) -> Decisions:
@@ -75,12 +76,14 @@ def decide(snapshot: Snapshot, *, explain: bool = True) -> Decisions:
     cycle = _Cycle(snapshot)
     cycle.within_guarantees()
     cycle.borrowers_take_turns()
+    if explain:
+        cycle.plan_the_rest()
     return Decisions(
         admitted=tuple(cycle.admitted),
         preempted=tuple(cycle.preempted),
         waiting=cycle.waiting(explain=explain),
         reservations=tuple(cycle.reservations),
-        shadows=tuple(cycle.shadows),
+        shadows=tuple(sorted(cycle.shadows, key=lambda shadow: shadow.run_id)),
     )
 
 
@@ -107,6 +110,7 @@ class _Cycle:
         self.heads: dict[Key, QueuedRun] = {}
         self.plans: dict[Key, backfill.Plan | str | None] = {}
         self.shadows: list[Shadow] = []
+        self.passing: dict[Key, list[PoolState]] = {}
         self.borrowers: dict[Key, int] = {}  # (tenant, flavor) -> index of its first borrower
         self.capacity: dict[str, int] = defaultdict(int)
         for node in snapshot.nodes:
@@ -134,12 +138,23 @@ class _Cycle:
         if reason is Wait.TOO_LARGE:
             self.plans[key] = backfill.NEVER
         elif any(self.policy(run.tenant, pool) is Queueing.BACKFILL for pool in pools):
-            reserved = backfill.plan(self.state, run)
+            self.plans[key] = UNPLANNED  # planned when a later run could pass, or at the end
+        else:
+            self.plans[key] = None
+
+    def reservation(self, key: Key) -> backfill.Plan | str | None:
+        """The head's reservation, planned on the state of the cycle when first asked."""
+        if self.plans[key] == UNPLANNED:
+            reserved = backfill.plan(self.state, self.heads[key])
             self.plans[key] = reserved
             if isinstance(reserved, backfill.Plan):
                 self.shadows.append(reserved.shadow())
-        else:
-            self.plans[key] = None
+        return self.plans[key]
+
+    def plan_the_rest(self) -> None:
+        """Heads no later run asked to pass still say where and when they start."""
+        for key in self.heads:
+            self.reservation(key)
 
     def policy(self, tenant: str, pool: PoolState) -> Queueing:
         return self.snapshot.tenant_queueing.get(tenant) or self.snapshot.queueing.get(
@@ -148,18 +163,26 @@ class _Cycle:
 
     def passing_pools(self, run: QueuedRun) -> list[PoolState]:
         """The pools where a later run of ``run``'s tenant may pass it."""
-        return [
-            pool
-            for pool in self.state.pools_by_flavor[run.flavor]
-            if self.policy(run.tenant, pool) is not Queueing.STRICT
-        ]
+        key = (run.tenant, run.flavor)
+        if key not in self.passing:
+            self.passing[key] = [
+                pool
+                for pool in self.state.pools_by_flavor[run.flavor]
+                if self.policy(run.tenant, pool) is not Queueing.STRICT
+            ]
+        return self.passing[key]
 
     def start_ahead(self, key: Key, run: QueuedRun, over_budget: bool, borrowed: bool) -> None:
         """Onto free GPUs now, ahead of the tenant's waiting head, where that keeps the
         head's reserved start (``jobs.backfill``); else ``run`` waits behind it, saying
         why it may not pass."""
         head = self.heads[key]
-        reserved = self.plans[key]
+        if self.plans[key] == UNPLANNED and self.state.best_fit(run) is None:
+            # It fits nowhere: no need to plan the head's reservation for it.
+            why = "it does not fit the GPUs free now either"
+            self.waits[run.id] = (Wait.BEHIND_HEAD, partial(self.behind_reason, run, why))
+            return
+        reserved = self.reservation(key)
         if isinstance(reserved, backfill.Plan):
             if self.policy(run.tenant, reserved.pool) is not Queueing.BACKFILL:
                 reserved = None  # it reserves on a pool where runs pass at will

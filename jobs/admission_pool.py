@@ -74,7 +74,7 @@ class PoolState:
         """GPUs of the node that are free but held back for a starving run."""
         return min(self.reserved[name], max(0, self.free[name]))
 
-    def _remembered(self, key: tuple[object, ...], compute: Callable[[], _T]) -> _T:
+    def remembered(self, key: tuple[object, ...], compute: Callable[[], _T]) -> _T:
         """``compute()``, or what it gave for ``key`` at this version."""
         hit = self._memo.get(key)
         if hit is not None and hit[0] == self.version:
@@ -130,8 +130,8 @@ class PoolState:
             return None
         # Only which nodes were entered since ``since`` matters: the memo is keyed on where
         # ``since`` falls among the times nodes were entered, not on the time itself.
-        times = self._remembered(("entered",), lambda: sorted(set(self.entered.values())))
-        return self._remembered(
+        times = self.remembered(("entered",), lambda: sorted(set(self.entered.values())))
+        return self.remembered(
             (
                 "closest",
                 run.nodes,
@@ -233,7 +233,7 @@ class PoolState:
         )
         if extra:
             return placement.place(self.view(extra), gang)
-        return self._remembered(("place", gang), lambda: placement.place(self.view(), gang))
+        return self.remembered(("place", gang), lambda: placement.place(self.view(), gang))
 
     def left_after(self, run: QueuedRun, where: placement.Placement) -> int:
         return sum(self.available(name) - run.gpus_per_node for name in where.nodes)
@@ -248,7 +248,7 @@ class PoolState:
         gang = placement.Gang(
             run.nodes, run.gpus_per_node, required_level=level, excluded=frozenset(run.excluded)
         )
-        return self._remembered(
+        return self.remembered(
             ("explain", gang),
             lambda: placement.explain(self.view(), gang, flavor=self.flavor, levels=self.levels),
         )

@@ -86,64 +86,73 @@ def _later(a: float | None, b: float | None) -> bool:
 
 
 def _plan_on(state: CycleState, pool: PoolState, head: QueuedRun) -> Plan | None:
-    if pool.required_level(head) == -1:
+    """The head's reserved start on one pool. Remembered until the pool changes (the held
+    runs' latest ends do not change within a cycle)."""
+    level = pool.required_level(head)
+    if level == -1:
         return None
+    gang = (head.nodes, head.gpus_per_node, level, head.excluded)
+    found = pool.remembered(("plan", gang), lambda: _earliest(state, pool, head))
+    if found is None:
+        return None
+    nodes, at, spare = found
+    return Plan(head.id, pool, nodes, at, dict(spare))
+
+
+def _earliest(
+    state: CycleState, pool: PoolState, head: QueuedRun
+) -> tuple[tuple[str, ...], float | None, dict[str, int]] | None:
     # The held runs of the pool by when they end at the latest: one overdue ends now.
     ending: dict[float, list[int]] = defaultdict(list)
     for run_id in pool.holders:
         end = state.latest_end.get(run_id)
         ending[math.inf if end is None else max(end, state.now)].append(run_id)
-    everything: dict[str, int] = defaultdict(int)
-    for run_id in pool.holders:
-        for name, gpus in state.held_on[run_id].items():
-            everything[name] += gpus
-    if _Fits(pool, head, everything).count < head.nodes or pool.place(head, everything) is None:
+    times = sorted(ending)
+
+    def freed_by(index: int) -> dict[str, int]:
+        freed: dict[str, int] = defaultdict(int)
+        for at in times[: index + 1]:
+            for run_id in ending[at]:
+                for name, gpus in state.held_on[run_id].items():
+                    freed[name] += gpus
+        return freed
+
+    # More GPUs free never removes a placement: the first moment is found by bisection.
+    if not times or not _placeable(pool, head, freed_by(len(times) - 1)):
         return None
-    fits = _Fits(pool, head, {})
-    for at in sorted(ending):
-        for run_id in sorted(ending[at]):
-            for name, gpus in state.held_on[run_id].items():
-                fits.free(name, gpus)
-        if fits.count >= head.nodes:
-            where = pool.place(head, fits.freed)
-            if where is not None:
-                return _with_spare(pool, head, where, fits.freed, None if at == math.inf else at)
-    return None
-
-
-class _Fits:
-    """How many nodes would have the gang's GPUs per node, kept as held runs free theirs
-    (a quick count before a placement is tried)."""
-
-    def __init__(self, pool: PoolState, head: QueuedRun, freed: dict[str, int]):
-        self.need = head.gpus_per_node
-        self.freed: dict[str, int] = defaultdict(int, freed)
-        self.room = {
-            name: pool.available(name) + freed.get(name, 0)
-            for name, node in pool.nodes.items()
-            if node.schedulable and name not in head.excluded
-        }
-        self.count = sum(1 for room in self.room.values() if room >= self.need)
-
-    def free(self, name: str, gpus: int) -> None:
-        self.freed[name] += gpus
-        if name in self.room:
-            before = self.room[name] >= self.need
-            self.room[name] += gpus
-            self.count += (self.room[name] >= self.need) - before
-
-
-def _with_spare(
-    pool: PoolState,
-    head: QueuedRun,
-    where: placement.Placement,
-    freed: dict[str, int],
-    at: float | None,
-) -> Plan:
+    low, high = 0, len(times) - 1
+    while low < high:
+        middle = (low + high) // 2
+        if _placeable(pool, head, freed_by(middle)):
+            high = middle
+        else:
+            low = middle + 1
+    freed = freed_by(low)
+    where = pool.place(head, freed)
+    if where is None:  # cannot happen while _placeable says what placement does
+        return None
     spare = {
         name: pool.available(name) + freed.get(name, 0) - head.gpus_per_node for name in where.nodes
     }
-    return Plan(head.id, pool, where.nodes, at, spare)
+    return where.nodes, None if times[low] == math.inf else times[low], spare
+
+
+def _placeable(pool: PoolState, head: QueuedRun, freed: dict[str, int]) -> bool:
+    """Would the gang have a placement with ``freed`` GPUs free besides what is available:
+    ``nodes`` nodes with its GPUs each, inside one domain of its required level (the rule
+    of ``jobs.placement``, counted, without choosing the nodes)."""
+    level = pool.required_level(head)
+    per_domain: dict[tuple[str, ...], int] = defaultdict(int)
+    for name, node in pool.nodes.items():
+        if not node.schedulable or name in head.excluded:
+            continue
+        if pool.available(name) + freed.get(name, 0) < head.gpus_per_node:
+            continue
+        if level is None:
+            per_domain[()] += 1
+        elif len(node.path) >= level:
+            per_domain[node.path[:level]] += 1
+    return any(count >= head.nodes for count in per_domain.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +176,8 @@ def fit(
     whose policy lets it pass), keeping the head's ``reserved`` start; or why it may not,
     phrased to follow "waiting behind run N ...; ". With no reservation to keep, it goes
     wherever it fits, ``unreserved`` saying why that is allowed."""
+    if state.best_fit(run) is None:  # the common case on a busy cluster, remembered
+        return "it does not fit the GPUs free now either"
     ends_first = _ends_first(state, run, reserved)
     best: tuple[tuple[object, ...], PoolState, placement.Placement] | None = None
     crossing: placement.Placement | None = None  # where it would go, taking reserved GPUs
