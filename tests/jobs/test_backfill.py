@@ -226,3 +226,43 @@ def test_the_decisions_do_not_depend_on_the_order_the_runs_came_in():
     random.Random(35).shuffle(shuffled)
     assert decide(snapshot(shuffled, BUSY)) == first
     assert [a.run_id for a in first.admitted] != []
+
+
+def test_a_run_of_a_year_uses_only_gpus_the_head_does_not_need():
+    year = 365 * 24.0
+    queue = [queued(1, 2, 6, 4), queued(2, 1, 2, year), queued(3, 1, 4, year)]
+    decisions = decide(snapshot(queue, BUSY))
+    assert [(a.run_id, a.nodes, a.ahead_because) for a in decisions.admitted] == [
+        (2, ("c-n3",), "it uses GPUs run 1 does not need")
+    ]
+    assert decisions.waiting[1].message == (
+        f"{BEHIND}; it would end after run 1's reserved start at 2026-12-05 01:00 UTC on c-n3"
+    )
+
+
+def test_when_the_head_is_cancelled_the_next_run_is_the_head_and_passers_keep_running():
+    # Run 2 passed run 1, which was then cancelled: run 3 heads the line.
+    passer = held(2, "c-n3", 0.5)
+    decisions = decide(snapshot([queued(3, 2, 8, 4), queued(4, 1, 8, 0.25)], (*BUSY, passer)))
+    assert decisions.shadows == (Shadow(3, "c", "a100", ("c-n0", "c-n3"), NOW + HOUR),)
+    assert decisions.admitted == ()
+    assert decisions.waiting[1].message == (
+        "waiting behind run 3 of tenant alpha, which is first in line for a100 (priority, then "
+        "submission order); it does not fit the GPUs free now either"
+    )
+
+
+def test_a_clock_step_back_moves_every_bound_with_it_and_admits_nothing_twice():
+    queue = [queued(1, 2, 8, 4), queued(2, 1, 8, 0.5)]
+    ahead = decide(snapshot(queue, BUSY))
+    stepped = decide(replace(snapshot(queue, BUSY), now=NOW - 2 * HOUR))
+    # Two hours earlier the held runs end 3 h and 4 h after "now": run 2 still ends first.
+    assert [a.run_id for a in ahead.admitted] == [a.run_id for a in stepped.admitted] == [2]
+    assert stepped.shadows == (Shadow(1, "c", "a100", ("c-n0", "c-n3"), NOW + HOUR),)
+    forward = decide(replace(snapshot(queue, BUSY), now=NOW + 5 * HOUR))
+    # Five hours later the bounded runs are overdue, taken to end now: the head is reserved
+    # their nodes from now, and the free node is one it does not need.
+    assert forward.shadows == (Shadow(1, "c", "a100", ("c-n0", "c-n1"), NOW + 5 * HOUR),)
+    assert [(a.run_id, a.nodes, a.ahead_because) for a in forward.admitted] == [
+        (2, ("c-n3",), "it uses GPUs run 1 does not need")
+    ]
