@@ -316,7 +316,7 @@ class DbLedger:
         )
         # Runs whose attempt has no nodes recorded: where admission assumes them, fixed for
         # the cycle as admission fixes it when it reads the snapshot.
-        self.assumed = assumed_nodes(held_runs(), nodes)
+        self.assumed = assumed_nodes(held_runs(now=now), nodes)
 
     def pools(self, flavor: str) -> list[NodePool]:
         return self.node_pools.get(flavor, [])

@@ -20,7 +20,7 @@ class ClusterAdminForm(forms.ModelForm):
 
     class Meta:
         model = Cluster
-        fields = ["name", "backend", "settings", "enabled", "health_policy"]
+        fields = ["name", "backend", "settings", "enabled", "queueing", "health_policy"]
         help_texts = {
             "health_policy": "Only what differs from the defaults, e.g. "
             '{"actions": {"thermal_throttle": "observe"}, "max_quarantined_share": 0.5}; '
@@ -39,7 +39,7 @@ class ClusterAdminForm(forms.ModelForm):
 @admin.register(Cluster)
 class ClusterAdmin(AuditedAdmin):
     form = ClusterAdminForm
-    list_display = ["name", "backend", "enabled", "last_sync_at", "last_error"]
+    list_display = ["name", "backend", "enabled", "queueing", "last_sync_at", "last_error"]
     inlines = [ClusterFlavorInline]
     # What the backends report: the sync writes it, nobody edits it.
     readonly_fields = [

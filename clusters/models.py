@@ -4,9 +4,11 @@ report. The tables keep the ``jobs_*`` names they had before the models moved he
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
 
 from clusters.health import NodeHealth
-from tenants.models import GpuFlavor, slug_validator
+from tenants.models import QUEUEING_CHOICES, GpuFlavor, slug_validator
+from tenants.queueing import QUEUEING_DEFAULT, QUEUEING_MAX_LENGTH, Queueing
 
 
 class Cluster(models.Model):
@@ -38,10 +40,25 @@ class Cluster(models.Model):
     # What Gantry does about each class of node-health signal, and its limits; only what
     # differs from the defaults (clusters.health_policy), set by platform admins, audited.
     health_policy = models.JSONField(default=dict, blank=True)
+    # What a tenant's later runs do here while the first in line cannot start; a tenant's
+    # own policy (``Tenant.queueing``) overrides it. Set by platform admins, audited.
+    queueing = models.CharField(
+        max_length=QUEUEING_MAX_LENGTH,
+        choices=QUEUEING_CHOICES,
+        default=QUEUEING_DEFAULT.value,
+        help_text="What later runs do while the first in line cannot start: strict, backfill "
+        "or best-effort (docs/admission.md, Backfill)",
+    )
 
     class Meta:
         db_table = "jobs_cluster"
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(queueing__in=[policy.value for policy in Queueing]),
+                name="cluster_queueing_known",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name

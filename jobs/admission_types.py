@@ -11,6 +11,9 @@ from enum import StrEnum
 
 from clusters.outside_claims import OutsideQueue
 
+# The policies are set on clusters and tenants, whose models sit below jobs: defined there.
+from tenants.queueing import Queueing as Queueing
+
 
 class Wait(StrEnum):
     QUOTA = "QUOTA"  # beyond the guarantee and no borrowing allowed
@@ -21,17 +24,6 @@ class Wait(StrEnum):
     NO_QUOTA = "NO_QUOTA"
     BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"
     TOO_LARGE = "TOO_LARGE"  # more GPUs than the quota allows per run
-
-
-class Queueing(StrEnum):
-    """What a tenant's later runs of a flavor may do while the first in line cannot be
-    placed (docs/admission.md, "Backfill"): wait behind it (``strict``), start if they do
-    not delay its reserved start (``backfill``, EASY), or start whenever they fit
-    (``best-effort``, Kueue's BestEffortFIFO: the head can starve)."""
-
-    STRICT = "strict"
-    BACKFILL = "backfill"
-    BEST_EFFORT = "best-effort"
 
 
 @dataclass(frozen=True, slots=True)

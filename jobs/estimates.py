@@ -123,6 +123,9 @@ class _Simulation:
         self.at = snapshot.now
         self.queued = {run.id: run for run in snapshot.queued}
         self.originals = set(self.queued)
+        # A run preempted in the simulation starts again with its whole max runtime, as a
+        # new attempt does; known for the queued runs of the snapshot (None: no bound).
+        self.max_runtimes = {run.id: run.max_runtime_s for run in snapshot.queued}
         self.held = {run.id: run for run in snapshot.held}
         self.end_at = {run.id: ends.get(run.id) for run in snapshot.held}
         self.on_nodes = {
@@ -195,7 +198,7 @@ class _Simulation:
         self.queued[victim.id] = admission_types.QueuedRun(
             id=victim.id, tenant=victim.tenant, flavor=victim.flavor, nodes=count,
             gpus_per_node=max(1, victim.gpus // count), priority=victim.priority,
-            submitted=victim.admitted,
+            submitted=victim.admitted, max_runtime_s=self.max_runtimes.get(victim.id),
         )  # fmt: skip
         self.lines.add(self.queued[victim.id])
 
@@ -208,6 +211,9 @@ class _Simulation:
             self.starts[entering.id] = Start(
                 entering.id, self.at, admit.cluster, admit.nodes, behind
             )
+        # Bounded by its max runtime, whatever ``runtimes`` says it takes: the bound the real
+        # cycle's backfill reads of a held run (``HeldRun.latest_end``).
+        bound = entering.max_runtime_s
         self.held[entering.id] = admission_types.HeldRun(
             id=entering.id,
             tenant=entering.tenant,
@@ -218,6 +224,7 @@ class _Simulation:
             admitted=self.at,
             borrowed=admit.borrowed,
             nodes=admit.nodes,
+            latest_end=None if bound is None else self.at + bound,
         )
         self.on_nodes[entering.id] = dict.fromkeys(admit.nodes, entering.gpus_per_node)
         runtime = (

@@ -436,7 +436,8 @@ class RunEvent(models.Model):
     from_state = models.CharField(max_length=12, blank=True)
     to_state = models.CharField(max_length=12, blank=True)
     reason = models.CharField(max_length=32, blank=True)
-    # What everyone who may see the run reads: it names no other tenant, project, user or run.
+    # What everyone who may see the run reads: it names no other tenant, nor a project, user
+    # or run of one (a run of its own tenant, yes: the head a backfilled run started ahead of).
     message = models.TextField(blank=True)
     # The same event with the names a platform admin needs (which tenant's run reclaimed the
     # GPUs); shown to platform admins only, blank when ``message`` says it all.

@@ -116,7 +116,7 @@ class QuotaInline(ReadOnlyAdminMixin, admin.TabularInline):
 
 @admin.register(Tenant)
 class TenantAdmin(AuditedAdmin):
-    list_display = ["slug", "name", "cost_center", "active"]
+    list_display = ["slug", "name", "cost_center", "active", "queueing"]
     search_fields = ["slug", "name"]
     inlines = [ProjectInline, MembershipInline, QuotaInline]
 

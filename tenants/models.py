@@ -7,6 +7,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from tenants.queueing import QUEUEING_MAX_LENGTH, Queueing
+
 slug_validator = RegexValidator(
     r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
     "Use 1-63 lowercase letters, digits and dashes, starting and ending with a letter or digit.",
@@ -25,6 +27,11 @@ def is_whole_number(value: object) -> bool:
     """An int and not a bool, which Python counts as one: what a count, a limit or a number
     of days given as JSON must be."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+# A queueing policy as a choice of a form field and a value of a column (its one definition:
+# ``tenants.queueing``).
+QUEUEING_CHOICES = [(policy.value, policy.value) for policy in Queueing]
 
 
 # The longest idle streak an idle-GPU policy may wait for: a week, in minutes.
@@ -58,10 +65,23 @@ class Tenant(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(IDLE_POLICY_MAX_MIN)],
         help_text="Cancel the run after this many idle minutes; empty: never",
     )
+    # Overrides the queueing policy of every cluster for this tenant's runs; set by platform
+    # admins (the Django admin, audited as "tenant.update").
+    queueing = models.CharField(
+        max_length=QUEUEING_MAX_LENGTH,
+        choices=QUEUEING_CHOICES,
+        blank=True,
+        help_text="What later runs do while the first in line cannot start: strict, backfill "
+        "or best-effort (docs/admission.md, Backfill); empty: each cluster's policy",
+    )
 
     class Meta:
         ordering = ["slug"]
         constraints = [
+            models.CheckConstraint(
+                condition=Q(queueing="") | Q(queueing__in=[policy.value for policy in Queueing]),
+                name="tenant_queueing_known",
+            ),
             models.CheckConstraint(
                 condition=Q(idle_notify_after_min__isnull=True)
                 | Q(idle_notify_after_min__gte=1, idle_notify_after_min__lte=IDLE_POLICY_MAX_MIN),

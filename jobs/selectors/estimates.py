@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db.models import Count, Max, OuterRef, Q, Subquery
 from django.utils import timezone
 
@@ -198,8 +197,8 @@ def _queued_runtimes(
 def _held_ends(
     history: dict[tuple, list[float]], *, snapshot: admission_types.Snapshot, now: datetime
 ) -> tuple[dict[int, float | None], dict[int, float | None]]:
-    """Held run -> when it frees its GPUs: at the latest (its start, or the end of the
-    placement grace, plus its max runtime), and as expected."""
+    """Held run -> when it frees its GPUs: at the latest (``HeldRun.latest_end``, as the
+    snapshot read it), and as expected."""
     cluster_speedups = {
         name: float(cluster_settings.get("speedup", 1))
         for name, cluster_settings in Cluster.objects.filter(
@@ -213,28 +212,23 @@ def _held_ends(
         attempt_started=Subquery(live.filter(started_at__isnull=False).values("started_at")[:1]),
         attempt_resume_step=Subquery(live.values("resumed_from__step")[:1]),
     )
-    cluster_of = {run.id: run.cluster for run in snapshot.held}
-    grace = settings.GANTRY_PLACEMENT_GRACE_S
+    in_snapshot = {run.id: run for run in snapshot.held}
     latest_ends: dict[int, float | None] = {}
     expected_ends: dict[int, float | None] = {}
     at = now.timestamp()
-    for row in held.values_list(
-        *_RUN_FIELDS, "admitted_at", "submitted_at", "attempt_started", "attempt_resume_step"
-    ):
+    for row in held.values_list(*_RUN_FIELDS, "attempt_started", "attempt_resume_step"):
         run_id, project, name, template, tenant, flavor, nodes, gpus_per_node, minutes = row[:9]
-        env, admitted, submitted, started, resume_step = row[9:]
-        experiment = (project, name)
-        max_runtime_s = minutes * 60.0
-        if started is not None:
-            latest = started.timestamp() + max_runtime_s
-        else:
-            # Not started: it starts by the end of the placement grace, or goes back to the
-            # queue then (jobs.services.backend_sync), freeing its GPUs either way.
-            placed = (admitted or submitted).timestamp() + grace
-            latest = max(at, placed) + max_runtime_s
+        env, started, resume_step = row[9:]
+        snapshot_run = in_snapshot.get(run_id)
+        if snapshot_run is None:  # it began holding after the snapshot was read
+            continue
+        latest = snapshot_run.latest_end
         latest_ends[run_id] = latest
+        if latest is None:
+            expected_ends[run_id] = None
+            continue
         simulated = _simulated_s(
-            env, resume_step=resume_step, speedup=cluster_speedups.get(cluster_of.get(run_id, ""))
+            env, resume_step=resume_step, speedup=cluster_speedups.get(snapshot_run.cluster)
         )
         expected_ends[run_id] = estimates.expected_end(
             started=started.timestamp() if started is not None else None,
@@ -244,10 +238,10 @@ def _held_ends(
                 if simulated is not None
                 else _expected_runtime(
                     history,
-                    experiment=experiment,
+                    experiment=(project, name),
                     template=template,
                     shape=(tenant, flavor, nodes, gpus_per_node),
-                    max_runtime_s=max_runtime_s,
+                    max_runtime_s=minutes * 60.0,
                 )
             ),
             latest_end=latest,

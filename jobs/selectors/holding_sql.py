@@ -17,7 +17,7 @@ from django.db import connection
 from django.db.models import Model
 
 from clusters.models import Cluster, ClusterFlavor, ClusterNode
-from jobs.models import Attempt, Run, TenantMonthUsage
+from jobs.models import Attempt, Experiment, Run, TenantMonthUsage
 from jobs.selectors.sql import Converter, field_of, orm_converter, placeholders
 from tenants.models import GpuFlavor, Quota, Tenant
 
@@ -82,13 +82,16 @@ _HELD_FIELDS = (
     (Run, "borrowed"),
     (Attempt, "node_list"),
     (Attempt, "placement"),
+    (Attempt, "started_at"),
+    (Experiment, "max_runtime_minutes"),
 )
 
 
 def held_run_rows(*, holding: Sequence[str], live: Sequence[str]) -> list:
     """Runs in a state of ``holding``, newest submitted first: id, tenant slug, flavor slug,
-    cluster name (or None), gpus, priority, admitted_at, submitted_at, borrowed, and the
-    node list and placement of the run's latest attempt in a state of ``live`` (or None)."""
+    cluster name (or None), gpus, priority, admitted_at, submitted_at, borrowed, the node
+    list, placement and start of the run's latest attempt in a state of ``live`` (or None),
+    and its experiment's max runtime in minutes."""
 
     def latest(name: str) -> str:
         return (
@@ -98,14 +101,17 @@ def held_run_rows(*, holding: Sequence[str], live: Sequence[str]) -> list:
             f"ORDER BY {_column('a', Attempt, 'number')} DESC LIMIT 1)"
         )
 
-    node_list, placement = latest("node_list"), latest("placement")
+    node_list, placement, started = latest("node_list"), latest("placement"), latest("started_at")
     sql = (
         f"SELECT {_column('r', Run, 'id')}, {_column('t', Tenant, 'slug')}, "  # noqa: S608
         f"{_column('f', GpuFlavor, 'slug')}, {_column('c', Cluster, 'name')}, "
         f"{_column('r', Run, 'gpus')}, {_column('r', Run, 'priority')}, "
         f"{_column('r', Run, 'admitted_at')}, {_column('r', Run, 'submitted_at')}, "
-        f"{_column('r', Run, 'borrowed')}, {node_list}, {placement} "
+        f"{_column('r', Run, 'borrowed')}, {node_list}, {placement}, {started}, "
+        f"{_column('e', Experiment, 'max_runtime_minutes')} "
         f"FROM {_table(Run)} r "
+        f"JOIN {_table(Experiment)} e "
+        f"ON {_column('e', Experiment, 'id')} = {_column('r', Run, 'experiment')} "
         f"JOIN {_table(Tenant)} t ON {_column('t', Tenant, 'id')} = {_column('r', Run, 'tenant')} "
         f"JOIN {_table(GpuFlavor)} f "
         f"ON {_column('f', GpuFlavor, 'id')} = {_column('r', Run, 'flavor')} "
@@ -115,7 +121,7 @@ def held_run_rows(*, holding: Sequence[str], live: Sequence[str]) -> list:
         f"ORDER BY {_column('r', Run, 'submitted_at')} DESC, {_column('r', Run, 'id')} DESC"
     )
     # The subqueries' placeholders come first in the statement, before the WHERE clause's.
-    return _rows(sql, [*live, *live, *holding], _HELD_FIELDS)
+    return _rows(sql, [*live, *live, *live, *holding], _HELD_FIELDS)
 
 
 _NODE_FIELDS = (

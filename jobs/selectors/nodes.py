@@ -323,7 +323,7 @@ def cluster_node_map(*, user: UserLike, now: datetime | None = None) -> NodeMap:
     clusters = {cluster.name: cluster for cluster in Cluster.objects.filter(enabled=True)}
     nodes = cluster_nodes(now=now)
     levels = {name: tuple(cluster.topology_levels) for name, cluster in clusters.items()}
-    held = held_runs()
+    held = held_runs(now=now)
     snapshot = admission_types.Snapshot(
         queued=(), held=held, nodes=tuple(nodes), quotas={}, levels=levels
     )

@@ -98,38 +98,64 @@ def cluster_nodes(
     return nodes
 
 
-def held_runs() -> tuple[admission_types.HeldRun, ...]:
+def _held_latest_end(
+    *, started: datetime | None, admitted: float, max_runtime_s: float, now: datetime
+) -> float:
+    """When a held run frees its GPUs at the latest (epoch seconds): its start plus its max
+    runtime; not started, the end of the placement grace (it starts by then, or goes back
+    to the queue, jobs.services.backend_sync) or now if that is past, plus its max runtime.
+    The one definition: admission's backfill and the start estimates read it from
+    ``HeldRun.latest_end``."""
+    if started is not None:
+        return started.timestamp() + max_runtime_s
+    placed = admitted + settings.GANTRY_PLACEMENT_GRACE_S
+    return max(now.timestamp(), placed) + max_runtime_s
+
+
+def held_runs(*, now: datetime) -> tuple[admission_types.HeldRun, ...]:
     """Every run that holds GPUs now, with the nodes it holds them on (where the backend
-    runs it if it said so, else where admission placed it), in one query."""
+    runs it if it said so, else where admission placed it) and when it frees them at the
+    latest (``_held_latest_end``, as of ``now``), in one query."""
     rows = holding_sql.held_run_rows(
         holding=HOLDING_STATES, live=(AttemptState.CREATED, *LIVE_ATTEMPT_STATES)
     )
-    return tuple(
-        admission_types.HeldRun(
-            id=run_id,
-            tenant=tenant,
-            flavor=flavor,
-            cluster=cluster,
-            gpus=gpus,
-            priority=priority,
-            admitted=(admitted_at or submitted_at).timestamp(),
-            borrowed=borrowed,
-            nodes=tuple(attempt_nodes or attempt_placement or ()),
+    held = []
+    for (
+        run_id,
+        tenant,
+        flavor,
+        cluster,
+        gpus,
+        priority,
+        admitted_at,
+        submitted_at,
+        borrowed,
+        attempt_nodes,
+        attempt_placement,
+        attempt_started,
+        max_runtime_minutes,
+    ) in rows:
+        admitted = (admitted_at or submitted_at).timestamp()
+        held.append(
+            admission_types.HeldRun(
+                id=run_id,
+                tenant=tenant,
+                flavor=flavor,
+                cluster=cluster,
+                gpus=gpus,
+                priority=priority,
+                admitted=admitted,
+                borrowed=borrowed,
+                nodes=tuple(attempt_nodes or attempt_placement or ()),
+                latest_end=_held_latest_end(
+                    started=attempt_started,
+                    admitted=admitted,
+                    max_runtime_s=max_runtime_minutes * 60.0,
+                    now=now,
+                ),
+            )
         )
-        for (
-            run_id,
-            tenant,
-            flavor,
-            cluster,
-            gpus,
-            priority,
-            admitted_at,
-            submitted_at,
-            borrowed,
-            attempt_nodes,
-            attempt_placement,
-        ) in rows
-    )
+    return tuple(held)
 
 
 def gpus_held() -> dict[tuple[str, str], int]:
@@ -152,7 +178,7 @@ class Occupancy:
 def gpu_occupancy(*, now) -> Occupancy:
     """What tenants hold and what is free per flavor, with one definition of holding
     (docs/admission.md): two queries."""
-    held = held_runs()
+    held = held_runs(now=now)
     in_use: dict[tuple[str, str], int] = defaultdict(int)
     for run in held:
         in_use[(run.tenant, run.flavor)] += run.gpus
@@ -180,6 +206,7 @@ def admission_snapshot(
         "experiment__topology_level",
         "experiment__topology_mode",
         "excluded_nodes",
+        "experiment__max_runtime_minutes",
         *(("wait_reason", "wait_message") if written is not None else ()),
     )
     queued_runs = []
@@ -196,17 +223,17 @@ def admission_snapshot(
                 topology_level=row[7],
                 topology_required=row[8] == TopologyMode.REQUIRED,
                 excluded=tuple(sorted(row[9] or ())),
+                max_runtime_s=row[10] * 60.0,
             )
         )
         if written is not None:
-            written[row[0]] = (row[10], row[11])
+            written[row[0]] = (row[11], row[12])
     queued = tuple(queued_runs)
-    held = held_runs()
+    held = held_runs(now=now)
     clusters = {cluster.name: cluster for cluster in Cluster.objects.filter(enabled=True)}
     nodes = cluster_nodes(now=now)
-    quotas = {
-        (row["tenant__slug"], row["flavor__slug"]): _quota_of(row)
-        for row in Quota.objects.filter(tenant__active=True).values(
+    quota_rows = list(
+        Quota.objects.filter(tenant__active=True).values(
             "tenant__slug",
             "flavor__slug",
             "guaranteed_gpus",
@@ -215,7 +242,15 @@ def admission_snapshot(
             "monthly_gpu_hour_budget",
             "budget_mode",
             "fair_share_weight",
+            # A tenant without a quota has no run admission decides on: read with the quotas.
+            "tenant__queueing",
         )
+    )
+    quotas = {(row["tenant__slug"], row["flavor__slug"]): _quota_of(row) for row in quota_rows}
+    tenant_queueing = {
+        row["tenant__slug"]: admission_types.Queueing(row["tenant__queueing"])
+        for row in quota_rows
+        if row["tenant__queueing"]
     }
     decayed = {
         (tenant, flavor): gpu_seconds
@@ -234,6 +269,10 @@ def admission_snapshot(
         starvation_after_s=settings.GANTRY_STARVATION_AFTER_S,
         levels={name: tuple(cluster.topology_levels) for name, cluster in clusters.items()},
         outside=queues_of({name: cluster.outside_claims for name, cluster in clusters.items()}),
+        queueing={
+            name: admission_types.Queueing(cluster.queueing) for name, cluster in clusters.items()
+        },
+        tenant_queueing=tenant_queueing,
     )
     return snapshot, clusters
 
@@ -264,7 +303,8 @@ def _table(model) -> str:
 def admission_fingerprint(*, now: datetime) -> tuple[str, datetime] | None:
     """What admission reads, condensed: a digest of every queued and held run (state,
     priority, cluster, borrowed, excluded nodes), the live attempts' nodes, the node
-    inventory (with Gantry's health of each node), the clusters, quotas and tenants, and
+    inventory (with Gantry's health of each node), the clusters, quotas and tenants (with
+    their queueing policies), and
     which budgets are spent; with the moment until which
     the same inputs give the same decisions (the next run to start starving, the next
     inventory to go stale, the next month). A few aggregate queries in PostgreSQL, no rows
@@ -295,7 +335,7 @@ def admission_fingerprint(*, now: datetime) -> tuple[str, datetime] | None:
         "clusters": (
             # Not inventory_valid_until: each refresh moves it; when it passes is a moment.
             # Outside jobs as admission reads them: not their expected starts ("next").
-            f"SELECT count(*), sum(hashtext(concat_ws('|', id, name, enabled, "  # noqa: S608
+            f"SELECT count(*), sum(hashtext(concat_ws('|', id, name, enabled, queueing, "  # noqa: S608
             "topology_levels::text, (outside_claims - 'next')::text)))::text "
             f"FROM {_table(Cluster)}",
             [],
@@ -303,7 +343,8 @@ def admission_fingerprint(*, now: datetime) -> tuple[str, datetime] | None:
         "quotas": (
             f"SELECT count(*), sum(hashtext(concat_ws('|', q.id, q.tenant_id, q.flavor_id, "  # noqa: S608
             "q.guaranteed_gpus, q.borrow_limit_gpus, q.max_gpus_per_run, "
-            "q.monthly_gpu_hour_budget, q.budget_mode, q.fair_share_weight, t.active, t.slug"
+            "q.monthly_gpu_hour_budget, q.budget_mode, q.fair_share_weight, t.active, t.slug, "
+            "t.queueing"
             f")))::text FROM {_table(Quota)} q JOIN {_table(Tenant)} t ON t.id = q.tenant_id",
             [],
         ),

@@ -1,10 +1,11 @@
 """The admission cycle: snapshot, pure decision, apply it, one admitter at a time."""
 
+import math
 import time
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -16,7 +17,7 @@ from clusters.models import Cluster
 from core import metrics
 from core.bulk import rows_update
 from jobs import admission
-from jobs.admission_types import Decisions
+from jobs.admission_types import Decisions, Shadow
 from jobs.enqueue import admission_kick_clear, attempt_submit_enqueue
 from jobs.models import (
     AdmissionState,
@@ -161,6 +162,9 @@ def _admissions_apply(
         how = "borrowing idle GPUs (preemptible)" if decision.borrowed else "within its guarantee"
         if decision.over_budget:
             how += "; past its soft monthly budget"
+        if decision.ahead_of is not None:
+            # Backfilled: the head it passed is of its own tenant's line (admission_types.Admit).
+            how += f"; started ahead of run {decision.ahead_of}: {decision.ahead_because}"
         claimed = run_transition(
             run=run,
             to=RunState.ADMITTED,
@@ -221,6 +225,7 @@ def _wait_reasons_write(decisions: Decisions, *, written: Mapping[int, tuple[str
     snapshot): positions are counted when read (jobs.selectors.runs), so a run admitted
     ahead rewrites no row behind it."""
     reservations = {r.run_id: r for r in decisions.reservations}
+    shadows = {shadow.run_id: shadow for shadow in decisions.shadows}
     changed = []
     for wait in decisions.waiting:
         message = wait.message
@@ -229,7 +234,26 @@ def _wait_reasons_write(decisions: Decisions, *, written: Mapping[int, tuple[str
             message += (
                 f"; {held.gpus} GPUs on {held.cluster} ({', '.join(held.nodes)}) are held for it"
             )
+        if wait.run_id in shadows:
+            message = _with_ending(message, shadow_text(shadows[wait.run_id]))
         row = (wait.reason.value, message[:WAIT_MESSAGE_MAX_LENGTH])
         if written.get(wait.run_id, row) != row:
             changed.append((wait.run_id, *row))
     rows_update(Run, ["wait_reason", "wait_message"], changed, state=RunState.QUEUED)
+
+
+def shadow_text(shadow: Shadow) -> str:
+    """The start reserved for a waiting head, as its wait message ends: its nodes, and from
+    when (UTC, as stored messages say every time; rounded up to the minute, so never
+    earlier than reserved)."""
+    where = f"; reserved: {', '.join(shadow.nodes)} on {shadow.cluster}"
+    if shadow.at is None:
+        return f"{where}, from when the runs there end (one has no maximum runtime)"
+    minute = datetime.fromtimestamp(math.ceil(shadow.at / 60) * 60, tz=UTC)
+    return f"{where} from {minute:%Y-%m-%d %H:%M} UTC"
+
+
+def _with_ending(message: str, ending: str) -> str:
+    """``message`` then ``ending``, within WAIT_MESSAGE_MAX_LENGTH: the message is cut, not
+    the ending, which says what the run's page must show (the nodes and time reserved)."""
+    return message[: max(0, WAIT_MESSAGE_MAX_LENGTH - len(ending))] + ending

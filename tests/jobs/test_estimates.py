@@ -829,3 +829,34 @@ def test_a_preempted_run_goes_back_in_line_by_when_it_was_admitted():
         10: estimates.Start(10, 100.0, "c", ("c-a100-00",), ()),
         12: estimates.Start(12, 5600.0, "c", ("c-a100-00",), (1,)),
     }
+
+
+def test_runs_started_in_the_simulation_end_by_their_max_runtime_as_held_runs(monkeypatch):
+    # Admission's backfill reads a held run's latest end: the simulation gives the runs it
+    # starts theirs (start + max runtime, whatever they are expected to take) and keeps
+    # those of the snapshot's held runs.
+    seen: list[tuple[float, dict[int, float | None]]] = []
+    real_decide = estimates.admission.decide
+
+    def decide(snapshot, **kwargs):
+        seen.append((snapshot.now, {run.id: run.latest_end for run in snapshot.held}))
+        return real_decide(snapshot, **kwargs)
+
+    monkeypatch.setattr(estimates.admission, "decide", decide)
+    snapshot = two_nodes()
+    small = replace(snapshot.queued[1], max_runtime_s=900.0)
+    held = (snapshot.held[0], replace(snapshot.held[1], latest_end=2500.0))
+
+    forecast = estimates.simulate(
+        replace(snapshot, queued=(snapshot.queued[0], small), held=held),
+        ends={1: 1000.0, 2: 2000.0},
+        runtimes={10: 500.0, 11: 5000.0},
+        **EXACT,
+    )
+
+    assert forecast.starts[11].at == 1000.0
+    assert seen[:3] == [
+        (100.0, {1: None, 2: 2500.0}),
+        (1000.0, {2: 2500.0}),  # run 1 has left; run 11 starts in this cycle
+        (2000.0, {11: 1900.0}),  # 1000 + its 900 s max runtime, not its 5000 s expected
+    ]

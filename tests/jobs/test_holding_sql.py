@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import time_machine
+from django.conf import settings
 from django.db import connection
 from django.db.models import JSONField, OuterRef, Subquery, Sum
 from django.test.utils import CaptureQueriesContext
@@ -94,15 +95,21 @@ def orm_cluster_nodes(*, now, clusters=None) -> list[admission_types.ClusterNode
     return nodes
 
 
-def orm_held_runs() -> tuple[admission_types.HeldRun, ...]:
+def orm_held_runs(*, now) -> tuple[admission_types.HeldRun, ...]:
     live = Attempt.objects.filter(
         run=OuterRef("pk"), state__in=(AttemptState.CREATED, *LIVE_ATTEMPT_STATES)
+    ).order_by("-number")
+    # The latest end as the start estimates computed it (jobs/selectors/estimates.py
+    # ``_held_ends``, before it moved into ``held_runs``).
+    started = Attempt.objects.filter(
+        run=OuterRef("pk"), state__in=LIVE_ATTEMPT_STATES, started_at__isnull=False
     ).order_by("-number")
     rows = (
         Run.objects.filter(state__in=HOLDING_STATES)
         .annotate(
             attempt_nodes=Subquery(live.values("node_list")[:1], output_field=JSONField()),
             attempt_placement=Subquery(live.values("placement")[:1], output_field=JSONField()),
+            attempt_started=Subquery(started.values("started_at")[:1]),
         )
         .values(
             "id",
@@ -116,8 +123,18 @@ def orm_held_runs() -> tuple[admission_types.HeldRun, ...]:
             "borrowed",
             "attempt_nodes",
             "attempt_placement",
+            "attempt_started",
+            "experiment__max_runtime_minutes",
         )
     )
+
+    def latest_end(row) -> float:
+        max_runtime_s = row["experiment__max_runtime_minutes"] * 60.0
+        if row["attempt_started"] is not None:
+            return row["attempt_started"].timestamp() + max_runtime_s
+        placed = (row["admitted_at"] or row["submitted_at"]).timestamp()
+        return max(now.timestamp(), placed + settings.GANTRY_PLACEMENT_GRACE_S) + max_runtime_s
+
     return tuple(
         admission_types.HeldRun(
             id=row["id"],
@@ -129,6 +146,7 @@ def orm_held_runs() -> tuple[admission_types.HeldRun, ...]:
             admitted=(row["admitted_at"] or row["submitted_at"]).timestamp(),
             borrowed=row["borrowed"],
             nodes=tuple(row["attempt_nodes"] or row["attempt_placement"] or ()),
+            latest_end=latest_end(row),
         )
         for row in rows
     )
@@ -177,7 +195,7 @@ def orm_flavor_overcommits() -> list[Overcommit]:
 
 
 def orm_quota_usage_list(*, quotas, tenant=None, now) -> list[QuotaUsage]:
-    held = orm_held_runs()
+    held = orm_held_runs(now=now)
     in_use: dict[tuple[str, str], int] = defaultdict(int)
     for run in held:
         in_use[(run.tenant, run.flavor)] += run.gpus
@@ -375,12 +393,13 @@ def varied_world(world) -> GpuFlavor:
 # --- parity -------------------------------------------------------------------------------
 
 
-def test_held_runs_are_the_orms(world):
+@pytest.mark.parametrize("now", CLOCKS)
+def test_held_runs_are_the_orms(world, now):
     varied_world(world)
 
-    held = held_runs()
+    held = held_runs(now=now)
 
-    assert held == orm_held_runs()
+    assert held == orm_held_runs(now=now)
     assert len(held) == 6  # admitted, submitting, pending, three running
     assert {run.borrowed for run in held} == {True, False}
     # Nodes from the live attempt's node list, from its placement, and none (admitted).
@@ -392,8 +411,8 @@ def test_a_queued_run_without_a_cluster_is_not_held_and_one_without_attempts_is(
     varied_world(world)
     Run.objects.filter(state=RunState.ADMITTED).update(cluster=None)
 
-    assert held_runs() == orm_held_runs()
-    assert any(run.cluster is None and run.nodes == () for run in held_runs())
+    assert held_runs(now=NOW) == orm_held_runs(now=NOW)
+    assert any(run.cluster is None and run.nodes == () for run in held_runs(now=NOW))
 
 
 @pytest.mark.parametrize("now", CLOCKS)

@@ -535,6 +535,7 @@ def tenant_state(tenant: Tenant, **changes) -> dict:
         "created_at": audit_snapshot(tenant)["created_at"],
         "idle_notify_after_min": None,
         "idle_cancel_after_min": None,
+        "queueing": "",
     } | changes
 
 
