@@ -83,6 +83,7 @@ class CycleState:
             each.borrowed.sort(key=victim_order)
             each.settle()
         self.now = snapshot.now
+        self.start_grace_s = snapshot.start_grace_s
         self.starvation_after_s = snapshot.starvation_after_s
         # Answers by the shape asked about and the pools' versions (``shape``).
         self.answers: dict[tuple[object, ...], object] = {}
@@ -167,8 +168,13 @@ class CycleState:
     def admit(self, run: QueuedRun, pool: PoolState, where: placement.Placement) -> None:
         self._hold(pool, run.id, dict.fromkeys(where.nodes, run.gpus_per_node), self.now)
         self.usage[(run.tenant, run.flavor)] += run.gpus
-        bound = run.max_runtime_s
-        self.latest_end[run.id] = None if bound is None else self.now + bound
+        self.latest_end[run.id] = self.ends_by(run)
+
+    def ends_by(self, run: QueuedRun) -> float | None:
+        """When ``run``, admitted now, frees its GPUs at the latest (None: no bound)."""
+        if run.max_runtime_s is None:
+            return None
+        return self.now + self.start_grace_s + run.max_runtime_s
 
     def stolen(
         self, pool: PoolState, victims: list[HeldRun], outside: Mapping[str, OutsideQueue]

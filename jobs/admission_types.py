@@ -142,6 +142,9 @@ class Snapshot:
     queueing: Mapping[str, Queueing] = field(default_factory=dict)
     # tenant -> a policy for its runs that overrides its clusters' policies.
     tenant_queueing: Mapping[str, Queueing] = field(default_factory=dict)
+    # A run admitted now starts within this or goes back to the queue: its latest end counts
+    # its max runtime from then (as ``HeldRun.latest_end`` does for a run not started).
+    start_grace_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -200,7 +200,7 @@ def fit(
             because = unreserved
         elif pool is reserved.pool and ends_first:
             because = (
-                f"it ends by {clock(state.now + (run.max_runtime_s or 0))} at the latest, "
+                f"it ends by {clock(state.ends_by(run))} at the latest, "
                 f"before run {reserved.head}'s reserved start at {clock(reserved.at)}"
             )
         else:
@@ -223,10 +223,11 @@ def fit(
 
 
 def _ends_first(state: CycleState, run: QueuedRun, reserved: Plan | None) -> bool:
-    """Does ``run``, started now, end by the head's reserved start at its max runtime?"""
-    if reserved is None or reserved.at is None or run.max_runtime_s is None:
+    """Does ``run``, admitted now, end by the head's reserved start at its max runtime?"""
+    ends = state.ends_by(run)
+    if reserved is None or reserved.at is None or ends is None:
         return False
-    return state.now + run.max_runtime_s <= reserved.at
+    return ends <= reserved.at
 
 
 def took(state: CycleState, run: QueuedRun, started: Backfill, reserved: Plan | None) -> None:
@@ -251,7 +252,8 @@ def _tightness(where: placement.Placement) -> tuple[int, ...]:
 
 
 def clock(at: float | None) -> str:
-    """An instant as the wait messages say it (UTC, to the minute)."""
+    """An instant as the wait messages say it: UTC, as stored messages say every time,
+    rounded up to the minute (a reserved start is never said earlier than it is)."""
     if at is None:
         return "an unknown time"
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return datetime.fromtimestamp(math.ceil(at / 60) * 60, UTC).strftime("%Y-%m-%d %H:%M UTC")

@@ -205,3 +205,18 @@ def experiment_input(world: World, **overrides) -> ExperimentInput:
     }
     values.update(overrides)
     return ExperimentInput(**values)
+
+
+def reserved_ending(holders, nodes: list[str], *, cluster: str = "sim-1") -> str:
+    """How a waiting head's message ends under backfill (docs/admission.md, "Backfill") when
+    it is reserved ``nodes`` from when the last of ``holders``, the runs there, end at the
+    latest (``HeldRun.latest_end``, as admission reads it)."""
+    from django.utils import timezone
+
+    from jobs import backfill
+    from jobs.selectors.queue import held_runs
+
+    ids = {run.pk for run in holders}
+    ends = [run.latest_end for run in held_runs(now=timezone.now()) if run.id in ids]
+    assert len(ends) == len(ids) and None not in ends, ends
+    return f"; reserved: {', '.join(nodes)} on {cluster} from {backfill.clock(max(ends))}"

@@ -267,6 +267,7 @@ def admission_snapshot(
         decayed_usage=decayed,
         now=now.timestamp(),
         starvation_after_s=settings.GANTRY_STARVATION_AFTER_S,
+        start_grace_s=settings.GANTRY_PLACEMENT_GRACE_S,
         levels={name: tuple(cluster.topology_levels) for name, cluster in clusters.items()},
         outside=queues_of({name: cluster.outside_claims for name, cluster in clusters.items()}),
         queueing={

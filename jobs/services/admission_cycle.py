@@ -1,11 +1,10 @@
 """The admission cycle: snapshot, pure decision, apply it, one admitter at a time."""
 
-import math
 import time
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -16,7 +15,7 @@ from django.utils import timezone
 from clusters.models import Cluster
 from core import metrics
 from core.bulk import rows_update
-from jobs import admission
+from jobs import admission, backfill
 from jobs.admission_types import Decisions, Shadow
 from jobs.enqueue import admission_kick_clear, attempt_submit_enqueue
 from jobs.models import (
@@ -249,8 +248,7 @@ def shadow_text(shadow: Shadow) -> str:
     where = f"; reserved: {', '.join(shadow.nodes)} on {shadow.cluster}"
     if shadow.at is None:
         return f"{where}, from when the runs there end (one has no maximum runtime)"
-    minute = datetime.fromtimestamp(math.ceil(shadow.at / 60) * 60, tz=UTC)
-    return f"{where} from {minute:%Y-%m-%d %H:%M} UTC"
+    return f"{where} from {backfill.clock(shadow.at)}"
 
 
 def _with_ending(message: str, ending: str) -> str:

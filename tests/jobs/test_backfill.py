@@ -266,3 +266,11 @@ def test_a_clock_step_back_moves_every_bound_with_it_and_admits_nothing_twice():
     assert [(a.run_id, a.nodes, a.ahead_because) for a in forward.admitted] == [
         (2, ("c-n3",), "it uses GPUs run 1 does not need")
     ]
+
+
+def test_a_run_admitted_this_cycle_holds_its_gpus_until_its_start_grace_and_max_runtime():
+    # Run 5 takes the free node now; it starts within the 300 s grace, so it ends by 01:05.
+    queue = [queued(5, 1, 8, 1), queued(6, 2, 8, 4)]
+    decisions = decide(replace(snapshot(queue, BUSY), start_grace_s=300.0))
+    assert [a.run_id for a in decisions.admitted] == [5]
+    assert decisions.shadows == (Shadow(6, "c", "a100", ("c-n0", "c-n3"), NOW + HOUR + 300),)

@@ -7,12 +7,12 @@ import pytest
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from jobs.models import Run, RunEvent, RunState
+from jobs.models import Attempt, Run, RunEvent, RunState
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.submission import run_submit
 from tenants.models import Quota
 from tenants.services.tokens import api_token_create
-from tests.conftest import experiment_input
+from tests.conftest import experiment_input, reserved_ending
 
 NEUTRAL = (
     "a tenant within its guarantee reclaimed 8 h100-80gb GPUs on sim-1; this run had borrowed 8"
@@ -119,7 +119,16 @@ def test_the_requeued_run_waits_with_a_reason_about_its_own_tenant(world, preemp
         "tenant nlp uses 8 of 8 guaranteed h100-80gb GPUs; to borrow idle ones, this run "
         "needs 8 h100-80gb GPUs on one node; 0 h100-80gb GPUs are free, at most 0 on any node "
         "(sim-1-h100-80gb-00: 0, sim-1-h100-80gb-01: 0)"
+        + reserved_ending([holder_of("sim-1-h100-80gb-00")], ["sim-1-h100-80gb-00"])
     )
+
+
+def holder_of(node: str) -> Run:
+    """The run holding ``node`` (placed there by admission)."""
+    (attempt,) = [
+        a for a in Attempt.objects.filter(run__state=RunState.ADMITTED) if node in a.placement
+    ]
+    return attempt.run
 
 
 def test_events_stored_before_the_fix_are_anonymised_by_the_migration(world):

@@ -21,7 +21,7 @@ from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import cluster_sync
 from jobs.services.submission import run_submit
 from tenants.models import Quota
-from tests.conftest import experiment_input
+from tests.conftest import experiment_input, reserved_ending
 
 A100 = "a100-80gb"
 
@@ -158,7 +158,8 @@ def test_a_drained_node_takes_nothing_and_is_named_in_the_reason(world):
         WaitReason.CAPACITY,
         f"needs 8 {A100} GPUs on one node; 0 {A100} GPUs are free, at most 0 on any node "
         f"({node(0)}: 0, {node(1)}: takes no work (drained: bad DIMM), {node(2)}: takes no "
-        f"work (drained: bad DIMM), {node(3)}: takes no work (drained: bad DIMM))",
+        f"work (drained: bad DIMM), {node(3)}: takes no work (drained: bad DIMM))"
+        + reserved_ending([first], [node(0)]),
         1,
     )
     rows = ClusterNode.objects.filter(flavor=world.a100).order_by("name")
