@@ -76,7 +76,8 @@ def test_backfill_starts_only_what_ends_before_the_heads_reserved_start():
     assert backfill.started_ahead == 1
     # Run 4 is a head too once run 2 runs: reserved for 7,000 s + run 2's hour.
     assert backfill.heads == {(2, 0): Head(10.0, 7_200.0), (4, 0): Head(7_000.0, 10_600.0)}
-    assert lateness(backfill, found[("tiny", "strict")]) == Lateness(2, 0, 0.0, 2, 0)
+    assert backfill.entered == set()
+    assert lateness(backfill, found[("tiny", "strict")]) == Lateness(2, 0, 0.0, 2, 0, 0)
     assert utilization(REPLAY, backfill.result) == (6_000.0 + 2_000.0) / (8 * 1_500.0)
 
 
@@ -86,14 +87,30 @@ def test_best_effort_lets_run_4_delay_the_head():
     assert best_effort.starts == {1: [0.0], 3: [20.0], 4: [1_500.0], 2: [8_000.0]}
     assert best_effort.heads == {(2, 0): Head(20.0, None)}
     assert best_effort.started_ahead == 2
-    assert lateness(best_effort, found[("tiny", "strict")]) == Lateness(1, 1, 1_000.0, 0, 0)
+    assert lateness(best_effort, found[("tiny", "strict")]) == Lateness(1, 1, 1_000.0, 0, 0, 0)
     assert worse_p95([REPLAY], found) == []
     assert waits_by_group(REPLAY, best_effort.result) == {"a": [0.0, 7_990.0, 0.0, 0.0]}
 
 
+def test_another_tenants_run_on_a_reserved_node_is_seen():
+    # Tenant b's 1x2 comes at 1,000 s and fits beside runs 1 and 3 on run 2's reserved node.
+    other = Task(
+        id=5, name="r5", qos="LS", gpus_per_node=2, arrival=1_000.0, runtime=400.0, tenant="b"
+    )
+    replay = replace(REPLAY, tasks=[*TASKS, other])
+    backfill = simulate_one((replay, Backfill))
+    assert backfill.starts == {1: [0.0], 2: [7_000.0], 3: [20.0], 5: [1_000.0], 4: [8_000.0]}
+    assert backfill.entered == {(2, 0)}
+    assert simulate_one((replay, Strict)).entered == set()
+
+
 def test_a_head_past_its_reserved_start_breaks_it_one_still_short_of_it_does_not():
-    def outcome(starts: dict[int, list[float]], heads: dict[tuple[int, int], Head]) -> Outcome:
-        return Outcome(Result("p"), starts, heads, 0, end=5_000.0, seconds=0.0)
+    def outcome(
+        starts: dict[int, list[float]],
+        heads: dict[tuple[int, int], Head],
+        entered: frozenset[tuple[int, int]] = frozenset(),
+    ) -> Outcome:
+        return Outcome(Result("p"), starts, heads, entered, 0, end=5_000.0, seconds=0.0)
 
     strict = outcome({1: [100.0], 2: [100.0], 3: [50.0, 900.0]}, {})
     heads = {
@@ -103,14 +120,19 @@ def test_a_head_past_its_reserved_start_breaks_it_one_still_short_of_it_does_not
         (4, 0): Head(0.0, None),  # never under either: not later
     }
     late = lateness(outcome({1: [300.0], 3: [50.0]}, heads), strict)
-    assert late == Lateness(heads=4, later=3, max_later=math.inf, reserved=3, broken=2)
+    assert late == Lateness(
+        heads=4, later=3, max_later=math.inf, reserved=3, broken=2, broken_alone=2
+    )
+    # Another tenant's run got onto run 2's reserved nodes while it waited.
+    late = lateness(outcome({1: [300.0], 3: [50.0]}, heads, frozenset({(2, 0)})), strict)
+    assert (late.broken, late.broken_alone) == (2, 1)
 
 
 def test_a_longer_p95_under_backfill_is_named():
     found = outcomes()
     waited = {1: 0.0, 2: 0.0, 3: 9_000.0, 4: 0.0}
     found[("tiny", "backfill")] = Outcome(
-        Result("p", waited=waited), {}, {}, 0, end=0.0, seconds=0.0
+        Result("p", waited=waited), {}, {}, set(), 0, end=0.0, seconds=0.0
     )
     # p95 is the value at rank ⌊0.95 x 4⌋ = 3 of the sorted waits: strict's is run 3's 7,980 s.
     assert worse_p95([REPLAY], found) == ["tiny a: 2.2 h → 2.5 h"]
