@@ -30,7 +30,9 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Set
 from dataclasses import dataclass, replace
+from functools import partial
 
 from bench.placement import (
     COMPRESSION,
@@ -145,7 +147,7 @@ class Outcome:
     result: Result
     starts: dict[int, list[float]]
     heads: dict[tuple[int, int], Head]
-    entered: set[tuple[int, int]]  # heads whose reserved nodes another tenant's run entered
+    entered: Set[tuple[int, int]]  # heads whose reserved nodes another tenant's run entered
     started_ahead: int
     end: float  # simulated seconds: where it stopped
     seconds: float  # wall time
@@ -252,13 +254,19 @@ def met(ok: bool) -> str:
 # --- (a) the workloads -------------------------------------------------------------------
 
 FRAGMENTATION = "fragmentation"
+# Every other Alibaba task, on the placement section's nodes: the whole lists would take
+# backfill (its decisions slower, three policies) past `make bench`'s few minutes a section.
+STRIDE = 2
 
 
 def replays(node_share: float, stride: int) -> list[Replay]:
+    """The workloads: every ``stride``-th Alibaba task on ``node_share`` of the node list;
+    the whole fragmentation stream unless quick."""
+    frag_stride = QUICK_STRIDE if quick() else 1
     found = [
         Replay(
             FRAGMENTATION + (", gangs of alpha, 1×2 of beta" if by_shape else ""),
-            fragmented_tasks(by_shape=by_shape)[::stride],
+            fragmented_tasks(by_shape=by_shape)[::frag_stride],
             fragmented_nodes(),
             tenant_of,
             FRAG_UNTIL_S,
@@ -454,7 +462,7 @@ def decision(queued: int) -> list[Section]:
     for queueing in (Queueing.STRICT, Queueing.BACKFILL, Queueing.BEST_EFFORT):
         snapshot = with_queueing(base, queueing)
         decisions = decide(snapshot)
-        seconds[queueing] = best_of(lambda snapshot=snapshot: decide(snapshot), repeat=REPEAT)
+        seconds[queueing] = best_of(partial(decide, snapshot), repeat=REPEAT)
         section.rows.append(
             [
                 queueing.value,
@@ -476,4 +484,4 @@ def decision(queued: int) -> list[Section]:
 def run() -> list[Section]:
     if quick():
         return scenarios(NODE_SHARE / 4, QUICK_STRIDE) + decision(QUICK_QUEUED)
-    return scenarios(NODE_SHARE, 1) + decision(QUEUED)
+    return scenarios(NODE_SHARE, STRIDE) + decision(QUEUED)

@@ -143,7 +143,7 @@ def load_tasks(
 ) -> list[Task]:
     """GPU tasks that ran in the trace (``rows``: of ``TASKS_CSV`` unless given), each one
     run on one node; a fractional GPU is rounded up to a whole one."""
-    tasks = []
+    tasks: list[Task] = []
     for row in read_pods(TASKS_CSV) if rows is None else rows:
         if not ran(row):
             continue
