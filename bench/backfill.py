@@ -91,6 +91,8 @@ class Strict(PlacementAware):
         self.waiting_on: dict[tuple[str, str], set[tuple[int, int]]] = defaultdict(set)
         self.reserved_on: dict[tuple[int, int], list[tuple[str, str]]] = {}
         self.entered: set[tuple[int, int]] = set()  # heads another tenant's run got in on
+        # head -> the starving runs' holds (run id, GPUs) when it got its reservation
+        self.holds_seen: dict[tuple[int, int], set[tuple[int, int]]] = {}
 
     def start(self, task_id: int, nodes: tuple[str, ...]) -> None:
         head = (task_id, len(self.starts[task_id]))
@@ -106,15 +108,24 @@ class Strict(PlacementAware):
 
     def decided(self, decisions: Decisions) -> None:
         """Runs admitted in this cycle before a head got its reservation are what it was
-        planned around: only the starts of later cycles can enter its nodes."""
+        planned around: only the starts of later cycles can enter its nodes. So can a
+        starving run of another tenant, by holding GPUs there it did not hold when the head
+        got its reservation (``Decisions.reservations``: a starving run outranks it)."""
+        for held in decisions.reservations:
+            for name in held.nodes:
+                for head in self.waiting_on.get((held.cluster, name), ()):
+                    if (held.run_id, held.gpus) not in self.holds_seen[head] and tenant_of(
+                        self.tasks[held.run_id]
+                    ) != tenant_of(self.tasks[head[0]]):
+                        self.entered.add(head)
         for shadow in decisions.shadows:
-            self.saw_head(shadow.run_id, shadow)
+            self.saw_head(shadow.run_id, shadow, decisions)
         for admit in decisions.admitted:
             if admit.ahead_of is not None:
                 self.started_ahead += 1
-                self.saw_head(admit.ahead_of, None)
+                self.saw_head(admit.ahead_of, None, decisions)
 
-    def saw_head(self, run_id: int, shadow: Shadow | None) -> None:
+    def saw_head(self, run_id: int, shadow: Shadow | None, decisions: Decisions) -> None:
         # A waiting run's attempt is the number of its starts so far.
         key = (run_id, len(self.starts[run_id]))
         head = self.heads.get(key)
@@ -125,6 +136,7 @@ class Strict(PlacementAware):
             self.reserved_on[key] = [(shadow.cluster, name) for name in shadow.nodes]
             for node in self.reserved_on[key]:
                 self.waiting_on[node].add(key)
+            self.holds_seen[key] = {(held.run_id, held.gpus) for held in decisions.reservations}
 
 
 class Backfill(Strict):
@@ -247,6 +259,11 @@ def worse_p95(replays: list[Replay], done: dict[tuple[str, str], Outcome]) -> li
     return worse
 
 
+def every(stride: int) -> str:
+    """Which tasks a stride keeps, in words: "every task", "every other task", …"""
+    return {1: "every task", 2: "every other task"}.get(stride, f"every {stride}th task")
+
+
 def met(ok: bool) -> str:
     return "met" if ok else "missed"
 
@@ -285,7 +302,7 @@ def replays(node_share: float, stride: int) -> list[Replay]:
 def scenarios(node_share: float, stride: int) -> list[Section]:
     chosen = replays(node_share, stride)
     done = simulate(chosen)
-    platform, waits, heads = sections(node_share)
+    platform, waits, heads = sections(node_share, stride)
     for replay in chosen:
         strict = done[(replay.workload, Strict.policy)]
         for policy in POLICIES:
@@ -360,13 +377,14 @@ def goals(
     )
 
 
-def sections(node_share: float) -> tuple[Section, Section, Section]:
+def sections(node_share: float, stride: int) -> tuple[Section, Section, Section]:
     platform = Section(
         title="Backfill: strict, backfill and best-effort (issue 35, point 5)",
         intro=(
             "The workloads of the placement section above (the fragmentation of issue 18, "
             f"and the Alibaba node list, 1/{round(1 / node_share)} of each group's nodes, "
-            f"arrivals {COMPRESSION}× faster, three pod lists), each through "
+            f"arrivals {COMPRESSION}× faster, three pod lists, {every(stride)}), "
+            "each through "
             "`jobs.admission.decide` three times, every cluster with one queueing policy: "
             "*strict* (FIFO inside a tenant and flavor: today's), *backfill* (EASY: a later "
             "run of the tenant starts ahead of its waiting head if it ends by the head's "
@@ -405,7 +423,8 @@ def sections(node_share: float) -> tuple[Section, Section, Section]:
             "max runtimes: strict FIFO's latest start for them in that snapshot), of those "
             "that got one (best-effort reserves nothing); *late, own tenant only*: heads that "
             "started after it though no run of another tenant entered its reserved nodes "
-            "while it waited (what backfill guarantees against)."
+            "while it waited, nor held GPUs there as a starving run (what backfill "
+            "guarantees against)."
         ),
         columns=[
             "workload", "queueing", "heads", "later than strict", "most later",
