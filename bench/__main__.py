@@ -1,10 +1,11 @@
 """``make bench``: every benchmark reports Gantry beside a baseline measured in the same run;
 the results go to docs/benchmarks.md with the machine they ran on.
 
-``python -m bench [admission] [placement] [cycle] [trace] [node_health] [estimates]
-[telemetry] [k8s] [slurm] [finance] [load] [runlist]`` runs some of them and only prints.
-``GANTRY_BENCH_QUICK=1`` runs admission, placement, cycle, trace, node_health and estimates
-on small sizes (does it still work?) and never writes docs/benchmarks.md.
+``python -m bench [admission] [placement] [backfill] [cycle] [trace] [node_health]
+[estimates] [telemetry] [k8s] [slurm] [finance] [load] [runlist]`` runs some of them and only
+prints. ``GANTRY_BENCH_QUICK=1`` runs admission, placement, backfill, cycle, trace,
+node_health and estimates on small sizes (does it still work?) and never writes
+docs/benchmarks.md.
 
 The admission cycle runs against the database ``gantry_bench`` on the server of
 DATABASE_URL (created and migrated here, so the tests' database is never touched), with
@@ -32,6 +33,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 BENCHMARKS = (
     "admission",
     "placement",
+    "backfill",
     "cycle",
     "trace",
     "node_health",
@@ -103,6 +105,10 @@ def run(name: str) -> list[Section]:
         from bench import placement
 
         return placement.run()
+    if name == "backfill":
+        from bench import backfill
+
+        return backfill.run()
     if name == "cycle":
         setup_django()
         from bench import cycle

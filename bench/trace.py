@@ -30,7 +30,17 @@ from pathlib import Path
 from bench.report import Section, quick
 from jobs import placement
 from jobs.admission import decide, fair_share_decayed
-from jobs.admission_types import ClusterNode, HeldRun, Pool, QueuedRun, Quota, Snapshot, nodes_of
+from jobs.admission_types import (
+    ClusterNode,
+    Decisions,
+    HeldRun,
+    Pool,
+    QueuedRun,
+    Queueing,
+    Quota,
+    Snapshot,
+    nodes_of,
+)
 
 # Beside the checkout (``../shared/data``), or where GANTRY_BENCH_TRACE_DIR says: a second
 # checkout (a git worktree elsewhere) reads the same copy of the trace.
@@ -51,6 +61,7 @@ FAIR_SHARE_HALF_LIFE_S = 24 * 3600.0  # GANTRY_FAIR_SHARE_HALF_LIFE_H's default
 GUARANTEED_CLASS = ("LS", "Guaranteed", "Burstable")
 PRIORITY = {"LS": 50, "Guaranteed": 50, "Burstable": 50, "BE": 10}
 QOS_ORDER = ("LS", "Guaranteed", "Burstable", "BE")
+MAX_RUNTIME_STEP_S = 3600.0  # a run's max runtime: its run time rounded up to whole hours
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +79,13 @@ class Task:
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+
+def max_runtime(task: Task) -> float:
+    """The maximum runtime a run is submitted with: its run time rounded up to the next
+    whole hour (at least one), what a user who knows the job asks for. It bounds each
+    attempt; a requeued run has less work left, so it ends within it too."""
+    return math.ceil(task.runtime / MAX_RUNTIME_STEP_S) * MAX_RUNTIME_STEP_S
 
 
 def tenant_of(task: Task) -> str:
@@ -125,7 +143,7 @@ def load_tasks(
 ) -> list[Task]:
     """GPU tasks that ran in the trace (``rows``: of ``TASKS_CSV`` unless given), each one
     run on one node; a fractional GPU is rounded up to a whole one."""
-    tasks = []
+    tasks: list[Task] = []
     for row in read_pods(TASKS_CSV) if rows is None else rows:
         if not ran(row):
             continue
@@ -331,6 +349,7 @@ class Simulation:
         self.queued[task_id] = QueuedRun(
             id=task_id, tenant=tenant_of(task), flavor=task.flavor, nodes=task.nodes,
             gpus_per_node=task.gpus_per_node, priority=PRIORITY[task.qos], submitted=task.arrival,
+            max_runtime_s=max_runtime(task),
         )  # fmt: skip
         self.waiting_since.setdefault(task_id, self.now)
 
@@ -443,13 +462,16 @@ class Admitting(Simulation):
 
 class Gantry(Admitting):
     """``jobs.admission.decide`` on a snapshot of the simulated platform; the backend starts
-    each run at once on the nodes admission placed it on."""
+    each run at once on the nodes admission placed it on. Every cluster has the queueing
+    policy ``queueing``."""
 
     policy = "Gantry"
+    queueing = Queueing.STRICT
 
     def __init__(self, tasks: list[Task], nodes: tuple[ClusterNode, ...], *, until=math.inf):
         super().__init__(tasks, nodes, until=until)
         self.as_held: dict[int, HeldRun] = {}  # the held runs as the snapshot has them
+        self.queueing_of = dict.fromkeys(sorted({n.cluster for n in nodes}), self.queueing)
 
     def start(self, task_id: int, nodes: tuple[str, ...]) -> None:
         super().start(task_id, nodes)
@@ -458,6 +480,7 @@ class Gantry(Admitting):
         self.as_held[task_id] = HeldRun(
             id=task_id, tenant=run.tenant, flavor=run.flavor, cluster=h.cluster, gpus=run.gpus,
             priority=run.priority, admitted=h.admitted, borrowed=h.borrowed, nodes=nodes,
+            latest_end=None if run.max_runtime_s is None else self.now + run.max_runtime_s,
         )  # fmt: skip
 
     def release(self, task_id: int) -> Held:
@@ -474,6 +497,7 @@ class Gantry(Admitting):
                 decayed_usage=dict(self.decayed),
                 now=self.now,
                 starvation_after_s=STARVATION_AFTER_S,
+                queueing=self.queueing_of,
             )
         )
         for preempted in decisions.preempted:
@@ -481,6 +505,10 @@ class Gantry(Admitting):
         for admit in decisions.admitted:
             self.admitted(admit.run_id, admit.cluster, borrowed=admit.borrowed)
             self.start(admit.run_id, admit.nodes)
+        self.decided(decisions)
+
+    def decided(self, decisions: Decisions) -> None:
+        """What a benchmark reads of each cycle's decisions, once they are carried out."""
 
 
 def check_work(result: Result, tasks: list[Task]) -> None:
