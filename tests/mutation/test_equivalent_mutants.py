@@ -5,10 +5,12 @@ cannot rot. Pure: mutmut's generator only, no test run."""
 
 import functools
 import tomllib
+from difflib import unified_diff
 from pathlib import Path
 
+import libcst as cst
 import pytest
-from mutmut.mutation.diff_apply import get_diff_for_mutant
+from mutmut.mutation.diff_apply import read_mutant_function, read_original_function
 from mutmut.mutation.file_mutation import MutatedFile, mutate_file_contents
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,6 +28,27 @@ def generated(path: str) -> MutatedFile:
     return mutate_file_contents(path, (ROOT / path).read_text())
 
 
+@functools.cache
+def parsed(path: str) -> cst.Module:
+    """The mutated module, parsed once per test process (mutmut's ``get_diff_for_mutant``
+    parses the whole generated file, thousands of functions, for every mutant)."""
+    return cst.parse_module(generated(path).code)
+
+
+def diff_for_mutant(name: str, path: str) -> str:
+    """What ``mutmut.mutation.diff_apply.get_diff_for_mutant`` gives for ``source=``: the
+    unified diff of the function and its mutant."""
+    module = parsed(path)
+    original, mutant = (
+        cst.Module([function]).code.strip()
+        for function in (read_original_function(module, name), read_mutant_function(module, name))
+    )
+    lines = unified_diff(
+        original.split("\n"), mutant.split("\n"), fromfile=path, tofile=path, lineterm=""
+    )
+    return "\n".join(lines)
+
+
 def changed_lines(diff: str) -> list[str]:
     return [
         line.strip()
@@ -40,7 +63,7 @@ def test_each_explained_survivor_is_still_generated_with_the_change_explained(en
     mutated = generated(path)
 
     assert entry["name"].removeprefix(path[:-3].replace("/", ".") + ".") in mutated.mutant_names
-    diff = get_diff_for_mutant(entry["name"], source=mutated.code, path=path)
+    diff = diff_for_mutant(entry["name"], path)
     assert changed_lines(diff) == entry["change"]
     assert len(entry["reason"].split()) >= 5, "say why the change alters no behaviour"
 
