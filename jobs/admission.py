@@ -68,6 +68,7 @@ from jobs.admission_types import (
 
 Key = tuple[str, str]  # (tenant, flavor)
 UNPLANNED = "unplanned"  # a head's reservation, not planned yet
+NOWHERE = backfill.NOWHERE
 
 
 def decide(snapshot: Snapshot, *, explain: bool = True) -> Decisions:
@@ -177,10 +178,9 @@ class _Cycle:
         head's reserved start (``jobs.backfill``); else ``run`` waits behind it, saying
         why it may not pass."""
         head = self.heads[key]
-        if self.plans[key] == UNPLANNED and self.state.best_fit(run) is None:
-            # It fits nowhere: no need to plan the head's reservation for it.
-            why = "it does not fit the GPUs free now either"
-            self.waits[run.id] = (Wait.BEHIND_HEAD, partial(self.behind_reason, run, why))
+        if self.state.best_fit(run) is None:
+            # It fits nowhere (so there is no need to plan the head's reservation for it).
+            self.waits[run.id] = (Wait.BEHIND_HEAD, partial(self.behind_reason, run, NOWHERE))
             return
         reserved = self.reservation(key)
         if isinstance(reserved, backfill.Plan):
@@ -396,8 +396,24 @@ class _Cycle:
             _, key = heapq.heappop(heap)
             if self.borrow(key, queues[key][borrowers[key]]):
                 borrowers[key] += 1
+                if key in self.heads:
+                    self.fitting_nowhere_wait(key)
                 if borrowers[key] < len(queues[key]):
                     heapq.heappush(heap, (self.share_key(key), key))
+
+    def fitting_nowhere_wait(self, key: Key) -> None:
+        """The next runs of a line that may pass its head, as long as they fit nowhere, are
+        decided now rather than in their turns: phase 2 only takes GPUs, so what fits
+        nowhere now fits nowhere in its turn either, and deciding it changes nothing."""
+        queue = self.queues[key]
+        while self.borrowers[key] < len(queue):
+            run = queue[self.borrowers[key]]
+            if self.state.best_fit(run) is not None:
+                return
+            if not self.borrow(key, run):
+                self.borrowers[key] = len(queue)
+                return
+            self.borrowers[key] += 1
 
     def borrow(self, key: Key, run: QueuedRun) -> bool:
         """Admit ``run`` onto free GPUs within the tenant's guarantee and borrow limit, or

@@ -38,6 +38,9 @@ class PoolState:
         # Shared by the pools of one flavor: bumped with any of their versions, it says
         # whether anything that answers a question about the flavor changed.
         self.flavor_version = [0]
+        # Bumped, like it, only when GPUs become available (a preemption): until then a gang
+        # that fitted nowhere still fits nowhere, since the cycle only takes GPUs.
+        self.flavor_gives = [0]
         self._memo: dict[tuple[object, ...], tuple[int, object]] = {}
         # How many schedulable nodes have each number of available GPUs (a gang that needs
         # more such nodes than there are is refused without looking at the nodes), and the
@@ -86,6 +89,8 @@ class PoolState:
     def _change(self, name: str, *, free: int = 0, reserved: int = 0) -> None:
         self.version += 1
         self.flavor_version[0] += 1
+        if free > 0 or reserved < 0:
+            self.flavor_gives[0] += 1
         if not self._settled:
             self.free[name] += free
             self.reserved[name] += reserved
@@ -153,7 +158,7 @@ class PoolState:
     ) -> tuple[tuple[str, ...], tuple[int, int]] | None:
         best: tuple[tuple[str, ...], tuple[int, int]] | None = None
         entered, free, reserved, fenced = self.entered, self.free, self.reserved, self.fenced
-        for names in self._capable(gpus_per_node, level):
+        for names in self.capable(gpus_per_node, level):
             ranked = sorted(
                 [
                     (
@@ -172,7 +177,7 @@ class PoolState:
                 best = (tuple(sorted(name for _, _, name in ranked)), rank)
         return best
 
-    def _capable(self, gpus_per_node: int, level: int | None) -> list[list[str]]:
+    def capable(self, gpus_per_node: int, level: int | None) -> list[list[str]]:
         """The nodes that could ever hold ``gpus_per_node`` (taking work, with that many
         GPUs besides the outside load), grouped by their domain at ``level``, domains in
         order. It depends on nothing the cycle changes: computed once per shape."""

@@ -41,9 +41,11 @@ class CycleState:
         }
         self.pools_by_flavor: dict[str, list[PoolState]] = defaultdict(list)
         self.flavor_versions: dict[str, list[int]] = defaultdict(lambda: [0])
+        self.flavor_gives: dict[str, list[int]] = defaultdict(lambda: [0])
         for (_, flavor), flavor_pool in self.pools.items():
             self.pools_by_flavor[flavor].append(flavor_pool)
             flavor_pool.flavor_version = self.flavor_versions[flavor]
+            flavor_pool.flavor_gives = self.flavor_gives[flavor]
         self.usage: dict[tuple[str, str], int] = defaultdict(int)
         self.held_on: dict[int, dict[str, int]] = {}  # run id -> node -> GPUs
         self.pool_of: dict[int, PoolState] = {}  # run id -> the pool it holds GPUs in
@@ -113,9 +115,16 @@ class CycleState:
         """Where the gang fits on available GPUs: the tightest placement, then the one that
         leaves the least behind, then the cluster's name. Runs of one shape asked about
         while nothing changed share the answer."""
-        key = ("best_fit", *self.shape(run))
+        shape = self.shape(run)
+        key = ("best_fit", *shape)
         if key not in self.answers:
+            # A shape that fitted nowhere fits nowhere until GPUs become available again.
+            nowhere = ("nowhere", *shape[:-1], self.flavor_gives[run.flavor][0])
+            if nowhere in self.answers:
+                return None
             self.answers[key] = self._best_fit(run)
+            if self.answers[key] is None:
+                self.answers[nowhere] = True
         return cast(tuple[PoolState, placement.Placement] | None, self.answers[key])
 
     def _best_fit(self, run: QueuedRun) -> tuple[PoolState, placement.Placement] | None:

@@ -49,6 +49,7 @@ class Plan:
 
 
 NEVER = "never"  # the head has no placement even with every Gantry run gone
+NOWHERE = "it does not fit the GPUs free now either"
 
 
 def plan(state: CycleState, head: QueuedRun) -> Plan | str:
@@ -102,57 +103,64 @@ def _plan_on(state: CycleState, pool: PoolState, head: QueuedRun) -> Plan | None
 def _earliest(
     state: CycleState, pool: PoolState, head: QueuedRun
 ) -> tuple[tuple[str, ...], float | None, dict[str, int]] | None:
-    # The held runs of the pool by when they end at the latest: one overdue ends now.
-    ending: dict[float, list[int]] = defaultdict(list)
+    """When and where the head first has a placement on the pool as the held runs end at
+    their latest ends (one overdue ends now, one with no bound never). A node is ready when
+    enough of its runs have ended to leave the gang's GPUs per node; a domain of the
+    required level (the pool, for none), when its ``nodes``-th node is; the reservation
+    takes the first domain ready and its nodes ready first (then by name), each with what
+    it will have beyond the gang's need then."""
+    level = pool.required_level(head)
+    # Only nodes that could ever hold the gang, by domain (remembered per shape).
+    domains = [
+        [name for name in names if name not in head.excluded]
+        for names in pool.capable(head.gpus_per_node, level)
+    ]
+    if not any(len(names) >= head.nodes for names in domains):
+        return None
+    ending = pool.remembered(("ending",), lambda: _ending(state, pool))
+    need = head.gpus_per_node
+    best: tuple[float, list[tuple[float, str]]] | None = None
+    for names in domains:
+        ready = []
+        for name in names:
+            room, at = pool.available(name), state.now
+            for end, gpus in ending.get(name, ()):
+                if room >= need:
+                    break
+                room, at = room + gpus, end
+            if room >= need:
+                ready.append((at, name))
+        if len(ready) >= head.nodes:
+            ready.sort()
+            start = ready[head.nodes - 1][0]
+            if best is None or start < best[0]:
+                best = (start, ready[: head.nodes])
+    if best is None:
+        return None
+    start, chosen = best
+    # What is spare on a chosen node at the start: beyond the gang's need, once every run
+    # there that ends by then has ended.
+    spare = {
+        name: pool.available(name)
+        + sum(gpus for end, gpus in ending.get(name, ()) if end <= start)
+        - need
+        for _, name in chosen
+    }
+    return tuple(sorted(spare)), None if start == math.inf else start, spare
+
+
+def _ending(state: CycleState, pool: PoolState) -> dict[str, list[tuple[float, int]]]:
+    """Per node of the pool, its runs' latest ends and GPUs, soonest first (a run overdue
+    ends now; one with no bound, never)."""
+    ending: dict[str, list[tuple[float, int]]] = defaultdict(list)
     for run_id in pool.holders:
         end = state.latest_end.get(run_id)
-        ending[math.inf if end is None else max(end, state.now)].append(run_id)
-    times = sorted(ending)
-
-    def freed_by(index: int) -> dict[str, int]:
-        freed: dict[str, int] = defaultdict(int)
-        for at in times[: index + 1]:
-            for run_id in ending[at]:
-                for name, gpus in state.held_on[run_id].items():
-                    freed[name] += gpus
-        return freed
-
-    # More GPUs free never removes a placement: the first moment is found by bisection.
-    if not times or not _placeable(pool, head, freed_by(len(times) - 1)):
-        return None
-    low, high = 0, len(times) - 1
-    while low < high:
-        middle = (low + high) // 2
-        if _placeable(pool, head, freed_by(middle)):
-            high = middle
-        else:
-            low = middle + 1
-    freed = freed_by(low)
-    where = pool.place(head, freed)
-    if where is None:  # cannot happen while _placeable says what placement does
-        return None
-    spare = {
-        name: pool.available(name) + freed.get(name, 0) - head.gpus_per_node for name in where.nodes
-    }
-    return where.nodes, None if times[low] == math.inf else times[low], spare
-
-
-def _placeable(pool: PoolState, head: QueuedRun, freed: dict[str, int]) -> bool:
-    """Would the gang have a placement with ``freed`` GPUs free besides what is available:
-    ``nodes`` nodes with its GPUs each, inside one domain of its required level (the rule
-    of ``jobs.placement``, counted, without choosing the nodes)."""
-    level = pool.required_level(head)
-    per_domain: dict[tuple[str, ...], int] = defaultdict(int)
-    for name, node in pool.nodes.items():
-        if not node.schedulable or name in head.excluded:
-            continue
-        if pool.available(name) + freed.get(name, 0) < head.gpus_per_node:
-            continue
-        if level is None:
-            per_domain[()] += 1
-        elif len(node.path) >= level:
-            per_domain[node.path[:level]] += 1
-    return any(count >= head.nodes for count in per_domain.values())
+        at = math.inf if end is None else max(end, state.now)
+        for name, gpus in state.held_on[run_id].items():
+            ending[name].append((at, gpus))
+    for runs in ending.values():
+        runs.sort()
+    return dict(ending)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +185,7 @@ def fit(
     phrased to follow "waiting behind run N ...; ". With no reservation to keep, it goes
     wherever it fits, ``unreserved`` saying why that is allowed."""
     if state.best_fit(run) is None:  # the common case on a busy cluster, remembered
-        return "it does not fit the GPUs free now either"
+        return NOWHERE
     ends_first = _ends_first(state, run, reserved)
     best: tuple[tuple[object, ...], PoolState, placement.Placement] | None = None
     crossing: placement.Placement | None = None  # where it would go, taking reserved GPUs
@@ -207,7 +215,7 @@ def fit(
             because = f"it uses GPUs run {reserved.head} does not need"
         return Backfill(pool, where, because)
     if crossing is None or reserved is None:
-        return "it does not fit the GPUs free now either"
+        return NOWHERE
     head, on = reserved.head, ", ".join(sorted(set(crossing.nodes) & set(reserved.nodes)))
     if reserved.at is None:
         return (

@@ -201,12 +201,14 @@ def test_a_reservation_behind_runs_with_no_bound_has_no_start_and_keeps_its_node
     unbounded = (held(10, "c-n0", None), held(11, "c-n1", None), held(12, "c-n2", None))
     queue = [queued(1, 2, 8, 4), queued(2, 1, 8, 1), queued(3, 2, 4, 1)]
     decisions = decide(snapshot(queue, unbounded))
-    assert decisions.shadows == (Shadow(1, "c", "a100", ("c-n0", "c-n1"), None),)
-    assert decisions.admitted == (
-        Admit(2, "c", nodes=("c-n3",), ahead_of=1,
-              ahead_because="it uses GPUs run 1 does not need"),
-    )  # fmt: skip
-    assert decisions.waiting[1].message == f"{BEHIND}; it does not fit the GPUs free now either"
+    # The free node first, then one that waits on a run with no bound.
+    assert decisions.shadows == (Shadow(1, "c", "a100", ("c-n0", "c-n3"), None),)
+    assert decisions.admitted == ()
+    assert [w.message for w in decisions.waiting[1:]] == [
+        f"{BEHIND}; run 1's reserved nodes (c-n3) have no known start (a run there has no "
+        "maximum runtime), so it may use only GPUs run 1 does not need there",
+        f"{BEHIND}; it does not fit the GPUs free now either",
+    ]
 
 
 def test_the_reservation_is_on_the_cluster_where_the_head_starts_first():
