@@ -3,10 +3,10 @@ runs of its tenant may start ahead of it (pure: no ORM, no clock, no I/O).
 
 When the first run in a tenant's line for a flavor cannot be placed, ``plan`` finds the
 start it is reserved under the ``backfill`` policy: the held runs of each cluster end, at
-the latest, at their max runtimes; taken in that order, the first moment the head has a
-placement is its *reserved start* (Slurm's "shadow time") and those nodes are its
-*reserved nodes*. On them, GPUs beyond what the head will need at that moment are
-*spare*. A later run of the tenant may then start now (``fit``) if it fits on GPUs free now
+the latest, at their max runtimes; the first moment the head would have a placement (its
+``nodes`` nodes in one domain of its required level each with its GPUs) is its *reserved
+start* (Slurm's "shadow time"), and those nodes are its *reserved nodes*. On them, GPUs
+beyond what the head will need at that moment are *spare*. A later run of the tenant may then start now (``fit``) if it fits on GPUs free now
 and either ends by the reserved start at its own max runtime, or takes on the reserved
 nodes only spare GPUs. Either way the head's reserved nodes are as free at the reserved
 start as they were without it: backfill never makes the head start later than its latest
