@@ -77,6 +77,7 @@ def decide(snapshot: Snapshot, *, explain: bool = True) -> Decisions:
     cycle = _Cycle(snapshot)
     cycle.within_guarantees()
     cycle.borrowers_take_turns()
+    cycle.pass_waiting_heads()
     if explain:
         cycle.plan_the_rest()
     return Decisions(
@@ -253,11 +254,7 @@ class _Cycle:
         while pending:
             for run in pending:
                 key = (run.tenant, run.flavor)
-                if key in borrowers:
-                    continue
-                if key in self.blocked:
-                    if key in self.heads:
-                        self.pass_within_guarantee(key, run)
+                if key in self.blocked or key in borrowers:
                     continue
                 quota, over_budget = self.precheck(key, run)
                 if quota is None:
@@ -278,17 +275,6 @@ class _Cycle:
                 (run for key, index in returned.items() for run in queues[key][index:]),
                 key=queue_order,
             )
-
-    def pass_within_guarantee(self, key: Key, run: QueuedRun) -> None:
-        """A run behind a head it may pass: within the guarantee, onto free GPUs only;
-        beyond it, it borrows in phase 2."""
-        quota, over_budget = self.precheck(key, run)
-        if quota is None:
-            return
-        if self.state.usage[key] + run.gpus > quota.guaranteed:
-            self.borrowers[key] = self.queues[key].index(run)
-            return
-        self.start_ahead(key, run, over_budget, borrowed=False)
 
     def admit_within_guarantee(self, key: Key, run: QueuedRun, over_budget: bool) -> None:
         """Onto free GPUs, else by reclaiming borrowed ones; else the run waits (CAPACITY)
@@ -387,6 +373,33 @@ class _Cycle:
             queue_order(self.queues[key][self.borrowers[key]]),
         )
 
+    def pass_waiting_heads(self) -> None:
+        """Phase 3 (backfill): the runs behind a head that may be passed, in priority then
+        FIFO order, onto the free GPUs every run in its turn left, each within its tenant's
+        guarantee and borrow limit; where the policy is ``backfill``, only where that keeps
+        the head's reserved start (``jobs.backfill``). As Slurm's backfill pass, after the
+        runs in order: passing a head never takes GPUs another tenant's run in its turn
+        would have had in the same cycle."""
+        behind = []
+        for key, head in self.heads.items():
+            queue = self.queues[key]
+            behind.extend(queue[queue.index(head) + 1 :])
+        stopped: set[Key] = set()
+        for run in sorted(behind, key=queue_order):
+            key = (run.tenant, run.flavor)
+            if key in stopped:
+                continue
+            quota, over_budget = self.precheck(key, run)
+            if quota is None:
+                if self.waits[run.id][0] is not Wait.TOO_LARGE:
+                    stopped.add(key)  # budget: every later run of the line waits for it too
+                continue
+            in_use = self.state.usage[key]
+            if in_use + run.gpus > quota.guaranteed + quota.borrow_limit:
+                stopped.add(key)  # beyond the quota: it waits behind the head, as the rest
+                continue
+            self.start_ahead(key, run, over_budget, borrowed=in_use + run.gpus > quota.guaranteed)
+
     def borrowers_take_turns(self) -> None:
         """Phase 2: borrowers take turns by weighted fair share, free GPUs only."""
         borrowers, queues = self.borrowers, self.queues
@@ -396,41 +409,17 @@ class _Cycle:
             _, key = heapq.heappop(heap)
             if self.borrow(key, queues[key][borrowers[key]]):
                 borrowers[key] += 1
-                if key in self.heads:
-                    self.fitting_nowhere_wait(key)
                 if borrowers[key] < len(queues[key]):
                     heapq.heappush(heap, (self.share_key(key), key))
 
-    def fitting_nowhere_wait(self, key: Key) -> None:
-        """The next runs of a line that may pass its head, as long as they fit nowhere, are
-        decided now rather than in their turns: phase 2 only takes GPUs, so what fits
-        nowhere now fits nowhere in its turn either, and deciding it changes nothing."""
-        queue = self.queues[key]
-        while self.borrowers[key] < len(queue):
-            run = queue[self.borrowers[key]]
-            if self.state.best_fit(run) is not None:
-                return
-            if not self.borrow(key, run):
-                self.borrowers[key] = len(queue)
-                return
-            self.borrowers[key] += 1
-
     def borrow(self, key: Key, run: QueuedRun) -> bool:
         """Admit ``run`` onto free GPUs within the tenant's guarantee and borrow limit, or
-        block its tenant's queue with the reason it waits. True if the tenant's next run
-        is asked next: this one was admitted, or waits for a placement in a line that
-        later runs may pass."""
-        passing = key in self.heads
+        block its tenant's queue with the reason it waits. True if admitted."""
         quota, over_budget = self.precheck(key, run)
         if quota is None:
-            return key in self.heads and self.waits[run.id][0] is Wait.TOO_LARGE
+            return False
         tenant, flavor = key
         in_use = self.state.usage[key]
-        if passing:
-            if in_use + run.gpus > quota.guaranteed + quota.borrow_limit:
-                return False  # the head waits for a placement; this one, for quota too
-            self.start_ahead(key, run, over_budget, borrowed=in_use + run.gpus > quota.guaranteed)
-            return True
         if in_use + run.gpus > quota.guaranteed + quota.borrow_limit:
             usage = _usage_words(tenant, flavor, in_use, quota.guaranteed)
             if quota.borrow_limit == 0:
@@ -450,7 +439,7 @@ class _Cycle:
             usage = _usage_words(tenant, flavor, in_use, quota.guaranteed)
             self.block(key, run, Wait.NO_IDLE, partial(self.borrow_reason, run, usage))
             self.state.reserve(run, self.reservations)  # binds the borrowers after it
-            return key in self.heads
+            return False
         pool, where = fit
         self.state.admit(run, pool, where)
         self.admitted.append(

@@ -6,12 +6,13 @@ start it is reserved under the ``backfill`` policy: the held runs of each cluste
 the latest, at their max runtimes; the first moment the head would have a placement (its
 ``nodes`` nodes in one domain of its required level each with its GPUs) is its *reserved
 start* (Slurm's "shadow time"), and those nodes are its *reserved nodes*. On them, GPUs
-beyond what the head will need at that moment are *spare*. A later run of the tenant may then start now (``fit``) if it fits on GPUs free now
-and either ends by the reserved start at its own max runtime, or takes on the reserved
-nodes only spare GPUs. Either way the head's reserved nodes are as free at the reserved
-start as they were without it: backfill never makes the head start later than its latest
-start without it (for the runs of one tenant; another tenant's runs are not held back by
-the reservation, as under ``strict``: docs/admission.md, "Backfill").
+beyond what the head will need at that moment are *spare*. A later run of the tenant may
+then start now (``fit``) if it fits on GPUs free now and either ends by the reserved start
+at its own max runtime, or takes on the reserved nodes only spare GPUs. Either way the
+head's reserved nodes are as free at the reserved start as they were without it: backfill
+never makes the head start later than its latest start without it (for the runs of one
+tenant; another tenant's runs are not held back by the reservation, as under ``strict``:
+docs/admission.md, "Backfill").
 
 A head that could not be placed even with every Gantry run gone (load from outside
 Gantry, drained nodes, a gang larger than any domain at its required level) reserves
