@@ -24,7 +24,9 @@ The rules (design §5):
   soft one admits them and flags them.
 - Order: priority, then FIFO inside a tenant and flavor. A tenant's blocked head holds that
   tenant's later runs of the flavor back (so small runs cannot starve it), never another
-  tenant's.
+  tenant's; except that where the queueing policy allows (``backfill``, ``best-effort``),
+  a head waiting for a placement may be passed, in a third phase after every run in its
+  turn, by runs that keep the reserved start of every waiting head (``jobs.backfill``).
 - No starvation: a run that has waited longer than ``starvation_after_s`` and still cannot
   be placed holds concrete nodes: the ones where it comes closest to fitting (nodes no run
   entered since it began starving first; never one that outside load keeps it off), whose
@@ -153,6 +155,22 @@ class _Cycle:
                 self.shadows.append(reserved.shadow())
         return self.plans[key]
 
+    def reservations_kept(self, run: QueuedRun) -> list[backfill.Plan]:
+        """The reserved starts of the other tenants' heads of ``run``'s flavor, where their
+        policy is ``backfill``: a run passing its own head keeps those too."""
+        kept = []
+        for key, head in self.heads.items():
+            if head.flavor != run.flavor or head.tenant == run.tenant:
+                continue
+            if self.plans[key] is None:
+                continue
+            plan = self.reservation(key)
+            if isinstance(plan, backfill.Plan) and self.policy(head.tenant, plan.pool) is (
+                Queueing.BACKFILL
+            ):
+                kept.append(plan)
+        return kept
+
     def plan_the_rest(self) -> None:
         """Heads no later run asked to pass still say where and when they start."""
         for key in self.heads:
@@ -195,19 +213,15 @@ class _Cycle:
             )
         else:
             unreserved = f"the queueing policy is best-effort: run {head.id} holds nothing back"
+        own = reserved if isinstance(reserved, backfill.Plan) else None
+        others = self.reservations_kept(run)
         found = backfill.fit(
-            self.state,
-            run,
-            self.passing_pools(run),
-            reserved if isinstance(reserved, backfill.Plan) else None,
-            unreserved=unreserved,
+            self.state, run, self.passing_pools(run), own, others=others, unreserved=unreserved
         )
         if isinstance(found, str):
             self.waits[run.id] = (Wait.BEHIND_HEAD, partial(self.behind_reason, run, found))
             return
-        backfill.took(
-            self.state, run, found, reserved if isinstance(reserved, backfill.Plan) else None
-        )
+        backfill.took(self.state, run, found, [*([own] if own else []), *others])
         self.state.admit(run, found.pool, found.where)
         self.admitted.append(
             Admit(run.id, found.pool.cluster, borrowed=borrowed, over_budget=over_budget,

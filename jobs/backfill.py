@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -179,25 +180,29 @@ def fit(
     pools: list[PoolState],
     reserved: Plan | None,
     *,
+    others: Sequence[Plan] = (),
     unreserved: str,
 ) -> Backfill | str:
     """Where ``run`` starts now ahead of its tenant's waiting head, among ``pools`` (those
-    whose policy lets it pass), keeping the head's ``reserved`` start; or why it may not,
-    phrased to follow "waiting behind run N ...; ". With no reservation to keep, it goes
-    wherever it fits, ``unreserved`` saying why that is allowed."""
+    whose policy lets it pass), keeping the head's ``reserved`` start and the reserved
+    starts of ``others``, the waiting heads of other tenants; or why it may not, phrased to
+    follow "waiting behind run N ...; " (naming no other tenant's run). With no
+    reservation of its own head to keep, ``unreserved`` says why it may go."""
     if state.best_fit(run) is None:  # the common case on a busy cluster, remembered
         return NOWHERE
-    ends_first = _ends_first(state, run, reserved)
+    own = [reserved] if reserved is not None else []
+    binding = [plan for plan in (*own, *others) if not _ends_first(state, run, plan)]
     best: tuple[tuple[object, ...], PoolState, placement.Placement] | None = None
-    crossing: placement.Placement | None = None  # where it would go, taking reserved GPUs
+    crossing: tuple[PoolState, placement.Placement] | None = None  # onto reserved GPUs
     for pool in pools:
         where = pool.place(run)
         if where is None:
             continue
-        if reserved is not None and pool is reserved.pool and not ends_first:
-            kept = pool.place(run, _only_spare(pool, reserved))
+        limits = _only_spare(pool, [plan for plan in binding if plan.pool is pool])
+        if limits:
+            kept = pool.place(run, limits)
             if kept is None:
-                crossing = crossing or where
+                crossing = crossing or (pool, where)
                 continue
             where = kept
         rank = (_tightness(where), pool.left_after(run, where), pool.cluster)
@@ -207,7 +212,7 @@ def fit(
         _, pool, where = best
         if reserved is None:
             because = unreserved
-        elif pool is reserved.pool and ends_first:
+        elif pool is reserved.pool and reserved not in binding:
             because = (
                 f"it ends by {clock(state.ends_by(run))} at the latest, "
                 f"before run {reserved.head}'s reserved start at {clock(reserved.at)}"
@@ -215,9 +220,28 @@ def fit(
         else:
             because = f"it uses GPUs run {reserved.head} does not need"
         return Backfill(pool, where, because)
-    if crossing is None or reserved is None:
+    if crossing is None:
         return NOWHERE
-    head, on = reserved.head, ", ".join(sorted(set(crossing.nodes) & set(reserved.nodes)))
+    pool, where = crossing
+    if reserved is not None and reserved in binding and reserved.pool is pool:
+        mine = sorted(set(where.nodes) & set(reserved.nodes))
+        if mine:
+            return _crossing_own(run, reserved, ", ".join(mine))
+    blocking = [
+        plan for plan in binding if plan.pool is pool and set(plan.nodes) & set(where.nodes)
+    ]
+    if not blocking:
+        return NOWHERE
+    first = min(blocking, key=lambda plan: math.inf if plan.at is None else plan.at)
+    on = ", ".join(sorted(set(where.nodes) & set(first.nodes)))
+    return (
+        f"GPUs on {on} are reserved for a run of another tenant waiting first in its line "
+        f"from {clock(first.at)}, and it would still run then"
+    )
+
+
+def _crossing_own(run: QueuedRun, reserved: Plan, on: str) -> str:
+    head = reserved.head
     if reserved.at is None:
         return (
             f"run {head}'s reserved nodes ({on}) have no known start (a run there has no "
@@ -239,21 +263,25 @@ def _ends_first(state: CycleState, run: QueuedRun, reserved: Plan | None) -> boo
     return ends <= reserved.at
 
 
-def took(state: CycleState, run: QueuedRun, started: Backfill, reserved: Plan | None) -> None:
-    """A run started ahead of the head: what it took on the reserved nodes is no longer
-    spare, unless it ends by the reserved start."""
-    if reserved is None or started.pool is not reserved.pool:
-        return
-    if _ends_first(state, run, reserved):
-        return
-    for name in started.where.nodes:
-        if name in reserved.spare:
-            reserved.spare[name] -= run.gpus_per_node
+def took(state: CycleState, run: QueuedRun, started: Backfill, reserved: list[Plan]) -> None:
+    """A run started ahead of a head: what it took on the nodes reserved for each waiting
+    head is no longer spare there, unless it ends by that head's reserved start."""
+    for plan in reserved:
+        if started.pool is not plan.pool or _ends_first(state, run, plan):
+            continue
+        for name in started.where.nodes:
+            if name in plan.spare:
+                plan.spare[name] -= run.gpus_per_node
 
 
-def _only_spare(pool: PoolState, reserved: Plan) -> dict[str, int]:
-    """``extra`` for ``PoolState.place``: the reserved nodes with only their spare GPUs."""
-    return {name: min(0, reserved.spare[name] - pool.available(name)) for name in reserved.nodes}
+def _only_spare(pool: PoolState, plans: list[Plan]) -> dict[str, int]:
+    """``extra`` for ``PoolState.place``: on every node reserved by one of ``plans``, only
+    what is spare for all of them."""
+    cap: dict[str, int] = {}
+    for plan in plans:
+        for name in plan.nodes:
+            cap[name] = min(cap.get(name, pool.available(name)), plan.spare[name])
+    return {name: min(0, room - pool.available(name)) for name, room in cap.items()}
 
 
 def _tightness(where: placement.Placement) -> tuple[int, ...]:

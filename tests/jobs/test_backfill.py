@@ -276,3 +276,22 @@ def test_a_run_admitted_this_cycle_holds_its_gpus_until_its_start_grace_and_max_
     decisions = decide(replace(snapshot(queue, BUSY), start_grace_s=300.0))
     assert [a.run_id for a in decisions.admitted] == [5]
     assert decisions.shadows == (Shadow(6, "c", "a100", ("c-n0", "c-n3"), NOW + HOUR + 300),)
+
+
+def test_a_run_passing_its_head_keeps_another_tenants_reserved_start_and_names_no_run_of_it():
+    # beta's head (run 1) is reserved c-n0 and c-n3 from 01:00; alpha's head (run 2) can
+    # never be placed, so alpha's run 3 could pass it, but not onto beta's reservation.
+    queue = [
+        queued(1, 2, 8, 4, tenant="beta"),
+        queued(2, 5, 8, 4),
+        queued(3, 1, 8, 3),
+        queued(4, 1, 8, 0.5),
+    ]
+    decisions = decide(snapshot(queue, BUSY))
+    assert decisions.shadows == (Shadow(1, "c", "a100", ("c-n0", "c-n3"), NOW + HOUR),)
+    assert [(a.run_id, a.nodes, a.ahead_of) for a in decisions.admitted] == [(4, ("c-n3",), 2)]
+    assert decisions.waiting[2].message == (
+        "waiting behind run 2 of tenant alpha, which is first in line for a100 (priority, then "
+        "submission order); GPUs on c-n3 are reserved for a run of another tenant waiting "
+        "first in its line from 2026-12-05 01:00 UTC, and it would still run then"
+    )
