@@ -425,7 +425,13 @@ start_slurmctld_and_nodes() {
 }
 
 start_slurmrestd() {
-    running slurmrestd && return 0
+    if running slurmrestd; then
+        # Alive is not enough: one that does not answer on its port is started again (every
+        # REST test would fail against it).
+        wait_for 5 tcp_open "$REST_PORT" && return 0
+        log "slurmrestd runs but does not listen on $REST_PORT: restarting it"
+        stop_daemons 10 slurmrestd
+    fi
     id "$REST_USER" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$REST_USER"
     # slurmrestd refuses root: -u drops privileges after it opened its socket. SLURM_JWT=daemon
     # makes it talk to slurmctld with JWT, which rest_auth/jwt needs.

@@ -215,10 +215,11 @@ def test_a_dcgm_fault_cordons_and_taints_the_node_and_the_pod_moves_to_the_other
     k8s.step_until(run, RunState.SUCCEEDED)
     run.refresh_from_db()
     assert run.restarts == 0  # not counted against the researcher's max_restarts
+    # In the order they were written (the fake cluster's clock and the test's are not one).
     assert list(
-        run.events.filter(to_state__in=[RunState.PREEMPTED, RunState.QUEUED]).values_list(
-            "to_state", "message"
-        )
+        run.events.filter(to_state__in=[RunState.PREEMPTED, RunState.QUEUED])
+        .order_by("id")
+        .values_list("to_state", "message")
     ) == [
         ("QUEUED", "Submitted"),
         (

@@ -178,7 +178,9 @@ def test_every_waiting_run_of_the_demo_starts_when_its_estimate_said(instant):
         ]
         # Here nothing moved them: each started about a day before it (the runs ahead, of
         # the default limit of 24 h, ended within minutes).
-        assert all(run.start_missed_by_s < -86_000 for run in recorded)
+        assert all(run.start_missed_by_s < -86_000 for run in recorded), {
+            run.experiment.name: run.start_missed_by_s for run in recorded
+        }
         latest = {
             flavor: max(run.started_at for run in recorded if run.flavor.slug == flavor)
             for flavor in ("a100-80gb", "h100-80gb")

@@ -18,7 +18,7 @@ from jobs.services.submission import run_submit
 from tenants.models import Quota
 from tests.clusters.backends import test_k8s_backend as k8s_tests
 from tests.clusters.backends.test_k8s_backend import A100, TOKEN_ENV, backend
-from tests.conftest import experiment_input
+from tests.conftest import experiment_input, reserved_ending
 
 fake = k8s_tests.fake
 
@@ -120,7 +120,7 @@ def test_no_preemption_for_gpus_an_outside_pod_would_be_bound_to_first(k8s_world
         "preempting 1 borrowed run on k8s-1 would free 16 a100-80gb GPUs, but pod "
         "research/train-0 from outside Gantry (1 × 8 a100-80gb GPUs) waits for them and k8s-1 "
         "would start it first; this run waits until that job has started elsewhere or GPUs "
-        "free up without a preemption"
+        "free up without a preemption" + reserved_ending([nlp], ["a100-0"], cluster="k8s-1")
     )
 
     # until the pod is gone: then the guarantee is reclaimed.

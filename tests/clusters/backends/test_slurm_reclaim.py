@@ -33,7 +33,7 @@ from tests.clusters.backends.test_slurm_cluster import (
     slurm,
     sync_until,
 )
-from tests.conftest import experiment_input
+from tests.conftest import experiment_input, reserved_ending
 
 # The session's cluster and the world on it, as test_slurm_cluster sets them up.
 slurm_env = cluster_tests.slurm_env
@@ -142,7 +142,7 @@ def test_a_reclaim_is_not_stolen_by_an_outside_job_waiting_in_slurm(slurm_world,
         "preempting 1 borrowed run on slurm-test would free 16 a100-80gb GPUs, but Slurm job "
         f"{outside} from outside Gantry (2 × 8 a100-80gb GPUs) waits for them and slurm-test "
         "would start it first; this run waits until that job has started elsewhere or GPUs "
-        "free up without a preemption"
+        "free up without a preemption" + reserved_ending([nlp], ["gpu-node1"], cluster="slurm-test")
     )
 
     # but through the CLI, as a Slurm operator, Gantry preempts nlp and puts vision first:
