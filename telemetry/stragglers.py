@@ -24,6 +24,7 @@ from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 from statistics import median
 
 from clusters.health import SignalClass
@@ -126,9 +127,8 @@ class Detection:
     notes: tuple[str, ...] = ()  # why nothing could be decided, where it could not
 
 
-@dataclass(frozen=True, slots=True)
-class _Point:
-    """One rank's window, per step."""
+class _Point(NamedTuple):
+    """One rank's window, per step (a tuple: made once per window, the hot path)."""
 
     host: str
     gpu: str
@@ -149,14 +149,20 @@ class _Slow:
 
 @dataclass(slots=True)
 class _Segment:
+    """The usable windows of one world size, by seq then rank."""
+
     world_size: int
-    points: dict[int, dict[int, _Point]] = field(default_factory=lambda: defaultdict(dict))
+    by_seq: dict[int, dict[int, RankWindow]] = field(default_factory=dict)
+
+    def windows_per_rank(self) -> Counter[int]:
+        return Counter(rank for ranks in self.by_seq.values() for rank in ranks)
 
 
 def _refusal(w: RankWindow, attempt_gpus: Collection[tuple[str, str]] | None) -> str:
     """Why the window cannot be used, or "" when it can."""
-    numbers = (w.start, w.end, w.step_time_s, w.data_wait_s, w.comm_wait_s)
-    if not all(math.isfinite(x) for x in numbers):
+    # One sum: any infinity or NaN among them makes it non-finite (so would two huge finite
+    # values, which are no sane times either).
+    if not math.isfinite(w.start + w.end + w.step_time_s + w.data_wait_s + w.comm_wait_s):
         return "a time that is not a finite number"
     if w.world_size < 1:
         return f"world size {w.world_size} (at least 1)"
@@ -182,8 +188,9 @@ def _refusal(w: RankWindow, attempt_gpus: Collection[tuple[str, str]] | None) ->
 
 def _point(w: RankWindow) -> _Point:
     data, comm = w.data_wait_s / w.steps, w.comm_wait_s / w.steps
-    compute = max(0.0, w.step_time_s - data - comm)  # ≥ 0 up to rounding (checked above)
-    return _Point(w.host, w.gpu, compute + data, compute, data, comm)
+    reach = w.step_time_s - comm
+    # ≥ 0 up to rounding: waits longer than the steps are refused.
+    return _Point(w.host, w.gpu, reach, max(0.0, reach - data), data, comm)
 
 
 def _segments(
@@ -191,29 +198,44 @@ def _segments(
 ) -> tuple[dict[int, _Segment], list[Refusal], int, int]:
     """The usable windows by world size and rank; the refused; duplicates and conflicts."""
     refused: list[Refusal] = []
-    # Per (world size, rank, seq): every distinct window reported for it, and how often.
-    reports: dict[tuple[int, int, int], Counter[RankWindow]] = defaultdict(Counter)
+    segments: dict[int, _Segment] = {}
+    # (world size, seq, rank) reported again, and those reported with different values (all
+    # their windows are dropped: which one is true cannot be told).
+    again: Counter[tuple[int, int, int]] = Counter()
+    conflicted: set[tuple[int, int, int]] = set()
     for w in windows:
         reason = _refusal(w, attempt_gpus)
         if reason:
             refused.append(Refusal(w, reason))
-        else:
-            reports[(w.world_size, w.rank, w.seq)][w] += 1
-    segments: dict[int, _Segment] = {}
-    duplicates = conflicts = 0
-    for (world_size, rank, seq), seen in reports.items():
-        if len(seen) > 1:
-            conflicts += 1
             continue
-        ((w, count),) = seen.items()
-        duplicates += count - 1
-        segment = segments.setdefault(world_size, _Segment(world_size))
-        segment.points[rank][seq] = _point(w)
+        segment = segments.get(w.world_size)
+        if segment is None:
+            segment = segments[w.world_size] = _Segment(w.world_size)
+        ranks = segment.by_seq.get(w.seq)
+        if ranks is None:
+            ranks = segment.by_seq[w.seq] = {}
+        earlier = ranks.get(w.rank)
+        if earlier is None:
+            ranks[w.rank] = w
+            continue
+        key = (w.world_size, w.seq, w.rank)
+        again[key] += 1
+        if earlier != w:
+            conflicted.add(key)
+    for world_size, seq, rank in conflicted:
+        del segments[world_size].by_seq[seq][rank]
+    for world_size in list(segments):
+        by_seq = segments[world_size].by_seq
+        for seq in [seq for seq, ranks in by_seq.items() if not ranks]:
+            del by_seq[seq]
+        if not by_seq:
+            del segments[world_size]
+    duplicates = sum(n for key, n in again.items() if key not in conflicted)
     refused.sort(key=lambda r: (r.window.world_size, r.window.rank, r.window.seq, r.reason, repr(r)))
-    return segments, refused, duplicates, conflicts
+    return segments, refused, duplicates, len(conflicted)
 
 
-def _mad(values: list[float], centre: float) -> float:
+def _mad(values: Iterable[float], centre: float) -> float:
     return median([abs(v - centre) for v in values])
 
 
@@ -221,31 +243,29 @@ def _slow_windows(
     segment: _Segment, *, mad_k: float, floor: float, min_ranks: int, notes: list[str]
 ) -> dict[int, list[_Slow]]:
     """Per rank, its windows above the margin, in seq order."""
-    by_seq: dict[int, dict[int, _Point]] = defaultdict(dict)
-    for rank, series in segment.points.items():
-        for seq, point in series.items():
-            by_seq[seq][rank] = point
+    by_seq = segment.by_seq
     quorum = max(min_ranks, math.ceil(segment.world_size / 2))
     slow: dict[int, list[_Slow]] = defaultdict(list)
     thin = 0
     for seq in sorted(by_seq):
-        points = by_seq[seq]
-        if len(points) < quorum:
+        ranks = by_seq[seq]
+        if len(ranks) < quorum:
             thin += 1
             continue
-        reach = [p.reach_s for p in points.values()]
-        centre = median(reach)
+        reach = {r: w.step_time_s - w.comm_wait_s / w.steps for r, w in ranks.items()}
+        centre = median(reach.values())
         if centre <= 0:
             thin += 1
             continue
-        margin = max(mad_k * MAD_SCALE * _mad(reach, centre), floor * centre)
-        above = {r: p for r, p in points.items() if p.reach_s > centre + margin}
+        limit = centre + max(mad_k * MAD_SCALE * _mad(reach.values(), centre), floor * centre)
+        above = {r: _point(ranks[r]) for r, t in reach.items() if t > limit}
         if not above:
             continue
+        data = {r: w.data_wait_s / w.steps for r, w in ranks.items()}
         gang = (
-            median(p.compute_s for p in points.values()),
-            median(p.data_s for p in points.values()),
-            median(p.comm_s for p in points.values()),
+            median(max(0.0, t - data[r]) for r, t in reach.items()),
+            median(data.values()),
+            median(w.comm_wait_s / w.steps for w in ranks.values()),
         )
         for rank, p in above.items():
             share = (p.data_s - gang[1]) / (p.reach_s - centre)
@@ -307,13 +327,14 @@ def _gpu_signs(rows: list[GpuEvidence]) -> tuple[list[str], dict[str, object]]:
 
 
 def _apart(host: str, placement: Placement) -> bool | None:
-    """Whether the host's topology domain holds a minority of the gang's nodes (None when
-    the placement does not name it)."""
+    """Whether the host's topology domain holds fewer of the gang's nodes than its largest
+    domain does, so that the host's traffic crosses the spine where most of the gang's does
+    not (None when the placement does not name the host)."""
     path = placement.paths.get(host)
     if path is None:
         return None
     per_domain = Counter(placement.paths.values())
-    return per_domain[path] * 2 < len(placement.paths)
+    return per_domain[path] < max(per_domain.values())
 
 
 def _cause(
@@ -421,7 +442,8 @@ def detect(
     stragglers: list[Straggler] = []
     for world_size in sorted(segments):
         segment = segments[world_size]
-        reporting = len(segment.points)
+        per_rank = segment.windows_per_rank()
+        reporting = len(per_rank)
         if reporting < min_ranks:
             notes.append(
                 f"world size {world_size}: {reporting} ranks reported; at least {min_ranks} "
@@ -432,7 +454,7 @@ def detect(
             notes.append(
                 f"world size {world_size}: ranks that never reported: {world_size - reporting}"
             )
-        longest = max(len(series) for series in segment.points.values())
+        longest = max(per_rank.values())
         if longest < consecutive:
             notes.append(
                 f"world size {world_size}: {longest} windows per rank at most; "
