@@ -74,9 +74,9 @@ GOAL_WINDOWS = 10
 
 @dataclass(frozen=True, slots=True)
 class Noise:
-    offset: float = 0.01  # σ of a rank's persistent compute offset
-    jitter: float = 0.02  # σ of a window's compute jitter
-    data_spread: float = 0.2  # data wait × U(1 − this, 1 + this)
+    offset: float = 0.01  # sigma of a rank's persistent compute offset
+    jitter: float = 0.02  # sigma of a window's compute jitter
+    data_spread: float = 0.2  # data wait times U(1 - this, 1 + this)
     stall_rate: float = 0.005  # transient stalls per rank-window
     steps: tuple[int, int] = (80, 120)
     skew_s: float = 60.0
@@ -138,7 +138,7 @@ def _shape(
 ) -> list[tuple[float, float, float]]:
     """Per rank: compute, data wait and untimed communication work per step in window seq."""
     out = []
-    for rank in range(ranks):
+    for _ in range(ranks):
         compute = COMPUTE_S * (1 + rng.gauss(0, noise.jitter))
         if noise.stall_rate and rng.random() < noise.stall_rate:
             compute *= rng.uniform(1.2, 1.6)
@@ -327,9 +327,7 @@ def detection_section(sizes: Sequence[int], seeds: int, clean: int) -> Section:
     )  # fmt: skip
     by_factor = bands(injected)
     for factor, band in by_factor.items():
-        delays = (
-            f"{statistics.median(band.delays):g} / {max(band.delays)}" if band.delays else "—"
-        )
+        delays = f"{statistics.median(band.delays):g} / {max(band.delays)}" if band.delays else "—"
         section.rows.append(
             [
                 f"{factor}×", str(band.runs), str(band.found), str(band.false_flags),

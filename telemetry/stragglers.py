@@ -24,8 +24,8 @@ from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NamedTuple
 from statistics import median
+from typing import NamedTuple
 
 from clusters.health import SignalClass
 
@@ -35,12 +35,12 @@ from clusters.health import SignalClass
 # the cube of one's. The issue wants detection within 10 windows: this leaves 7 for noise.
 CONSECUTIVE = 3
 # The margin above the gang's median: the larger of MAD_K robust standard deviations
-# (1.4826 × MAD) and a relative floor. The floor keeps a quiet gang (MAD near 0) from
+# (1.4826 x MAD) and a relative floor. The floor keeps a quiet gang (MAD near 0) from
 # flagging a rank 2 % slower; 10 % is where Falcon counts a change of iteration time as a
 # real slowdown (docs/stragglers.md). MAD_K = 5 keeps a clean rank's single-window
 # exceedance under 1e-6 with normal noise, when noise rather than the floor sets the margin.
 MAD_K = 5.0
-MAD_SCALE = 1.4826  # MAD × this estimates σ for normal noise
+MAD_SCALE = 1.4826  # MAD times this estimates sigma for normal noise
 RELATIVE_FLOOR = 0.10
 # A median of fewer ranks says nothing about "the gang": two ranks cannot tell which one is
 # slow. A window is analysed only when this many ranks, and at least half the gang, report.
@@ -231,7 +231,9 @@ def _segments(
         if not by_seq:
             del segments[world_size]
     duplicates = sum(n for key, n in again.items() if key not in conflicted)
-    refused.sort(key=lambda r: (r.window.world_size, r.window.rank, r.window.seq, r.reason, repr(r)))
+    refused.sort(
+        key=lambda r: (r.window.world_size, r.window.rank, r.window.seq, r.reason, repr(r))
+    )
     return segments, refused, duplicates, len(conflicted)
 
 

@@ -23,7 +23,7 @@ from tests.telemetry.stragglers_support import (
     uniform,
 )
 
-# Rank 3 (node-0, GPU 3) computes 1.5× slower from window 2 of 6: its time to the
+# Rank 3 (node-0, GPU 3) computes 1.5x slower from window 2 of 6: its time to the
 # all-reduce is 0.45 + 0.02 = 0.47 s per step against the gang's 0.32 s.
 SLOW_GPU = gang(8, 6, slowed(3, 1.5, since=2))
 CLEAN = [GpuEvidence(f"node-{n}", str(g), 1980.0, 1980.0) for n in (0, 1) for g in range(4)]
@@ -86,8 +86,7 @@ def test_the_others_wait_for_the_straggler_it_waits_least():
 )
 def test_each_gpu_sign_names_a_slow_gpu(change, signs):
     evidence = [
-        dataclasses.replace(e, **change) if (e.host, e.gpu) == ("node-0", "3") else e
-        for e in CLEAN
+        dataclasses.replace(e, **change) if (e.host, e.gpu) == ("node-0", "3") else e for e in CLEAN
     ]
     straggler = only(detect(SLOW_GPU, evidence=evidence))
     assert straggler.cause == Cause.SLOW_GPU
@@ -143,7 +142,9 @@ APART = Placement(
 
 def test_a_healthy_gpu_on_a_node_apart_from_the_gang_is_the_network():
     windows = gang(16, 6, slowed(5, 1.3, since=1))
-    evidence = [GpuEvidence(f"node-{n}", str(g), 1980.0, 1980.0) for n in range(4) for g in range(4)]
+    evidence = [
+        GpuEvidence(f"node-{n}", str(g), 1980.0, 1980.0) for n in range(4) for g in range(4)
+    ]
     straggler = only(detect(windows, evidence=evidence, placement=APART))
     assert straggler.cause == Cause.NETWORK
     assert straggler.evidence["placement_domains"] == 2
@@ -153,7 +154,9 @@ def test_a_healthy_gpu_on_a_node_apart_from_the_gang_is_the_network():
 
 def test_a_healthy_gpu_on_the_gangs_leaf_is_unknown():
     windows = gang(16, 6, slowed(1, 1.3, since=1))
-    evidence = [GpuEvidence(f"node-{n}", str(g), 1980.0, 1980.0) for n in range(4) for g in range(4)]
+    evidence = [
+        GpuEvidence(f"node-{n}", str(g), 1980.0, 1980.0) for n in range(4) for g in range(4)
+    ]
     straggler = only(detect(windows, evidence=evidence, placement=APART))
     assert straggler.cause == Cause.UNKNOWN
     assert straggler.evidence["node_apart"] is False
@@ -182,7 +185,7 @@ def test_two_slow_windows_are_not_a_straggler_three_are():
 
 
 def test_a_margin_under_the_relative_floor_is_not_flagged():
-    # 1.095× time to the collective: within the 10 % floor over an identical gang.
+    # 1.095x time to the collective: within the 10 % floor over an identical gang.
     assert detect(gang(8, 6, slowed(3, 1.1, since=1))).stragglers == ()
     assert only(detect(gang(8, 6, slowed(3, 1.11, since=1)), floor=0.05)).slowdown == 1.1031
 

@@ -39,7 +39,7 @@ def noisy(seed: int, spread: float, victim: int = -1, factor: float = 1.0, since
     spread=st.floats(0.0, 0.03),
 )
 def test_a_clean_gang_with_noise_flags_nobody(ranks, windows, seed, spread):
-    # ±3 % on each rank's time puts the slowest at most 1.03 / 0.97 = 1.062× the median.
+    # +/-3 % on each rank's time puts the slowest at most 1.03 / 0.97 = 1.062x the median.
     assert detect(gang(ranks, windows, noisy(seed, spread))).stragglers == ()
 
 
@@ -95,7 +95,7 @@ def test_order_repetition_skew_and_step_counts_change_nothing(ranks, factor, see
 @SETTINGS
 @given(ranks=st.integers(3, 16), seed=st.integers(0, 2**32), data=st.data())
 def test_a_minority_of_slow_ranks_is_flagged_exactly(ranks, seed, data):
-    # Fewer than half the ranks 1.5× slower: the median stays the healthy ranks', so every
+    # Fewer than half the ranks 1.5x slower: the median stays the healthy ranks', so every
     # slow rank is flagged and no healthy one.
     slow = set(data.draw(st.lists(st.integers(0, ranks - 1), max_size=ranks // 2 - 1)))
     rng = random.Random(seed)
