@@ -2,10 +2,10 @@
 the results go to docs/benchmarks.md with the machine they ran on.
 
 ``python -m bench [admission] [placement] [backfill] [cycle] [trace] [node_health]
-[estimates] [telemetry] [k8s] [slurm] [finance] [load] [runlist]`` runs some of them and only
-prints. ``GANTRY_BENCH_QUICK=1`` runs admission, placement, backfill, cycle, trace,
-node_health and estimates on small sizes (does it still work?) and never writes
-docs/benchmarks.md.
+[stragglers] [estimates] [telemetry] [k8s] [slurm] [finance] [load] [runlist]`` runs some of
+them and only prints. ``GANTRY_BENCH_QUICK=1`` runs admission, placement, backfill, cycle,
+trace, node_health, stragglers and estimates on small sizes (does it still work?) and never
+writes docs/benchmarks.md.
 
 The admission cycle runs against the database ``gantry_bench`` on the server of
 DATABASE_URL (created and migrated here, so the tests' database is never touched), with
@@ -37,6 +37,7 @@ BENCHMARKS = (
     "cycle",
     "trace",
     "node_health",
+    "stragglers",
     "estimates",
     "telemetry",
     "k8s",
@@ -146,6 +147,10 @@ def run(name: str) -> list[Section]:
         from bench import node_health
 
         return node_health.run()
+    if name == "stragglers":
+        from bench import stragglers
+
+        return stragglers.run()
     if name == "estimates":
         from bench import estimates
 
