@@ -5,29 +5,38 @@ minute rollups by (attempt, host, GPU, minute), accounting by attempt; running a
 again gives the same rows.
 """
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from django.db import transaction
+from django.db.models import Count
+from django.db.models.functions import TruncHour
 from django.utils import timezone
 
 from clusters.backends import CheckpointReport
+from core.metrics import SDK_RANK_WINDOWS_REFUSED
 from jobs.models import Attempt
 from jobs.selectors.runs import attempt_token_refusal
 from jobs.services.backend_sync import checkpoints_record
-from telemetry import accounting, sdk_events
+from telemetry import accounting, rank_windows, sdk_events
 from telemetry.models import (
     CREDITED_CAUSES,
     SOURCE_MAX_LENGTH,
     AttemptAccounting,
+    RankStepWindow,
     SdkEvent,
     StepWindow,
 )
+from telemetry.rank_windows import RankWindowIn, Refusal
 from telemetry.selectors.finished_attempts import attempts_pending_accounting
+from telemetry.selectors.rank_windows import attempt_held_gpus
 from telemetry.selectors.timeline import attempt_timeline
 
 MAX_EVENTS_PER_BATCH = 500
 MAX_EVENTS_BODY_BYTES = 256 * 1024
+# Distinct refusal messages an answer lists (the counts cover all of them).
+MAX_ERROR_MESSAGES = 10
 
 
 class AttemptClosed(Exception):
@@ -39,7 +48,9 @@ class AttemptClosed(Exception):
 class IngestResult:
     accepted: int
     duplicates: int
-    rejected: int
+    rejected: int  # malformed, unknown or refused: not stored
+    refused: dict[str, int] = field(default_factory=dict)  # rank windows, by reason
+    errors: list[str] = field(default_factory=list)  # why, the first of each distinct message
 
 
 # --- SDK events -------------------------------------------------------------------------
@@ -49,12 +60,19 @@ def _moment(value: float) -> datetime:
     return datetime.fromtimestamp(value, tz=UTC)
 
 
-def _parse_event(raw, *, attempt: Attempt, source: str) -> tuple[int, StepWindow | SdkEvent] | None:
-    """One event of a batch as an unsaved row, or None when it is unknown or malformed
-    (``sdk_events.EVENT_SCHEMA``, and a step window may not end before it starts)."""
+Parsed = StepWindow | SdkEvent | RankWindowIn
+
+
+def _parse_event(raw, *, attempt: Attempt, source: str) -> tuple[int, Parsed] | None:
+    """One event of a batch as an unsaved row (a rank window as plain data, checked
+    against the attempt later), or None when it is unknown or malformed
+    (``sdk_events.EVENT_SCHEMA``, and a window may not end before it starts)."""
     if not sdk_events.EVENT.is_valid(raw):
         return None
     seq, ts, kind = raw["seq"], _moment(raw["ts"]), raw["type"]
+    if kind == sdk_events.RANK_WINDOW:
+        window = rank_windows.rank_window_in(raw)
+        return None if window.start > window.end else (seq, window)
     if kind == sdk_events.STEP_WINDOW:
         start, end = _moment(raw["start"]), _moment(raw["end"])
         if start > end:
@@ -93,7 +111,7 @@ def sdk_events_ingest(*, attempt: Attempt, source: str, events: list) -> IngestR
     if refusal is not None:
         raise AttemptClosed(refusal)
     rejected = 0
-    parsed: dict[int, StepWindow | SdkEvent] = {}
+    parsed: dict[int, Parsed] = {}
     repeated = 0
     for raw in events:
         row = _parse_event(raw, attempt=attempt, source=source)
@@ -103,7 +121,10 @@ def sdk_events_ingest(*, attempt: Attempt, source: str, events: list) -> IngestR
             repeated += 1  # the same seq twice in one batch: keep the first
         else:
             parsed[row[0]] = row[1]
+    ranked = [row for row in parsed.values() if isinstance(row, RankWindowIn)]
+    parsed = {seq: row for seq, row in parsed.items() if not isinstance(row, RankWindowIn)}
     with transaction.atomic():
+        ranked_stored, ranked_repeated, refusals = _rank_windows_store(attempt, ranked)
         stored = set(
             StepWindow.objects.filter(
                 attempt=attempt, source=source, seq__among=list(parsed)
@@ -133,9 +154,91 @@ def sdk_events_ingest(*, attempt: Attempt, source: str, events: list) -> IngestR
                 if isinstance(row, SdkEvent) and row.type == SdkEvent.Type.CHECKPOINT_SAVED
             ],
         )
+    refused = Counter(refusal.code for refusal in refusals)
+    for code, count in refused.items():
+        SDK_RANK_WINDOWS_REFUSED.labels(reason=code).inc(count)
     return IngestResult(
-        accepted=len(new), duplicates=repeated + len(parsed) - len(new), rejected=rejected
+        accepted=len(new) + ranked_stored,
+        duplicates=repeated + len(parsed) - len(new) + ranked_repeated,
+        rejected=rejected + len(refusals),
+        refused=dict(sorted(refused.items())),
+        errors=list(dict.fromkeys(refusal.message for refusal in refusals))[:MAX_ERROR_MESSAGES],
     )
+
+
+def _stored_rank_windows(
+    attempt: Attempt, windows: list[RankWindowIn]
+) -> tuple[set[tuple[int, int]], dict[tuple[int, int], int]]:
+    """Of the ranks of ``windows``: the (rank, seq) already stored among theirs, and how
+    many windows each stored per clock hour their windows end in. Two queries."""
+    ranks = sorted({window.rank for window in windows})
+    seqs = sorted({window.seq for window in windows})
+    mine = RankStepWindow.objects.filter(attempt=attempt, rank__among=ranks)
+    stored = set(mine.filter(seq__among=seqs).values_list("rank", "seq"))
+    first = min(window.hour for window in windows) * rank_windows.HOUR_S
+    last = (max(window.hour for window in windows) + 1) * rank_windows.HOUR_S
+    per_hour = (
+        mine.filter(end__gte=_moment(first), end__lt=_moment(last))
+        .annotate(hour=TruncHour("end", tzinfo=UTC))
+        .values("rank", "hour")
+        .annotate(count=Count("id"))
+        .order_by()
+    )
+    counts = {
+        (row["rank"], int(row["hour"].timestamp()) // rank_windows.HOUR_S): row["count"]
+        for row in per_hour
+    }
+    return stored, counts
+
+
+def _rank_windows_store(
+    attempt: Attempt, windows: list[RankWindowIn]
+) -> tuple[int, int, list[Refusal]]:
+    """Store the new ones of ``windows`` (rank windows of one batch of ``attempt``): those
+    the attempt's GPUs and the hourly cap admit, once per (rank, seq). Returns how many were
+    stored, how many were duplicates, and the refusals."""
+    if not windows:
+        return 0, 0, []
+    held = attempt_held_gpus(attempt_id=attempt.pk)
+    refusals: list[Refusal] = []
+    admitted: dict[tuple[int, int], RankWindowIn] = {}
+    repeated = 0
+    for window in windows:
+        refusal = rank_windows.refusal(window, held)
+        if refusal is not None:
+            refusals.append(refusal)
+        elif (window.rank, window.seq) in admitted:
+            repeated += 1
+        else:
+            admitted[(window.rank, window.seq)] = window
+    if not admitted:
+        return 0, repeated, refusals
+    stored, per_hour = _stored_rank_windows(attempt, list(admitted.values()))
+    new = [window for key, window in admitted.items() if key not in stored]
+    capped = rank_windows.over_cap(sorted(new, key=lambda w: (w.end, w.rank, w.seq)), per_hour)
+    refusals += [rank_windows.cap_refusal(window) for window in capped]
+    capped_keys = {(window.rank, window.seq) for window in capped}
+    rows = [
+        RankStepWindow(
+            attempt=attempt,
+            rank=window.rank,
+            seq=window.seq,
+            world_size=window.world_size,
+            local_rank=window.local_rank,
+            host=window.host,
+            gpu=window.gpu,
+            start=_moment(window.start),
+            end=_moment(window.end),
+            steps=window.steps,
+            step_time_s=window.step_time_s,
+            data_wait_s=window.data_wait_s,
+            comm_wait_s=window.comm_wait_s,
+        )
+        for window in new
+        if (window.rank, window.seq) not in capped_keys
+    ]
+    RankStepWindow.objects.bulk_create(rows, ignore_conflicts=True)
+    return len(rows), repeated + len(admitted) - len(new), refusals
 
 
 # --- accounting ------------------------------------------------------------------------------
