@@ -5,11 +5,12 @@ minute rollups by (attempt, host, GPU, minute), accounting by attempt; running a
 again gives the same rows.
 """
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count
 from django.db.models.functions import TruncHour
 from django.utils import timezone
@@ -28,7 +29,7 @@ from telemetry.models import (
     SdkEvent,
     StepWindow,
 )
-from telemetry.rank_windows import RankWindowIn, Refusal
+from telemetry.rank_windows import HeldGpus, RankWindowIn, Refusal
 from telemetry.selectors.finished_attempts import attempts_pending_accounting
 from telemetry.selectors.rank_windows import attempt_held_gpus
 from telemetry.selectors.timeline import attempt_timeline
@@ -37,6 +38,12 @@ MAX_EVENTS_PER_BATCH = 500
 MAX_EVENTS_BODY_BYTES = 256 * 1024
 # Distinct refusal messages an answer lists (the counts cover all of them).
 MAX_ERROR_MESSAGES = 10
+# What each attempt holds, kept a few minutes per process: its 1,024 ranks post within a
+# minute or two, and reading it again for each would double the queries of a request. The
+# key holds what changes while an attempt runs (its nodes, its GPUs' UUIDs, its job).
+HELD_GPUS_KEEP_S = 300.0
+MAX_HELD_GPUS_KEPT = 4096
+_held_gpus_kept: dict[int, tuple[float, tuple, HeldGpus]] = {}
 
 
 class AttemptClosed(Exception):
@@ -166,29 +173,84 @@ def sdk_events_ingest(*, attempt: Attempt, source: str, events: list) -> IngestR
     )
 
 
-def _stored_rank_windows(
-    attempt: Attempt, windows: list[RankWindowIn]
-) -> tuple[set[tuple[int, int]], dict[tuple[int, int], int]]:
-    """Of the ranks of ``windows``: the (rank, seq) already stored among theirs, and how
-    many windows each stored per clock hour their windows end in. Two queries."""
-    ranks = sorted({window.rank for window in windows})
-    seqs = sorted({window.seq for window in windows})
-    mine = RankStepWindow.objects.filter(attempt=attempt, rank__among=ranks)
-    stored = set(mine.filter(seq__among=seqs).values_list("rank", "seq"))
+def _rank_hour_counts(attempt: Attempt, windows: list[RankWindowIn]) -> dict[tuple[int, int], int]:
+    """How many windows each rank of ``windows`` stored per clock hour its windows end in.
+    One query."""
     first = min(window.hour for window in windows) * rank_windows.HOUR_S
     last = (max(window.hour for window in windows) + 1) * rank_windows.HOUR_S
     per_hour = (
-        mine.filter(end__gte=_moment(first), end__lt=_moment(last))
+        RankStepWindow.objects.filter(
+            attempt=attempt,
+            rank__among=sorted({window.rank for window in windows}),
+            end__gte=_moment(first),
+            end__lt=_moment(last),
+        )
         .annotate(hour=TruncHour("end", tzinfo=UTC))
         .values("rank", "hour")
         .annotate(count=Count("id"))
         .order_by()
     )
-    counts = {
+    return {
         (row["rank"], int(row["hour"].timestamp()) // rank_windows.HOUR_S): row["count"]
         for row in per_hour
     }
-    return stored, counts
+
+
+def _new_rank_windows(attempt: Attempt, windows: list[RankWindowIn]) -> list[RankWindowIn]:
+    """Those of ``windows`` not stored yet. One query."""
+    stored = set(
+        RankStepWindow.objects.filter(
+            attempt=attempt,
+            rank__among=sorted({window.rank for window in windows}),
+            seq__among=sorted({window.seq for window in windows}),
+        ).values_list("rank", "seq")
+    )
+    return [window for window in windows if (window.rank, window.seq) not in stored]
+
+
+RANK_WINDOW_COLUMNS = (
+    "attempt_id", "rank", "seq", "world_size", "local_rank", "host", "gpu", "start", "end",
+    "steps", "step_time_s", "data_wait_s", "comm_wait_s",
+)  # fmt: skip
+
+
+def _rank_windows_insert(attempt: Attempt, windows: list[RankWindowIn]) -> int:
+    """Insert ``windows``, skipping any (attempt, rank, seq) already stored; returns how
+    many were new. One statement (``RETURNING`` tells the new from the duplicates)."""
+    if not windows:
+        return 0
+    quote = connection.ops.quote_name
+    row = "(" + ", ".join(["%s"] * len(RANK_WINDOW_COLUMNS)) + ")"
+    sql = (
+        f"INSERT INTO {quote(RankStepWindow._meta.db_table)} "
+        f"({', '.join(quote(column) for column in RANK_WINDOW_COLUMNS)}) "
+        f"VALUES {', '.join([row] * len(windows))} "
+        f"ON CONFLICT ({quote('attempt_id')}, {quote('rank')}, {quote('seq')}) DO NOTHING "
+        f"RETURNING {quote('seq')}"
+    )
+    params: list[object] = []
+    for window in windows:
+        params += [
+            attempt.pk, window.rank, window.seq, window.world_size, window.local_rank,
+            window.host, window.gpu, _moment(window.start), _moment(window.end), window.steps,
+            window.step_time_s, window.data_wait_s, window.comm_wait_s,
+        ]  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return len(cursor.fetchall())
+
+
+def _held_gpus(attempt: Attempt) -> HeldGpus:
+    key = (tuple(attempt.node_list or ()), tuple(attempt.gpu_uuids or ()), attempt.backend_job_id)
+    now = time.monotonic()
+    kept = _held_gpus_kept.get(attempt.pk)
+    if kept is not None and kept[0] > now and kept[1] == key:
+        return kept[2]
+    held = attempt_held_gpus(attempt=attempt)
+    if len(_held_gpus_kept) >= MAX_HELD_GPUS_KEPT:
+        _held_gpus_kept.clear()
+    _held_gpus_kept[attempt.pk] = (now + HELD_GPUS_KEEP_S, key, held)
+    return held
 
 
 def _rank_windows_store(
@@ -196,10 +258,11 @@ def _rank_windows_store(
 ) -> tuple[int, int, list[Refusal]]:
     """Store the new ones of ``windows`` (rank windows of one batch of ``attempt``): those
     the attempt's GPUs and the hourly cap admit, once per (rank, seq). Returns how many were
-    stored, how many were duplicates, and the refusals."""
+    stored, how many were duplicates, and the refusals. Two statements; a third only when a
+    rank's hour may reach the cap, to tell its new windows from resent ones."""
     if not windows:
         return 0, 0, []
-    held = attempt_held_gpus(attempt_id=attempt.pk)
+    held = _held_gpus(attempt)
     refusals: list[Refusal] = []
     admitted: dict[tuple[int, int], RankWindowIn] = {}
     repeated = 0
@@ -213,32 +276,17 @@ def _rank_windows_store(
             admitted[(window.rank, window.seq)] = window
     if not admitted:
         return 0, repeated, refusals
-    stored, per_hour = _stored_rank_windows(attempt, list(admitted.values()))
-    new = [window for key, window in admitted.items() if key not in stored]
-    capped = rank_windows.over_cap(sorted(new, key=lambda w: (w.end, w.rank, w.seq)), per_hour)
-    refusals += [rank_windows.cap_refusal(window) for window in capped]
-    capped_keys = {(window.rank, window.seq) for window in capped}
-    rows = [
-        RankStepWindow(
-            attempt=attempt,
-            rank=window.rank,
-            seq=window.seq,
-            world_size=window.world_size,
-            local_rank=window.local_rank,
-            host=window.host,
-            gpu=window.gpu,
-            start=_moment(window.start),
-            end=_moment(window.end),
-            steps=window.steps,
-            step_time_s=window.step_time_s,
-            data_wait_s=window.data_wait_s,
-            comm_wait_s=window.comm_wait_s,
-        )
-        for window in new
-        if (window.rank, window.seq) not in capped_keys
-    ]
-    RankStepWindow.objects.bulk_create(rows, ignore_conflicts=True)
-    return len(rows), repeated + len(admitted) - len(new), refusals
+    candidates = sorted(admitted.values(), key=lambda w: (w.end, w.rank, w.seq))
+    per_hour = _rank_hour_counts(attempt, candidates)
+    capped: list[RankWindowIn] = []
+    if rank_windows.over_cap(candidates, per_hour):
+        # Only new windows count against the cap: a resent one is a duplicate, not refused.
+        new = _new_rank_windows(attempt, candidates)
+        capped = rank_windows.over_cap(new, per_hour)
+        refusals += [rank_windows.cap_refusal(window) for window in capped]
+        candidates = [window for window in new if window not in capped]
+    stored = _rank_windows_insert(attempt, candidates)
+    return stored, repeated + len(admitted) - len(capped) - stored, refusals
 
 
 # --- accounting ------------------------------------------------------------------------------

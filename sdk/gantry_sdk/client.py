@@ -43,12 +43,12 @@ API_URL_ENV = "GANTRY_API_URL"
 ATTEMPT_TOKEN_ENV = "GANTRY_ATTEMPT_TOKEN"  # noqa: S105 (a variable name)
 RESUME_FROM_ENV = "GANTRY_RESUME_FROM"
 RESUME_STEP_ENV = "GANTRY_RESUME_STEP"
-# Optional tuning: seconds between background flushes (default 5; 60 on ranks other than 0,
-# which send only their rank windows), and how long the exit hook may wait for the last
+# Optional tuning: seconds between background flushes (default 5; 120 on ranks other than
+# 0, which send only their rank windows: a few windows per request spares the portal), and how long the exit hook may wait for the last
 # events (default 5).
 FLUSH_INTERVAL_ENV = "GANTRY_SDK_FLUSH_INTERVAL"
 RANK_FLUSH_INTERVAL_ENV = "GANTRY_SDK_RANK_FLUSH_INTERVAL"
-RANK_FLUSH_INTERVAL = 60.0
+RANK_FLUSH_INTERVAL = 120.0
 EXIT_TIMEOUT_ENV = "GANTRY_SDK_EXIT_TIMEOUT"
 
 logger = logging.getLogger("gantry_sdk")
@@ -157,7 +157,7 @@ class Reporter(EventDelivery):
         ``GANTRY_RESUME_STEP`` (and ``GANTRY_SDK_FLUSH_INTERVAL``, seconds, if set).
         Without URL or token it is a no-op. Rank 0 (or a process without a rank) reports
         everything; a process of another rank (``RANK``, ``SLURM_PROCID``, …) reports only
-        its rank windows (every ``GANTRY_SDK_RANK_FLUSH_INTERVAL`` seconds, default 60),
+        its rank windows (every ``GANTRY_SDK_RANK_FLUSH_INTERVAL`` seconds, default 120),
         unless ``ranks`` is false or ``GANTRY_SDK_RANKS=0``, which makes it a no-op;
         ``all_ranks=True`` makes every rank report everything. Every rank still sees
         ``resume_step`` / ``resume_uri``.

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Max
+from django.db.models import Count, Max, OuterRef, Subquery
 
 from clusters.models import Cluster, ClusterFlavor, SimulatedJob
 from jobs.models import Attempt
@@ -22,12 +22,12 @@ RANK_WINDOW_FIELDS = (
 )  # fmt: skip
 
 
-def _held_pairs(attempt: Attempt) -> frozenset[tuple[str, str]] | None:
+def _held_pairs(attempt: Attempt, *, backend: str, experiment_per_node: int, per_node: int | None):
     """(host, GPU index) of every GPU the attempt holds, by the rules that map DCGM samples
     to attempts (``telemetry.collection.attempt_allocations``, ``simulated_allocations``):
     the simulator's job allocation; on Slurm and Kubernetes every GPU of its nodes when it
     holds whole nodes. None when not known (not started, or part of a node)."""
-    if attempt.cluster.backend == Cluster.Backend.SIMULATOR:
+    if backend == Cluster.Backend.SIMULATOR:
         if not attempt.backend_job_id.isdigit():
             return None
         job = SimulatedJob.objects.filter(pk=int(attempt.backend_job_id)).first()
@@ -36,26 +36,34 @@ def _held_pairs(attempt: Attempt) -> frozenset[tuple[str, str]] | None:
         return frozenset(
             (short_host(node), str(gpu)) for node, gpus in job.allocation.items() for gpu in gpus
         )
-    if not attempt.node_list:
-        return None
-    per_node = (
-        ClusterFlavor.objects.filter(cluster_id=attempt.cluster_id, flavor_id=attempt.run.flavor_id)
-        .values_list("gpus_per_node", flat=True)
-        .first()
-    )
-    if per_node is None or attempt.run.experiment.gpus_per_node != per_node:
+    if not attempt.node_list or per_node is None or experiment_per_node != per_node:
         return None
     return frozenset(
         (short_host(host), str(gpu)) for host in attempt.node_list for gpu in range(per_node)
     )
 
 
-def attempt_held_gpus(*, attempt_id: int) -> HeldGpus:
-    """What the attempt holds, for checking its ranks' claims: its run's GPU count, its
-    (host, GPU) pairs when known, the GPU UUIDs its runtime report listed. Two queries."""
-    attempt = Attempt.objects.select_related("cluster", "run__experiment").get(pk=attempt_id)
+def attempt_held_gpus(*, attempt: Attempt) -> HeldGpus:
+    """What ``attempt`` (with its run) holds, for checking its ranks' claims: its run's GPU
+    count, its (host, GPU) pairs when known, the GPU UUIDs its runtime report listed. One
+    query (two on the simulator)."""
+    per_node = ClusterFlavor.objects.filter(
+        cluster_id=OuterRef("cluster_id"), flavor_id=OuterRef("run__flavor_id")
+    ).values("gpus_per_node")[:1]
+    facts = (
+        Attempt.objects.filter(pk=attempt.pk)
+        .values("cluster__backend", "run__experiment__gpus_per_node")
+        .annotate(per_node=Subquery(per_node))
+        .get()
+    )
+    pairs = _held_pairs(
+        attempt,
+        backend=facts["cluster__backend"],
+        experiment_per_node=facts["run__experiment__gpus_per_node"],
+        per_node=facts["per_node"],
+    )
     uuids = frozenset(uuid for uuid in attempt.gpu_uuids or () if isinstance(uuid, str))
-    return HeldGpus(count=attempt.run.gpus, pairs=_held_pairs(attempt), uuids=uuids)
+    return HeldGpus(count=attempt.run.gpus, pairs=pairs, uuids=uuids)
 
 
 def attempt_rank_windows(*, attempt_id: int, since: datetime | None = None) -> list[dict[str, Any]]:
