@@ -11,10 +11,11 @@ The admission cycle runs against the database ``gantry_bench`` on the server of
 DATABASE_URL (created and migrated here, so the tests' database is never touched), with
 Celery on its in-memory broker: tasks enqueued on commit are dropped, not run. ``ranks``,
 ``runlist`` and ``load`` use databases of their own, named after DATABASE_URL's
-(``<name>_ranks``, ``<name>_runlist``, ``<name>_load_before`` and ``<name>_load_after``); ``load`` also starts gunicorn, a Celery
-worker and beat on the Redis of CELERY_BROKER_URL (the cache too; the after stack on the
-next Redis database), twice side by side: for the code of an earlier commit (it needs this
-repository's history, as a clone has it) and for this checkout.
+(``<name>_ranks``, ``<name>_runlist``, ``<name>_load_before`` and ``<name>_load_after``);
+``load`` also starts gunicorn, a Celery worker and beat on the Redis of CELERY_BROKER_URL
+(the cache too; the after stack on the next Redis database), twice side by side: for the
+code of an earlier commit (it needs this repository's history, as a clone has it) and for
+this checkout.
 """
 
 import os

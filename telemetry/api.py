@@ -48,15 +48,13 @@ class EventBatchSerializer(serializers.Serializer):
 class EventBatchResultSerializer(serializers.Serializer):
     accepted = serializers.IntegerField(help_text="Events stored now")
     duplicates = serializers.IntegerField(help_text="Events already stored (a resent batch)")
-    rejected = serializers.IntegerField(
-        help_text="Unknown, malformed or refused events, skipped"
-    )
+    rejected = serializers.IntegerField(help_text="Unknown, malformed or refused events, skipped")
     refused = serializers.DictField(
         child=serializers.IntegerField(),
         help_text="Rank windows refused, by reason: rank_out_of_range, world_size_mismatch, "
         "gpu_not_held, window_cap",
     )
-    errors = serializers.ListField(
+    messages = serializers.ListField(
         child=serializers.CharField(), help_text="Why, one line per distinct refusal (10 at most)"
     )
 

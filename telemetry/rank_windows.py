@@ -15,6 +15,7 @@ It is refused, with a message that says why, when
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 # One window per 10 s on average: 360 rows per rank and hour at most, whatever a job sends
 # (the SDK's default window is 30 s, 120 rows). docs/sdk.md says so.
@@ -53,7 +54,7 @@ class RankWindowIn:
         return int(self.end // HOUR_S)
 
 
-def rank_window_in(raw: dict) -> RankWindowIn:
+def rank_window_in(raw: dict[str, Any]) -> RankWindowIn:
     """A schema-checked ``rank_window`` event (``telemetry.sdk_events``) as plain data."""
     return RankWindowIn(
         rank=raw["rank"],

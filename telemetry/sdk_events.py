@@ -48,9 +48,7 @@ EVENT_SCHEMA: dict[str, Any] = {
     "properties": {
         "seq": {"type": "integer", "minimum": 1, "maximum": MAX_SEQ},
         "ts": _TIMESTAMP,
-        "type": {
-            "enum": [READY, STEP_WINDOW, CHECKPOINT_SAVED, CHECKPOINT_RESTORED, RANK_WINDOW]
-        },
+        "type": {"enum": [READY, STEP_WINDOW, CHECKPOINT_SAVED, CHECKPOINT_RESTORED, RANK_WINDOW]},
     },
     "allOf": [
         _of_type(
@@ -89,7 +87,14 @@ EVENT_SCHEMA: dict[str, Any] = {
             RANK_WINDOW,
             {
                 "required": [
-                    "rank", "world_size", "host", "gpu", "window", "start", "end", "steps",
+                    "rank",
+                    "world_size",
+                    "host",
+                    "gpu",
+                    "window",
+                    "start",
+                    "end",
+                    "steps",
                     "step_time_s",
                 ],
                 "properties": {
@@ -107,7 +112,7 @@ EVENT_SCHEMA: dict[str, Any] = {
                     "comm_wait_s": _SECONDS,
                 },
             },
-        ),  # fmt: skip
+        ),
     ],
 }
 EVENT = JsonSchema(EVENT_SCHEMA)

@@ -21,7 +21,6 @@ a laptop) the reporter is a no-op and the training script works unchanged.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import logging
 import os
@@ -44,8 +43,8 @@ ATTEMPT_TOKEN_ENV = "GANTRY_ATTEMPT_TOKEN"  # noqa: S105 (a variable name)
 RESUME_FROM_ENV = "GANTRY_RESUME_FROM"
 RESUME_STEP_ENV = "GANTRY_RESUME_STEP"
 # Optional tuning: seconds between background flushes (default 5; 120 on ranks other than
-# 0, which send only their rank windows: a few windows per request spares the portal), and how long the exit hook may wait for the last
-# events (default 5).
+# 0, which send only their rank windows: a few windows per request spares the portal), and
+# how long the exit hook may wait for the last events (default 5).
 FLUSH_INTERVAL_ENV = "GANTRY_SDK_FLUSH_INTERVAL"
 RANK_FLUSH_INTERVAL_ENV = "GANTRY_SDK_RANK_FLUSH_INTERVAL"
 RANK_FLUSH_INTERVAL = 120.0

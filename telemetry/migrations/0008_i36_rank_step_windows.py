@@ -5,34 +5,60 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0019_i34_cause_class'),
-        ('telemetry', '0007_i34_credits'),
+        ("jobs", "0019_i34_cause_class"),
+        ("telemetry", "0007_i34_credits"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='RankStepWindow',
+            name="RankStepWindow",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('rank', models.PositiveIntegerField()),
-                ('seq', models.PositiveIntegerField()),
-                ('world_size', models.PositiveIntegerField()),
-                ('local_rank', models.PositiveIntegerField(default=0)),
-                ('host', models.CharField(max_length=255)),
-                ('gpu', models.CharField(max_length=64)),
-                ('start', models.DateTimeField()),
-                ('end', models.DateTimeField()),
-                ('steps', models.PositiveIntegerField()),
-                ('step_time_s', models.FloatField(help_text='Mean wall seconds per step, waits included')),
-                ('data_wait_s', models.FloatField(default=0, help_text='Seconds blocked on input in total')),
-                ('comm_wait_s', models.FloatField(default=0, help_text='Seconds blocked on communication in total')),
-                ('attempt', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='rank_windows', to='jobs.attempt')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("rank", models.PositiveIntegerField()),
+                ("seq", models.PositiveIntegerField()),
+                ("world_size", models.PositiveIntegerField()),
+                ("local_rank", models.PositiveIntegerField(default=0)),
+                ("host", models.CharField(max_length=255)),
+                ("gpu", models.CharField(max_length=64)),
+                ("start", models.DateTimeField()),
+                ("end", models.DateTimeField()),
+                ("steps", models.PositiveIntegerField()),
+                (
+                    "step_time_s",
+                    models.FloatField(help_text="Mean wall seconds per step, waits included"),
+                ),
+                (
+                    "data_wait_s",
+                    models.FloatField(default=0, help_text="Seconds blocked on input in total"),
+                ),
+                (
+                    "comm_wait_s",
+                    models.FloatField(
+                        default=0, help_text="Seconds blocked on communication in total"
+                    ),
+                ),
+                (
+                    "attempt",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="rank_windows",
+                        to="jobs.attempt",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['attempt', 'rank', 'seq'],
-                'constraints': [models.UniqueConstraint(fields=('attempt', 'rank', 'seq'), name='rankstepwindow_unique_seq')],
+                "ordering": ["attempt", "rank", "seq"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("attempt", "rank", "seq"), name="rankstepwindow_unique_seq"
+                    )
+                ],
             },
         ),
     ]

@@ -2,9 +2,9 @@
 ``rank_window`` per window from every rank, rank 0 unchanged, and the opt-out."""
 
 import pytest
+from gantry_sdk import ranks
 
 from tests.sdk.test_sdk import TOKEN, Reporter, StepTimer, portal  # noqa: F401 (the fixture)
-from gantry_sdk import ranks  # noqa: I001 (tests.sdk.test_sdk puts the SDK on sys.path)
 
 TORCHRUN = {
     "RANK": "11",

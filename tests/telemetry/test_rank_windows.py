@@ -12,8 +12,8 @@ from clusters.models import Cluster, ClusterFlavor, SimulatedJob
 from core.metrics import SDK_RANK_WINDOWS_REFUSED
 from jobs.models import Attempt, AttemptState
 from telemetry import rank_windows, sdk_events
-from telemetry.rank_windows import HeldGpus
 from telemetry.models import RankStepWindow
+from telemetry.rank_windows import HeldGpus
 from telemetry.selectors.rank_windows import (
     RANK_WINDOW_FIELDS,
     attempt_held_gpus,
@@ -56,7 +56,9 @@ def refused_count(reason):
 
 def test_a_rank_window_as_the_sdk_sends_it_is_valid():
     assert sdk_events.EVENT.is_valid(rank_window())
-    assert sdk_events.EVENT.is_valid(rank_window(rank=65535, world_size=65536, gpu="GPU-" + "a" * 60))
+    assert sdk_events.EVENT.is_valid(
+        rank_window(rank=65535, world_size=65536, gpu="GPU-" + "a" * 60)
+    )
     without_optional = {k: v for k, v in rank_window().items() if k not in ("local_rank",)}
     assert sdk_events.EVENT.is_valid(without_optional)
 
@@ -89,7 +91,7 @@ def test_a_malformed_rank_window_is_rejected_and_stores_nothing(world, event):
     response = post(client_for(attempt), batch(event))
 
     assert response.json() == {
-        "accepted": 0, "duplicates": 0, "rejected": 1, "refused": {}, "errors": [],
+        "accepted": 0, "duplicates": 0, "rejected": 1, "refused": {}, "messages": [],
     }  # fmt: skip
     assert not RankStepWindow.objects.exists()
 
@@ -106,10 +108,28 @@ def test_windows_of_every_rank_are_stored_once_whatever_the_order(world):
     resent = post(client, batch(rank_window(1, 3), rank_window(1, 1), source="rank1"))
     repeated = post(client, batch(rank_window(1, 4), rank_window(1, 4, seq=9), source="r1"))
 
-    assert first.json() == {"accepted": 2, "duplicates": 0, "rejected": 0, "refused": {}, "errors": []}
+    assert first.json() == {
+        "accepted": 2,
+        "duplicates": 0,
+        "rejected": 0,
+        "refused": {},
+        "messages": [],
+    }
     assert second.json()["accepted"] == 2
-    assert resent.json() == {"accepted": 0, "duplicates": 2, "rejected": 0, "refused": {}, "errors": []}
-    assert repeated.json() == {"accepted": 1, "duplicates": 1, "rejected": 0, "refused": {}, "errors": []}
+    assert resent.json() == {
+        "accepted": 0,
+        "duplicates": 2,
+        "rejected": 0,
+        "refused": {},
+        "messages": [],
+    }
+    assert repeated.json() == {
+        "accepted": 1,
+        "duplicates": 1,
+        "rejected": 0,
+        "refused": {},
+        "messages": [],
+    }
     assert stored(attempt) == [
         (0, 1, "sim-node-1", "1", 25),
         (1, 1, "sim-node-1", "1", 25),
@@ -148,7 +168,7 @@ def test_refusals_say_why_are_counted_and_store_nothing(world):
         "duplicates": 0,
         "rejected": 5,
         "refused": {"gpu_not_held": 3, "rank_out_of_range": 1, "world_size_mismatch": 1},
-        "errors": [
+        "messages": [
             "rank 2 is not below the world size 2.",
             "world size 4 contradicts the attempt's 2 GPUs (one rank per GPU).",
             "rank 1 reports GPU 1 of sim-node-1, which the attempt does not hold.",
@@ -184,7 +204,7 @@ def test_a_rank_stores_at_most_360_windows_per_hour_and_a_resend_is_still_a_dupl
         "duplicates": 1,
         "rejected": 3,
         "refused": {"window_cap": 3},
-        "errors": ["rank 0 already sent 360 windows ending in this hour (one per 10 s at most)."],
+        "messages": ["rank 0 already sent 360 windows ending in this hour (one per 10 s at most)."],
     }
     assert RankStepWindow.objects.filter(attempt=attempt).count() == 360
     next_hour = rank_window(0, 400, end=hour_end + 5, start=hour_end - 5)
@@ -256,16 +276,26 @@ def test_held_gpus_of_whole_nodes_follow_the_dcgm_mapping(world, django_assert_n
 
 def test_the_run_page_reads_1024_ranks_in_the_queries_of_one(client, world):
     run = submit(world)
-    attempt = attempt_of(world, run, state=AttemptState.RUNNING, start=datetime(2026, 5, 28, tzinfo=UTC))
+    attempt = attempt_of(
+        world, run, state=AttemptState.RUNNING, start=datetime(2026, 5, 28, tzinfo=UTC)
+    )
     start = attempt.started_at
+    assert start is not None
 
     def windows(ranks):
         RankStepWindow.objects.bulk_create(
             RankStepWindow(
-                attempt=attempt, rank=rank, seq=seq, world_size=1024, host=f"n{rank // 8}",
-                gpu=str(rank % 8), start=start + timedelta(seconds=30 * (seq - 1)),
-                end=start + timedelta(seconds=30 * seq), steps=10, step_time_s=3.0,
-            )  # fmt: skip
+                attempt=attempt,
+                rank=rank,
+                seq=seq,
+                world_size=1024,
+                host=f"n{rank // 8}",
+                gpu=str(rank % 8),
+                start=start + timedelta(seconds=30 * (seq - 1)),
+                end=start + timedelta(seconds=30 * seq),
+                steps=10,
+                step_time_s=3.0,
+            )
             for rank in ranks
             for seq in (1, 2)
         )
