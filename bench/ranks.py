@@ -5,9 +5,10 @@ job, and whether the portal keeps up with 1,024 ranks.
   communication, as a GPU-bound step looks to the CPU) runs in blocks, alternately without
   the SDK and with a rank-0 reporter that has a rank identity (it sends both the
   ``step_window`` and the ``rank_window`` of every window, the most any rank sends) to a
-  local HTTP server, through the real flusher thread. Windows close every
-  ``OVERHEAD_WINDOW_S`` seconds, more often than the 30 s of the goal, so the goal holds
-  a fortiori. Overhead = (with − without) ÷ without over the same number of steps.
+  local HTTP server, through the real flusher thread. Windows close every 10 s, three
+  times as often as the goal's 30 s. Overhead: the median over the blocks of (with −
+  without) ÷ without, each pair of blocks run back to back (robust to other work on a
+  shared machine, which delays a sleep now and then); the totals are shown too.
 * Ingest. 1,024 ranks of one attempt (128 nodes × 8 GPUs) send one window per 10 s
   through the events endpoint (Django's test client: middleware, token authentication,
   parsing, the service, PostgreSQL of DATABASE_URL). Gantry: each rank posts its windows
@@ -20,6 +21,7 @@ job, and whether the portal keeps up with 1,024 ranks.
 
 import http.server
 import json
+import statistics
 import sys
 import threading
 import time
@@ -36,7 +38,7 @@ JOB_SECONDS = 120.0
 BASELINE_JOB_SECONDS = 10.0  # one window of every rank: its rate is steady, a sample will do
 INGEST_GOAL = 10.0  # times real time
 OVERHEAD_GOAL = 0.005  # of step time
-OVERHEAD_WINDOW_S = 2.0
+OVERHEAD_WINDOW_S = 10.0
 STEP_SLEEPS = (0.012, 0.004, 0.004)  # compute, data, comm: a 20 ms step
 T0 = 1_780_000_000.0
 TOKEN = "gat_1." + "A" * 43
@@ -91,17 +93,17 @@ def sdk_overhead(*, blocks: int, steps_per_block: int) -> dict[str, float]:
     identity = {"rank": 0, "local_rank": 0, "world_size": RANKS, "host": "n0", "gpu": "0"}
     reporter = Reporter(url, TOKEN, rank=0, identity=identity, flush_interval=1.0)
     timer = reporter.step_timer(window_seconds=OVERHEAD_WINDOW_S, step=0)
-    plain = with_sdk = 0.0
+    pairs = []
     try:
         for _ in range(blocks):
             started = time.perf_counter()
             for _ in range(steps_per_block):
                 _plain_step()
-            plain += time.perf_counter() - started
+            plain_block = time.perf_counter() - started
             started = time.perf_counter()
             for _ in range(steps_per_block):
                 _timed_step(timer)
-            with_sdk += time.perf_counter() - started
+            pairs.append((plain_block, time.perf_counter() - started))
         timer.flush()
         reporter.flush(10)
         stats = reporter.stats()
@@ -109,12 +111,12 @@ def sdk_overhead(*, blocks: int, steps_per_block: int) -> dict[str, float]:
         reporter.close(1)
         server.shutdown()
     return {
-        "plain_s": plain,
-        "sdk_s": with_sdk,
+        "plain_s": sum(plain for plain, _ in pairs),
+        "sdk_s": sum(sdk for _, sdk in pairs),
         "steps": blocks * steps_per_block,
         "events": stats["sent"],
         "posts": server.posts,  # type: ignore[attr-defined]
-        "overhead": (with_sdk - plain) / plain,
+        "overhead": statistics.median((sdk - plain) / plain for plain, sdk in pairs),
     }
 
 
@@ -243,7 +245,7 @@ def _met(ok: bool) -> str:
 
 def run() -> list[Section]:
     small = quick()
-    overhead = sdk_overhead(blocks=2 if small else 10, steps_per_block=25 if small else 100)
+    overhead = sdk_overhead(blocks=2 if small else 15, steps_per_block=25 if small else 100)
     per_post = int(POST_EVERY_S // WINDOW_S)
     gantry = ingest(lambda: bodies(windows_per_post=per_post))
     baseline = ingest(lambda: bodies(windows_per_post=1, job_seconds=BASELINE_JOB_SECONDS))
@@ -261,7 +263,8 @@ def run() -> list[Section]:
             f"training loop, {overhead['steps']:,} steps of {step_ms:.0f} ms, window "
             f"{OVERHEAD_WINDOW_S:g} s",
             f"{overhead['sdk_s']:.2f} s with the SDK ({overhead['events']:,} events in "
-            f"{overhead['posts']:,} requests): overhead {overhead['overhead']:+.3%}",
+            f"{overhead['posts']:,} requests): overhead {overhead['overhead']:+.3%} (median "
+            f"of the blocks; {overhead['sdk_s'] / overhead['plain_s'] - 1:+.3%} in total)",
             f"{overhead['plain_s']:.2f} s without",
             f"< {OVERHEAD_GOAL:.1%} of step time at one window per 30 s: "
             f"{_met(overhead['overhead'] < OVERHEAD_GOAL)}",
