@@ -255,7 +255,9 @@ def run() -> list[Section]:
     step_ms = sum(STEP_SLEEPS) * 1000
     section = Section(
         title="Per-rank telemetry: SDK overhead and ingest (issue 36, points 1 and 6)",
-        intro=__doc__.split("\n\n", 1)[1].strip().replace("\n", " ") if __doc__ else "",
+        intro="\n".join(
+            " ".join(item.split()) for item in (__doc__ or "").split("\n\n", 1)[1].split("\n* ")
+        ).replace("\n", "\n* "),
         columns=["measure", "Gantry", "baseline", "goal"],
     )
     section.rows.append(
