@@ -132,8 +132,6 @@ def sdk_events_ingest(*, attempt: Attempt, source: str, events: list) -> IngestR
     ranked = [row for row in parsed.values() if isinstance(row, RankWindowIn)]
     parsed = {seq: row for seq, row in parsed.items() if not isinstance(row, RankWindowIn)}
     with transaction.atomic():
-        if ranked and not parsed:
-            _commit_without_waiting_for_disk()
         ranked_stored, ranked_repeated, refusals = _rank_windows_store(attempt, ranked)
         stored = set(
             StepWindow.objects.filter(
@@ -243,18 +241,6 @@ def _rank_windows_insert(attempt: Attempt, windows: list[RankWindowIn]) -> int:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return len(cursor.fetchall())
-
-
-def _commit_without_waiting_for_disk() -> None:
-    """Let PostgreSQL commit this transaction without waiting for its WAL to reach disk.
-
-    Only for batches of rank windows alone (never checkpoints, which a requeued run resumes
-    from): 1,024 ranks commit hundreds of times a minute, and a flush to disk per commit is
-    most of a request's time. A crash of the database server may lose the last fraction of
-    a second of such commits (never corrupts), which costs a few windows of statistics."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL synchronous_commit = off")
 
 
 def _held_gpus(attempt: Attempt) -> HeldGpus:
