@@ -2,19 +2,20 @@
 the results go to docs/benchmarks.md with the machine they ran on.
 
 ``python -m bench [admission] [placement] [backfill] [cycle] [trace] [node_health]
-[stragglers] [estimates] [telemetry] [k8s] [slurm] [finance] [load] [runlist]`` runs some of
-them and only prints. ``GANTRY_BENCH_QUICK=1`` runs admission, placement, backfill, cycle,
-trace, node_health, stragglers and estimates on small sizes (does it still work?) and never
-writes docs/benchmarks.md.
+[stragglers] [estimates] [telemetry] [ranks] [k8s] [slurm] [finance] [load] [runlist]`` runs
+some of them and only prints. ``GANTRY_BENCH_QUICK=1`` runs admission, placement, backfill,
+cycle, trace, node_health, stragglers and estimates on small sizes (does it still work?) and
+never writes docs/benchmarks.md.
 
 The admission cycle runs against the database ``gantry_bench`` on the server of
 DATABASE_URL (created and migrated here, so the tests' database is never touched), with
-Celery on its in-memory broker: tasks enqueued on commit are dropped, not run. ``runlist``
-and ``load`` use databases of their own, named after DATABASE_URL's (``<name>_runlist``,
-``<name>_load_before`` and ``<name>_load_after``); ``load`` also starts gunicorn, a Celery
-worker and beat on the Redis of CELERY_BROKER_URL (the cache too; the after stack on the
-next Redis database), twice side by side: for the code of an earlier commit (it needs this
-repository's history, as a clone has it) and for this checkout.
+Celery on its in-memory broker: tasks enqueued on commit are dropped, not run. ``ranks``,
+``runlist`` and ``load`` use databases of their own, named after DATABASE_URL's
+(``<name>_ranks``, ``<name>_runlist``, ``<name>_load_before`` and ``<name>_load_after``);
+``load`` also starts gunicorn, a Celery worker and beat on the Redis of CELERY_BROKER_URL
+(the cache too; the after stack on the next Redis database), twice side by side: for the
+code of an earlier commit (it needs this repository's history, as a clone has it) and for
+this checkout.
 """
 
 import os
@@ -40,6 +41,7 @@ BENCHMARKS = (
     "stragglers",
     "estimates",
     "telemetry",
+    "ranks",
     "k8s",
     "slurm",
     "finance",
@@ -128,6 +130,11 @@ def run(name: str) -> list[Section]:
         from bench import telemetry
 
         return telemetry.run()
+    if name == "ranks":
+        setup_django("_ranks")
+        from bench import ranks
+
+        return ranks.run()
     if name == "finance":
         setup_django()
         from bench import finance

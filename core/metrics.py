@@ -63,6 +63,11 @@ TELEMETRY_SAMPLES_INGESTED = Counter(
     "GPU metric samples read from a cluster's telemetry source and stored",
     ["cluster"],
 )
+SDK_RANK_WINDOWS_REFUSED = Counter(
+    "gantry_sdk_rank_windows_refused_total",
+    "Per-rank step windows the events endpoint refused, per reason (telemetry.rank_windows)",
+    ["reason"],
+)
 TELEMETRY_SAMPLES_UNMAPPED = Counter(
     "gantry_telemetry_samples_unmapped_total",
     "GPU metric samples rolled up that no attempt claims",

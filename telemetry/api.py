@@ -40,14 +40,23 @@ class EventBatchSerializer(serializers.Serializer):
         child=serializers.JSONField(),
         min_length=1,
         max_length=MAX_EVENTS_PER_BATCH,
-        help_text="ready, step_window, checkpoint_saved, checkpoint_restored (docs/sdk.md)",
+        help_text="ready, step_window, checkpoint_saved, checkpoint_restored, rank_window "
+        "(docs/sdk.md)",
     )
 
 
 class EventBatchResultSerializer(serializers.Serializer):
     accepted = serializers.IntegerField(help_text="Events stored now")
     duplicates = serializers.IntegerField(help_text="Events already stored (a resent batch)")
-    rejected = serializers.IntegerField(help_text="Unknown or malformed events, skipped")
+    rejected = serializers.IntegerField(help_text="Unknown, malformed or refused events, skipped")
+    refused = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Rank windows refused, by reason: rank_out_of_range, world_size_mismatch, "
+        "gpu_not_held, window_cap",
+    )
+    messages = serializers.ListField(
+        child=serializers.CharField(), help_text="Why, one line per distinct refusal (10 at most)"
+    )
 
 
 @extend_schema(tags=["attempts"])

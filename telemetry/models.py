@@ -42,6 +42,40 @@ class StepWindow(models.Model):
         return f"attempt {self.attempt_id} {self.source}#{self.seq}: {self.steps} steps"
 
 
+class RankStepWindow(models.Model):
+    """One rank's step window (an SDK ``rank_window`` event): every rank of a job reports
+    its own, so a slow rank shows. ``seq`` is the rank's window number; ``(attempt, rank,
+    seq)`` is the de-duplication key. At most ``rank_windows.MAX_WINDOWS_PER_RANK_HOUR``
+    rows per rank and clock hour (docs/sdk.md)."""
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="rank_windows")
+    rank = models.PositiveIntegerField()
+    seq = models.PositiveIntegerField()
+    world_size = models.PositiveIntegerField()
+    local_rank = models.PositiveIntegerField(default=0)
+    host = models.CharField(max_length=sdk_events.MAX_HOST_LENGTH)
+    gpu = models.CharField(max_length=sdk_events.MAX_GPU_LENGTH)
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    steps = models.PositiveIntegerField()
+    step_time_s = models.FloatField(help_text="Mean wall seconds per step, waits included")
+    data_wait_s = models.FloatField(default=0, help_text="Seconds blocked on input in total")
+    comm_wait_s = models.FloatField(
+        default=0, help_text="Seconds blocked on communication in total"
+    )
+
+    class Meta:
+        ordering = ["attempt", "rank", "seq"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["attempt", "rank", "seq"], name="rankstepwindow_unique_seq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.attempt_id} rank {self.rank} window {self.seq}"
+
+
 class SdkEvent(models.Model):
     """Any other SDK event (ready, checkpoint saved / restored), stored as sent."""
 

@@ -108,7 +108,10 @@ def _warn(text):
 
 def main(argv=None):
     args = _parser().parse_args(argv)
-    reporter = Reporter.from_env(all_ranks=args.all_ranks, timeout=args.timeout, background=False)
+    # A shell command is not a training rank's loop: no rank windows from here.
+    reporter = Reporter.from_env(
+        all_ranks=args.all_ranks, ranks=False, timeout=args.timeout, background=False
+    )
     if args.command == "resume-info":
         step = "" if reporter.resume_step is None else str(reporter.resume_step)
         sys.stdout.write(f"GANTRY_RESUME_STEP={shlex.quote(step)}\n")

@@ -4,6 +4,9 @@ Standard library only, Python 3.8 syntax (training images often ship older Pytho
 
 A training process reports through one :class:`Reporter`:
 
+* every rank of a multi-process job sends one small ``rank_window`` per step window (its
+  rank, host, GPU and timings), so Gantry can tell which rank is slow; only rank 0 sends
+  the other events;
 * events (``ready``, ``step_window``, ``checkpoint_saved``, ``checkpoint_restored``) go to a
   bounded in-memory queue; a daemon thread posts them in batches to
   ``{GANTRY_API_URL}/attempts/events/``; the caller never waits on the network;
@@ -18,7 +21,6 @@ a laptop) the reporter is a no-op and the training script works unchanged.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import logging
 import os
@@ -28,7 +30,8 @@ import uuid
 import weakref
 
 from .delivery import EventDelivery
-from .events import checkpoint_fields, step_window_fields
+from .events import checkpoint_fields, rank_window_fields, step_window_fields
+from .ranks import env_rank, rank_identity, ranks_enabled
 from .runtime_env import clean_runtime_report, collect_runtime_env
 from .step_timer import StepTimer
 from .transport import EVENTS_PATH, MAX_BATCH_EVENTS, REPORT_PATH, post, retryable, token_ok, url_ok
@@ -39,12 +42,13 @@ API_URL_ENV = "GANTRY_API_URL"
 ATTEMPT_TOKEN_ENV = "GANTRY_ATTEMPT_TOKEN"  # noqa: S105 (a variable name)
 RESUME_FROM_ENV = "GANTRY_RESUME_FROM"
 RESUME_STEP_ENV = "GANTRY_RESUME_STEP"
-# Optional tuning: seconds between background flushes (default 5), and how long the exit
-# hook may wait for the last events (default 5).
+# Optional tuning: seconds between background flushes (default 5; 120 on ranks other than
+# 0, which send only their rank windows: a few windows per request spares the portal), and
+# how long the exit hook may wait for the last events (default 5).
 FLUSH_INTERVAL_ENV = "GANTRY_SDK_FLUSH_INTERVAL"
+RANK_FLUSH_INTERVAL_ENV = "GANTRY_SDK_RANK_FLUSH_INTERVAL"
+RANK_FLUSH_INTERVAL = 120.0
 EXIT_TIMEOUT_ENV = "GANTRY_SDK_EXIT_TIMEOUT"
-# The ranks a launcher may set; only rank 0 reports unless ``all_ranks=True``.
-RANK_ENVS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 
 logger = logging.getLogger("gantry_sdk")
 
@@ -55,12 +59,11 @@ _REPORTERS = weakref.WeakSet()
 # --- Gantry's variables -----------------------------------------------------------------------
 
 
-def _env_rank(environ):
-    for name in RANK_ENVS:
-        raw = environ.get(name, "").strip()
-        if raw.isdigit():
-            return int(raw)
-    return None
+def _env_seconds(environ, name, default):
+    try:
+        return float(environ.get(name, "") or default)
+    except ValueError:
+        return default
 
 
 def _env_resume_step(environ):
@@ -80,6 +83,11 @@ class Reporter(EventDelivery):
 
     No method of a reporter raises into the caller or waits on the network, except
     :meth:`flush` and :meth:`close`, which wait at most their ``timeout``.
+
+    ``identity`` (``rank``, ``local_rank``, ``world_size``, ``host``, ``gpu``; see
+    ``gantry_sdk.ranks.rank_identity``) makes every step window also go out as a
+    ``rank_window``. A reporter that is not ``primary`` (a rank other than 0) sends only
+    those: ``ready``, ``step_window``, checkpoints and the runtime report are left to rank 0.
     """
 
     def __init__(
@@ -98,7 +106,14 @@ class Reporter(EventDelivery):
         source=None,
         clock=time.time,
         background=True,
+        identity=None,
+        primary=True,
     ):
+        self.identity = dict(identity) if identity else None
+        self.primary = bool(primary)
+        self._windows = 0  # rank windows numbered so far
+        # 1,024 ranks started together would post in the same second every interval.
+        self.spread_flushes = not self.primary
         self.resume_from = resume_from or None
         self.resume_step = resume_step
         self.rank = rank
@@ -134,23 +149,32 @@ class Reporter(EventDelivery):
     # --- construction ---
 
     @classmethod
-    def from_env(cls, environ=None, all_ranks=False, **kwargs):
+    def from_env(cls, environ=None, all_ranks=False, ranks=None, **kwargs):
         """The reporter a job gets from Gantry's variables.
 
         Reads ``GANTRY_API_URL``, ``GANTRY_ATTEMPT_TOKEN``, ``GANTRY_RESUME_FROM`` and
         ``GANTRY_RESUME_STEP`` (and ``GANTRY_SDK_FLUSH_INTERVAL``, seconds, if set).
-        Without URL or token it is a no-op. A process whose rank (``RANK``,
-        ``SLURM_PROCID``, …) is not 0 gets a no-op reporter too, unless ``all_ranks`` is
-        true; every rank still sees ``resume_step`` / ``resume_uri``.
+        Without URL or token it is a no-op. Rank 0 (or a process without a rank) reports
+        everything; a process of another rank (``RANK``, ``SLURM_PROCID``, …) reports only
+        its rank windows (every ``GANTRY_SDK_RANK_FLUSH_INTERVAL`` seconds, default 120),
+        unless ``ranks`` is false or ``GANTRY_SDK_RANKS=0``, which makes it a no-op;
+        ``all_ranks=True`` makes every rank report everything. Every rank still sees
+        ``resume_step`` / ``resume_uri``.
         """
         environ = os.environ if environ is None else environ
+        rank = env_rank(environ)
+        primary = rank in (None, 0) or bool(all_ranks)
+        ranks = ranks_enabled(environ) if ranks is None else bool(ranks)
+        identity = rank_identity(environ) if ranks else None
         if "flush_interval" not in kwargs:
-            with contextlib.suppress(ValueError):
-                kwargs["flush_interval"] = float(environ.get(FLUSH_INTERVAL_ENV, "") or 5.0)
-        rank = _env_rank(environ)
+            if primary:
+                kwargs["flush_interval"] = _env_seconds(environ, FLUSH_INTERVAL_ENV, 5.0)
+            else:
+                interval = _env_seconds(environ, RANK_FLUSH_INTERVAL_ENV, RANK_FLUSH_INTERVAL)
+                kwargs["flush_interval"] = interval
         api_url = environ.get(API_URL_ENV, "")
         token = environ.get(ATTEMPT_TOKEN_ENV, "")
-        if rank not in (None, 0) and not all_ranks:
+        if not primary and identity is None:
             api_url = token = ""
         if not (api_url.strip() and token.strip()):
             logger.info("gantry_sdk: not running under Gantry (or rank != 0); reporting is off")
@@ -160,6 +184,8 @@ class Reporter(EventDelivery):
             resume_from=environ.get(RESUME_FROM_ENV, "").strip() or None,
             resume_step=_env_resume_step(environ),
             rank=rank,
+            identity=identity,
+            primary=primary,
             **kwargs,
         )
 
@@ -187,7 +213,8 @@ class Reporter(EventDelivery):
 
     def ready(self):
         """The job finished its setup (model built, checkpoint restored) and starts work."""
-        self._emit("ready", None)
+        if self.primary:
+            self._emit("ready", None)
 
     def step_window(
         self,
@@ -205,7 +232,8 @@ class Reporter(EventDelivery):
         ``comm_wait_s`` on communication; ``checkpoint_s`` blocked on checkpoints outside
         the steps. ``start`` / ``end`` are unix seconds (``end`` defaults to now, ``start``
         to ``end - steps * step_time_s - checkpoint_s``). ``step`` is the global step
-        reached at the window's end, if known."""
+        reached at the window's end, if known. With a rank ``identity`` the window also goes
+        out as a ``rank_window`` (the only event of a rank other than 0)."""
         try:
             fields = step_window_fields(
                 steps,
@@ -221,7 +249,11 @@ class Reporter(EventDelivery):
         except (TypeError, ValueError) as exc:
             self._invalid("step_window", exc)
             return
-        self._emit("step_window", fields)
+        if self.primary:
+            self._emit("step_window", fields)
+        if self.identity is not None:
+            self._windows += 1
+            self._emit("rank_window", rank_window_fields(self.identity, self._windows, fields))
 
     def checkpoint_saved(self, step, uri, seconds):
         """A checkpoint of global ``step`` was written to ``uri``; saving blocked training
@@ -234,6 +266,8 @@ class Reporter(EventDelivery):
         self._checkpoint("checkpoint_restored", step, uri, seconds)
 
     def _checkpoint(self, kind, step, uri, seconds):
+        if not self.primary:
+            return
         try:
             fields = checkpoint_fields(step, uri, seconds)
         except (TypeError, ValueError) as exc:
@@ -257,7 +291,7 @@ class Reporter(EventDelivery):
         ``extra`` (e.g. ``{"node_list": [...]}``) over it, and send it to the runtime-report
         endpoint from a background thread (a few retries). Returns at once unless
         ``wait`` is true; :meth:`flush` and :meth:`close` wait for it too."""
-        if not self.enabled:
+        if not self.enabled or not self.primary:
             return
         try:
             thread = threading.Thread(
@@ -316,6 +350,7 @@ class Reporter(EventDelivery):
         # A forked child (a DataLoader worker, a launcher) starts clean: its own source and
         # sequence, an empty queue, and no flusher until it emits.
         self.source = uuid.uuid4().hex
+        self._windows = 0
         self._init_state()
         self.sent = self.dropped = self.rejected = self.failures = 0
 

@@ -132,6 +132,9 @@ class EventDelivery:
     def _run(self):
         delay = self.backoff_initial
         wait = self.flush_interval
+        if getattr(self, "spread_flushes", False):
+            # Ranks that started together flush at different moments of the interval.
+            wait *= random.uniform(0.5, 1.0)
         while True:
             self._wake.wait(wait)
             self._wake.clear()

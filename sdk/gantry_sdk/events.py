@@ -67,3 +67,17 @@ def checkpoint_fields(step, uri, seconds):
         "uri": _uri(uri),
         "seconds": _seconds(seconds, "seconds"),
     }
+
+
+def rank_window_fields(identity, window, fields):
+    """The fields of a ``rank_window`` event: the rank's ``identity`` (``rank``,
+    ``local_rank``, ``world_size``, ``host``, ``gpu``), the rank's ``window`` number (1, 2,
+    …) and the timings of a checked ``step_window`` (its ``fields``)."""
+    event = dict(identity)
+    event["window"] = window
+    for name in RANK_WINDOW_TIMINGS:
+        event[name] = fields[name]
+    return event
+
+
+RANK_WINDOW_TIMINGS = ("start", "end", "steps", "step_time_s", "data_wait_s", "comm_wait_s")

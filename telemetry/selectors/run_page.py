@@ -8,6 +8,7 @@ from jobs.models import Attempt, Run
 from telemetry import diagnosis
 from telemetry.selectors.finished_attempts import FINISHED_STATES
 from telemetry.selectors.gpu_seconds import GpuSeconds
+from telemetry.selectors.rank_windows import RankCoverage, rank_coverage
 from telemetry.selectors.run_page_sql import (
     CheckpointMark,
     GpuSeries,
@@ -38,6 +39,7 @@ class AttemptTelemetry:
     steps: StepSplit
     gpus: list[GpuSummary]
     findings: list[diagnosis.Finding] | None  # None without accounting
+    ranks: RankCoverage | None = None  # None when no rank sent per-rank windows
 
     @property
     def status(self) -> str:
@@ -137,6 +139,7 @@ def run_telemetry(*, run: Run, attempts: list[Attempt], now: datetime) -> RunTel
     accounted = accounting_by_attempt(attempt_ids=attempt_ids)
     summaries = gpu_summaries(attempt_ids=attempt_ids)
     splits = step_split_by_attempt(attempt_ids=attempt_ids)
+    coverage = rank_coverage(attempt_ids=attempt_ids)
     items = []
     for attempt in attempts:
         seconds = accounted.get(attempt.pk)
@@ -148,7 +151,12 @@ def run_telemetry(*, run: Run, attempts: list[Attempt], now: datetime) -> RunTel
             findings = diagnosis.diagnose(seconds.as_accounting(), signals)
         items.append(
             AttemptTelemetry(
-                attempt=attempt, accounting=seconds, steps=steps, gpus=gpus, findings=findings
+                attempt=attempt,
+                accounting=seconds,
+                steps=steps,
+                gpus=gpus,
+                findings=findings,
+                ranks=coverage.get(attempt.pk),
             )
         )
     return RunTelemetry(

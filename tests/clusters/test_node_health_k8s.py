@@ -141,7 +141,7 @@ def test_a_dcgm_fault_cordons_and_taints_the_node_and_the_pod_moves_to_the_other
     with k8s.now():
         assert checkpoint_report(
             k8s.token(first), step=700, uri=CHECKPOINT, ts=fake.controller.clock.now.timestamp()
-        ) == {"accepted": 1, "duplicates": 0, "rejected": 0}
+        ) == {"accepted": 1, "duplicates": 0, "rejected": 0, "refused": {}, "messages": []}
 
     # The fault: a double-bit ECC error on GPU 3 of gpu-0, scraped by the telemetry task.
     fake.controller.clock.advance(5)

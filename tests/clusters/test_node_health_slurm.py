@@ -156,7 +156,13 @@ def test_a_dcgm_fault_drains_gpu_node2_and_its_run_resumes_on_gpu_node1(
     token_file = tokens / first.name
     assert poll(token_file.exists, bool), "the job never wrote its token"
     reported = checkpoint_report(token_file.read_text(), step=500, uri=CHECKPOINT, ts=time.time())
-    assert reported == {"accepted": 1, "duplicates": 0, "rejected": 0}
+    assert reported == {
+        "accepted": 1,
+        "duplicates": 0,
+        "rejected": 0,
+        "refused": {},
+        "messages": [],
+    }
 
     # The fault: GPU 1 of gpu-node2 falls off the bus (XID 79), scraped by the telemetry task.
     exporter.serve("/gpu-node2", Route(exporter_body("gpu-node2", xid={1: 79})))

@@ -74,9 +74,15 @@ def test_saved_checkpoints_from_the_sdk_are_recorded_once(world):
     again = post_events(attempt, *batch)
     other_rank = post_events(attempt, saved(1, 2000, t0 + 121, uri="s3://elsewhere"), source="r1")
 
-    assert first == {"accepted": 3, "duplicates": 0, "rejected": 0}
-    assert again == {"accepted": 0, "duplicates": 3, "rejected": 0}
-    assert other_rank == {"accepted": 1, "duplicates": 0, "rejected": 0}
+    assert first == {"accepted": 3, "duplicates": 0, "rejected": 0, "refused": {}, "messages": []}
+    assert again == {"accepted": 0, "duplicates": 3, "rejected": 0, "refused": {}, "messages": []}
+    assert other_rank == {
+        "accepted": 1,
+        "duplicates": 0,
+        "rejected": 0,
+        "refused": {},
+        "messages": [],
+    }
     assert checkpoints(attempt.run) == [
         (1, 1000, "s3://ckpt/vision/run/step-1000", datetime.fromtimestamp(t0 + 60, UTC), 12.5),
         (1, 2000, "s3://ckpt/vision/run/step-2000", datetime.fromtimestamp(t0 + 120.25, UTC), 3.0),
@@ -94,7 +100,7 @@ def test_the_longest_uri_the_sdk_accepts_fits_a_checkpoint_and_a_longer_report_i
         reports=[CheckpointReport(step=20, uri=longest + "x", saved_at=timezone.now())],
     )
 
-    assert result == {"accepted": 1, "duplicates": 0, "rejected": 0}
+    assert result == {"accepted": 1, "duplicates": 0, "rejected": 0, "refused": {}, "messages": []}
     assert list(Checkpoint.objects.values_list("step", "uri")) == [(10, longest)]
 
 

@@ -114,9 +114,21 @@ def test_batch_is_stored_with_exact_counts_and_a_resend_is_all_duplicates(world)
     again = post(client, body)
 
     assert first.status_code == 202
-    assert first.json() == {"accepted": 4, "duplicates": 0, "rejected": 2}
+    assert first.json() == {
+        "accepted": 4,
+        "duplicates": 0,
+        "rejected": 2,
+        "refused": {},
+        "messages": [],
+    }
     assert again.status_code == 202
-    assert again.json() == {"accepted": 0, "duplicates": 4, "rejected": 2}
+    assert again.json() == {
+        "accepted": 0,
+        "duplicates": 4,
+        "rejected": 2,
+        "refused": {},
+        "messages": [],
+    }
     window = StepWindow.objects.get(attempt=attempt)
     assert (window.source, window.seq, window.steps, window.step) == (SOURCE, 2, 36, 1036)
     assert (window.data_wait_s, window.comm_wait_s, window.step_time_s) == (6.0, 2.5, 0.8)
@@ -139,7 +151,13 @@ def test_same_seq_from_another_source_is_a_new_event_and_repeats_in_a_batch_coun
 
     response = post(client, batch(READY, READY, source="forked-worker"))
 
-    assert response.json() == {"accepted": 1, "duplicates": 1, "rejected": 0}
+    assert response.json() == {
+        "accepted": 1,
+        "duplicates": 1,
+        "rejected": 0,
+        "refused": {},
+        "messages": [],
+    }
     assert SdkEvent.objects.filter(attempt=attempt).count() == 2
 
 
@@ -166,7 +184,13 @@ def test_malformed_event_is_rejected_and_stores_nothing(world, event):
 
     response = post(client_for(attempt), batch(event))
 
-    assert response.json() == {"accepted": 0, "duplicates": 0, "rejected": 1}
+    assert response.json() == {
+        "accepted": 0,
+        "duplicates": 0,
+        "rejected": 1,
+        "refused": {},
+        "messages": [],
+    }
     assert not StepWindow.objects.exists() and not SdkEvent.objects.exists()
 
 

@@ -581,7 +581,7 @@ def test_parse_sacct_rows():
 
 SQUEUE = {
     "meta": {},
-    "errors": [],
+    "messages": [],
     "jobs": [
         {
             "job_id": 1,
@@ -654,7 +654,7 @@ def test_squeue_json_errors_without_jobs_are_an_error():
 
 def test_slurmdb_json_exit_code_of_failed_jobs_is_unknown():
     payload = {
-        "errors": [],
+        "messages": [],
         "jobs": [
             {
                 "job_id": 1,
@@ -871,7 +871,7 @@ TOPOLOGY_22_05 = (
 # those next to them; a third job, pending, asked for the drained node with -w gpu-node2).
 REST_NODES_22_05 = {
     "meta": {"plugin": {"type": "openapi/v0.0.38", "name": "Slurm OpenAPI v0.0.38"}},
-    "errors": [],
+    "messages": [],
     "nodes": [
         {
             "name": "gpu-node1",
@@ -904,7 +904,7 @@ REST_NODES_22_05 = {
     ],
 }
 REST_JOBS_22_05 = {
-    "errors": [],
+    "messages": [],
     "jobs": [
         {
             "job_id": 8,
