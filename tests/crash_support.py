@@ -82,7 +82,9 @@ class Process:
     def __init__(self, argv: list[str], *, env: dict, log_path: Path):
         self.argv, self.env, self.log_path = argv, env, log_path
         self.popen: subprocess.Popen | None = None
-        self.sessions: list[int] = []  # every start, for stop() to leave nothing behind
+        # Every start (its session id and its leader's start time), for stop() to leave
+        # nothing behind.
+        self.sessions: list[tuple[int, str | None]] = []
         self.log_offset = 0
 
     def start(self) -> "Process":
@@ -96,7 +98,7 @@ class Process:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self.sessions.append(self.popen.pid)
+        self.sessions.append((self.popen.pid, _start_time(self.popen.pid)))
         return self
 
     @property
@@ -124,11 +126,26 @@ class Process:
             self.popen.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout=timeout)
-        for session in self.sessions:
+        for session, started in self.sessions:
+            leader = _start_time(session)
+            if leader is not None and leader != started:
+                # The id went to another process (ids wrap): this session has no process
+                # left, or the id could not have been given again. Never kill a stranger
+                # (a slurmrestd of the Slurm tests, say: a session leader too).
+                continue
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(session, signal.SIGKILL)
         if self.popen is not None:
             self.popen.wait()
+
+
+def _start_time(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/<pid>/stat), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[19]
 
 
 def gantry_env(*, database_url: str, broker_url: str, data_dir: Path, **extra: str) -> dict:

@@ -21,6 +21,7 @@ import shlex
 import socket
 import subprocess
 import time
+import warnings
 from datetime import timedelta
 from itertools import count
 from pathlib import Path
@@ -101,6 +102,25 @@ def slurm_env():
         yield {**env, "bring_up_s": bring_up_s, "was_up": was_up}
     if not was_up and not os.environ.get("GANTRY_SLURM_KEEP"):
         run_script("down")
+
+
+@pytest.fixture(autouse=True)
+def rest_answers(request):
+    """slurmrestd answers before each test of the real cluster. In full parallel runs it was
+    found not listening for a stretch of tests (cause not proven; a suspect, killing a reused
+    process group id, is fixed in tests/crash_support.py ``Process.stop``). One that does not
+    answer is started again by ``up``, with a warning in the run's summary, so one lost
+    daemon does not fail every REST test after it."""
+    if "slurm_env" not in request.fixturenames:
+        return
+    url = request.getfixturevalue("slurm_env")["GANTRY_SLURM_REST_URL"]
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError:
+        warnings.warn(f"slurmrestd did not answer on port {port}: started again", stacklevel=1)
+        done = run_script("up")
+        assert done.returncode == 0, done.stderr
 
 
 def cancel_leftovers() -> None:
