@@ -177,8 +177,9 @@ def test_every_waiting_run_of_the_demo_starts_when_its_estimate_said(instant):
             "yolo-xl",
         ]
         # Here nothing moved them: each started about a day before it (the runs ahead, of
-        # the default limit of 24 h, ended within minutes).
-        assert all(run.start_missed_by_s < -86_000 for run in recorded), {
+        # the default limit of 24 h, ended within half an hour; how soon depends on the hour
+        # the demo is seeded at).
+        assert all(run.start_missed_by_s < -84_600 for run in recorded), {
             run.experiment.name: run.start_missed_by_s for run in recorded
         }
         latest = {
