@@ -1092,7 +1092,9 @@ def test_outage_leaves_runs_in_place_and_converges_without_loss_or_duplicates(sl
     assert "could not load jobs" in Cluster.objects.get(pk=world.slurm.pk).last_error
 
     attempt_submit(attempt_id=waiting_attempt.pk)  # what the task's retry does
-    sync_until(world, [running, waiting], {RunState.SUCCEEDED, RunState.FAILED})
+    # A restarted slurmctld first recovers every job the earlier tests left (dozens, parked
+    # or ending): on a busy machine the two runs take longer than a minute to finish.
+    sync_until(world, [running, waiting], {RunState.SUCCEEDED, RunState.FAILED}, timeout=180)
     total = 0
     for run, attempt in ((running, running_attempt), (waiting, waiting_attempt)):
         run.refresh_from_db()
@@ -1119,7 +1121,7 @@ def test_outage_leaves_runs_in_place_and_converges_without_loss_or_duplicates(sl
     finally:
         assert run_script("up").returncode == 0
     attempt_submit(attempt_id=rest_attempt.pk)
-    sync_until(world, [rest_run], {RunState.SUCCEEDED, RunState.FAILED})
+    sync_until(world, [rest_run], {RunState.SUCCEEDED, RunState.FAILED}, timeout=180)
     rest_attempt.refresh_from_db()
     assert Run.objects.get(pk=rest_run.pk).state == RunState.SUCCEEDED
     assert jobs_named(rest_attempt.name) == [rest_attempt.backend_job_id]
