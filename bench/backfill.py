@@ -36,19 +36,12 @@ from functools import partial
 
 from bench.placement import (
     COMPRESSION,
-    FRAG_UNTIL_S,
-    PODS,
     QUICK_STRIDE,
     WORKERS,
     PlacementAware,
     Replay,
-    flavor_chooser,
-    fragmented_nodes,
-    fragmented_tasks,
     group_order,
-    pod_rows,
-    qos_of,
-    trace_nodes,
+    workload_replays,
 )
 from bench.report import Section, best_of, ms, quick, ratio
 from bench.trace import (
@@ -57,7 +50,6 @@ from bench.trace import (
     Task,
     check_work,
     duration,
-    load_tasks,
     percentile,
     tenant_of,
 )
@@ -280,23 +272,7 @@ def replays(node_share: float, stride: int) -> list[Replay]:
     """The workloads: every ``stride``-th Alibaba task on ``node_share`` of the node list;
     the whole fragmentation stream unless quick."""
     frag_stride = QUICK_STRIDE if quick() else 1
-    found = [
-        Replay(
-            FRAGMENTATION + (", gangs of alpha, 1×2 of beta" if by_shape else ""),
-            fragmented_tasks(by_shape=by_shape)[::frag_stride],
-            fragmented_nodes(),
-            tenant_of,
-            FRAG_UNTIL_S,
-        )
-        for by_shape in (False, True)
-    ]
-    nodes = trace_nodes(node_share)
-    flavor_of = flavor_chooser(nodes)
-    for pods in PODS:
-        tasks = load_tasks(compression=COMPRESSION, rows=pod_rows(pods), flavor_of=flavor_of)
-        label = pods.removeprefix("openb_pod_list_").removesuffix(".csv")
-        found.append(Replay(f"Alibaba {label}", tasks[::stride], nodes, qos_of))
-    return found
+    return workload_replays(node_share, frag_stride=frag_stride, alibaba_stride=stride)
 
 
 def scenarios(node_share: float, stride: int) -> list[Section]:

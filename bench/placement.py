@@ -416,10 +416,18 @@ def scenarios(node_share: float, stride: int) -> list[Section]:
         ),
         columns=["workload", "admission", "group", "runs", "p50", "p95", "p99"],
     )
+    replays = workload_replays(node_share, frag_stride=stride, alibaba_stride=stride)
+    simulate(replays, platform, waits)
+    return [platform, waits]
+
+
+def workload_replays(node_share: float, *, frag_stride: int, alibaba_stride: int) -> list[Replay]:
+    """The fragmentation stream (both mixes) and the Alibaba pod lists on ``node_share`` of
+    the node list: every ``frag_stride``-th and ``alibaba_stride``-th task."""
     replays = [
         Replay(
             "fragmentation" + (", gangs of alpha, 1×2 of beta" if by_shape else ""),
-            fragmented_tasks(by_shape=by_shape)[::stride],
+            fragmented_tasks(by_shape=by_shape)[::frag_stride],
             fragmented_nodes(),
             tenant_of,
             FRAG_UNTIL_S,
@@ -430,11 +438,10 @@ def scenarios(node_share: float, stride: int) -> list[Section]:
     flavor_of = flavor_chooser(nodes)
     for pods in PODS:
         rows = pod_rows(pods)
-        tasks = load_tasks(compression=COMPRESSION, rows=rows, flavor_of=flavor_of)[::stride]
+        tasks = load_tasks(compression=COMPRESSION, rows=rows, flavor_of=flavor_of)
         label = pods.removeprefix("openb_pod_list_").removesuffix(".csv")
-        replays.append(Replay(f"Alibaba {label}", tasks, nodes, qos_of))
-    simulate(replays, platform, waits)
-    return [platform, waits]
+        replays.append(Replay(f"Alibaba {label}", tasks[::alibaba_stride], nodes, qos_of))
+    return replays
 
 
 # --- (b) the pure decision at scale ---------------------------------------------------------
