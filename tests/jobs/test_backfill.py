@@ -295,3 +295,19 @@ def test_a_run_passing_its_head_keeps_another_tenants_reserved_start_and_names_n
         "submission order); GPUs on c-n3 are reserved for a run of another tenant waiting "
         "first in its line from 2026-12-05 01:00 UTC, and it would still run then"
     )
+
+
+def test_a_partly_used_node_is_ready_now_and_what_ends_there_by_the_start_is_spare():
+    # c-n0 has 4 GPUs free now and 4 more from 00:30; c-n1 is full until 01:00.
+    partly = (
+        held(10, "c-n0", 0.5, gpus=4),
+        held(11, "c-n1", 1),
+        held(12, "c-n2", None),
+        held(13, "c-n3", None),
+    )
+    decisions = decide(snapshot([queued(1, 2, 4, 4), queued(2, 1, 4, None)], partly))
+    assert decisions.shadows == (Shadow(1, "c", "a100", ("c-n0", "c-n1"), NOW + HOUR),)
+    # At 01:00 c-n0 has 8 GPUs, the head needs 4 there: the other 4 are spare now.
+    assert [(a.run_id, a.nodes, a.ahead_because) for a in decisions.admitted] == [
+        (2, ("c-n0",), "it uses GPUs run 1 does not need")
+    ]
