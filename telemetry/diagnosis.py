@@ -5,7 +5,8 @@ time lost to failures, startup or checkpoints. Pure: an Accounting and a few agg
 signals in, findings out.
 """
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
 
@@ -110,6 +111,15 @@ class Code(StrEnum):
     LOST_WORK = "lost_work"
     SLOW_STARTUP = "slow_startup"
     CHECKPOINT_STALLS = "checkpoint_stalls"
+    # The branches ``telemetry.verdicts`` adds (issue 36).
+    MEMORY_BOUND = "memory_bound"
+    SLOW_RANK = "slow_rank"
+    PLACEMENT_SPREAD = "placement_spread"
+    NVLINK = "nvlink"
+    INFINIBAND = "infiniband"
+    DRIVER_TOO_OLD = "driver_too_old"
+    NCCL_MISMATCH = "nccl_mismatch"
+    NODE_HEALTH = "node_health"
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +136,13 @@ class Signals:
 
 @dataclass(frozen=True, slots=True)
 class Finding:
+    """One verdict: its code, a sentence with its figures and the next step, the figures
+    themselves for the API, and the node to act on when it names one."""
+
     code: Code
     text: str
+    numbers: Mapping[str, object] = field(default_factory=dict)
+    node: str = ""
 
 
 def _percent(share: float) -> str:
@@ -162,7 +177,7 @@ def _failure(signals: Signals) -> list[Finding]:
         reason = FailureReason(signals.failure_reason)
     except ValueError:
         reason = FailureReason.UNKNOWN
-    return [Finding(Code.FAILURE, NEXT_STEP[reason])]
+    return [Finding(Code.FAILURE, NEXT_STEP[reason], {"reason": reason.value})]
 
 
 def _waits(accounting: Accounting, signals: Signals) -> list[Finding]:
@@ -176,6 +191,10 @@ def _waits(accounting: Accounting, signals: Signals) -> list[Finding]:
                 "Input-bound: shard the dataset, add DataLoader workers, use local NVMe "
                 f"cache. The GPUs waited for data {_percent(signals.data_wait_share)} of "
                 f"the step time ({_gpu_hours(float(accounting.input_wait))}).",
+                {
+                    "data_wait_share": round(signals.data_wait_share, 4),
+                    "input_wait_gpu_s": float(accounting.input_wait),
+                },
             )
         )
     if signals.comm_wait_share >= HIGH_COMM_WAIT:
@@ -188,6 +207,10 @@ def _waits(accounting: Accounting, signals: Signals) -> list[Finding]:
                 "per-GPU batch, gradient accumulation). The GPUs waited on communication "
                 f"{_percent(signals.comm_wait_share)} of the step time "
                 f"({_gpu_hours(float(accounting.comm_wait))}).",
+                {
+                    "comm_wait_share": round(signals.comm_wait_share, 4),
+                    "comm_wait_gpu_s": float(accounting.comm_wait),
+                },
             )
         )
     return findings
@@ -207,6 +230,7 @@ def _low_use(
                 f"{_percent(idle_share)} of the allocation ({_gpu_hours(float(accounting.idle))}). "
                 "Stop interactive sessions when you are not using them, request fewer GPUs, "
                 "or move preprocessing off the GPU job.",
+                {"idle_share": round(idle_share, 4), "idle_gpu_s": float(accounting.idle)},
             )
         ]
     if activity is not None and activity < LOW_ACTIVITY and not waiting:
@@ -216,6 +240,7 @@ def _low_use(
                 f"Low GPU activity ({_percent(activity)}) without input or "
                 "communication waits: profile a few steps (torch.profiler) for CPU-side "
                 "work, small batches or host-device synchronisation.",
+                {"activity": round(activity, 4)},
             )
         ]
     return []
@@ -237,6 +262,7 @@ def _tensor_cores(signals: Signals) -> list[Finding]:
             "Tensor Cores unused: use mixed precision (bf16/fp16 with torch.autocast) or "
             "enable TF32 for fp32 matmuls, and keep matrix dimensions multiples of 8. "
             f"Tensor activity {_percent(tensor)} at {_percent(activity)} GPU activity.",
+            {"tensor_activity": round(tensor, 4), "activity": round(activity, 4)},
         )
     ]
 
@@ -255,6 +281,7 @@ def _time_lost(accounting: Accounting, *, allocated: float) -> list[Finding]:
                 f"Lost work: {_gpu_hours(float(accounting.lost))} "
                 f"({_percent(share(accounting.lost))}) of progress after the last usable "
                 "checkpoint was thrown away; checkpoint more often.",
+                {"lost_share": round(share(accounting.lost), 4)},
             )
         )
     if share(accounting.startup) >= HIGH_STARTUP_SHARE:
@@ -264,6 +291,7 @@ def _time_lost(accounting: Accounting, *, allocated: float) -> list[Finding]:
                 f"Slow startup: {_percent(share(accounting.startup))} of the allocation "
                 "passed before the first training step; use a smaller image, stage data on "
                 "local disk, and load the checkpoint in parallel.",
+                {"startup_share": round(share(accounting.startup), 4)},
             )
         )
     if share(accounting.checkpoint) >= HIGH_CHECKPOINT_SHARE:
@@ -273,6 +301,7 @@ def _time_lost(accounting: Accounting, *, allocated: float) -> list[Finding]:
                 f"Checkpoint stalls: training was blocked saving or restoring checkpoints "
                 f"{_percent(share(accounting.checkpoint))} of the allocation; save "
                 "asynchronously or less often.",
+                {"checkpoint_share": round(share(accounting.checkpoint), 4)},
             )
         )
     return findings

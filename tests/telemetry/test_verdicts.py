@@ -1,0 +1,253 @@
+"""The troubleshooting tree's verdicts (telemetry/verdicts.py): each branch with its evidence,
+its figures and its next step; none without evidence, and the missing signal named."""
+
+from fractions import Fraction
+
+from telemetry.accounting import Accounting
+from telemetry.diagnosis import Code, Signals
+from telemetry.verdicts import (
+    Facts,
+    LinkUse,
+    NodeTrouble,
+    SlowRank,
+    Spread,
+    Versions,
+    min_driver,
+    tree,
+)
+
+BUSY = Signals(mean_activity=0.9, mean_tensor_activity=0.6)
+ALL_MEASURED = {
+    "nvlink": (LinkUse("gpu-1", bytes_s=20e9, gpu="0"),),
+    "infiniband": (LinkUse("gpu-1", bytes_s=10e9), LinkUse("gpu-2", bytes_s=10e9)),
+    "versions": Versions(driver="535.104.05", image_cuda="12.2", nccl_ranks={"2.18.3": 16}),
+    "ranks_reporting": 16,
+    "spread": Spread(nodes=2, domains=(("block", 1), ("leaf", 1))),
+    "mean_dram_activity": 0.2,
+}
+
+
+def accounting(**seconds: int) -> Accounting:
+    values = {
+        "allocated": 36_000,
+        "effective": 36_000,
+        "lost": 0,
+        "startup": 0,
+        "checkpoint": 0,
+        "idle": 0,
+        "input_wait": 0,
+        "comm_wait": 0,
+    } | seconds
+    return Accounting(
+        **{name: Fraction(value) for name, value in values.items()},
+        active_gpu_hours=9.0,
+        queue_s=None,
+    )
+
+
+def facts(signals: Signals = BUSY, **changes: object) -> Facts:
+    return Facts(**({"signals": signals, "gpus": 16, "nodes": 2} | ALL_MEASURED | changes))  # type: ignore[arg-type]
+
+
+def codes(result) -> list[str]:
+    return [finding.code.value for finding in result.findings]
+
+
+def test_a_healthy_well_measured_run_has_no_verdict_and_nothing_missing():
+    result = tree(accounting(), facts())
+    assert result.findings == ()
+    assert result.missing == ()
+
+
+def test_a_slow_rank_names_its_node_gpu_slowdown_and_next_step():
+    slow = SlowRank(
+        rank=5,
+        host="gpu-2",
+        gpu="1",
+        cause="slow_gpu",
+        slowdown=1.5,
+        windows=4,
+        evidence={"gpu_signs": ["SM clock at 66% of its maximum"]},
+    )
+    result = tree(None, facts(slow_ranks=(slow,)))
+    (finding,) = result.findings
+    assert finding.code == Code.SLOW_RANK
+    assert finding.node == "gpu-2"
+    assert finding.numbers == {
+        "rank": 5,
+        "node": "gpu-2",
+        "gpu": "1",
+        "slowdown": 1.5,
+        "windows": 4,
+        "cause": "slow_gpu",
+    }
+    assert finding.text == (
+        "A slow rank: rank 5 on gpu-2, GPU 1, reached each all-reduce 1.50× later than the "
+        "gang's median for 4 windows, and every other rank waited for it; its GPU is slow "
+        "(SM clock at 66% of its maximum). Next: restart the run excluding that node (it "
+        "resumes from its latest checkpoint); platform admins are told when a node is slow "
+        "for several runs."
+    )
+
+
+def test_slow_ranks_come_slowest_first():
+    ranks = tuple(
+        SlowRank(rank=r, host=f"gpu-{r}", gpu="0", cause="slow_input", slowdown=s, windows=3)
+        for r, s in ((1, 1.2), (2, 1.8), (3, 1.8))
+    )
+    result = tree(None, facts(slow_ranks=ranks))
+    assert [f.numbers["rank"] for f in result.findings] == [2, 3, 1]
+
+
+def test_without_rank_windows_the_slow_rank_branch_says_what_is_missing():
+    result = tree(None, facts(ranks_reporting=0))
+    assert result.findings == ()
+    assert result.missing == ("per-rank step windows (the Gantry SDK sends them from every rank)",)
+
+
+def test_two_gpus_cannot_tell_a_slow_rank_and_nothing_is_missing_for_it():
+    result = tree(None, facts(gpus=2, nodes=1, ranks_reporting=0, infiniband=None))
+    assert result.missing == ()
+
+
+def test_a_spread_placement_with_communication_wait_says_what_a_tighter_one_would_wait():
+    signals = Signals(mean_activity=0.6, mean_tensor_activity=0.5, comm_wait_share=0.15)
+    spread = Spread(nodes=4, domains=(("block", 1), ("leaf", 2)), tighter_wait_s=5_400)
+    result = tree(None, facts(signals, nodes=4, spread=spread))
+    (finding,) = result.findings
+    assert finding.code == Code.PLACEMENT_SPREAD
+    assert finding.text == (
+        "A spread placement: this run's 4 nodes sit in 2 leafs; every all-reduce crosses the "
+        "link above them, and the run waited on communication 15 % of its step time. A "
+        "placement inside one leaf would have waited about 1 h 30 min more. Next: ask for "
+        "topology level 'leaf' (required) if the wait is worth it."
+    )
+    assert finding.numbers == {
+        "nodes": 4,
+        "level": "leaf",
+        "domains": 2,
+        "comm_wait_share": 0.15,
+        "tighter_wait_s": 5_400,
+    }
+
+
+def test_a_spread_placement_names_the_widest_level_it_crosses():
+    signals = Signals(mean_activity=0.6, comm_wait_share=0.3, mean_tensor_activity=0.5)
+    spread = Spread(nodes=4, domains=(("block", 2), ("leaf", 3)), tighter_wait_s=0)
+    (finding, _comm) = tree(
+        accounting(comm_wait=10_800), facts(signals, nodes=4, spread=spread)
+    ).findings
+    assert finding.numbers["level"] == "block"
+    assert finding.numbers["domains"] == 2
+    assert "One leaf had room when it started" in finding.text
+
+
+def test_a_spread_placement_without_communication_wait_is_no_verdict():
+    signals = Signals(mean_activity=0.9, mean_tensor_activity=0.5, comm_wait_share=0.09)
+    spread = Spread(nodes=4, domains=(("leaf", 2),))
+    assert tree(None, facts(signals, nodes=4, spread=spread)).findings == ()
+
+
+def test_a_multi_node_run_without_topology_misses_it():
+    result = tree(None, facts(spread=None))
+    assert result.missing == ("the topology of the run's nodes (the cluster reports none)",)
+
+
+def test_link_errors_name_the_nodes_and_the_node_to_exclude():
+    ib = (LinkUse("gpu-2", errors=7, bytes_s=9e9), LinkUse("gpu-1", errors=2, bytes_s=9e9))
+    (finding,) = tree(None, facts(infiniband=ib)).findings
+    assert finding.code == Code.INFINIBAND
+    assert finding.node == "gpu-1"
+    assert finding.numbers == {"errors": 9, "nodes": ["gpu-1", "gpu-2"]}
+
+
+def test_low_nvlink_traffic_matters_only_when_waiting_on_communication():
+    nvlink = (LinkUse("gpu-1", bytes_s=0.4e9, gpu="0"), LinkUse("gpu-1", bytes_s=0.2e9, gpu="1"))
+    quiet = tree(None, facts(nvlink=nvlink))
+    assert quiet.findings == ()
+    waiting = Signals(mean_activity=0.4, mean_tensor_activity=0.5, comm_wait_share=0.3)
+    (finding,) = tree(None, facts(waiting, nvlink=nvlink)).findings
+    assert finding.code == Code.NVLINK
+    assert finding.numbers == {"max_bytes_s": 0.4e9, "comm_wait_share": 0.3}
+    assert finding.text.startswith("Low NVLink traffic: at most 0.40 GB/s while the run waited")
+
+
+def test_missing_link_counters_are_named():
+    result = tree(None, facts(nvlink=None, infiniband=None))
+    assert result.missing == ("DCGM NVLink counters", "InfiniBand port counters (node exporter)")
+
+
+def test_a_driver_too_old_for_the_images_cuda():
+    versions = Versions(driver="470.82.01", image_cuda="12.1.1", nccl_ranks={"2.18.1": 16})
+    (finding,) = tree(None, facts(versions=versions)).findings
+    assert finding.code == Code.DRIVER_TOO_OLD
+    assert finding.text.startswith(
+        "Driver too old: the node's driver 470.82.01 is older than 525.60.13, the oldest that "
+        "runs the image's CUDA 12.1.1"
+    )
+
+
+def test_minor_version_compatibility_table():
+    assert min_driver("12.4") == (525, 60, 13)
+    assert min_driver("11.8.0") == (450, 80, 2)
+    assert min_driver("13.0") == (580,)
+    assert min_driver("10.2") == (440, 33)
+    assert min_driver("10.3") is None
+    assert min_driver("12") is None
+    assert min_driver("cuda") is None
+    # exactly the minimum runs
+    same = Versions(driver="525.60.13", image_cuda="12.8", nccl_ranks={"2.21.5": 16})
+    assert tree(None, facts(versions=same)).findings == ()
+
+
+def test_nccl_versions_differing_between_ranks():
+    versions = Versions(
+        driver="550.54.15",
+        image_cuda="12.4",
+        image_nccl="2.20.5",
+        nccl_ranks={"2.20.5": 15, "2.18.1": 1},
+    )
+    (finding,) = tree(None, facts(versions=versions)).findings
+    assert finding.code == Code.NCCL_MISMATCH
+    assert finding.text.startswith(
+        "NCCL versions differ between ranks: 2.20.5 on 15 ranks, 2.18.1 on 1 rank (the image "
+        "records 2.20.5)."
+    )
+
+
+def test_missing_versions_are_named_one_by_one():
+    assert tree(None, facts(versions=Versions())).missing == (
+        "the driver version (the job's runtime report)",
+        "the NCCL version of each rank",
+    )
+    assert tree(None, facts(versions=Versions(driver="550.1"))).missing == (
+        "the image's CUDA version",
+        "the NCCL version of each rank",
+    )
+
+
+def test_memory_bandwidth_bound_needs_dram_activity():
+    (finding,) = tree(None, facts(mean_dram_activity=0.72)).findings
+    assert finding.code == Code.MEMORY_BOUND
+    assert finding.numbers == {"dram_activity": 0.72, "activity": 0.9}
+    result = tree(None, facts(mean_dram_activity=None))
+    assert result.findings == ()
+    assert result.missing == ("DRAM activity (DCGM_FI_PROF_DRAM_ACTIVE)",)
+
+
+def test_unhealthy_nodes_come_after_a_failure_and_before_the_rest():
+    signals = Signals(
+        mean_activity=0.3, mean_tensor_activity=0.5, data_wait_share=0.5, failure_reason="NCCL"
+    )
+    trouble = (NodeTrouble("gpu-2", "suspect", "thermal throttle on GPU 3"),)
+    result = tree(accounting(input_wait=18_000), facts(signals, node_trouble=trouble))
+    assert codes(result) == ["failure", "node_health", "input_bound"]
+    assert result.findings[1].text == (
+        "Node gpu-2 is suspect: thermal throttle on GPU 3. Next: restart the run excluding "
+        "it; platform admins see its signals."
+    )
+
+
+def test_without_gpu_activity_it_says_so():
+    result = tree(None, facts(Signals()))
+    assert result.missing == ("GPU activity (DCGM)",)
