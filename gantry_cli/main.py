@@ -25,6 +25,7 @@ from gantry_cli.arguments import seconds
 from gantry_cli.catalog import add_catalog_commands
 from gantry_cli.client import DEFAULT_TIMEOUT
 from gantry_cli.context import DEFAULT_POLL_INTERVAL, Context, PollHook
+from gantry_cli.diagnose import add_diagnose_command
 from gantry_cli.errors import EXIT_USAGE, ApiValidationError, CliError
 from gantry_cli.runs import add_run_commands
 from gantry_cli.session import add_session_commands
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     # In this order in ``gantry --help``.
     add_session_commands(commands)
     add_run_commands(commands)
+    add_diagnose_command(commands)
     add_catalog_commands(commands)
     return parser
 

@@ -137,12 +137,13 @@ class Signals:
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One verdict: its code, a sentence with its figures and the next step, the figures
-    themselves for the API, and the node to act on when it names one."""
+    themselves for the API, and the node to act on when it names one. Two findings are equal
+    by code and text (the text states the figures)."""
 
     code: Code
     text: str
-    numbers: Mapping[str, object] = field(default_factory=dict)
-    node: str = ""
+    numbers: Mapping[str, object] = field(default_factory=dict, compare=False)
+    node: str = field(default="", compare=False)
 
 
 def _percent(share: float) -> str:

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from jobs.models import Attempt, Run
-from telemetry import diagnosis
+from telemetry import diagnosis, verdicts
 from telemetry.selectors.finished_attempts import FINISHED_STATES
 from telemetry.selectors.gpu_seconds import GpuSeconds
 from telemetry.selectors.rank_windows import RankCoverage, rank_coverage
@@ -21,6 +21,7 @@ from telemetry.selectors.run_page_sql import (
     step_split_by_attempt,
     step_split_series,
 )
+from telemetry.selectors.verdict_facts import attempts_facts
 
 # Points per chart line at most: per minute up to 12 hours, per hour up to 30 days, then per
 # day. Enough to see the shape of a run; few enough for the browser to draw at once.
@@ -38,8 +39,14 @@ class AttemptTelemetry:
     accounting: GpuSeconds | None  # None until computed
     steps: StepSplit
     gpus: list[GpuSummary]
-    findings: list[diagnosis.Finding] | None  # None without accounting
+    # The troubleshooting tree's verdicts (None before the attempt started); those that
+    # need the accounting follow when it is computed.
+    verdicts: verdicts.Verdicts | None
     ranks: RankCoverage | None = None  # None when no rank sent per-rank windows
+
+    @property
+    def findings(self) -> tuple[diagnosis.Finding, ...] | None:
+        return self.verdicts.findings if self.verdicts is not None else None
 
     @property
     def status(self) -> str:
@@ -136,29 +143,7 @@ def run_telemetry(*, run: Run, attempts: list[Attempt], now: datetime) -> RunTel
         return RunTelemetry(
             attempts=[], resolution=resolution, gpu_series=[], step_series=[], checkpoints=[]
         )
-    accounted = accounting_by_attempt(attempt_ids=attempt_ids)
-    summaries = gpu_summaries(attempt_ids=attempt_ids)
-    splits = step_split_by_attempt(attempt_ids=attempt_ids)
-    coverage = rank_coverage(attempt_ids=attempt_ids)
-    items = []
-    for attempt in attempts:
-        seconds = accounted.get(attempt.pk)
-        gpus = [gpu for gpu in summaries if gpu.attempt_id == attempt.pk]
-        steps = splits.get(attempt.pk, StepSplit())
-        findings = None
-        if seconds is not None:
-            signals = _signals(attempt=attempt, gpus=gpus, steps=steps)
-            findings = diagnosis.diagnose(seconds.as_accounting(), signals)
-        items.append(
-            AttemptTelemetry(
-                attempt=attempt,
-                accounting=seconds,
-                steps=steps,
-                gpus=gpus,
-                findings=findings,
-                ranks=coverage.get(attempt.pk),
-            )
-        )
+    items = attempt_items(run=run, attempts=attempts)
     return RunTelemetry(
         attempts=items,
         resolution=resolution,
@@ -166,3 +151,45 @@ def run_telemetry(*, run: Run, attempts: list[Attempt], now: datetime) -> RunTel
         step_series=step_split_series(attempt_ids=attempt_ids, resolution=resolution),
         checkpoints=run_checkpoint_marks(run_id=run.pk, numbers=numbers),
     )
+
+
+def attempt_items(*, run: Run, attempts: list[Attempt]) -> list[AttemptTelemetry]:
+    """Each attempt's accounting, step split, GPUs and verdicts: the page's per-attempt
+    part, and all the run's verdicts API reads. A fixed number of queries."""
+    if not attempts:
+        return []
+    attempt_ids = [attempt.pk for attempt in attempts]
+    accounted = accounting_by_attempt(attempt_ids=attempt_ids)
+    summaries = gpu_summaries(attempt_ids=attempt_ids)
+    splits = step_split_by_attempt(attempt_ids=attempt_ids)
+    coverage = rank_coverage(attempt_ids=attempt_ids)
+    gpus = {
+        attempt.pk: [gpu for gpu in summaries if gpu.attempt_id == attempt.pk]
+        for attempt in attempts
+    }
+    signals = {
+        attempt.pk: _signals(
+            attempt=attempt, gpus=gpus[attempt.pk], steps=splits.get(attempt.pk, StepSplit())
+        )
+        for attempt in attempts
+    }
+    facts = attempts_facts(
+        run=run, attempts=attempts, signals=signals, summaries=summaries, coverage=coverage
+    )
+    items = []
+    for attempt in attempts:
+        seconds = accounted.get(attempt.pk)
+        found = facts.get(attempt.pk)
+        items.append(
+            AttemptTelemetry(
+                attempt=attempt,
+                accounting=seconds,
+                steps=splits.get(attempt.pk, StepSplit()),
+                gpus=gpus[attempt.pk],
+                verdicts=None
+                if found is None
+                else verdicts.tree(seconds.as_accounting() if seconds else None, found),
+                ranks=coverage.get(attempt.pk),
+            )
+        )
+    return items

@@ -104,6 +104,8 @@ class GpuSummary:
     mean_tensor_active: float | None
     peak_fb_used: float | None  # MiB
     xid_minutes: int  # minutes with an XID error
+    dram_minutes: int = 0  # minutes with a DRAM activity value
+    mean_dram_active: float | None = None
 
     @property
     def activity_percent(self) -> float | None:
@@ -202,8 +204,8 @@ def gpu_summaries(*, attempt_ids: list[int]) -> list[GpuSummary]:
     rows = _in_sql(
         "SELECT attempt_id, host, gpu, COUNT(*), COUNT(activity), AVG(activity), "  # noqa: S608
         "AVG(sm_active), COUNT(tensor_active), AVG(tensor_active), MAX(fb_used), "
-        f"COUNT(*) FILTER (WHERE xid <> 0) FROM {_table(GpuMinute)} "
-        "WHERE attempt_id = ANY(%s) GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
+        "COUNT(*) FILTER (WHERE xid <> 0), COUNT(dram_active), AVG(dram_active) "
+        f"FROM {_table(GpuMinute)} WHERE attempt_id = ANY(%s) GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
         [attempt_ids],
     )
     return [GpuSummary(*row) for row in rows]
@@ -383,6 +385,8 @@ def _gpu_summaries_orm(attempt_ids: list[int]) -> list[GpuSummary]:
             mean_tensor_active=Avg("tensor_active"),
             peak_fb_used=Max("fb_used"),
             xid_minutes=Count("pk", filter=~Q(xid=0)),
+            dram_minutes=Count("dram_active"),
+            mean_dram_active=Avg("dram_active"),
         )
         .order_by("attempt_id", "host", "gpu")
     )

@@ -211,3 +211,36 @@ def test_an_empty_allocation_only_reports_the_failure():
     assert diagnose(empty, Signals(failure_reason="IMAGE_PULL")) == [
         Finding(Code.FAILURE, NEXT_STEP[FailureReason.IMAGE_PULL])
     ]
+
+
+def test_every_finding_carries_its_figures_for_the_api():
+    findings = diagnose(
+        accounting(
+            input_wait=7_200,
+            comm_wait=9_000,
+            idle=3_600,
+            lost=3_600,
+            startup=3_600,
+            checkpoint=3_600,
+        ),
+        Signals(
+            mean_activity=0.3,
+            mean_tensor_activity=0.2,
+            data_wait_share=0.25,
+            comm_wait_share=0.3,
+            failure_reason="OOM_GPU",
+        ),
+    )
+    assert {f.code.value: dict(f.numbers) for f in findings} == {
+        "failure": {"reason": "OOM_GPU"},
+        "input_bound": {"data_wait_share": 0.25, "input_wait_gpu_s": 7200.0},
+        "comm_bound": {"comm_wait_share": 0.3, "comm_wait_gpu_s": 9000.0},
+        "idle": {"idle_share": 0.1, "idle_gpu_s": 3600.0},
+        "lost_work": {"lost_share": 0.1},
+        "slow_startup": {"startup_share": 0.1},
+        "checkpoint_stalls": {"checkpoint_share": 0.1},
+    }
+    busy = diagnose(accounting(), Signals(mean_activity=0.9, mean_tensor_activity=0.01))
+    assert [dict(f.numbers) for f in busy] == [{"tensor_activity": 0.01, "activity": 0.9}]
+    low = diagnose(accounting(), Signals(mean_activity=0.3, mean_tensor_activity=0.2))
+    assert [dict(f.numbers) for f in low] == [{"activity": 0.3}]

@@ -447,8 +447,8 @@ def test_running_and_pending_attempts_explain_themselves(client, world):
 
     assert "Attempt 2 is running. Its accounting is computed when it ends" in content
     assert "No GPU samples yet." in content
-    assert "Accounting pending: the diagnosis follows within about a minute." in content
-    assert "Still running: the diagnosis follows when the attempt ends" in content
+    assert "Accounting pending: where the GPU time went follows within about a minute." in content
+    assert "Still running: where the GPU time went (input, communication, idleness, time lost) follows when the attempt ends" in content
     assert "No step windows: the job does not report its training steps." in content
     assert "No checkpoints recorded." in content
     # Nothing to draw: Plotly is not loaded.
@@ -582,7 +582,9 @@ def test_run_telemetry_queries_do_not_grow_with_attempts(
     for number in range(2, 12):
         add_attempt(number)
 
-    with django_assert_max_num_queries(16), CaptureQueriesContext(connection) as many:
+    # 16 for the page and its charts, 2 for the verdicts' facts (the attempts' nodes, the
+    # image's versions).
+    with django_assert_max_num_queries(18), CaptureQueriesContext(connection) as many:
         response = client.get(telemetry_url(run))
 
     assert len(response.context["telemetry"].attempts) == 11

@@ -1,0 +1,114 @@
+"""What the troubleshooting tree (``telemetry.verdicts``) knows about each attempt of a run,
+read in a fixed number of queries whatever the number of attempts, nodes or ranks: the
+topology and health of its nodes, the image's recorded CUDA and NCCL, the versions its
+ranks reported, the ranks the straggler scan flagged, its links' counters."""
+
+from collections.abc import Sequence
+
+from clusters.health import NodeHealth
+from clusters.models import ClusterNode
+from jobs.models import LIVE_ATTEMPT_STATES, Attempt, CauseClass, Run
+from telemetry.diagnosis import Signals
+from telemetry.selectors.rank_windows import RankCoverage
+from telemetry.selectors.run_page_sql import GpuSummary
+from telemetry.verdicts import Facts, NodeTrouble, Spread, Versions
+
+
+def _attempt_nodes(attempt: Attempt) -> list[str]:
+    """Where the attempt ran (the backend's word), else where it was placed."""
+    return list(attempt.node_list or attempt.placement or [])
+
+
+def _weighted_mean(pairs: Sequence[tuple[float | None, int]]) -> float | None:
+    """The mean of per-GPU means weighted by their minutes; None without any minute."""
+    minutes = sum(n for mean, n in pairs if mean is not None and n)
+    if not minutes:
+        return None
+    return sum(mean * n for mean, n in pairs if mean is not None and n) / minutes
+
+
+def _spread(nodes: list[str], levels: Sequence[str], paths: dict[str, list[str]]) -> Spread | None:
+    """The gang's domains per level (a domain is its path down to that level); None when
+    the cluster has no topology or a node's path is not known."""
+    if not levels or not nodes or any(len(paths.get(node) or ()) < len(levels) for node in nodes):
+        return None
+    return Spread(
+        nodes=len(nodes),
+        domains=tuple(
+            (level, len({tuple(paths[node][: depth + 1]) for node in nodes}))
+            for depth, level in enumerate(levels)
+        ),
+    )
+
+
+def _trouble(attempt: Attempt, health: dict[str, tuple[str, str]]) -> tuple[NodeTrouble, ...]:
+    """A live attempt's nodes that are not healthy now; an ended attempt's node when a
+    hardware fault there ended it."""
+    if attempt.state in LIVE_ATTEMPT_STATES:
+        return tuple(
+            NodeTrouble(node, *health[node])
+            for node in sorted(_attempt_nodes(attempt))
+            if node in health and health[node][0] != NodeHealth.HEALTHY
+        )
+    evidence = attempt.cause_evidence or {}
+    if attempt.cause_class == CauseClass.HARDWARE and evidence.get("node"):
+        signal = str(evidence.get("signal", "")).replace("_", " ")
+        detail = str(evidence.get("detail", ""))
+        return (NodeTrouble(str(evidence["node"]), "faulty", detail or signal),)
+    return ()
+
+
+def attempts_facts(
+    *,
+    run: Run,
+    attempts: Sequence[Attempt],
+    signals: dict[int, Signals],
+    summaries: Sequence[GpuSummary],
+    coverage: dict[int, RankCoverage],
+) -> dict[int, Facts]:
+    """Each started attempt's ``Facts``, by attempt id. Two queries: the attempts' nodes
+    with their cluster's topology levels, and the image's versions."""
+    started = [attempt for attempt in attempts if attempt.started_at is not None]
+    if not started:
+        return {}
+    wanted = {node for attempt in started for node in _attempt_nodes(attempt)}
+    rows = ClusterNode.objects.filter(
+        cluster_id__in={attempt.cluster_id for attempt in started}, name__in=wanted
+    ).values_list(
+        "cluster_id", "name", "path", "health", "health_reason", "cluster__topology_levels"
+    )
+    paths: dict[int, dict[str, list[str]]] = {}
+    health: dict[int, dict[str, tuple[str, str]]] = {}
+    levels: dict[int, list[str]] = {}
+    for cluster_id, name, path, node_health, reason, cluster_levels in rows:
+        paths.setdefault(cluster_id, {})[name] = path
+        health.setdefault(cluster_id, {})[name] = (node_health, reason)
+        levels[cluster_id] = cluster_levels or []
+    image = (
+        type(run.experiment.image)
+        .objects.values("cuda_version", "nccl_version")
+        .get(pk=run.experiment.image_id)
+    )
+    facts = {}
+    for attempt in started:
+        gpus = [gpu for gpu in summaries if gpu.attempt_id == attempt.pk]
+        nodes = _attempt_nodes(attempt)
+        ranks = coverage.get(attempt.pk)
+        runtime = attempt.runtime_env or {}
+        facts[attempt.pk] = Facts(
+            signals=signals[attempt.pk],
+            gpus=run.gpus,
+            nodes=run.experiment.nodes,
+            mean_dram_activity=_weighted_mean([(g.mean_dram_active, g.dram_minutes) for g in gpus]),
+            ranks_reporting=ranks.ranks if ranks is not None else 0,
+            spread=_spread(
+                nodes, levels.get(attempt.cluster_id, []), paths.get(attempt.cluster_id, {})
+            ),
+            versions=Versions(
+                driver=str(runtime.get("driver_version", "")),
+                image_cuda=image["cuda_version"],
+                image_nccl=image["nccl_version"],
+            ),
+            node_trouble=_trouble(attempt, health.get(attempt.cluster_id, {})),
+        )
+    return facts

@@ -1,0 +1,204 @@
+"""A run's verdicts through the page, the REST API and the CLI's formatting: the facts read
+from the database (topology, node health, DRAM activity, versions, rank coverage) reach the
+tree, and what is missing is named."""
+
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+
+from clusters.models import ClusterNode
+from gantry_cli.diagnose import attempt_lines
+from jobs.models import AttemptState, CauseClass
+from telemetry.models import GpuMinute, RankStepWindow, StepWindow
+from tests.telemetry.test_telemetry_pages import (
+    T0,
+    account,
+    attempt_of,
+    page,
+    submit,
+    telemetry_url,
+)
+
+
+def nodes(world, *specs: tuple[str, list[str], str, str]) -> None:
+    world.cluster.topology_levels = ["block", "leaf"]
+    world.cluster.save(update_fields=["topology_levels"])
+    for name, path, health, reason in specs:
+        ClusterNode.objects.create(
+            cluster=world.cluster,
+            name=name,
+            flavor=world.a100,
+            gpus=8,
+            path=path,
+            updated_at=T0,
+            health=health,
+            health_reason=reason,
+        )
+
+
+def steps(attempt, *, comm_wait_s: float, data_wait_s: float = 0.0) -> None:
+    StepWindow.objects.create(
+        attempt=attempt,
+        source="rank-0",
+        seq=1,
+        start=attempt.started_at,
+        end=attempt.started_at + timedelta(minutes=10),
+        steps=100,
+        step_time_s=1.0,
+        comm_wait_s=comm_wait_s,
+        data_wait_s=data_wait_s,
+    )
+
+
+def gpu_minute(attempt, host: str, *, activity: float, dram: float | None) -> None:
+    GpuMinute.objects.create(
+        attempt=attempt,
+        host=host,
+        gpu="0",
+        minute=attempt.started_at,
+        activity=activity,
+        tensor_active=0.4,
+        dram_active=dram,
+        samples=4,
+    )
+
+
+@pytest.fixture
+def spread_run(world):
+    """A 2-node run whose attempt runs on two leaves, one node suspect, waiting on
+    communication a third of its steps."""
+    nodes(
+        world,
+        ("n1", ["b1", "l1"], "healthy", ""),
+        ("n2", ["b1", "l2"], "suspect", "thermal throttle on GPU 3"),
+    )
+    run = submit(world, nodes=2, gpus_per_node=8)
+    attempt = attempt_of(
+        world,
+        run,
+        state=AttemptState.RUNNING,
+        node_list=["n1", "n2"],
+        runtime_env={"driver_version": "470.82.01"},
+    )
+    steps(attempt, comm_wait_s=33.0)
+    gpu_minute(attempt, "n1", activity=0.8, dram=0.7)
+    gpu_minute(attempt, "n2", activity=0.6, dram=0.5)
+    image = run.experiment.image
+    image.cuda_version = "12.2"
+    image.save(update_fields=["cuda_version"])
+    return run
+
+
+def test_the_api_gives_each_attempts_verdicts_with_figures_and_missing_signals(
+    client, world, spread_run
+):
+    client.force_login(world.researcher_a)
+    body = client.get(reverse("api:run-verdicts", args=[spread_run.pk])).json()
+
+    (attempt,) = body["attempts"]
+    assert (attempt["attempt"], attempt["state"], attempt["status"]) == (1, "RUNNING", "running")
+    assert [v["code"] for v in attempt["verdicts"]] == [
+        "node_health",
+        "driver_too_old",
+        "placement_spread",
+        "memory_bound",
+    ]
+    node, driver, spread, memory = attempt["verdicts"]
+    assert node["node"] == "n2"
+    assert node["text"].startswith("Node n2 is suspect: thermal throttle on GPU 3.")
+    assert driver["numbers"] == {"driver": "470.82.01", "image_cuda": "12.2"}
+    assert spread["numbers"] == {
+        "nodes": 2,
+        "level": "leaf",
+        "domains": 2,
+        "comm_wait_share": 0.33,
+        "tighter_wait_s": None,
+    }
+    # minute-weighted over the GPUs: (0.7 + 0.5) / 2 at (0.8 + 0.6) / 2 activity
+    assert memory["numbers"] == {"dram_activity": 0.6, "activity": 0.7}
+    assert attempt["missing"] == [
+        "the NCCL version of each rank",
+        "per-rank step windows (the Gantry SDK sends them from every rank)",
+        "DCGM NVLink counters",
+        "InfiniBand port counters (node exporter)",
+    ]
+
+
+def test_rank_windows_take_the_slow_rank_branch_off_the_missing_list(client, world, spread_run):
+    attempt = spread_run.attempts.get()
+    RankStepWindow.objects.create(
+        attempt=attempt,
+        rank=0,
+        seq=1,
+        world_size=16,
+        host="n1",
+        gpu="0",
+        start=T0,
+        end=T0 + timedelta(seconds=30),
+        steps=3,
+        step_time_s=1.0,
+    )
+    client.force_login(world.researcher_a)
+    body = client.get(reverse("api:run-verdicts", args=[spread_run.pk])).json()
+    assert (
+        "per-rank step windows (the Gantry SDK sends them from every rank)"
+        not in (body["attempts"][0]["missing"])
+    )
+
+
+def test_an_attempt_a_hardware_fault_ended_names_the_node(client, world):
+    nodes(world, ("n1", ["b1", "l1"], "healthy", ""))
+    run = submit(world)
+    attempt = attempt_of(
+        world,
+        run,
+        state=AttemptState.FAILED,
+        node_list=["n1"],
+        cause_class=CauseClass.HARDWARE,
+        cause_evidence={"node": "n1", "gpu": "3", "signal": "gpu_lost", "detail": ""},
+    )
+    account(attempt, allocated=3600)
+    client.force_login(world.researcher_a)
+    body = client.get(reverse("api:run-verdicts", args=[run.pk])).json()
+    (verdict,) = [v for v in body["attempts"][0]["verdicts"] if v["code"] == "node_health"]
+    assert verdict["text"].startswith("Node n1 is faulty: gpu lost.")
+
+
+def test_the_page_shows_the_verdicts_and_what_was_not_checked(client, world, spread_run):
+    content = page(client, world.researcher_a, telemetry_url(spread_run))
+    assert 'data-finding="placement_spread"' in content
+    assert "this run&#x27;s 2 nodes sit in 2 leafs" in content
+    assert "Not checked, for want of its signal: the NCCL version of each rank;" in content
+
+
+def test_an_outsider_gets_404(client, world, spread_run):
+    client.force_login(world.researcher_b)
+    response = client.get(reverse("api:run-verdicts", args=[spread_run.pk]))
+    assert response.status_code == 404
+
+
+def test_the_cli_prints_one_line_per_verdict_and_the_missing_signals():
+    attempt = {
+        "attempt": 2,
+        "state": "RUNNING",
+        "status": "running",
+        "verdicts": [
+            {"code": "slow_rank", "text": "A slow rank: rank 3.", "numbers": {}, "node": "n2"}
+        ],
+        "missing": ["DCGM NVLink counters", "the NCCL version of each rank"],
+    }
+    assert attempt_lines(attempt) == [
+        "Attempt 2 (RUNNING) (running: where the GPU time went follows when it ends)",
+        "  - [slow_rank] A slow rank: rank 3.",
+        "  Not checked, for want of its signal: DCGM NVLink counters; "
+        "the NCCL version of each rank",
+    ]
+    waiting = {
+        "attempt": 1,
+        "state": "PENDING",
+        "status": "waiting",
+        "verdicts": None,
+        "missing": [],
+    }
+    assert attempt_lines(waiting) == ["Attempt 1 (PENDING)", "  Not started yet."]
