@@ -448,7 +448,10 @@ def test_running_and_pending_attempts_explain_themselves(client, world):
     assert "Attempt 2 is running. Its accounting is computed when it ends" in content
     assert "No GPU samples yet." in content
     assert "Accounting pending: where the GPU time went follows within about a minute." in content
-    assert "Still running: where the GPU time went (input, communication, idleness, time lost) follows when the attempt ends" in content
+    assert (
+        "Still running: where the GPU time went (input, communication, idleness, time lost) "
+        "follows when the attempt ends" in content
+    )
     assert "No step windows: the job does not report its training steps." in content
     assert "No checkpoints recorded." in content
     # Nothing to draw: Plotly is not loaded.
