@@ -251,3 +251,78 @@ def test_unhealthy_nodes_come_after_a_failure_and_before_the_rest():
 def test_without_gpu_activity_it_says_so():
     result = tree(None, facts(Signals()))
     assert result.missing == ("GPU activity (DCGM)",)
+
+
+def test_full_texts_of_the_version_link_and_memory_verdicts():
+    versions = Versions(
+        driver="470.82.01", image_cuda="12.1", image_nccl="", nccl_ranks={"2.18.1": 15, "2.20.5": 1}
+    )
+    ib = (LinkUse("gpu-1", bytes_s=0.2e9), LinkUse("gpu-2", bytes_s=0.3e9))
+    waiting = Signals(mean_activity=0.9, mean_tensor_activity=0.5, comm_wait_share=0.3)
+    result = tree(None, facts(waiting, versions=versions, infiniband=ib, mean_dram_activity=0.9))
+    assert [f.text for f in result.findings] == [
+        "Driver too old: the node's driver 470.82.01 is older than 525.60.13, the oldest that "
+        "runs the image's CUDA 12.1 (https://docs.nvidia.com/deploy/cuda-compatibility/). "
+        "Next: use an image built for an older CUDA, or ask platform admins for nodes with a "
+        "newer driver.",
+        "NCCL versions differ between ranks: 2.18.1 on 15 ranks, 2.20.5 on 1 rank. Ranks must "
+        "run the same NCCL or collectives hang or fail. Next: run every rank from the image "
+        "pinned by digest, without a host NCCL mounted over it (LD_LIBRARY_PATH).",
+        "Low InfiniBand traffic: at most 0.30 GB/s while the run waited on communication 30 % "
+        "of its step time; NCCL may use TCP sockets instead of InfiniBand (NCCL_IB_DISABLE, "
+        "NCCL_SOCKET_IFNAME, missing RDMA devices in the container). Next: rerun with "
+        "NCCL_DEBUG=INFO and read which transport NCCL chose.",
+        "Memory-bandwidth bound: the GPU memory was busy 90 % of cycles at 90 % GPU activity. "
+        "Fuse element-wise kernels (torch.compile), use bf16 to halve the bytes moved, and "
+        "raise arithmetic intensity (larger batches or matrix sizes).",
+    ]
+    assert [f.code for f in result.findings] == [
+        Code.DRIVER_TOO_OLD,
+        Code.NCCL_MISMATCH,
+        Code.INFINIBAND,
+        Code.MEMORY_BOUND,
+    ]
+
+
+def test_nvlink_errors_text_and_low_nvlink_hint():
+    nvlink = (LinkUse("gpu-1", errors=3, gpu="2"),)
+    (errors,) = tree(None, facts(nvlink=nvlink)).findings
+    assert errors.code == Code.NVLINK
+    assert errors.text == (
+        "NVLink errors: 3 on gpu-1 during the attempt (the link retried and recovered, slower "
+        "each time). Next: restart excluding gpu-1 if the run is slow; platform admins see "
+        "the node's signals."
+    )
+    waiting = Signals(mean_activity=0.4, mean_tensor_activity=0.5, comm_wait_share=0.25)
+    quiet = (LinkUse("gpu-1", bytes_s=0.1e9, gpu="0"),)
+    (low,) = tree(None, facts(waiting, nvlink=quiet)).findings
+    assert (
+        "NCCL may not use NVLink (peer-to-peer disabled: NCCL_P2P_DISABLE, or a container "
+        "without a shared IPC namespace)." in low.text
+    )
+
+
+def test_the_smallest_gangs_each_branch_applies_to():
+    # two GPUs on one node: NVLink counters matter, a slow rank cannot be told
+    two = tree(None, facts(gpus=2, nodes=1, nvlink=None, ranks_reporting=0))
+    assert two.missing == ("DCGM NVLink counters",)
+    # three GPUs: a slow rank can be told
+    three = tree(None, facts(gpus=3, nodes=1, ranks_reporting=0))
+    assert three.missing == ("per-rank step windows (the Gantry SDK sends them from every rank)",)
+    # one GPU: no NCCL between ranks, no link
+    one = tree(None, facts(gpus=1, nodes=1, nvlink=None, versions=Versions("550.1", "12.4")))
+    assert one.missing == ()
+
+
+def test_a_slow_rank_lists_every_gpu_sign():
+    slow = SlowRank(
+        rank=1,
+        host="gpu-1",
+        gpu="0",
+        cause="slow_gpu",
+        slowdown=1.25,
+        windows=3,
+        evidence={"gpu_signs": ["thermal throttle", "2 PCIe replays"]},
+    )
+    (finding,) = tree(None, facts(slow_ranks=(slow,))).findings
+    assert "; its GPU is slow (thermal throttle, 2 PCIe replays). Next:" in finding.text
