@@ -300,9 +300,9 @@ def test_overview_queries_do_not_grow_with_nodes_or_events(client, world, health
     assert len(after) == len(before)
     own = [q["sql"] for q in after.captured_queries if "nodehealthevent" in q["sql"]]
     assert len(own) == 1
-    # Session, user, roles, the notifications badge; nodes, events, lost per node, ETTR per
-    # tenant, failures per month, lost and credited by cause.
-    assert len(after) == 10
+    # Session, user, roles, the notifications badge; nodes, events, lost per node, straggler
+    # flags per node, ETTR per tenant, failures per month, lost and credited by cause.
+    assert len(after) == 11
 
 
 # --- one node ---------------------------------------------------------------------------------
