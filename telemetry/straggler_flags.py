@@ -79,9 +79,9 @@ def attempts_due(*, now: datetime, limit: int = SCAN_LIMIT) -> list[Attempt]:
         .select_related("run", "cluster")
         .order_by("pk")
     )
-    due = []
+    due: list[Attempt] = []
     for attempt in candidates:
-        latest_end, scanned = attempt.latest_end, attempt.scanned_until  # type: ignore[attr-defined]
+        latest_end, scanned = attempt.latest_end, attempt.scanned_until
         if latest_end is None:
             continue
         if scanned is None or latest_end > scanned or attempt.is_ended:

@@ -13,7 +13,6 @@ from jobs import attribution, placement
 from jobs.access import run_can_cancel
 from jobs.models import LIVE_ATTEMPT_STATES, Attempt, CauseClass, Run, RunState
 from jobs.selectors.queue import cluster_nodes
-from jobs.services.attribution import attempt_nodes
 from jobs.services.lifecycle import run_preempt
 from tenants.services.audit import audit_record
 
@@ -117,7 +116,7 @@ def run_restart_excluding(*, run: Run, node: str, actor: UserLike) -> Run:
     excluded = list(run.excluded_nodes or [])
     if node in excluded:
         raise ValidationError({"node": [f"{node} is excluded from run {run.pk} already."]})
-    nodes = attempt_nodes(attempt)
+    nodes = attempt.nodes
     if node not in nodes:
         raise ValidationError(
             {"node": [f"{node or 'That'} is not one of the nodes run {run.pk} runs on "

@@ -21,7 +21,6 @@ from django.utils import timezone
 from clusters.health import SignalClass, Source, xid_class
 from clusters.models import ClusterNode, NodeHealthEvent
 from jobs.models import Attempt
-from jobs.services.attribution import attempt_nodes
 from telemetry.models import RankStepWindow
 from telemetry.rank_windows import short_host
 from telemetry.selectors.rank_windows import attempt_held_gpus, attempt_rank_windows
@@ -190,7 +189,7 @@ def attempt_straggler_inputs(*, attempt: Attempt, now: datetime | None = None) -
     if held.pairs is not None:
         named_by_uuid = {(w.host, w.gpu) for w in windows if w.gpu in held.uuids}
         attempt_gpus = frozenset(held.pairs | named_by_uuid)
-    nodes = attempt_nodes(attempt)
+    nodes = attempt.nodes
     start, end = attempt_span(attempt, now=now)
     events = _events(attempt=attempt, hosts=nodes, start=start, end=end)
     clocks = gpu_clocks(attempt=attempt, start=start, end=end)
