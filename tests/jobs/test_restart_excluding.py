@@ -5,6 +5,7 @@ The run runs on the world's simulated cluster (4 nodes × 8 A100); its job is ta
 the sync takes it off, and the next admission cycle places it again."""
 
 import pytest
+from django.contrib.auth.models import AnonymousUser
 from django.contrib.messages import get_messages
 from django.core.cache import cache
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -243,33 +244,30 @@ def test_the_form_needs_csrf_and_post(world, attempt):
     assert state(attempt.run) == before
 
 
+def include(run, node, user, **more) -> str:
+    context = {"run": run, "node": node, "user": user, **more}
+    return render_to_string("jobs/_restart_excluding.html", context)
+
+
 def test_the_include_is_a_form_for_whoever_may_cancel(world, attempt):
     run = Run.objects.get(pk=attempt.run_id)
-    html = render_to_string(
-        "jobs/_restart_excluding.html",
-        {"run": run, "node": "sim-1-a100-80gb-00", "can_cancel": True, "csrf_token": "t0k3n"},
-    )
-    assert f'action="{url(run)}"' in html
-    assert '<input type="hidden" name="node" value="sim-1-a100-80gb-00">' in html
-    assert 'name="csrfmiddlewaretoken" value="t0k3n"' in html
-    assert "Restart excluding sim-1-a100-80gb-00</button>" in html
-    hidden = [
-        {"run": run, "node": "sim-1-a100-80gb-00", "can_cancel": False},
-        {"run": run, "node": "", "can_cancel": True},
-    ]
-    for context in hidden:
-        assert "<form" not in render_to_string("jobs/_restart_excluding.html", context)
+    for user in (world.researcher_a, world.tenant_admin_a, world.platform_admin):
+        html = include(run, "sim-1-a100-80gb-00", user, csrf_token="t0k3n")
+        assert f'action="{url(run)}"' in html
+        assert '<input type="hidden" name="node" value="sim-1-a100-80gb-00">' in html
+        assert 'name="csrfmiddlewaretoken" value="t0k3n"' in html
+        assert "Restart excluding sim-1-a100-80gb-00</button>" in html
+    for user in (world.finance, world.researcher_a2, AnonymousUser()):
+        assert "<form" not in include(run, "sim-1-a100-80gb-00", user)
+    assert "<form" not in include(run, "", world.researcher_a)
     run.state = RunState.QUEUED
-    assert "<form" not in render_to_string(
-        "jobs/_restart_excluding.html", {"run": run, "node": "n", "can_cancel": True}
-    )
+    assert "<form" not in include(run, "sim-1-a100-80gb-00", world.researcher_a)
+    run.state, run.cancel_requested_at = RunState.RUNNING, timezone.now()
+    assert "<form" not in include(run, "sim-1-a100-80gb-00", world.researcher_a)
 
 
 def test_a_node_name_is_escaped_in_the_include(world, attempt):
-    html = render_to_string(
-        "jobs/_restart_excluding.html",
-        {"run": attempt.run, "node": '"><script>x</script>', "can_cancel": True},
-    )
+    html = include(attempt.run, '"><script>x</script>', world.researcher_a)
     assert "<script>" not in html
     assert "&quot;&gt;&lt;script&gt;" in html
 

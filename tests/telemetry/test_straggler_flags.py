@@ -21,6 +21,7 @@ from clusters.services import cluster_refresh_inventory
 from clusters.services.health import node_release
 from jobs.models import Attempt, AttemptState, Run
 from jobs.services.submission import run_submit
+from telemetry import tasks
 from telemetry.kpis.node_health import SlowRanks, node_overview
 from telemetry.models import RankStepWindow, StragglerFlag, StragglerScan
 from telemetry.selectors.stragglers import attempt_straggler_inputs
@@ -529,3 +530,18 @@ def test_flags_are_reached_from_their_run_and_attempt(world, big):
     flag(attempt, host(0), "slow_gpu")
     assert list(Run.objects.get(pk=attempt.run_id).straggler_flags.values_list("rank")) == [(0,)]
     assert list(attempt.straggler_flags.values_list("node", flat=True)) == [host(0)]
+
+
+def test_beat_runs_the_scan_every_minute(settings, world, big):
+    assert settings.CELERY_BEAT_SCHEDULE["straggler-scan"] == {
+        "task": "telemetry.tasks.straggler_scan",
+        "schedule": 60.0,
+    }
+    attempt = attempt_on(world, big, nodes=2, gpus_per_node=2)
+    run_gang(attempt, 5, slowed(3, 1.5))
+
+    tasks.straggler_scan()
+
+    assert list(StragglerFlag.objects.values_list("rank", "node", "cause")) == [
+        (3, host(1), "unknown")
+    ]
