@@ -57,6 +57,9 @@ class SignalClass(StrEnum):
     NODE_CONDITION = "node_condition"  # a GPU condition set on the node (NPD, NVSentinel)
     # The job side and the active check.
     ATTEMPT_FAILURES = "attempt_failures"  # attempts of several tenants failing on the node
+    # Ranks on the node flagged as stragglers (a slow GPU, or no cause found) in several
+    # runs within the policy's window (telemetry.straggler_flags): slow, not broken.
+    SLOW_RANKS = "slow_ranks"
     HEALTH_CHECK_FAILED = "health_check_failed"
 
 
@@ -92,6 +95,9 @@ DEFAULT_ACTIONS: dict[SignalClass, Action] = {
     SignalClass.NODE_DOWN: Action.WARN,  # the backend takes no work there itself already
     SignalClass.NODE_CONDITION: Action.QUARANTINE,
     SignalClass.ATTEMPT_FAILURES: Action.WARN,  # suspect: two or more tenants, one window
+    # Suspect: a node slow for several runs is a lemon candidate worth a person's look (and a
+    # health check), not proof of a fault: the slowness may be the runs' own.
+    SignalClass.SLOW_RANKS: Action.WARN,
     SignalClass.HEALTH_CHECK_FAILED: Action.QUARANTINE,
 }
 

@@ -100,6 +100,10 @@ class HealthPolicy:
     max_platform_retries: int = 3
     # The same node, GPU, class and code again within this: one event, its count grows.
     flood_window_s: int = 300
+    # Ranks on one node flagged as stragglers (slow GPU or unknown cause) in this many
+    # distinct runs within the window: the slow-ranks signal (telemetry.straggler_flags).
+    straggler_runs: int = 2
+    straggler_window_s: int = 7 * 86_400
 
     def action(self, signal: SignalClass) -> Action:
         """The action for ``signal``; the default where ``actions`` does not say (a policy
@@ -179,6 +183,18 @@ POLICY_SCHEMA: dict[str, Any] = {
             "maximum": 86_400,
             "message": _WHOLE + "1 to 86,400 (a day), not $value",
         },
+        "straggler_runs": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 1000,
+            "message": _WHOLE + "1 to 1,000, not $value",
+        },
+        "straggler_window_s": {
+            "type": "integer",
+            "minimum": 3600,
+            "maximum": 2_592_000,
+            "message": _WHOLE + "3,600 (an hour) to 2,592,000 (30 days), not $value",
+        },
     },
 }
 _SCHEMA = JsonSchema(POLICY_SCHEMA)
@@ -202,6 +218,8 @@ def policy_from(raw: Mapping[str, Any]) -> HealthPolicy:
         release_needs_check=value.get("release_needs_check", DEFAULT_POLICY.release_needs_check),
         max_platform_retries=value.get("max_platform_retries", DEFAULT_POLICY.max_platform_retries),
         flood_window_s=value.get("flood_window_s", DEFAULT_POLICY.flood_window_s),
+        straggler_runs=value.get("straggler_runs", DEFAULT_POLICY.straggler_runs),
+        straggler_window_s=value.get("straggler_window_s", DEFAULT_POLICY.straggler_window_s),
     )
 
 

@@ -1,7 +1,7 @@
 """``gantry``: submit, follow and manage GPU experiments from a terminal or a script.
 
-Commands: login, logout, submit, ls, show, logs, cancel, rerun, spec, quota, images
-(``gantry COMMAND --help`` for each). Output is a human-readable table by default;
+Commands: login, logout, submit, ls, show, logs, cancel, restart, rerun, spec, quota,
+images (``gantry COMMAND --help`` for each). Output is a human-readable table by default;
 ``--json`` prints the API's JSON for scripts. The server and token come from ``--url``,
 ``$GANTRY_URL`` and ``$GANTRY_TOKEN``, else from what ``gantry login`` stored in
 ``$GANTRY_CONFIG_DIR/credentials.json`` (default ``~/.config/gantry/``, mode 0600).

@@ -1,4 +1,5 @@
-"""The run commands: submit, ls, show, logs, cancel, rerun, spec, and their parsers."""
+"""The run commands: submit, ls, show, logs, cancel, restart, rerun, spec, and their
+parsers."""
 
 import argparse
 import sys
@@ -223,6 +224,18 @@ def cmd_cancel(ctx: Context) -> int:
     return EXIT_OK
 
 
+def cmd_restart(ctx: Context) -> int:
+    run = ctx.client().post(f"runs/{ctx.args.run}/restart-excluding/", {"node": ctx.args.exclude})
+    if ctx.args.json:
+        print_json(run)
+    else:
+        print(
+            f"Run {run['id']} restarts without {ctx.args.exclude}: {run['state']}; it resumes "
+            "from its latest checkpoint on other nodes."
+        )
+    return EXIT_OK
+
+
 def cmd_rerun(ctx: Context) -> int:
     client = ctx.client()
     experiment = client.get(f"runs/{ctx.args.run}/")["experiment"]
@@ -308,6 +321,21 @@ def add_run_commands(commands: Commands) -> None:
     cancel = add_command(commands, "cancel", cmd_cancel, "Cancel a run.")
     cancel.add_argument("run", type=positive, metavar="RUN")
     add_json_flag(cancel)
+
+    restart = add_command(
+        commands,
+        "restart",
+        cmd_restart,
+        "Restart a running run from its latest checkpoint without one of its nodes.",
+    )
+    restart.add_argument("run", type=positive, metavar="RUN")
+    restart.add_argument(
+        "--exclude",
+        required=True,
+        metavar="NODE",
+        help="The node to leave out (one the run runs on); it stays excluded for the run",
+    )
+    add_json_flag(restart)
 
     rerun = add_command(
         commands, "rerun", cmd_rerun, "Run a run's experiment again, exactly as recorded."

@@ -55,6 +55,7 @@ from jobs.serializers.experiments import (
 from jobs.serializers.runs import (
     RUN_COLUMNS,
     RUN_DETAIL_COLUMNS,
+    RestartExcludingSerializer,
     RunDetailSerializer,
     RunFilterSerializer,
     RunSerializer,
@@ -62,6 +63,7 @@ from jobs.serializers.runs import (
 from jobs.serializers.runtime import RuntimeReportResultSerializer, RuntimeReportSerializer
 from jobs.services.backend_sync import MAX_RUNTIME_REPORT_BYTES, attempt_report_runtime
 from jobs.services.lifecycle import run_cancel
+from jobs.services.restart import run_restart_excluding
 from jobs.services.submission import run_rerun, run_submit
 from tenants.models import Quota
 from tenants.selectors import quota_list_viewable
@@ -250,6 +252,40 @@ class RunViewSet(viewsets.GenericViewSet):
         run = or_404(run_get_viewable, user=request.user, run_id=int(pk))
         try:
             run_cancel(run=run, actor=request.user)
+        except DjangoValidationError as exc:
+            raise Conflict(" ".join(exc.messages)) from None
+        run = or_404(run_get_viewable, user=request.user, run_id=int(pk))
+        return Response(
+            RunDetailSerializer(run, context={"request": request}).data,
+            status=status.HTTP_202_ACCEPTED,
+        )
+
+    @extend_schema(
+        parameters=[ID],
+        request=RestartExcludingSerializer,
+        responses={
+            202: RunDetailSerializer,
+            400: OpenApiResponse(description="Field name → list of messages."),
+            401: UNAUTHENTICATED,
+            403: OpenApiResponse(ErrorSerializer, description="Not the submitter or an admin."),
+            404: NOT_FOUND,
+            409: OpenApiResponse(
+                ErrorSerializer,
+                description="Refused, nothing changed: the run is not on its nodes, the node "
+                "is not one of them or is excluded already, or no node would be left to "
+                "place the run on.",
+            ),
+        },
+    )
+    @action(detail=True, methods=["post"], url_path="restart-excluding")
+    def restart_excluding(self, request, pk: str):
+        """Take the run off its nodes and requeue it to resume from its latest checkpoint on
+        other nodes, without ``node`` from then on; not counted against its restarts."""
+        run = or_404(run_get_viewable, user=request.user, run_id=int(pk))
+        body = RestartExcludingSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            run_restart_excluding(run=run, node=body.validated_data["node"], actor=request.user)
         except DjangoValidationError as exc:
             raise Conflict(" ".join(exc.messages)) from None
         run = or_404(run_get_viewable, user=request.user, run_id=int(pk))

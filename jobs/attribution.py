@@ -38,6 +38,9 @@ GRACE_S = 120.0
 # a node out of service. Gantry's own push to the backend (source GANTRY: the drain or
 # cordon that follows a quarantine) is no cause of its own: the quarantine before it is.
 PERSON_REMOVALS = frozenset({Act.QUARANTINE.value})
+# The evidence's signal of an attempt taken off its nodes because a person restarted its run
+# without one of them (``jobs.services.restart``): the platform's, like a quarantine.
+RESTART_EXCLUDING = "restart_excluding"
 
 # Any other failure reason (OOM_GPU, OOM_HOST, USER_EXIT, TIMEOUT, IMAGE_PULL, NCCL,
 # UNKNOWN) is the program's: nothing is credited on a guess.
@@ -186,6 +189,7 @@ _PLATFORM_WORDS = {
     "lost": "lost by the cluster",
     "backend_error": "an error of the cluster",
     Act.QUARANTINE.value: "its node was taken out of service",
+    RESTART_EXCLUDING: "restarted without one of its nodes, as a person asked",
 }
 
 

@@ -403,6 +403,11 @@ class Attempt(models.Model):
         return f"gantry-a{self.pk}"
 
     @property
+    def nodes(self) -> list[str]:
+        """Where it ran (the backend's word), else where it was placed."""
+        return list(self.node_list or self.placement or [])
+
+    @property
     def is_ended(self) -> bool:
         """Over for good: nothing more will be reported about it ("not yet" no longer holds)."""
         return self.state not in (AttemptState.CREATED, *LIVE_ATTEMPT_STATES)

@@ -199,8 +199,8 @@ def _excluded_words(excluded: Sequence[str]) -> str:
     more = len(excluded) - EXPLAIN_NODES_LISTED
     named += f" and {more} more" if more > 0 else ""
     return (
-        f"not placed on {named}: {'a fault' if len(excluded) == 1 else 'faults'} ended an "
-        "attempt of this run there"
+        f"not placed on {named}: excluded from this run (a fault ended an attempt of it "
+        "there, or a person restarted it without that node)"
     )
 
 

@@ -11,6 +11,11 @@ urlpatterns = [
     path("runs/<int:run_id>/live/", runs.run_live, name="run_live"),
     path("runs/<int:run_id>/log/", runs.run_log_download, name="run_log_download"),
     path("runs/<int:run_id>/cancel/", runs.run_cancel, name="run_cancel"),
+    path(
+        "runs/<int:run_id>/restart-excluding/",
+        runs.run_restart_excluding,
+        name="run_restart_excluding",
+    ),
     path("experiments/", experiments.experiment_list, name="experiment_list"),
     path(
         "experiments/<int:experiment_id>/", experiments.experiment_detail, name="experiment_detail"

@@ -380,6 +380,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "telemetry.tasks.idle_policy_enforce",
         "schedule": 60.0,
     },
+    # Flag slow ranks from the rank windows that arrived since (docs/stragglers.md, Flags).
+    "straggler-scan": {
+        "task": "telemetry.tasks.straggler_scan",
+        "schedule": 60.0,
+    },
 }
 # Fair share: how fast past usage is forgotten when ordering competing borrowers.
 GANTRY_FAIR_SHARE_HALF_LIFE_H = env_int("GANTRY_FAIR_SHARE_HALF_LIFE_H", default=24)

@@ -4,8 +4,9 @@ accounting computed from them (design §7), and the count of samples no attempt 
 from django.db import models
 
 from clusters.models import Cluster
-from jobs.models import Attempt, CauseClass
+from jobs.models import Attempt, CauseClass, Run
 from telemetry import sdk_events
+from telemetry.stragglers import Cause
 
 SOURCE_MAX_LENGTH = 64
 # The causes whose attempts are credited (issue 34: nobody pays for broken hardware), in the
@@ -71,9 +72,70 @@ class RankStepWindow(models.Model):
                 fields=["attempt", "rank", "seq"], name="rankstepwindow_unique_seq"
             ),
         ]
+        indexes = [
+            # An attempt's latest window and its last minutes of windows, read from the index
+            # whatever its length (the straggler scan: telemetry.straggler_flags).
+            models.Index(fields=["attempt", "end"], name="rankstepwindow_attempt_end"),
+        ]
 
     def __str__(self) -> str:
         return f"attempt {self.attempt_id} rank {self.rank} window {self.seq}"
+
+
+class StragglerFlag(models.Model):
+    """A rank of an attempt flagged as a straggler (``telemetry.stragglers.detect``), one row
+    per (attempt, rank), kept once flagged: a rank that is no longer slow was slow. Its
+    figures are those of the latest scan that flagged it (docs/stragglers.md, "Flags")."""
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="straggler_flags")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="straggler_flags")
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+")
+    # The node as the cluster names it (the attempt's node list), else the host the rank
+    # reported; the GPU as the rank reported it (an index, or a UUID).
+    node = models.CharField(max_length=253)
+    gpu = models.CharField(max_length=sdk_events.MAX_GPU_LENGTH)
+    rank = models.PositiveIntegerField()
+    world_size = models.PositiveIntegerField()
+    cause = models.CharField(max_length=16, choices=[(c.value, c.value) for c in Cause])
+    slowdown = models.FloatField(help_text="Its time to the collective ÷ the gang's median")
+    windows = models.PositiveIntegerField(help_text="Slow windows in the latest scan's look-back")
+    first_window = models.PositiveIntegerField(help_text="The window its slowness was first seen")
+    evidence = models.JSONField(default=dict, blank=True)
+    detected_at = models.DateTimeField()
+    updated_at = models.DateTimeField(help_text="The latest scan that found it slow")
+
+    class Meta:
+        ordering = ["attempt", "rank"]
+        constraints = [
+            models.UniqueConstraint(fields=["attempt", "rank"], name="stragglerflag_unique_rank"),
+        ]
+        indexes = [
+            # A node's flags of the last days (node health's slow-ranks signal, the node
+            # pages' counts).
+            models.Index(fields=["cluster", "node", "updated_at"], name="stragglerflag_node"),
+            models.Index(fields=["updated_at"], name="stragglerflag_recent"),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.attempt_id} rank {self.rank} on {self.node}: {self.cause}"
+
+
+class StragglerScan(models.Model):
+    """How far an attempt's rank windows were scanned for stragglers: the latest window end
+    seen (a later one calls for another scan), and whether the scan after its end was made
+    (``final``: none follows)."""
+
+    attempt = models.OneToOneField(
+        Attempt, on_delete=models.CASCADE, primary_key=True, related_name="straggler_scan"
+    )
+    windows_until = models.DateTimeField()
+    scanned_at = models.DateTimeField()
+    final = models.BooleanField(default=False)
+    # Why the detector could decide nothing, or not everywhere (Detection.notes).
+    notes = models.JSONField(default=list, blank=True)
+
+    def __str__(self) -> str:
+        return f"straggler scan of attempt {self.attempt_id} to {self.windows_until:%H:%M:%S}"
 
 
 class SdkEvent(models.Model):

@@ -6,7 +6,7 @@ from celery import shared_task
 
 from clusters.models import Cluster
 from core.log_context import log_context
-from telemetry import collection, policy, services
+from telemetry import collection, policy, services, straggler_flags
 
 logger = logging.getLogger(__name__)
 
@@ -44,4 +44,18 @@ def idle_policy_enforce() -> None:
             summary.warned,
             summary.cleared,
             summary.cancelled,
+        )
+
+
+@shared_task
+def straggler_scan() -> None:
+    summary = straggler_flags.straggler_flags_scan()
+    if summary.created or summary.updated or summary.signalled:
+        logger.info(
+            "stragglers: %d attempts scanned, %d ranks flagged, %d flags updated, "
+            "slow-ranks signal for %s",
+            summary.scanned,
+            summary.created,
+            summary.updated,
+            ", ".join(summary.signalled) or "no node",
         )

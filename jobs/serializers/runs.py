@@ -348,6 +348,16 @@ class RunEventSerializer(serializers.ModelSerializer):
         }
 
 
+class RestartExcludingSerializer(serializers.Serializer):
+    """What restarting a run without one of its nodes takes: the node, by the cluster's name
+    for it (a straggler flag's ``node``)."""
+
+    node = serializers.CharField(
+        max_length=253,
+        help_text="The node to leave out: one of the nodes the run's live attempt runs on.",
+    )
+
+
 class StartRecordSerializer(serializers.Serializer):
     """The track record of the full-limits estimate (``jobs.selectors.estimates.StartRecord``)."""
 

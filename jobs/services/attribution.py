@@ -33,7 +33,7 @@ RUNTIME_ERROR_KEY = "error_at_exit"
 
 def attempt_nodes(attempt: Attempt) -> list[str]:
     """Where the attempt ran (the backend's word), else where it was placed."""
-    return list(attempt.node_list or attempt.placement or [])
+    return attempt.nodes
 
 
 def _events(*, cluster_id: int, nodes: Sequence[str], start, end) -> list:

@@ -150,13 +150,19 @@ def _run_cancel_audit(*, run: Run, actor: UserLike | None, before: dict) -> None
 
 
 def run_preempt(
-    *, run: Run, message: str, admin_detail: str = "", for_attempt: Attempt | None = None
+    *,
+    run: Run,
+    message: str,
+    admin_detail: str = "",
+    for_attempt: Attempt | None = None,
+    actor: UserLike | None = None,
 ) -> int:
     """Take a borrowed run off its GPUs. It is requeued once its backend job is gone and
     resumes from its latest checkpoint when admitted again. ``message`` names no other
     tenant; ``admin_detail`` (platform admins only) may say who reclaimed the GPUs.
     ``for_attempt``: the reclaiming run's attempt; on a backend that starts it first, the
-    job here is cancelled once that one was submitted (``attempt_cancel``)."""
+    job here is cancelled once that one was submitted (``attempt_cancel``). ``actor``: the
+    person who asked for it (a restart excluding a node), in the run's timeline."""
     holding = (RunState.ADMITTED, RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING)
     if not run_transition(
         run=run,
@@ -165,6 +171,7 @@ def run_preempt(
         reason="PREEMPTED",
         message=message,
         admin_detail=admin_detail,
+        actor=actor,
     ):
         return 0
     attempt = run.attempts.order_by("-number").first()

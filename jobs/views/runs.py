@@ -1,4 +1,5 @@
-"""The run pages: the list, a run's page and its live sections, its log, cancelling.
+"""The run pages: the list, a run's page and its live sections, its log, cancelling, and
+restarting a run without one of its nodes.
 
 Every run is fetched through a viewable-scoped selector: another tenant's runs are 404,
 exactly like missing ones.
@@ -41,7 +42,7 @@ from jobs.selectors.runs import (
     run_page_viewable,
     runs_usage,
 )
-from jobs.services import lifecycle
+from jobs.services import lifecycle, restart
 from jobs.views.params import page_cursor
 
 RUNS_PER_PAGE = 25
@@ -353,4 +354,25 @@ def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
             messages.success(request, f"Run {run.pk} is cancelled.")
         else:
             messages.info(request, f"Cancel of run {run.pk} requested from the cluster.")
+    return redirect("jobs:run_detail", run_id=run.pk)
+
+
+@login_required
+@require_POST
+def run_restart_excluding(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Restart the run without the node the form names (``node``): one click from a
+    straggler's verdict on the run page. Whoever may cancel the run may."""
+    run = or_404(run_get_viewable, user=request.user, run_id=run_id)
+    node = request.POST.get("node", "")
+    # PermissionDenied propagates: the user can see the run, so a 403 leaks nothing.
+    try:
+        restart.run_restart_excluding(run=run, node=node, actor=request.user)
+    except ValidationError as exc:
+        messages.error(request, f"Run {run.pk} was not restarted: {' '.join(exc.messages)}")
+    else:
+        messages.success(
+            request,
+            f"Run {run.pk} leaves its nodes and resumes from its latest checkpoint without "
+            f"{node.strip()}.",
+        )
     return redirect("jobs:run_detail", run_id=run.pk)

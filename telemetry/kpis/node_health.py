@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import connection
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Max, Q, Sum
 
 from clusters.health import NodeHealth
 from clusters.models import ClusterNode, NodeHealthEvent
@@ -22,8 +22,9 @@ from telemetry.kpis import metrics, reliability
 from telemetry.kpis.metrics import Distribution
 from telemetry.kpis.reliability import EventKind, Mtbf, NodeEvent
 from telemetry.kpis.reliability_reads import HARDWARE_OR_PLATFORM
-from telemetry.models import CREDITED_CAUSES, AttemptAccounting
+from telemetry.models import CREDITED_CAUSES, AttemptAccounting, StragglerFlag
 from telemetry.selectors.gpu_seconds import SECONDS_PER_HOUR
+from telemetry.selectors.stragglers import COUNTING_CAUSES
 
 NODE_WINDOW_DAYS = 30
 WORST_SHOWN = 5
@@ -38,6 +39,17 @@ class LastSignal:
     gpu: str
     detail: str
     observed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class SlowRanks:
+    """A node's straggler flags over the window: the runs with a rank flagged there, those
+    whose cause counts for the slow-ranks signal (a slow GPU or no cause found), and the
+    latest time one was seen slow."""
+
+    runs: int
+    counted: int
+    last_at: datetime
 
 
 @dataclass(slots=True)
@@ -58,6 +70,7 @@ class NodeRow:
     latencies: tuple[float, ...] = ()
     lost_gpu_s: int = 0
     lost_attempts: int = 0
+    slow: SlowRanks | None = None  # its straggler flags over the window, if any
 
     @property
     def faults(self) -> int:
@@ -151,6 +164,26 @@ def _lost_by_node(since: datetime, until: datetime) -> dict[tuple[int, str], tup
     }
 
 
+def _slow_by_node(since: datetime) -> dict[tuple[int, str], SlowRanks]:
+    """Straggler flags seen since ``since``, per (cluster id, node): one query, grouped in
+    SQL."""
+    counting = Q(cause__in=[cause.value for cause in COUNTING_CAUSES])
+    rows = (
+        StragglerFlag.objects.filter(updated_at__gte=since)
+        .values("cluster_id", "node")
+        .annotate(
+            runs=Count("run_id", distinct=True),
+            counted=Count("run_id", distinct=True, filter=counting),
+            last=Max("updated_at"),
+        )
+        .order_by()
+    )
+    return {
+        (row["cluster_id"], row["node"]): SlowRanks(row["runs"], row["counted"], row["last"])
+        for row in rows
+    }
+
+
 def _fill(row: NodeRow, events: list[tuple], *, since: datetime, until: datetime) -> None:
     """The node's last signal, MTBF and latencies from its window's events (newest first)."""
     reduced = [_event(s, sig, act, obs, rec) for s, sig, act, _, _, _, obs, rec in events]
@@ -173,7 +206,7 @@ def _fill(row: NodeRow, events: list[tuple], *, since: datetime, until: datetime
 
 
 def node_overview(*, now: datetime, days: int = NODE_WINDOW_DAYS) -> NodeOverview:
-    """Every node of every cluster over the last ``days`` days up to ``now``: three queries."""
+    """Every node of every cluster over the last ``days`` days up to ``now``: four queries."""
     since = now - timedelta(days=days)
     nodes = ClusterNode.objects.values_list(
         "cluster_id",
@@ -191,6 +224,7 @@ def node_overview(*, now: datetime, days: int = NODE_WINDOW_DAYS) -> NodeOvervie
     ).order_by("cluster__name", "name")
     events = _window_events(since)
     lost = _lost_by_node(since, now)
+    slow = _slow_by_node(since)
     rows = []
     for (
         cluster_id,
@@ -221,6 +255,7 @@ def node_overview(*, now: datetime, days: int = NODE_WINDOW_DAYS) -> NodeOvervie
         )
         _fill(row, events.get((cluster_id, name), []), since=since, until=now)
         row.lost_gpu_s, row.lost_attempts = lost.get((cluster_id, name), (0, 0))
+        row.slow = slow.get((cluster_id, name))
         rows.append(row)
     by_health = {health.value: 0 for health in NodeHealth}
     for row in rows:

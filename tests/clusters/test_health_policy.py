@@ -66,6 +66,8 @@ def test_no_overrides_is_the_default_policy():
     assert (policy.max_quarantined_share, policy.fence_backend) == (0.25, True)
     assert (policy.on_quarantine, policy.release_needs_check) == ("requeue", False)
     assert (policy.max_platform_retries, policy.flood_window_s) == (3, 300)
+    assert (policy.straggler_runs, policy.straggler_window_s) == (2, 604_800)
+    assert policy.action(SignalClass.SLOW_RANKS) == Action.WARN
     assert policy_raw(policy) == {}
 
 
@@ -80,8 +82,11 @@ def test_overrides_are_read_and_written_back_as_only_the_overrides():
         "suspect_window_s": 7200,
         "suspect_tenants": 3,
         "max_platform_retries": 5,
+        "straggler_runs": 3,
+        "straggler_window_s": 86_400,
     }
     policy = policy_from(raw)
+    assert (policy.straggler_runs, policy.straggler_window_s) == (3, 86_400)
     assert (policy.suspect_window_s, policy.suspect_tenants) == (7200, 3)
     assert (policy.max_platform_retries, policy.flood_window_s) == (5, 60)
     assert (policy.fence_backend, policy.release_needs_check) == (False, True)
@@ -105,7 +110,8 @@ def test_overrides_are_read_and_written_back_as_only_the_overrides():
             {"colour": 1},
             "unknown health policy key: colour (allowed: actions, suspect_window_s, "
             "suspect_tenants, max_quarantined_share, fence_backend, on_quarantine, "
-            "release_needs_check, max_platform_retries, flood_window_s)",
+            "release_needs_check, max_platform_retries, flood_window_s, straggler_runs, "
+            "straggler_window_s)",
         ),
         (
             {"actions": {"gpu_lost": "quarantine", "fan": "warn"}},
@@ -113,7 +119,7 @@ def test_overrides_are_read_and_written_back_as_only_the_overrides():
             "row_remap_failure, gpu_lost, nvlink, gpu_reset_needed, ecc_page_retirement, "
             "thermal_throttle, power_throttle, pcie_replay, nvlink_errors, xid_application, "
             "xid_unknown, "
-            "node_down, node_condition, attempt_failures, health_check_failed)",
+            "node_down, node_condition, attempt_failures, slow_ranks, health_check_failed)",
         ),
         (
             {"actions": {"nvlink": "drain"}},
@@ -155,6 +161,21 @@ def test_overrides_are_read_and_written_back_as_only_the_overrides():
             "flood_window_s must be a whole number from 1 to 86,400 (a day), not 86401",
         ),
         ({"release_needs_check": 1}, "release_needs_check must be true or false, not 1"),
+        ({"straggler_runs": 0}, "straggler_runs must be a whole number from 1 to 1,000, not 0"),
+        (
+            {"straggler_runs": 1.5},
+            "straggler_runs must be a whole number from 1 to 1,000, not 1.5",
+        ),
+        (
+            {"straggler_window_s": 3599},
+            "straggler_window_s must be a whole number from 3,600 (an hour) to 2,592,000 "
+            "(30 days), not 3599",
+        ),
+        (
+            {"straggler_window_s": 2_592_001},
+            "straggler_window_s must be a whole number from 3,600 (an hour) to 2,592,000 "
+            "(30 days), not 2592001",
+        ),
         (
             {"flood_window_s": 0},
             "flood_window_s must be a whole number from 1 to 86,400 (a day), not 0",

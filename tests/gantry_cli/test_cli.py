@@ -527,6 +527,45 @@ def test_cancel_of_a_finished_run_is_exit_1(cli, alice, world):
     assert "409" in err or "ended" in err
 
 
+def running_run(world) -> tuple[Run, str]:
+    """A run of alice's running on the simulator, and its node."""
+    run = submit(world, env={"GANTRY_SIM_DURATION_S": "86400"})
+    admission_run_cycle()
+    attempt = run.attempts.get()
+    attempt_submit(attempt_id=attempt.pk)
+    cluster_sync(cluster=world.cluster)
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.RUNNING
+    return run, attempt.node_list[0]
+
+
+def test_restart_without_a_node(cli, alice, world):
+    run, node = running_run(world)
+
+    code, out, err = cli("restart", str(run.pk), "--exclude", node)
+
+    assert code == 0, err
+    assert out == (
+        f"Run {run.pk} restarts without {node}: PREEMPTED; it resumes from its latest "
+        "checkpoint on other nodes.\n"
+    )
+    run.refresh_from_db()
+    assert (run.state, run.excluded_nodes) == (RunState.PREEMPTED, [node])
+
+
+def test_restart_refused_is_exit_1_with_the_reason_and_needs_a_node(cli, alice, world):
+    run, node = running_run(world)
+
+    code, _out, err = cli("restart", str(run.pk), "--exclude", "sim-1-a100-80gb-03")
+    usage, _out, _err = cli("restart", str(run.pk))
+
+    assert code == 1
+    assert f"sim-1-a100-80gb-03 is not one of the nodes run {run.pk} runs on ({node})." in err
+    assert usage == 2
+    run.refresh_from_db()
+    assert (run.state, run.excluded_nodes) == (RunState.RUNNING, [])
+
+
 def test_rerun_queues_a_new_run_of_the_same_experiment(cli, alice, world):
     run = submit(world)
 

@@ -423,5 +423,6 @@ def test_a_gang_whose_exclusions_leave_no_placement_says_so():
     assert place(nodes, gang) is None
     assert explain(nodes, gang, flavor="a100") == (
         "needs 2 nodes × 8 a100 GPUs; 8 a100 GPUs are free, at most 8 on any node (n1: 8); "
-        "not placed on n2: a fault ended an attempt of this run there"
+        "not placed on n2: excluded from this run (a fault ended an attempt of it there, or a "
+        "person restarted it without that node)"
     )

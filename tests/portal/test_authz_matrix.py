@@ -126,6 +126,8 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     ("api:run-detail", "GET"):                  (401, 200, 404, 200, 200, 200),
     ("api:run-verdicts", "GET"):                (401, 200, 404, 200, 200, 200),
     ("api:run-cancel", "POST"):                 (401, 202, 404, 202, 403, 202),
+    # restarting without one of its nodes: whoever may cancel the run
+    ("api:run-restart-excluding", "POST"):      (401, 202, 404, 202, 403, 202),
     ("api:run-logs", "GET"):                    (401, 200, 404, 200, 200, 200),
     ("api:experiment-list", "GET"):             (401, 200, 200, 200, 200, 200),
     ("api:experiment-detail", "GET"):           (401, 200, 404, 200, 200, 200),
@@ -190,6 +192,7 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     ("jobs:run_live", "GET"):                 (302, 200, 404, 200, 200, 200),
     ("jobs:run_log_download", "GET"):           (302, 200, 404, 200, 200, 200),
     ("jobs:run_cancel", "POST"):                (302, 302, 404, 302, 403, 302),
+    ("jobs:run_restart_excluding", "POST"):     (302, 302, 404, 302, 403, 302),
     # the experiments list in its compare mode: picking the other side for vision's experiment
     ("jobs:experiment_list", "GET"):            (302, 200, 404, 200, 200, 200),
     ("jobs:experiment_detail", "GET"):          (302, 200, 404, 200, 200, 200),
@@ -373,6 +376,7 @@ def paths(objects: Objects) -> dict[str, str]:
         "api:run-detail": reverse("api:run-detail", args=[run_id]),
         "api:run-verdicts": reverse("api:run-verdicts", args=[run_id]),
         "api:run-cancel": reverse("api:run-cancel", args=[run_id]),
+        "api:run-restart-excluding": reverse("api:run-restart-excluding", args=[run_id]),
         "api:run-logs": reverse("api:run-logs", args=[run_id]),
         "api:experiment-list": f"{reverse('api:experiment-list')}?tenant=vision",
         "api:experiment-detail": reverse("api:experiment-detail", args=[experiment_id]),
@@ -423,6 +427,7 @@ def paths(objects: Objects) -> dict[str, str]:
         "jobs:run_live": reverse("jobs:run_live", args=[run_id]),
         "jobs:run_log_download": reverse("jobs:run_log_download", args=[run_id]),
         "jobs:run_cancel": reverse("jobs:run_cancel", args=[run_id]),
+        "jobs:run_restart_excluding": reverse("jobs:run_restart_excluding", args=[run_id]),
         "jobs:experiment_list": f"{reverse('jobs:experiment_list')}?compare={experiment_id}",
         "jobs:experiment_detail": reverse("jobs:experiment_detail", args=[experiment_id]),
         "jobs:experiment_rerun": reverse("jobs:experiment_rerun", args=[experiment_id]),
@@ -472,7 +477,11 @@ def bodies(objects: Objects) -> dict[str, dict]:
         "enabled": "on",
     }
     new_password = "another-horse-battery-staple"
+    # The node alice's run runs on: restarting without it is allowed (3 other nodes remain).
+    [node] = Attempt.objects.get(pk=objects.attempt.pk).node_list
     return {
+        "api:run-restart-excluding": {"node": node},
+        "jobs:run_restart_excluding": {"node": node},
         "password_change": {
             "old_password": PASSWORD,
             "new_password1": new_password,

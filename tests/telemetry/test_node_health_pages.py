@@ -236,13 +236,13 @@ def test_overview_worst_offenders_and_node_rows(client, world, health_world, clo
     assert text(row_a) == (
         f"sim-1/{a} 8 × a100-80gb quarantined ecc_uncorrectable on GPU 5 not fenced: "
         "scontrol: Access/permission denied takes work ecc_uncorrectable 48 GPU 5 "
-        "2026-03-29 12:00 UTC 2 312.0 h 2.50 GPU-h"
+        "2026-03-29 12:00 UTC 2 312.0 h 2.50 GPU-h none"
     )
     row_b = re.search(rf'<tr data-node="sim-1/{b}" class="node-health-suspect">(.*?)</tr>',
                       html, re.S).group(1)  # fmt: skip
     assert "suspect thermal throttling" in text(row_b)
     assert "thermal_throttle 0x40 GPU 0" in text(row_b)
-    assert text(row_b).endswith("0 — 0 GPU-h")
+    assert text(row_b).endswith("0 — 0 GPU-h none")
 
 
 def test_overview_lost_and_credited_by_cause_and_month(client, world, health_world, clock):
@@ -300,9 +300,9 @@ def test_overview_queries_do_not_grow_with_nodes_or_events(client, world, health
     assert len(after) == len(before)
     own = [q["sql"] for q in after.captured_queries if "nodehealthevent" in q["sql"]]
     assert len(own) == 1
-    # Session, user, roles, the notifications badge; nodes, events, lost per node, ETTR per
-    # tenant, failures per month, lost and credited by cause.
-    assert len(after) == 10
+    # Session, user, roles, the notifications badge; nodes, events, lost per node, straggler
+    # flags per node, ETTR per tenant, failures per month, lost and credited by cause.
+    assert len(after) == 11
 
 
 # --- one node ---------------------------------------------------------------------------------
