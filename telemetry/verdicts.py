@@ -208,11 +208,13 @@ _CAUSE_STEP = {
 def _slow_ranks(facts: Facts, missing: list[str]) -> list[Finding]:
     if facts.gpus < 3:  # two ranks cannot tell which one is slow
         return []
-    if facts.ranks_reporting == 0:
+    if facts.ranks_reporting == 0 and not facts.slow_ranks:
         missing.append("per-rank step windows (the Gantry SDK sends them from every rank)")
         return []
     findings = []
     for slow in sorted(facts.slow_ranks, key=lambda s: (-s.slowdown, s.rank)):
+        if slow.cause == "unknown" and slow.evidence.get("missing"):
+            missing.append(f"to name rank {slow.rank}'s cause: {slow.evidence['missing']}")
         gpu_signs = slow.evidence.get("gpu_signs")
         signs = f" ({', '.join(map(str, gpu_signs))})" if isinstance(gpu_signs, list) else ""
         findings.append(

@@ -9,9 +9,10 @@ from clusters.health import NodeHealth
 from clusters.models import ClusterNode
 from jobs.models import LIVE_ATTEMPT_STATES, Attempt, CauseClass, Run
 from telemetry.diagnosis import Signals
+from telemetry.models import StragglerFlag
 from telemetry.selectors.rank_windows import RankCoverage
 from telemetry.selectors.run_page_sql import GpuSummary
-from telemetry.verdicts import Facts, NodeTrouble, Spread, Versions
+from telemetry.verdicts import Facts, NodeTrouble, SlowRank, Spread, Versions
 
 
 def _attempt_nodes(attempt: Attempt) -> list[str]:
@@ -66,8 +67,8 @@ def attempts_facts(
     summaries: Sequence[GpuSummary],
     coverage: dict[int, RankCoverage],
 ) -> dict[int, Facts]:
-    """Each started attempt's ``Facts``, by attempt id. Two queries: the attempts' nodes
-    with their cluster's topology levels, and the image's versions."""
+    """Each started attempt's ``Facts``, by attempt id. Three queries: the attempts' nodes
+    with their cluster's topology levels, the image's versions, the straggler flags."""
     started = [attempt for attempt in attempts if attempt.started_at is not None]
     if not started:
         return {}
@@ -89,6 +90,20 @@ def attempts_facts(
         .objects.values("cuda_version", "nccl_version")
         .get(pk=run.experiment.image_id)
     )
+    slow: dict[int, list[SlowRank]] = {}
+    flags = StragglerFlag.objects.filter(attempt__in=started).order_by("attempt_id", "rank")
+    for flag in flags:
+        slow.setdefault(flag.attempt_id, []).append(
+            SlowRank(
+                rank=flag.rank,
+                host=flag.node,
+                gpu=flag.gpu,
+                cause=flag.cause,
+                slowdown=flag.slowdown,
+                windows=flag.windows,
+                evidence=flag.evidence,
+            )
+        )
     facts = {}
     for attempt in started:
         gpus = [gpu for gpu in summaries if gpu.attempt_id == attempt.pk]
@@ -101,6 +116,7 @@ def attempts_facts(
             nodes=run.experiment.nodes,
             mean_dram_activity=_weighted_mean([(g.mean_dram_active, g.dram_minutes) for g in gpus]),
             ranks_reporting=ranks.ranks if ranks is not None else 0,
+            slow_ranks=tuple(slow.get(attempt.pk, ())),
             spread=_spread(
                 nodes, levels.get(attempt.cluster_id, []), paths.get(attempt.cluster_id, {})
             ),

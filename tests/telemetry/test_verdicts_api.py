@@ -9,8 +9,8 @@ from django.urls import reverse
 
 from clusters.models import ClusterNode
 from gantry_cli.diagnose import attempt_lines
-from jobs.models import AttemptState, CauseClass
-from telemetry.models import GpuMinute, RankStepWindow, StepWindow
+from jobs.models import AttemptState, CauseClass, Run, RunState
+from telemetry.models import GpuMinute, RankStepWindow, StepWindow, StragglerFlag
 from tests.telemetry.test_telemetry_pages import (
     T0,
     account,
@@ -74,6 +74,7 @@ def spread_run(world):
         ("n2", ["b1", "l2"], "suspect", "thermal throttle on GPU 3"),
     )
     run = submit(world, nodes=2, gpus_per_node=8)
+    Run.objects.filter(pk=run.pk).update(state=RunState.RUNNING)
     attempt = attempt_of(
         world,
         run,
@@ -202,3 +203,72 @@ def test_the_cli_prints_one_line_per_verdict_and_the_missing_signals():
         "missing": [],
     }
     assert attempt_lines(waiting) == ["Attempt 1 (PENDING)", "  Not started yet."]
+
+
+def flag(attempt, *, rank: int, node: str, cause: str, evidence: dict) -> StragglerFlag:
+    return StragglerFlag.objects.create(
+        attempt=attempt,
+        run=attempt.run,
+        cluster=attempt.cluster,
+        node=node,
+        gpu="3",
+        rank=rank,
+        world_size=16,
+        cause=cause,
+        slowdown=1.4688,
+        windows=5,
+        first_window=4,
+        evidence=evidence,
+        detected_at=T0,
+        updated_at=T0,
+    )
+
+
+def test_a_flagged_rank_is_a_verdict_with_a_restart_button_while_running(client, world, spread_run):
+    attempt = spread_run.attempts.get()
+    flag(
+        attempt, rank=11, node="n2", cause="slow_gpu", evidence={"gpu_signs": ["thermal throttle"]}
+    )
+    RankStepWindow.objects.create(
+        attempt=attempt, rank=0, seq=1, world_size=16, host="n1", gpu="0", start=T0,
+        end=T0 + timedelta(seconds=30), steps=3, step_time_s=1.0,
+    )  # fmt: skip
+    client.force_login(world.researcher_a)
+    body = client.get(reverse("api:run-verdicts", args=[spread_run.pk])).json()
+    (slow,) = [v for v in body["attempts"][0]["verdicts"] if v["code"] == "slow_rank"]
+    assert slow["numbers"] == {
+        "rank": 11,
+        "node": "n2",
+        "gpu": "3",
+        "slowdown": 1.4688,
+        "windows": 5,
+        "cause": "slow_gpu",
+    }
+    assert slow["text"].startswith(
+        "A slow rank: rank 11 on n2, GPU 3, reached each all-reduce 1.47× later than the "
+        "gang's median for 5 windows, and every other rank waited for it; its GPU is slow "
+        "(thermal throttle)."
+    )
+    content = page(client, world.researcher_a, telemetry_url(spread_run))
+    restart = reverse("jobs:run_restart_excluding", args=[spread_run.pk])
+    # one button per verdict naming n2 (the suspect node's and the slow rank's)
+    assert content.count(f'action="{restart}"') == 2
+    assert content.count('data-restart-excluding="n2"') == 2
+
+
+def test_an_unknown_cause_names_the_signal_it_lacked(client, world, spread_run):
+    attempt = spread_run.attempts.get()
+    flag(attempt, rank=4, node="n1", cause="unknown", evidence={"missing": "the GPU's SM clock"})
+    client.force_login(world.researcher_a)
+    body = client.get(reverse("api:run-verdicts", args=[spread_run.pk])).json()
+    assert "to name rank 4's cause: the GPU's SM clock" in body["attempts"][0]["missing"]
+
+
+def test_no_restart_button_once_the_attempt_ended(client, world):
+    nodes(world, ("n1", ["b1", "l1"], "healthy", ""))
+    run = submit(world, nodes=1, gpus_per_node=8)
+    attempt = attempt_of(world, run, state=AttemptState.FAILED, node_list=["n1"])
+    flag(attempt, rank=2, node="n1", cause="slow_gpu", evidence={})
+    content = page(client, world.researcher_a, telemetry_url(run))
+    assert 'data-finding="slow_rank"' in content
+    assert "data-restart-excluding" not in content
