@@ -15,7 +15,7 @@ A training process reports through one :class:`Reporter`:
   sends its own NCCL, driver and CUDA versions and host, once, to
   ``{GANTRY_API_URL}/attempts/rank-report/`` (so Gantry can tell ranks that differ).
 
-Both authenticate with ``Authorization: Attempt <GANTRY_ATTEMPT_TOKEN>``. The token is
+All authenticate with ``Authorization: Attempt <GANTRY_ATTEMPT_TOKEN>``. The token is
 never logged, printed or put in an exception message. Without the two variables (a run on
 a laptop) the reporter is a no-op and the training script works unchanged.
 """
@@ -169,9 +169,10 @@ class Reporter(EventDelivery):
         ``GANTRY_RESUME_STEP`` (and ``GANTRY_SDK_FLUSH_INTERVAL``, seconds, if set).
         Without URL or token it is a no-op. Rank 0 (or a process without a rank) reports
         everything; a process of another rank (``RANK``, ``SLURM_PROCID``, …) reports only
-        its rank windows (every ``GANTRY_SDK_RANK_FLUSH_INTERVAL`` seconds, default 120),
-        unless ``ranks`` is false or ``GANTRY_SDK_RANKS=0``, which makes it a no-op;
-        ``all_ranks=True`` makes every rank report everything. Every rank still sees
+        its rank windows (every ``GANTRY_SDK_RANK_FLUSH_INTERVAL`` seconds, default 120)
+        and its versions (:meth:`runtime_env`), unless ``ranks`` is false or
+        ``GANTRY_SDK_RANKS=0``, which makes it a no-op; ``all_ranks=True`` makes every rank
+        report every event (the runtime report stays rank 0's). Every rank still sees
         ``resume_step`` / ``resume_uri``.
         """
         environ = os.environ if environ is None else environ
