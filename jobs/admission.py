@@ -47,6 +47,7 @@ import heapq
 import math
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 
 from jobs import backfill, placement
@@ -74,9 +75,10 @@ NOWHERE = backfill.NOWHERE
 
 
 def decide(snapshot: Snapshot, *, explain: bool = True) -> Decisions:
-    """The cycle's decisions. ``explain=False`` leaves the waiting runs' messages empty:
-    what a forward simulation (``jobs.estimates``) asks, many times over."""
-    cycle = _Cycle(snapshot)
+    """The cycle's decisions. ``explain=False`` leaves the waiting runs' messages empty and
+    no admitted run's ``tighter_wait_s``: what a forward simulation (``jobs.estimates``)
+    asks, many times over."""
+    cycle = _Cycle(snapshot, explain=explain)
     cycle.within_guarantees()
     cycle.borrowers_take_turns()
     cycle.pass_waiting_heads()
@@ -95,8 +97,9 @@ class _Cycle:
     """One call of ``decide``: the queue in order, the clusters as the cycle changes them,
     and the decisions so far."""
 
-    def __init__(self, snapshot: Snapshot):
+    def __init__(self, snapshot: Snapshot, *, explain: bool = True):
         self.snapshot = snapshot
+        self.explain = explain
         self.state = CycleState(snapshot)
         self.order = sorted(snapshot.queued, key=queue_order)
         self.queues: dict[Key, list[QueuedRun]] = defaultdict(list)
@@ -222,10 +225,12 @@ class _Cycle:
             self.waits[run.id] = (Wait.BEHIND_HEAD, partial(self.behind_reason, run, found))
             return
         backfill.took(self.state, run, found, [*([own] if own else []), *others])
+        tighter = self.tighter_wait(run, found.pool, found.where)
         self.state.admit(run, found.pool, found.where)
         self.admitted.append(
             Admit(run.id, found.pool.cluster, borrowed=borrowed, over_budget=over_budget,
-                  nodes=found.where.nodes, ahead_of=head.id, ahead_because=found.because)
+                  nodes=found.where.nodes, ahead_of=head.id, ahead_because=found.because,
+                  tighter_wait_s=tighter)
         )  # fmt: skip
 
     def precheck(self, key: Key, run: QueuedRun) -> tuple[Quota | None, bool]:
@@ -324,10 +329,11 @@ class _Cycle:
                     ),
                 )
             )
+        tighter = self.tighter_wait(run, pool, where)
         state.admit(run, pool, where)
         self.admitted.append(
             Admit(run.id, pool.cluster, borrowed=False, over_budget=over_budget,
-                  nodes=where.nodes)
+                  nodes=where.nodes, tighter_wait_s=tighter)
         )  # fmt: skip
 
     def cheapest_reclaim(
@@ -353,6 +359,30 @@ class _Cycle:
             return stolen, None
         _, pool, victims, where = min(options, key=lambda option: option[0])
         return stolen, (pool, victims, where)
+
+    def tighter_wait(
+        self, run: QueuedRun, pool: PoolState, where: placement.Placement
+    ) -> float | None:
+        """For a gang about to be admitted onto ``where``: if its nodes span more than one
+        domain of ``pool``'s narrowest topology level, how long it would have waited, from
+        now, for its nodes inside one such domain: the start backfill would reserve for it
+        as a head that requires that level (``backfill.plan``: the held runs ending at their
+        latest ends), before this admission takes its GPUs. None when the placement is not
+        spread, no such domain could ever hold it, a run it would wait on has no bound, or
+        the cycle does not explain (a gang inside one domain costs one look at its nodes)."""
+        if not self.explain:
+            return None
+        depth = len(pool.levels)
+        domains = {pool.nodes[name].path[:depth] for name in where.nodes}
+        if len(domains) == 1 or any(len(domain) < depth for domain in domains):
+            # One node, one domain (the whole cluster, with no levels), or a node whose
+            # domain at that level is not known.
+            return None
+        tight = replace(run, topology_level=pool.levels[-1], topology_required=True)
+        reserved = backfill.plan(self.state, tight)
+        if not isinstance(reserved, backfill.Plan) or reserved.at is None:
+            return None
+        return reserved.at - self.state.now
 
     def capacity_reason(self, run: QueuedRun) -> str:
         state = self.state
@@ -455,10 +485,11 @@ class _Cycle:
             self.state.reserve(run, self.reservations)  # binds the borrowers after it
             return False
         pool, where = fit
+        tighter = self.tighter_wait(run, pool, where)
         self.state.admit(run, pool, where)
         self.admitted.append(
             Admit(run.id, pool.cluster, borrowed=in_use + run.gpus > quota.guaranteed,
-                  over_budget=over_budget, nodes=where.nodes)
+                  over_budget=over_budget, nodes=where.nodes, tighter_wait_s=tighter)
         )  # fmt: skip
         return True
 

@@ -158,6 +158,14 @@ class Admit:
     # does not delay the head ("it ends before run 11's reserved start at ...").
     ahead_of: int | None = None
     ahead_because: str = ""
+    # A gang placed across more than one domain of its cluster's narrowest topology level
+    # (two leaf switches, say): how long it would have waited, from now, for a placement
+    # inside one such domain, as backfill reserves a start (``jobs.backfill.plan``). None: not
+    # spread, no such domain could ever hold it, a run it would wait on has no bound, or the
+    # cycle was not asked to explain. 0 only where a tighter placement was free but not
+    # taken: GPUs reserved for a waiting head it started ahead of, or a cluster with fewer
+    # levels whose domain ranks as tight (docs/admission.md, "Spread placements").
+    tighter_wait_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

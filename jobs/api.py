@@ -1,8 +1,9 @@
 """REST API for runs and experiments: parse, call one service or selector, render.
 
 Every lookup goes through the tenant-scoped selectors, so another tenant's run is a 404
-exactly like a missing one. The runtime report is the one endpoint a job calls: it takes
-only the job's per-attempt token, which names the attempt it may write.
+exactly like a missing one. The runtime reports (rank 0's, and every other rank's
+versions) are the endpoints here a job calls: they take only the job's per-attempt token,
+which names the attempt they may write.
 """
 
 import uuid
@@ -60,9 +61,15 @@ from jobs.serializers.runs import (
     RunFilterSerializer,
     RunSerializer,
 )
-from jobs.serializers.runtime import RuntimeReportResultSerializer, RuntimeReportSerializer
+from jobs.serializers.runtime import (
+    RankReportResultSerializer,
+    RankReportSerializer,
+    RuntimeReportResultSerializer,
+    RuntimeReportSerializer,
+)
 from jobs.services.backend_sync import MAX_RUNTIME_REPORT_BYTES, attempt_report_runtime
 from jobs.services.lifecycle import run_cancel
+from jobs.services.rank_runtime import attempt_report_rank_runtime
 from jobs.services.restart import run_restart_excluding
 from jobs.services.submission import run_rerun, run_submit
 from tenants.models import Quota
@@ -489,6 +496,39 @@ class AttemptRuntimeReportApi(AttemptTokenApi):
             "runtime_reported_at": attempt.runtime_reported_at,
         }
         return Response(RuntimeReportResultSerializer(result).data)
+
+
+@extend_schema(tags=["attempts"])
+class AttemptRankReportApi(AttemptTokenApi):
+    parser_classes = [RuntimeReportParser]
+
+    @extend_schema(
+        request=RankReportSerializer,
+        responses={
+            200: RankReportResultSerializer,
+            400: OpenApiResponse(
+                description="Field name → list of messages (a rank not below the attempt's "
+                "GPU count: `rank`); or malformed JSON, or a body that is not UTF-8 text."
+            ),
+            **ATTEMPT_TOKEN_RESPONSES,
+            413: OpenApiResponse(ErrorSerializer, description="The body is over 64 KiB."),
+        },
+    )
+    def post(self, request):
+        """Report the NCCL, driver and CUDA versions of one rank of the attempt the token
+        was issued for, and its host: what every rank other than 0 sends once (rank 0's
+        are in its runtime report). A rank reporting again replaces what it said."""
+        serializer = RankReportSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        attempt = request.auth
+        report = dict(serializer.validated_data)
+        rank = report.pop("rank")
+        try:
+            changed = attempt_report_rank_runtime(attempt=attempt, rank=rank, report=report)
+        except DjangoValidationError as exc:
+            raise ValidationError(as_serializer_error(exc)) from None
+        result = {"attempt": attempt.pk, "run": attempt.run_id, "rank": rank, "changed": changed}
+        return Response(RankReportResultSerializer(result).data)
 
 
 # --- quotas --------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ router.register("experiments", api.ExperimentViewSet, basename="experiment")
 
 urlpatterns = [
     path("attempts/report/", api.AttemptRuntimeReportApi.as_view(), name="attempt-report"),
+    path("attempts/rank-report/", api.AttemptRankReportApi.as_view(), name="attempt-rank-report"),
     path("quotas/", api.QuotaListApi.as_view(), name="quota-list"),
     path("specs/", SpecSubmitApi.as_view(), name="spec-submit"),
     path("spec/schema/", SpecSchemaApi.as_view(), name="spec-schema"),

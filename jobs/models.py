@@ -372,6 +372,10 @@ class Attempt(models.Model):
     # node_list is where the backend reports it runs.
     placement = models.JSONField(default=list, blank=True)
     gpu_uuids = models.JSONField(default=list, blank=True)
+    # Its placement spans more than one domain of the cluster's narrowest topology level:
+    # how long, from its admission, it would have waited for one inside such a domain
+    # (``jobs.admission_types.Admit.tighter_wait_s``). Null: not spread, or no bound known.
+    tighter_wait_s = models.FloatField(null=True, blank=True)
     resumed_from = models.ForeignKey(
         Checkpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -428,6 +432,34 @@ class AttemptToken(models.Model):
 
     def __str__(self) -> str:
         return f"token of attempt {self.attempt_id} issued {self.issued_at:%Y-%m-%d %H:%M:%S}"
+
+
+# What every rank reports of its runtime, in the runtime report's names: the versions that
+# must agree across the ranks of a job, and the host (``AttemptRankRuntime``).
+RANK_VERSION_FIELDS = ("nccl_version", "driver_version", "cuda_version")
+RANK_REPORT_FIELDS = ("hostname", *RANK_VERSION_FIELDS)
+
+
+class AttemptRankRuntime(models.Model):
+    """The versions one rank of an attempt reported (``jobs.services.rank_runtime``): those
+    that must agree across ranks, NCCL's above all. A row per rank, so at most one per GPU
+    of the attempt (one rank per GPU); a rank that reports again replaces its row."""
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="rank_runtimes")
+    rank = models.PositiveIntegerField()
+    hostname = models.CharField(max_length=200, blank=True)
+    nccl_version = models.CharField(max_length=200, blank=True)
+    driver_version = models.CharField(max_length=200, blank=True)
+    cuda_version = models.CharField(max_length=200, blank=True)
+    reported_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["attempt", "rank"], name="attempt_rank_runtime_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} of attempt {self.attempt_id}"
 
 
 class RunEvent(models.Model):

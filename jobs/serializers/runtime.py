@@ -4,6 +4,7 @@ only: what is kept and how lives in ``jobs.services.backend_sync``."""
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
+from jobs.models import RANK_VERSION_FIELDS
 from jobs.serializers.common import reject_unknown
 
 MAX_REPORT_TEXT = 200
@@ -89,3 +90,50 @@ class RuntimeReportResultSerializer(serializers.Serializer):
     node_list = serializers.ListField(child=serializers.CharField())
     gpu_uuids = serializers.ListField(child=serializers.CharField())
     runtime_reported_at = serializers.DateTimeField(allow_null=True)
+
+
+class _ReportRank(serializers.IntegerField):
+    """A rank as sent: an integer, not a string or a boolean that reads as one."""
+
+    def __init__(self, **kwargs):
+        super().__init__(min_value=0, **kwargs)
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class RankReportSerializer(serializers.Serializer):
+    """What a rank reports of its runtime, once (the ranks other than 0; rank 0 sends the
+    full report): the versions that must agree across ranks, and its host. At least one
+    version; unknown keys are rejected by name."""
+
+    rank = _ReportRank(
+        help_text="The process's global rank: at least 0, below the attempt's GPU count."
+    )
+    hostname = _report_text("The node the rank runs on, as the cluster names it.")
+    nccl_version = _report_text("NCCL version, e.g. 2.21.5.")
+    driver_version = _report_text("NVIDIA driver version, e.g. 550.54.15.")
+    cuda_version = _report_text("CUDA runtime version, e.g. 12.4.")
+
+    def to_internal_value(self, data):
+        value = reject_unknown(self, data, super().to_internal_value)
+        if not any(value.get(name) for name in RANK_VERSION_FIELDS):
+            raise serializers.ValidationError(
+                {
+                    api_settings.NON_FIELD_ERRORS_KEY: [
+                        f"The report names no version ({', '.join(RANK_VERSION_FIELDS)})."
+                    ]
+                }
+            )
+        return value
+
+
+class RankReportResultSerializer(serializers.Serializer):
+    attempt = serializers.IntegerField()
+    run = serializers.IntegerField()
+    rank = serializers.IntegerField()
+    changed = serializers.BooleanField(
+        help_text="False when the rank had reported the same already."
+    )

@@ -195,6 +195,7 @@ def _admissions_apply(
                     cluster=cluster,
                     resumed_from=latest_checkpoints.get(run.pk),
                     placement=list(decision.nodes),
+                    tighter_wait_s=decision.tighter_wait_s,
                 )
             )
     return new_attempts

@@ -28,6 +28,7 @@ from jobs import reproducibility
 from jobs.enqueue import admission_cycle_enqueue
 from jobs.models import (
     LIVE_ATTEMPT_STATES,
+    RANK_VERSION_FIELDS,
     Attempt,
     AttemptState,
     Checkpoint,
@@ -37,7 +38,7 @@ from jobs.models import (
     WaitReason,
 )
 from jobs.selectors.runs import attempt_get_for_work, attempt_token_refusal
-from jobs.services import attempt_end
+from jobs.services import attempt_end, rank_runtime
 from jobs.services.lifecycle import (
     WAIT_MESSAGE_MAX_LENGTH,
     attempt_accept,
@@ -491,9 +492,11 @@ def attempt_report_runtime(*, attempt: Attempt, report: dict, now=None) -> bool:
     versions, nodes, GPU UUIDs). Returns whether anything changed.
 
     The latest report wins: ``runtime_env`` is replaced by it, and its node list and GPU
-    UUIDs, when given, replace the attempt's. Reporting the same values again writes
-    nothing. Reports are accepted while the attempt is live (its token dies when it ends);
-    one that arrives as it ends is refused with a reason (``state``).
+    UUIDs, when given, replace the attempt's. It is rank 0's: a report that names an NCCL,
+    driver or CUDA version also stands for rank 0's versions beside those the other ranks
+    reported (``jobs.services.rank_runtime``), which it leaves alone. Reporting the same
+    values again writes nothing. Reports are accepted while the attempt is live (its token
+    dies when it ends); one that arrives as it ends is refused with a reason (``state``).
     """
     now = now or timezone.now()
     encoded = json.dumps(report, separators=(",", ":"), sort_keys=True)
@@ -508,8 +511,11 @@ def attempt_report_runtime(*, attempt: Attempt, report: dict, now=None) -> bool:
         if name in report:
             changes[name] = list(report[name])
     changes = {name: value for name, value in changes.items() if getattr(attempt, name) != value}
+    rank_changed = any(report.get(name) for name in RANK_VERSION_FIELDS) and (
+        rank_runtime.rank_runtime_record(attempt_id=attempt.pk, rank=0, report=report, now=now)
+    )
     if not changes:
-        return False
+        return rank_changed
     Attempt.objects.filter(pk=attempt.pk).update(runtime_reported_at=now, **changes)
     RunEvent.objects.create(
         run=attempt.run,

@@ -10,7 +10,7 @@ Standard library only; a no-op outside Gantry. See docs/sdk.md.
 """
 
 from .client import Reporter
-from .runtime_env import clean_runtime_report, collect_runtime_env
+from .runtime_env import clean_runtime_report, collect_rank_versions, collect_runtime_env
 from .step_timer import StepTimer
 from .transport import EVENTS_PATH, MAX_BATCH_BYTES, MAX_BATCH_EVENTS, REPORT_PATH, SDK_VERSION
 
@@ -25,5 +25,6 @@ __all__ = [
     "StepTimer",
     "__version__",
     "clean_runtime_report",
+    "collect_rank_versions",
     "collect_runtime_env",
 ]

@@ -11,9 +11,11 @@ A training process reports through one :class:`Reporter`:
   bounded in-memory queue; a daemon thread posts them in batches to
   ``{GANTRY_API_URL}/attempts/events/``; the caller never waits on the network;
 * the runtime environment (driver, CUDA, cuDNN, NCCL, framework versions, host, GPUs) goes
-  to ``{GANTRY_API_URL}/attempts/report/`` from a background thread.
+  to ``{GANTRY_API_URL}/attempts/report/`` from a background thread; every other rank
+  sends its own NCCL, driver and CUDA versions and host, once, to
+  ``{GANTRY_API_URL}/attempts/rank-report/`` (so Gantry can tell ranks that differ).
 
-Both authenticate with ``Authorization: Attempt <GANTRY_ATTEMPT_TOKEN>``. The token is
+All authenticate with ``Authorization: Attempt <GANTRY_ATTEMPT_TOKEN>``. The token is
 never logged, printed or put in an exception message. Without the two variables (a run on
 a laptop) the reporter is a no-op and the training script works unchanged.
 """
@@ -32,9 +34,18 @@ import weakref
 from .delivery import EventDelivery
 from .events import checkpoint_fields, rank_window_fields, step_window_fields
 from .ranks import env_rank, rank_identity, ranks_enabled
-from .runtime_env import clean_runtime_report, collect_runtime_env
+from .runtime_env import clean_runtime_report, collect_rank_versions, collect_runtime_env
 from .step_timer import StepTimer
-from .transport import EVENTS_PATH, MAX_BATCH_EVENTS, REPORT_PATH, post, retryable, token_ok, url_ok
+from .transport import (
+    EVENTS_PATH,
+    MAX_BATCH_EVENTS,
+    RANK_REPORT_PATH,
+    REPORT_PATH,
+    post,
+    retryable,
+    token_ok,
+    url_ok,
+)
 
 __all__ = ["Reporter"]
 
@@ -87,7 +98,8 @@ class Reporter(EventDelivery):
     ``identity`` (``rank``, ``local_rank``, ``world_size``, ``host``, ``gpu``; see
     ``gantry_sdk.ranks.rank_identity``) makes every step window also go out as a
     ``rank_window``. A reporter that is not ``primary`` (a rank other than 0) sends only
-    those: ``ready``, ``step_window``, checkpoints and the runtime report are left to rank 0.
+    those, and its rank report (:meth:`runtime_env`): ``ready``, ``step_window``,
+    checkpoints and the runtime report are left to rank 0.
     """
 
     def __init__(
@@ -111,6 +123,7 @@ class Reporter(EventDelivery):
     ):
         self.identity = dict(identity) if identity else None
         self.primary = bool(primary)
+        self._rank_reported = False  # a rank other than 0 sends its versions once
         self._windows = 0  # rank windows numbered so far
         # 1,024 ranks started together would post in the same second every interval.
         self.spread_flushes = not self.primary
@@ -156,9 +169,10 @@ class Reporter(EventDelivery):
         ``GANTRY_RESUME_STEP`` (and ``GANTRY_SDK_FLUSH_INTERVAL``, seconds, if set).
         Without URL or token it is a no-op. Rank 0 (or a process without a rank) reports
         everything; a process of another rank (``RANK``, ``SLURM_PROCID``, …) reports only
-        its rank windows (every ``GANTRY_SDK_RANK_FLUSH_INTERVAL`` seconds, default 120),
-        unless ``ranks`` is false or ``GANTRY_SDK_RANKS=0``, which makes it a no-op;
-        ``all_ranks=True`` makes every rank report everything. Every rank still sees
+        its rank windows (every ``GANTRY_SDK_RANK_FLUSH_INTERVAL`` seconds, default 120)
+        and its versions (:meth:`runtime_env`), unless ``ranks`` is false or
+        ``GANTRY_SDK_RANKS=0``, which makes it a no-op; ``all_ranks=True`` makes every rank
+        report every event (the runtime report stays rank 0's). Every rank still sees
         ``resume_step`` / ``resume_uri``.
         """
         environ = os.environ if environ is None else environ
@@ -201,6 +215,10 @@ class Reporter(EventDelivery):
     @property
     def report_url(self):
         return self._api_url + REPORT_PATH
+
+    @property
+    def rank_report_url(self):
+        return self._api_url + RANK_REPORT_PATH
 
     def __repr__(self):
         # Never the token.
@@ -290,16 +308,29 @@ class Reporter(EventDelivery):
         """Collect the runtime environment (see :func:`collect_runtime_env`), merge
         ``extra`` (e.g. ``{"node_list": [...]}``) over it, and send it to the runtime-report
         endpoint from a background thread (a few retries). Returns at once unless
-        ``wait`` is true; :meth:`flush` and :meth:`close` wait for it too."""
-        if not self.enabled or not self.primary:
+        ``wait`` is true; :meth:`flush` and :meth:`close` wait for it too.
+
+        On a rank other than 0 it sends that rank's report instead, once per process: its
+        rank, host and NCCL, driver and CUDA versions (:func:`collect_rank_versions`), to
+        the rank-report endpoint; nothing if per-rank reporting is off
+        (``GANTRY_SDK_RANKS=0``) or no version is found. ``extra`` is rank 0's only."""
+        if not self.enabled:
             return
-        try:
-            thread = threading.Thread(
-                target=self._send_runtime_env,
-                args=(dict(extra or {}),),
-                name="gantry-sdk-runtime-env",
-                daemon=True,
+        rank = self.identity["rank"] if self.identity is not None else self.rank
+        if rank not in (None, 0):
+            with self._lock:
+                if self.identity is None or self._rank_reported:
+                    return
+                self._rank_reported = True
+            self._side_thread(self._send_rank_report, (), "gantry-sdk-rank-report", wait)
+        elif self.primary:
+            self._side_thread(
+                self._send_runtime_env, (dict(extra or {}),), "gantry-sdk-runtime-env", wait
             )
+
+    def _side_thread(self, target, args, name, wait):
+        try:
+            thread = threading.Thread(target=target, args=args, name=name, daemon=True)
             with self._lock:
                 self._side_threads = [t for t in self._side_threads if t.is_alive()]
                 self._side_threads.append(thread)
@@ -318,23 +349,39 @@ class Reporter(EventDelivery):
         except Exception as exc:
             self._warn_once("runtime_env", "gantry_sdk: runtime env not collected: %s", exc)
             return
+        self._post_report(self.report_url, body, "runtime report")
+
+    def _send_rank_report(self):
+        try:
+            versions = collect_rank_versions()
+            if not versions:
+                logger.info("gantry_sdk: no NCCL, driver or CUDA version found; no rank report")
+                return
+            report = clean_runtime_report(dict(versions, hostname=self.identity["host"]))
+            report["rank"] = self.identity["rank"]
+            body = json.dumps(report, separators=(",", ":"), sort_keys=True).encode()
+        except Exception as exc:
+            self._warn_once("runtime_env", "gantry_sdk: rank report not collected: %s", exc)
+            return
+        self._post_report(self.rank_report_url, body, "rank report")
+
+    def _post_report(self, url, body, what):
+        """POST a report, retrying what may pass later (a few tries, with backoff)."""
         delay = self.backoff_initial
         for _ in range(5):
-            status, retry_after = post(self.report_url, self._token, body, self.timeout)
+            status, retry_after = post(url, self._token, body, self.timeout)
             if 200 <= status < 300:
                 return
             if not retryable(status):
                 self._warn_once(
-                    "runtime_env",
-                    "gantry_sdk: the portal refused the runtime report (HTTP %s)",
-                    status,
+                    "runtime_env", "gantry_sdk: the portal refused the %s (HTTP %s)", what, status
                 )
                 return
             if self._closed:
                 break
             time.sleep(self._backoff(delay, retry_after))
             delay = min(delay * 2, self.backoff_max)
-        self._warn_once("runtime_env", "gantry_sdk: runtime report not delivered (portal down?)")
+        self._warn_once("runtime_env", "gantry_sdk: %s not delivered (portal down?)", what)
 
     def send_runtime_env(self, report, timeout=None):
         """Post a runtime report (cleaned to the accepted keys) once, from the calling

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -121,6 +122,45 @@ def collect_runtime_env(import_torch=True, nvidia_smi_timeout=5.0, environ=None)
         hosts = _run(["scontrol", "show", "hostnames", nodelist], nvidia_smi_timeout).split()
         report["node_list"] = [_text(h) for h in hosts[:MAX_REPORT_ITEMS]] or [_text(nodelist)]
     return report
+
+
+# The driver's kernel module names its version here: read without starting a process.
+NVIDIA_VERSION_FILE = "/proc/driver/nvidia/version"
+_NVRM_VERSION = re.compile(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)*)\s")
+
+
+def _driver_version(version_file, nvidia_smi_timeout):
+    """The NVIDIA driver's version: from the kernel module's file, else ``nvidia-smi``;
+    None if neither says."""
+    with contextlib.suppress(Exception), open(version_file, encoding="utf-8") as file:
+        found = _NVRM_VERSION.search(file.read(4096))
+        if found:
+            return found.group(1)
+    smi = _run(
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], nvidia_smi_timeout
+    )
+    for line in smi.splitlines():
+        if line.strip():
+            return _text(line)
+    return None
+
+
+def collect_rank_versions(
+    import_torch=False, nvidia_smi_timeout=5.0, version_file=NVIDIA_VERSION_FILE
+):
+    """What every rank reports of itself, cheaply: ``nccl_version`` and ``cuda_version``
+    from torch (only if the job imported it, unless ``import_torch``), ``driver_version``
+    from the driver's kernel module (``nvidia-smi`` if that cannot be read). Only the
+    versions found; never raises."""
+    report = {}
+    with contextlib.suppress(Exception):
+        _torch_facts(report, import_torch)
+    versions = {name: report[name] for name in ("nccl_version", "cuda_version") if name in report}
+    with contextlib.suppress(Exception):
+        driver = _driver_version(version_file, nvidia_smi_timeout)
+        if driver:
+            versions["driver_version"] = _text(driver)
+    return versions
 
 
 def clean_runtime_report(report):

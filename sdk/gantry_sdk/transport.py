@@ -1,4 +1,4 @@
-"""The wire between a job and the portal: the two endpoints, the limits of a batch, and
+"""The wire between a job and the portal: the endpoints, the limits of a batch, and
 the one POST every report goes through (no redirects followed, never raises)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ SDK_VERSION = "0.1.0"
 
 EVENTS_PATH = "/attempts/events/"
 REPORT_PATH = "/attempts/report/"
+RANK_REPORT_PATH = "/attempts/rank-report/"
 
 # Wire limits of one batch (docs/sdk.md): the server may refuse anything larger.
 MAX_BATCH_EVENTS = 500

@@ -53,13 +53,14 @@ from tests.jobs.test_lifecycle import run_to_running, submit
 
 MIN_REQUESTS = 2_000
 # Cases per operation and generation mode, each sent by the researcher and the platform
-# admin: 19 operations x 2 modes x 30 cases x 2 personas = 2,280 authenticated requests.
+# admin: 20 operations x 2 modes x 30 cases x 2 personas = 2,400 authenticated requests.
 EXAMPLES_PER_OPERATION = 30
 ANONYMOUS_EXAMPLES = 3
 OPERATIONS = {
     "GET /api/v1/",
     "POST /api/v1/attempts/events/",
     "POST /api/v1/attempts/report/",
+    "POST /api/v1/attempts/rank-report/",
     "GET /api/v1/experiments/",
     "GET /api/v1/experiments/{id}/",
     "GET /api/v1/experiments/{id}/spec/",

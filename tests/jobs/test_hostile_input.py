@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from core.http import ascii_id
 from core.parsers import MAX_JSON_DEPTH, json_depth
-from jobs.models import Checkpoint, Experiment, Run, RunEvent
+from jobs.models import AttemptRankRuntime, Checkpoint, Experiment, Run, RunEvent
 from jobs.services.backend_submit import attempt_token_issue
 from telemetry.models import AttemptAccounting, SdkEvent, StepWindow
 from tenants.models import ApiToken
@@ -72,6 +72,7 @@ def test_json_nested_too_deep_is_400_on_every_json_endpoint(world, depth):
         (person, reverse("api:run-list")),
         (person, reverse("api:spec-submit")),
         (job, reverse("api:attempt-report")),
+        (job, reverse("api:attempt-rank-report")),
         (job, reverse("api:attempt-events")),
     ):
         response = client.post(url, body, content_type="application/json")
@@ -185,7 +186,11 @@ def _submitted(world) -> Run:
     return run_submit(user=world.researcher_a, data=experiment_input(world))
 
 
-SDK_ENDPOINTS = [("api:attempt-report", 64), ("api:attempt-events", 256)]
+SDK_ENDPOINTS = [
+    ("api:attempt-report", 64),
+    ("api:attempt-rank-report", 64),
+    ("api:attempt-events", 256),
+]
 
 
 def _job_state(attempt) -> tuple:
@@ -198,6 +203,7 @@ def _job_state(attempt) -> tuple:
         RunEvent.objects.count(),
         StepWindow.objects.count(),
         AttemptAccounting.objects.count(),
+        AttemptRankRuntime.objects.count(),
     )
 
 

@@ -115,6 +115,7 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     ("api:image-list", "GET"):                  (401, 200, 200, 200, 200, 200),
     # only a job's attempt token, never a person's session or token (see the 405 sweep)
     ("api:attempt-report", "POST"):             (401, 401, 401, 401, 401, 401),
+    ("api:attempt-rank-report", "POST"):        (401, 401, 401, 401, 401, 401),
     ("api:attempt-events", "POST"):             (401, 401, 401, 401, 401, 401),
     ("api:quota-list", "GET"):                  (401, 200, 200, 200, 200, 200),
     ("api:spec-submit", "POST"):                (401, 201, 400, 201, 400, 400),
@@ -366,6 +367,7 @@ def paths(objects: Objects) -> dict[str, str]:
         "api:token-revoke": reverse("api:token-revoke"),
         "api:image-list": reverse("api:image-list"),
         "api:attempt-report": reverse("api:attempt-report"),
+        "api:attempt-rank-report": reverse("api:attempt-rank-report"),
         "api:attempt-events": reverse("api:attempt-events"),
         "api:quota-list": f"{reverse('api:quota-list')}?tenant=vision",
         "api:spec-submit": reverse("api:spec-submit"),
@@ -490,6 +492,7 @@ def bodies(objects: Objects) -> dict[str, dict]:
         "api:spec-submit": experiment_spec(experiment),
         "api:run-list": asdict(experiment_input_of(experiment)),
         "api:attempt-report": {"driver_version": "550.54.15"},
+        "api:attempt-rank-report": {"rank": 1, "nccl_version": "2.21.5"},
         "api:attempt-events": {"source": "rank-0", "events": [{"type": "ready"}]},
         "images:image_import": {"registry": "matrix", "reference": "vision/new:1.0"},
         "images:image_status": {"status": Image.Status.BLOCKED},
@@ -775,6 +778,7 @@ def test_methods_without_a_row_are_refused(objects):
     credentials = {
         "api:token-revoke": {"Authorization": f"Bearer {objects.tokens[PAUL]}"},
         "api:attempt-report": {"Authorization": f"Attempt {job_token}"},
+        "api:attempt-rank-report": {"Authorization": f"Attempt {job_token}"},
         "api:attempt-events": {"Authorization": f"Attempt {job_token}"},
     }
     database = Unchanged()

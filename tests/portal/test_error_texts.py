@@ -132,6 +132,7 @@ def test_the_api_root_answers_an_index_of_its_resources(world):
         "token-revoke": base + "tokens/current/",
         "image-list": base + "images/",
         "attempt-report": base + "attempts/report/",
+        "attempt-rank-report": base + "attempts/rank-report/",
         "quota-list": base + "quotas/",
         "spec-submit": base + "specs/",
         "spec-schema": base + "spec/schema/",
