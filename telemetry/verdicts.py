@@ -19,7 +19,7 @@ a next step in its text. Where the evidence for a branch is missing, no verdict 
 ``Verdicts.missing`` names the signal, so the page can say what it could not check.
 """
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from telemetry.accounting import Accounting
@@ -152,6 +152,13 @@ def _version(text: str) -> tuple[int, ...] | None:
     if not parts or not all(part.isdigit() for part in parts):
         return None
     return tuple(int(part) for part in parts)
+
+
+def oldest(versions: Iterable[str]) -> str:
+    """The oldest of dotted versions ("535.104.05"), "" when none parses: the driver to check
+    when ranks on several nodes report theirs."""
+    parsed = [(v, t) for v in versions if (t := _version(v)) is not None]
+    return min(parsed, key=lambda pair: pair[1])[0] if parsed else ""
 
 
 def min_driver(cuda: str) -> tuple[int, ...] | None:

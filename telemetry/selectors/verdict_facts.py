@@ -8,11 +8,12 @@ from collections.abc import Sequence
 from clusters.health import NodeHealth
 from clusters.models import ClusterNode
 from jobs.models import LIVE_ATTEMPT_STATES, Attempt, CauseClass, Run
+from jobs.selectors.runtime import rank_versions
 from telemetry.diagnosis import Signals
 from telemetry.models import StragglerFlag
 from telemetry.selectors.rank_windows import RankCoverage
 from telemetry.selectors.run_page_sql import GpuSummary
-from telemetry.verdicts import Facts, NodeTrouble, SlowRank, Spread, Versions
+from telemetry.verdicts import Facts, NodeTrouble, SlowRank, Spread, Versions, oldest
 
 
 def _attempt_nodes(attempt: Attempt) -> list[str]:
@@ -28,9 +29,12 @@ def _weighted_mean(pairs: Sequence[tuple[float | None, int]]) -> float | None:
     return sum(mean * n for mean, n in pairs if mean is not None and n) / minutes
 
 
-def _spread(nodes: list[str], levels: Sequence[str], paths: dict[str, list[str]]) -> Spread | None:
-    """The gang's domains per level (a domain is its path down to that level); None when
-    the cluster has no topology or a node's path is not known."""
+def _spread(
+    attempt: Attempt, nodes: list[str], levels: Sequence[str], paths: dict[str, list[str]]
+) -> Spread | None:
+    """The gang's domains per level (a domain is its path down to that level), and what
+    admission recorded a tighter placement would have waited; None when the cluster has no
+    topology or a node's path is not known."""
     if not levels or not nodes or any(len(paths.get(node) or ()) < len(levels) for node in nodes):
         return None
     return Spread(
@@ -39,6 +43,7 @@ def _spread(nodes: list[str], levels: Sequence[str], paths: dict[str, list[str]]
             (level, len({tuple(paths[node][: depth + 1]) for node in nodes}))
             for depth, level in enumerate(levels)
         ),
+        tighter_wait_s=attempt.tighter_wait_s,
     )
 
 
@@ -67,8 +72,9 @@ def attempts_facts(
     summaries: Sequence[GpuSummary],
     coverage: dict[int, RankCoverage],
 ) -> dict[int, Facts]:
-    """Each started attempt's ``Facts``, by attempt id. Three queries: the attempts' nodes
-    with their cluster's topology levels, the image's versions, the straggler flags."""
+    """Each started attempt's ``Facts``, by attempt id. Four queries: the attempts' nodes
+    with their cluster's topology levels, the image's versions, the straggler flags, the
+    versions every rank reported."""
     started = [attempt for attempt in attempts if attempt.started_at is not None]
     if not started:
         return {}
@@ -104,6 +110,7 @@ def attempts_facts(
                 evidence=flag.evidence,
             )
         )
+    versions = rank_versions(attempt_ids=[attempt.pk for attempt in started])
     facts = {}
     for attempt in started:
         gpus = [gpu for gpu in summaries if gpu.attempt_id == attempt.pk]
@@ -118,12 +125,21 @@ def attempts_facts(
             ranks_reporting=ranks.ranks if ranks is not None else 0,
             slow_ranks=tuple(slow.get(attempt.pk, ())),
             spread=_spread(
-                nodes, levels.get(attempt.cluster_id, []), paths.get(attempt.cluster_id, {})
+                attempt,
+                nodes,
+                levels.get(attempt.cluster_id, []),
+                paths.get(attempt.cluster_id, {}),
             ),
             versions=Versions(
-                driver=str(runtime.get("driver_version", "")),
+                driver=oldest(
+                    [
+                        str(runtime.get("driver_version", "")),
+                        *versions[attempt.pk]["driver_version"],
+                    ]
+                ),
                 image_cuda=image["cuda_version"],
                 image_nccl=image["nccl_version"],
+                nccl_ranks=versions[attempt.pk]["nccl_version"],
             ),
             node_trouble=_trouble(attempt, health.get(attempt.cluster_id, {})),
         )

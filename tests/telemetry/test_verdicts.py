@@ -13,6 +13,7 @@ from telemetry.verdicts import (
     Spread,
     Versions,
     min_driver,
+    oldest,
     tree,
 )
 
@@ -326,3 +327,8 @@ def test_a_slow_rank_lists_every_gpu_sign():
     )
     (finding,) = tree(None, facts(slow_ranks=(slow,))).findings
     assert "; its GPU is slow (thermal throttle, 2 PCIe replays). Next:" in finding.text
+
+
+def test_the_oldest_driver_is_the_one_checked():
+    assert oldest(["535.104.05", "470.82.01", "", "n/a", "535.54.03"]) == "470.82.01"
+    assert oldest(["", "unknown"]) == ""

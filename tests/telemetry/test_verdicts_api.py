@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from clusters.models import ClusterNode
 from gantry_cli.diagnose import attempt_lines
-from jobs.models import AttemptState, CauseClass, Run, RunState
+from jobs.models import Attempt, AttemptRankRuntime, AttemptState, CauseClass, Run, RunState
 from telemetry.models import GpuMinute, RankStepWindow, StepWindow, StragglerFlag
 from tests.telemetry.test_telemetry_pages import (
     T0,
@@ -272,3 +272,28 @@ def test_no_restart_button_once_the_attempt_ended(client, world):
     content = page(client, world.researcher_a, telemetry_url(run))
     assert 'data-finding="slow_rank"' in content
     assert "data-restart-excluding" not in content
+
+
+def test_what_a_tighter_placement_would_have_waited_and_the_ranks_nccl(client, world, spread_run):
+    attempt = spread_run.attempts.get()
+    Attempt.objects.filter(pk=attempt.pk).update(tighter_wait_s=7500.0)
+    for rank in range(16):
+        AttemptRankRuntime.objects.create(
+            attempt=attempt,
+            rank=rank,
+            nccl_version="2.18.1" if rank == 9 else "2.20.5",
+            driver_version="550.54.15" if rank else "535.54.03",
+            reported_at=T0,
+        )
+    client.force_login(world.researcher_a)
+    body = client.get(reverse("api:run-verdicts", args=[spread_run.pk])).json()
+    verdicts = {v["code"]: v for v in body["attempts"][0]["verdicts"]}
+    assert verdicts["placement_spread"]["numbers"]["tighter_wait_s"] == 7500.0
+    assert "would have waited about 2 h 05 min more" in verdicts["placement_spread"]["text"]
+    assert verdicts["nccl_mismatch"]["numbers"] == {
+        "nccl": {"2.20.5": 15, "2.18.1": 1},
+        "image_nccl": "",
+    }
+    # the oldest driver of the runtime report's (470) and the ranks' (535, 550) is checked
+    assert verdicts["driver_too_old"]["numbers"]["driver"] == "470.82.01"
+    assert "the NCCL version of each rank" not in body["attempts"][0]["missing"]
