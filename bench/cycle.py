@@ -71,6 +71,7 @@ from jobs.selectors.runs import runs_place_in_line
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.lifecycle import run_preempt, run_transition
 from tenants.models import GpuFlavor, Project, Quota, Tenant
+from tenants.queueing import Queueing
 
 CYCLES = {10_000: (5, 5), 100_000: (3, 1)}  # queued runs: idle and busy cycles measured
 QUICK_CYCLES = {1_000: (1, 1), 2_000: (1, 1)}  # GANTRY_BENCH_QUICK=1: does it work?
@@ -166,6 +167,9 @@ def seed(snapshot: admission_types.Snapshot) -> None:
                         "topology": list(snapshot.levels.get(name, ())),
                     },
                     topology_levels=list(snapshot.levels.get(name, ())),
+                    # The snapshot's policy (strict where it names none, as the naive
+                    # admitter decides): the cycle must decide what ``decide`` did.
+                    queueing=snapshot.queueing.get(name, Queueing.STRICT),
                     inventory_at=now,
                 )
                 for name, cluster_pools in sorted(pools_by_cluster.items())
