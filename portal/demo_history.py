@@ -12,7 +12,7 @@ from clusters.simulation import STARTUP_S, Workload
 from jobs.models import Attempt, AttemptState, Checkpoint, Experiment, Run, RunEvent, RunState
 from jobs.services.usage import usage_record_attempt
 from telemetry.models import GpuMinute
-from telemetry.simulated import SimulatedMinute, simulated_telemetry
+from telemetry.simulated import GAUGES_PER_SCRAPE, SimulatedMinute, simulated_telemetry
 from telemetry.simulator_source import simulated_windows_store
 
 
@@ -127,14 +127,16 @@ def history_telemetry_record(*, attempt: Attempt, profile: str, resume_step: int
 # The columns of GpuMinute, in the order _gpu_minutes_insert gives their values.
 GPU_MINUTE_COLUMNS = (
     "attempt", "host", "gpu", "minute", "activity", "sm_active", "tensor_active", "dram_active",
-    "fb_used", "power", "xid", "samples", "updated_at",
+    "fb_used", "power", "xid", "samples", "sm_clock_mhz", "max_sm_clock_mhz", "nvlink_bytes_s",
+    "updated_at",
 )  # fmt: skip
 
 
 def _gpu_minutes_insert(*, attempt: Attempt, minutes: list[SimulatedMinute]) -> None:
-    """The rows ``GpuMinute.objects.bulk_create`` would insert (three samples a minute, as
-    the collector keeps), in one executemany: 0.2 s of CPU for the history's ~23,000 minutes,
-    1.3 s (a third of the seed) through the ORM, which builds and prepares each row."""
+    """The rows ``GpuMinute.objects.bulk_create`` would insert (the simulator's gauges at
+    each scrape, as the collector keeps them), in one executemany: 0.2 s of CPU for the
+    history's ~23,000 minutes, 1.3 s (a third of the seed) through the ORM, which builds and
+    prepares each row."""
     fields = GpuMinute._meta.concrete_fields
     column_of = {field.name: field.column for field in fields if field.column is not None}
     adapt = connection.ops.adapt_datetimefield_value
@@ -142,8 +144,9 @@ def _gpu_minutes_insert(*, attempt: Attempt, minutes: list[SimulatedMinute]) -> 
     rows = [
         (
             attempt.pk, minute.host, minute.gpu, adapt(minute.minute), minute.activity,
-            minute.sm_active, minute.tensor_active, None, None, None, 0, 3 * minute.samples,
-            updated_at,
+            minute.sm_active, minute.tensor_active, None, None, None, 0,
+            GAUGES_PER_SCRAPE * minute.samples, minute.sm_clock_mhz, minute.max_sm_clock_mhz,
+            minute.nvlink_bytes_s, updated_at,
         )
         for minute in minutes
     ]  # fmt: skip

@@ -503,7 +503,9 @@ def test_the_history_gpu_minutes_are_the_rows_the_orm_would_write(demo):
         _gpu_minutes_insert(
             attempt=attempt,
             minutes=[
-                SimulatedMinute("sim-east-a100-80gb-02", "0", minute, 0.91, 0.625, 0.5, 12),
+                SimulatedMinute(
+                    "sim-east-a100-80gb-02", "0", minute, 0.91, 0.625, 0.5, 12, 940.0, 1410.0, 8e10
+                ),
                 SimulatedMinute("sim-east-a100-80gb-02", "7", minute, 0.25, 0.125, 0.0, 11),
             ],
         )
@@ -511,12 +513,13 @@ def test_the_history_gpu_minutes_are_the_rows_the_orm_would_write(demo):
     assert [
         (
             row.host, row.gpu, row.minute, row.activity, row.sm_active, row.tensor_active,
-            row.dram_active, row.fb_used, row.power, row.xid, row.samples, row.updated_at,
+            row.dram_active, row.fb_used, row.power, row.xid, row.samples, row.sm_clock_mhz,
+            row.max_sm_clock_mhz, row.nvlink_bytes_s, row.updated_at,
         )
         for row in rows
     ] == [
-        ("sim-east-a100-80gb-02", "0", minute, 0.91, 0.625, 0.5, None, None, None, 0, 36,
-         datetime(2026, 11, 3, 10, 0, 5, tzinfo=UTC)),
-        ("sim-east-a100-80gb-02", "7", minute, 0.25, 0.125, 0.0, None, None, None, 0, 33,
-         datetime(2026, 11, 3, 10, 0, 5, tzinfo=UTC)),
+        ("sim-east-a100-80gb-02", "0", minute, 0.91, 0.625, 0.5, None, None, None, 0, 84, 940.0,
+         1410.0, 8e10, datetime(2026, 11, 3, 10, 0, 5, tzinfo=UTC)),
+        ("sim-east-a100-80gb-02", "7", minute, 0.25, 0.125, 0.0, None, None, None, 0, 77, None,
+         None, None, datetime(2026, 11, 3, 10, 0, 5, tzinfo=UTC)),
     ]  # fmt: skip
