@@ -1,14 +1,22 @@
-"""The simulator's pure parts: workload profiles, progress, checkpoints, the virtual
-cluster's nodes and node placement.
+"""The simulator's pure parts: workload profiles (their outcome and what their work looks
+like), progress, checkpoints, the virtual cluster's nodes and node placement.
 
 A simulated job's "step" is one simulated second of work, so a checkpoint at step 600 means
 600 s of work are saved. No ORM, no clock.
 """
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from clusters.sim_stragglers import (
+    Lockstep,
+    Straggler,
+    StragglerKind,
+    lockstep,
+    straggler_from_env,
+)
 
 PROFILES = {
     # name: (share of the work done before the outcome, outcome, exit code, failure reason)
@@ -20,6 +28,28 @@ PROFILES = {
     "oom": (0.3, "FAILED", 137, "OOM_GPU"),
 }
 DEFAULT_PROFILE = "compute-bound"
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSignals:
+    """What a profile's work looks like to telemetry (``telemetry.simulated``) and how its
+    step splits (``clusters.sim_stragglers``)."""
+
+    activity: float  # GPU activity (0-1) while working
+    tensor_share: float  # tensor-core activity as a share of the activity
+    data_share: float  # share of step time waiting for input
+    comm_share: float  # share of step time waiting on communication
+    reports_steps: bool = True  # False: a notebook-like job without a training loop
+
+
+SIGNALS = {
+    "compute-bound": ProfileSignals(0.92, 0.7, 0.01, 0.02),
+    "input-bound": ProfileSignals(0.30, 0.7, 0.60, 0.02),
+    "comm-bound": ProfileSignals(0.45, 0.7, 0.03, 0.45),
+    "idle": ProfileSignals(0.01, 0.0, 0.0, 0.0, reports_steps=False),
+    "crash": ProfileSignals(0.90, 0.7, 0.03, 0.02),
+    "oom": ProfileSignals(0.90, 0.7, 0.03, 0.02),
+}
 DEFAULT_DURATION_S = 1200
 DEFAULT_CHECKPOINT_EVERY_S = 300
 STARTUP_S = 30
@@ -42,6 +72,11 @@ class Workload:
     duration_s: int  # simulated seconds of work when nothing goes wrong
     checkpoint_every_s: int = DEFAULT_CHECKPOINT_EVERY_S  # 0: never checkpoints
     resume_step: int = 0  # the checkpointed step this attempt starts from
+    # A straggler in the gang (clusters.sim_stragglers): its kind ("" for none), its rank and
+    # how much slower; flat fields, so a job's stored workload reads back with Workload(**).
+    straggler: str = ""
+    straggler_rank: int = 0
+    straggler_factor: float = 1.0
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> "Workload":
@@ -52,6 +87,7 @@ class Workload:
                 f"GANTRY_SIM_PROFILE must be one of {', '.join(sorted(PROFILES))}, got {profile!r}"
             )
         month = 30 * 86400
+        straggler = straggler_from_env(env)
         return cls(
             profile=profile,
             duration_s=_env_int(env, "GANTRY_SIM_DURATION_S", DEFAULT_DURATION_S, 1, month),
@@ -59,7 +95,16 @@ class Workload:
                 env, "GANTRY_SIM_CHECKPOINT_EVERY_S", DEFAULT_CHECKPOINT_EVERY_S, 0, month
             ),
             resume_step=_env_int(env, "GANTRY_RESUME_STEP", 0, 0, month),
+            straggler=straggler.kind.value if straggler else "",
+            straggler_rank=straggler.rank if straggler else 0,
+            straggler_factor=straggler.factor if straggler else 1.0,
         )
+
+    @property
+    def straggling(self) -> Straggler | None:
+        if not self.straggler:
+            return None
+        return Straggler(StragglerKind(self.straggler), self.straggler_rank, self.straggler_factor)
 
     @property
     def end_step(self) -> int:
@@ -126,6 +171,29 @@ def checkpoint_steps(workload: Workload, *, elapsed_s: float) -> list[int]:
     every = workload.checkpoint_every_s
     first = (workload.resume_step // every + 1) * every
     return list(range(first, step_at(workload, elapsed_s=elapsed_s) + 1, every))
+
+
+def gang_gpus(allocation: Mapping[str, Sequence[int]]) -> list[tuple[str, int]]:
+    """The (node, GPU index) of each rank of a job holding ``allocation``, by rank: nodes in
+    name order, then GPU indices (one rank per GPU)."""
+    return [(node, gpu) for node in sorted(allocation) for gpu in sorted(allocation[node])]
+
+
+def gang_lockstep(
+    workload: Workload,
+    allocation: Mapping[str, Sequence[int]],
+    paths: Mapping[str, tuple[str, ...]],
+) -> Lockstep:
+    """How the job's gang steps (``clusters.sim_stragglers.lockstep``) on ``allocation``
+    (node → GPU indices) placed on ``paths`` (node → topology path)."""
+    signals = SIGNALS[workload.profile]
+    return lockstep(
+        data_share=signals.data_share,
+        comm_share=signals.comm_share,
+        nodes=[node for node, _ in gang_gpus(allocation)],
+        paths=paths,
+        straggler=workload.straggling,
+    )
 
 
 def place(

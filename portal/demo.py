@@ -14,8 +14,10 @@ It tells a story (tests/portal/test_demo.py holds it to each part):
   and resumed from its checkpoint on a second attempt; ``segformer-b5`` ran on a lemon node
   whose GPU fell off the bus (XID 79): Gantry quarantined and drained the node, and the run
   was retried from its checkpoint on another node, its lost GPU-hours credited;
-  ``unet-sweep-1`` was input-bound and its diagnosis says so; a healthy run, an idle
-  notebook, a crash, a communication-bound run;
+  ``unet-sweep-1`` was input-bound and its diagnosis says so; ``vit-gang`` ran on 16 GPUs of
+  two nodes, one of them clock-capped (1.5x slower), and every rank's step windows and the
+  GPUs' clocks name it the straggler; a healthy run, an idle notebook, a crash, a
+  communication-bound run;
 - a month of it, accounted and rolled up: three runs on fixed days of the last closed month
   (priced at the A100 rate before this month's rise), so finance's landing statement has
   lines whatever today's date is, and the profile runs above a few days to weeks back, so
@@ -53,7 +55,12 @@ from jobs.services.estimates import estimates_refresh
 from jobs.services.submission import ExperimentInput, run_submit
 from jobs.services.templates import template_save
 from portal.demo_faults import DEMO_FAULTS, history_record_hardware_fault, lemon_fence
-from portal.demo_history import history_record, history_record_preempted, history_telemetry_record
+from portal.demo_history import (
+    history_record,
+    history_record_gang,
+    history_record_preempted,
+    history_telemetry_record,
+)
 from telemetry import services as telemetry_services
 from tenants.models import GlobalRole, GpuFlavor, Membership, Project, Quota, Tenant
 from tenants.services.memberships import global_role_grant, membership_set
@@ -87,6 +94,17 @@ DEMO_CATALOG = (
 # The README's first run: a template of vision that fills in every field the submit form
 # needs, for a run that starts at once (see ``_first_run_template``).
 FIRST_RUN_TEMPLATE = "first-run"
+# The run with a straggler (issue 36): 2 nodes of 8 A100 GPUs under one leaf switch, GPU 3 of
+# the second node (rank 11) capped at 1/1.5 of its clock; an hour of work, 60 windows a rank.
+STRAGGLER_RUN = "vit-gang"
+STRAGGLER_NODES = ["sim-east-a100-80gb-00", "sim-east-a100-80gb-01"]
+STRAGGLER_ENV = {
+    "GANTRY_SIM_PROFILE": "compute-bound",
+    "GANTRY_SIM_DURATION_S": "3600",
+    "GANTRY_SIM_STRAGGLER": "slow_gpu",
+    "GANTRY_SIM_STRAGGLER_RANK": "11",
+    "GANTRY_SIM_STRAGGLER_FACTOR": "1.5",
+}
 COMMITS = (
     "3f2c1a9e8d7b6c5a4f3e2d1c0b9a8f7e6d5c4b3a",
     "a1b2c3d4e5f60718293a4b5c6d7e8f9011223344",
@@ -138,6 +156,13 @@ def demo_seed(*, speedup: int = 30) -> None:
     hardware = submit("alice", "vision", "segmentation", "segformer-b5", pytorch)
     history_record_hardware_fault(
         run=hardware, cluster=cluster, submitted=now - timedelta(days=2, hours=8)
+    )
+    # A gang with a straggler: its run page names the slow rank, its node and GPU.
+    gang = submit(
+        "alice", "vision", "detection", STRAGGLER_RUN, pytorch, nodes=2, env=STRAGGLER_ENV
+    )
+    history_record_gang(
+        run=gang, cluster=cluster, submitted=now - timedelta(days=4, hours=6), nodes=STRAGGLER_NODES
     )
     _date_the_world_before(_oldest_submit() - timedelta(days=1))
 

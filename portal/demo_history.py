@@ -2,18 +2,32 @@
 attempts, events, checkpoints, usage and the telemetry a simulator profile would have
 reported (portal/demo.py tells the story; this writes it into the records)."""
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import connection
 from django.utils import timezone
 
 from clusters.models import Cluster
-from clusters.simulation import STARTUP_S, Workload
+from clusters.simulation import (
+    STARTUP_S,
+    Workload,
+    gang_gpus,
+    gang_lockstep,
+    sim_layout,
+    work_wall_s,
+)
 from jobs.models import Attempt, AttemptState, Checkpoint, Experiment, Run, RunEvent, RunState
 from jobs.services.usage import usage_record_attempt
-from telemetry.models import GpuMinute
-from telemetry.simulated import SimulatedMinute, simulated_telemetry
-from telemetry.simulator_source import simulated_windows_store
+from telemetry.exposition.node_links import NodeLinkRollups
+from telemetry.models import GpuMinute, NodeLinkMinute
+from telemetry.simulated import (
+    GAUGES_PER_SCRAPE,
+    SimulatedMinute,
+    max_sm_clock_mhz,
+    node_link_samples,
+    simulated_telemetry,
+)
+from telemetry.simulator_source import simulated_rank_windows_store, simulated_windows_store
 
 
 def history_record_preempted(*, run: Run, cluster: Cluster, submitted) -> None:
@@ -124,17 +138,81 @@ def history_telemetry_record(*, attempt: Attempt, profile: str, resume_step: int
     _gpu_minutes_insert(attempt=attempt, minutes=telemetry.minutes)
 
 
+def history_record_gang(
+    *, run: Run, cluster: Cluster, submitted: datetime, nodes: list[str]
+) -> Attempt:
+    """``run`` ran on every GPU of ``nodes`` as its experiment's env says (its profile, its
+    work, a straggler in its gang: clusters/sim_stragglers.py), for as long as that work
+    takes at the pace its gang's lockstep sets, and succeeded; with the telemetry it would
+    have reported: step windows, every rank's windows, the GPUs' minutes with their clocks
+    and NVLink, and its nodes' InfiniBand minutes (the collector's output, written
+    directly: this history never ran)."""
+    allocation = {node: list(range(run.experiment.gpus_per_node)) for node in nodes}
+    paths = {node.name: node.path for node in sim_layout(cluster.name, cluster.settings).nodes}
+    workload = Workload.from_env({str(k): str(v) for k, v in run.experiment.env.items()})
+    pace = gang_lockstep(workload, allocation, paths).pace
+    attempt = history_record(
+        run=run,
+        cluster=cluster,
+        state=RunState.SUCCEEDED,
+        exit_code=0,
+        submitted=submitted,
+        hours=work_wall_s(workload, speedup=pace) / 3600,
+        nodes=nodes,
+    )
+    assert attempt.started_at is not None and attempt.finished_at is not None  # a past attempt
+    started, finished = attempt.started_at, attempt.finished_at
+    telemetry = simulated_telemetry(
+        workload,
+        started_at=started,
+        until=finished,
+        finished=True,
+        speedup=pace,
+        gpus=[(node, str(gpu)) for node, gpu in gang_gpus(allocation)],
+        paths=paths,
+        max_clock_mhz=max_sm_clock_mhz(run.flavor.slug),
+    )
+    simulated_windows_store(attempt_id=attempt.pk, source="demo", windows=telemetry.windows)
+    simulated_rank_windows_store(attempt_id=attempt.pk, windows=telemetry.rank_windows)
+    _gpu_minutes_insert(attempt=attempt, minutes=telemetry.minutes)
+    first = started.replace(second=0, microsecond=0)
+    end = finished + timedelta(minutes=2)  # the counters' reads just after the end, too
+    links = NodeLinkRollups(start_ms=_ms(first), end_ms=_ms(end))
+    links.add(node_link_samples(telemetry.links, since=started, until=end))
+    NodeLinkMinute.objects.bulk_create(
+        [
+            NodeLinkMinute(
+                cluster=cluster,
+                host=row.host,
+                minute=datetime.fromtimestamp(row.minute, tz=UTC),
+                ib_bytes_s=row.ib_bytes_s,
+                ib_errors=row.ib_errors,
+                ports=row.ports,
+                samples=row.samples,
+            )
+            for row in links.rows()
+        ]
+    )
+    return attempt
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
 # The columns of GpuMinute, in the order _gpu_minutes_insert gives their values.
 GPU_MINUTE_COLUMNS = (
     "attempt", "host", "gpu", "minute", "activity", "sm_active", "tensor_active", "dram_active",
-    "fb_used", "power", "xid", "samples", "updated_at",
+    "fb_used", "power", "xid", "samples", "sm_clock_mhz", "max_sm_clock_mhz", "nvlink_bytes_s",
+    "updated_at",
 )  # fmt: skip
 
 
 def _gpu_minutes_insert(*, attempt: Attempt, minutes: list[SimulatedMinute]) -> None:
-    """The rows ``GpuMinute.objects.bulk_create`` would insert (three samples a minute, as
-    the collector keeps), in one executemany: 0.2 s of CPU for the history's ~23,000 minutes,
-    1.3 s (a third of the seed) through the ORM, which builds and prepares each row."""
+    """The rows ``GpuMinute.objects.bulk_create`` would insert (the simulator's gauges at
+    each scrape, as the collector keeps them), in one executemany: 0.2 s of CPU for the
+    history's ~23,000 minutes when measured, 1.3 s (a third of the seed) through the ORM,
+    which builds and prepares each row."""
     fields = GpuMinute._meta.concrete_fields
     column_of = {field.name: field.column for field in fields if field.column is not None}
     adapt = connection.ops.adapt_datetimefield_value
@@ -142,8 +220,9 @@ def _gpu_minutes_insert(*, attempt: Attempt, minutes: list[SimulatedMinute]) -> 
     rows = [
         (
             attempt.pk, minute.host, minute.gpu, adapt(minute.minute), minute.activity,
-            minute.sm_active, minute.tensor_active, None, None, None, 0, 3 * minute.samples,
-            updated_at,
+            minute.sm_active, minute.tensor_active, None, None, None, 0,
+            GAUGES_PER_SCRAPE * minute.samples, minute.sm_clock_mhz, minute.max_sm_clock_mhz,
+            minute.nvlink_bytes_s, updated_at,
         )
         for minute in minutes
     ]  # fmt: skip
@@ -158,10 +237,17 @@ def _gpu_minutes_insert(*, attempt: Attempt, minutes: list[SimulatedMinute]) -> 
 
 
 def history_record(
-    *, run: Run, cluster: Cluster, state: str, exit_code: int, submitted, hours: float
+    *,
+    run: Run,
+    cluster: Cluster,
+    state: str,
+    exit_code: int,
+    submitted,
+    hours: float,
+    nodes: list[str] | None = None,
 ) -> Attempt:
     """Turn a freshly queued run into one that ran in the past for ``hours`` (demo history
-    only)."""
+    only), on ``nodes`` or one of the first nodes of its flavor's pool."""
     admitted = submitted + timedelta(minutes=4)
     started = admitted + timedelta(minutes=2)
     finished = started + timedelta(hours=hours)
@@ -180,7 +266,7 @@ def history_record(
         exit_code=exit_code,
         failure_reason="USER_EXIT" if failed else "",
         failure_message="Traceback: loss became NaN at step 41200" if failed else "",
-        node_list=[f"{cluster.name}-{run.flavor.slug}-0{run.pk % pool_nodes}"],
+        node_list=nodes or [f"{cluster.name}-{run.flavor.slug}-0{run.pk % pool_nodes}"],
     )
     Run.objects.filter(pk=run.pk).update(
         state=state,

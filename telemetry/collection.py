@@ -8,7 +8,9 @@
    minutes at a time: it parses the window's raw bodies, maps samples to attempts (pod,
    Slurm job, else host + GPU + time), replaces the window's rows and counts the unmapped
    samples, then advances the cluster's checkpoint, all in one transaction. A crash repeats
-   the window; rolling a window up again gives the same rows.
+   the window; rolling a window up again gives the same rows. The node exporter's
+   InfiniBand counters in the same bodies become the window's ``NodeLinkMinute`` rows (per
+   node, not per attempt; ``telemetry.exposition.node_links``).
 3. ``raw_scrapes_expire`` deletes raw bodies past ``GANTRY_TELEMETRY_RAW_RETENTION_H``
    once they are rolled up.
 """
@@ -41,6 +43,14 @@ from telemetry.exposition.mapping import (
     KubernetesJobAllocation,
     SlurmAllocation,
 )
+from telemetry.exposition.node_links import (
+    MARKER,
+    MAX_GAP_MS,
+    LinkParser,
+    NodeLinkRollup,
+    NodeLinkRollups,
+    scrape_host,
+)
 from telemetry.exposition.parsing import (
     HEALTH_CEILING,
     KEPT_METRICS,
@@ -49,7 +59,13 @@ from telemetry.exposition.parsing import (
     GpuSample,
 )
 from telemetry.exposition.rollups import MinuteRollup
-from telemetry.models import ClusterTelemetry, GpuMinute, RawScrape, UnmappedSamples
+from telemetry.models import (
+    ClusterTelemetry,
+    GpuMinute,
+    NodeLinkMinute,
+    RawScrape,
+    UnmappedSamples,
+)
 from telemetry.simulator_source import SimulatorSource, simulated_allocations
 from telemetry.source_settings import SourceKind, SourceSettings, source_settings_parse
 from telemetry.sources import (
@@ -115,6 +131,7 @@ SOURCES: dict[SourceKind, SourceFactory] = {
         settings.url,
         step_s=settings.step_s,
         selector=settings.selector,
+        node_selector=settings.node_selector,
         timeout_s=settings.timeout_s,
         token_env=settings.token_env,
     ),
@@ -162,16 +179,21 @@ def raw_scrape_build(
     scrape: Scrape,
     parser: ExpositionParser,
     health_out: list[GpuSample] | None = None,
+    link_parser: LinkParser | None = None,
 ) -> RawScrape:
     """The row that keeps one body; parsing it here counts what it holds and bounds its
     samples' timestamps, so a rollup window reads only the bodies that overlap it. With a
     ``FETCH_CEILING`` parser, the body's node-health samples go to ``health_out``; the row
-    counts and bounds the rollups' gauges only, as before."""
+    counts and bounds the rollups' gauges and the InfiniBand counters, not the health
+    fields."""
     result = parser.parse(scrape.body, default_ts=scrape.at_ms)
     kept = [sample for sample in result.samples if sample.metric in KEPT_METRICS]
     if health_out is not None:
         health_out += (sample for sample in result.samples if sample.metric in HEALTH_CEILING)
-    stamps = [sample.ts for sample in kept]
+    links, link_stats = (link_parser or LinkParser()).parse(
+        scrape.body, default_ts=scrape.at_ms, default_host=scrape_host(scrape.origin)
+    )
+    stamps = [sample.ts for sample in kept] + [sample.ts for sample in links]
     stats = result.stats
     return RawScrape(
         cluster=cluster,
@@ -181,8 +203,8 @@ def raw_scrape_build(
         last_sample_at=_moment(max(stamps)) if stamps else None,
         body=zlib.compress(scrape.body, 1),
         size=len(scrape.body),
-        samples=len(kept),
-        rejected=stats.malformed + stats.non_finite + stats.out_of_range,
+        samples=len(stamps),
+        rejected=stats.malformed + stats.non_finite + stats.out_of_range + link_stats.rejected,
     )
 
 
@@ -199,6 +221,7 @@ def telemetry_fetch(*, cluster: Cluster, source=None, now: datetime | None = Non
     if source is None:
         return FetchSummary(0, 0, 0, ())
     parser = ExpositionParser(FETCH_CEILING)
+    link_parser = LinkParser()
     health_samples: list[GpuSample] = []
     with transaction.atomic():
         state = _state_locked(cluster)
@@ -216,7 +239,11 @@ def telemetry_fetch(*, cluster: Cluster, source=None, now: datetime | None = Non
         errors = tuple(str(failure) for failure in getattr(scrapes, "failures", ()))
         rows = [
             raw_scrape_build(
-                cluster=cluster, scrape=scrape, parser=parser, health_out=health_samples
+                cluster=cluster,
+                scrape=scrape,
+                parser=parser,
+                health_out=health_samples,
+                link_parser=link_parser,
             )
             for scrape in scrapes
         ]
@@ -356,7 +383,8 @@ def allocations_for(*, cluster: Cluster, start: datetime, end: datetime) -> list
 
 GPU_MINUTE_COLUMNS = (
     "attempt_id", "host", "gpu", "minute", "activity", "sm_active", "tensor_active",
-    "dram_active", "fb_used", "power", "xid", "samples", "updated_at",
+    "dram_active", "fb_used", "power", "xid", "samples", "sm_clock_mhz", "max_sm_clock_mhz",
+    "nvlink_bytes_s", "updated_at",
 )  # fmt: skip
 
 
@@ -371,7 +399,8 @@ def gpu_minutes_replace(
         (
             row.attempt_id, row.host, row.gpu, datetime.fromtimestamp(row.minute, tz=UTC),
             row.activity, row.sm_active, row.tensor_active, row.dram_active, row.fb_used,
-            row.power, row.xid, row.samples, now,
+            row.power, row.xid, row.samples, row.sm_clock_mhz, row.max_sm_clock_mhz,
+            row.nvlink_bytes_s, now,
         )
         for row in rows
     )  # fmt: skip
@@ -390,22 +419,60 @@ def gpu_minutes_replace(
             copy.write_row(row)
 
 
+def node_link_minutes_replace(
+    *, cluster: Cluster, start: datetime, end: datetime, rows: list[NodeLinkRollup]
+) -> None:
+    """Make ``rows`` the cluster's node link minutes of [start, end)."""
+    NodeLinkMinute.objects.filter(cluster=cluster, minute__gte=start, minute__lt=end).delete()
+    NodeLinkMinute.objects.bulk_create(
+        [
+            NodeLinkMinute(
+                cluster=cluster,
+                host=row.host[:255],
+                minute=datetime.fromtimestamp(row.minute, tz=UTC),
+                ib_bytes_s=row.ib_bytes_s,
+                ib_errors=row.ib_errors,
+                ports=row.ports,
+                samples=row.samples,
+            )
+            for row in rows
+        ],
+        batch_size=2000,
+    )
+
+
+# How far before a window the InfiniBand counters are read: a rate needs the sample before.
+LINK_LOOKBACK = timedelta(milliseconds=MAX_GAP_MS)
+
+
 def _rollup_window(*, cluster: Cluster, start: datetime, end: datetime) -> RollupSummary:
-    """Replace the GpuMinute and UnmappedSamples rows of ``cluster`` for the minutes of
-    [start, end) by what its raw samples say. Runs inside the caller's transaction."""
+    """Replace the GpuMinute, NodeLinkMinute and UnmappedSamples rows of ``cluster`` for the
+    minutes of [start, end) by what its raw samples say. Runs inside the caller's
+    transaction."""
     ingestor = Ingestor(
         allocations_for(cluster=cluster, start=start, end=end),
         start_ms=_ms(start),
         end_ms=_ms(end),
     )
+    links = NodeLinkRollups(start_ms=_ms(start), end_ms=_ms(end))
+    link_parser = LinkParser()
     scrapes = RawScrape.objects.filter(
-        cluster=cluster, first_sample_at__lt=end, last_sample_at__gte=start
+        cluster=cluster, first_sample_at__lt=end, last_sample_at__gte=start - LINK_LOOKBACK
     ).order_by("fetched_at", "pk")
-    for origin, fetched_at, body in scrapes.values_list("origin", "fetched_at", "body").iterator():
-        ingestor.feed(zlib.decompress(body), default_ts=_ms(fetched_at), origin=origin)
+    columns = ("origin", "fetched_at", "last_sample_at", "body")
+    for origin, fetched_at, last_sample_at, body in scrapes.values_list(*columns).iterator():
+        text = zlib.decompress(body)
+        if last_sample_at >= start:  # earlier bodies only hold the counters' baselines
+            ingestor.feed(text, default_ts=_ms(fetched_at), origin=origin)
+        if MARKER in text:
+            samples, _ = link_parser.parse(
+                text, default_ts=_ms(fetched_at), default_host=scrape_host(origin)
+            )
+            links.add(samples)
     unmapped = ingestor.unmapped
     rows = ingestor.rows()
     gpu_minutes_replace(cluster=cluster, start=start, end=end, rows=rows)
+    node_link_minutes_replace(cluster=cluster, start=start, end=end, rows=links.rows())
     prefix = f"{cluster.name} "
     UnmappedSamples.objects.filter(
         source__startswith=prefix, minute__gte=start, minute__lt=end

@@ -169,7 +169,8 @@ class SdkEvent(models.Model):
 
 class GpuMinute(models.Model):
     """One GPU of one attempt during one minute: means of the activity gauges (0–1), the
-    minute's largest framebuffer use (MiB), mean power (W) and the samples behind them."""
+    minute's largest framebuffer use (MiB), mean power (W), mean SM clock and its maximum
+    (MHz), mean NVLink traffic (bytes/s) and the samples behind them."""
 
     attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="gpu_minutes")
     host = models.CharField(max_length=255)
@@ -183,6 +184,15 @@ class GpuMinute(models.Model):
     power = models.FloatField(null=True, blank=True)
     xid = models.IntegerField(default=0)
     samples = models.PositiveIntegerField(default=0)
+    sm_clock_mhz = models.FloatField(null=True, blank=True, help_text="DCGM_FI_DEV_SM_CLOCK")
+    max_sm_clock_mhz = models.FloatField(
+        null=True, blank=True, help_text="DCGM_FI_DEV_MAX_SM_CLOCK"
+    )
+    nvlink_bytes_s = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="DCGM_FI_PROF_NVLINK_TX_BYTES + DCGM_FI_PROF_NVLINK_RX_BYTES, bytes/s",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -195,6 +205,37 @@ class GpuMinute(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.attempt_id} {self.host}/{self.gpu} {self.minute:%Y-%m-%d %H:%M}"
+
+
+class NodeLinkMinute(models.Model):
+    """One node's InfiniBand ports during one minute, from the node exporter's counters
+    (``telemetry.exposition.node_links``): traffic sent and received over all its ports and
+    the growth of their error counters. Per node, not per attempt: a node's links carry
+    whatever runs on it."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+")
+    host = models.CharField(max_length=255)
+    minute = models.DateTimeField()
+    ib_bytes_s = models.FloatField(
+        null=True, blank=True, help_text="Bytes/s transmitted + received, all ports"
+    )
+    ib_errors = models.PositiveBigIntegerField(
+        default=0, help_text="Growth of symbol, link-recovery, link-down and receive errors"
+    )
+    ports = models.PositiveIntegerField(default=0, help_text="Ports with a traffic rate")
+    samples = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["cluster", "host", "minute"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "host", "minute"], name="nodelinkminute_unique_minute"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.host} {self.minute:%Y-%m-%d %H:%M}: {self.ib_bytes_s} B/s"
 
 
 class AttemptAccounting(models.Model):
@@ -286,7 +327,9 @@ class RawScrape(models.Model):
     last_sample_at = models.DateTimeField(null=True, blank=True)
     body = models.BinaryField()
     size = models.PositiveIntegerField(help_text="Uncompressed bytes")
-    samples = models.PositiveIntegerField(help_text="Samples of the gauges Gantry keeps")
+    samples = models.PositiveIntegerField(
+        help_text="Samples of the gauges and link counters Gantry keeps"
+    )
     rejected = models.PositiveIntegerField(
         default=0, help_text="Malformed, non-finite or out-of-range lines"
     )

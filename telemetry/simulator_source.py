@@ -1,11 +1,13 @@
-"""The simulator's telemetry source: its jobs as a DCGM exporter and the job-side SDK would
-have reported them.
+"""The simulator's telemetry source: its jobs as a DCGM exporter, a node exporter and the
+job-side SDK would have reported them.
 
 A simulator cluster's jobs exist only in the database (``SimulatedJob``), so its source reads
 them there; the collector treats it like any other source (``telemetry.collection``
 ``SOURCES``). One computation per job (``telemetry.simulated.simulated_telemetry``) gives
-both what the exporter shows, the minutes completed in the interval read, and what the SDK
-posts, the step windows completed so far. The cluster's injected faults
+what the exporters show, the minutes completed in the interval read and the InfiniBand
+counters of the nodes of multi-node jobs, and what the SDK posts, the step windows and
+every rank's windows completed so far, stored as the SDK's are (the same rows, the same
+de-duplication key). The cluster's injected faults
 (``clusters.sim_faults``) show as the exporter would show them, on every GPU they touch
 whether a job runs there or not: a GPU's last XID (``DCGM_FI_DEV_XID_ERRORS``) from its
 fault on, and a throttled GPU's clock-event reasons (``DCGM_FI_DEV_CLOCKS_EVENT_REASONS``).
@@ -16,15 +18,20 @@ from datetime import UTC, datetime, timedelta
 
 from clusters.models import Cluster, SimulatedFence, SimulatedJob
 from clusters.sim_faults import FaultSettings, fault_settings, gauge_readings
-from clusters.simulation import Workload, sim_layout
+from clusters.simulation import Workload, gang_gpus, sim_layout
 from jobs.models import Attempt
 from telemetry.exposition.mapping import Allocation, HostAllocation
+from telemetry.exposition.node_links import LinkSample, render_link_samples
 from telemetry.exposition.parsing import GpuSample, render
-from telemetry.models import StepWindow
+from telemetry.models import RankStepWindow, StepWindow
 from telemetry.simulated import (
     SCRAPE_INTERVAL_S,
+    SimulatedLink,
+    SimulatedRankWindow,
     SimulatedWindow,
+    max_sm_clock_mhz,
     minute_samples,
+    node_link_samples,
     simulated_telemetry,
 )
 from telemetry.sources import FetchResult, Scrape, ScrapeFailure
@@ -39,6 +46,9 @@ GAUGE_METRICS = {
     "xid": "DCGM_FI_DEV_XID_ERRORS",
     "clock_reasons": "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
 }
+# Sample lines per body: ~120 bytes each, so a body stays far below the 8 MiB a source may
+# deliver (a first read of a day of a large job is millions of lines).
+LINES_PER_BODY = 40_000
 
 
 def _moment(ms: int) -> datetime:
@@ -119,7 +129,12 @@ class SimulatorSource:
             self.cluster, before=until, not_ended_before=min(since, until - SIMULATOR_RECENT)
         )
         attempts = _attempt_ids(self.cluster, jobs)
+        paths = {
+            node.name: node.path
+            for node in sim_layout(self.cluster.name, self.cluster.settings).nodes
+        }
         samples: list[GpuSample] = []
+        links: list[SimulatedLink] = []
         for job_id, job in jobs.items():
             assert job.started_at is not None  # filtered on started_at__isnull=False
             finished_at = job.finished_at if job.finished_at and job.finished_at < until else None
@@ -129,11 +144,9 @@ class SimulatorSource:
                 until=finished_at or until,
                 finished=finished_at is not None,
                 speedup=speedup * float(job.profile.get("speed", 1.0)),
-                gpus=[
-                    (node, str(gpu))
-                    for node, gpus in sorted(job.allocation.items())
-                    for gpu in gpus
-                ],
+                gpus=[(node, str(gpu)) for node, gpu in gang_gpus(job.allocation)],
+                paths=paths,
+                max_clock_mhz=max_sm_clock_mhz(job.flavor),
             )
             samples += minute_samples(
                 telemetry,
@@ -142,16 +155,20 @@ class SimulatorSource:
                 since=since,
                 until=until,
             )
+            links += telemetry.links
             if job_id in attempts:
                 simulated_windows_store(
                     attempt_id=attempts[job_id], source=SIMULATOR_SOURCE, windows=telemetry.windows
                 )
+                simulated_rank_windows_store(
+                    attempt_id=attempts[job_id],
+                    windows=[w for w in telemetry.rank_windows if w.end >= since],
+                )
         samples += self._fault_samples(start_ms=start_ms, end_ms=end_ms)
-        if not samples:
-            return FetchResult()
-        body = render(samples).encode()
+        counters = node_link_samples(links, since=since, until=until)
+        origin = f"simulator:{self.cluster.name}"
         return FetchResult(
-            [Scrape(body=body, at_ms=end_ms, origin=f"simulator:{self.cluster.name}")]
+            Scrape(body=body, at_ms=end_ms, origin=origin) for body in _bodies(samples, counters)
         )
 
     def _fault_samples(self, *, start_ms: int, end_ms: int) -> list[GpuSample]:
@@ -203,6 +220,51 @@ def fault_gauge_samples(
             released=released,
         )
     ]
+
+
+def _bodies(samples: list[GpuSample], counters: list[LinkSample]) -> list[bytes]:
+    """The exposition bodies of ``samples`` and ``counters``, ``LINES_PER_BODY`` lines each
+    at most."""
+    bodies = [
+        render(samples[i : i + LINES_PER_BODY]).encode()
+        for i in range(0, len(samples), LINES_PER_BODY)
+    ]
+    bodies += [
+        render_link_samples(counters[i : i + LINES_PER_BODY]).encode()
+        for i in range(0, len(counters), LINES_PER_BODY)
+    ]
+    return bodies
+
+
+def simulated_rank_windows_store(
+    *, attempt_id: int, windows: Iterable[SimulatedRankWindow]
+) -> None:
+    """Every rank's windows a simulated job reported, stored as the SDK's ``rank_window``
+    events are; a window already stored (same attempt, rank and seq) is left as it is. The
+    simulator reports only the GPUs its job holds, at the SDK's pace, so none of the checks
+    of a job's own claims (``telemetry.rank_windows``) applies."""
+    RankStepWindow.objects.bulk_create(
+        [
+            RankStepWindow(
+                attempt_id=attempt_id,
+                rank=w.rank,
+                seq=w.seq,
+                world_size=w.world_size,
+                local_rank=w.local_rank,
+                host=w.host,
+                gpu=w.gpu,
+                start=w.start,
+                end=w.end,
+                steps=w.steps,
+                step_time_s=w.step_time_s,
+                data_wait_s=w.data_wait_s,
+                comm_wait_s=w.comm_wait_s,
+            )
+            for w in windows
+        ],
+        ignore_conflicts=True,
+        batch_size=2000,
+    )
 
 
 def simulated_windows_store(

@@ -4,8 +4,8 @@ the source the settings name.
 
 ``{"source": "dcgm", "targets": [...], "timeout_s": 5}``,
 ``{"source": "prometheus", "url": ..., "step_s": 15, "selector": "{job=\\"dcgm\\"}",
-"timeout_s": 10, "token_env": "PROM_TOKEN"}`` or ``{"source": "simulator"}``. Unknown keys
-are refused. Pure: no Django.
+"node_selector": "{job=\\"node\\"}", "timeout_s": 10, "token_env": "PROM_TOKEN"}`` or
+``{"source": "simulator"}``. Unknown keys are refused. Pure: no Django.
 """
 
 from dataclasses import dataclass
@@ -37,6 +37,7 @@ class SourceSettings:
     url: str = ""  # prometheus
     step_s: int = DEFAULT_STEP_S  # prometheus
     selector: str = ""  # prometheus
+    node_selector: str | None = None  # prometheus: the node exporter's queries (else selector)
     timeout_s: float = DCGM_TIMEOUT_S
     token_env: str | None = None  # prometheus
 
@@ -134,6 +135,12 @@ SETTINGS_SCHEMA: dict[str, Any] = {
                     "message": "selector must be a label matcher in braces on one line, "
                     'like {job="dcgm"}, not $value',
                 },
+                "node_selector": {
+                    "type": "string",
+                    "pattern": r"^(\{[^\r\n]*\})?\Z",
+                    "message": "node_selector must be a label matcher in braces on one line, "
+                    'like {job="node"}, not $value',
+                },
                 "timeout_s": _seconds(0.1, 120),
                 "token_env": {
                     "type": ["string", "null"],
@@ -170,6 +177,7 @@ def source_settings_parse(raw: Any) -> SourceSettings:
         url=raw["url"].rstrip("/"),
         step_s=raw.get("step_s", DEFAULT_STEP_S),
         selector=raw.get("selector", ""),
+        node_selector=raw.get("node_selector"),
         timeout_s=float(raw.get("timeout_s", PROMETHEUS_TIMEOUT_S)),
         token_env=raw.get("token_env"),
     )

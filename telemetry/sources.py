@@ -24,6 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 import requests
 import urllib3
 
+from telemetry.exposition.node_links import LINK_METRICS
 from telemetry.exposition.parsing import (
     DCGM_FIELDS,
     HEALTH_CEILING,
@@ -342,7 +343,7 @@ def _escape(value: str) -> str:
 
 
 def matrix_exposition(
-    metric: str, result: Any, *, max_body_bytes: int = MAX_BODY_BYTES
+    metric: str, result: Any, *, max_body_bytes: int = MAX_BODY_BYTES, kind: str = "gauge"
 ) -> list[bytes]:
     """A Prometheus range query's ``data.result`` (a matrix) for ``metric`` as exposition
     text with timestamps in ms, cut into bodies of at most ``max_body_bytes`` at line ends.
@@ -353,7 +354,7 @@ def matrix_exposition(
     not a matrix."""
     if not isinstance(result, list):
         raise _UnexpectedAnswer("data.result is not a list")
-    header = f"# TYPE {metric} gauge\n".encode()
+    header = f"# TYPE {metric} {kind}\n".encode()
     bodies: list[bytes] = []
     lines: list[bytes] = []
     size = len(header)
@@ -404,22 +405,27 @@ class _TooLarge(Exception):
 _OTHER_NAME = {field.name: field.alias for field in DCGM_FIELDS if field.alias}
 
 
-def prometheus_queries(selector: str) -> list[tuple[str, str]]:
+def prometheus_queries(selector: str, node_selector: str | None = None) -> list[tuple[str, str]]:
     """(metric, PromQL) for each field Gantry reads: the rollups' gauges and the
     node-health fields, a field with two names (DCGM 4.6 renamed fields) under either
-    (``a{sel} or b{sel}``: set operators keep each series' own metric name)."""
+    (``a{sel} or b{sel}``: set operators keep each series' own metric name); then the node
+    exporter's InfiniBand counters, as raw counters (Gantry takes their growth itself, as
+    from a direct scrape), with ``node_selector`` when given, else ``selector``."""
     queries = []
     for metric in sorted(KEPT_METRICS | HEALTH_CEILING.keys()):
         names = (metric, _OTHER_NAME[metric]) if metric in _OTHER_NAME else (metric,)
         queries.append((metric, " or ".join(f"{name}{selector}" for name in names)))
+    node = selector if node_selector is None else node_selector
+    queries += [(metric, f"{metric}{node}") for metric in sorted(LINK_METRICS)]
     return queries
 
 
 class PrometheusSource:
     """Reads the gauges Gantry keeps back from a Prometheus server's HTTP API.
 
-    One ``query_range`` per field (``prometheus_queries``: the rollups' gauges and the
-    node-health fields) and window: per-field queries keep each answer to one field's
+    One ``query_range`` per field (``prometheus_queries``: the rollups' gauges, the
+    node-health fields and the node exporter's InfiniBand counters, those with
+    ``node_selector`` when given) and window: per-field queries keep each answer to one field's
     series, so the size cap is reached much later than with one ``__name__`` regex query,
     and a rejected selector names the query. Each series is written under the field's
     exporter name, whichever name Prometheus stored it under.
@@ -442,6 +448,7 @@ class PrometheusSource:
         *,
         step_s: int = DEFAULT_STEP_S,
         selector: str = "",
+        node_selector: str | None = None,
         timeout_s: float = PROMETHEUS_TIMEOUT_S,
         bearer_token: str | None = None,
         token_env: str | None = None,
@@ -457,6 +464,7 @@ class PrometheusSource:
             raise ValueError(f"max_points must be from 1 to {PROMETHEUS_MAX_POINTS}")
         self.step_s = step_s
         self.selector = selector
+        self.node_selector = node_selector
         self.timeout_s = timeout_s
         self.token_env = token_env
         self._bearer_token = bearer_token
@@ -501,7 +509,7 @@ class PrometheusSource:
             headers["Authorization"] = f"Bearer {token}"
         points = self.max_points  # per window; halved for the rest of the fetch when too big
         with _session(headers) as session:
-            for metric, query in prometheus_queries(self.selector):
+            for metric, query in prometheus_queries(self.selector, self.node_selector):
                 start = first
                 while start <= last:
                     end = min(last, start + (points - 1) * step_ms)
@@ -518,7 +526,10 @@ class PrometheusSource:
                         continue
                     try:
                         bodies = matrix_exposition(
-                            metric, matrix, max_body_bytes=self.max_body_bytes
+                            metric,
+                            matrix,
+                            max_body_bytes=self.max_body_bytes,
+                            kind="counter" if metric in LINK_METRICS else "gauge",
                         )
                     except _UnexpectedAnswer as exc:
                         raise self._error(query, f"sent an unexpected answer: {exc}") from None

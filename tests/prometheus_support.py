@@ -86,8 +86,8 @@ LIVE_EXPOSITION = (
     "# TYPE DCGM_FI_DEV_XID_ERRORS gauge\n"
     f"DCGM_FI_DEV_XID_ERRORS{{{_POD0}}} 0\n"
     f"DCGM_FI_DEV_XID_ERRORS{{{_SLURM1}}} 79\n"
-    "# TYPE DCGM_FI_DEV_SM_CLOCK gauge\n"
-    f"DCGM_FI_DEV_SM_CLOCK{{{_POD0}}} 1410\n"
+    "# TYPE DCGM_FI_DEV_MEM_CLOCK gauge\n"
+    f"DCGM_FI_DEV_MEM_CLOCK{{{_POD0}}} 1593\n"
     # A node-health counter under its DCGM 4.6 name (DCGM_FI_DEV_PCIE_REPLAY_COUNTER before).
     "# TYPE DCGM_FI_DEV_PCIE_REPLAY_TOTAL counter\n"
     f"DCGM_FI_DEV_PCIE_REPLAY_TOTAL{{{_SLURM1}}} 3\n"

@@ -18,8 +18,11 @@ nodes once their GPUs are free; until then it is pending and says what it waits 
 
 ``settings["faults"]`` injects hardware faults (``clusters.sim_faults``): a job on a GPU
 that faults fails at that instant (GPU_XID, or NODE_FAILURE for a GPU that takes its node
-down), and a throttled GPU slows the jobs on it. ``fence`` drains a node the way Slurm's
-drain does (``SimulatedFence``): running jobs go on, no new one starts there.
+down), and a throttled GPU slows the jobs on it. An experiment's env may put a straggler in
+its gang (``GANTRY_SIM_STRAGGLER``, ``clusters.sim_stragglers``), and a gang placed across
+leaf switches pays for the spine: either slows the job as its lockstep says. ``fence``
+drains a node the way Slurm's drain does (``SimulatedFence``): running jobs go on, no new
+one starts there.
 """
 
 import json
@@ -60,6 +63,7 @@ from clusters.simulation import (
     SimNode,
     Workload,
     checkpoint_steps,
+    gang_lockstep,
     outcome_at,
     place,
     sim_layout,
@@ -327,9 +331,16 @@ class SimulatorBackend:
             if refusal is not None:
                 raise PermanentBackendError(refusal)
         try:
-            return Workload.from_env(job_env(spec))
+            workload = Workload.from_env(job_env(spec))
         except ValueError as exc:
             raise PermanentBackendError(str(exc)) from None
+        ranks = spec.nodes * spec.gpus_per_node
+        if workload.straggler and workload.straggler_rank >= ranks:
+            raise PermanentBackendError(
+                f"GANTRY_SIM_STRAGGLER_RANK {workload.straggler_rank} is not a rank of the "
+                f"run's {ranks} GPUs (ranks 0 to {ranks - 1})"
+            )
+        return workload
 
     def _pool(self, flavor: str) -> dict:
         for pool in self.pools:
@@ -392,8 +403,11 @@ class SimulatorBackend:
             for node, indices in allocation.items():
                 taking[node] = [i for i in taking[node] if i not in indices]
             job.state, job.allocation, job.started_at, job.message = "RUNNING", allocation, now, ""
-            # A throttled GPU slows the gang for as long as it runs: its pace is set once.
-            speed = gang_speed(allocation, faults)
+            # A throttled GPU, a straggler or a placement across leaf switches slows the gang
+            # for as long as it runs: its pace is set once, the slowest of them.
+            paths = {name: node.path for name, node in nodes.items()}
+            pace = gang_lockstep(Workload(**job.profile["workload"]), allocation, paths).pace
+            speed = min(gang_speed(allocation, faults), pace)
             if speed < 1:
                 job.profile = {**job.profile, "speed": speed}
             job.save(update_fields=["state", "allocation", "started_at", "message", "profile"])
@@ -495,12 +509,19 @@ def _duration_text(seconds: float) -> str:
 
 
 def _workload_dict(workload: Workload) -> dict:
-    return {
+    shape = {
         "profile": workload.profile,
         "duration_s": workload.duration_s,
         "checkpoint_every_s": workload.checkpoint_every_s,
         "resume_step": workload.resume_step,
     }
+    if workload.straggler:  # only then: the specs of other runs read as they always did
+        shape |= {
+            "straggler": workload.straggler,
+            "straggler_rank": workload.straggler_rank,
+            "straggler_factor": workload.straggler_factor,
+        }
+    return shape
 
 
 def _speed(job: SimulatedJob) -> float:

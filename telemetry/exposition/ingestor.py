@@ -26,8 +26,11 @@ from telemetry.exposition.parsing import (
 from telemetry.exposition.rollups import (
     COUNT_SLOT,
     FB_SLOT,
+    GPU_BITS,
+    METRIC_BITS,
     METRIC_NUMBER,
     METRIC_SLOT,
+    SEEN_TS_SHIFT,
     MinuteRollup,
     MinuteRollups,
     RollupStats,
@@ -93,6 +96,8 @@ class Ingestor:
     def feed(self, body: bytes | str, *, default_ts: int, origin: str = "") -> None:
         """Ingest one scrape; ``default_ts`` (Unix ms) stamps samples without a timestamp.
         Raises ``BodyTooLarge`` over ``MAX_BODY_BYTES``, nothing else."""
+        # It stays whole: its loop is what every sample goes through, with every name it
+        # reads bound to a local first; a helper would cost a call per line.
         size = len(body.encode() if isinstance(body, str) else body)
         if size > MAX_BODY_BYTES:
             raise BodyTooLarge(size)
@@ -106,6 +111,7 @@ class Ingestor:
         unmapped = self.unmapped
         start_ms, end_ms = self.start_ms, self.end_ms
         isfinite = math.isfinite
+        ts_shift, metric_bits, gpu_bits = SEEN_TS_SHIFT, METRIC_BITS, GPU_BITS
         kept = ignored = comment_lines = malformed = non_finite = out_of_range = duplicates = 0
         for line in lines:
             # A line's head is its name and labels, up to its last "}" (label values may
@@ -168,12 +174,12 @@ class Ingestor:
                 unmapped[(ts // 60_000 * 60, origin)] += 1
                 continue
             # MinuteRollups.add_value, inlined: this is the loop every sample goes through.
-            seen_key = ts << 35 | number << 3 | metric_number
+            seen_key = ts << ts_shift | number << metric_bits | metric_number
             if seen_key in seen:
                 duplicates += 1
                 continue
             seen.add(seen_key)
-            key = (ts // 60_000) << 32 | number
+            key = (ts // 60_000) << gpu_bits | number
             acc = accumulators.get(key)
             if acc is None:
                 acc = accumulators[key] = new_accumulator()

@@ -22,6 +22,12 @@ DRAM_ACTIVE = "DCGM_FI_PROF_DRAM_ACTIVE"
 FB_USED = "DCGM_FI_DEV_FB_USED"
 POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"
 XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
+# What a slow GPU or a slow link shows (issue 36, docs/telemetry-sources.md): the SM clock
+# and its maximum in MHz (fields 100 and 113), NVLink traffic in bytes/s (1011, 1012).
+SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
+MAX_SM_CLOCK = "DCGM_FI_DEV_MAX_SM_CLOCK"
+NVLINK_TX = "DCGM_FI_PROF_NVLINK_TX_BYTES"
+NVLINK_RX = "DCGM_FI_PROF_NVLINK_RX_BYTES"
 # The node-health fields (docs/node-health.md, "DCGM signals"), by dcgm-exporter's names.
 ECC_DBE_VOL = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
 ECC_DBE_AGG = "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL"
@@ -73,7 +79,7 @@ DCGM_FIELDS = (
 FIELD_NAMES = {name: dcgm.name for dcgm in DCGM_FIELDS for name in (dcgm.name, dcgm.alias) if name}
 
 # The largest value each kept gauge can take: ratios are 0-1, GPU_UTIL is a percentage;
-# the rest are only bounded below (MiB, W, the last XID code).
+# the rest are only bounded below (MiB, W, the last XID code, MHz, bytes/s).
 VALUE_CEILING = {
     GR_ENGINE_ACTIVE: 1.0,
     SM_ACTIVE: 1.0,
@@ -83,6 +89,10 @@ VALUE_CEILING = {
     FB_USED: math.inf,
     POWER_USAGE: math.inf,
     XID_ERRORS: math.inf,
+    SM_CLOCK: math.inf,
+    MAX_SM_CLOCK: math.inf,
+    NVLINK_TX: math.inf,
+    NVLINK_RX: math.inf,
 }
 KEPT_METRICS = frozenset(VALUE_CEILING)
 # What a node-health parser keeps (``ExpositionParser(HEALTH_CEILING)``): every health

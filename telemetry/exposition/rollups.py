@@ -12,8 +12,12 @@ from telemetry.exposition.parsing import (
     GPU_UTIL,
     GR_ENGINE_ACTIVE,
     KEPT_METRICS,
+    MAX_SM_CLOCK,
+    NVLINK_RX,
+    NVLINK_TX,
     POWER_USAGE,
     SM_ACTIVE,
+    SM_CLOCK,
     TENSOR_ACTIVE,
     XID_ERRORS,
     GpuSample,
@@ -34,6 +38,9 @@ class MinuteRollup:
     power: float | None  # W, the minute's mean
     xid: int  # the last non-zero XID seen in the minute, 0 if none
     samples: int
+    sm_clock_mhz: float | None = None  # the minute's mean
+    max_sm_clock_mhz: float | None = None  # the minute's mean (a constant of the GPU)
+    nvlink_bytes_s: float | None = None  # mean transmitted + mean received; None without both
 
 
 @dataclass(slots=True)
@@ -51,16 +58,24 @@ _MEAN_SLOT = {
     TENSOR_ACTIVE: 6,
     DRAM_ACTIVE: 8,
     POWER_USAGE: 10,
+    SM_CLOCK: 12,
+    MAX_SM_CLOCK: 14,
+    NVLINK_TX: 16,
+    NVLINK_RX: 18,
 }
-FB_SLOT, _XID_SLOT, _XID_TS_SLOT, COUNT_SLOT = 12, 13, 14, 15
+_MEANS = len(_MEAN_SLOT)
+FB_SLOT, _XID_SLOT, _XID_TS_SLOT, COUNT_SLOT = (2 * _MEANS + i for i in range(4))
 # Where a kept metric's value goes: its accumulator slot (FB_USED and XID_ERRORS have their
 # own rules) and its number among the kept metrics, part of the duplicate key.
 METRIC_SLOT = {**_MEAN_SLOT, FB_USED: FB_SLOT, XID_ERRORS: _XID_SLOT}
 METRIC_NUMBER = {metric: number for number, metric in enumerate(sorted(KEPT_METRICS))}
 # Keys are ints, not tuples: (minute << 32 | gpu) for an accumulator and
-# (ts << 35 | gpu << 3 | metric) for a seen sample, where gpu numbers an (attempt, host,
+# (ts << 36 | gpu << 4 | metric) for a seen sample, where gpu numbers an (attempt, host,
 # GPU). Shifting keeps them unique for negative minutes and timestamps too.
-_GPU_BITS, _METRIC_BITS = 32, 3
+GPU_BITS, METRIC_BITS = 32, 4
+SEEN_TS_SHIFT = GPU_BITS + METRIC_BITS
+if len(METRIC_NUMBER) > 1 << METRIC_BITS:
+    raise ImportError("more kept metrics than a seen sample's key can number: widen METRIC_BITS")
 
 
 # An accumulator: (sum, count) per mean metric, then the frame-buffer maximum (None before
@@ -69,7 +84,7 @@ _Accumulator = list[Any]
 
 
 def new_accumulator() -> _Accumulator:
-    return [0.0, 0] * 6 + [None, 0, -1, 0]
+    return [0.0, 0] * _MEANS + [None, 0, -1, 0]
 
 
 def _mean(acc: _Accumulator, slot: int) -> float | None:
@@ -93,7 +108,7 @@ class MinuteRollups:
         key = (attempt, host, gpu)
         number = self._gpu_numbers.get(key)
         if number is None:
-            if len(self._gpus) >= 1 << _GPU_BITS:
+            if len(self._gpus) >= 1 << GPU_BITS:
                 raise OverflowError("more GPUs than one rollup can number")
             number = self._gpu_numbers[key] = len(self._gpus)
             self._gpus.append(key)
@@ -101,13 +116,13 @@ class MinuteRollups:
 
     def add_value(self, gpu_number: int, metric: str, value: float, ts: int) -> None:
         """One kept sample of the numbered GPU (``Ingestor.feed`` inlines this)."""
-        seen_key = ts << (_GPU_BITS + _METRIC_BITS) | gpu_number << _METRIC_BITS
+        seen_key = ts << SEEN_TS_SHIFT | gpu_number << METRIC_BITS
         seen_key |= METRIC_NUMBER[metric]
         if seen_key in self._seen:
             self.duplicates += 1
             return
         self._seen.add(seen_key)
-        key = (ts // 60_000) << _GPU_BITS | gpu_number
+        key = (ts // 60_000) << GPU_BITS | gpu_number
         acc = self._accumulators.get(key)
         if acc is None:
             acc = self._accumulators[key] = new_accumulator()
@@ -128,19 +143,20 @@ class MinuteRollups:
 
     def rows(self) -> list[MinuteRollup]:
         rows = []
-        gpus, mask = self._gpus, (1 << _GPU_BITS) - 1
+        gpus, mask = self._gpus, (1 << GPU_BITS) - 1
         for key, acc in self._accumulators.items():
             attempt, host, gpu = gpus[key & mask]
             activity = _mean(acc, 0)
             if activity is None:
                 utilization = _mean(acc, 2)
                 activity = None if utilization is None else utilization / 100
+            nvlink_tx, nvlink_rx = _mean(acc, 16), _mean(acc, 18)
             rows.append(
                 MinuteRollup(
                     attempt_id=attempt,
                     host=host,
                     gpu=gpu,
-                    minute=(key >> _GPU_BITS) * 60,
+                    minute=(key >> GPU_BITS) * 60,
                     activity=activity,
                     sm_active=_mean(acc, 4),
                     tensor_active=_mean(acc, 6),
@@ -149,6 +165,11 @@ class MinuteRollups:
                     power=_mean(acc, 10),
                     xid=acc[_XID_SLOT],
                     samples=acc[COUNT_SLOT],
+                    sm_clock_mhz=_mean(acc, 12),
+                    max_sm_clock_mhz=_mean(acc, 14),
+                    nvlink_bytes_s=None
+                    if nvlink_tx is None or nvlink_rx is None
+                    else nvlink_tx + nvlink_rx,
                 )
             )
         rows.sort(key=lambda row: (str(row.attempt_id), row.host, row.gpu, row.minute))

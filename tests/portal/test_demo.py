@@ -5,6 +5,7 @@ the finance statements of last month and this one are made of."""
 
 import contextlib
 import itertools
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -25,17 +26,20 @@ from images.models import Image
 from jobs.models import Attempt, Run
 from jobs.selectors.estimates import run_start_estimate
 from jobs.selectors.runs import runs_place_in_line
-from portal.demo import DEMO_PASSWORD, LOGINS, demo_seed, previous_month
+from portal.demo import DEMO_PASSWORD, LOGINS, STRAGGLER_RUN, demo_seed, previous_month
 from portal.demo_history import GPU_MINUTE_COLUMNS, _gpu_minutes_insert
 from telemetry import accounting
 from telemetry.goodput import DEFAULT_GOODPUT_DAYS, goodput_window
 from telemetry.kpis.node_health import node_overview
-from telemetry.models import AttemptAccounting, GpuMinute
+from telemetry.models import AttemptAccounting, GpuMinute, RankStepWindow
+from telemetry.selectors.evidence import attempt_clock_evidence, attempt_link_evidence
 from telemetry.selectors.gpu_seconds import GpuSeconds
+from telemetry.selectors.rank_windows import attempt_rank_windows
 from telemetry.selectors.run_page import run_telemetry
 from telemetry.selectors.tenant_goodput import GoodputPeriod, goodput_by_period
 from telemetry.services import accounting_compute_pending
 from telemetry.simulated import SimulatedMinute
+from telemetry.stragglers import Cause, GpuEvidence, Placement, RankWindow, detect
 from tenants.models import Quota, Tenant
 
 pytestmark = pytest.mark.django_db
@@ -246,6 +250,51 @@ def test_the_input_bound_run_is_diagnosed_as_input_bound(demo):
     ]
 
 
+def test_a_gang_with_a_clock_capped_gpu_has_what_names_its_straggler(demo):
+    """vit-gang: 2 x 8 A100 GPUs, GPU 3 of the second node (rank 11) capped at 1,410 / 1.5
+    MHz; every rank's windows, every GPU's clock and both nodes' links are stored, and the
+    straggler detector names rank 11, its node, its GPU and the cause from them."""
+    run = run_named(STRAGGLER_RUN)
+    [attempt] = run.attempts.all()
+    nodes = ["sim-east-a100-80gb-00", "sim-east-a100-80gb-01"]
+    step = 0.97 * 1.5 + 0.01 + 0.02  # the gang's step: the capped GPU's, plus the transfer
+    assert (run.gpus, run.state, attempt.node_list) == (16, "SUCCEEDED", nodes)
+    assert run.experiment.env["GANTRY_SIM_STRAGGLER"] == "slow_gpu"
+    # An hour of work and 30 s of start-up, at the gang's pace.
+    assert (attempt.finished_at - attempt.started_at).total_seconds() == pytest.approx(
+        3630 * step, abs=1e-5
+    )
+    per_rank = Counter(
+        RankStepWindow.objects.filter(attempt=attempt).values_list("rank", "world_size")
+    )
+    assert per_rank == {(rank, 16): 60 for rank in range(16)}
+    slow = RankStepWindow.objects.filter(attempt=attempt, rank=11).first()
+    assert (slow.host, slow.gpu, slow.steps, round(slow.comm_wait_s, 6)) == (nodes[1], "3", 60, 1.2)
+    clocks = {
+        (c.host, c.gpu): c.sm_clock_mhz for c in attempt_clock_evidence(attempt_id=attempt.pk)
+    }
+    assert clocks.pop((nodes[1], "3")) == 940.0
+    assert (len(clocks), set(clocks.values())) == (15, {1410.0})
+    links = attempt_link_evidence(attempt_id=attempt.pk)
+    assert [(host.host, host.ib_errors, host.minutes > 80) for host in links.hosts] == [
+        (nodes[0], 0, True),
+        (nodes[1], 0, True),
+    ]
+    assert links.low_infiniband() == links.low_nvlink() == []
+    paths = dict(ClusterNode.objects.filter(name__in=nodes).values_list("name", "path"))
+    found = detect(
+        [RankWindow(**row) for row in attempt_rank_windows(attempt_id=attempt.pk)],
+        evidence=[
+            GpuEvidence(c.host, c.gpu, c.sm_clock_mhz, c.max_sm_clock_mhz)
+            for c in attempt_clock_evidence(attempt_id=attempt.pk)
+        ],
+        placement=Placement({node: tuple(path) for node, path in paths.items()}),
+    )
+    assert [(s.rank, s.host, s.gpu, s.cause, s.first_window) for s in found.stragglers] == [
+        (11, nodes[1], "3", Cause.SLOW_GPU, 1)
+    ]
+
+
 def test_the_history_spans_a_month_and_accounts_as_its_profiles(demo):
     assert accounting_compute_pending(limit=100) == 0  # the seed accounted its history
 
@@ -253,12 +302,12 @@ def test_the_history_spans_a_month_and_accounts_as_its_profiles(demo):
         row.attempt.run.experiment.name: row
         for row in AttemptAccounting.objects.select_related("attempt__run__experiment")
     }
-    # Nine runs, one preempted and resumed, and one retried after a hardware fault.
-    assert AttemptAccounting.objects.count() == 13
+    # Twelve runs, one preempted and resumed, and one retried after a hardware fault.
+    assert AttemptAccounting.objects.count() == 14
     assert sorted(rows) == [
         "colbert-distill", "cordex-emulator", "cordex-v0", "dpr-train", "llama-ft-lr1e4",
-        "llama-ft-lr3e4", "notebook-debug", "segformer-b5", "unet-sweep-1", "yolo-baseline",
-        "yolo-v0",
+        "llama-ft-lr3e4", "notebook-debug", "segformer-b5", "unet-sweep-1", "vit-gang",
+        "yolo-baseline", "yolo-v0",
     ]  # fmt: skip
     for row in AttemptAccounting.objects.all():
         assert row.effective_gpu_s + row.waste_gpu_s == row.allocated_gpu_s
@@ -503,7 +552,9 @@ def test_the_history_gpu_minutes_are_the_rows_the_orm_would_write(demo):
         _gpu_minutes_insert(
             attempt=attempt,
             minutes=[
-                SimulatedMinute("sim-east-a100-80gb-02", "0", minute, 0.91, 0.625, 0.5, 12),
+                SimulatedMinute(
+                    "sim-east-a100-80gb-02", "0", minute, 0.91, 0.625, 0.5, 12, 940.0, 1410.0, 8e10
+                ),
                 SimulatedMinute("sim-east-a100-80gb-02", "7", minute, 0.25, 0.125, 0.0, 11),
             ],
         )
@@ -511,12 +562,13 @@ def test_the_history_gpu_minutes_are_the_rows_the_orm_would_write(demo):
     assert [
         (
             row.host, row.gpu, row.minute, row.activity, row.sm_active, row.tensor_active,
-            row.dram_active, row.fb_used, row.power, row.xid, row.samples, row.updated_at,
+            row.dram_active, row.fb_used, row.power, row.xid, row.samples, row.sm_clock_mhz,
+            row.max_sm_clock_mhz, row.nvlink_bytes_s, row.updated_at,
         )
         for row in rows
     ] == [
-        ("sim-east-a100-80gb-02", "0", minute, 0.91, 0.625, 0.5, None, None, None, 0, 36,
-         datetime(2026, 11, 3, 10, 0, 5, tzinfo=UTC)),
-        ("sim-east-a100-80gb-02", "7", minute, 0.25, 0.125, 0.0, None, None, None, 0, 33,
-         datetime(2026, 11, 3, 10, 0, 5, tzinfo=UTC)),
+        ("sim-east-a100-80gb-02", "0", minute, 0.91, 0.625, 0.5, None, None, None, 0, 84, 940.0,
+         1410.0, 8e10, datetime(2026, 11, 3, 10, 0, 5, tzinfo=UTC)),
+        ("sim-east-a100-80gb-02", "7", minute, 0.25, 0.125, 0.0, None, None, None, 0, 77, None,
+         None, None, datetime(2026, 11, 3, 10, 0, 5, tzinfo=UTC)),
     ]  # fmt: skip

@@ -101,18 +101,18 @@ def test_the_researcher_sees_their_runs_the_waiting_one_with_its_estimate_and_go
     # segformer-b5 counts with both its attempts: the one the lemon's fault ended (its lost
     # GPU-hours are waste here, whatever finance credits) and the retry.
     assert texts(html, data_home_figure="goodput") == [
-        "Goodput over the last 30 days (since 9 Feb, as on the goodput page): vision : 52.1 % "
-        "of all its runs (72.6 of 139.4 GPU-hours effective, 5 attempts) ; your runs: 73.0 % "
-        "(72.6 of 99.4 GPU-hours, 4 attempts) , their waste is mostly input wait."
+        "Goodput over the last 30 days (since 9 Feb, as on the goodput page): vision : 53.9 % "
+        "of all its runs (88.1 of 163.4 GPU-hours effective, 6 attempts) ; your runs: 71.4 % "
+        "(88.1 of 123.4 GPU-hours, 5 attempts) , their waste is mostly input wait."
     ]
     page = client_of("alice").get(reverse("telemetry:tenant_goodput", args=["vision"]))
     page_html = page.content.decode()
     assert "Last 30 days" in page_html
-    assert texts(page_html, data_kpi="goodput") == ["52.1 %"]
-    assert texts(page_html, data_kpi="attempts") == ["5"]
+    assert texts(page_html, data_kpi="goodput") == ["53.9 %"]
+    assert texts(page_html, data_kpi="attempts") == ["6"]
     alice_row = texts(page_html, data_row="alice")[0]
-    assert alice_row.startswith("alice 4 99.43 72.58"), alice_row
-    assert " 73.0 % " in alice_row, alice_row
+    assert alice_row.startswith("alice 5 123.39 88.10"), alice_row
+    assert " 71.4 % " in alice_row, alice_row
     waiting = run_id("yolo-xl")
     assert texts(html, data_table="my-waiting") == [
         f"Run GPUs Why it waits Should start #{waiting} yolo-xl 2×8 a100-80gb Borrow limit "
@@ -125,9 +125,9 @@ def test_the_researcher_sees_their_runs_the_waiting_one_with_its_estimate_and_go
         f"#{run_id('yolo-xl')} yolo-xl",
         f"#{run_id('unet-sweep-2')} unet-sweep-2",
         f"#{run_id('yolo-large')} yolo-large",
-        # Her latest finished run, 2 days back (the last five: yolo-baseline drops out).
+        # Her latest finished runs, 2 and 4 days back (the last five: older ones drop out).
         f"#{run_id('segformer-b5')} segformer-b5",
-        f"#{run_id('unet-sweep-1')} unet-sweep-1",
+        f"#{run_id('vit-gang')} vit-gang",
     ]
 
 
@@ -137,7 +137,7 @@ def test_the_tenant_admin_sees_quota_and_budget_use_members_and_waiting_runs(dem
     assert texts(html, data_tenant="vision", data_home="tenant-admin") == [
         "Vision Lab (vision), your tenant Quotas 2 members · 1 run waiting · Goodput "
         "Quota and budget use of vision GPU flavor In use now Guaranteed Borrow limit "
-        "Budget this month a100-80gb 16 16 8 1 % 38.7 of 5000 GPU-hours (1 %) "
+        "Budget this month a100-80gb 16 16 8 1 % 62.6 of 5000 GPU-hours (1 %) "
         "Hard: runs wait when the budget is spent h100-80gb 0 8 0 No budget · 0.0 GPU-hours "
         f"used #{run_id('yolo-xl')} yolo-xl by alice, 2×8 a100-80gb: Borrow limit reached "
         "· #1 in queue"
@@ -155,20 +155,20 @@ def test_the_platform_admin_sees_occupancy_fragmentation_kpis_and_backends(demo)
         "sim-east · a100-80gb 48 32 (94 %) 6 8 2 1 × 1–2; none with 3–8 "
         "sim-east · h100-80gb 16 4 (25 %) 0 0 12 1 × 5–8, 2 × 1–4"
     ]
-    # The KPI page's default range, the last 30 days: the history runs, 9 of 10 succeeded
+    # The KPI page's default range, the last 30 days: the history runs, 10 of 11 succeeded
     # (segformer-b5 too, on its retry); the attempt the lemon's fault ended is the third
-    # unsuccessful one.
+    # unsuccessful one. vit-gang's start-up took 45 s, its gang slowed by its straggler.
     assert texts(html, data_home="kpis") == [
         "KPIs of the last 30 days, 2027-02-09 through 2027-03-10 All KPIs Queue time p50 / p95 "
-        "6 min 00 s / 6 min 00 s Startup time p50 / p95 30 s / 30 s Success rate 90.0 % Goodput "
-        "59.8 % Cluster allocation (30-day average) 0.8 % Unsuccessful attempts 3 Every KPI here "
+        "6 min 00 s / 6 min 00 s Startup time p50 / p95 30 s / 45 s Success rate 90.9 % Goodput "
+        "60.1 % Cluster allocation (30-day average) 0.9 % Unsuccessful attempts 3 Every KPI here "
         "covers the 30 days, not this moment: cluster allocation is the GPU-hours runs held over "
         "them ÷ the GPU-hours the clusters offered, so it differs from the share held now in "
         "“GPUs now” above."
     ]
     kpi_page = client_of("admin").get(reverse("telemetry:platform_kpis")).content.decode()
-    assert texts(kpi_page, data_kpi="success")[0].startswith("90.0 % (9 of 10 runs)")
-    assert texts(kpi_page, data_kpi="goodput")[0].startswith("59.8 % (228.01 of 381.43 GPU-hours)")
+    assert texts(kpi_page, data_kpi="success")[0].startswith("90.9 % (10 of 11 runs)")
+    assert texts(kpi_page, data_kpi="goodput")[0].startswith("60.1 % (243.53 of 405.39 GPU-hours)")
     assert texts(html, data_table="backends") == [
         "Cluster Backend Last sync Health sim-east Simulator never Healthy"
     ]
@@ -179,12 +179,13 @@ def test_finance_sees_last_months_statements_and_what_is_still_open(demo):
 
     # February at the A100 rate before March's rise (2.10 EUR; H100 3.90), March to date at
     # 2.40: vision's segformer-b5 (8 GPUs, 141,944 GPU-seconds) less the 2,744 credited for
-    # the lemon's fault is 139,200 GPU-seconds, 38.67 GPU-hours, 92.80 EUR.
+    # the lemon's fault is 139,200 GPU-seconds, 38.67 GPU-hours, 92.80 EUR; vit-gang's 16 GPUs
+    # for 3,630 s x 1.485 (its straggler's pace) are 23.96 GPU-hours, 57.50 EUR.
     assert texts(html, data_table="statements") == [
         "Tenant Feb 2027 GPU-hours Feb 2027 cost Mar 2027 so far, accrued (still open) "
         "Climate Modeling (climate) 36.00 75.60 EUR 105.60 EUR "
         "NLP Group (nlp) 96.00 201.60 EUR 158.40 EUR "
-        "Vision Lab (vision) 140.00 330.00 EUR 92.80 EUR"
+        "Vision Lab (vision) 140.00 330.00 EUR 150.30 EUR"
     ]
     assert page_actions(html).links.count("/finance/vision/2027-02/") == 1
 
@@ -192,7 +193,8 @@ def test_finance_sees_last_months_statements_and_what_is_still_open(demo):
 def test_finances_open_month_accrues_the_attempts_still_running(demo):
     """Vision's two admitted 8-GPU runs start at the seed's instant (as the simulator starts
     them); an hour later they have cost 16 GPU-hours at March's 2.40 EUR, and the open month
-    reads that on top of segformer-b5's charged 92.80, and says where it comes from."""
+    reads that on top of segformer-b5's charged 92.80 and vit-gang's 57.50, and says where it
+    comes from."""
     with transaction.atomic():
         started = Attempt.objects.filter(run__tenant__slug="vision", started_at__isnull=True)
         assert sorted(attempt.run.gpus for attempt in started) == [8, 8]
@@ -204,7 +206,7 @@ def test_finances_open_month_accrues_the_attempts_still_running(demo):
 
     vision = [row for row in texts(html, data_tenant="vision") if "Vision Lab" in row]
     assert vision == [
-        "Vision Lab (vision) 140.00 330.00 EUR 131.20 EUR incl. 38.40 of 2 attempts running or "
+        "Vision Lab (vision) 140.00 330.00 EUR 188.70 EUR incl. 38.40 of 2 attempts running or "
         "not yet rolled up"
     ]
 

@@ -39,7 +39,8 @@ def test_each_persona_lands_on_its_home_page(persona_page, transactional_db):
     assert shown_sections(tara) == ["researcher", "tenant-admin"]
     vision = tara.locator("[data-home=tenant-admin][data-tenant=vision]")
     # The budget burns on the charged GPU-hours of the month so far, as the seed's dates put
-    # them in it: segformer-b5's, less its credit for the lemon's fault, on most days.
+    # them in it: segformer-b5's, less its credit for the lemon's fault, and vit-gang's, on
+    # most days.
     used = gpu_hours_this_month(now=timezone.now()).get(("vision", "a100-80gb"), 0.0)
     expect(vision.locator("[data-quota=a100-80gb]")).to_contain_text(
         f"{floatformat(used, 1)} of 5000 GPU-hours"

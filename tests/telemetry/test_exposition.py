@@ -58,7 +58,7 @@ def test_dcgm_exporter_output_keeps_used_metrics_and_counts_the_rest():
         "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n"
         "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
         f"DCGM_FI_DEV_GPU_UTIL{{{LABELS}}} 97\n"
-        f"DCGM_FI_DEV_SM_CLOCK{{{LABELS}}} 1410\n"
+        f"DCGM_FI_DEV_MEM_CLOCK{{{LABELS}}} 1593\n"
         "\n"
         f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{LABELS}}} 0.812 {T0 + 5}\n"
     )
@@ -136,7 +136,7 @@ def test_escaped_label_values_are_unescaped():
         ('DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="0"} 1.5', "out_of_range"),
         ('DCGM_FI_DEV_GPU_UTIL{gpu="0"} 101', "out_of_range"),
         ('DCGM_FI_DEV_POWER_USAGE{gpu="0"} -1', "out_of_range"),
-        ('DCGM_FI_DEV_SM_CLOCK{gpu="0"} NaN', "ignored"),
+        ('DCGM_FI_DEV_MEM_CLOCK{gpu="0"} NaN', "ignored"),
         ('DCGM_FI_DEV_GPU_UTIL{gpu="0" 97', "malformed"),
         ('DCGM_FI_DEV_GPU_UTIL{gpu="0",gpu="1"} 97', "malformed"),
         ('DCGM_FI_DEV_GPU_UTIL{gpu="\\x"} 97', "malformed"),
@@ -318,7 +318,7 @@ FRAGMENTS = st.sampled_from(
     [
         "DCGM_FI_DEV_GPU_UTIL",
         "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-        "DCGM_FI_DEV_SM_CLOCK",
+        "DCGM_FI_DEV_MEM_CLOCK",
         "{",
         "}",
         '"',
@@ -428,7 +428,7 @@ SERIES_LABELS = st.sampled_from(
         'gpu="0",Hostname="h\\q\\"}"',  # escapes and a brace inside a value
     ]
 )
-METRIC_NAMES = st.sampled_from([*sorted(KEPT_METRICS), "DCGM_FI_DEV_SM_CLOCK", "9bad"])
+METRIC_NAMES = st.sampled_from([*sorted(KEPT_METRICS), "DCGM_FI_DEV_MEM_CLOCK", "9bad"])
 VALUE_TEXT = st.sampled_from(["0.25", "1", "97", "0", "-1", "2", "NaN", "+Inf", "1_0", "x", "3"])
 STAMP = st.one_of(
     st.just(""),
@@ -500,7 +500,7 @@ def test_the_ingestor_learns_each_head_once_and_counts_like_the_parser():
     body = (
         "# HELP DCGM_FI_DEV_GPU_UTIL util\n"
         f"DCGM_FI_DEV_GPU_UTIL{{{LABELS}}} 50\n"
-        f"DCGM_FI_DEV_SM_CLOCK{{{LABELS}}} 1410\n"
+        f"DCGM_FI_DEV_MEM_CLOCK{{{LABELS}}} 1593\n"
         f"DCGM_FI_DEV_GPU_UTIL{{{LABELS}}} NaN\n"
         "\n"
     )
@@ -511,7 +511,7 @@ def test_the_ingestor_learns_each_head_once_and_counts_like_the_parser():
     assert (ingestor.stats.lines, ingestor.stats.samples, ingestor.stats.ignored) == (10, 2, 2)
     assert (ingestor.stats.comments, ingestor.stats.non_finite, ingestor.stats.blanks) == (2, 2, 2)
     assert [(row.attempt_id, row.activity, row.samples) for row in ingestor.rows()] == [(9, 0.5, 2)]
-    assert len(ingestor._routes) == 2  # the GPU_UTIL and SM_CLOCK heads, learned once
+    assert len(ingestor._routes) == 2  # the GPU_UTIL and MEM_CLOCK heads, learned once
 
 
 def test_the_dcgm_4_6_xid_name_rolls_up_as_the_xid_and_counts_as_one_metric():

@@ -15,7 +15,7 @@ from jobs.models import Attempt, AttemptState
 from telemetry import collection
 from telemetry.exposition.parsing import GPU_UTIL, GR_ENGINE_ACTIVE, SM_ACTIVE, GpuSample, render
 from telemetry.models import ClusterTelemetry, GpuMinute, RawScrape, UnmappedSamples
-from telemetry.simulated import simulated_telemetry
+from telemetry.simulated import GAUGES_PER_SCRAPE, simulated_telemetry
 from telemetry.sources import Scrape, SourceError
 from tests.jobs.test_lifecycle import submit
 from tests.prometheus_support import (
@@ -323,15 +323,21 @@ def test_simulator_metrics_go_through_exposition_text_and_the_raw_store(world):
         finished=True,
         speedup=1,
         gpus=[(node, str(gpu)) for node, gpus in job.allocation.items() for gpu in gpus],
+        max_clock_mhz=1410.0,
     ).minutes
-    # Three gauges per scrape; the same means the simulator computed.
+    # Seven gauges per scrape; the same means the simulator computed.
+    assert GAUGES_PER_SCRAPE == 7
+    rows = GpuMinute.objects.filter(attempt=attempt).order_by("host", "gpu", "minute")
     assert [
-        (row.host, row.gpu, row.minute, row.samples, row.activity)
-        for row in GpuMinute.objects.filter(attempt=attempt).order_by("host", "gpu", "minute")
+        (row.host, row.gpu, row.minute, row.samples, row.activity, row.sm_clock_mhz,
+         row.max_sm_clock_mhz, row.nvlink_bytes_s)
+        for row in rows
     ] == [
-        (m.host, m.gpu, m.minute, 3 * m.samples, pytest.approx(m.activity, abs=1e-12))
+        (m.host, m.gpu, m.minute, 7 * m.samples, pytest.approx(m.activity, abs=1e-12), 1410.0,
+         1410.0, pytest.approx(m.nvlink_bytes_s, rel=1e-12))
         for m in sorted(expected, key=lambda m: (m.host, m.gpu, m.minute))
-    ]
+    ]  # fmt: skip
+    assert {m.nvlink_bytes_s for m in expected} >= {100e9}  # two GPUs: NVLink while working
 
 
 # --- end to end: real HTTP sources configured on the cluster -----------------------------

@@ -745,7 +745,7 @@ def test_the_token_from_token_env_is_sent_as_a_bearer_token_and_nowhere_else(exp
 
     assert source.fetch(start_ms=0, end_ms=60_000) == []
 
-    assert len(exporter.requests) == len(prometheus_queries("")) == 23
+    assert len(exporter.requests) == len(prometheus_queries("")) == 33
     assert {r.headers["Authorization"] for r in exporter.requests} == {f"Bearer {TOKEN}"}
     assert {r.headers["User-Agent"] for r in exporter.requests} == {"gantry-telemetry"}
     error = {"status": "error", "errorType": "unavailable", "error": "too busy"}
@@ -1117,7 +1117,7 @@ def test_prometheus_gives_back_what_the_exporter_served_on_the_step_grid(
     text = b"".join(s.body for s in scrapes)
     assert b'Hostname="gpu-node1"' in text
     assert b'hostname="gpu-node2"' in text
-    assert b"DCGM_FI_DEV_SM_CLOCK" not in text  # not a metric Gantry keeps: not asked for
+    assert b"DCGM_FI_DEV_MEM_CLOCK" not in text  # not a metric Gantry keeps: not asked for
     # A health field stored under its DCGM 4.6 name comes back under the exporter's name.
     health = ExpositionParser(HEALTH_CEILING)
     replays = [
