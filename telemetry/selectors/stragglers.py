@@ -23,6 +23,7 @@ from clusters.models import ClusterNode, NodeHealthEvent
 from jobs.models import Attempt
 from telemetry.models import RankStepWindow
 from telemetry.rank_windows import short_host
+from telemetry.selectors.evidence import attempt_clock_evidence
 from telemetry.selectors.rank_windows import attempt_held_gpus, attempt_rank_windows
 from telemetry.stragglers import Cause, GpuEvidence, Placement, RankWindow
 
@@ -109,12 +110,15 @@ class _Signs:
 
 
 def gpu_clocks(*, attempt: Attempt, start: datetime, end: datetime) -> dict[GpuKey, Clock]:
-    """Each GPU's mean SM clock and its maximum (MHz) over the span, by (short host, GPU).
-
-    Not collected yet (DCGM_FI_DEV_SM_CLOCK and DCGM_FI_DEV_MAX_SM_CLOCK are not rolled
-    up): empty. The one place a source of SM clocks plugs in; a GPU it names gets an
-    evidence row even without a node-health event."""
-    return {}
+    """Each GPU's mean SM clock and its maximum (MHz) over the span, by (short host, GPU),
+    for the GPUs DCGM reported a clock of (``DCGM_FI_DEV_SM_CLOCK``,
+    ``DCGM_FI_DEV_MAX_SM_CLOCK``): a GPU named here gets an evidence row even without a
+    node-health event. One query."""
+    return {
+        (short_host(clock.host), clock.gpu): (clock.sm_clock_mhz, clock.max_sm_clock_mhz)
+        for clock in attempt_clock_evidence(attempt_id=attempt.pk, since=start, until=end)
+        if clock.minutes
+    }
 
 
 def gpu_evidence(

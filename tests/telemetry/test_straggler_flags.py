@@ -23,7 +23,7 @@ from jobs.models import Attempt, AttemptState, Run
 from jobs.services.submission import run_submit
 from telemetry import tasks
 from telemetry.kpis.node_health import SlowRanks, node_overview
-from telemetry.models import RankStepWindow, StragglerFlag, StragglerScan
+from telemetry.models import GpuMinute, RankStepWindow, StragglerFlag, StragglerScan
 from telemetry.selectors.stragglers import attempt_straggler_inputs
 from telemetry.straggler_flags import (
     ScanSummary,
@@ -221,7 +221,7 @@ def test_an_attempt_without_windows_has_no_inputs(world, big):
 
 
 @pytest.mark.parametrize(("nodes", "per_node"), [(1, 4), (16, 4)])
-def test_inputs_take_six_queries_whatever_the_rank_count(
+def test_inputs_take_seven_queries_whatever_the_rank_count(
     world, big, django_assert_num_queries, nodes, per_node
 ):
     attempt = attempt_on(world, big, nodes=nodes, gpus_per_node=per_node)
@@ -230,8 +230,9 @@ def test_inputs_take_six_queries_whatever_the_rank_count(
         thermal(big, host(index), "1")
 
     # The latest window, the attempt's GPUs (its flavor's GPUs per node, then the
-    # simulator's allocation), its windows, its nodes' health events, their topology.
-    with django_assert_num_queries(6):
+    # simulator's allocation), its windows, its nodes' health events, its GPUs' SM clocks,
+    # their topology.
+    with django_assert_num_queries(7):
         inputs = attempt_straggler_inputs(attempt=attempt, now=NOW)
 
     assert len(inputs.windows) == nodes * per_node * 10
@@ -266,6 +267,32 @@ def test_the_scan_flags_exactly_the_slow_rank_with_its_node_gpu_cause_and_slowdo
         False,
         [],
     )
+
+
+def test_a_capped_sm_clock_alone_names_a_slow_gpu(world, big):
+    """No node-health event: the GPU minutes' SM clock (DCGM_FI_DEV_SM_CLOCK against
+    DCGM_FI_DEV_MAX_SM_CLOCK) is the evidence."""
+    attempt = attempt_on(world, big, nodes=2, gpus_per_node=2)
+    run_gang(attempt, 5, slowed(3, 1.5, since=2))
+    for index in range(2):
+        for gpu in ("0", "1"):
+            capped = (index, gpu) == (1, "1")
+            GpuMinute.objects.create(
+                attempt=attempt,
+                host=host(index),
+                gpu=gpu,
+                minute=T0 + timedelta(minutes=5),
+                sm_clock_mhz=940.0 if capped else 1410.0,
+                max_sm_clock_mhz=1410.0,
+                samples=4,
+            )
+
+    straggler_flags_scan(now=NOW)
+
+    flag = StragglerFlag.objects.get(attempt=attempt)
+    assert (flag.rank, flag.node, flag.gpu, flag.cause) == (3, host(1), "1", "slow_gpu")
+    assert flag.evidence["gpu_signs"] == ["SM clock at 67% of its maximum"]
+    assert flag.evidence["sm_clock_share"] == 0.6667
 
 
 def test_a_second_scan_without_new_windows_changes_nothing(world, big):
