@@ -21,6 +21,7 @@ a next step in its text. Where the evidence for a branch is missing, no verdict 
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from statistics import median
 
 from telemetry.accounting import Accounting
 from telemetry.diagnosis import (
@@ -31,6 +32,7 @@ from telemetry.diagnosis import (
     Signals,
     diagnose,
 )
+from telemetry.links import LOW_TRAFFIC_SHARE, low_traffic
 
 # DRAM_ACTIVE is the share of cycles the device memory interface sends or receives: above
 # this on a busy GPU the kernels are bandwidth-bound (NVIDIA's DCGM profiling guide calls a
@@ -39,11 +41,11 @@ HIGH_DRAM_ACTIVITY = 0.5
 # A spread placement is worth a verdict when the run waits on communication at least this
 # share of its step time (below it, the spine costs the run little).
 SPREAD_COMM_WAIT = 0.1
-# Mean link traffic under which a communication-bound run is not using the link: a
+# Mean link traffic under which a communication-bound gang is not using the link at all: a
 # data-parallel all-reduce over NVLink or InfiniBand moves gigabytes per second; NCCL on
-# TCP sockets or with peer-to-peer disabled leaves the links near idle.
-LOW_NVLINK_BYTES_S = 1e9
-LOW_IB_BYTES_S = 1e9
+# TCP sockets or with peer-to-peer disabled leaves every link near idle. (One node's link
+# low against the others is ``telemetry.links``' rule.)
+LOW_LINK_BYTES_S = 1e9
 
 # The oldest Linux driver that runs each CUDA release: NVIDIA, "CUDA Compatibility", table
 # "CUDA Toolkit 11.x, 12.x, and 13.x Driver Version Ranges" (minor version compatibility:
@@ -295,15 +297,82 @@ def _spread(facts: Facts, missing: list[str]) -> list[Finding]:
     ]
 
 
+_LOW_TRANSPORT_HINT = {
+    "NVLink": "NCCL may not use NVLink (peer-to-peer disabled: NCCL_P2P_DISABLE, or a "
+    "container without a shared IPC namespace)",
+    "InfiniBand": "NCCL may use TCP sockets instead of InfiniBand (NCCL_IB_DISABLE, "
+    "NCCL_SOCKET_IFNAME, missing RDMA devices in the container)",
+}
+
+
+def _link_errors(name: str, code: Code, uses: tuple[LinkUse, ...]) -> list[Finding]:
+    erring = sorted({use.host for use in uses if use.errors > 0})
+    if not erring:
+        return []
+    errors = sum(use.errors for use in uses)
+    return [
+        Finding(
+            code,
+            f"{name} errors: {errors} on {', '.join(erring)} during the attempt (the link "
+            "retried and recovered, slower each time). Next: restart excluding "
+            f"{erring[0]} if the run is slow; platform admins see the node's signals.",
+            {"errors": errors, "nodes": erring},
+            node=erring[0],
+        )
+    ]
+
+
+def _link_apart(name: str, code: Code, uses: tuple[LinkUse, ...]) -> list[Finding]:
+    """Nodes (GPUs) whose traffic is low against the gang's others (``telemetry.links``)."""
+    low = low_traffic(uses, lambda use: use.bytes_s)
+    if not low:
+        return []
+    where = [f"{use.host}{f' GPU {use.gpu}' if use.gpu else ''}" for use in low]
+    rates = [use.bytes_s for use in uses if use.bytes_s is not None and use not in low]
+    return [
+        Finding(
+            code,
+            f"Low {name} traffic on {', '.join(where)}: at most "
+            f"{max(use.bytes_s or 0.0 for use in low) / 1e9:.2f} GB/s, under "
+            f"{LOW_TRAFFIC_SHARE:.0%} of the others' median, {median(rates) / 1e9:.2f} GB/s "
+            "(in data-parallel training every node moves the same gradients). A link that "
+            "trained at a lower width or speed, or ranks there that reach the collective late. "
+            f"Next: check the link (ibstat, nvidia-smi nvlink -s); restart excluding "
+            f"{low[0].host} if the run is slow.",
+            {"low": where, "median_bytes_s": median(rates)},
+            node=low[0].host,
+        )
+    ]
+
+
+def _link_transport(name: str, code: Code, uses: tuple[LinkUse, ...], comm: float) -> list[Finding]:
+    """The whole gang's links near idle while it waits on communication."""
+    traffic = [use.bytes_s for use in uses if use.bytes_s is not None]
+    if comm < HIGH_COMM_WAIT or not traffic or max(traffic) >= LOW_LINK_BYTES_S:
+        return []
+    return [
+        Finding(
+            code,
+            f"Low {name} traffic: at most {max(traffic) / 1e9:.2f} GB/s while the run "
+            f"waited on communication {_percent(comm)} of its step time; "
+            f"{_LOW_TRANSPORT_HINT[name]}. Next: rerun with NCCL_DEBUG=INFO and read which "
+            "transport NCCL chose.",
+            {"max_bytes_s": max(traffic), "comm_wait_share": comm},
+        )
+    ]
+
+
 def _links(facts: Facts, missing: list[str]) -> list[Finding]:
+    """Per link kind: errors, else a node (GPU) apart from the gang, else the whole gang's
+    links idle while it waits on communication."""
     findings: list[Finding] = []
-    comm_bound = facts.signals.comm_wait_share >= HIGH_COMM_WAIT
-    for uses, name, low, needed, counters in (
-        (facts.nvlink, "NVLink", LOW_NVLINK_BYTES_S, facts.gpus > 1, "DCGM NVLink counters"),
+    comm = facts.signals.comm_wait_share
+    for uses, name, code, needed, counters in (
+        (facts.nvlink, "NVLink", Code.NVLINK, facts.gpus > 1, "DCGM NVLink counters"),
         (
             facts.infiniband,
             "InfiniBand",
-            LOW_IB_BYTES_S,
+            Code.INFINIBAND,
             facts.nodes > 1,
             "InfiniBand port counters (node exporter)",
         ),
@@ -313,41 +382,11 @@ def _links(facts: Facts, missing: list[str]) -> list[Finding]:
         if uses is None:
             missing.append(counters)
             continue
-        erring = sorted({use.host for use in uses if use.errors > 0})
-        if erring:
-            errors = sum(use.errors for use in uses)
-            code = Code.NVLINK if name == "NVLink" else Code.INFINIBAND
-            findings.append(
-                Finding(
-                    code,
-                    f"{name} errors: {errors} on {', '.join(erring)} during the attempt (the "
-                    "link retried and recovered, slower each time). Next: restart excluding "
-                    f"{erring[0]} if the run is slow; platform admins see the node's signals.",
-                    {"errors": errors, "nodes": erring},
-                    node=erring[0],
-                )
-            )
-            continue
-        traffic = [use.bytes_s for use in uses if use.bytes_s is not None]
-        if comm_bound and traffic and max(traffic) < low:
-            code = Code.NVLINK if name == "NVLink" else Code.INFINIBAND
-            hint = (
-                "NCCL may not use NVLink (peer-to-peer disabled: NCCL_P2P_DISABLE, or a "
-                "container without a shared IPC namespace)"
-                if name == "NVLink"
-                else "NCCL may use TCP sockets instead of InfiniBand (NCCL_IB_DISABLE, "
-                "NCCL_SOCKET_IFNAME, missing RDMA devices in the container)"
-            )
-            findings.append(
-                Finding(
-                    code,
-                    f"Low {name} traffic: at most {max(traffic) / 1e9:.2f} GB/s while the run "
-                    f"waited on communication {_percent(facts.signals.comm_wait_share)} of "
-                    f"its step time; {hint}. Next: rerun with NCCL_DEBUG=INFO and read which "
-                    "transport NCCL chose.",
-                    {"max_bytes_s": max(traffic), "comm_wait_share": facts.signals.comm_wait_share},
-                )
-            )
+        findings += (
+            _link_errors(name, code, uses)
+            or _link_apart(name, code, uses)
+            or _link_transport(name, code, uses, comm)
+        )
     return findings
 
 

@@ -1,6 +1,7 @@
 """A run's verdicts over the REST API: the troubleshooting tree of every attempt, with each
 verdict's figures and next step, and the signals that were missing (issue 36, point 3)."""
 
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
@@ -47,7 +48,7 @@ class RunVerdictsApi(APIView):
     def get(self, request, id: int):
         """Why each attempt of the run was slow or failed, and what to do next."""
         run = or_404(run_get_viewable, user=request.user, run_id=id)
-        items = attempt_items(run=run, attempts=list(run_attempts(run=run)))
+        items = attempt_items(run=run, attempts=list(run_attempts(run=run)), now=timezone.now())
         body = {
             "run": run.pk,
             "attempts": [

@@ -143,7 +143,7 @@ def run_telemetry(*, run: Run, attempts: list[Attempt], now: datetime) -> RunTel
         return RunTelemetry(
             attempts=[], resolution=resolution, gpu_series=[], step_series=[], checkpoints=[]
         )
-    items = attempt_items(run=run, attempts=attempts)
+    items = attempt_items(run=run, attempts=attempts, now=now)
     return RunTelemetry(
         attempts=items,
         resolution=resolution,
@@ -153,7 +153,7 @@ def run_telemetry(*, run: Run, attempts: list[Attempt], now: datetime) -> RunTel
     )
 
 
-def attempt_items(*, run: Run, attempts: list[Attempt]) -> list[AttemptTelemetry]:
+def attempt_items(*, run: Run, attempts: list[Attempt], now: datetime) -> list[AttemptTelemetry]:
     """Each attempt's accounting, step split, GPUs and verdicts: the page's per-attempt
     part, and all the run's verdicts API reads. A fixed number of queries."""
     if not attempts:
@@ -174,7 +174,12 @@ def attempt_items(*, run: Run, attempts: list[Attempt]) -> list[AttemptTelemetry
         for attempt in attempts
     }
     facts = attempts_facts(
-        run=run, attempts=attempts, signals=signals, summaries=summaries, coverage=coverage
+        run=run,
+        attempts=attempts,
+        signals=signals,
+        summaries=summaries,
+        coverage=coverage,
+        now=now,
     )
     items = []
     for attempt in attempts:

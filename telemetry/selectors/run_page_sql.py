@@ -106,6 +106,8 @@ class GpuSummary:
     xid_minutes: int  # minutes with an XID error
     dram_minutes: int = 0  # minutes with a DRAM activity value
     mean_dram_active: float | None = None
+    nvlink_minutes: int = 0  # minutes with an NVLink traffic value
+    mean_nvlink_bytes_s: float | None = None
 
     @property
     def activity_percent(self) -> float | None:
@@ -204,7 +206,8 @@ def gpu_summaries(*, attempt_ids: list[int]) -> list[GpuSummary]:
     rows = _in_sql(
         "SELECT attempt_id, host, gpu, COUNT(*), COUNT(activity), AVG(activity), "  # noqa: S608
         "AVG(sm_active), COUNT(tensor_active), AVG(tensor_active), MAX(fb_used), "
-        "COUNT(*) FILTER (WHERE xid <> 0), COUNT(dram_active), AVG(dram_active) "
+        "COUNT(*) FILTER (WHERE xid <> 0), COUNT(dram_active), AVG(dram_active), "
+        "COUNT(nvlink_bytes_s), AVG(nvlink_bytes_s) "
         f"FROM {_table(GpuMinute)} WHERE attempt_id = ANY(%s) GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
         [attempt_ids],
     )
@@ -387,6 +390,8 @@ def _gpu_summaries_orm(attempt_ids: list[int]) -> list[GpuSummary]:
             xid_minutes=Count("pk", filter=~Q(xid=0)),
             dram_minutes=Count("dram_active"),
             mean_dram_active=Avg("dram_active"),
+            nvlink_minutes=Count("nvlink_bytes_s"),
+            mean_nvlink_bytes_s=Avg("nvlink_bytes_s"),
         )
         .order_by("attempt_id", "host", "gpu")
     )

@@ -4,6 +4,7 @@ topology and health of its nodes, the image's recorded CUDA and NCCL, the versio
 ranks reported, the ranks the straggler scan flagged, its links' counters."""
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from clusters.health import NodeHealth
 from clusters.models import ClusterNode
@@ -12,8 +13,17 @@ from jobs.selectors.runtime import rank_versions
 from telemetry.diagnosis import Signals
 from telemetry.models import StragglerFlag
 from telemetry.selectors.rank_windows import RankCoverage
+from telemetry.selectors.run_links import infiniband_by_attempt, nvlink_errors_by_attempt
 from telemetry.selectors.run_page_sql import GpuSummary
-from telemetry.verdicts import Facts, NodeTrouble, SlowRank, Spread, Versions, oldest
+from telemetry.verdicts import (
+    Facts,
+    LinkUse,
+    NodeTrouble,
+    SlowRank,
+    Spread,
+    Versions,
+    oldest,
+)
 
 
 def _attempt_nodes(attempt: Attempt) -> list[str]:
@@ -47,6 +57,18 @@ def _spread(
     )
 
 
+def _nvlink(gpus: Sequence[GpuSummary], errors: dict[str, int]) -> tuple[LinkUse, ...] | None:
+    """Each GPU's mean NVLink traffic and each node's NVLink errors; None when DCGM reported
+    neither (the signal is missing)."""
+    uses = [
+        LinkUse(gpu.host, bytes_s=gpu.mean_nvlink_bytes_s, gpu=gpu.gpu)
+        for gpu in gpus
+        if gpu.nvlink_minutes
+    ]
+    uses += [LinkUse(node, errors=count) for node, count in sorted(errors.items())]
+    return tuple(uses) or None
+
+
 def _trouble(attempt: Attempt, health: dict[str, tuple[str, str]]) -> tuple[NodeTrouble, ...]:
     """A live attempt's nodes that are not healthy now; an ended attempt's node when a
     hardware fault there ended it."""
@@ -71,10 +93,11 @@ def attempts_facts(
     signals: dict[int, Signals],
     summaries: Sequence[GpuSummary],
     coverage: dict[int, RankCoverage],
+    now: datetime,
 ) -> dict[int, Facts]:
-    """Each started attempt's ``Facts``, by attempt id. Four queries: the attempts' nodes
+    """Each started attempt's ``Facts``, by attempt id. Six queries: the attempts' nodes
     with their cluster's topology levels, the image's versions, the straggler flags, the
-    versions every rank reported."""
+    versions every rank reported, InfiniBand minutes, NVLink error signals."""
     started = [attempt for attempt in attempts if attempt.started_at is not None]
     if not started:
         return {}
@@ -111,6 +134,8 @@ def attempts_facts(
             )
         )
     versions = rank_versions(attempt_ids=[attempt.pk for attempt in started])
+    infiniband = infiniband_by_attempt(attempts=started, now=now)
+    nvlink_errors = nvlink_errors_by_attempt(attempts=started, now=now)
     facts = {}
     for attempt in started:
         gpus = [gpu for gpu in summaries if gpu.attempt_id == attempt.pk]
@@ -124,6 +149,8 @@ def attempts_facts(
             mean_dram_activity=_weighted_mean([(g.mean_dram_active, g.dram_minutes) for g in gpus]),
             ranks_reporting=ranks.ranks if ranks is not None else 0,
             slow_ranks=tuple(slow.get(attempt.pk, ())),
+            nvlink=_nvlink(gpus, nvlink_errors.get(attempt.pk, {})),
+            infiniband=infiniband.get(attempt.pk),
             spread=_spread(
                 attempt,
                 nodes,

@@ -332,3 +332,37 @@ def test_a_slow_rank_lists_every_gpu_sign():
 def test_the_oldest_driver_is_the_one_checked():
     assert oldest(["535.104.05", "470.82.01", "", "n/a", "535.54.03"]) == "470.82.01"
     assert oldest(["", "unknown"]) == ""
+
+
+def test_one_node_low_against_the_gang_names_the_node():
+    ib = (
+        LinkUse("gpu-1", bytes_s=10e9),
+        LinkUse("gpu-2", bytes_s=3e9),
+        LinkUse("gpu-3", bytes_s=12e9),
+        LinkUse("gpu-4", bytes_s=11e9),
+    )
+    (finding,) = tree(None, facts(nodes=4, infiniband=ib)).findings
+    assert finding.code == Code.INFINIBAND
+    assert finding.node == "gpu-2"
+    assert finding.numbers == {"low": ["gpu-2"], "median_bytes_s": 11e9}
+    assert finding.text == (
+        "Low InfiniBand traffic on gpu-2: at most 3.00 GB/s, under 50% of the others' median, "
+        "11.00 GB/s (in data-parallel training every node moves the same gradients). A link "
+        "that trained at a lower width or speed, or ranks there that reach the collective "
+        "late. Next: check the link (ibstat, nvidia-smi nvlink -s); restart excluding gpu-2 if "
+        "the run is slow."
+    )
+    # errors come first and say enough
+    erring = (*ib[:3], LinkUse("gpu-4", errors=1, bytes_s=11e9))
+    (first,) = tree(None, facts(nodes=4, infiniband=erring)).findings
+    assert first.text.startswith("InfiniBand errors: 1 on gpu-4")
+
+
+def test_nvlink_gpus_apart_are_named_with_their_gpu():
+    nvlink = (
+        LinkUse("gpu-1", bytes_s=40e9, gpu="0"),
+        LinkUse("gpu-1", bytes_s=41e9, gpu="1"),
+        LinkUse("gpu-1", bytes_s=5e9, gpu="2"),
+    )
+    (finding,) = tree(None, facts(nvlink=nvlink)).findings
+    assert finding.numbers == {"low": ["gpu-1 GPU 2"], "median_bytes_s": 40.5e9}

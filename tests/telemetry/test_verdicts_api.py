@@ -7,10 +7,16 @@ from datetime import timedelta
 import pytest
 from django.urls import reverse
 
-from clusters.models import ClusterNode
+from clusters.models import ClusterNode, NodeHealthEvent
 from gantry_cli.diagnose import attempt_lines
 from jobs.models import Attempt, AttemptRankRuntime, AttemptState, CauseClass, Run, RunState
-from telemetry.models import GpuMinute, RankStepWindow, StepWindow, StragglerFlag
+from telemetry.models import (
+    GpuMinute,
+    NodeLinkMinute,
+    RankStepWindow,
+    StepWindow,
+    StragglerFlag,
+)
 from tests.telemetry.test_telemetry_pages import (
     T0,
     account,
@@ -297,3 +303,33 @@ def test_what_a_tighter_placement_would_have_waited_and_the_ranks_nccl(client, w
     # the oldest driver of the runtime report's (470) and the ranks' (535, 550) is checked
     assert verdicts["driver_too_old"]["numbers"]["driver"] == "470.82.01"
     assert "the NCCL version of each rank" not in body["attempts"][0]["missing"]
+
+
+def test_link_counters_of_the_attempts_span_become_verdicts(client, world, spread_run):
+    attempt = spread_run.attempts.get()
+    for minute in range(3):
+        at = T0 + timedelta(minutes=minute)
+        for name, rate, errors in (("n1", 12e9, 0), ("n2", 2e9, 0)):
+            NodeLinkMinute.objects.create(
+                cluster=world.cluster, host=name, minute=at, ib_bytes_s=rate, ib_errors=errors
+            )
+    # before the attempt: not its errors
+    NodeLinkMinute.objects.create(
+        cluster=world.cluster, host="n2", minute=T0 - timedelta(minutes=5), ib_errors=40
+    )
+    NodeHealthEvent.objects.create(
+        cluster=world.cluster, node="n1", gpu="4", source="dcgm", signal="nvlink_errors",
+        observed_at=T0 + timedelta(minutes=7), last_observed_at=T0 + timedelta(minutes=9),
+        count=6, recorded_at=T0 + timedelta(minutes=9),
+    )  # fmt: skip
+    GpuMinute.objects.filter(attempt=attempt).update(nvlink_bytes_s=30e9)
+    client.force_login(world.researcher_a)
+    body = client.get(reverse("api:run-verdicts", args=[spread_run.pk])).json()
+
+    verdicts = {v["code"]: v for v in body["attempts"][0]["verdicts"]}
+    assert verdicts["nvlink"]["numbers"] == {"errors": 6, "nodes": ["n1"]}
+    assert verdicts["infiniband"]["numbers"] == {"low": ["n2"], "median_bytes_s": 12e9}
+    assert verdicts["infiniband"]["node"] == "n2"
+    missing = body["attempts"][0]["missing"]
+    assert "DCGM NVLink counters" not in missing
+    assert "InfiniBand port counters (node exporter)" not in missing
