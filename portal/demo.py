@@ -62,6 +62,7 @@ from portal.demo_history import (
     history_telemetry_record,
 )
 from telemetry import services as telemetry_services
+from telemetry.straggler_flags import attempt_stragglers_scan
 from tenants.models import GlobalRole, GpuFlavor, Membership, Project, Quota, Tenant
 from tenants.services.memberships import global_role_grant, membership_set
 
@@ -164,6 +165,8 @@ def demo_seed(*, speedup: int = 30) -> None:
     history_record_gang(
         run=gang, cluster=cluster, submitted=now - timedelta(days=4, hours=6), nodes=STRAGGLER_NODES
     )
+    # What the straggler scan did while it ran: flag the slow rank (its verdict).
+    attempt_stragglers_scan(attempt=gang.attempts.get(), now=timezone.now())
     _date_the_world_before(_oldest_submit() - timedelta(days=1))
 
     # What beat would do within two minutes: account the history and roll it up into daily

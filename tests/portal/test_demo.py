@@ -15,6 +15,7 @@ from django.contrib.auth.hashers import get_hasher, identify_hasher
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Max, Min, Sum
+from django.urls import reverse
 from django.utils import timezone
 
 from clusters.models import ClusterNode, NodeHealthEvent
@@ -250,7 +251,7 @@ def test_the_input_bound_run_is_diagnosed_as_input_bound(demo):
     ]
 
 
-def test_a_gang_with_a_clock_capped_gpu_has_what_names_its_straggler(demo):
+def test_a_gang_with_a_clock_capped_gpu_has_what_names_its_straggler(demo, client):
     """vit-gang: 2 x 8 A100 GPUs, GPU 3 of the second node (rank 11) capped at 1,410 / 1.5
     MHz; every rank's windows, every GPU's clock and both nodes' links are stored, and the
     straggler detector names rank 11, its node, its GPU and the cause from them."""
@@ -293,6 +294,16 @@ def test_a_gang_with_a_clock_capped_gpu_has_what_names_its_straggler(demo):
     assert [(s.rank, s.host, s.gpu, s.cause, s.first_window) for s in found.stragglers] == [
         (11, nodes[1], "3", Cause.SLOW_GPU, 1)
     ]
+    # The seed scanned it as the scan task would have: its run page names the straggler.
+    flags = list(attempt.straggler_flags.values_list("rank", "node", "gpu", "cause"))
+    assert flags == [(11, nodes[1], "3", "slow_gpu")]
+    client.force_login(User.objects.get(username="alice"))
+    content = client.get(reverse("telemetry:run_telemetry", args=[run.pk])).content.decode()
+    assert (
+        f'data-finding="slow_rank">A slow rank: rank 11 on {nodes[1]}, GPU 3, reached each '
+        "all-reduce 1.49× later than the gang&#x27;s median for 21 windows, and every other "
+        "rank waited for it; its GPU is slow (SM clock at 67% of its maximum)."
+    ) in content
 
 
 def test_the_history_spans_a_month_and_accounts_as_its_profiles(demo):
