@@ -366,3 +366,41 @@ def test_nvlink_gpus_apart_are_named_with_their_gpu():
     )
     (finding,) = tree(None, facts(nvlink=nvlink)).findings
     assert finding.numbers == {"low": ["gpu-1 GPU 2"], "median_bytes_s": 40.5e9}
+
+
+def test_oldest_compares_versions_not_text():
+    assert oldest(["1000.1", "535.104.05"]) == "535.104.05"
+
+
+def test_a_node_without_a_reason_and_its_figures():
+    (finding,) = tree(None, facts(node_trouble=(NodeTrouble("gpu-3", "quarantined", ""),))).findings
+    assert finding.text == (
+        "Node gpu-3 is quarantined: no reason given. Next: restart the run excluding it; "
+        "platform admins see its signals."
+    )
+    assert finding.numbers == {"node": "gpu-3", "health": "quarantined"}
+
+
+def test_an_unknown_cause_names_what_it_lacked_and_a_strange_cause_reads_as_unknown():
+    lacking = SlowRank(
+        rank=4, host="gpu-1", gpu="0", cause="unknown", slowdown=1.3, windows=3,
+        evidence={"missing": "the GPU's SM clock"},
+    )  # fmt: skip
+    result = tree(None, facts(slow_ranks=(lacking,)))
+    assert result.missing == ("to name rank 4's cause: the GPU's SM clock",)
+    strange = SlowRank(rank=2, host="gpu-1", gpu="1", cause="cosmic_rays", slowdown=1.3, windows=3)
+    (finding,) = tree(None, facts(slow_ranks=(strange,))).findings
+    assert finding.text.endswith(
+        "the cause is not known. Next: restart the run excluding that node if it stays slow."
+    )
+
+
+def test_the_nccl_mismatch_figures():
+    versions = Versions(
+        driver="550.54.15",
+        image_cuda="12.4",
+        image_nccl="2.20.5",
+        nccl_ranks={"2.20.5": 7, "2.19.3": 1},
+    )
+    (finding,) = tree(None, facts(versions=versions)).findings
+    assert finding.numbers == {"nccl": {"2.20.5": 7, "2.19.3": 1}, "image_nccl": "2.20.5"}
