@@ -319,7 +319,8 @@ def _insert_statement(*, vendor: str) -> str:
     windows its rank stored in that hour is within the cap (the statement's count does not
     see the rows it inserts itself: the numbering counts those). A window stored meanwhile
     by a concurrent resend is skipped by ``ON CONFLICT``; ``RETURNING`` names those
-    inserted. The count reads the (attempt, rank, end) index: at most the cap's entries."""
+    inserted. The stored windows are counted once per rank and hour of the batch, on the
+    (attempt, rank, end) index: at most the cap's entries each."""
     quote = connection.ops.quote_name
     table = quote(RankStepWindow._meta.db_table)
     fields = [field_of(RankStepWindow, name) for name in RANK_WINDOW_COLUMNS]
@@ -351,16 +352,23 @@ def _insert_statement(*, vendor: str) -> str:
             for index, name in enumerate([*columns, hour_start, hour_end])
         )
         source = f"SELECT {picked} FROM json_each(%s)"  # noqa: S608 (identifiers from metadata)
+    # ``stored`` is MATERIALIZED (PostgreSQL 12+, SQLite 3.35+): folded into the join, its
+    # count would run once per window instead of once per rank and hour.
     return (
         f"WITH batch AS ({source}), "  # noqa: S608 (identifiers from metadata, values as parameters)
         f"new AS (SELECT b.*, row_number() OVER "
         f"(PARTITION BY b.{rank}, b.{hour_start} ORDER BY b.{end}, b.{seq}) AS nth "
         f"FROM batch b WHERE NOT EXISTS (SELECT 1 FROM {table} s "
-        f"WHERE s.{attempt_id} = %s AND s.{rank} = b.{rank} AND s.{seq} = b.{seq})) "
+        f"WHERE s.{attempt_id} = %s AND s.{rank} = b.{rank} AND s.{seq} = b.{seq})), "
+        f"stored AS MATERIALIZED (SELECT h.{rank}, h.{hour_start}, count(s.{rank}) AS windows "
+        f"FROM (SELECT DISTINCT {rank}, {hour_start}, {hour_end} FROM new) h "
+        f"LEFT JOIN {table} s ON s.{attempt_id} = %s AND s.{rank} = h.{rank} "
+        f"AND s.{end} >= h.{hour_start} AND s.{end} < h.{hour_end} "
+        f"GROUP BY h.{rank}, h.{hour_start}) "
         f"INSERT INTO {table} ({attempt_id}, {', '.join(columns)}) "
         f"SELECT %s, {', '.join(f'n.{column}' for column in columns)} FROM new n "
-        f"WHERE n.nth + (SELECT count(*) FROM {table} s WHERE s.{attempt_id} = %s "
-        f"AND s.{rank} = n.{rank} AND s.{end} >= n.{hour_start} AND s.{end} < n.{hour_end}) <= %s "
+        f"JOIN stored c ON c.{rank} = n.{rank} AND c.{hour_start} = n.{hour_start} "
+        f"WHERE n.nth + c.windows <= %s "
         f"AND EXISTS (SELECT 1 FROM {quote(Attempt._meta.db_table)} a "
         f"WHERE a.{attempt_pk} = %s AND a.{state} NOT IN ({ended})) "
         f"ON CONFLICT ({attempt_id}, {rank}, {seq}) DO NOTHING "
