@@ -1,24 +1,68 @@
 """The job-side SDK's events endpoint: parse, call one service, render.
 
-It takes only the job's per-attempt token (the same authentication as the runtime report),
-which names the one attempt whose events it may write.
+It takes only the job's per-attempt token (the same token, checked the same way, as the
+runtime report), which names the one attempt whose events it may write.
 """
 
+from django.contrib.auth.models import AnonymousUser
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import serializers, status
-from rest_framework.exceptions import ValidationError
+from rest_framework import authentication, serializers, status
+from rest_framework.exceptions import AuthenticationFailed, ValidationError
 from rest_framework.response import Response
 
 from core.api import ATTEMPT_TOKEN_RESPONSES, Conflict, ErrorSerializer
 from core.parsers import BoundedJsonTextParser
-from jobs.api import AttemptTokenApi
+from jobs.api import AttemptTokenApi, AttemptTokenAuthentication, AttemptTokenScheme
+from jobs.selectors.runs import attempt_token_refusal
 from telemetry.models import SOURCE_MAX_LENGTH
+from telemetry.selectors.events_attempt import attempt_get_for_events
 from telemetry.services import (
     MAX_EVENTS_BODY_BYTES,
     MAX_EVENTS_PER_BATCH,
     AttemptClosed,
     sdk_events_ingest,
 )
+
+
+class EventsTokenAuthentication(AttemptTokenAuthentication):
+    """``AttemptTokenAuthentication`` (the same header, checks and answers) through
+    ``attempt_get_for_events``: one statement that also reads what the attempt holds, which
+    its ranks' windows are checked against. Every rank of a job posts here."""
+
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].lower() != self.keyword:
+            return None
+        if len(header) != 2:
+            raise AuthenticationFailed("Malformed Authorization header.")
+        try:
+            token = header[1].decode("ascii")
+        except UnicodeError:
+            raise AuthenticationFailed("Invalid attempt token.") from None
+        attempt = attempt_get_for_events(token=token)
+        if attempt is None:
+            raise AuthenticationFailed("Invalid attempt token.")
+        refusal = attempt_token_refusal(attempt)
+        if refusal is not None:
+            # Only the holder of a genuine token learns this: it names the holder's attempt.
+            raise AuthenticationFailed(refusal)
+        return AnonymousUser(), attempt
+
+
+class EventsTokenScheme(OpenApiAuthenticationExtension):
+    """In the API's schema, the events endpoint asks for the runtime report's scheme,
+    ``attemptToken``, which ``AttemptTokenScheme`` defines, once (a second definition, by
+    another class, would be a conflict)."""
+
+    target_class = EventsTokenAuthentication
+    name: list[str] = []  # defines none
+
+    def get_security_definition(self, auto_schema):
+        return []
+
+    def get_security_requirement(self, auto_schema):
+        return {AttemptTokenScheme.name: []}
 
 
 class EventsParser(BoundedJsonTextParser):
@@ -61,6 +105,7 @@ class EventBatchResultSerializer(serializers.Serializer):
 
 @extend_schema(tags=["attempts"])
 class AttemptEventsApi(AttemptTokenApi):
+    authentication_classes = [EventsTokenAuthentication]
     parser_classes = [EventsParser]
 
     @extend_schema(
@@ -84,6 +129,7 @@ class AttemptEventsApi(AttemptTokenApi):
         try:
             result = sdk_events_ingest(
                 attempt=request.auth,
+                held=request.auth.held_gpus,
                 source=envelope.validated_data["source"],
                 events=envelope.validated_data["events"],
             )

@@ -47,9 +47,13 @@ class RankStepWindow(models.Model):
     """One rank's step window (an SDK ``rank_window`` event): every rank of a job reports
     its own, so a slow rank shows. ``seq`` is the rank's window number; ``(attempt, rank,
     seq)`` is the de-duplication key. At most ``rank_windows.MAX_WINDOWS_PER_RANK_HOUR``
-    rows per rank and clock hour (docs/sdk.md)."""
+    rows per rank and clock hour (docs/sdk.md): the ingest counts them on the (attempt,
+    rank, end) index. The key's index serves every lookup by attempt, so the foreign key
+    has none of its own."""
 
-    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="rank_windows")
+    attempt = models.ForeignKey(
+        Attempt, on_delete=models.CASCADE, related_name="rank_windows", db_index=False
+    )
     rank = models.PositiveIntegerField()
     seq = models.PositiveIntegerField()
     world_size = models.PositiveIntegerField()
@@ -76,6 +80,9 @@ class RankStepWindow(models.Model):
             # An attempt's latest window and its last minutes of windows, read from the index
             # whatever its length (the straggler scan: telemetry.straggler_flags).
             models.Index(fields=["attempt", "end"], name="rankstepwindow_attempt_end"),
+            # A rank's windows of one clock hour, counted for the hourly cap by the insert
+            # (telemetry.services) from at most 360 index entries however long the run.
+            models.Index(fields=["attempt", "rank", "end"], name="rankstepwindow_rank_end"),
         ]
 
     def __str__(self) -> str:

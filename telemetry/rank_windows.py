@@ -9,18 +9,17 @@ It is refused, with a message that says why, when
   different world size means the job's ranks cannot be matched to its GPUs);
 * the attempt's GPUs are known and the host and GPU are not among them (a GPU UUID is
   checked against the UUIDs the runtime report listed);
-* the rank already stored ``MAX_WINDOWS_PER_RANK_HOUR`` windows ending in that clock hour.
+* the rank already stored ``MAX_WINDOWS_PER_RANK_HOUR`` windows ending in that clock hour
+  (the new windows of a batch counted in the order they end): the statement that stores
+  them counts (``telemetry.services``), this module says why.
 """
 
-from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 # One window per 10 s on average: 360 rows per rank and hour at most, whatever a job sends
 # (the SDK's default window is 30 s, 120 rows). docs/sdk.md says so.
 MAX_WINDOWS_PER_RANK_HOUR = 360
-HOUR_S = 3600
 # The ways a GPU is named by UUID (``nvidia-smi -L``, CUDA_VISIBLE_DEVICES).
 UUID_PREFIXES = ("GPU-", "MIG-")
 
@@ -47,11 +46,6 @@ class RankWindowIn:
     step_time_s: float
     data_wait_s: float
     comm_wait_s: float
-
-    @property
-    def hour(self) -> int:
-        """The clock hour its end falls in, in hours since the epoch."""
-        return int(self.end // HOUR_S)
 
 
 def rank_window_in(raw: dict[str, Any]) -> RankWindowIn:
@@ -121,23 +115,6 @@ def refusal(window: RankWindowIn, held: HeldGpus) -> Refusal | None:
             "which the attempt does not hold.",
         )
     return None
-
-
-def over_cap(
-    windows: Iterable[RankWindowIn], stored: dict[tuple[int, int], int]
-) -> list[RankWindowIn]:
-    """The ``windows`` (new ones, in order) that would take their rank past
-    ``MAX_WINDOWS_PER_RANK_HOUR`` in their clock hour, given the ``stored`` count per
-    (rank, hour)."""
-    counts = Counter(stored)
-    refused = []
-    for window in windows:
-        key = (window.rank, window.hour)
-        if counts[key] >= MAX_WINDOWS_PER_RANK_HOUR:
-            refused.append(window)
-        else:
-            counts[key] += 1
-    return refused
 
 
 def cap_refusal(window: RankWindowIn) -> Refusal:

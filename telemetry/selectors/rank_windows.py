@@ -38,32 +38,45 @@ def _held_pairs(attempt: Attempt, *, backend: str, experiment_per_node: int, per
         )
     if not attempt.node_list or per_node is None or experiment_per_node != per_node:
         return None
-    return frozenset(
-        (short_host(host), str(gpu)) for host in attempt.node_list for gpu in range(per_node)
+    hosts = {short_host(host) for host in attempt.node_list}
+    gpus = [str(gpu) for gpu in range(per_node)]
+    return frozenset((host, gpu) for host in hosts for gpu in gpus)
+
+
+def held_gpus(
+    attempt: Attempt, *, gpus: int, backend: str, experiment_per_node: int, per_node: int | None
+) -> HeldGpus:
+    """What ``attempt`` holds, from the facts read with it: its run's GPU count (``gpus``),
+    its cluster's ``backend``, its experiment's GPUs per node and its cluster's GPUs per node
+    of the run's flavor (``per_node``, None when the cluster does not offer it). No query,
+    but one on the simulator (its job's allocation)."""
+    pairs = _held_pairs(
+        attempt, backend=backend, experiment_per_node=experiment_per_node, per_node=per_node
     )
+    uuids = frozenset(uuid for uuid in attempt.gpu_uuids or () if isinstance(uuid, str))
+    return HeldGpus(count=gpus, pairs=pairs, uuids=uuids)
 
 
 def attempt_held_gpus(*, attempt: Attempt) -> HeldGpus:
-    """What ``attempt`` (with its run) holds, for checking its ranks' claims: its run's GPU
-    count, its (host, GPU) pairs when known, the GPU UUIDs its runtime report listed. One
-    query (two on the simulator)."""
+    """What ``attempt`` holds, for checking its ranks' claims: its run's GPU count, its
+    (host, GPU) pairs when known, the GPU UUIDs its runtime report listed. One query (two
+    on the simulator)."""
     per_node = ClusterFlavor.objects.filter(
         cluster_id=OuterRef("cluster_id"), flavor_id=OuterRef("run__flavor_id")
     ).values("gpus_per_node")[:1]
     facts = (
         Attempt.objects.filter(pk=attempt.pk)
-        .values("cluster__backend", "run__experiment__gpus_per_node")
+        .values("run__gpus", "cluster__backend", "run__experiment__gpus_per_node")
         .annotate(per_node=Subquery(per_node))
         .get()
     )
-    pairs = _held_pairs(
+    return held_gpus(
         attempt,
+        gpus=facts["run__gpus"],
         backend=facts["cluster__backend"],
         experiment_per_node=facts["run__experiment__gpus_per_node"],
         per_node=facts["per_node"],
     )
-    uuids = frozenset(uuid for uuid in attempt.gpu_uuids or () if isinstance(uuid, str))
-    return HeldGpus(count=attempt.run.gpus, pairs=pairs, uuids=uuids)
 
 
 def attempt_rank_windows(*, attempt_id: int, since: datetime | None = None) -> list[dict[str, Any]]:
