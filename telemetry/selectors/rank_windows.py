@@ -4,10 +4,10 @@ ranks of each attempt report, for the run page. Each is one or two queries, what
 number of ranks."""
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Max, OuterRef, Subquery
+from django.db.models import Count, Max, OuterRef, Q, Subquery
 
 from clusters.models import Cluster, ClusterFlavor, SimulatedJob
 from jobs.models import Attempt
@@ -110,18 +110,38 @@ class RankCoverage:
         return self.ranks == self.world_size
 
 
+# How far back from an attempt's latest window a rank counts as reporting: ten minutes
+# holds any rank's latest window (the SDK flushes every 120 s at most; a window is 30 s by
+# default), and keeps the read to the ranks' last windows, however long the run.
+COVERAGE_SPAN = timedelta(minutes=10)
+
+
 def rank_coverage(*, attempt_ids: list[int]) -> dict[int, RankCoverage]:
-    """Each attempt's ``RankCoverage``, for attempts with rank windows. One query, grouped
-    in SQL: the run page reads it whatever the number of ranks."""
+    """Each attempt's ``RankCoverage`` from the windows ending in the ``COVERAGE_SPAN``
+    before its latest one, for attempts with rank windows. Two queries, each read from the
+    (attempt, end) index: the latest window's end per attempt, then the ranks of that span,
+    grouped in SQL. The run page reads it whatever the number of ranks or the run's length."""
+    latest = RankStepWindow.objects.filter(attempt_id=OuterRef("pk")).order_by("-end")
+    ends = dict(
+        Attempt.objects.filter(pk__among=attempt_ids)
+        .annotate(last=Subquery(latest.values("end")[:1]))
+        .filter(last__isnull=False)
+        .values_list("pk", "last")
+    )
+    if not ends:
+        return {}
+    span = Q()
+    for attempt_id, last in ends.items():
+        span |= Q(attempt_id=attempt_id, end__gte=last - COVERAGE_SPAN)
     rows = (
-        RankStepWindow.objects.filter(attempt_id__among=attempt_ids)
+        RankStepWindow.objects.filter(span)
         .values("attempt_id")
-        .annotate(ranks=Count("rank", distinct=True), world=Max("world_size"), last=Max("end"))
+        .annotate(ranks=Count("rank", distinct=True), world=Max("world_size"))
         .order_by()
     )
     return {
         row["attempt_id"]: RankCoverage(
-            ranks=row["ranks"], world_size=row["world"], last_end=row["last"]
+            ranks=row["ranks"], world_size=row["world"], last_end=ends[row["attempt_id"]]
         )
         for row in rows
     }

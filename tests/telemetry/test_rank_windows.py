@@ -315,3 +315,22 @@ def test_the_run_page_reads_1024_ranks_in_the_queries_of_one(client, world):
     assert coverage.last_end == start + timedelta(seconds=60)
     assert "1024 of 1024 ranks reported per-rank step windows" in response.content.decode()
     assert rank_coverage(attempt_ids=[attempt.pk + 1000]) == {}
+
+
+def test_ranks_reporting_are_those_of_the_last_ten_minutes(world):
+    run = submit(world)
+    attempt = attempt_of(world, run, state=AttemptState.RUNNING)
+    start = attempt.started_at
+    RankStepWindow.objects.bulk_create(
+        RankStepWindow(
+            attempt=attempt, rank=rank, seq=seq, world_size=4, host="n0", gpu=str(rank),
+            start=start + timedelta(minutes=seq - 1), end=start + timedelta(minutes=seq),
+            steps=10, step_time_s=1.0,
+        )
+        for rank, last in ((0, 30), (1, 30), (2, 21), (3, 19))
+        for seq in range(1, last + 1)
+    )  # fmt: skip
+    # rank 3 went silent 11 minutes before the latest window: not reporting now
+    (coverage,) = rank_coverage(attempt_ids=[attempt.pk]).values()
+    assert (coverage.ranks, coverage.world_size, coverage.complete) == (3, 4, False)
+    assert coverage.last_end == start + timedelta(minutes=30)
