@@ -7,7 +7,7 @@ attempt in SQL (the attempts of one run do not overlap in time)."""
 from collections.abc import Sequence
 from datetime import datetime
 
-from django.db.models import Case, Count, IntegerField, Q, Sum, Value, When
+from django.db.models import BigIntegerField, Case, Count, Q, Sum, Value, When
 
 from clusters.health import SignalClass
 from clusters.models import NodeHealthEvent
@@ -40,10 +40,10 @@ def _labelled(
             cluster_id=attempt.cluster_id,
             **{f"{node}__in": nodes, f"{at}__gte": start, f"{at}__lt": attempt.finished_at or now},
         )
-        whens.append(When(span, then=Value(attempt.pk)))
+        whens.append(When(span, then=Value(attempt.pk, output_field=BigIntegerField())))
     if not whens:
         return None
-    return Case(*whens, default=None, output_field=IntegerField())
+    return Case(*whens, default=None, output_field=BigIntegerField())
 
 
 def infiniband_by_attempt(

@@ -39,7 +39,7 @@ from jobs.services.backend_sync import cluster_sync
 from jobs.services.submission import run_rerun, run_submit
 from jobs.services.templates import template_save, template_submit
 from portal.celery import app as celery_app
-from portal.demo import DEMO_PASSWORD, demo_seed
+from portal.demo import DEMO_PASSWORD, STRAGGLER_RUN, demo_seed
 from telemetry import services as telemetry_services
 from tenants.models import AuditEvent, Quota, Tenant
 from tests import REPOSITORY
@@ -453,6 +453,13 @@ def test_readme_pages_on_the_demo(demo_instant, persona_page, tmp_path):
     expect(page.locator("[data-kpi=goodput]")).to_have_text(f"{goodput:.1f} %")
     expect(page.locator("#waste-chart")).to_have_attribute("aria-busy", "false")
     picture(page, "run-telemetry")
+    # The demo's gang with a clock-capped GPU: its diagnosis names the straggler.
+    gang = Run.objects.get(experiment__name=STRAGGLER_RUN)
+    page.goto(f"/runs/{gang.pk}/telemetry/")
+    expect(page.locator("[data-finding=slow_rank]")).to_contain_text(
+        "A slow rank: rank 11 on sim-east-a100-80gb-01, GPU 3"
+    )
+    picture(page, "run-straggler")
     page.goto("/tenants/vision/goodput/")
     expect(page.locator("h1")).to_have_text("Goodput · Vision Lab (vision)")
     picture(page, "goodput")
