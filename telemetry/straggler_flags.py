@@ -59,9 +59,7 @@ def _scan_lock(attempt_id: int) -> None:
     with connection.cursor() as cursor:
         # The two-key form takes two int4: attempt ids are bigint, so the second key is the
         # id's low 31 bits. Two attempts that share them only wait for each other's scan.
-        cursor.execute(
-            "SELECT pg_advisory_xact_lock(%s, %s)", [SCAN_LOCK_KEY, attempt_id % 2**31]
-        )
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [SCAN_LOCK_KEY, attempt_id % 2**31])
 
 
 def attempts_due(*, now: datetime, limit: int = SCAN_LIMIT) -> list[Attempt]:

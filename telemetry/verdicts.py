@@ -457,14 +457,40 @@ def tree(accounting: Accounting | None, facts: Facts) -> Verdicts:
     accounted = diagnose(accounting, facts.signals) if accounting is not None else []
     first = [finding for finding in accounted if finding.code == Code.FAILURE]
     rest = [finding for finding in accounted if finding.code != Code.FAILURE]
+    slow = _slow_ranks(facts, missing)
+    if slow:
+        rest = [_waiting_for(finding, slow) for finding in rest]
     findings = [
         *first,
         *_node_health(facts),
         *_versions(facts, missing),
-        *_slow_ranks(facts, missing),
+        *slow,
         *_spread(facts, missing),
         *_links(facts, missing),
         *rest,
         *_memory_bound(facts, missing),
     ]
     return Verdicts(tuple(findings), tuple(missing))
+
+
+def _number(finding: Finding, name: str) -> float:
+    value = finding.numbers.get(name)
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+def _waiting_for(finding: Finding, slow: list[Finding]) -> Finding:
+    """With a slow rank, the gang's communication wait is mostly its ranks waiting for it at
+    every collective: the advice of a communication-bound run (topology, transport, fewer
+    collectives) would miss it."""
+    if finding.code != Code.COMM_BOUND:
+        return finding
+    ranks = ", ".join(str(f.numbers["rank"]) for f in slow)
+    share, hours = _number(finding, "comm_wait_share"), _number(finding, "comm_wait_gpu_s") / 3600
+    return Finding(
+        Code.COMM_BOUND,
+        f"Waiting on communication {_percent(share)} of the step time "
+        f"({hours:,.1f} GPU-hours), mostly the other ranks waiting for the slow "
+        f"rank{'s' if len(slow) > 1 else ''} above ({ranks}) at every collective: fix "
+        f"{'those' if len(slow) > 1 else 'that'} first.",
+        finding.numbers,
+    )

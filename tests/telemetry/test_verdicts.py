@@ -404,3 +404,18 @@ def test_the_nccl_mismatch_figures():
     )
     (finding,) = tree(None, facts(versions=versions)).findings
     assert finding.numbers == {"nccl": {"2.20.5": 7, "2.19.3": 1}, "image_nccl": "2.20.5"}
+
+
+def test_with_a_slow_rank_the_communication_wait_is_the_gang_waiting_for_it():
+    signals = Signals(mean_activity=0.6, mean_tensor_activity=0.5, comm_wait_share=0.34)
+    slow = SlowRank(rank=11, host="gpu-2", gpu="3", cause="slow_gpu", slowdown=1.49, windows=21)
+    result = tree(accounting(comm_wait=12_240), facts(signals, slow_ranks=(slow,)))
+    assert codes(result) == ["slow_rank", "comm_bound"]
+    assert result.findings[1].text == (
+        "Waiting on communication 34 % of the step time (3.4 GPU-hours), mostly the other "
+        "ranks waiting for the slow rank above (11) at every collective: fix that first."
+    )
+    assert result.findings[1].numbers == {"comm_wait_share": 0.34, "comm_wait_gpu_s": 12240.0}
+    two = (slow, SlowRank(rank=2, host="gpu-1", gpu="2", cause="unknown", slowdown=1.2, windows=3))
+    text = tree(accounting(comm_wait=12_240), facts(signals, slow_ranks=two)).findings[2].text
+    assert text.endswith("for the slow ranks above (11, 2) at every collective: fix those first.")
