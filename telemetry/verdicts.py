@@ -457,13 +457,14 @@ def tree(accounting: Accounting | None, facts: Facts) -> Verdicts:
     accounted = diagnose(accounting, facts.signals) if accounting is not None else []
     first = [finding for finding in accounted if finding.code == Code.FAILURE]
     rest = [finding for finding in accounted if finding.code != Code.FAILURE]
+    versions = _versions(facts, missing)
     slow = _slow_ranks(facts, missing)
     if slow:
         rest = [_waiting_for(finding, slow) for finding in rest]
     findings = [
         *first,
         *_node_health(facts),
-        *_versions(facts, missing),
+        *versions,
         *slow,
         *_spread(facts, missing),
         *_links(facts, missing),
