@@ -427,17 +427,24 @@ start_slurmctld_and_nodes() {
 start_slurmrestd() {
     if running slurmrestd; then
         # Alive is not enough: one that does not answer on its port is started again (every
-        # REST test would fail against it).
-        wait_for 5 tcp_open "$REST_PORT" && return 0
-        log "slurmrestd runs but does not listen on $REST_PORT: restarting it"
+        # REST test would fail against it), and so is one whose working directory was
+        # deleted (a checkout removed since it started): it fails every job submit on
+        # getcwd and stops answering.
+        local cwd
+        cwd=$(readlink "/proc/$(daemon_pid slurmrestd)/cwd" 2>/dev/null || true)
+        if [[ $cwd != *" (deleted)" ]] && wait_for 5 tcp_open "$REST_PORT"; then
+            return 0
+        fi
+        log "slurmrestd does not listen on $REST_PORT or its directory is gone: restarting it"
         stop_daemons 10 slurmrestd
     fi
     id "$REST_USER" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$REST_USER"
     # slurmrestd refuses root: -u drops privileges after it opened its socket. SLURM_JWT=daemon
     # makes it talk to slurmctld with JWT, which rest_auth/jwt needs.
-    SLURM_JWT=daemon setsid slurmrestd -u "$REST_USER" -g "$REST_USER" \
+    # From / : a directory of its own that no checkout's removal takes away.
+    (cd / && SLURM_JWT=daemon exec setsid slurmrestd -u "$REST_USER" -g "$REST_USER" \
         -s openapi/v0.0.38,openapi/dbv0.0.38 -a rest_auth/jwt "127.0.0.1:$REST_PORT" \
-        </dev/null >>"$DIR/log/slurmrestd.log" 2>&1 &
+        </dev/null >>"$DIR/log/slurmrestd.log" 2>&1) &
     echo $! >"$(pidfile_of slurmrestd)"
     wait_for 15 tcp_open "$REST_PORT" || die "slurmrestd did not start ($DIR/log/slurmrestd.log)"
 }

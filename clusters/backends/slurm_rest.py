@@ -70,11 +70,6 @@ class RestTransport:
         headers = {
             "X-SLURM-USER-NAME": self.settings.rest_user,
             "X-SLURM-USER-TOKEN": self._token(),
-            # A connection of its own per request: slurmrestd closes idle connections by
-            # itself, and a request sent on one it is closing fails as "unreachable" (a
-            # submit must not be resent blindly: it is not idempotent). A new connection to
-            # slurmrestd costs a TCP handshake, nothing next to the request.
-            "Connection": "close",
         }
         url = f"{self.url}{path}"
         try:
