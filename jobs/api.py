@@ -411,7 +411,7 @@ class AttemptTokenAuthentication(authentication.BaseAuthentication):
             token = header[1].decode("ascii")
         except UnicodeError:
             raise AuthenticationFailed("Invalid attempt token.") from None
-        attempt = attempt_get_for_token(token=token)
+        attempt = self.attempt_for(token)
         if attempt is None:
             raise AuthenticationFailed("Invalid attempt token.")
         refusal = attempt_token_refusal(attempt)
@@ -419,6 +419,11 @@ class AttemptTokenAuthentication(authentication.BaseAuthentication):
             # Only the holder of a genuine token learns this: it names the holder's attempt.
             raise AuthenticationFailed(refusal)
         return AnonymousUser(), attempt
+
+    def attempt_for(self, token: str) -> Attempt | None:
+        """The attempt ``token`` was issued for, or None; an endpoint that needs more of the
+        attempt with it reads it here, in the same statement."""
+        return attempt_get_for_token(token=token)
 
     def authenticate_header(self, request):
         return 'Attempt realm="api"'

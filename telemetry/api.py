@@ -4,17 +4,16 @@ It takes only the job's per-attempt token (the same token, checked the same way,
 runtime report), which names the one attempt whose events it may write.
 """
 
-from django.contrib.auth.models import AnonymousUser
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import authentication, serializers, status
-from rest_framework.exceptions import AuthenticationFailed, ValidationError
+from rest_framework import serializers, status
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from core.api import ATTEMPT_TOKEN_RESPONSES, Conflict, ErrorSerializer
 from core.parsers import BoundedJsonTextParser
 from jobs.api import AttemptTokenApi, AttemptTokenAuthentication, AttemptTokenScheme
-from jobs.selectors.runs import attempt_token_refusal
+from jobs.models import Attempt
 from telemetry.models import SOURCE_MAX_LENGTH
 from telemetry.selectors.events_attempt import attempt_get_for_events
 from telemetry.services import (
@@ -30,24 +29,8 @@ class EventsTokenAuthentication(AttemptTokenAuthentication):
     ``attempt_get_for_events``: one statement that also reads what the attempt holds, which
     its ranks' windows are checked against. Every rank of a job posts here."""
 
-    def authenticate(self, request):
-        header = authentication.get_authorization_header(request).split()
-        if not header or header[0].lower() != self.keyword:
-            return None
-        if len(header) != 2:
-            raise AuthenticationFailed("Malformed Authorization header.")
-        try:
-            token = header[1].decode("ascii")
-        except UnicodeError:
-            raise AuthenticationFailed("Invalid attempt token.") from None
-        attempt = attempt_get_for_events(token=token)
-        if attempt is None:
-            raise AuthenticationFailed("Invalid attempt token.")
-        refusal = attempt_token_refusal(attempt)
-        if refusal is not None:
-            # Only the holder of a genuine token learns this: it names the holder's attempt.
-            raise AuthenticationFailed(refusal)
-        return AnonymousUser(), attempt
+    def attempt_for(self, token: str) -> Attempt | None:
+        return attempt_get_for_events(token=token)
 
 
 class EventsTokenScheme(OpenApiAuthenticationExtension):
