@@ -2,8 +2,13 @@ import os
 
 from celery import Celery
 from celery.signals import after_setup_logger, after_setup_task_logger
+from kombu.transport import TRANSPORT_ALIASES
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+
+# filesystem:// (the embedded default's broker) is kombu's transport with its files written
+# atomically: kombu's own lets a worker read a message half-written and stop.
+TRANSPORT_ALIASES["filesystem"] = "portal.filesystem_broker:Transport"
 
 app = Celery("gantry")
 app.config_from_object("django.conf:settings", namespace="CELERY")
