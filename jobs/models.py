@@ -15,6 +15,9 @@ from jobs.experiment_fields import COMMIT_PATTERN, ExperimentField
 from jobs.usage_models import BudgetAlert as BudgetAlert
 from jobs.usage_models import FairShareUsage as FairShareUsage
 from jobs.usage_models import TenantMonthUsage as TenantMonthUsage
+from jobs.workspace_models import RunKind
+from jobs.workspace_models import Workspace as Workspace
+from jobs.workspace_models import WorkspaceServer as WorkspaceServer
 from tenants.models import GpuFlavor, Project, Tenant, slug_validator
 
 MAX_COMMAND_BYTES = 16 * 1024
@@ -142,6 +145,8 @@ class RunState(models.TextChoices):
     FAILED = "FAILED", "Failed"
     CANCELLED = "CANCELLED", "Cancelled"
     PREEMPTED = "PREEMPTED", "Preempted"
+    # A workspace whose GPUs were released while its files are kept; Resume queues it again.
+    SUSPENDED = "SUSPENDED", "Suspended"
 
 
 # States in which a run holds GPUs of its cluster (as far as admission is concerned).
@@ -193,6 +198,7 @@ class Run(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="runs")
     flavor = models.ForeignKey(GpuFlavor, on_delete=models.PROTECT, related_name="+")
     gpus = models.PositiveIntegerField()
+    kind = models.CharField(max_length=12, choices=RunKind.choices, default=RunKind.BATCH)
     priority = models.IntegerField(default=50)
     submitted_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="runs"
@@ -286,6 +292,9 @@ class Run(models.Model):
         ]
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1), name="run_gpus_positive"),
+            models.CheckConstraint(
+                condition=Q(kind__in=[kind.value for kind in RunKind]), name="run_kind_known"
+            ),
             models.UniqueConstraint(
                 fields=["submitted_by", "submission_key"],
                 condition=Q(submission_key__isnull=False),

@@ -36,6 +36,11 @@ QUEUEING_CHOICES = [(policy.value, policy.value) for policy in Queueing]
 
 # The longest idle streak an idle-GPU policy may wait for: a week, in minutes.
 IDLE_POLICY_MAX_MIN = 7 * 24 * 60
+# A workspace's idle threshold: from five minutes (shorter would suspend people who read a
+# notebook for a moment) to a week; its longest life: a week.
+WORKSPACE_IDLE_MIN_MIN = 5
+WORKSPACE_IDLE_MAX_MIN = 7 * 24 * 60
+WORKSPACE_MAX_HOURS = 7 * 24
 
 
 class GlobalRole(models.TextChoices):
@@ -75,9 +80,42 @@ class Tenant(models.Model):
         "or best-effort (docs/admission.md, Backfill); empty: each cluster's policy",
     )
 
+    # Interactive workspaces (docs/workspaces.md): idle on every signal (no busy kernel or
+    # terminal, no connection through the proxy, no GPU activity) this long, a workspace is
+    # suspended (its GPUs released, its files kept); its owner is warned before.
+    workspace_suspend_after_min = models.PositiveIntegerField(
+        default=60,
+        validators=[
+            MinValueValidator(WORKSPACE_IDLE_MIN_MIN),
+            MaxValueValidator(WORKSPACE_IDLE_MAX_MIN),
+        ],
+        help_text="Suspend a workspace idle on every signal for this many minutes",
+    )
+    workspace_warn_before_min = models.PositiveIntegerField(
+        default=10,
+        validators=[MinValueValidator(1), MaxValueValidator(WORKSPACE_IDLE_MAX_MIN)],
+        help_text="Warn its owner this many minutes before a workspace is suspended",
+    )
+    workspace_max_hours = models.PositiveIntegerField(
+        default=12,
+        validators=[MinValueValidator(1), MaxValueValidator(WORKSPACE_MAX_HOURS)],
+        help_text="The longest a workspace may run, extensions included",
+    )
+
     class Meta:
         ordering = ["slug"]
         constraints = [
+            models.CheckConstraint(
+                condition=Q(
+                    workspace_suspend_after_min__gte=WORKSPACE_IDLE_MIN_MIN,
+                    workspace_suspend_after_min__lte=WORKSPACE_IDLE_MAX_MIN,
+                    workspace_warn_before_min__gte=1,
+                    workspace_warn_before_min__lt=models.F("workspace_suspend_after_min"),
+                    workspace_max_hours__gte=1,
+                    workspace_max_hours__lte=WORKSPACE_MAX_HOURS,
+                ),
+                name="tenant_workspace_policy_range",
+            ),
             models.CheckConstraint(
                 condition=Q(queueing="") | Q(queueing__in=[policy.value for policy in Queueing]),
                 name="tenant_queueing_known",

@@ -30,6 +30,7 @@ from jobs.models import (
     ExperimentTemplate,
     Run,
     RunEvent,
+    RunKind,
     RunState,
     TopologyMode,
 )
@@ -368,9 +369,11 @@ def run_record(
     data: ExperimentInput,
     submission_key: UUID | None,
     template: ExperimentTemplate | None,
+    kind: str = RunKind.BATCH,
 ) -> Run:
-    """Validate, record the experiment and queue its run, keeping ``submission_key`` on it.
-    The ``create`` of ``submission_once``: it does not look the key up."""
+    """Validate, record the experiment and queue its run (of ``kind``), keeping
+    ``submission_key`` on it. The ``create`` of ``submission_once``: it does not look the
+    key up."""
     resolved = experiment_validate(user=user, data=data)
     image = resolved["image"]
     # Every field as given, but those that name a row (resolved) and the defaults made here.
@@ -391,7 +394,7 @@ def run_record(
         template=template,
         gantry_version=GANTRY_VERSION,
     )
-    return _run_create(experiment=experiment, user=user, submission_key=submission_key)
+    return _run_create(experiment=experiment, user=user, submission_key=submission_key, kind=kind)
 
 
 def experiment_input_of(experiment: Experiment) -> ExperimentInput:
@@ -459,10 +462,12 @@ def _run_create(
     reason: str = "SUBMITTED",
     message: str = "Submitted",
     submission_key: UUID | None = None,
+    kind: str = RunKind.BATCH,
 ) -> Run:
     submitter = signed_in(user)
     run = Run.objects.create(
         experiment=experiment,
+        kind=kind,
         tenant=experiment.tenant,
         flavor=experiment.flavor,
         gpus=experiment.total_gpus,
