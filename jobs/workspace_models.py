@@ -41,6 +41,10 @@ class Workspace(models.Model):
     ready_at = models.DateTimeField(null=True, blank=True, help_text="When its server answered")
     # Idle handling: the latest evidence of use on any signal, and what was done about it.
     last_activity_at = models.DateTimeField(null=True, blank=True)
+    # The proxy's own signal: the latest request or WebSocket message it relayed (bumped
+    # at most every PROXY_ACTIVITY_EVERY_S by each proxy process, and while a WebSocket
+    # stays open).
+    proxy_activity_at = models.DateTimeField(null=True, blank=True)
     warned_at = models.DateTimeField(null=True, blank=True)
     suspended_at = models.DateTimeField(null=True, blank=True)
     extended_minutes = models.PositiveIntegerField(default=0)
