@@ -65,6 +65,22 @@ if not GANTRY_PUBLIC_URL.startswith(("http://", "https://")):
     raise ImproperlyConfigured(
         f"GANTRY_PUBLIC_URL must be an http(s) URL, got {GANTRY_PUBLIC_URL!r}"
     )
+# The workspace proxy (portal/workspace_proxy, docs/workspaces.md): the port it listens on,
+# and the URL browsers reach it at (a workspace is {GANTRY_WORKSPACE_URL}/w/<run id>/). By
+# default the next port after the portal's, on the portal's host.
+GANTRY_WORKSPACE_PROXY_PORT = env_int("GANTRY_WORKSPACE_PROXY_PORT", default=GANTRY_PORT + 1)
+if not 1 <= GANTRY_WORKSPACE_PROXY_PORT <= 65535:
+    raise ImproperlyConfigured(
+        f"GANTRY_WORKSPACE_PROXY_PORT must be a TCP port (1 to 65535), got "
+        f"{GANTRY_WORKSPACE_PROXY_PORT}"
+    )
+GANTRY_WORKSPACE_URL = env_str(
+    "GANTRY_WORKSPACE_URL", default=f"http://127.0.0.1:{GANTRY_WORKSPACE_PROXY_PORT}"
+).rstrip("/")
+if not GANTRY_WORKSPACE_URL.startswith(("http://", "https://")):
+    raise ImproperlyConfigured(
+        f"GANTRY_WORKSPACE_URL must be an http(s) URL, got {GANTRY_WORKSPACE_URL!r}"
+    )
 # The demo's registry (images/demo_registry.py): its host, registry.gantry.example, answered
 # in process so the demo's image tags resolve without a registry to run. On in embedded mode.
 GANTRY_DEMO_REGISTRY = env_bool("GANTRY_DEMO_REGISTRY", default=EMBEDDED)
