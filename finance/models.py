@@ -76,6 +76,7 @@ class DailyUsage(models.Model):
     lost_gpu_s = models.BigIntegerField()
     startup_gpu_s = models.BigIntegerField()
     checkpoint_gpu_s = models.BigIntegerField()
+    interactive_idle_gpu_s = models.BigIntegerField(default=0, db_default=0)
     idle_gpu_s = models.BigIntegerField()
     input_wait_gpu_s = models.BigIntegerField()
     comm_wait_gpu_s = models.BigIntegerField()

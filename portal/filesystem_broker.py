@@ -50,7 +50,7 @@ class Channel(filesystem.Channel):
         # (celery-types) predate it.
         return Path(self._exchange_file(exchange))  # type: ignore[attr-defined]
 
-    def get_table(self, exchange):
+    def get_table(self, exchange: str) -> list[filesystem.exchange_queue_t]:  # type: ignore[override]
         try:
             table = loads(self._table_file(exchange).read_bytes())
         except FileNotFoundError:
@@ -59,7 +59,7 @@ class Channel(filesystem.Channel):
             raise ChannelError(f"Cannot open the table of exchange {exchange!r}") from exc
         return [filesystem.exchange_queue_t(*binding) for binding in table]
 
-    def _queue_bind(self, exchange, routing_key, pattern, queue):
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: str | None, queue: str) -> None:
         self.control_folder.mkdir(exist_ok=True)
         binding = filesystem.exchange_queue_t(routing_key or "", pattern or "", queue or "")
         with self._table_locked(exchange):
@@ -67,7 +67,9 @@ class Channel(filesystem.Channel):
             if binding not in bindings:
                 self._table_write(exchange, [binding, *bindings])
 
-    def _delete(self, queue, exchange, routing_key, pattern, *args, **kwargs):
+    def _delete(
+        self, queue: str, exchange: str, routing_key: str, pattern: str, *args: Any, **kwargs: Any
+    ) -> None:
         # The virtual channel's part (the queue's state in this process), not kombu's
         # in-place rewrite of the table.
         super(filesystem.Channel, self)._delete(
@@ -81,7 +83,7 @@ class Channel(filesystem.Channel):
                 self._table_write(exchange, bindings)
 
     @contextmanager
-    def _table_locked(self, exchange) -> Iterator[None]:
+    def _table_locked(self, exchange: str) -> Iterator[None]:
         # Writers read, change and replace a table one at a time: a lock on a file of its
         # own, as the table itself is replaced rather than written in place.
         file = self._table_file(exchange)
@@ -90,7 +92,7 @@ class Channel(filesystem.Channel):
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             yield
 
-    def _table_write(self, exchange, bindings) -> None:
+    def _table_write(self, exchange: str, bindings: list[filesystem.exchange_queue_t]) -> None:
         write_atomically(self._table_file(exchange), dumps(bindings).encode())
 
 

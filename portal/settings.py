@@ -401,6 +401,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "telemetry.tasks.straggler_scan",
         "schedule": 60.0,
     },
+    # Warn about idle workspaces, suspend them after the tenant's threshold, keep their idle
+    # streaks for the accounting (docs/workspaces.md, Idle from evidence).
+    "workspace-idle-scan": {
+        "task": "telemetry.tasks.workspace_idle_scan",
+        "schedule": 60.0,
+    },
 }
 # Fair share: how fast past usage is forgotten when ordering competing borrowers.
 GANTRY_FAIR_SHARE_HALF_LIFE_H = env_int("GANTRY_FAIR_SHARE_HALF_LIFE_H", default=24)

@@ -1,7 +1,9 @@
 """Effective and wasted GPU-seconds of one attempt (design §7). Pure: plain data in and out.
 
 Every GPU-second of the allocation falls in exactly one category, by precedence:
-lost → startup → checkpoint → idle → input_wait → comm_wait → effective. The sums are exact
+lost → startup → checkpoint → interactive_idle → idle → input_wait → comm_wait → effective.
+``interactive_idle`` is a workspace's time idle on every signal (telemetry/workspace_idle.py):
+all its GPUs, whatever their activity, as nobody used them. The sums are exact
 ``Fraction``s, so ``effective + Σ waste == allocated`` holds exactly; ``whole_seconds()``
 rounds them to integer GPU-seconds that still add up to the rounded allocation. An attempt
 that ended by the platform's or the hardware's fault is credited its lost and startup
@@ -37,7 +39,7 @@ LOSING_OUTCOMES = frozenset({Outcome.FAILED, Outcome.PREEMPTED, Outcome.LOST})
 # statements, exports and charts, the telemetry pages). Adding a category starts here.
 EFFECTIVE = "effective"
 # Waste, in precedence order: a GPU-second goes to the first category that claims it.
-WASTE = ("lost", "startup", "checkpoint", "idle", "input_wait", "comm_wait")
+WASTE = ("lost", "startup", "checkpoint", "interactive_idle", "idle", "input_wait", "comm_wait")
 # Every category, effective last: ``whole_seconds`` breaks rounding ties in this order.
 CATEGORIES = (*WASTE, EFFECTIVE)
 # The waste credited back when an attempt ended by the platform's or the hardware's fault:
@@ -76,6 +78,8 @@ class AttemptTimeline:
     resumed_checkpoint: ResumedCheckpoint | None = None
     step_windows: Sequence[StepWindow] = ()
     checkpoint_intervals: Sequence[tuple[Seconds, Seconds]] = ()  # blocked saving / restoring
+    # A workspace's streaks idle on every signal (WorkspaceIdleSpan), empty for a batch run.
+    interactive_idle_intervals: Sequence[tuple[Seconds, Seconds]] = ()
     activity: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
     """GPU -> minute start (Unix seconds, a multiple of 60) -> activity 0-1. A minute
     without a value is not idle: idleness needs evidence."""
@@ -91,6 +95,7 @@ class Accounting:
     lost: Fraction
     startup: Fraction
     checkpoint: Fraction
+    interactive_idle: Fraction
     idle: Fraction
     input_wait: Fraction
     comm_wait: Fraction
@@ -235,6 +240,9 @@ def account(timeline: AttemptTimeline) -> Accounting:
         (max(_exact(a), start), min(_exact(b), end)) for a, b in timeline.checkpoint_intervals
     )
     windows = _windows(timeline.step_windows, checkpoints, start, end)
+    unused = _merge(
+        (max(_exact(a), start), min(_exact(b), end)) for a, b in timeline.interactive_idle_intervals
+    )
 
     # Startup ends at the first step window, else the first active minute.
     if windows:
@@ -251,13 +259,14 @@ def account(timeline: AttemptTimeline) -> Accounting:
 
     cuts = {start, end, productive_start, lost_from}
     cuts.update(point for interval in checkpoints for point in interval)
+    cuts.update(point for interval in unused for point in interval)
     cuts.update(point for window in windows for point in (window.start, window.end))
     for minute in idle_gpus:
         cuts.update((Fraction(minute), Fraction(minute + MINUTE)))
     points = sorted(point for point in cuts if start <= point <= end)
 
-    lost = startup = checkpoint = idle = effective = zero
-    c_index = w_index = 0
+    lost = startup = checkpoint = interactive_idle = idle = effective = zero
+    c_index = u_index = w_index = 0
     for a, b in pairwise(points):
         length = b - a
         if a >= lost_from:
@@ -270,6 +279,11 @@ def account(timeline: AttemptTimeline) -> Accounting:
             c_index += 1
         if c_index < len(checkpoints) and checkpoints[c_index][0] <= a:
             checkpoint += gpus * length
+            continue
+        while u_index < len(unused) and unused[u_index][1] <= a:
+            u_index += 1
+        if u_index < len(unused) and unused[u_index][0] <= a:
+            interactive_idle += gpus * length
             continue
         while w_index < len(windows) and windows[w_index].end <= a:
             w_index += 1
@@ -298,6 +312,7 @@ def account(timeline: AttemptTimeline) -> Accounting:
         lost=lost,
         startup=startup,
         checkpoint=checkpoint,
+        interactive_idle=interactive_idle,
         idle=idle,
         input_wait=input_wait,
         comm_wait=comm_wait,

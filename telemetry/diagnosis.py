@@ -106,6 +106,7 @@ class Code(StrEnum):
     INPUT_BOUND = "input_bound"
     COMM_BOUND = "comm_bound"
     IDLE = "idle"
+    INTERACTIVE_IDLE = "interactive_idle"
     LOW_ACTIVITY = "low_activity"
     TENSOR_CORES_UNUSED = "tensor_cores_unused"
     LOST_WORK = "lost_work"
@@ -164,6 +165,7 @@ def diagnose(accounting: Accounting, signals: Signals) -> list[Finding]:
     return [
         *findings,
         *waits,
+        *_unused_workspace(accounting, allocated=allocated),
         *_low_use(accounting, signals, allocated=allocated, waiting=bool(waits)),
         *_tensor_cores(signals),
         *_time_lost(accounting, allocated=allocated),
@@ -215,6 +217,26 @@ def _waits(accounting: Accounting, signals: Signals) -> list[Finding]:
             )
         )
     return findings
+
+
+def _unused_workspace(accounting: Accounting, *, allocated: float) -> list[Finding]:
+    """A workspace held its GPUs while nobody used it (telemetry/workspace_idle.py)."""
+    share = float(accounting.interactive_idle) / allocated
+    if share < HIGH_IDLE_SHARE:
+        return []
+    return [
+        Finding(
+            Code.INTERACTIVE_IDLE,
+            f"Interactive idle: nobody used the workspace (no kernel or terminal ran, "
+            f"nothing was done through Gantry, the GPUs were idle) for {_percent(share)} of "
+            f"the allocation ({_gpu_hours(float(accounting.interactive_idle))}). Suspend it "
+            "when you step away: Resume brings it back with its files.",
+            {
+                "interactive_idle_share": round(share, 4),
+                "interactive_idle_gpu_s": float(accounting.interactive_idle),
+            },
+        )
+    ]
 
 
 def _low_use(

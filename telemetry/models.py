@@ -257,6 +257,7 @@ class AttemptAccounting(models.Model):
     lost_gpu_s = models.BigIntegerField()
     startup_gpu_s = models.BigIntegerField()
     checkpoint_gpu_s = models.BigIntegerField()
+    interactive_idle_gpu_s = models.BigIntegerField(default=0, db_default=0)
     idle_gpu_s = models.BigIntegerField()
     input_wait_gpu_s = models.BigIntegerField()
     comm_wait_gpu_s = models.BigIntegerField()
@@ -297,6 +298,7 @@ class AttemptAccounting(models.Model):
             self.lost_gpu_s
             + self.startup_gpu_s
             + self.checkpoint_gpu_s
+            + self.interactive_idle_gpu_s
             + self.idle_gpu_s
             + self.input_wait_gpu_s
             + self.comm_wait_gpu_s
@@ -373,3 +375,32 @@ class ClusterTelemetry(models.Model):
 
     def __str__(self) -> str:
         return f"telemetry of {self.cluster_id}"
+
+
+class WorkspaceIdleSpan(models.Model):
+    """A streak of a workspace's attempt idle on every signal (telemetry/workspace_idle.py),
+    from its last use; open (``ended_at`` None) while the streak goes on. Its GPU-seconds
+    are the attempt's ``interactive_idle`` waste. A streak is kept once it lasted
+    ``INTERACTIVE_IDLE_MIN_S`` (a person reading a cell for a minute is not waste)."""
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="idle_spans")
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["attempt", "started_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["attempt"],
+                condition=models.Q(ended_at__isnull=True),
+                name="workspaceidlespan_one_open",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(ended_at__isnull=True)
+                | models.Q(ended_at__gte=models.F("started_at")),
+                name="workspaceidlespan_ordered",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.attempt_id} idle from {self.started_at:%Y-%m-%d %H:%M}"

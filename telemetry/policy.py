@@ -15,7 +15,7 @@ from django.db.models import F, Q, Window
 from django.db.models.functions import DenseRank
 from django.utils import timezone
 
-from jobs.models import Attempt, AttemptState, Run, RunEvent, RunState
+from jobs.models import Attempt, AttemptState, Run, RunEvent, RunKind, RunState
 from jobs.services.lifecycle import run_cancel
 from telemetry.accounting import IDLE_THRESHOLD
 from telemetry.idle import IdleAction, IdleStreak, idle_action, idle_streak
@@ -95,6 +95,9 @@ def idle_policy_enforce(*, now: datetime | None = None) -> IdlePolicySummary:
             state=AttemptState.RUNNING,
             run__state=RunState.RUNNING,
             run__cancel_requested_at__isnull=True,
+            # Workspaces have their own policy, on every signal (telemetry/workspace_policy):
+            # idle GPUs while a person edits a notebook are not a reason to cancel it.
+            run__kind=RunKind.BATCH,
             run__tenant__in=Tenant.objects.filter(_policy_on()),
         ).select_related("run__tenant")
     )

@@ -6,7 +6,7 @@ from celery import shared_task
 
 from clusters.models import Cluster
 from core.log_context import log_context
-from telemetry import collection, policy, services, straggler_flags
+from telemetry import collection, policy, services, straggler_flags, workspace_policy
 
 logger = logging.getLogger(__name__)
 
@@ -58,4 +58,17 @@ def straggler_scan() -> None:
             summary.created,
             summary.updated,
             ", ".join(summary.signalled) or "no node",
+        )
+
+
+@shared_task
+def workspace_idle_scan() -> None:
+    summary = workspace_policy.workspace_idle_scan()
+    if summary.warned or summary.suspended or summary.unanswered:
+        logger.info(
+            "workspaces: %d checked, %d warned, %d suspended, %d servers did not answer",
+            summary.checked,
+            summary.warned,
+            summary.suspended,
+            summary.unanswered,
         )

@@ -96,6 +96,11 @@ class Tenant(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(WORKSPACE_IDLE_MAX_MIN)],
         help_text="Warn its owner this many minutes before a workspace is suspended",
     )
+    workspace_suspend_silent_busy = models.BooleanField(
+        default=False,
+        help_text="Also suspend a workspace whose kernel is busy without output while its "
+        "GPUs are idle (off: such a workspace is only warned about)",
+    )
     workspace_max_hours = models.PositiveIntegerField(
         default=12,
         validators=[MinValueValidator(1), MaxValueValidator(WORKSPACE_MAX_HOURS)],
@@ -423,6 +428,8 @@ class Notification(models.Model):
         BUDGET_100 = "budget_100", "Monthly budget spent"
         IDLE_WARNING = "idle_warning", "A run's GPUs are idle"
         IDLE_CANCELLED = "idle_cancelled", "A run was cancelled for idle GPUs"
+        WORKSPACE_IDLE = "ws_idle", "A workspace is idle and will be suspended"
+        WORKSPACE_SUSPENDED = "ws_suspended", "A workspace was suspended"
         INVITATION = "invitation", "An invitation to join a tenant"
 
     user = models.ForeignKey(

@@ -59,6 +59,7 @@ class Usage:
     lost_gpu_s: int = 0
     startup_gpu_s: int = 0
     checkpoint_gpu_s: int = 0
+    interactive_idle_gpu_s: int = 0
     idle_gpu_s: int = 0
     input_wait_gpu_s: int = 0
     comm_wait_gpu_s: int = 0

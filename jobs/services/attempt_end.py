@@ -7,6 +7,7 @@ from datetime import datetime
 from clusters.backends import JobStatus
 from jobs.models import Attempt, AttemptState, CauseClass, Run, RunState
 from jobs.selectors.node_health import health_policy_value
+from jobs.selectors.workspace_state import workspace_suspending
 from jobs.services.attribution import (
     attempt_cause,
     attempt_failures_check,
@@ -15,6 +16,7 @@ from jobs.services.attribution import (
     retry_words,
 )
 from jobs.services.lifecycle import run_requeue_after_preemption, run_transition
+from jobs.services.workspace_lifecycle import workspace_settle_suspended
 
 Cause = tuple[str, dict[str, str]]
 
@@ -87,7 +89,10 @@ def run_end(
     """What the attempt's end makes of its live run: succeeded, cancelled, queued again for
     a retry after a hardware or platform fault or a restart it has left, or failed."""
     live_states = (RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING)
-    if state == AttemptState.SUCCEEDED:
+    if workspace_suspending(run):
+        # However its server ended once told to stop: the workspace waits for Resume.
+        workspace_settle_suspended(run=run, attempt=attempt)
+    elif state == AttemptState.SUCCEEDED:
         run_transition(
             run=run,
             to=RunState.SUCCEEDED,

@@ -17,6 +17,7 @@ from jobs.models import (
     RunEvent,
     RunState,
     WaitReason,
+    Workspace,
 )
 from tenants.models import max_length_of
 from tenants.services.audit import audit_record
@@ -86,17 +87,18 @@ def run_cancel(*, run: Run, actor: UserLike | None, system_reason: str = "") -> 
     before = {"state": run.state, "cancel_requested": run.cancel_requested_at is not None}
     latest = run.attempts.order_by("-number").first()
     job_on_cluster = latest is not None and latest.state in LIVE_ATTEMPT_STATES
-    if run.state in (RunState.QUEUED, RunState.ADMITTED, RunState.PREEMPTED) and not (
-        run.state == RunState.PREEMPTED and job_on_cluster
-    ):
+    waiting = (RunState.QUEUED, RunState.ADMITTED, RunState.PREEMPTED, RunState.SUSPENDED)
+    if run.state in waiting and not (run.state == RunState.PREEMPTED and job_on_cluster):
         run_transition(
             run=run,
             to=RunState.CANCELLED,
-            expected=(RunState.QUEUED, RunState.ADMITTED, RunState.PREEMPTED),
+            expected=waiting,
             reason="CANCELLED",
             message=(
                 system_reason
                 if actor is None
+                else f"Stopped by {actor.get_username()} while suspended"
+                if run.state == RunState.SUSPENDED
                 else f"Cancelled by {actor.get_username()} before it reached the cluster"
             ),
             actor=actor,
@@ -113,6 +115,9 @@ def run_cancel(*, run: Run, actor: UserLike | None, system_reason: str = "") -> 
         admission_cycle_enqueue()
         return run
     if run.state in (RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING, RunState.PREEMPTED):
+        # Stopped while being suspended: it ends cancelled, not suspended.
+        if Workspace.objects.filter(run=run, suspended_at__isnull=False).update(suspended_at=None):
+            run.cancel_requested_at = None
         if run.cancel_requested_at is None:
             Run.objects.filter(pk=run.pk).update(cancel_requested_at=now)
             run.cancel_requested_at = now

@@ -10,6 +10,7 @@
     lost: "#c2332b",
     startup: "#b7791f",
     checkpoint: "#805ad5",
+    interactive_idle: "#b83280",
     idle: "#8792a2",
     input_wait: "#dd6b20",
     comm_wait: "#3182ce",

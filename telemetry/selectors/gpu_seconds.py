@@ -18,6 +18,7 @@ CATEGORY_LABELS = {
     "lost": "Lost work",
     "startup": "Startup",
     "checkpoint": "Checkpointing",
+    "interactive_idle": "Interactive idle",
     "idle": "Idle",
     "input_wait": "Input wait",
     "comm_wait": "Communication wait",
@@ -50,6 +51,7 @@ class GpuSeconds:
     lost: int = 0
     startup: int = 0
     checkpoint: int = 0
+    interactive_idle: int = 0
     idle: int = 0
     input_wait: int = 0
     comm_wait: int = 0

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from jobs.models import Attempt, AttemptState, Checkpoint
 from telemetry import accounting
-from telemetry.models import GpuMinute, SdkEvent, StepWindow
+from telemetry.models import GpuMinute, SdkEvent, StepWindow, WorkspaceIdleSpan
 
 _OUTCOMES: dict[str, accounting.Outcome] = {
     AttemptState.SUCCEEDED: accounting.Outcome.SUCCEEDED,
@@ -76,6 +76,13 @@ def attempt_timeline(*, attempt: Attempt) -> accounting.AttemptTimeline:
     ).values_list("host", "gpu", "minute", "activity"):
         assert value is not None  # filtered on activity__isnull=False
         activity.setdefault(f"{host}/{gpu}", {})[int(_unix(minute))] = value
+    # A workspace's streaks idle on every signal; one still open ends with the attempt.
+    unused = [
+        (_unix(started_at), _unix(ended_at or end))
+        for started_at, ended_at in WorkspaceIdleSpan.objects.filter(attempt=attempt).values_list(
+            "started_at", "ended_at"
+        )
+    ]
     # Queue time: a run's first attempt waited from the run's submission, a later one
     # from its creation at re-admission.
     queued_since = attempt.run.submitted_at if attempt.number == 1 else attempt.created_at
@@ -87,6 +94,7 @@ def attempt_timeline(*, attempt: Attempt) -> accounting.AttemptTimeline:
         resumed_checkpoint=resumed,
         step_windows=windows,
         checkpoint_intervals=blocked,
+        interactive_idle_intervals=unused,
         activity=activity,
         submitted_at=_unix(queued_since) if attempt.started_at and queued_since else None,
     )

@@ -14,7 +14,9 @@ FINANCE_DIR = Path(finance.__file__).parent
 
 
 def test_finance_uses_telemetrys_categories_and_waste():
-    assert accounting.WASTE == ("lost", "startup", "checkpoint", "idle", "input_wait", "comm_wait")
+    assert accounting.WASTE == (
+        "lost", "startup", "checkpoint", "interactive_idle", "idle", "input_wait", "comm_wait",
+    )  # fmt: skip
     assert (*accounting.WASTE, "effective") == accounting.CATEGORIES
     assert amounts.WASTE is exports.WASTE is accounting.WASTE
     assert services.CATEGORIES is accounting.CATEGORIES
@@ -25,17 +27,18 @@ def test_finance_uses_telemetrys_categories_and_waste():
 
 def test_the_statement_line_categories_and_the_export_columns_keep_their_order():
     line = amounts.Usage(
-        allocated_gpu_s=21, effective_gpu_s=0, lost_gpu_s=1, startup_gpu_s=2,
-        checkpoint_gpu_s=3, idle_gpu_s=4, input_wait_gpu_s=5, comm_wait_gpu_s=6,
+        allocated_gpu_s=28, effective_gpu_s=0, lost_gpu_s=1, startup_gpu_s=2,
+        checkpoint_gpu_s=3, interactive_idle_gpu_s=7, idle_gpu_s=4, input_wait_gpu_s=5,
+        comm_wait_gpu_s=6,
     )  # fmt: skip
 
     assert [(share.key, share.gpu_s) for share in line.waste_shares] == [
-        ("lost", 1), ("startup", 2), ("checkpoint", 3), ("idle", 4), ("input_wait", 5),
-        ("comm_wait", 6),
+        ("lost", 1), ("startup", 2), ("checkpoint", 3), ("interactive_idle", 7), ("idle", 4),
+        ("input_wait", 5), ("comm_wait", 6),
     ]  # fmt: skip
-    assert exports.EXPORT_COLUMNS[8:15] == (
+    assert exports.EXPORT_COLUMNS[8:16] == (
         "allocated_gpu_h", "effective_gpu_h", "lost_gpu_h", "startup_gpu_h", "checkpoint_gpu_h",
-        "idle_gpu_h", "input_wait_gpu_h",
+        "interactive_idle_gpu_h", "idle_gpu_h", "input_wait_gpu_h",
     )  # fmt: skip
 
 

@@ -206,6 +206,7 @@ def test_statement_totals_in_gpu_hours_and_cents(client, world, march):
         ["Lost work", "0 GPU-h"],
         ["Startup", "0.50 GPU-h"],
         ["Checkpointing", "0 GPU-h"],
+        ["Interactive idle", "0 GPU-h"],
         ["Idle", "1.00 GPU-h"],
         ["Input wait", "0 GPU-h"],
         ["Communication wait", "0 GPU-h"],
@@ -633,7 +634,7 @@ def test_drill_down_of_february_has_the_other_half_of_epsilon(client, world, mar
 HEADER = [
     "from", "to", "tenant", "project", "user", "flavor", "cluster", "price_per_gpu_hour",
     "allocated_gpu_h", "effective_gpu_h", "lost_gpu_h", "startup_gpu_h", "checkpoint_gpu_h",
-    "idle_gpu_h", "input_wait_gpu_h", "comm_wait_gpu_h", "unpriced_gpu_h",
+    "interactive_idle_gpu_h", "idle_gpu_h", "input_wait_gpu_h", "comm_wait_gpu_h", "unpriced_gpu_h",
     "credited_hardware_gpu_h", "credited_platform_gpu_h",
     "credited_hardware_cost", "credited_platform_cost", "charged_cost",
     "cost", "effective_cost", "waste_cost", "currency",
@@ -807,7 +808,8 @@ def test_xlsx_opens_ready_to_read_formatted_frozen_and_wide_enough(client, world
     assert widths == {
         "from": 12, "to": 12, "tenant": 16, "project": 20, "user": 16, "flavor": 14,
         "cluster": 14, "price_per_gpu_hour": 20, "allocated_gpu_h": 17, "effective_gpu_h": 17,
-        "lost_gpu_h": 14, "startup_gpu_h": 15, "checkpoint_gpu_h": 18, "idle_gpu_h": 14,
+        "lost_gpu_h": 14, "startup_gpu_h": 15, "checkpoint_gpu_h": 18,
+        "interactive_idle_gpu_h": 24, "idle_gpu_h": 14,
         "input_wait_gpu_h": 18, "comm_wait_gpu_h": 17, "unpriced_gpu_h": 16,
         "credited_hardware_gpu_h": 25, "credited_platform_gpu_h": 25,
         "credited_hardware_cost": 24, "credited_platform_cost": 24, "charged_cost": 14, "cost": 14,

@@ -750,7 +750,8 @@ def test_redis_and_postgres_restarts_lose_no_run_event_or_accounting_row(
         accounting = _rows(
             servers,
             "SELECT attempt_id, allocated_gpu_s, effective_gpu_s + lost_gpu_s + startup_gpu_s "
-            "+ checkpoint_gpu_s + idle_gpu_s + input_wait_gpu_s + comm_wait_gpu_s "
+            "+ checkpoint_gpu_s + interactive_idle_gpu_s + idle_gpu_s + input_wait_gpu_s "
+            "+ comm_wait_gpu_s "
             "FROM telemetry_attemptaccounting",
         )
         ((daily_s,),) = _rows(

@@ -78,6 +78,7 @@ def test_healthy_compute_bound_job_has_goodput_above_90_percent():
         "lost": 0,
         "startup": 8 * 30,
         "checkpoint": 3 * 8 * 5,
+        "interactive_idle": 0,
         "idle": 0,
         "input_wait": Fraction(96),
         "comm_wait": Fraction(192),
@@ -135,6 +136,7 @@ def test_crash_after_the_last_checkpoint_loses_the_work_since_that_checkpoint():
         "lost": 4 * 120,
         "startup": 4 * 30,
         "checkpoint": 4 * 20,
+        "interactive_idle": 0,
         "idle": 0,
         "input_wait": 4 * 30,
         "comm_wait": 0,
@@ -207,6 +209,7 @@ def test_precedence_checkpoint_over_idle_and_lost_over_everything():
         "lost": 60,
         "startup": 0,
         "checkpoint": 30,
+        "interactive_idle": 0,
         "idle": 90,
         "input_wait": 0,
         "comm_wait": 0,
@@ -255,6 +258,7 @@ def test_every_idle_gpu_of_a_minute_counts():
         "lost": 0,
         "startup": 0,
         "checkpoint": 0,
+        "interactive_idle": 0,
         "idle": 360,
         "input_wait": 0,
         "comm_wait": 0,
@@ -307,6 +311,7 @@ def test_a_whole_number_allocation_rounds_to_itself_with_no_phantom_second():
         "lost": 0,
         "startup": 0,
         "checkpoint": 40,
+        "interactive_idle": 0,
         "idle": 0,
         "input_wait": 0,
         "comm_wait": 0,
@@ -412,6 +417,7 @@ def test_fraction_times_are_read_exactly():
         "lost": 12,
         "startup": 6,
         "checkpoint": 0,
+        "interactive_idle": 0,
         "idle": 0,
         "input_wait": Fraction(3, 2),
         "comm_wait": 0,
@@ -485,6 +491,7 @@ def test_a_step_window_inside_a_checkpoint_interval_is_all_checkpoint():
         "lost": 0,
         "startup": 60,
         "checkpoint": 60,
+        "interactive_idle": 0,
         "idle": 0,
         "input_wait": 0,
         "comm_wait": 0,
@@ -733,3 +740,32 @@ def test_checkpoint_recovery_success_counts_resumes_that_progressed_or_succeeded
 
     assert checkpoint_recovery_success(resumed) == Fraction(3, 4)
     assert checkpoint_recovery_success([]) is None
+
+
+def test_a_workspace_idle_streak_is_interactive_idle_whatever_the_gpu_activity():
+    # 2 GPUs for 40 minutes; nobody used the workspace from minute 10 to 30. Its GPUs were
+    # idle from minute 5 to 35 (the minutes DCGM saw), busy otherwise.
+    activity = {
+        gpu: {minute * 60: (0.0 if 5 <= minute < 35 else 0.9) for minute in range(40)}
+        for gpu in ("n/0", "n/1")
+    }
+    timeline = AttemptTimeline(
+        gpus=2,
+        start=0,
+        end=2400,
+        outcome=Outcome.CANCELLED,
+        activity=activity,
+        interactive_idle_intervals=[(600, 1200), (1100, 1800), (2500, 2600)],
+    )
+    accounting = account(timeline)
+    assert accounting.categories() == {
+        "lost": 0,
+        "startup": 0,
+        "checkpoint": 0,
+        "interactive_idle": 2 * 1200,
+        "idle": 2 * 600,
+        "input_wait": 0,
+        "comm_wait": 0,
+        "effective": 2 * 600,
+    }
+    assert_invariant(accounting)

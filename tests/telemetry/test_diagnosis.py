@@ -4,17 +4,14 @@ from fractions import Fraction
 
 import pytest
 
-from telemetry.accounting import Accounting
+from telemetry.accounting import WASTE, Accounting
 from telemetry.diagnosis import NEXT_STEP, Code, FailureReason, Finding, Signals, diagnose
 
 
 def accounting(**gpu_seconds: int) -> Accounting:
     """A 10 GPU-hour attempt; the categories not given are effective."""
     allocated = 36_000
-    waste = {
-        name: Fraction(gpu_seconds.get(name, 0))
-        for name in ("lost", "startup", "checkpoint", "idle", "input_wait", "comm_wait")
-    }
+    waste = {name: Fraction(gpu_seconds.get(name, 0)) for name in WASTE}
     return Accounting(
         allocated=Fraction(allocated),
         effective=allocated - sum(waste.values()),
@@ -206,7 +203,7 @@ def test_every_reason_of_the_taxonomy_has_a_next_step():
 
 
 def test_an_empty_allocation_only_reports_the_failure():
-    empty = Accounting(*(Fraction(0),) * 8, active_gpu_hours=0.0, queue_s=None)
+    empty = Accounting(*(Fraction(0),) * 9, active_gpu_hours=0.0, queue_s=None)
 
     assert diagnose(empty, Signals(failure_reason="IMAGE_PULL")) == [
         Finding(Code.FAILURE, NEXT_STEP[FailureReason.IMAGE_PULL])
@@ -244,3 +241,19 @@ def test_every_finding_carries_its_figures_for_the_api():
     assert [dict(f.numbers) for f in busy] == [{"tensor_activity": 0.01, "activity": 0.9}]
     low = diagnose(accounting(), Signals(mean_activity=0.3, mean_tensor_activity=0.2))
     assert [dict(f.numbers) for f in low] == [{"activity": 0.3}]
+
+
+def test_a_workspace_nobody_used_is_reported_before_idle_gpus():
+    findings = diagnose(accounting(interactive_idle=7_200, idle=3_600), Signals(mean_activity=0.05))
+    assert [(f.code, dict(f.numbers)) for f in findings] == [
+        (
+            Code.INTERACTIVE_IDLE,
+            {"interactive_idle_share": 0.2, "interactive_idle_gpu_s": 7200.0},
+        ),
+        (Code.IDLE, {"idle_share": 0.1, "idle_gpu_s": 3600.0}),
+    ]
+    assert findings[0].text.startswith(
+        "Interactive idle: nobody used the workspace (no kernel or terminal ran, nothing was "
+        "done through Gantry, the GPUs were idle) for 20 % of the allocation (2.0 GPU-hours)."
+    )
+    assert diagnose(accounting(interactive_idle=3_599), Signals(mean_activity=0.9)) == []

@@ -7,7 +7,7 @@ import pytest
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.urls import reverse
 
-from jobs.models import Run, RunEvent, RunState
+from jobs.models import Run, RunEvent, RunKind, RunState
 from jobs.services.backend_sync import attempt_cancel
 from jobs.services.lifecycle import run_cancel
 from telemetry import tasks
@@ -598,3 +598,14 @@ def test_the_quota_page_links_each_tenant_to_its_idle_policy(client, world):
 
     assert f'<a href="{policy_url()}">Vision Lab</a>' in content
     assert policy_url("nlp") not in content
+
+
+def test_a_workspace_is_left_to_the_workspace_policy(world, django_capture_on_commit_callbacks):
+    policy(world.vision, notify=None, cancel=30)
+    run = running(world)
+    Run.objects.filter(pk=run.pk).update(kind=RunKind.INTERACTIVE)
+    record(run, *[IDLE] * 30)
+    assert idle_policy_enforce(now=NOW) == IdlePolicySummary(0, 0, 0, 0)
+    Run.objects.filter(pk=run.pk).update(kind=RunKind.BATCH)
+    with django_capture_on_commit_callbacks(execute=False):
+        assert idle_policy_enforce(now=NOW).cancelled == 1

@@ -331,6 +331,7 @@ def test_accounting_splits_sdk_windows_and_recomputing_gives_identical_rows(worl
         "allocated_gpu_s": 1200,
         "startup_gpu_s": 120,
         "checkpoint_gpu_s": 20,
+        "interactive_idle_gpu_s": 0,
         "lost_gpu_s": 0,
         "idle_gpu_s": 0,
         "input_wait_gpu_s": 100,

@@ -147,6 +147,7 @@ def test_waste_breakdown_of_an_attempt_in_gpu_hours_and_percent(client, world):
         ("Lost work", [0.0]),
         ("Startup", [0.0]),
         ("Checkpointing", [0.0]),
+        ("Interactive idle", [0.0]),
         ("Idle", [0.333]),
         ("Input wait", [0.167]),
         ("Communication wait", [0.0]),

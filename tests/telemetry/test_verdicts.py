@@ -35,6 +35,7 @@ def accounting(**seconds: int) -> Accounting:
         "lost": 0,
         "startup": 0,
         "checkpoint": 0,
+        "interactive_idle": 0,
         "idle": 0,
         "input_wait": 0,
         "comm_wait": 0,

@@ -231,13 +231,20 @@ def slurm_state(job_id: str) -> str:
 
 
 def sacct_row(job_id: str) -> dict[str, str]:
-    """Slurm's accounting record of a finished job (waits for slurmdbd to have the end)."""
-    fields = ["JobIDRaw", "JobName", "State", "ExitCode", "ElapsedRaw", "AllocTRES", "End"]
+    """Slurm's accounting record of a finished job (waits for slurmdbd to have the end).
+    The newest record of that id: a slurmctld killed before it saved its state (a test
+    stops it; on a loaded machine the stop can take longer than its grace) gives ids again
+    that slurmdbd already holds."""
+    fields = [
+        "JobIDRaw", "JobName", "State", "ExitCode", "ElapsedRaw", "AllocTRES", "End", "Submit",
+        "NodeList",
+    ]  # fmt: skip
     for _ in range(40):
         out = slurm("sacct", "-X", "-P", "-n", "-j", job_id, "-o", ",".join(fields))
         rows = [dict(zip(fields, line.split("|"), strict=True)) for line in out.splitlines()]
-        if rows and rows[0]["End"].isdigit() and rows[0]["State"] not in ("RUNNING", "PENDING"):
-            return rows[0]
+        row = max(rows, key=lambda row: int(row["Submit"]), default=None)
+        if row and row["End"].isdigit() and row["State"] not in ("RUNNING", "PENDING"):
+            return row
         time.sleep(0.25)
     raise AssertionError(f"sacct has no finished record of job {job_id}")
 
