@@ -2,10 +2,11 @@
 the results go to docs/benchmarks.md with the machine they ran on.
 
 ``python -m bench [admission] [placement] [backfill] [cycle] [trace] [node_health]
-[stragglers] [verdicts] [estimates] [telemetry] [ranks] [k8s] [slurm] [finance] [load]
-[runlist]`` runs some of them and only prints. ``GANTRY_BENCH_QUICK=1`` runs admission,
-placement, backfill, cycle, trace, node_health, stragglers, verdicts and estimates on small
-sizes (does it still work?) and never writes docs/benchmarks.md.
+[stragglers] [verdicts] [workspace_idle] [estimates] [telemetry] [ranks] [k8s] [slurm]
+[finance] [load] [runlist]`` runs some of them and only prints. ``GANTRY_BENCH_QUICK=1``
+runs admission, placement, backfill, cycle, trace, node_health, stragglers, verdicts,
+workspace_idle and estimates on small sizes (does it still work?) and never writes
+docs/benchmarks.md.
 
 The admission cycle runs against the database ``gantry_bench`` on the server of
 DATABASE_URL (created and migrated here, so the tests' database is never touched), with
@@ -40,6 +41,7 @@ BENCHMARKS = (
     "node_health",
     "stragglers",
     "verdicts",
+    "workspace_idle",
     "estimates",
     "telemetry",
     "ranks",
@@ -163,6 +165,10 @@ def run(name: str) -> list[Section]:
         from bench import verdicts
 
         return verdicts.run()
+    if name == "workspace_idle":
+        from bench import workspace_idle
+
+        return workspace_idle.run()
     if name == "estimates":
         from bench import estimates
 
