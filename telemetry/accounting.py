@@ -212,15 +212,11 @@ def _windows(
     return windows
 
 
-def account(timeline: AttemptTimeline) -> Accounting:
-    """Split one attempt's allocated GPU-seconds into the categories of design §7."""
-    gpus = timeline.gpus
-    start = _exact(timeline.start)
-    end = max(_exact(timeline.end), start)
-    threshold = timeline.idle_threshold
-    zero = Fraction(0)
-
-    # Idle GPUs per minute (at most the attempt's GPUs), and the first active minute.
+def _activity(
+    timeline: AttemptTimeline, start: Fraction, end: Fraction
+) -> tuple[dict[int, int], Fraction | None, float]:
+    """Idle GPUs per minute (at most the attempt's GPUs), the first active moment, and the
+    activity-weighted GPU-seconds, within [start, end)."""
     idle_gpus: dict[int, int] = {}
     first_active: Fraction | None = None
     active_gpu_seconds = 0.0
@@ -231,10 +227,21 @@ def account(timeline: AttemptTimeline) -> Accounting:
             if hi <= lo:
                 continue
             active_gpu_seconds += activity * float(hi - lo)
-            if activity < threshold:
-                idle_gpus[minute] = min(gpus, idle_gpus.get(minute, 0) + 1)
+            if activity < timeline.idle_threshold:
+                idle_gpus[minute] = min(timeline.gpus, idle_gpus.get(minute, 0) + 1)
             elif first_active is None or lo < first_active:
                 first_active = lo
+    return idle_gpus, first_active, active_gpu_seconds
+
+
+def account(timeline: AttemptTimeline) -> Accounting:
+    """Split one attempt's allocated GPU-seconds into the categories of design §7."""
+    gpus = timeline.gpus
+    start = _exact(timeline.start)
+    end = max(_exact(timeline.end), start)
+    zero = Fraction(0)
+
+    idle_gpus, first_active, active_gpu_seconds = _activity(timeline, start, end)
 
     checkpoints = _merge(
         (max(_exact(a), start), min(_exact(b), end)) for a, b in timeline.checkpoint_intervals

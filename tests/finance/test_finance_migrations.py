@@ -18,7 +18,7 @@ AFTER_MOVE = [
     ("finance", "0001_initial"),
 ]
 # The latest finance schema, which the models below read.
-LATEST = [("finance", "0004_i34_credits")]
+LATEST = [("finance", "0005_i37_interactive_idle")]
 ACCOUNTED_UNTIL = datetime(2026, 3, 2, 6, 0, tzinfo=UTC)
 
 

@@ -645,20 +645,20 @@ Z = "0.000000"
 def uncredited(row: list[str]) -> list[str]:
     """An export row of a line nothing was credited on (no hardware or platform failure):
     its credited GPU-hours and amounts are zero, and it is charged its whole cost."""
-    return [*row[:17], Z, Z, "0.00", "0.00", row[17], *row[17:]]
+    return [*row[:18], Z, Z, "0.00", "0.00", row[18], *row[18:]]
 
 
 # The statement's lines: one per project, user, flavor, cluster and rate card of the month.
 MARCH_ROWS = [uncredited(row) for row in [
     ["2025-03-01", "2025-03-31", "vision", "detection", "alice", "a100-80gb", "sim-1", "2.5000",
-     "6.000000", "4.500000", Z, "0.500000", Z, "1.000000", Z, Z, Z,
+     "6.000000", "4.500000", Z, "0.500000", Z, Z, "1.000000", Z, Z, Z,
      "15.00", "11.25", "3.75", "EUR"],
     ["2025-03-01", "2025-03-31", "vision", "detection", "alice", "h100-80gb", "sim-1", "",
-     "2.000000", "2.000000", Z, Z, Z, Z, Z, Z, "2.000000", "0.00", "0.00", "0.00", "EUR"],
+     "2.000000", "2.000000", Z, Z, Z, Z, Z, Z, Z, "2.000000", "0.00", "0.00", "0.00", "EUR"],
     ["2025-03-01", "2025-03-31", "vision", "detection", "arthur", "a100-80gb", "sim-1", "2.5000",
-     "2.000000", "2.000000", Z, Z, Z, Z, Z, Z, Z, "5.00", "5.00", "0.00", "EUR"],
+     "2.000000", "2.000000", Z, Z, Z, Z, Z, Z, Z, Z, "5.00", "5.00", "0.00", "EUR"],
     ["2025-03-01", "2025-03-31", "vision", "segmentation", "arthur", "a100-80gb", "slurm-1",
-     "2.5000", "8.000000", "8.000000", Z, Z, Z, Z, Z, Z, Z, "20.00", "20.00", "0.00", "EUR"],
+     "2.5000", "8.000000", "8.000000", Z, Z, Z, Z, Z, Z, Z, Z, "20.00", "20.00", "0.00", "EUR"],
 ]]  # fmt: skip
 
 
@@ -687,7 +687,7 @@ def test_csv_export_of_every_tenant_for_finance(client, world, march):
         HEADER,
         uncredited(
             ["2025-03-05", "2025-03-05", "nlp", "llm", "bob", "a100-80gb", "sim-1", "2.5000",
-             "2.000000", "2.000000", Z, Z, Z, Z, Z, Z, Z, "5.00", "5.00", "0.00", "EUR"]
+             "2.000000", "2.000000", Z, Z, Z, Z, Z, Z, Z, Z, "5.00", "5.00", "0.00", "EUR"]
         ),
     ]  # fmt: skip
     assert (
@@ -709,8 +709,8 @@ def test_csv_gpu_hours_are_exact_to_six_places(client, world):
     row = csv_rows(response)[1]
     # 7 GPU-seconds = 0.0019444… GPU-hours; 6 effective = 0.001666…; idle 1 = 0.000277…
     assert row[8:10] == ["0.001944", "0.001667"]
-    assert row[13] == "0.000278"
-    assert row[22:25] == ["0.00", "0.00", "0.00"]  # 7 GPU-s at 2.50 = 0.0048…
+    assert row[14] == "0.000278"
+    assert row[23:26] == ["0.00", "0.00", "0.00"]  # 7 GPU-s at 2.50 = 0.0048…
 
 
 def test_csv_cells_that_a_spreadsheet_would_run_get_an_apostrophe(client, world):
@@ -771,10 +771,10 @@ def test_xlsx_export_holds_the_same_rows_as_the_csv(client, world, march):
     for got, expected in zip(as_text, MARCH_ROWS, strict=True):
         assert got[:7] == expected[:7]
         assert got[7] == (Decimal(expected[7]) if expected[7] else None)
-        assert [Decimal(str(value)) for value in got[8:25]] == [
-            Decimal(value) for value in expected[8:25]
+        assert [Decimal(str(value)) for value in got[8:26]] == [
+            Decimal(value) for value in expected[8:26]
         ]
-        assert got[25] == "EUR"
+        assert got[26] == "EUR"
 
 
 def test_xlsx_opens_ready_to_read_formatted_frozen_and_wide_enough(client, world, march):
@@ -786,7 +786,7 @@ def test_xlsx_opens_ready_to_read_formatted_frozen_and_wide_enough(client, world
 
     sheet = load_workbook(io.BytesIO(b"".join(response.streaming_content))).active
     assert sheet.freeze_panes == "A2"
-    assert [cell.font.b for cell in sheet[1]] == [True] * 26
+    assert [cell.font.b for cell in sheet[1]] == [True] * 27
     first = dict(zip(HEADER, sheet[2], strict=True))
     assert first["from"].value == datetime(2025, 3, 1)
     assert {name: cell.number_format for name, cell in first.items()} == {
@@ -794,7 +794,7 @@ def test_xlsx_opens_ready_to_read_formatted_frozen_and_wide_enough(client, world
         "tenant": "General", "project": "General", "user": "General", "flavor": "General",
         "cluster": "General",
         "price_per_gpu_hour": '#,##0.0000 "EUR"',
-        **dict.fromkeys(HEADER[8:19], "#,##0.00####"),
+        **dict.fromkeys(HEADER[8:20], "#,##0.00####"),
         "credited_hardware_cost": '#,##0.00 "EUR"', "credited_platform_cost": '#,##0.00 "EUR"',
         "charged_cost": '#,##0.00 "EUR"',
         "cost": '#,##0.00 "EUR"', "effective_cost": '#,##0.00 "EUR"',
