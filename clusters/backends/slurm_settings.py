@@ -128,6 +128,7 @@ SETTINGS_SCHEMA: dict[str, Any] = {
         "qos": _text(PLAIN_WORD.pattern),
         "qos_prefix": _text(r"^[A-Za-z0-9_.-]{0,32}$"),
         "job_path": _text(r"^[A-Za-z0-9_./:+@=-]+$"),
+        "workspace_bind": _text(r"^[0-9A-Fa-f.:]{2,45}$"),
         "container_runtime": _choice(CONTAINER_RUNTIMES),
         "rest_timeout_s": _number(0.1, 600),
         "cli_timeout_s": _number(0.1, 600),
@@ -223,7 +224,7 @@ SETTINGS = JsonSchema(SETTINGS_SCHEMA)
 # The settings taken as they are written; the others get defaults or change type.
 _AS_GIVEN = (
     "job_dir", "log_dir", "slurm_conf", "partition", "qos", "qos_prefix", "rest_url",
-    "rest_user", "rest_token_env", "reclaim_priority", "tasks_per_node",
+    "rest_user", "rest_token_env", "reclaim_priority", "tasks_per_node", "workspace_bind",
 )  # fmt: skip
 
 
@@ -266,6 +267,10 @@ class SlurmSettings:
     # the preempted jobs are cancelled, so Slurm starts it there before outside jobs that
     # were waiting (docs/slurm.md, "Reclaiming"). Needs the CLI as a Slurm operator.
     reclaim_priority: bool = True
+    # The address a workspace's server listens on, on its node (docs/workspaces.md): every
+    # address of the node by default; the node's own address (NodeAddr) where the site
+    # wants nothing on others (the test cluster: 127.0.0.1).
+    workspace_bind: str = "0.0.0.0"  # noqa: S104 (the node's, where Gantry's proxy reaches it)
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], *, cluster: str = "") -> "SlurmSettings":
