@@ -243,7 +243,12 @@ def run(server: str, environ: dict[str, str]) -> int:
         _stop(process)
         return EXIT_SETUP
     say(f"ready: port {port} reported to Gantry")
-    return process.wait()
+    return exit_code(process.wait())
+
+
+def exit_code(returncode: int) -> int:
+    """The server's status as a shell reports it: 128 + N for a server killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 def _url_host(host: str) -> str:
