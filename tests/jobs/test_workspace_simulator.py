@@ -12,7 +12,6 @@ import urllib.request
 from datetime import timedelta
 from pathlib import Path
 
-import pytest
 import time_machine
 
 from clusters.backends import backend_for, sim_workspace
