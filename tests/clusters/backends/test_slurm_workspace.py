@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 
+from clusters.backends import JobRef
 from clusters.models import Cluster
 from jobs.models import Attempt, RunState, Workspace
 from jobs.services.admission_cycle import admission_run_cycle
@@ -22,6 +23,7 @@ from jobs.services.workspaces import WorkspaceInput, workspace_launch, workspace
 from tests import REPOSITORY
 from tests.clusters.backends.test_slurm_cluster import (  # noqa: F401 (fixtures)
     accounts,
+    backend,
     cancel_leftovers,
     rest_answers,
     slurm,
@@ -119,6 +121,13 @@ def test_a_workspace_on_slurm_reports_its_port_and_answers_at_the_nodes_address(
     # The host is the node's NodeAddr as slurmctld gives it, never the job's word.
     assert (workspace.attempt_id, workspace.host) == (attempt.pk, "127.0.0.1")
     assert 1024 <= workspace.port <= 65535
+
+    # slurmrestd names the same address.
+    ref = JobRef(attempt.name, attempt.backend_job_id)
+    assert backend("rest").workspace_address(ref, port=workspace.port) == (
+        "127.0.0.1",
+        workspace.port,
+    )
 
     status_url = f"http://{workspace.host}:{workspace.port}/w/{run.pk}/api/status"
     assert status_code(status_url, workspace_server_token(attempt.pk)) == 200
