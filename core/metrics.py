@@ -26,6 +26,7 @@ BACKEND_OPERATIONS = (
     "fence",
     "unfence",
     "health_check",
+    "workspace_address",
 )
 ERROR_KINDS = ("transient", "permanent", "unexpected")
 MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0

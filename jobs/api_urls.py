@@ -2,6 +2,7 @@ from django.urls import path
 from rest_framework.routers import SimpleRouter
 
 from jobs import api
+from jobs.api_workspace import WorkspaceAddressApi
 from jobs.spec_api import ExperimentSpecApi, SpecSchemaApi, SpecSubmitApi, TemplateListApi
 
 router = SimpleRouter()
@@ -11,6 +12,7 @@ router.register("experiments", api.ExperimentViewSet, basename="experiment")
 urlpatterns = [
     path("attempts/report/", api.AttemptRuntimeReportApi.as_view(), name="attempt-report"),
     path("attempts/rank-report/", api.AttemptRankReportApi.as_view(), name="attempt-rank-report"),
+    path("attempts/workspace/", WorkspaceAddressApi.as_view(), name="attempt-workspace-address"),
     path("quotas/", api.QuotaListApi.as_view(), name="quota-list"),
     path("specs/", SpecSubmitApi.as_view(), name="spec-submit"),
     path("spec/schema/", SpecSchemaApi.as_view(), name="spec-schema"),

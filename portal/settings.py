@@ -423,6 +423,14 @@ GANTRY_INVENTORY_MAX_AGE_S = env_int("GANTRY_INVENTORY_MAX_AGE_S", default=60)
 # How long a placed run may wait at its cluster without being given nodes (load from
 # outside Gantry took them first) before it goes back to the queue for a new placement.
 GANTRY_PLACEMENT_GRACE_S = env_int("GANTRY_PLACEMENT_GRACE_S", default=300)
+# How long a workspace's server may take from its job's start to answer (its launcher
+# reports the port once it does) before the sync ends the attempt as failed.
+GANTRY_WORKSPACE_START_TIMEOUT_S = env_int("GANTRY_WORKSPACE_START_TIMEOUT_S", default=300)
+if GANTRY_WORKSPACE_START_TIMEOUT_S < 1:
+    raise ImproperlyConfigured(
+        "GANTRY_WORKSPACE_START_TIMEOUT_S must be at least 1, got "
+        f"{GANTRY_WORKSPACE_START_TIMEOUT_S}"
+    )
 
 # E-mail (budget alerts). Embedded mode prints mails to the console instead of sending them.
 _EMAIL_BACKENDS = {

@@ -104,6 +104,16 @@ def _no_admission_kick_left(request: pytest.FixtureRequest) -> None:
         admission_kick_clear()
 
 
+@pytest.fixture(autouse=True)
+def _no_workspace_process_left():
+    """A workspace on the simulator is a real process (clusters.backends.sim_workspace): none
+    outlives the test that started it, pass or fail."""
+    yield
+    from clusters.backends import sim_workspace
+
+    sim_workspace.stop_all()
+
+
 def make_user(username: str) -> User:
     return User.objects.create_user(username=username, password=PASSWORD)
 

@@ -17,6 +17,7 @@ from clusters.backends.base import (
     PendingClaim,
     PermanentBackendError,
     TransientBackendError,
+    WorkspaceSpec,
     inventory_items,
 )
 
@@ -75,6 +76,7 @@ __all__ = [
     "PendingClaim",
     "PermanentBackendError",
     "TransientBackendError",
+    "WorkspaceSpec",
     "backend_for",
     "inventory_items",
     "register",

@@ -36,6 +36,19 @@ class PermanentBackendError(BackendError):
 
 
 @dataclass(frozen=True, slots=True)
+class WorkspaceSpec:
+    """What a workspace's job needs beyond a batch job's (docs/workspaces.md, "Backends"):
+    the job runs Gantry's launcher, which starts ``server`` under ``base_url`` with
+    ``token`` as its only accepted secret, and reports the port it listens on."""
+
+    server: str  # jupyter, vscode (jobs.models.WorkspaceServer)
+    base_url: str  # /w/<run id>/: the proxy serves the path untouched
+    # A secret: the job gets it as GANTRY_WORKSPACE_TOKEN, a rendered spec shows
+    # "<redacted>". Set only on the copy the submit hands to ``submit``, like the attempt's.
+    token: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     """Everything a backend needs to run one attempt; built from the experiment record."""
 
@@ -70,6 +83,8 @@ class JobSpec:
     # Nodes the job must not run on (where an earlier attempt of its run failed for the
     # hardware's sake): Slurm ``--exclude``, Kubernetes node affinity ``NotIn``.
     excluded_nodes: tuple[str, ...] = ()
+    # Set for a run of kind interactive: the job is a workspace's server.
+    workspace: WorkspaceSpec | None = None
 
 
 def job_env(spec: JobSpec) -> dict[str, str]:
@@ -81,6 +96,8 @@ def job_env(spec: JobSpec) -> dict[str, str]:
         checkpoint_dir=spec.checkpoint_dir,
         resume_uri=spec.resume_uri,
         resume_step=spec.resume_step,
+        workspace_server=spec.workspace.server if spec.workspace else "",
+        workspace_base_url=spec.workspace.base_url if spec.workspace else "",
     )
     return dict(sorted({**spec.env, **gantry}.items()))
 
@@ -226,6 +243,13 @@ class Backend(Protocol):
 
     def unfence(self, node: str) -> None:
         """Undo ``fence``: the node takes work again (Slurm resume, uncordon and untaint)."""
+
+    def workspace_address(self, ref: JobRef, *, port: int) -> tuple[str, int]:
+        """Where the proxy reaches the workspace server of job ``ref``, which reported that
+        it listens on ``port``: the host is the backend's word (the node the job runs on,
+        as the backend resolves it), never the job's. PermanentBackendError when the job
+        cannot be a workspace there (not running, a port the backend does not route);
+        TransientBackendError when the backend could not say yet."""
 
     def health_check(self, node: str, *, check_id: int, flavor: str, gpus: int) -> JobRef:
         """Submit the cluster's health check (its ``health_check`` setting) to ``node``,

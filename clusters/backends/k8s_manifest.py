@@ -1,9 +1,10 @@
 """Kubernetes objects for one attempt, rendered from plain data: no ORM, no client, no I/O.
 
 ``render(spec, settings)`` (the ``K8sSettings`` of ``k8s_settings.parse_settings``) returns
-the objects the backend creates, in creation order: Secret, Service (nodes > 1), PodGroup
-(Volcano), Job. The attempt token appears in the Secret only when ``token`` is passed; what is
-stored on the attempt is rendered without it.
+the objects the backend creates, in creation order: Secret, Service (nodes > 1, or a
+workspace's: ``k8s_workspace``), PodGroup (Volcano), Job. The attempt token appears in the
+Secret only when ``token`` is passed (a workspace's secret only when its spec holds it);
+what is stored on the attempt is rendered without them.
 
 Where the pods go: without Kueue, on the nodes admission chose (``spec.placement``),
 pinned by required node affinity, one rank per node; with Kueue, which places admitted
@@ -36,6 +37,12 @@ from clusters.backends.k8s_settings import (
     LABEL_VALUE,
     FlavorSettings,
     K8sSettings,
+)
+from clusters.backends.k8s_workspace import (
+    workspace_env,
+    workspace_ports,
+    workspace_secret_data,
+    workspace_service,
 )
 from clusters.env_names import env_name_refusal
 from clusters.job_env import ATTEMPT_TOKEN_ENV, REDACTED
@@ -171,7 +178,7 @@ def _env(spec: JobSpec, settings: K8sSettings, *, name: str, secret: str) -> lis
     env.append(
         {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": secret, "key": TOKEN_ENV}}}
     )
-    return env
+    return env + workspace_env(spec, secret=secret)
 
 
 def _pod_failure_policy(settings: K8sSettings) -> dict[str, Any]:
@@ -339,6 +346,8 @@ def _pod_spec(
         container["ports"] = [
             {"name": "rendezvous", "containerPort": settings.master_port, "protocol": "TCP"}
         ]
+    elif spec.workspace is not None:
+        container["ports"] = workspace_ports(spec)
     shm: dict[str, Any] = {"medium": "Memory"}
     if settings.shm_size:
         shm["sizeLimit"] = settings.shm_size
@@ -396,13 +405,15 @@ def render(spec: JobSpec, settings: K8sSettings, *, token: str = "") -> list[dic
             "kind": "Secret",
             "metadata": meta(secret),
             "type": "Opaque",
-            "stringData": {TOKEN_ENV: token or REDACTED},
+            "stringData": {TOKEN_ENV: token or REDACTED, **workspace_secret_data(spec)},
         }
     ]
     if spec.nodes > 1:
         objects.append(
             _rendezvous_service(meta(name), labels[ATTEMPT_LABEL], port=settings.master_port)
         )
+    elif spec.workspace is not None:
+        objects.append(workspace_service(meta(name), labels[ATTEMPT_LABEL]))
     pod_annotations = dict(annotations)
     job_labels = dict(labels)
     if settings.queueing == "volcano":

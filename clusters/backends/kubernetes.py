@@ -73,6 +73,7 @@ from clusters.backends.k8s_status import (
     pod_rank,
     split_backend_job_id,
 )
+from clusters.backends.k8s_workspace import WORKSPACE_PORT, service_host
 from clusters.models import Cluster
 
 PODGROUP = ("scheduling.volcano.sh", "v1beta1", "podgroups")
@@ -194,6 +195,15 @@ class KubernetesBackend(K8sConnection):
             self._delete(
                 custom.delete_namespaced_custom_object, *PODGROUP[:2], namespace, PODGROUP[2], name
             )
+
+    def workspace_address(self, ref: JobRef, *, port: int) -> tuple[str, int]:
+        """The DNS name of the workspace's Service, from the Job's namespace and name."""
+        where = split_backend_job_id(ref.backend_job_id)
+        if where is None:
+            raise PermanentBackendError(f"no Kubernetes job {ref.backend_job_id!r}")
+        if port != WORKSPACE_PORT:
+            raise PermanentBackendError(f"its Service routes port {WORKSPACE_PORT}, not {port}")
+        return service_host(*where), WORKSPACE_PORT
 
     def logs(self, ref: JobRef, *, tail: int, rank: int = 0) -> str:
         """The log of one rank's pod (the latest, if it was replaced); rank 0 by default."""

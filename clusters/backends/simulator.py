@@ -32,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from clusters.backends import register
+from clusters.backends import register, sim_workspace
 from clusters.backends.base import (
     BackendError,
     CheckpointReport,
@@ -42,6 +42,7 @@ from clusters.backends.base import (
     JobStatus,
     NodeInventory,
     PermanentBackendError,
+    TransientBackendError,
     job_env,
 )
 from clusters.backends.health_check import NAME as HEALTH_CHECK_NAME
@@ -160,7 +161,7 @@ class SimulatorBackend:
                 "cluster": self.cluster.name,
                 "image": spec.image,
                 "command": spec.command,
-                "env": job_environment_shown(job_env(spec)),
+                "env": job_environment_shown(job_env(spec), workspace=bool(spec.workspace)),
                 "flavor": spec.flavor,
                 "nodes": spec.nodes,
                 "gpus_per_node": spec.gpus_per_node,
@@ -173,6 +174,7 @@ class SimulatorBackend:
                 },
                 "workload": _workload_dict(workload),
                 "checkpoint_dir": spec.checkpoint_dir,
+                **sim_workspace.spec_fields(spec),
             },
             indent=2,
             sort_keys=True,
@@ -203,6 +205,7 @@ class SimulatorBackend:
                         "workload": _workload_dict(workload),
                         "checkpoint_dir": spec.checkpoint_dir or "sim://checkpoints",
                         "excluded_nodes": sorted(spec.excluded_nodes),
+                        **sim_workspace.spec_fields(spec),
                     },
                     max_runtime_s=spec.max_runtime_s,
                     submitted_at=timezone.now(),
@@ -211,6 +214,8 @@ class SimulatorBackend:
         except IntegrityError:
             # A concurrent delivery of the same submit won the race: adopt its job.
             return str(SimulatedJob.objects.get(name=spec.name).pk)
+        if spec.workspace is not None:
+            sim_workspace.spawn_for(job, spec)
         return str(job.pk)
 
     def sync(self, refs: list[JobRef]) -> dict[str, JobStatus]:
@@ -220,6 +225,17 @@ class SimulatorBackend:
         found = {job.name: self._status(job) for job in jobs}
         found.update((ref.name, self._check_status(ref)) for ref in checks)
         return found
+
+    def workspace_address(self, ref: JobRef, *, port: int) -> tuple[str, int]:
+        """Every simulated node is this machine: its server listens on 127.0.0.1."""
+        job = SimulatedJob.objects.filter(name=ref.name).first()
+        if job is None or "workspace" not in job.profile:
+            raise PermanentBackendError(f"the simulator has no workspace job {ref.name}")
+        if job.state == "PENDING":
+            raise TransientBackendError(f"job {ref.name} has not started yet")
+        if job.state != "RUNNING":
+            raise PermanentBackendError(f"job {ref.name} has ended ({job.state.lower()})")
+        return sim_workspace.BIND, port
 
     def health_check(self, node: str, *, check_id: int, flavor: str, gpus: int) -> JobRef:
         """A simulated health check pinned to ``node``: it runs ``HEALTH_CHECK_S`` simulated
@@ -281,6 +297,9 @@ class SimulatorBackend:
         SimulatedJob.objects.filter(name=ref.name, state__in=LIVE).update(
             state="CANCELLED", cancelled_at=now, finished_at=now
         )
+        job = SimulatedJob.objects.filter(name=ref.name).first()
+        if job is not None and "workspace" in job.profile:
+            sim_workspace.stop(job.name, job.profile["workspace"])
 
     def logs(self, ref: JobRef, *, tail: int) -> str:
         job = SimulatedJob.objects.filter(name=ref.name).first()
@@ -291,6 +310,8 @@ class SimulatorBackend:
             nodes = ", ".join(sorted(job.allocation)) or "-"
             lines.append(f"[simulator] started on {nodes}")
             lines.append(f"[simulator] workload {job.profile['workload']['profile']}")
+        if "workspace" in job.profile:
+            lines += sim_workspace.log_tail(job.name, lines=tail)
         if job.finished_at:
             lines.append(f"[simulator] finished {job.state} exit={job.exit_code} {job.message}")
         return "\n".join(lines[-tail:])
@@ -411,9 +432,14 @@ class SimulatorBackend:
             if speed < 1:
                 job.profile = {**job.profile, "speed": speed}
             job.save(update_fields=["state", "allocation", "started_at", "message", "profile"])
+            if "workspace" in job.profile:
+                sim_workspace.start(job.name)
 
     def _finish_if_done(self, job: SimulatedJob, now, faults: FaultSettings) -> None:
         assert job.started_at is not None  # called for running jobs only
+        if "workspace" in job.profile:
+            sim_workspace.finish_if_done(job, now)
+            return
         workload = Workload(**job.profile["workload"])
         speedup = self.speedup * _speed(job)
         outcome = outcome_at(

@@ -191,6 +191,20 @@ class SlurmBackend:
             if is_ours(job, ref.name) and not job.finished:
                 self.transport.cancel(job.job_id)
 
+    def workspace_address(self, ref: JobRef, *, port: int) -> tuple[str, int]:
+        """The NodeAddr of the node the running job holds (a workspace has one node): what
+        slurmctld says, never the job. Two queries: the live jobs and the nodes."""
+        job = next((j for j in self.transport.live_jobs() if j.job_id == ref.backend_job_id), None)
+        if job is None or job.name != ref.name or job.finished:
+            raise PermanentBackendError(f"Slurm holds no running job {ref.backend_job_id}")
+        if job.state != "RUNNING" or not job.nodes:
+            raise TransientBackendError(f"job {job.job_id} is {job.state.lower()}, not running")
+        node = job.nodes[0]
+        address = next((n.address for n in self.transport.nodes() if n.name == node), "")
+        if not address:
+            raise TransientBackendError(f"Slurm gave no address of node {node}")
+        return address, port
+
     def logs(self, ref: JobRef, *, tail: int) -> str:
         """The last ``tail`` lines of the job's output file, read where this process sees
         the cluster's job directory (``log_dir``, default ``job_dir``)."""

@@ -13,7 +13,7 @@ from clusters.backends.slurm_fence import FenceError, node_name
 from clusters.backends.slurm_quoting import LEVEL_NAME, RenderError, plain_word, shell_quote
 from clusters.backends.slurm_settings import SlurmSettings
 from clusters.env_names import env_name_refusal
-from clusters.job_env import ATTEMPT_TOKEN_ENV
+from clusters.job_env import ATTEMPT_TOKEN_ENV, WORKSPACE_BIND_ENV, WORKSPACE_TOKEN_ENV
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +225,8 @@ def batch_job(
     job_env = {"PATH": settings.job_path}
     if spec.attempt_token:
         job_env[ATTEMPT_TOKEN_ENV] = spec.attempt_token
+    if spec.workspace is not None and spec.workspace.token:
+        job_env[WORKSPACE_TOKEN_ENV] = spec.workspace.token
     if environment is not None:
         job_env = {**job_env, **environment}
     job = BatchJob(
@@ -268,6 +270,14 @@ def _one_leaf_switch(spec: JobSpec, settings: SlurmSettings) -> bool:
     )
 
 
+def _step_env(spec: JobSpec, settings: SlurmSettings) -> dict[str, str]:
+    """What the step's shell exports: the job's variables, and a workspace's bind address."""
+    env = job_env(spec)
+    if spec.workspace is not None:
+        env[WORKSPACE_BIND_ENV] = settings.workspace_bind
+    return env
+
+
 def _script(job: BatchJob, spec: JobSpec, settings: SlurmSettings) -> str:
     lines = ["#!/bin/bash", *(f"#SBATCH {option}" for option in job.sbatch_options())]
     what = (
@@ -280,6 +290,11 @@ def _script(job: BatchJob, spec: JobSpec, settings: SlurmSettings) -> str:
         "# GANTRY_ATTEMPT_TOKEN=<redacted>: it comes with the submit environment, never in",
         "# this script.",
     ]
+    if spec.workspace is not None:
+        lines += [
+            "# A workspace: gantry-workspace starts its server on this node on a free port and",
+            "# reports the port; GANTRY_WORKSPACE_TOKEN=<redacted> comes like the attempt token.",
+        ]
     if settings.transport == "rest":
         lines.append("# Submitted through slurmrestd, which takes these options as job properties.")
     if job.nodelist and spec.topology_required and spec.nodes > 1 and not job.switches:
@@ -316,7 +331,7 @@ def _script(job: BatchJob, spec: JobSpec, settings: SlurmSettings) -> str:
     lines += [
         "# The experiment's env is exported by the step's own shell, in the container, before",
         "# the command: this batch shell, srun and the container runtime never see it.",
-        f"{launch} {shell_quote(step_command(job_env(spec), spec.command))} &",
+        f"{launch} {shell_quote(step_command(_step_env(spec, settings), spec.command))} &",
         "gantry_step=$!",
         "# wait returns early when a trapped signal arrives: wait until the step is gone.",
         'while kill -0 "$gantry_step" 2>/dev/null; do wait "$gantry_step"; done',

@@ -35,6 +35,7 @@ class SlurmNode:
     gpus: Mapping[str, int]  # GPU type ("" when untyped) → count
     gpus_used: Mapping[str, int] = field(default_factory=dict)  # held by any job now
     reason: str = ""  # why an operator or Slurm took it out of service, without who and when
+    address: str = ""  # NodeAddr: where other hosts reach it (a workspace's server there)
 
 
 # Job states in which a job holds its nodes' GPUs (what a node's GresUsed counts).
@@ -84,6 +85,7 @@ def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
                 gpus=parse_gres(value("Gres")),
                 gpus_used=parse_gres(used) if used else gpus_of_alloc_tres(value("AllocTRES")),
                 reason=_reason(reason.group(1)) if reason else "",
+                address=value("NodeAddr"),
             )
         )
     return nodes
@@ -112,6 +114,7 @@ def parse_rest_nodes(payload: Mapping[str, Any]) -> list[SlurmNode]:
                     else gpus_of_alloc_tres(str(node.get("tres_used") or ""))
                 ),
                 reason=_reason(str(node.get("reason") or "")),
+                address=str(node.get("address") or ""),
             )
         )
     return nodes

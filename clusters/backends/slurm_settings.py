@@ -128,6 +128,7 @@ SETTINGS_SCHEMA: dict[str, Any] = {
         "qos": _text(PLAIN_WORD.pattern),
         "qos_prefix": _text(r"^[A-Za-z0-9_.-]{0,32}$"),
         "job_path": _text(r"^[A-Za-z0-9_./:+@=-]+$"),
+        "workspace_bind": _text(r"^[0-9A-Fa-f.:]{2,45}$"),
         "container_runtime": _choice(CONTAINER_RUNTIMES),
         "rest_timeout_s": _number(0.1, 600),
         "cli_timeout_s": _number(0.1, 600),
@@ -221,6 +222,8 @@ SETTINGS_SCHEMA: dict[str, Any] = {
 }
 SETTINGS = JsonSchema(SETTINGS_SCHEMA)
 # The settings taken as they are written; the others get defaults or change type.
+# Every address of a workspace's node, where Gantry's proxy reaches its server.
+DEFAULT_WORKSPACE_BIND = "0.0.0.0"  # noqa: S104
 _AS_GIVEN = (
     "job_dir", "log_dir", "slurm_conf", "partition", "qos", "qos_prefix", "rest_url",
     "rest_user", "rest_token_env", "reclaim_priority", "tasks_per_node",
@@ -266,6 +269,10 @@ class SlurmSettings:
     # the preempted jobs are cancelled, so Slurm starts it there before outside jobs that
     # were waiting (docs/slurm.md, "Reclaiming"). Needs the CLI as a Slurm operator.
     reclaim_priority: bool = True
+    # The address a workspace's server listens on, on its node (docs/workspaces.md): every
+    # address of the node by default; the node's own address (NodeAddr) where the site
+    # wants nothing on others (the test cluster: 127.0.0.1).
+    workspace_bind: str = DEFAULT_WORKSPACE_BIND
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], *, cluster: str = "") -> "SlurmSettings":
@@ -278,6 +285,7 @@ class SlurmSettings:
             "transport": transport,
             "container_runtime": raw.get("container_runtime") or "pyxis",
             "job_path": raw.get("job_path") or DEFAULT_JOB_PATH,
+            "workspace_bind": raw.get("workspace_bind") or DEFAULT_WORKSPACE_BIND,
             "submit_users": tuple(raw.get("submit_users", ())),
             "topology_levels": tuple(raw.get("topology_levels", ())),
             "flavors": {

@@ -14,6 +14,7 @@ from clusters.backends import (
     JobSpec,
     PermanentBackendError,
     TransientBackendError,
+    WorkspaceSpec,
     backend_for,
 )
 from clusters.backends.calls import backend_call
@@ -30,10 +31,14 @@ from jobs.models import (
     AttemptState,
     AttemptToken,
     Run,
+    RunKind,
     RunState,
+    Workspace,
+    WorkspaceServer,
 )
 from jobs.selectors.runs import attempt_get_for_work
 from jobs.services.lifecycle import attempt_accept, run_transition
+from jobs.services.workspaces import workspace_base_path, workspace_server_token
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +71,28 @@ def job_spec_for(attempt: Attempt) -> JobSpec:
         reclaiming=attempt.reclaimed_from.exists(),
         # Where a hardware or platform fault ended an earlier attempt: never again for it.
         excluded_nodes=tuple(sorted(attempt.run.excluded_nodes or ())),
+        workspace=_workspace_spec(attempt.run),
     )
+
+
+def _workspace_spec(run: Run) -> WorkspaceSpec | None:
+    """What a workspace's job needs, without its secret (``job_spec_with_secrets`` adds it)."""
+    if run.kind != RunKind.INTERACTIVE:
+        return None
+    server = Workspace.objects.filter(run_id=run.pk).values_list("server", flat=True).first()
+    return WorkspaceSpec(
+        server=server or WorkspaceServer.JUPYTER, base_url=workspace_base_path(run.pk)
+    )
+
+
+def job_spec_with_secrets(spec: JobSpec, *, attempt_token: str) -> JobSpec:
+    """The copy of ``spec`` handed to the backend's ``submit``: with the attempt's token and
+    a workspace's server secret (derived from the attempt, never stored), which the rendered
+    spec stored on the attempt never holds."""
+    workspace = spec.workspace
+    if workspace is not None:
+        workspace = replace(workspace, token=workspace_server_token(spec.attempt_id))
+    return replace(spec, attempt_token=attempt_token, workspace=workspace)
 
 
 def attempt_submit(*, attempt_id: int) -> None:
@@ -127,7 +153,9 @@ def _attempt_submit(attempt: Attempt) -> None:
         token = attempt_token_issue(attempt=attempt)
     try:
         with backend_call(cluster=attempt.cluster.name, operation="submit"):
-            job_id = backend.submit(replace(spec, attempt_token=token), may_exist=may_exist)
+            job_id = backend.submit(
+                job_spec_with_secrets(spec, attempt_token=token), may_exist=may_exist
+            )
     except TransientBackendError as exc:
         waited = (timezone.now() - attempt.created_at).total_seconds()
         logger.warning("submit to %s failed, retrying: %s", attempt.cluster.name, exc)

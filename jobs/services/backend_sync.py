@@ -46,6 +46,7 @@ from jobs.services.lifecycle import (
     run_transition,
 )
 from jobs.services.usage import usage_record_attempt
+from jobs.services.workspace_address import workspace_start_overdue
 from tenants.models import max_length_of
 
 logger = logging.getLogger(__name__)
@@ -117,6 +118,10 @@ def _cluster_sync(*, cluster: Cluster) -> int:
         )
         raise
     Cluster.objects.filter(pk=cluster.pk).update(last_sync_at=now, last_error="")
+    # A workspace whose server never answered ends here, as its job would have.
+    statuses |= workspace_start_overdue(
+        cluster_name=cluster.name, attempts=live, statuses=statuses, backend=backend, now=now
+    )
     recorded = _checkpoint_steps_recorded(live=live, statuses=statuses)
     changed = 0
     for attempt in live:

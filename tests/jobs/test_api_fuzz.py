@@ -61,6 +61,7 @@ OPERATIONS = {
     "POST /api/v1/attempts/events/",
     "POST /api/v1/attempts/report/",
     "POST /api/v1/attempts/rank-report/",
+    "POST /api/v1/attempts/workspace/",
     "GET /api/v1/experiments/",
     "GET /api/v1/experiments/{id}/",
     "GET /api/v1/experiments/{id}/spec/",

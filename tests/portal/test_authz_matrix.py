@@ -117,6 +117,7 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     ("api:attempt-report", "POST"):             (401, 401, 401, 401, 401, 401),
     ("api:attempt-rank-report", "POST"):        (401, 401, 401, 401, 401, 401),
     ("api:attempt-events", "POST"):             (401, 401, 401, 401, 401, 401),
+    ("api:attempt-workspace-address", "POST"):  (401, 401, 401, 401, 401, 401),
     ("api:quota-list", "GET"):                  (401, 200, 200, 200, 200, 200),
     ("api:spec-submit", "POST"):                (401, 201, 400, 201, 400, 400),
     ("api:spec-schema", "GET"):                 (401, 200, 200, 200, 200, 200),
@@ -369,6 +370,7 @@ def paths(objects: Objects) -> dict[str, str]:
         "api:attempt-report": reverse("api:attempt-report"),
         "api:attempt-rank-report": reverse("api:attempt-rank-report"),
         "api:attempt-events": reverse("api:attempt-events"),
+        "api:attempt-workspace-address": reverse("api:attempt-workspace-address"),
         "api:quota-list": f"{reverse('api:quota-list')}?tenant=vision",
         "api:spec-submit": reverse("api:spec-submit"),
         "api:spec-schema": reverse("api:spec-schema"),
@@ -494,6 +496,7 @@ def bodies(objects: Objects) -> dict[str, dict]:
         "api:attempt-report": {"driver_version": "550.54.15"},
         "api:attempt-rank-report": {"rank": 1, "nccl_version": "2.21.5"},
         "api:attempt-events": {"source": "rank-0", "events": [{"type": "ready"}]},
+        "api:attempt-workspace-address": {"port": 8888},
         "images:image_import": {"registry": "matrix", "reference": "vision/new:1.0"},
         "images:image_status": {"status": Image.Status.BLOCKED},
         "images:image_visibility": {"visible_to_all": "on"},
@@ -780,6 +783,7 @@ def test_methods_without_a_row_are_refused(objects):
         "api:attempt-report": {"Authorization": f"Attempt {job_token}"},
         "api:attempt-rank-report": {"Authorization": f"Attempt {job_token}"},
         "api:attempt-events": {"Authorization": f"Attempt {job_token}"},
+        "api:attempt-workspace-address": {"Authorization": f"Attempt {job_token}"},
     }
     database = Unchanged()
     failures: list[str] = []
