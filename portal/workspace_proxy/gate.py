@@ -1,0 +1,126 @@
+"""The workspace proxy's questions to Django: whose session is this, may they open that
+workspace and where does it answer; and the activity it records. Every database call runs
+on a small thread pool of its own, never on the event loop."""
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from importlib import import_module
+from typing import TypeVar
+
+from django.conf import settings
+from django.contrib.auth import get_user
+from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.http import HttpRequest
+
+from jobs.selectors.workspace_proxy import workspace_address_for_owner
+from jobs.services.workspace_activity import workspace_proxy_activity_record
+from jobs.services.workspaces import workspace_server_token
+from portal.workspace_proxy.relay import Target
+
+log = logging.getLogger("gantry.workspace_proxy")
+
+# Threads (and so database connections) per proxy process: a lookup takes well under a
+# millisecond, so a few threads serve thousands of requests a second.
+DATABASE_THREADS = 4
+# Each process records a workspace's proxy activity at most this often (and as often while
+# one of its WebSockets stays open): the idle check reads it in minutes.
+ACTIVITY_EVERY_S = 30.0
+
+Result = TypeVar("Result")
+
+
+class DjangoGate:
+    """Sessions through Django's session engine and auth (a session logged out, expired,
+    deleted or of a changed password is nobody), workspaces through the jobs selector.
+    Nothing is cached: every request and every WebSocket recheck asks the database."""
+
+    def __init__(self, *, activity_every_s: float = ACTIVITY_EVERY_S) -> None:
+        self.activity_every_s = activity_every_s
+        self._executor = ThreadPoolExecutor(DATABASE_THREADS, thread_name_prefix="proxy-db")
+        self._connections: list[BaseDatabaseWrapper] = []
+        self._lock = threading.Lock()
+        self._thread = threading.local()
+        self._recorded: dict[int, float] = {}  # run id → when (monotonic) last recorded
+        self._writes: set[asyncio.Future[None]] = set()
+
+    async def target(self, *, session_key: str | None, run_id: int) -> Target | None:
+        if not session_key:
+            return None
+        return await self._in_thread(lambda: _target(session_key, run_id))
+
+    def activity(self, run_id: int) -> None:
+        now = time.monotonic()
+        last = self._recorded.get(run_id)
+        if last is not None and now - last < self.activity_every_s:
+            return
+        self._recorded[run_id] = now
+        write = asyncio.ensure_future(
+            self._in_thread(lambda: workspace_proxy_activity_record(run_id=run_id))
+        )
+        self._writes.add(write)
+        write.add_done_callback(self._written)
+
+    def _written(self, write: "asyncio.Future[None]") -> None:
+        self._writes.discard(write)
+        if not write.cancelled() and write.exception() is not None:
+            log.warning("workspace proxy: activity not recorded: %r", write.exception())
+
+    async def _in_thread(self, work: Callable[[], Result]) -> Result:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._with_connection, work)
+
+    def _with_connection(self, work: Callable[[], Result]) -> Result:
+        own = connections[DEFAULT_DB_ALIAS]  # this thread's
+        if not getattr(self._thread, "known", False):
+            with self._lock:
+                self._connections.append(own)
+            self._thread.known = True
+        try:
+            return work()
+        except (InterfaceError, OperationalError):
+            # A connection the database dropped (a restart, a failover): once more on a new one.
+            own.close()
+            return work()
+
+    async def close(self) -> None:
+        """Wait for the activity writes under way, then close the threads' connections."""
+        if self._writes:
+            await asyncio.wait(self._writes)
+        self._executor.shutdown(wait=True)
+        await asyncio.to_thread(self._close_connections)  # Django's calls are synchronous
+
+    def _close_connections(self) -> None:
+        for thread_connection in self._connections:
+            thread_connection.inc_thread_sharing()  # closed from this thread, once
+            thread_connection.close()
+            thread_connection.dec_thread_sharing()
+        self._connections.clear()
+
+
+class _SessionRequest(HttpRequest):
+    """Just enough of a request for django.contrib.auth.get_user: a session."""
+
+    def __init__(self, session_key: str) -> None:
+        super().__init__()
+        self.session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+
+
+def _target(session_key: str, run_id: int) -> Target | None:
+    user = get_user(_SessionRequest(session_key))
+    if not user.is_authenticated:
+        return None
+    address = workspace_address_for_owner(run_id=run_id, user_id=user.pk)
+    if address is None:
+        return None
+    return Target(
+        run_id=address.run_id,
+        attempt_id=address.attempt_id,
+        host=address.host,
+        port=address.port,
+        token=workspace_server_token(address.attempt_id),
+    )
