@@ -6,117 +6,55 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("clusters", "0005_i35_cluster_queueing"),
-        ("jobs", "0020_i36_tighter_wait_and_rank_versions"),
-        ("tenants", "0010_i37_workspaces"),
+        ('clusters', '0005_i35_cluster_queueing'),
+        ('jobs', '0020_i36_tighter_wait_and_rank_versions'),
+        ('tenants', '0010_i37_workspaces'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name="Workspace",
+            name='Workspace',
             fields=[
-                (
-                    "run",
-                    models.OneToOneField(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        primary_key=True,
-                        related_name="workspace",
-                        serialize=False,
-                        to="jobs.run",
-                    ),
-                ),
-                (
-                    "server",
-                    models.CharField(
-                        choices=[("jupyter", "JupyterLab"), ("vscode", "VS Code (code-server)")],
-                        default="jupyter",
-                        max_length=16,
-                    ),
-                ),
-                ("host", models.CharField(blank=True, max_length=253)),
-                ("port", models.PositiveIntegerField(blank=True, null=True)),
-                (
-                    "ready_at",
-                    models.DateTimeField(
-                        blank=True, help_text="When its server answered", null=True
-                    ),
-                ),
-                ("last_activity_at", models.DateTimeField(blank=True, null=True)),
-                ("proxy_activity_at", models.DateTimeField(blank=True, null=True)),
-                ("warned_at", models.DateTimeField(blank=True, null=True)),
-                ("suspended_at", models.DateTimeField(blank=True, null=True)),
-                ("extended_minutes", models.PositiveIntegerField(default=0)),
+                ('run', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, primary_key=True, related_name='workspace', serialize=False, to='jobs.run')),
+                ('server', models.CharField(choices=[('jupyter', 'JupyterLab'), ('vscode', 'VS Code (code-server)')], default='jupyter', max_length=16)),
+                ('host', models.CharField(blank=True, max_length=253)),
+                ('port', models.PositiveIntegerField(blank=True, null=True)),
+                ('ready_at', models.DateTimeField(blank=True, help_text='When its server answered', null=True)),
+                ('last_activity_at', models.DateTimeField(blank=True, null=True)),
+                ('proxy_activity_at', models.DateTimeField(blank=True, null=True)),
+                ('warned_at', models.DateTimeField(blank=True, null=True)),
+                ('suspended_at', models.DateTimeField(blank=True, null=True)),
+                ('extended_minutes', models.PositiveIntegerField(default=0)),
             ],
         ),
         migrations.AddField(
-            model_name="run",
-            name="kind",
-            field=models.CharField(
-                choices=[("batch", "Batch run"), ("interactive", "Workspace")],
-                default="batch",
-                max_length=12,
-            ),
+            model_name='run',
+            name='kind',
+            field=models.CharField(choices=[('batch', 'Batch run'), ('interactive', 'Workspace')], default='batch', max_length=12),
         ),
         migrations.AlterField(
-            model_name="run",
-            name="state",
-            field=models.CharField(
-                choices=[
-                    ("QUEUED", "Queued"),
-                    ("ADMITTED", "Admitted"),
-                    ("SUBMITTING", "Submitting"),
-                    ("PENDING", "Pending on cluster"),
-                    ("RUNNING", "Running"),
-                    ("SUCCEEDED", "Succeeded"),
-                    ("FAILED", "Failed"),
-                    ("CANCELLED", "Cancelled"),
-                    ("PREEMPTED", "Preempted"),
-                    ("SUSPENDED", "Suspended"),
-                ],
-                default="QUEUED",
-                max_length=12,
-            ),
+            model_name='run',
+            name='state',
+            field=models.CharField(choices=[('QUEUED', 'Queued'), ('ADMITTED', 'Admitted'), ('SUBMITTING', 'Submitting'), ('PENDING', 'Pending on cluster'), ('RUNNING', 'Running'), ('SUCCEEDED', 'Succeeded'), ('FAILED', 'Failed'), ('CANCELLED', 'Cancelled'), ('PREEMPTED', 'Preempted'), ('SUSPENDED', 'Suspended')], default='QUEUED', max_length=12),
         ),
         migrations.AddConstraint(
-            model_name="run",
-            constraint=models.CheckConstraint(
-                condition=models.Q(("kind__in", ["batch", "interactive"])), name="run_kind_known"
-            ),
+            model_name='run',
+            constraint=models.CheckConstraint(condition=models.Q(('kind__in', ['batch', 'interactive'])), name='run_kind_known'),
         ),
         migrations.AddField(
-            model_name="workspace",
-            name="attempt",
-            field=models.ForeignKey(
-                blank=True,
-                help_text="The attempt whose server answers at host:port",
-                null=True,
-                on_delete=django.db.models.deletion.SET_NULL,
-                related_name="+",
-                to="jobs.attempt",
-            ),
+            model_name='workspace',
+            name='attempt',
+            field=models.ForeignKey(blank=True, help_text='The attempt whose server answers at host:port', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='jobs.attempt'),
         ),
         migrations.AddConstraint(
-            model_name="workspace",
-            constraint=models.CheckConstraint(
-                condition=models.Q(
-                    ("port__isnull", True),
-                    models.Q(("port__gte", 1), ("port__lte", 65535)),
-                    _connector="OR",
-                ),
-                name="workspace_port_range",
-            ),
+            model_name='workspace',
+            constraint=models.CheckConstraint(condition=models.Q(('port__isnull', True), models.Q(('port__gte', 1), ('port__lte', 65535)), _connector='OR'), name='workspace_port_range'),
         ),
         migrations.AddConstraint(
-            model_name="workspace",
-            constraint=models.CheckConstraint(
-                condition=models.Q(
-                    models.Q(("host", ""), ("port__isnull", True)),
-                    models.Q(models.Q(("host", ""), _negated=True), ("port__isnull", False)),
-                    _connector="OR",
-                ),
-                name="workspace_address_whole",
-            ),
+            model_name='workspace',
+            constraint=models.CheckConstraint(condition=models.Q(models.Q(('host', ''), ('port__isnull', True)), models.Q(models.Q(('host', ''), _negated=True), ('port__isnull', False)), _connector='OR'), name='workspace_address_whole'),
         ),
     ]

@@ -5,59 +5,29 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("tenants", "0009_i35_tenant_queueing"),
+        ('tenants', '0009_i35_tenant_queueing'),
     ]
 
     operations = [
         migrations.AddField(
-            model_name="tenant",
-            name="workspace_max_hours",
-            field=models.PositiveIntegerField(
-                default=12,
-                help_text="The longest a workspace may run, extensions included",
-                validators=[
-                    django.core.validators.MinValueValidator(1),
-                    django.core.validators.MaxValueValidator(168),
-                ],
-            ),
+            model_name='tenant',
+            name='workspace_max_hours',
+            field=models.PositiveIntegerField(default=12, help_text='The longest a workspace may run, extensions included', validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(168)]),
         ),
         migrations.AddField(
-            model_name="tenant",
-            name="workspace_suspend_after_min",
-            field=models.PositiveIntegerField(
-                default=60,
-                help_text="Suspend a workspace idle on every signal for this many minutes",
-                validators=[
-                    django.core.validators.MinValueValidator(5),
-                    django.core.validators.MaxValueValidator(10080),
-                ],
-            ),
+            model_name='tenant',
+            name='workspace_suspend_after_min',
+            field=models.PositiveIntegerField(default=60, help_text='Suspend a workspace idle on every signal for this many minutes', validators=[django.core.validators.MinValueValidator(5), django.core.validators.MaxValueValidator(10080)]),
         ),
         migrations.AddField(
-            model_name="tenant",
-            name="workspace_warn_before_min",
-            field=models.PositiveIntegerField(
-                default=10,
-                help_text="Warn its owner this many minutes before a workspace is suspended",
-                validators=[
-                    django.core.validators.MinValueValidator(1),
-                    django.core.validators.MaxValueValidator(10080),
-                ],
-            ),
+            model_name='tenant',
+            name='workspace_warn_before_min',
+            field=models.PositiveIntegerField(default=10, help_text='Warn its owner this many minutes before a workspace is suspended', validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(10080)]),
         ),
         migrations.AddConstraint(
-            model_name="tenant",
-            constraint=models.CheckConstraint(
-                condition=models.Q(
-                    ("workspace_max_hours__gte", 1),
-                    ("workspace_max_hours__lte", 168),
-                    ("workspace_suspend_after_min__gte", 5),
-                    ("workspace_suspend_after_min__lte", 10080),
-                    ("workspace_warn_before_min__gte", 1),
-                    ("workspace_warn_before_min__lt", models.F("workspace_suspend_after_min")),
-                ),
-                name="tenant_workspace_policy_range",
-            ),
+            model_name='tenant',
+            constraint=models.CheckConstraint(condition=models.Q(('workspace_max_hours__gte', 1), ('workspace_max_hours__lte', 168), ('workspace_suspend_after_min__gte', 5), ('workspace_suspend_after_min__lte', 10080), ('workspace_warn_before_min__gte', 1), ('workspace_warn_before_min__lt', models.F('workspace_suspend_after_min'))), name='tenant_workspace_policy_range'),
         ),
     ]
