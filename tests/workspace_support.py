@@ -130,6 +130,7 @@ class RecordingServer:
 
     def __init__(self) -> None:
         self.requests: list[dict] = []
+        self.closes: list[int | None] = []  # each echo WebSocket's close code, as it ended
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=1024**3)
@@ -164,6 +165,7 @@ class RecordingServer:
                 await ws.send_str(message.data)
             elif message.type == WSMsgType.BINARY:
                 await ws.send_bytes(message.data)
+        self.closes.append(ws.close_code)
         return ws
 
 

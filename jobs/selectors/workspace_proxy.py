@@ -41,4 +41,5 @@ def workspace_address_for_owner(*, run_id: int, user_id: int) -> WorkspaceAddres
     if row is None:
         return None
     attempt_id, host, port = row
+    assert port is not None  # filtered above
     return WorkspaceAddress(run_id=run_id, attempt_id=attempt_id, host=host, port=port)

@@ -163,25 +163,54 @@ class _Relay:
         response.force_close()
         return response
 
-    async def _body(self, request: web.Request) -> AsyncIterator[bytes]:
+    async def _body(self, request: web.Request, too_large: asyncio.Event) -> AsyncIterator[bytes]:
         received = 0
         async for chunk in request.content.iter_chunked(BODY_CHUNK_BYTES):
             received += len(chunk)
             if received > self.config.max_body_bytes:
+                # aiohttp's client swallows what a body's iterator raises (and would wait for
+                # an answer the server never sends): the relay is told apart.
+                too_large.set()
                 raise BodyTooLarge
             yield chunk
 
     async def _http(
         self, request: web.Request, url: URL, headers: list[tuple[str, str]]
     ) -> web.StreamResponse:
+        too_large = asyncio.Event()
+        body = self._body(request, too_large) if request.body_exists else None
+        response = web.StreamResponse()
+        exchange = asyncio.ensure_future(self._exchange(request, url, headers, body, response))
+        overflow = asyncio.ensure_future(too_large.wait())
+        try:
+            await asyncio.wait([exchange, overflow], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            overflow.cancel()
+            if not exchange.done():
+                exchange.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await exchange
+        if not too_large.is_set():
+            return exchange.result()
+        if response.prepared:  # the server answered before the body ended: cut it short
+            self._cut(request)
+            return response
+        return self._too_large()
+
+    async def _exchange(
+        self,
+        request: web.Request,
+        url: URL,
+        headers: list[tuple[str, str]],
+        body: AsyncIterator[bytes] | None,
+        response: web.StreamResponse,
+    ) -> web.StreamResponse:
         session = self.app[SESSION_KEY]
-        body = self._body(request) if request.body_exists else None
-        response: web.StreamResponse | None = None
         try:
             async with session.request(
                 request.method, url, headers=headers, data=body, allow_redirects=False
             ) as upstream:
-                response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+                response.set_status(upstream.status, upstream.reason)
                 for name, value in rules.downstream_headers(
                     list(upstream.headers.items()), portal_cookies=self.config.portal_cookies
                 ):
@@ -191,16 +220,18 @@ class _Relay:
                     await response.write(chunk)
                 await response.write_eof()
                 return response
-        except BodyTooLarge:
-            return self._too_large()
         except Exception as error:
-            if response is not None and response.prepared:
+            if response.prepared:
                 # Headers are out: nothing to answer; the client sees the connection end.
                 log.info("workspace proxy: %s %s ended early: %r", request.method, url, error)
-                if request.transport is not None:
-                    request.transport.close()
+                self._cut(request)
                 return response
             return self._upstream_failure(error)
+
+    @staticmethod
+    def _cut(request: web.Request) -> None:
+        if request.transport is not None:
+            request.transport.close()
 
     def _upstream_failure(self, error: BaseException) -> web.Response:
         if isinstance(error, TimeoutError):
@@ -281,27 +312,32 @@ class _WebSocketPair:
         self.activity = activity
 
     async def relay(self, *, recheck: Callable[[], Awaitable[bool]], every_s: float) -> None:
-        tasks = [
+        pumps = [
             asyncio.ensure_future(self._pump(self.downstream, self.upstream)),
             asyncio.ensure_future(self._pump(self.upstream, self.downstream)),
-            asyncio.ensure_future(self._watch(recheck, every_s)),
         ]
+        watch = asyncio.ensure_future(self._watch(recheck, every_s))
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait([*pumps, watch], return_when=asyncio.FIRST_COMPLETED)
+            # The side that closed first gave a code: the other side is closed with it (its
+            # pump then ends too). A pump that failed, or the watch, closed it otherwise.
+            ended = [pump for pump in pumps if pump in done and not pump.exception()]
+            code = ended[0].result() if ended else 1011
+            await self._close_both(code)
         finally:
-            for task in tasks:
+            for task in [*pumps, watch]:
                 task.cancel()
-            for task in tasks:
+            for task in [*pumps, watch]:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-            # The side that did not close yet is closed with the code the other side gave.
-            await self._close_both(self.upstream.close_code or self.downstream.close_code)
+            await self._close_both(1011)  # only if still open: the relay itself failed
 
     async def _pump(
         self,
         source: web.WebSocketResponse | ClientWebSocketResponse,
         sink: web.WebSocketResponse | ClientWebSocketResponse,
-    ) -> None:
+    ) -> int | None:
+        """Relay ``source``'s messages to ``sink`` until it closes: its close code."""
         while True:
             message = await source.receive()
             if message.type == WSMsgType.TEXT:
@@ -311,7 +347,7 @@ class _WebSocketPair:
             elif message.type in (WSMsgType.PING, WSMsgType.PONG):
                 continue
             else:  # CLOSE, CLOSING, CLOSED, ERROR
-                return
+                return source.close_code
             self.activity()
 
     async def _watch(self, recheck: Callable[[], Awaitable[bool]], every_s: float) -> None:
