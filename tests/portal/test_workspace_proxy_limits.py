@@ -73,7 +73,7 @@ def raw_request(base: str, head: str, body: bytes = b"") -> tuple[int, bytes]:
 
 
 def test_no_path_or_header_reaches_another_host_or_port(world, workspace, upstream, decoy):
-    server, port = upstream
+    server, _ = upstream
     decoy_server, decoy_port = decoy
     cookie = f"{settings.SESSION_COOKIE_NAME}={session_cookie(world.researcher_a)}"
     other = f"127.0.0.1:{decoy_port}"
