@@ -27,7 +27,14 @@ def main(argv: list[str]) -> int:
         f"(browsers: {settings.GANTRY_WORKSPACE_URL})",
         flush=True,
     )
-    web.run_app(proxy_app(), host=options.host, port=options.port, access_log=None, print=None)
+    web.run_app(
+        proxy_app(),
+        host=options.host,
+        port=options.port,
+        access_log=None,
+        print=None,
+        shutdown_timeout=5,  # open WebSockets are closed then, not waited for
+    )
     return 0
 
 
