@@ -110,7 +110,7 @@ def served(app_factory: Callable[[], web.Application], port: int) -> Iterator[Lo
     loop_thread = LoopThread()
 
     async def start() -> web.AppRunner:
-        runner = web.AppRunner(app_factory(), access_log=None)
+        runner = web.AppRunner(app_factory(), access_log=None, shutdown_timeout=5)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         return runner

@@ -8,11 +8,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from importlib import import_module
 from typing import TypeVar
 
 from django.conf import settings
-from django.contrib.auth import get_user
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user
+from django.contrib.sessions.backends.base import SessionBase
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.http import HttpRequest
@@ -30,6 +32,9 @@ DATABASE_THREADS = 4
 # Each process records a workspace's proxy activity at most this often (and as often while
 # one of its WebSockets stays open): the idle check reads it in minutes.
 ACTIVITY_EVERY_S = 30.0
+# How long what a live session may open is kept (its session is loaded on every request).
+DECISION_TTL_S = 1.0
+DECISIONS_KEPT = 100_000
 
 Result = TypeVar("Result")
 
@@ -37,7 +42,12 @@ Result = TypeVar("Result")
 class DjangoGate:
     """Sessions through Django's session engine and auth (a session logged out, expired,
     deleted or of a changed password is nobody), workspaces through the jobs selector.
-    Nothing is cached: every request and every WebSocket recheck asks the database."""
+
+    Every request loads its session through the session engine (one query: a session
+    logged out, deleted or expired is refused at once). What follows from a session, its
+    person's account check and the workspace's address, is kept for DECISION_TTL_S per
+    session and workspace (``SessionDecisions``): a changed password, a deactivated account
+    or a workspace that moved on is seen within that second."""
 
     def __init__(self, *, activity_every_s: float = ACTIVITY_EVERY_S) -> None:
         self.activity_every_s = activity_every_s
@@ -47,11 +57,12 @@ class DjangoGate:
         self._thread = threading.local()
         self._recorded: dict[int, float] = {}  # run id → when (monotonic) last recorded
         self._writes: set[asyncio.Future[None]] = set()
+        self.decisions = SessionDecisions()
 
     async def target(self, *, session_key: str | None, run_id: int) -> Target | None:
         if not session_key:
             return None
-        return await self._in_thread(lambda: _target(session_key, run_id))
+        return await self._in_thread(lambda: self.decisions.target(session_key, run_id))
 
     def activity(self, run_id: int) -> None:
         now = time.monotonic()
@@ -102,16 +113,53 @@ class DjangoGate:
         self._connections.clear()
 
 
+@dataclass(frozen=True)
+class _Decision:
+    at: float  # monotonic
+    login: tuple[object, object, object]  # the session's user id, auth backend and hash
+    target: Target | None
+
+
+class SessionDecisions:
+    """What a live session may open, kept for DECISION_TTL_S (thread-safe: a dict's get and
+    set are atomic, and a lost race only repeats a lookup)."""
+
+    def __init__(self) -> None:
+        self._decisions: dict[tuple[str, int], _Decision] = {}
+
+    def target(self, session_key: str, run_id: int) -> Target | None:
+        session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+        # The session, loaded now: empty when logged out, deleted, expired or forged.
+        login = (
+            session.get(SESSION_KEY),
+            session.get(BACKEND_SESSION_KEY),
+            session.get(HASH_SESSION_KEY),
+        )
+        if login[0] is None:
+            return None
+        now = time.monotonic()
+        kept = self._decisions.get((session_key, run_id))
+        if kept is not None and kept.login == login and now - kept.at < DECISION_TTL_S:
+            return kept.target
+        target = session_workspace_target(session, run_id)
+        if len(self._decisions) >= DECISIONS_KEPT:
+            self._decisions.clear()  # rare: as many live sessions and workspaces per second
+        self._decisions[(session_key, run_id)] = _Decision(at=now, login=login, target=target)
+        return target
+
+
 class _SessionRequest(HttpRequest):
     """Just enough of a request for django.contrib.auth.get_user: a session."""
 
-    def __init__(self, session_key: str) -> None:
+    def __init__(self, session: SessionBase) -> None:
         super().__init__()
-        self.session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+        self.session = session
 
 
-def _target(session_key: str, run_id: int) -> Target | None:
-    user = get_user(_SessionRequest(session_key))
+def session_workspace_target(session: SessionBase, run_id: int) -> Target | None:
+    """Where run ``run_id``'s workspace answers, if the session is of its owner (else None).
+    Asks the database for the session (unless loaded), its user and the workspace."""
+    user = get_user(_SessionRequest(session))
     if not user.is_authenticated:
         return None
     address = workspace_address_for_owner(run_id=run_id, user_id=user.pk)
