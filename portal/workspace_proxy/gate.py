@@ -15,9 +15,11 @@ from typing import TypeVar
 from django.conf import settings
 from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user
 from django.contrib.sessions.backends.base import SessionBase
-from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
+from django.contrib.sessions.models import Session
+from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.http import HttpRequest
+from django.utils import timezone
 
 from jobs.selectors.workspace_proxy import workspace_address_for_owner
 from jobs.services.workspace_activity import workspace_proxy_activity_record
@@ -35,6 +37,7 @@ ACTIVITY_EVERY_S = 30.0
 # How long what a live session may open is kept (its session is loaded on every request).
 DECISION_TTL_S = 1.0
 DECISIONS_KEPT = 100_000
+DB_SESSION_ENGINE = "django.contrib.sessions.backends.db"
 
 Result = TypeVar("Result")
 
@@ -43,11 +46,11 @@ class DjangoGate:
     """Sessions through Django's session engine and auth (a session logged out, expired,
     deleted or of a changed password is nobody), workspaces through the jobs selector.
 
-    Every request loads its session through the session engine (one query: a session
-    logged out, deleted or expired is refused at once). What follows from a session, its
-    person's account check and the workspace's address, is kept for DECISION_TTL_S per
-    session and workspace (``SessionDecisions``): a changed password, a deactivated account
-    or a workspace that moved on is seen within that second."""
+    Every request reads its session (one query: a session logged out, deleted or expired
+    is refused at once). What follows from a session, its person's account check and the
+    workspace's address, is kept for DECISION_TTL_S per session and workspace
+    (``SessionDecisions``): a changed password, a deactivated account or a workspace that
+    moved on is seen within that second."""
 
     def __init__(self, *, activity_every_s: float = ACTIVITY_EVERY_S) -> None:
         self.activity_every_s = activity_every_s
@@ -116,36 +119,58 @@ class DjangoGate:
 @dataclass(frozen=True)
 class _Decision:
     at: float  # monotonic
-    login: tuple[object, object, object]  # the session's user id, auth backend and hash
+    stamp: object  # the session as stored (or its login), to tell that it did not change
     target: Target | None
 
 
 class SessionDecisions:
     """What a live session may open, kept for DECISION_TTL_S (thread-safe: a dict's get and
-    set are atomic, and a lost race only repeats a lookup)."""
+    set are atomic, and a lost race only repeats a lookup).
+
+    Every call reads the session first. With Django's database sessions (the default) that
+    is the engine's own query, written out (``SessionStore.load`` filters on the key and
+    ``expire_date > now``): the ORM's building of it cost more than the proxy's whole
+    budget on this machine. While the stored session is byte for byte the one decided on,
+    within the second, the decision stands; otherwise the session is loaded through the
+    engine and Django's auth again. Other engines are loaded through the engine each time.
+    """
 
     def __init__(self) -> None:
         self._decisions: dict[tuple[str, int], _Decision] = {}
+        self._engine = import_module(settings.SESSION_ENGINE)
+        self._raw = settings.SESSION_ENGINE == DB_SESSION_ENGINE
 
     def target(self, session_key: str, run_id: int) -> Target | None:
-        session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
-        # The session, loaded now: empty when logged out, deleted, expired or forged.
-        login = (
-            session.get(SESSION_KEY),
-            session.get(BACKEND_SESSION_KEY),
-            session.get(HASH_SESSION_KEY),
-        )
-        if login[0] is None:
-            return None
+        session = self._engine.SessionStore(session_key)
+        stamp: object
+        if self._raw:
+            stamp = _stored_session(session_key)
+        else:
+            login = tuple(session.get(key) for key in (SESSION_KEY, BACKEND_SESSION_KEY))
+            stamp = (*login, session.get(HASH_SESSION_KEY)) if login[0] is not None else None
+        if stamp is None:
+            return None  # logged out, deleted or expired
         now = time.monotonic()
         kept = self._decisions.get((session_key, run_id))
-        if kept is not None and kept.login == login and now - kept.at < DECISION_TTL_S:
+        if kept is not None and kept.stamp == stamp and now - kept.at < DECISION_TTL_S:
             return kept.target
         target = session_workspace_target(session, run_id)
         if len(self._decisions) >= DECISIONS_KEPT:
             self._decisions.clear()  # rare: as many live sessions and workspaces per second
-        self._decisions[(session_key, run_id)] = _Decision(at=now, login=login, target=target)
+        self._decisions[(session_key, run_id)] = _Decision(at=now, stamp=stamp, target=target)
         return target
+
+
+def _stored_session(session_key: str) -> str | None:
+    """The database session engine's row for ``session_key`` if not expired: its data."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT session_data FROM {connection.ops.quote_name(Session._meta.db_table)} "  # noqa: S608 (a table name of ours)
+            "WHERE session_key = %s AND expire_date > %s",
+            [session_key, timezone.now()],
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None
 
 
 class _SessionRequest(HttpRequest):

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from aiohttp import (
     ClientError,
+    ClientResponse,
     ClientSession,
     ClientTimeout,
     ClientWebSocketResponse,
@@ -24,6 +25,7 @@ from aiohttp import (
     WSServerHandshakeError,
     web,
 )
+from multidict import CIMultiDict
 from yarl import URL
 
 from portal.workspace_proxy import rules
@@ -31,6 +33,7 @@ from portal.workspace_proxy import rules
 log = logging.getLogger("gantry.workspace_proxy")
 
 BODY_CHUNK_BYTES = 64 * 1024
+SMALL_BODY_BYTES = 64 * 1024
 # Jupyter's kernel messages carry a cell's outputs (a plot, a table): far above aiohttp's
 # 4 MiB default, far below what a browser tab could hold.
 WS_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -67,6 +70,16 @@ class ProxyConfig:
     read_timeout_s: float
     # How often an open WebSocket counts as activity and its session is checked again.
     recheck_s: float = 30.0
+
+
+def _small(request: web.Request, upstream: ClientResponse) -> bool:
+    """An answer read whole before it is sent on: a body of a known, small size."""
+    return (
+        upstream.content_length is not None
+        and upstream.content_length <= SMALL_BODY_BYTES
+        and request.method != "HEAD"
+        and upstream.status not in (204, 304)
+    )
 
 
 class BodyTooLarge(Exception):
@@ -210,10 +223,24 @@ class _Relay:
             async with session.request(
                 request.method, url, headers=headers, data=body, allow_redirects=False
             ) as upstream:
-                response.set_status(upstream.status, upstream.reason)
-                for name, value in rules.downstream_headers(
+                answer_headers = rules.downstream_headers(
                     list(upstream.headers.items()), portal_cookies=self.config.portal_cookies
-                ):
+                )
+                if _small(request, upstream):
+                    # Headers and body in one write: most of a page's requests (the API's
+                    # JSON), and a send costs more than the bytes here.
+                    return web.Response(
+                        status=upstream.status,
+                        reason=upstream.reason,
+                        body=await upstream.read(),
+                        headers=CIMultiDict(
+                            (name, value)
+                            for name, value in answer_headers
+                            if name.lower() != "content-length"
+                        ),
+                    )
+                response.set_status(upstream.status, upstream.reason)
+                for name, value in answer_headers:
                     response.headers.add(name, value)
                 await response.prepare(request)
                 async for chunk in upstream.content.iter_any():
