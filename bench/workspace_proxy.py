@@ -7,7 +7,7 @@ does in production, its own process (``python -m portal.workspace_proxy``) on th
 One client, one request at a time on a kept-alive connection, alternating direct and
 through the proxy so both see the same machine:
 - HTTP: ``GET /w/<id>/api/status``, direct with the token (what the proxy sends) vs through
-  the proxy with the person's session cookie (every request loads its session; what it may
+  the proxy with the person's session cookie (every request reads its session; what it may
   open is kept for a second);
 - WebSocket: a 100-byte text message echoed, direct vs through the proxy (one connection
   each, opened once);
@@ -253,8 +253,8 @@ def run() -> list[Section]:
                 "portal.workspace_proxy`, its own process, on PostgreSQL), after "
                 f"{WARM_UP} of each to warm up. HTTP: `GET /w/<id>/api/status` of a real "
                 "Jupyter Server (direct with its token; proxied with the owner's session "
-                "cookie: every request loads its session through Django's session engine; "
-                "its user's check and the workspace's address are kept for "
+                "cookie: every request reads its session row, as Django's database session "
+                "engine does; its user's check and the workspace's address are kept for "
                 f"{gate.DECISION_TTL_S:g} s). WebSocket: a 100-byte text message echoed by "
                 "an aiohttp server, one connection each. Goal: at most "
                 f"{GOAL_MS:g} ms added at p95."
@@ -276,8 +276,8 @@ def run() -> list[Section]:
                 "The gate's lookup alone, in process, no thread hop, p50 / p95 over "
                 f"{count:,}: whole (session, user, workspace: 3 queries) "
                 f"{ms_pair(whole)}; as a request makes it within "
-                f"{gate.DECISION_TTL_S:g} s of the whole one (the session, loaded through "
-                f"Django's session engine: 1 query) {ms_pair(per_request)}.",
+                f"{gate.DECISION_TTL_S:g} s of the whole one (the session row read with "
+                f"the database session engine's query: 1 query) {ms_pair(per_request)}.",
             ],
         )
     ]

@@ -209,8 +209,8 @@ def session_cookie(user) -> str:
 @contextlib.contextmanager
 def proxy_serving(**overrides) -> Iterator[str]:
     """The workspace proxy of Django's settings on 127.0.0.1 (a free port, which is also its
-    public origin), with ``overrides`` of its config (and ``activity_every_s`` of its gate):
-    its base URL."""
+    public origin), with ``overrides`` of its config (and ``activity_every_s`` and
+    ``on_loop_sessions`` of its gate): its base URL."""
     import dataclasses
 
     from portal.workspace_proxy.gate import DjangoGate
@@ -218,7 +218,9 @@ def proxy_serving(**overrides) -> Iterator[str]:
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    gate_options = {k: overrides.pop(k) for k in ["activity_every_s"] if k in overrides}
+    gate_options = {
+        k: overrides.pop(k) for k in ["activity_every_s", "on_loop_sessions"] if k in overrides
+    }
     config = dataclasses.replace(proxy_config(), public_origin=base, **overrides)
     with served(lambda: proxy_app(config, DjangoGate(**gate_options)), port):
         yield base

@@ -25,6 +25,7 @@ from jobs.selectors.workspace_proxy import workspace_address_for_owner
 from jobs.services.workspace_activity import workspace_proxy_activity_record
 from jobs.services.workspaces import workspace_server_token
 from portal.workspace_proxy.relay import Target
+from portal.workspace_proxy.sessions import SessionRows
 
 log = logging.getLogger("gantry.workspace_proxy")
 
@@ -52,8 +53,19 @@ class DjangoGate:
     (``SessionDecisions``): a changed password, a deactivated account or a workspace that
     moved on is seen within that second."""
 
-    def __init__(self, *, activity_every_s: float = ACTIVITY_EVERY_S) -> None:
+    def __init__(
+        self, *, activity_every_s: float = ACTIVITY_EVERY_S, on_loop_sessions: bool = True
+    ) -> None:
         self.activity_every_s = activity_every_s
+        database = connections[DEFAULT_DB_ALIAS]
+        # PostgreSQL and database sessions: each request's session row is read on the loop.
+        self._rows = (
+            SessionRows(database.settings_dict)
+            if on_loop_sessions
+            and database.vendor == "postgresql"
+            and settings.SESSION_ENGINE == DB_SESSION_ENGINE
+            else None
+        )
         self._executor = ThreadPoolExecutor(DATABASE_THREADS, thread_name_prefix="proxy-db")
         self._connections: list[BaseDatabaseWrapper] = []
         self._lock = threading.Lock()
@@ -65,7 +77,19 @@ class DjangoGate:
     async def target(self, *, session_key: str | None, run_id: int) -> Target | None:
         if not session_key:
             return None
-        return await self._in_thread(lambda: self.decisions.target(session_key, run_id))
+        if self._rows is None:
+            return await self._in_thread(lambda: self.decisions.target(session_key, run_id))
+        stamp = await self._rows.stored(session_key)
+        if stamp is None:
+            return None  # logged out, deleted or expired
+        kept = self.decisions.kept(session_key, run_id, stamp)
+        if kept:
+            return kept.target
+        return await self._in_thread(
+            lambda: self.decisions.decide(
+                self.decisions.engine.SessionStore(session_key), run_id, stamp
+            )
+        )
 
     def activity(self, run_id: int) -> None:
         now = time.monotonic()
@@ -106,6 +130,8 @@ class DjangoGate:
         if self._writes:
             await asyncio.wait(self._writes)
         self._executor.shutdown(wait=True)
+        if self._rows is not None:
+            await self._rows.close()
         await asyncio.to_thread(self._close_connections)  # Django's calls are synchronous
 
     def _close_connections(self) -> None:
@@ -137,11 +163,12 @@ class SessionDecisions:
 
     def __init__(self) -> None:
         self._decisions: dict[tuple[str, int], _Decision] = {}
-        self._engine = import_module(settings.SESSION_ENGINE)
+        self.engine = import_module(settings.SESSION_ENGINE)
         self._raw = settings.SESSION_ENGINE == DB_SESSION_ENGINE
 
     def target(self, session_key: str, run_id: int) -> Target | None:
-        session = self._engine.SessionStore(session_key)
+        """The decision for a session (read now) and a workspace: kept, or made anew."""
+        session = self.engine.SessionStore(session_key)
         stamp: object
         if self._raw:
             stamp = _stored_session(session_key)
@@ -150,14 +177,29 @@ class SessionDecisions:
             stamp = (*login, session.get(HASH_SESSION_KEY)) if login[0] is not None else None
         if stamp is None:
             return None  # logged out, deleted or expired
-        now = time.monotonic()
+        kept = self.kept(session_key, run_id, stamp)
+        return kept.target if kept else self.decide(session, run_id, stamp)
+
+    def kept(self, session_key: str, run_id: int, stamp: object) -> "_Decision | None":
+        """The decision kept for this session as stored (``stamp``) and workspace, if made
+        less than DECISION_TTL_S ago. No database."""
         kept = self._decisions.get((session_key, run_id))
-        if kept is not None and kept.stamp == stamp and now - kept.at < DECISION_TTL_S:
-            return kept.target
+        if kept is not None and kept.stamp == stamp and time.monotonic() - kept.at < DECISION_TTL_S:
+            return kept
+        return None
+
+    def decide(self, session: SessionBase, run_id: int, stamp: object) -> Target | None:
+        """Decide through Django's session engine, auth and the jobs selector; keep it."""
+        session_key = session.session_key  # before auth may flush it
+        at = time.monotonic()
         target = session_workspace_target(session, run_id)
         if len(self._decisions) >= DECISIONS_KEPT:
             self._decisions.clear()  # rare: as many live sessions and workspaces per second
-        self._decisions[(session_key, run_id)] = _Decision(at=now, stamp=stamp, target=target)
+        if session_key is None:
+            return target
+        self._decisions[(session_key, run_id)] = _Decision(
+            at=at, stamp=stamp, target=target
+        )
         return target
 
 

@@ -194,7 +194,15 @@ def test_a_workspace_with_no_current_address_is_the_same_404(world, workspace, p
     assert statuses == [404, 404, 404, 404]
 
 
-def test_a_session_logged_out_expired_or_deleted_is_refused_at_once(world, workspace, proxy):
+@pytest.mark.parametrize("on_loop_sessions", [True, False], ids=["on the loop", "in threads"])
+def test_a_session_logged_out_expired_or_deleted_is_refused_at_once(
+    world, workspace, on_loop_sessions
+):
+    with proxy_serving(on_loop_sessions=on_loop_sessions) as proxy:
+        refused_at_once(world, proxy)
+
+
+def refused_at_once(world, proxy):
     client = Client()
     client.force_login(world.researcher_a)
     logged_out = client.cookies[settings.SESSION_COOKIE_NAME].value
