@@ -1,6 +1,7 @@
 """The workspace proxy's questions to Django: whose session is this, may they open that
-workspace and where does it answer; and the activity it records. Every database call runs
-on a small thread pool of its own, never on the event loop."""
+workspace and where does it answer; and the activity it records. Django's database calls
+run on a small thread pool of its own, never on the event loop; only the one read every
+request makes, of its session row, runs on the loop, without blocking it (sessions.py)."""
 
 import asyncio
 import logging
@@ -35,7 +36,7 @@ DATABASE_THREADS = 4
 # Each process records a workspace's proxy activity at most this often (and as often while
 # one of its WebSockets stays open): the idle check reads it in minutes.
 ACTIVITY_EVERY_S = 30.0
-# How long what a live session may open is kept (its session is loaded on every request).
+# How long what a live session may open is kept (its session is read on every request).
 DECISION_TTL_S = 1.0
 DECISIONS_KEPT = 100_000
 DB_SESSION_ENGINE = "django.contrib.sessions.backends.db"
@@ -197,9 +198,7 @@ class SessionDecisions:
             self._decisions.clear()  # rare: as many live sessions and workspaces per second
         if session_key is None:
             return target
-        self._decisions[(session_key, run_id)] = _Decision(
-            at=at, stamp=stamp, target=target
-        )
+        self._decisions[(session_key, run_id)] = _Decision(at=at, stamp=stamp, target=target)
         return target
 
 
