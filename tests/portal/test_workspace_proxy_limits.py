@@ -273,3 +273,31 @@ def test_five_hundred_websockets_stay_open_at_once(world, workspace, upstream):
         seconds = time.monotonic() - started
     assert echoes == [f"n{n}" for n in range(count)]
     assert seconds < 120
+
+
+def test_a_server_that_dies_mid_session_closes_its_websockets_then_answers_502(world):
+    server, port = RecordingServer(), free_port()
+    workspace_running(world, user=world.researcher_a, host="127.0.0.1", port=port)
+    cookies = {settings.SESSION_COOKIE_NAME: session_cookie(world.researcher_a)}
+    stack = contextlib.ExitStack()
+    stack.enter_context(served(server.app, port))
+
+    async def session(proxy):
+        async with aiohttp.ClientSession(cookies=cookies) as client:
+            ws = await client.ws_connect(f"{proxy}/w/1/echo", headers={"Origin": proxy})
+            await ws.send_str("before")
+            assert await ws.receive_str() == "before"
+            await asyncio.to_thread(stack.close)  # the server stops, dropping its connections
+            async with asyncio.timeout(10):
+                closing = await ws.receive()
+            async with client.get(f"{proxy}/w/1/api/status") as after:
+                return closing.type, closing.data, after.status
+
+    try:
+        with proxy_serving() as proxy:
+            kind, code, status = asyncio.run(session(proxy))
+    finally:
+        stack.close()
+    # It sent no close frame: the browser is told 1011 (1006, a lost connection, may not be
+    # sent), and the next request finds nobody there.
+    assert (kind, code, status) == (aiohttp.WSMsgType.CLOSE, 1011, 502)
