@@ -1,8 +1,9 @@
 """``make run``: Gantry on its embedded default, in one command.
 
 Migrates the SQLite database, seeds the demo once, empties the metric files of earlier
-processes (``manage.py prepare_run``, one process), then runs gunicorn, a Celery worker and
-Celery beat as real processes on the filesystem broker (no server to install).
+processes (``manage.py prepare_run``, one process), then runs gunicorn, a Celery worker,
+Celery beat and the workspace proxy as real processes on the filesystem broker (no server to
+install).
 Ctrl-C (or SIGTERM) stops every process it started; data stays in ``GANTRY_DATA_DIR``.
 """
 
@@ -46,6 +47,8 @@ def _commands(env: dict[str, str]) -> dict[str, list[str]]:
             python, "-m", "celery", "-A", "portal", "beat", "--loglevel", "INFO",
             "--schedule", str(data_dir.resolve() / "celerybeat-schedule"),
         ],
+        # On GANTRY_WORKSPACE_PROXY_PORT (default GANTRY_PORT + 1), loopback only.
+        "proxy": [python, "-m", "portal.workspace_proxy"],
     }  # fmt: skip
 
 

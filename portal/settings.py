@@ -81,6 +81,13 @@ if not GANTRY_WORKSPACE_URL.startswith(("http://", "https://")):
     raise ImproperlyConfigured(
         f"GANTRY_WORKSPACE_URL must be an http(s) URL, got {GANTRY_WORKSPACE_URL!r}"
     )
+# The largest request body the proxy relays to a workspace (an upload), refused with 413
+# while it streams; and how long it waits for a workspace's server to send anything.
+GANTRY_WORKSPACE_MAX_UPLOAD_MB = env_int("GANTRY_WORKSPACE_MAX_UPLOAD_MB", default=1024)
+GANTRY_WORKSPACE_UPSTREAM_TIMEOUT_S = env_int("GANTRY_WORKSPACE_UPSTREAM_TIMEOUT_S", default=60)
+for _name in ("GANTRY_WORKSPACE_MAX_UPLOAD_MB", "GANTRY_WORKSPACE_UPSTREAM_TIMEOUT_S"):
+    if globals()[_name] < 1:
+        raise ImproperlyConfigured(f"{_name} must be at least 1, got {globals()[_name]}")
 # The demo's registry (images/demo_registry.py): its host, registry.gantry.example, answered
 # in process so the demo's image tags resolve without a registry to run. On in embedded mode.
 GANTRY_DEMO_REGISTRY = env_bool("GANTRY_DEMO_REGISTRY", default=EMBEDDED)

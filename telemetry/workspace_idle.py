@@ -43,6 +43,9 @@ class WorkspaceSignals:
     kernel_activity_at: datetime | None = None  # the latest of the kernels' last_activity
     terminal_activity_at: datetime | None = None
     proxy_activity_at: datetime | None = None  # the latest thing a person did through it
+    # False when the server did not answer this time: its kernels are unknown, so nothing is
+    # suspended on this scan (a busy kernel might be why it is slow to answer).
+    server_answered: bool = True
     gpu_active_at: datetime | None = None  # the end of the latest GPU-active minute
 
 
@@ -92,7 +95,7 @@ def idle_verdict(
     # Warned during this idle streak: suspended once the warning is old enough.
     warned = warned_at is not None and warned_at >= warn_at - _ONE_SCAN
     suspend_at = max(since + policy.suspend_after, (warned_at or signals.now) + policy.warn_before)
-    if warned and signals.now >= suspend_at:
+    if warned and signals.now >= suspend_at and signals.server_answered:
         return IdleVerdict(IdleAction.SUSPEND, since, suspend_at, silent_busy)
     return IdleVerdict(IdleAction.WARN, since, suspend_at, silent_busy)
 

@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 # A streak idle on every signal counts as interactive idle waste once it lasted this long
 # (a person reading or thinking for a few minutes is using the workspace).
 INTERACTIVE_IDLE_MIN_S = 15 * 60
-SERVER_TIMEOUT_S = 3
+SERVER_TIMEOUT_S = 5
 SCAN_THREADS = 16
 
 
@@ -154,6 +154,7 @@ def workspace_idle_scan(*, now: datetime | None = None) -> WorkspaceScanSummary:
             kernel_activity_at=answer.kernel_activity_at if answer else None,
             terminal_activity_at=answer.terminal_activity_at if answer else None,
             proxy_activity_at=workspace.proxy_activity_at,
+            server_answered=answer is not None,
             gpu_active_at=gpu.get(workspace.attempt_id),
         )
         verdict = idle_verdict(

@@ -1,29 +1,25 @@
-"""A real Jupyter Server for the workspace tests, as a workspace's launcher starts it: on
-127.0.0.1, under the workspace's base path, accepting only the attempt's secret."""
+"""Real servers for the workspace proxy's tests and benchmark: Jupyter Server as a workspace
+runs it (its base URL, the attempt's token, on 127.0.0.1), the proxy on an event loop of its
+own thread, and a small recording HTTP/WebSocket server. Each stops what it started."""
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-import uuid
-from dataclasses import dataclass
-from datetime import timedelta
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import requests
-import websocket
-from django.utils import timezone
+from aiohttp import WSMsgType, web
 
-from jobs.models import Attempt, AttemptState, Run, RunState, Workspace
-from jobs.services.workspaces import (
-    WorkspaceInput,
-    workspace_base_path,
-    workspace_launch,
-    workspace_server_token,
-)
+JUPYTER_START_S = 60.0
 
 
 def free_port() -> int:
@@ -32,123 +28,253 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-@dataclass
-class JupyterServer:
-    process: subprocess.Popen
-    port: int
-    base_path: str
-    token: str
-    root: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}{self.base_path}"
-
-    def api(self, method: str, path: str, **kwargs) -> requests.Response:
-        headers = {"Authorization": f"token {self.token}"}
-        return requests.request(method, f"{self.url}{path}", headers=headers, timeout=10, **kwargs)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-
-
-def jupyter_server_start(*, root: Path, base_path: str, token: str) -> JupyterServer:
-    """Start ``jupyter server`` and wait until it answers with the token."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "JUPYTER_TOKEN": token,
-        "JUPYTER_CONFIG_DIR": str(root / ".jupyter"),
-        "JUPYTER_DATA_DIR": str(root / ".jupyter-data"),
-        "JUPYTER_RUNTIME_DIR": str(root / ".jupyter-runtime"),
-        "IPYTHONDIR": str(root / ".ipython"),
+@contextlib.contextmanager
+def jupyter_server(*, base_url: str, token: str, scratch: Path) -> Iterator[int]:
+    """Jupyter Server on 127.0.0.1 under ``base_url`` accepting only ``token``: its port.
+    Its files, config, data and runtime directories are under ``scratch``."""
+    root = scratch / "root"
+    for name in ("root", "config", "data", "runtime", "ipython"):
+        (scratch / name).mkdir(parents=True, exist_ok=True)
+    env = os.environ | {
+        "JUPYTER_CONFIG_DIR": str(scratch / "config"),
+        "JUPYTER_DATA_DIR": str(scratch / "data"),
+        "JUPYTER_RUNTIME_DIR": str(scratch / "runtime"),
+        "IPYTHONDIR": str(scratch / "ipython"),
+        "JUPYTER_PLATFORM_DIRS": "1",
     }
-    (root / "files").mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = (scratch / "jupyter.log").open("wb")
     process = subprocess.Popen(
         [
-            sys.executable, "-m", "jupyter", "server", "--no-browser", "--allow-root",
+            sys.executable, "-m", "jupyter_server", "--no-browser",
             "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-            f"--ServerApp.base_url={base_path}", f"--ServerApp.root_dir={root / 'files'}",
+            f"--ServerApp.base_url={base_url}", f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={root}",
+            # This machine runs the tests as root; Jupyter refuses that unless told.
+            *(["--allow-root"] if os.geteuid() == 0 else []),
         ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
-    server = JupyterServer(process, port, base_path, token, root)
-    deadline = time.monotonic() + 60
-    while True:
+    try:
+        _wait_answering(f"http://127.0.0.1:{port}{base_url}api/status", token, process, scratch)
+        yield port
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
         try:
-            if server.api("GET", "api/status").status_code == 200:
-                return server
-        except requests.ConnectionError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            raise RuntimeError(f"jupyter server did not come up (exit {process.poll()})")
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+
+
+def _wait_answering(url: str, token: str, process: subprocess.Popen, scratch: Path) -> None:
+    deadline = time.monotonic() + JUPYTER_START_S
+    request = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError((scratch / "jupyter.log").read_text()[-3000:])
+        with (
+            contextlib.suppress(urllib.error.URLError, ConnectionError),
+            urllib.request.urlopen(request, timeout=2) as answer,
+        ):
+            if answer.status == 200:
+                return
         time.sleep(0.2)
+    raise RuntimeError(f"Jupyter Server did not answer {url} in {JUPYTER_START_S:g} s")
 
 
-def running_workspace(world, *, port: int, hours: int = 4) -> Run:
-    """A workspace whose first attempt runs on sim-1 and whose server answers on ``port``."""
-    data = WorkspaceInput(
-        tenant="vision",
-        project="detection",
-        image=world.image.reference,
-        flavor="a100-80gb",
-        gpus=1,
-        name="notebook",
-        hours=hours,
-    )
-    run = workspace_launch(user=world.researcher_a, data=data)
+class LoopThread:
+    """An asyncio event loop on a thread of its own, for servers the tests talk to."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coroutine, timeout: float = 60):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@contextlib.contextmanager
+def served(app_factory: Callable[[], web.Application], port: int) -> Iterator[LoopThread]:
+    """``app_factory()``'s application on 127.0.0.1:``port``, on a loop thread, until the end
+    of the block (its cleanup runs then)."""
+    loop_thread = LoopThread()
+
+    async def start() -> web.AppRunner:
+        runner = web.AppRunner(app_factory(), access_log=None, shutdown_timeout=5)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        return runner
+
+    runner = loop_thread.run(start())
+    try:
+        yield loop_thread
+    finally:
+        loop_thread.run(runner.cleanup())
+        loop_thread.stop()
+
+
+class RecordingServer:
+    """An HTTP server that answers every request with what it received (method, path,
+    headers, body size) as JSON, and echoes WebSocket messages at any path ending in /echo.
+    ``requests`` lists what reached it."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.closes: list[int | None] = []  # each echo WebSocket's close code, as it ended
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=1024**3)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        seen = {
+            "method": request.method,
+            "path": request.rel_url.raw_path,
+            "query": request.rel_url.raw_query_string,
+            "headers": [[name, value] for name, value in request.headers.items()],
+        }
+        self.requests.append(seen)
+        if request.path.endswith("/echo") and request.headers.get("Upgrade", "") == "websocket":
+            return await self.echo(request)
+        size = 0
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+        return web.Response(
+            text=json.dumps(seen | {"body_bytes": size}), content_type="application/json"
+        )
+
+    async def echo(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(compress=False, max_msg_size=64 * 1024 * 1024)
+        await ws.prepare(request)
+        async for message in ws:
+            if message.type == WSMsgType.TEXT:
+                if message.data.startswith("close "):
+                    await ws.close(code=int(message.data.split()[1]), message=b"asked to")
+                    break
+                await ws.send_str(message.data)
+            elif message.type == WSMsgType.BINARY:
+                await ws.send_bytes(message.data)
+        self.closes.append(ws.close_code)
+        return ws
+
+
+def workspace_running(world, *, user, host: str, port: int):
+    """A workspace of ``user`` in tenant vision, running: launched through the service,
+    then its run, a running attempt and its server's address recorded as a backend would."""
+    from django.utils import timezone
+
+    from jobs.models import Attempt, AttemptState, Run, RunState, Workspace
+    from jobs.services.workspaces import WorkspaceInput, workspace_launch
+
+    run = workspace_launch(
+        user=user,
+        data=WorkspaceInput(
+            tenant="vision", project="detection", image=world.image.reference,
+            flavor="a100-80gb", gpus=1, name="debug-loader",
+        ),
+    )  # fmt: skip
     now = timezone.now()
-    attempt = Attempt.objects.create(
-        run=run,
-        number=1,
-        cluster=world.cluster,
-        state=AttemptState.RUNNING,
-        submitted_at=now - timedelta(minutes=1),
-        started_at=now - timedelta(minutes=1),
-        node_list=["a100-01"],
-    )
     Run.objects.filter(pk=run.pk).update(
-        state=RunState.RUNNING, cluster=world.cluster, started_at=attempt.started_at
+        state=RunState.RUNNING, cluster=world.cluster, admitted_at=now, started_at=now
     )
-    Workspace.objects.filter(run=run).update(
-        attempt=attempt, host="127.0.0.1", port=port, ready_at=now
+    attempt = Attempt.objects.create(
+        run=run, number=1, cluster=world.cluster, state=AttemptState.RUNNING, started_at=now
     )
+    Workspace.objects.filter(run=run).update(attempt=attempt, host=host, port=port, ready_at=now)
     run.refresh_from_db()
     return run
 
 
-def kernel_execute(server: JupyterServer, kernel_id: str, code: str, *, wait: bool) -> list[str]:
-    """Send ``code`` to the kernel over its WebSocket (as JupyterLab does); with ``wait``,
-    the text it printed once it is idle again, else nothing (it keeps running)."""
+def session_cookie(user) -> str:
+    """A fresh portal session of ``user`` (as after logging in): its cookie's value."""
+    from django.conf import settings
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return client.cookies[settings.SESSION_COOKIE_NAME].value
+
+
+@contextlib.contextmanager
+def proxy_serving(**overrides) -> Iterator[str]:
+    """The workspace proxy of Django's settings on 127.0.0.1 (a free port, which is also its
+    public origin), with ``overrides`` of its config (and ``activity_every_s`` and
+    ``on_loop_sessions`` of its gate): its base URL."""
+    import dataclasses
+
+    from portal.workspace_proxy.gate import DjangoGate
+    from portal.workspace_proxy.server import proxy_app, proxy_config
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    gate_options = {
+        k: overrides.pop(k) for k in ["activity_every_s", "on_loop_sessions"] if k in overrides
+    }
+    config = dataclasses.replace(proxy_config(), public_origin=base, **overrides)
+    with served(lambda: proxy_app(config, DjangoGate(**gate_options)), port):
+        yield base
+
+
+def jupyter_api(run, port: int, method: str, path: str, **kwargs):
+    """A request to the workspace server of ``run``'s current attempt, with its secret, as
+    Gantry's own calls are made (not through the proxy)."""
+    import requests
+
+    from jobs.services.workspaces import workspace_base_path, workspace_server_token
+
+    attempt = run.attempts.order_by("-number").first()
+    return requests.request(
+        method,
+        f"http://127.0.0.1:{port}{workspace_base_path(run.pk)}{path}",
+        headers={"Authorization": f"token {workspace_server_token(attempt.pk)}"},
+        timeout=10,
+        **kwargs,
+    )
+
+
+def kernel_execute(run, port: int, kernel_id: str, code: str, *, wait: bool) -> list[str]:
+    """Send ``code`` to a kernel of ``run``'s server over its WebSocket (as JupyterLab
+    does); with ``wait``, the text it printed once it is idle again, else nothing (it keeps
+    running, busy)."""
+    import uuid
+
+    import websocket
+
+    from jobs.services.workspaces import workspace_base_path, workspace_server_token
+
+    attempt = run.attempts.order_by("-number").first()
     ws = websocket.create_connection(
-        f"ws://127.0.0.1:{server.port}{server.base_path}api/kernels/{kernel_id}/channels",
-        header=[f"Authorization: token {server.token}"],
+        f"ws://127.0.0.1:{port}{workspace_base_path(run.pk)}api/kernels/{kernel_id}/channels",
+        header=[f"Authorization: token {workspace_server_token(attempt.pk)}"],
         timeout=30,
     )
     msg_id = uuid.uuid4().hex
+    header = {
+        "msg_id": msg_id,
+        "username": "test",
+        "session": uuid.uuid4().hex,
+        "msg_type": "execute_request",
+        "version": "5.3",
+    }
+    content = {"code": code, "silent": False, "store_history": False}
     ws.send(
         json.dumps(
             {
-                "header": {
-                    "msg_id": msg_id,
-                    "username": "test",
-                    "session": uuid.uuid4().hex,
-                    "msg_type": "execute_request",
-                    "version": "5.3",
-                },
+                "header": header,
                 "parent_header": {},
                 "metadata": {},
-                "content": {"code": code, "silent": False, "store_history": False},
+                "content": content,
                 "channel": "shell",
             }
         )
@@ -162,20 +288,9 @@ def kernel_execute(server: JupyterServer, kernel_id: str, code: str, *, wait: bo
             kind = message["header"]["msg_type"]
             if kind == "stream":
                 printed.append(message["content"]["text"])
-            if kind == "status" and message["content"]["execution_state"] == "busy" and not wait:
-                return printed
-            if kind == "status" and message["content"]["execution_state"] == "idle":
-                return printed
+            if kind == "status":
+                state = message["content"]["execution_state"]
+                if (state == "busy" and not wait) or state == "idle":
+                    return printed
     finally:
         ws.close()
-
-
-def server_for(run: Run, root: Path) -> JupyterServer:
-    """Start the server the run's current attempt would run, and point its workspace at it."""
-    attempt = run.attempts.order_by("-number").first()
-    assert attempt is not None
-    server = jupyter_server_start(
-        root=root, base_path=workspace_base_path(run.pk), token=workspace_server_token(attempt.pk)
-    )
-    Workspace.objects.filter(run=run).update(port=server.port)
-    return server

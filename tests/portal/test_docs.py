@@ -32,7 +32,9 @@ def test_the_operator_guide_names_the_services_and_volumes_of_docker_compose():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     guide = (ROOT / "docs" / "operator-guide.md").read_text()
 
-    assert sorted(compose["services"]) == ["beat", "migrate", "postgres", "redis", "web", "worker"]
+    assert sorted(compose["services"]) == [
+        "beat", "migrate", "postgres", "proxy", "redis", "web", "worker",
+    ]  # fmt: skip
     for service in compose["services"]:
         assert f"`{service}`" in guide
     for volume in compose["volumes"]:

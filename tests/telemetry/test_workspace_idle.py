@@ -45,6 +45,11 @@ def test_an_open_tab_with_nothing_running_is_warned_then_suspended_after_the_thr
     assert idle_verdict(signals(65, **seen), POLICY, warned_at=at(55)) == IdleVerdict(
         IdleAction.SUSPEND, at(5), at(65)
     )
+    # A server that did not answer this time may be busy: not suspended on that scan.
+    unanswered = WorkspaceSignals(at(65), READY, proxy_activity_at=at(5), server_answered=False)
+    assert idle_verdict(unanswered, POLICY, warned_at=at(55)) == IdleVerdict(
+        IdleAction.WARN, at(5), at(65)
+    )
 
 
 def test_a_missed_warning_moves_the_suspension_never_skips_the_warning():
@@ -101,18 +106,22 @@ def test_nothing_is_idle_before_the_server_came_up_and_no_signal_is_no_evidence(
     now=st.integers(0, 900),
     warned=st.none() | st.integers(0, 900),
     silent_policy=st.booleans(),
+    answered=st.booleans(),
 )
 def test_never_suspended_before_the_threshold_after_the_last_use_nor_unwarned(
-    minutes, now, warned, silent_policy
+    minutes, now, warned, silent_policy, answered
 ):
     names = ("kernel_activity_at", "terminal_activity_at", "proxy_activity_at", "gpu_active_at")
     moments = {
         name: m for name, m in zip(names, minutes, strict=True) if m is not None and m <= now
     }
-    observed = signals(now, **moments)
+    observed = WorkspaceSignals(
+        at(now), READY, server_answered=answered, **{k: at(v) for k, v in moments.items()}
+    )
     policy = WorkspacePolicy(timedelta(minutes=60), timedelta(minutes=10), silent_policy)
     warned_at = None if warned is None or warned > now else at(warned)
     verdict = idle_verdict(observed, policy, warned_at=warned_at)
     if verdict.action == IdleAction.SUSPEND:
         assert observed.now - last_use(observed) >= timedelta(minutes=60)
         assert warned_at is not None and observed.now - warned_at >= timedelta(minutes=10)
+        assert answered

@@ -1,6 +1,7 @@
 """The workspace idle scan against a real Jupyter Server: scenarios (a)-(e) of issue 37, with
 the clock moved by passing the scan its "now"."""
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -11,21 +12,30 @@ from clusters.backends import JobStatus
 from jobs.models import Attempt, AttemptState, Run, RunEvent, RunState, Workspace
 from jobs.services.backend_sync import attempt_apply_status
 from jobs.services.workspace_lifecycle import workspace_resume, workspace_suspend
+from jobs.services.workspaces import workspace_base_path, workspace_server_token
 from telemetry.models import GpuMinute, WorkspaceIdleSpan
 from telemetry.services import accounting_compute
 from telemetry.workspace_policy import workspace_idle_scan
 from tenants.models import Notification
-from tests.workspace_support import kernel_execute, running_workspace, server_for
+from tests.workspace_support import jupyter_api, jupyter_server, kernel_execute, workspace_running
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
 
+def serve(run: Run, scratch):
+    """The server of the run's current attempt, as its launcher starts it, on ``scratch``'s
+    files; its workspace points at it."""
+    attempt = run.attempts.order_by("-number").first()
+    token = workspace_server_token(attempt.pk)
+    return jupyter_server(base_url=workspace_base_path(run.pk), token=token, scratch=scratch)
+
+
 @pytest.fixture
 def workspace(world, tmp_path):
-    run = running_workspace(world, port=1)
-    server = server_for(run, tmp_path)
-    yield run, server
-    server.stop()
+    run = workspace_running(world, user=world.researcher_a, host="127.0.0.1", port=1)
+    with serve(run, tmp_path) as port:
+        Workspace.objects.filter(run=run).update(port=port)
+        yield run, port
 
 
 def events(run: Run) -> list[tuple[str, str]]:
@@ -34,7 +44,7 @@ def events(run: Run) -> list[tuple[str, str]]:
 
 def test_an_open_tab_with_nothing_running_is_warned_then_suspended(world, workspace):
     # (b): the server has no kernel; the proxy last saw the owner act at ready + 5 min.
-    run, _server = workspace
+    run, _port = workspace
     ws = Workspace.objects.get(run=run)
     ready = ws.ready_at
     Workspace.objects.filter(run=run).update(proxy_activity_at=ready + timedelta(minutes=5))
@@ -83,12 +93,24 @@ def test_an_open_tab_with_nothing_running_is_warned_then_suspended(world, worksp
     ]
 
 
+def kernel_state(run: Run, port: int, kernel_id: str, expected: str) -> str:
+    """The kernel's execution state once it is ``expected`` (or after 30 s, whatever it is):
+    an interrupt or an execution reaches the kernel a moment after it was asked for."""
+    deadline = time.monotonic() + 30
+    while True:
+        state = jupyter_api(run, port, "GET", f"api/kernels/{kernel_id}").json()["execution_state"]
+        if state == expected or time.monotonic() > deadline:
+            return state
+        time.sleep(0.1)
+
+
 def test_a_busy_kernel_with_output_and_a_gpu_active_one_are_never_suspended(world, workspace):
-    run, server = workspace
-    kernel = server.api("POST", "api/kernels", json={"name": "python3"}).json()
+    run, port = workspace
+    kernel = jupyter_api(run, port, "POST", "api/kernels", json={"name": "python3"}).json()
     # (d): a CPU computation printing as it goes, no browser.
     kernel_execute(
-        server,
+        run,
+        port,
         kernel["id"],
         "import time\nfor i in range(600):\n    print(i, flush=True)\n    time.sleep(0.2)",
         wait=False,
@@ -96,10 +118,12 @@ def test_a_busy_kernel_with_output_and_a_gpu_active_one_are_never_suspended(worl
     Workspace.objects.filter(run=run).update(ready_at=timezone.now() - timedelta(hours=3))
     summary = workspace_idle_scan(now=timezone.now() + timedelta(seconds=1))
     assert (summary.warned, summary.suspended, summary.unanswered) == (0, 0, 0)
-    server.api("POST", f"api/kernels/{kernel['id']}/interrupt")
+    jupyter_api(run, port, "POST", f"api/kernels/{kernel['id']}/interrupt")
+    assert kernel_state(run, port, kernel["id"], "idle") == "idle"
 
     # (a) and (c): a silent busy kernel two hours later; with its GPU active it is in use...
-    kernel_execute(server, kernel["id"], "import time\ntime.sleep(3600)", wait=False)
+    kernel_execute(run, port, kernel["id"], "import time\ntime.sleep(3600)", wait=False)
+    assert kernel_state(run, port, kernel["id"], "busy") == "busy"
     later = timezone.now() + timedelta(hours=2)
     attempt = run.attempts.get()
     GpuMinute.objects.create(
@@ -126,13 +150,14 @@ def test_a_busy_kernel_with_output_and_a_gpu_active_one_are_never_suspended(worl
     assert workspace_idle_scan(now=later + timedelta(minutes=61)).suspended == 1
 
 
-def test_the_owner_resumes_a_suspended_workspace_and_outsiders_cannot(world, workspace):
-    run, server = workspace
-    (root_file := server.api("PUT", "api/contents/notes.txt", json={
-        "type": "file", "format": "text", "content": "kept across a suspend",
-    })).raise_for_status()  # fmt: skip
-    assert root_file.json()["name"] == "notes.txt"
-    workspace_suspend(run=run, actor=world.researcher_a)
+def test_the_owner_resumes_a_suspended_workspace_and_outsiders_cannot(world, tmp_path):
+    run = workspace_running(world, user=world.researcher_a, host="127.0.0.1", port=1)
+    with serve(run, tmp_path) as port:
+        saved = jupyter_api(run, port, "PUT", "api/contents/notes.txt", json={
+            "type": "file", "format": "text", "content": "kept across a suspend",
+        })  # fmt: skip
+        assert (saved.status_code, saved.json()["name"]) == (201, "notes.txt")
+        workspace_suspend(run=run, actor=world.researcher_a)
     attempt = run.attempts.get()
     attempt_apply_status(
         attempt=attempt,
@@ -147,26 +172,20 @@ def test_the_owner_resumes_a_suspended_workspace_and_outsiders_cannot(world, wor
     assert (run.state, run.cluster_id) == (RunState.QUEUED, None)
     assert Workspace.objects.filter(run=run, attempt=None, suspended_at=None).exists()
     assert events(run)[-1] == ("RESUMED", "Resumed by alice: back in the queue")
-    # (e): the next attempt's server serves the same files.
-    Attempt.objects.filter(pk=attempt.pk).update(state=AttemptState.CANCELLED)
-    server.stop()
+    # (e): the next attempt's server, with its own secret, serves the same files.
     second = Attempt.objects.create(
         run=run, number=2, cluster=world.cluster, state=AttemptState.RUNNING,
         started_at=timezone.now(),
     )  # fmt: skip
     Run.objects.filter(pk=run.pk).update(state=RunState.RUNNING)
-    Workspace.objects.filter(run=run).update(attempt=second, host="127.0.0.1", port=1)
-    again = server_for(run, server.root)
-    try:
-        assert again.api("GET", "api/contents/notes.txt").json()["content"] == (
-            "kept across a suspend"
-        )
-    finally:
-        again.stop()
+    with serve(run, tmp_path) as port:
+        Workspace.objects.filter(run=run).update(attempt=second, host="127.0.0.1", port=port)
+        notes = jupyter_api(run, port, "GET", "api/contents/notes.txt").json()
+        assert notes["content"] == "kept across a suspend"
 
 
 def test_the_idle_streak_is_charged_as_interactive_idle(world, workspace):
-    run, _server = workspace
+    run, _port = workspace
     ws = Workspace.objects.get(run=run)
     ready = ws.ready_at
     attempt = run.attempts.get()
