@@ -234,7 +234,9 @@ def test_a_workspace_experiment_is_not_re_run(world):
     with pytest.raises(ValidationError) as refused:
         run_rerun(experiment=run.experiment, user=world.researcher_a)
     assert refused.value.message_dict == {
-        "kind": [f"Experiment {run.experiment_id} is a workspace's: launch a new workspace instead."]
+        "kind": [
+            f"Experiment {run.experiment_id} is a workspace's: launch a new workspace instead."
+        ]
     }
     assert Run.objects.filter(experiment=run.experiment).count() == 1
 
@@ -350,6 +352,9 @@ def test_the_card_of_a_running_workspace_opens_only_for_its_owner_once_its_serve
     )
     assert owner.phase == Phase.RUNNING
     assert owner.url == f"https://ws.gantry.example.org/w/{run.pk}/lab"
-    assert (owner.time_left, owner.time_left_words) == (timedelta(hours=1, minutes=30), "1 h 30 min")
+    assert (owner.time_left, owner.time_left_words) == (
+        timedelta(hours=1, minutes=30),
+        "1 h 30 min",
+    )
     assert (owner.can_extend, owner.can_stop) == (True, True)
     assert (admin.url, admin.can_open, admin.can_extend, admin.can_stop) == ("", False, True, True)

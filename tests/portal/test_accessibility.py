@@ -309,7 +309,7 @@ def test_a_sent_form_and_an_export_show_that_their_answer_is_coming(browser, liv
 
 NAVIGATION = {
     "researcher_a": {
-        "Work": ["Runs", "Experiments", "Submit", "Images", "Quotas", "Nodes"],
+        "Work": ["Runs", "Experiments", "Submit", "Workspaces", "Images", "Quotas", "Nodes"],
         "Reports": ["Goodput"],
     },
     "tenant_admin_a": {
@@ -317,6 +317,7 @@ NAVIGATION = {
             "Runs",
             "Experiments",
             "Submit",
+            "Workspaces",
             "Templates",
             "Images",
             "Quotas",
@@ -331,7 +332,15 @@ NAVIGATION = {
         "Reports": ["Goodput", "Finance", "KPIs"],
     },
     "platform_admin": {
-        "Work": ["Runs", "Experiments", "Templates", "Images", "Quotas", "Nodes"],
+        "Work": [
+            "Runs",
+            "Experiments",
+            "Workspaces",
+            "Templates",
+            "Images",
+            "Quotas",
+            "Nodes",
+        ],
         "Reports": ["Goodput", "Finance", "KPIs"],
         "Platform": [
             "Clusters",
