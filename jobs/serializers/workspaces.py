@@ -51,7 +51,7 @@ class WorkspaceExtendSerializer(serializers.Serializer):
 
 class WorkspaceStepSerializer(serializers.Serializer):
     key = serializers.CharField()
-    label = serializers.CharField()
+    name = serializers.CharField(source="label", help_text="In words, e.g. Server ready.")
     at = serializers.DateTimeField(allow_null=True, help_text="Null: not reached.")
 
 

@@ -139,7 +139,10 @@ def workspace_extend_page(request: HttpRequest, run_id: int) -> HttpResponse:
     run = or_404(workspace_get_viewable, user=request.user, run_id=run_id)
     form = WorkspaceExtendForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "Not extended: " + " ".join(form.errors.get("hours", [])))
+        messages.error(
+            request,
+            "Not extended: " + " ".join(str(error) for error in form.errors.get("hours", [])),
+        )
         return redirect("jobs:workspace_detail", run_id=run.pk)
     hours = form.cleaned_data["hours"]
     # PermissionDenied propagates: the user can see the workspace, so a 403 leaks nothing.
