@@ -25,7 +25,12 @@ from jobs.models import (
     WorkspaceServer,
 )
 from jobs.services.lifecycle import run_cancel, run_transition
-from jobs.services.submission import ExperimentInput, run_record, submission_once
+from jobs.services.submission import (
+    ExperimentInput,
+    Submission,
+    run_record,
+    submission_once,
+)
 
 # Defined beside the model, so that selectors read them too; imported here as before.
 from jobs.workspace_models import PATH_PREFIX as PATH_PREFIX
@@ -73,11 +78,18 @@ def workspace_launch(
     """Record a workspace and queue it: one node, ``data.gpus`` GPUs of ``data.flavor``,
     for ``data.hours`` at most (within its tenant's ``workspace_max_hours``). A repeated
     ``submission_key`` returns the workspace the first request queued."""
+    return workspace_submission(user=user, data=data, submission_key=submission_key).run
+
+
+def workspace_submission(
+    *, user: UserLike, data: WorkspaceInput, submission_key: UUID | None
+) -> Submission:
+    """``workspace_launch``, saying whether the key had launched it already (``replayed``)."""
     return submission_once(
         user=user,
         submission_key=submission_key,
         create=lambda: _workspace_record(user=user, data=data, submission_key=submission_key),
-    ).run
+    )
 
 
 def _workspace_record(*, user: UserLike, data: WorkspaceInput, submission_key: UUID | None) -> Run:

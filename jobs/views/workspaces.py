@@ -22,13 +22,12 @@ from jobs.forms import WorkspaceExtendForm, WorkspaceLaunchForm, workspace_initi
 from jobs.models import Run
 from jobs.selectors.estimates import run_start_estimate
 from jobs.selectors.refusals import flavor_node_limits
-from jobs.selectors.runs import run_submitted_with
 from jobs.selectors.workspaces import (
     workspace_card_of,
     workspace_get_viewable,
     workspace_page_viewable,
 )
-from jobs.services.workspaces import workspace_extend, workspace_launch, workspace_stop
+from jobs.services.workspaces import workspace_extend, workspace_stop, workspace_submission
 from jobs.views.params import page_cursor
 from jobs.workspace_card import PHASES, Phase
 from tenants.access import tenant_list_submittable
@@ -82,15 +81,15 @@ def workspace_launch_page(request: HttpRequest) -> HttpResponse:
         form = WorkspaceLaunchForm(request.POST, **choices)
         if form.is_valid():
             key = form.cleaned_data["submission_key"]
-            earlier = run_submitted_with(user=request.user, submission_key=key)
             try:
-                run = workspace_launch(
+                submitted = workspace_submission(
                     user=request.user, data=form.workspace_input(), submission_key=key
                 )
             except ValidationError as exc:
                 form.add_service_errors(exc)
             else:
-                if earlier is not None:
+                run = submitted.run
+                if submitted.replayed:
                     messages.info(
                         request,
                         f"This form already launched workspace {run.pk}: nothing new was queued.",
