@@ -292,3 +292,16 @@ def test_the_runs_api_cannot_rerun_a_workspace(world):
             f"Experiment {run.experiment_id} is a workspace's: launch a new workspace instead."
         ]
     }
+
+
+def test_the_runs_api_shows_each_runs_kind(world):
+    from jobs.services.submission import run_submit
+    from tests.conftest import experiment_input
+
+    batch = run_submit(user=world.researcher_a, data=experiment_input(world))
+    workspace = launch(world)
+    runs = client_for(world.researcher_a).get(reverse("api:run-list")).json()["results"]
+    assert [(run["id"], run["kind"]) for run in runs] == [
+        (workspace.pk, "interactive"),
+        (batch.pk, "batch"),
+    ]
