@@ -164,9 +164,12 @@ def test_ls_prints_a_table_of_mine(cli, alice, world):
     code, out, err = cli("--url", alice, "workspace", "ls")
 
     assert code == 0, err
+    width = max(len("ID"), len(str(mine.pk)))  # ids right-aligned, as wide as the widest
     assert out.splitlines() == [
-        "ID  NAME          TENANT/PROJECT    OWNER  SERVER   GPUS           PHASE   TIME LEFT",
-        f"{mine.pk:>2}  debug-loader  vision/detection  alice  jupyter  1 x a100-80gb  queued  -",
+        f"{'ID':>{width}}  NAME          TENANT/PROJECT    OWNER  SERVER   GPUS           PHASE"
+        "   TIME LEFT",
+        f"{mine.pk:>{width}}  debug-loader  vision/detection  alice  jupyter  1 x a100-80gb"
+        "  queued  -",
     ]
     assert [card["id"] for card in cli.json("--url", alice, "workspace", "ls")] == [mine.pk]
 
