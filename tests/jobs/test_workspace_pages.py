@@ -350,3 +350,13 @@ def test_the_run_list_tags_a_workspace_and_its_run_page_links_its_card(client, w
     assert 'data-kind="interactive"' in listing
     assert f'<a href="/workspaces/{run.pk}/">its card</a>' in detail
     assert "Re-run exactly" not in detail
+
+
+def test_a_workspaces_experiment_page_offers_no_re_run(client, world):
+    run = launch(world)
+    page = as_user(client, world.researcher_a).get(
+        reverse("jobs:experiment_detail", args=[run.experiment_id])
+    )
+    assert page.status_code == 200
+    assert "Re-run exactly" not in page.content.decode()
+    assert page.context["can_rerun"] is False
