@@ -65,8 +65,8 @@ class Client:
     def get(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
         return self.request("GET", self.endpoint(path, params))
 
-    def post(self, path: str, body: Any = None) -> Any:
-        return self.request("POST", self.endpoint(path), body)
+    def post(self, path: str, body: Any = None, headers: Mapping[str, str] | None = None) -> Any:
+        return self.request("POST", self.endpoint(path), body, headers)
 
     def delete(self, path: str) -> Any:
         return self.request("DELETE", self.endpoint(path))
@@ -92,8 +92,10 @@ class Client:
             if url and not url.startswith(self.url + API_PREFIX):
                 return
 
-    def request(self, method: str, url: str, body: Any = None) -> Any:
-        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+    def request(
+        self, method: str, url: str, body: Any = None, extra: Mapping[str, str] | None = None
+    ) -> Any:
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT, **(extra or {})}
         data = None
         if body is not None:
             data = json.dumps(body, default=str).encode()

@@ -1,10 +1,11 @@
 """``gantry``: submit, follow and manage GPU experiments from a terminal or a script.
 
 Commands: login, logout, submit, ls, show, logs, cancel, restart, rerun, spec, quota,
-images (``gantry COMMAND --help`` for each). Output is a human-readable table by default;
-``--json`` prints the API's JSON for scripts. The server and token come from ``--url``,
-``$GANTRY_URL`` and ``$GANTRY_TOKEN``, else from what ``gantry login`` stored in
-``$GANTRY_CONFIG_DIR/credentials.json`` (default ``~/.config/gantry/``, mode 0600).
+images, workspace start|ls|open|stop (``gantry COMMAND --help`` for each). Output is a
+human-readable table by default; ``--json`` prints the API's JSON for scripts. The server
+and token come from ``--url``, ``$GANTRY_URL`` and ``$GANTRY_TOKEN``, else from what
+``gantry login`` stored in ``$GANTRY_CONFIG_DIR/credentials.json`` (default
+``~/.config/gantry/``, mode 0600).
 
 Exit codes:
 
@@ -29,6 +30,7 @@ from gantry_cli.diagnose import add_diagnose_command
 from gantry_cli.errors import EXIT_USAGE, ApiValidationError, CliError
 from gantry_cli.runs import add_run_commands
 from gantry_cli.session import add_session_commands
+from gantry_cli.workspaces import add_workspace_commands
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_commands(commands)
     add_diagnose_command(commands)
     add_catalog_commands(commands)
+    add_workspace_commands(commands)
     return parser
 
 

@@ -13,11 +13,14 @@ from jobs.models import (
     Experiment,
     ExperimentTemplate,
     Run,
+    RunKind,
 )
 from tenants.access import (
     NotVisible,
     is_platform_admin,
     is_tenant_admin,
+    tenant_ids_administered,
+    tenant_ids_member,
     tenant_list_submittable,
     tenant_list_viewable,
     tenant_roles,
@@ -29,6 +32,24 @@ def run_list_viewable(*, user: UserLike) -> QuerySet[Run]:
     """Runs of every tenant the user may read; the start of every run list."""
     return Run.objects.filter(tenant__in=tenant_list_viewable(user=user)).select_related(
         "tenant", "flavor", "cluster", "submitted_by", "experiment__project"
+    )
+
+
+def workspace_list_viewable(*, user: UserLike) -> QuerySet[Run]:
+    """Workspaces (runs of kind interactive) the user may see as workspaces: their own in
+    the tenants they are a member of, every one of the tenants they administer, all of them
+    for platform admins. Narrower than the runs a member reads: a workspace is a person's
+    desk, not a shared result. The start of every workspace list and lookup."""
+    runs = Run.objects.filter(kind=RunKind.INTERACTIVE, tenant__active=True).select_related(
+        "tenant", "flavor", "submitted_by", "experiment__project", "workspace"
+    )
+    if is_platform_admin(user):
+        return runs
+    if not user.is_authenticated:
+        return runs.none()
+    return runs.filter(
+        Q(submitted_by_id=user.pk, tenant_id__in=tenant_ids_member(user))
+        | Q(tenant_id__in=tenant_ids_administered(user))
     )
 
 
@@ -93,6 +114,19 @@ def run_can_cancel(*, user: UserLike, run: Run) -> bool:
         run.submitted_by_id == user.pk
         or is_tenant_admin(user, run.tenant_id)
         or is_platform_admin(user)
+    )
+
+
+def workspace_can_open(*, user: UserLike, run: Run) -> bool:
+    """Only its owner opens a workspace (its files, kernels and terminals are theirs):
+    neither a tenant admin nor a platform admin, who may see and stop it."""
+    return user.is_authenticated and run.submitted_by_id == user.pk
+
+
+def workspace_can_extend(*, user: UserLike, run: Run) -> bool:
+    """Extending spends the tenant's GPU time: its owner or a tenant admin of its tenant."""
+    return user.is_authenticated and (
+        run.submitted_by_id == user.pk or is_tenant_admin(user, run.tenant_id)
     )
 
 

@@ -4,10 +4,12 @@ from rest_framework.routers import SimpleRouter
 from jobs import api
 from jobs.api_workspace import WorkspaceAddressApi
 from jobs.spec_api import ExperimentSpecApi, SpecSchemaApi, SpecSubmitApi, TemplateListApi
+from jobs.workspace_api import WorkspaceViewSet
 
 router = SimpleRouter()
 router.register("runs", api.RunViewSet, basename="run")
 router.register("experiments", api.ExperimentViewSet, basename="experiment")
+router.register("workspaces", WorkspaceViewSet, basename="workspace")
 
 urlpatterns = [
     path("attempts/report/", api.AttemptRuntimeReportApi.as_view(), name="attempt-report"),

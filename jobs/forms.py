@@ -11,8 +11,9 @@ from core.forms import ServiceErrorsMixin
 from core.parsers import MAX_JSON_DEPTH, TOO_DEEP, json_depth
 from jobs import spec
 from jobs.experiment_fields import BY_NAME, INPUT_FIELDS, ExperimentField
-from jobs.models import Experiment, ExperimentTemplate, TopologyMode
+from jobs.models import Experiment, ExperimentTemplate, TopologyMode, WorkspaceServer
 from jobs.services.submission import ExperimentInput, experiment_input_of
+from jobs.services.workspaces import WorkspaceInput
 from tenants.models import GpuFlavor
 
 
@@ -403,3 +404,82 @@ class ClusterCapacityForm(ServiceErrorsMixin, forms.Form):
     gpus_per_node = forms.IntegerField(
         label="GPUs per node", widget=forms.NumberInput(attrs={"min": 1})
     )
+
+
+class WorkspaceLaunchForm(ServiceErrorsMixin, forms.Form):
+    """The launch form of a workspace: choices for convenience, the service
+    (``workspace_launch``) validates every value again."""
+
+    tenant = forms.CharField(max_length=63, widget=_select())
+    project = forms.CharField(max_length=63, widget=_select())
+    name = forms.CharField(
+        max_length=200, required=False, help_text="Optional; by default the project and the time."
+    )
+    image = forms.CharField(max_length=400, widget=_select())
+    flavor = forms.CharField(max_length=63, widget=_select(), label="GPU flavor")
+    gpus = forms.IntegerField(min_value=1, max_value=64, initial=1, label="GPUs")
+    server = forms.ChoiceField(choices=WorkspaceServer.choices, initial=WorkspaceServer.JUPYTER)
+    hours = forms.IntegerField(
+        min_value=1,
+        initial=4,
+        help_text="Its GPUs are released after this long; Extend adds time within your "
+        "tenant's maximum.",
+    )
+    submission_key = forms.UUIDField(
+        required=False,
+        widget=forms.HiddenInput,
+        error_messages={"invalid": "This form is damaged: open the launch page again."},
+    )
+
+    def __init__(self, *args, tenants, projects, images, flavor_limits, **kwargs):
+        super().__init__(*args, **kwargs)
+        tenants = list(tenants)
+        self.fields["tenant"].widget.choices = [("", "Choose a tenant")] + [
+            (t.slug, f"{t.name} ({t.slug}, up to {t.workspace_max_hours} h)") for t in tenants
+        ]
+        by_tenant: dict[str, list[tuple[str, str]]] = {t.slug: [] for t in tenants}
+        for project in projects:
+            by_tenant.setdefault(project.tenant.slug, []).append(
+                (project.slug, f"{project.slug} - {project.name}")
+            )
+        self.fields["project"].widget.choices = [("", "Choose a project")] + [
+            (slug, choices) for slug, choices in by_tenant.items() if choices
+        ]
+        self.fields["image"].widget.choices = [("", "Choose an image")] + [
+            (image.reference, _image_label(image)) for image in images
+        ]
+        self.fields["flavor"].widget.choices = [("", "Choose a GPU flavor")] + [
+            (slug, f"{slug} (up to {gpus} GPUs on one node)")
+            for slug, (_nodes, gpus) in sorted(flavor_limits.items())
+        ]
+
+    def workspace_input(self) -> WorkspaceInput:
+        data = self.cleaned_data
+        return WorkspaceInput(
+            tenant=data["tenant"],
+            project=data["project"],
+            image=data["image"],
+            flavor=data["flavor"],
+            gpus=data["gpus"],
+            server=data["server"],
+            name=data["name"],
+            hours=data["hours"],
+        )
+
+
+def workspace_initial_from_template(template: ExperimentTemplate) -> dict:
+    """What a template gives a workspace: its tenant, image, flavor and GPUs per node (a
+    workspace is one node). Its command, nodes and ranges are a batch run's: not applied."""
+    values, _ = spec.template_values_parse(template.values)  # checked when saved
+    values = values or {}
+    initial = {
+        "image": values.get("image"),
+        "flavor": values.get("flavor"),
+        "gpus": values.get("gpus_per_node"),
+        "tenant": template.tenant.slug if template.tenant is not None else None,
+    }
+    return {name: value for name, value in initial.items() if value is not None}
+
+
+class WorkspaceExtendForm(forms.Form):
+    hours = forms.IntegerField(min_value=1, max_value=7 * 24, initial=1)

@@ -22,13 +22,13 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timesince
 from django.utils.timezone import get_current_timezone, localtime
 
-from jobs.models import Run, RunState, WaitReason
+from jobs.models import Run, RunKind, RunState, WaitReason
 from jobs.selectors.estimates import StartRecord, shows_full_limits, when
 
 # What a row reads of its run, the run's experiment, project, flavor and cluster, and
 # what runs_usage and runs_place_in_line read: the list loads no other column.
 RUN_ROW_FIELDS = (
-    *("experiment", "tenant", "flavor", "cluster", "submitted_by", "gpus", "state"),
+    *("experiment", "tenant", "flavor", "cluster", "submitted_by", "gpus", "state", "kind"),
     *("borrowed", "over_budget", "wait_reason", "wait_message", "start_note"),
     *("submitted_at", "started_at", "finished_at", "start_full_limits_at", "start_expected_at"),
     *("experiment__name", "experiment__nodes", "experiment__gpus_per_node"),
@@ -55,6 +55,7 @@ class RunRow:
     project: str
     state: str
     state_label: str
+    workspace: bool  # a run of kind interactive: the list tags it
     borrowed: bool
     over_budget: bool
     nodes: int
@@ -112,6 +113,7 @@ def run_row(run: Run, *, now: datetime, records: dict[str, StartRecord]) -> RunR
         project=experiment.project.slug,
         state=run.state,
         state_label=_STATE_LABELS.get(run.state, run.state),
+        workspace=run.kind == RunKind.INTERACTIVE,
         borrowed=run.borrowed,
         over_budget=run.over_budget,
         nodes=experiment.nodes,

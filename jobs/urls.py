@@ -1,6 +1,15 @@
 from django.urls import path
 
-from jobs.views import clusters, experiments, members, quotas, runs, submit, templates
+from jobs.views import (
+    clusters,
+    experiments,
+    members,
+    quotas,
+    runs,
+    submit,
+    templates,
+    workspaces,
+)
 
 app_name = "jobs"
 urlpatterns = [
@@ -16,6 +25,15 @@ urlpatterns = [
         runs.run_restart_excluding,
         name="run_restart_excluding",
     ),
+    path("workspaces/", workspaces.workspace_list, name="workspace_list"),
+    path("workspaces/new/", workspaces.workspace_launch_page, name="workspace_launch"),
+    path("workspaces/<int:run_id>/", workspaces.workspace_detail, name="workspace_detail"),
+    path(
+        "workspaces/<int:run_id>/extend/",
+        workspaces.workspace_extend_page,
+        name="workspace_extend",
+    ),
+    path("workspaces/<int:run_id>/stop/", workspaces.workspace_stop_page, name="workspace_stop"),
     path("experiments/", experiments.experiment_list, name="experiment_list"),
     path(
         "experiments/<int:experiment_id>/", experiments.experiment_detail, name="experiment_detail"

@@ -3,6 +3,14 @@
 from django.db import models
 from django.db.models import Q
 
+# Where the proxy serves a workspace: every path of its server sits under this prefix.
+PATH_PREFIX = "/w/"
+
+
+def workspace_base_path(run_id: int) -> str:
+    """The path under which the proxy serves run ``run_id``'s server (its base URL)."""
+    return f"{PATH_PREFIX}{run_id}/"
+
 
 class RunKind(models.TextChoices):
     BATCH = "batch", "Batch run"

@@ -40,6 +40,9 @@ def _link(request, label: str, url_name: str, *, pages: tuple[str, ...] = ()) ->
     return NavLink(label, url, current)
 
 
+_WORKSPACE_PAGES = ("jobs:workspace_launch", "jobs:workspace_detail")
+
+
 def navigation_groups(
     request, *, admin: bool, finance: bool, finance_reader: bool, member: bool, tenant_admin: bool
 ):
@@ -56,6 +59,8 @@ def navigation_groups(
     ]
     if member:
         work.append(_link(request, "Submit", "jobs:run_submit"))
+    if member or admin:
+        work.append(_link(request, "Workspaces", "jobs:workspace_list", pages=_WORKSPACE_PAGES))
     if admin or tenant_admin:
         work.append(_link(request, "Templates", "jobs:template_list"))
     work.append(_link(request, "Images", "images:image_list"))

@@ -298,6 +298,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "RunStateEnum": "jobs.models.RunState",
         "AttemptStateEnum": "jobs.models.AttemptState",
+        "RunKindEnum": "jobs.models.RunKind",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",

@@ -19,6 +19,7 @@ from jobs.models import (
     FailureReason,
     Run,
     RunEvent,
+    RunKind,
     RunState,
     WaitReason,
 )
@@ -46,6 +47,7 @@ def _reason(choices) -> serializers.ChoiceField:
 # DRF's own fields, for what is cheap to leave to them.
 _DATETIME = serializers.DateTimeField(read_only=True)
 _RUN_STATE = serializers.ChoiceField(choices=RunState.choices, read_only=True)
+_RUN_KIND = serializers.ChoiceField(choices=RunKind.choices, read_only=True)
 _ATTEMPT_STATE = serializers.ChoiceField(choices=AttemptState.choices, read_only=True)
 _WAIT_REASON = serializers.ChoiceField(choices=WaitReason.choices, read_only=True)
 _FAILURE_REASON = serializers.ChoiceField(choices=FailureReason.choices, read_only=True)
@@ -103,6 +105,7 @@ def _json_object(value: dict | None) -> dict[str, Any] | None:
 RUN_COLUMNS = (
     "id",
     "tenant_id",
+    "kind",
     "gpus",
     "priority",
     "submitted_by_id",
@@ -161,6 +164,7 @@ class RunSerializer(serializers.ModelSerializer):
         model = Run
         fields = [
             "id",
+            "kind",
             "experiment",
             "experiment_name",
             "tenant",
@@ -189,6 +193,7 @@ class RunSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
         extra_kwargs = {
+            "kind": {"help_text": "batch, or interactive: a workspace (/api/v1/workspaces/)."},
             "start_expected_at": {
                 "help_text": "When a queued run should start, by how long runs like the ones "
                 "ahead really take; null when there is no estimate (see start_note)."
@@ -210,6 +215,7 @@ class RunSerializer(serializers.ModelSerializer):
         cluster = instance.cluster
         return {
             "id": int(instance.pk),
+            "kind": _RUN_KIND.to_representation(instance.kind),
             "experiment": instance.experiment_id,
             "experiment_name": str(experiment.name),
             "tenant": instance.tenant.slug,

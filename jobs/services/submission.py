@@ -429,6 +429,16 @@ def run_rerun_record(*, experiment: Experiment, user: UserLike, submission_key: 
         raise PermissionDenied(
             f"Only members of tenant {experiment.tenant.slug} can run its experiments."
         )
+    if experiment.runs.filter(kind=RunKind.INTERACTIVE).exists():
+        # A workspace is more than its run (its Workspace row, its hours within the tenant's
+        # limit): it is launched anew, or resumed once suspended, never re-run as a batch.
+        raise ValidationError(
+            {
+                "kind": [
+                    f"Experiment {experiment.pk} is a workspace's: launch a new workspace instead."
+                ]
+            }
+        )
     image = experiment.image
     if image.status != Image.Status.APPROVED:
         raise ValidationError(

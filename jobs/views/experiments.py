@@ -23,6 +23,7 @@ from jobs.access import (
     experiment_can_rerun,
     run_list_viewable,
 )
+from jobs.models import RunKind
 from jobs.reproducibility import experiment_diff
 from jobs.selectors.experiments import (
     ExperimentFilters,
@@ -126,7 +127,9 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
                 (run_id, attempt_records(group))
                 for run_id, group in groupby(attempts, lambda attempt: attempt.run_id)
             ],
-            "can_rerun": experiment_can_rerun(user=request.user, experiment=experiment),
+            # A workspace's experiment is launched anew, never re-run (run_rerun refuses).
+            "can_rerun": experiment_can_rerun(user=request.user, experiment=experiment)
+            and not any(run.kind == RunKind.INTERACTIVE for run in page.object_list),
             "submission_key": uuid.uuid4(),  # of the re-run form
             "compare_choices": experiment_compare_choices(
                 experiment=experiment, limit=COMPARE_CHOICES

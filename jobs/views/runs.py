@@ -29,7 +29,7 @@ from jobs.access import (
     run_can_cancel,
     run_can_submit,
 )
-from jobs.models import RunState
+from jobs.models import RunKind, RunState
 from jobs.reproducibility import runtime_rows
 from jobs.run_rows import RUN_ROW_FIELDS, run_row, run_row_html, run_rows_version
 from jobs.selectors import logs
@@ -293,7 +293,10 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
         "run": run,
         "live": {section.id.removeprefix("run-"): section for section in sections},
         "live_poll_ms": settings.GANTRY_LIVE_POLL_MS,
-        "can_rerun": experiment_can_rerun(user=request.user, experiment=run.experiment),
+        # A workspace is launched anew, never re-run (run_rerun refuses it).
+        "can_rerun": run.kind == RunKind.BATCH
+        and experiment_can_rerun(user=request.user, experiment=run.experiment),
+        "RunKind": RunKind,
         "submission_key": uuid.uuid4(),  # of the re-run form
     }
     return render(request, "jobs/run_detail.html", context)

@@ -46,6 +46,7 @@ from schemathesis.specs.openapi.checks import (
 from jobs.models import Attempt, ExperimentTemplate, Run
 from jobs.services.backend_submit import attempt_token_issue
 from jobs.services.submission import run_submit
+from jobs.services.workspaces import WorkspaceInput, workspace_launch
 from tenants.api import TokenCreateThrottle
 from tenants.services.tokens import api_token_create
 from tests.conftest import COMMIT, PASSWORD, experiment_input
@@ -80,6 +81,11 @@ OPERATIONS = {
     "GET /api/v1/templates/",
     "POST /api/v1/tokens/",
     "DELETE /api/v1/tokens/current/",
+    "GET /api/v1/workspaces/",
+    "POST /api/v1/workspaces/",
+    "GET /api/v1/workspaces/{id}/",
+    "POST /api/v1/workspaces/{id}/extend/",
+    "POST /api/v1/workspaces/{id}/stop/",
 }
 
 # --- hostile values -------------------------------------------------------------------------
@@ -147,6 +153,15 @@ def _with_some_of(base: dict, overrides: dict) -> st.SearchStrategy[dict]:
 
 
 REVOKES_ITS_TOKEN = "DELETE /api/v1/tokens/current/"
+# A valid launch (its image is the world's, set where the world is known).
+WORKSPACE_BODY = {
+    "tenant": "vision",
+    "project": "detection",
+    "image": "",
+    "flavor": "a100-80gb",
+    "gpus": 1,
+    "hours": 2,
+}
 
 
 @dataclass
@@ -155,12 +170,16 @@ class Persona:
     user: User | None  # None: no credentials
     attempt_authorization: str | None  # for the operations a job calls
     token: str = ""
+    previous_label: str = ""
 
     def authorization(self, operation_label: str) -> str | None:
         if self.user is None:
             return None
-        if not self.token or operation_label == REVOKES_ITS_TOKEN:
+        # The revoking operation spends a token per request, and leaves the last one revoked
+        # for the operations after it.
+        if not self.token or REVOKES_ITS_TOKEN in (operation_label, self.previous_label):
             _, self.token = api_token_create(user=self.user, name="fuzz")
+        self.previous_label = operation_label
         return f"Bearer {self.token}"
 
 
@@ -168,6 +187,7 @@ class Persona:
 class FuzzWorld:
     schema: schemathesis.BaseSchema
     ids: list[int]
+    workspace_ids: list[int]
     run_body: dict
     spec_body: dict
     researcher: Persona
@@ -208,6 +228,10 @@ def fuzz_world(world, wsgi_app) -> FuzzWorld:
     other = submit(world, user=world.researcher_b, tenant="nlp", project="llm")
     run_to_running(world, own)
     attempt = _attempt_of(own)
+    workspace = workspace_launch(
+        user=world.researcher_a,
+        data=WorkspaceInput(**{**WORKSPACE_BODY, "image": world.image.reference}),
+    )
     ExperimentTemplate.objects.create(
         name="small",
         values={"resources": {"flavor": "a100-80gb", "nodes": 1, "gpus_per_node": 1}},
@@ -237,6 +261,8 @@ def fuzz_world(world, wsgi_app) -> FuzzWorld:
     return FuzzWorld(
         schema=schema,
         ids=[own.pk, other.pk, own.experiment_id, other.experiment_id],
+        # Apart: the runs' operations (a cancel) would end the workspace before its own.
+        workspace_ids=[workspace.pk, own.pk],
         run_body=run_body,
         spec_body=spec_body,
         researcher=Persona("researcher", world.researcher_a, attempt),
@@ -278,9 +304,9 @@ def _strategies(fuzz: FuzzWorld, operation, mode: GenerationMode) -> list[st.Sea
     ids in paths, and schema-valid bodies with hostile values."""
     generated = [operation.as_strategy(generation_mode=mode)]
     if "{id}" in operation.path:
+        ids = fuzz.workspace_ids if operation.path.startswith("/api/v1/workspaces/") else fuzz.ids
         generated += [
-            operation.as_strategy(generation_mode=mode, path_parameters={"id": pk})
-            for pk in fuzz.ids
+            operation.as_strategy(generation_mode=mode, path_parameters={"id": pk}) for pk in ids
         ]
     if mode is not GenerationMode.POSITIVE:
         return generated
@@ -295,6 +321,7 @@ def _strategies(fuzz: FuzzWorld, operation, mode: GenerationMode) -> list[st.Sea
         **free_text,
         "dataset": st.fixed_dictionaries({"uri": STORABLE_TEXT, "version": STORABLE_TEXT}),
     }
+    workspace_body = {**WORKSPACE_BODY, "image": fuzz.run_body["image"]}
     bodies = {
         "POST /api/v1/runs/": _with_some_of(
             fuzz.run_body, {**free_text, "dataset_uri": STORABLE_TEXT}
@@ -369,6 +396,20 @@ def _strategies(fuzz: FuzzWorld, operation, mode: GenerationMode) -> list[st.Sea
                 ),
             }
         ),
+        "POST /api/v1/workspaces/": _with_some_of(workspace_body, {"name": STORABLE_TEXT})
+        | _with_some_of(
+            workspace_body,
+            {
+                "name": NASTY_TEXT,
+                "tenant": NASTY_TEXT,
+                "project": NASTY_TEXT,
+                "image": NASTY_TEXT,
+                "flavor": NASTY_TEXT,
+                "server": NASTY_TEXT,
+                "gpus": NASTY_INT,
+                "hours": NASTY_INT,
+            },
+        ),
         "POST /api/v1/tokens/": st.fixed_dictionaries(
             {
                 "username": st.one_of(st.sampled_from(["alice", "paul"]), NASTY_TEXT),
@@ -377,6 +418,17 @@ def _strategies(fuzz: FuzzWorld, operation, mode: GenerationMode) -> list[st.Sea
             }
         ),
     }
+    if operation.label == "POST /api/v1/workspaces/{id}/extend/":
+        # Hours the tenant allows (a 2-hour workspace, 12 at most), and hostile ones.
+        generated.append(
+            st.one_of(st.integers(1, 2), NASTY_INT, NASTY_TEXT).map(
+                lambda hours: operation.Case(
+                    body={"hours": hours},
+                    media_type="application/json",
+                    path_parameters={"id": fuzz.workspace_ids[0]},
+                )
+            )
+        )
     hostile = bodies.get(operation.label)
     if hostile is not None:
         generated.append(
@@ -463,6 +515,9 @@ def test_fuzzed_api_answers_no_5xx_and_only_what_its_schema_documents(fuzz_world
     assert statuses["researcher", "POST /api/v1/specs/", 201] > 0
     assert statuses["researcher", "POST /api/v1/attempts/report/", 200] > 0
     assert statuses["researcher", "POST /api/v1/attempts/events/", 202] > 0
+    assert statuses["researcher", "POST /api/v1/workspaces/", 201] > 0
+    assert statuses["researcher", "POST /api/v1/workspaces/{id}/extend/", 200] > 0
+    assert statuses["platform_admin", "GET /api/v1/workspaces/{id}/", 200] > 0
     # Without credentials every operation but the token exchange is refused (or, for a
     # path no route matches, not found).
     anonymous = {

@@ -24,6 +24,7 @@ from django.urls import reverse
 from jobs.forms import RunSubmitForm
 from jobs.models import Run, RunEvent
 from jobs.services.submission import run_submit
+from jobs.services.workspaces import WorkspaceInput, workspace_launch
 from portal.demo import DEMO_PASSWORD, demo_seed
 from tenants.models import Membership, Notification, Tenant
 from tests import REPOSITORY
@@ -163,6 +164,17 @@ def test_main_pages_have_no_serious_or_critical_violations(browser, live_server,
     waiting, input_bound = run_id("yolo-xl"), run_id("unet-sweep-1")
     resumed, borrowed = run_id("colbert-distill"), run_id("dpr-sweep")
     experiment = Run.objects.get(pk=input_bound).experiment_id
+    alice = User.objects.get(username="alice")
+    workspace = workspace_launch(
+        user=alice,
+        data=WorkspaceInput(
+            tenant="vision",
+            project=Run.objects.get(pk=input_bound).experiment.project.slug,
+            image=Run.objects.get(pk=input_bound).experiment.image_reference,
+            flavor="a100-80gb",
+            gpus=1,
+        ),
+    )
     steps = {
         "": ["/accounts/login/", ("login with a wrong password", wrong_password)],
         "alice": [
@@ -176,6 +188,9 @@ def test_main_pages_have_no_serious_or_critical_violations(browser, live_server,
             "/experiments/",
             f"/experiments/?compare={experiment}",
             "/runs/?mine=1",
+            "/workspaces/",
+            "/workspaces/new/",
+            f"/workspaces/{workspace.pk}/",
             "/quotas/",
             "/images/",
             f"/runs/{input_bound}/telemetry/",
@@ -309,7 +324,7 @@ def test_a_sent_form_and_an_export_show_that_their_answer_is_coming(browser, liv
 
 NAVIGATION = {
     "researcher_a": {
-        "Work": ["Runs", "Experiments", "Submit", "Images", "Quotas", "Nodes"],
+        "Work": ["Runs", "Experiments", "Submit", "Workspaces", "Images", "Quotas", "Nodes"],
         "Reports": ["Goodput"],
     },
     "tenant_admin_a": {
@@ -317,6 +332,7 @@ NAVIGATION = {
             "Runs",
             "Experiments",
             "Submit",
+            "Workspaces",
             "Templates",
             "Images",
             "Quotas",
@@ -331,7 +347,15 @@ NAVIGATION = {
         "Reports": ["Goodput", "Finance", "KPIs"],
     },
     "platform_admin": {
-        "Work": ["Runs", "Experiments", "Templates", "Images", "Quotas", "Nodes"],
+        "Work": [
+            "Runs",
+            "Experiments",
+            "Workspaces",
+            "Templates",
+            "Images",
+            "Quotas",
+            "Nodes",
+        ],
         "Reports": ["Goodput", "Finance", "KPIs"],
         "Platform": [
             "Clusters",

@@ -58,6 +58,7 @@ from jobs.services.backend_sync import cluster_sync
 from jobs.services.specs import experiment_spec
 from jobs.services.submission import experiment_input_of, run_submit
 from jobs.services.templates import template_save
+from jobs.services.workspaces import WorkspaceInput, workspace_launch
 from tenants.invitations import membership_invite
 from tenants.models import Notification
 from tenants.services.notifications import notification_create
@@ -131,6 +132,13 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     # restarting without one of its nodes: whoever may cancel the run
     ("api:run-restart-excluding", "POST"):      (401, 202, 404, 202, 403, 202),
     ("api:run-logs", "GET"):                    (401, 200, 404, 200, 200, 200),
+    # workspaces: their owner, their tenant's admins, platform admins; extending spends the
+    # tenant's hours (owner, tenant admin), stopping is a cancel (platform admins too)
+    ("api:workspace-list", "GET"):              (401, 200, 200, 200, 200, 200),
+    ("api:workspace-list", "POST"):             (401, 201, 400, 201, 400, 400),
+    ("api:workspace-detail", "GET"):            (401, 200, 404, 200, 404, 200),
+    ("api:workspace-extend", "POST"):           (401, 200, 404, 200, 404, 403),
+    ("api:workspace-stop", "POST"):             (401, 202, 404, 202, 404, 202),
     ("api:experiment-list", "GET"):             (401, 200, 200, 200, 200, 200),
     ("api:experiment-detail", "GET"):           (401, 200, 404, 200, 200, 200),
     ("api:experiment-rerun", "POST"):           (401, 201, 404, 201, 403, 403),
@@ -195,6 +203,12 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     ("jobs:run_log_download", "GET"):           (302, 200, 404, 200, 200, 200),
     ("jobs:run_cancel", "POST"):                (302, 302, 404, 302, 403, 302),
     ("jobs:run_restart_excluding", "POST"):     (302, 302, 404, 302, 403, 302),
+    ("jobs:workspace_list", "GET"):             (302, 200, 200, 200, 200, 200),
+    ("jobs:workspace_launch", "GET"):           (302, 200, 200, 200, 404, 404),
+    ("jobs:workspace_launch", "POST"):          (302, 302, 400, 302, 404, 404),
+    ("jobs:workspace_detail", "GET"):           (302, 200, 404, 200, 404, 200),
+    ("jobs:workspace_extend", "POST"):          (302, 302, 404, 302, 404, 403),
+    ("jobs:workspace_stop", "POST"):            (302, 302, 404, 302, 404, 302),
     # the experiments list in its compare mode: picking the other side for vision's experiment
     ("jobs:experiment_list", "GET"):            (302, 200, 404, 200, 200, 200),
     ("jobs:experiment_detail", "GET"):          (302, 200, 404, 200, 200, 200),
@@ -242,6 +256,18 @@ SNAPSHOT_SKIPPED_COLUMNS = frozenset(
 )
 
 
+def workspace_input(image: str) -> WorkspaceInput:
+    return WorkspaceInput(
+        tenant="vision",
+        project="detection",
+        image=image,
+        flavor="a100-80gb",
+        gpus=1,
+        name="matrix-workspace",
+        hours=2,
+    )
+
+
 @dataclass
 class Objects:
     """Tenant A's objects the requests are about, and the personas' credentials."""
@@ -249,6 +275,7 @@ class Objects:
     run: Run
     experiment: Experiment
     attempt: Attempt
+    workspace: Run  # alice's, queued
     template: ExperimentTemplate
     image: Image
     month: date
@@ -311,11 +338,13 @@ def objects(world) -> Objects:
         PAUL: world.platform_admin,
     }
     run.refresh_from_db()
+    workspace = workspace_launch(user=alice, data=workspace_input(world.image.reference))
     tokens = {persona: api_token_create(user=user) for persona, user in users.items()}
     return Objects(
         run=run,
         experiment=run.experiment,
         attempt=attempt,
+        workspace=workspace,
         template=template,
         image=image,
         month=timezone.now().date().replace(day=1),
@@ -342,6 +371,7 @@ def objects(world) -> Objects:
 def paths(objects: Objects) -> dict[str, str]:
     """One URL per pattern name, about tenant A's objects."""
     run_id, experiment_id = objects.run.pk, objects.experiment.pk
+    workspace_id = objects.workspace.pk
     alice_id = objects.users[ALICE].pk
     vision_month = ["vision", objects.month]
     today = timezone.now().date()
@@ -382,6 +412,10 @@ def paths(objects: Objects) -> dict[str, str]:
         "api:run-cancel": reverse("api:run-cancel", args=[run_id]),
         "api:run-restart-excluding": reverse("api:run-restart-excluding", args=[run_id]),
         "api:run-logs": reverse("api:run-logs", args=[run_id]),
+        "api:workspace-list": reverse("api:workspace-list"),
+        "api:workspace-detail": reverse("api:workspace-detail", args=[workspace_id]),
+        "api:workspace-extend": reverse("api:workspace-extend", args=[workspace_id]),
+        "api:workspace-stop": reverse("api:workspace-stop", args=[workspace_id]),
         "api:experiment-list": f"{reverse('api:experiment-list')}?tenant=vision",
         "api:experiment-detail": reverse("api:experiment-detail", args=[experiment_id]),
         "api:experiment-rerun": reverse("api:experiment-rerun", args=[experiment_id]),
@@ -432,6 +466,11 @@ def paths(objects: Objects) -> dict[str, str]:
         "jobs:run_log_download": reverse("jobs:run_log_download", args=[run_id]),
         "jobs:run_cancel": reverse("jobs:run_cancel", args=[run_id]),
         "jobs:run_restart_excluding": reverse("jobs:run_restart_excluding", args=[run_id]),
+        "jobs:workspace_list": reverse("jobs:workspace_list"),
+        "jobs:workspace_launch": reverse("jobs:workspace_launch"),
+        "jobs:workspace_detail": reverse("jobs:workspace_detail", args=[workspace_id]),
+        "jobs:workspace_extend": reverse("jobs:workspace_extend", args=[workspace_id]),
+        "jobs:workspace_stop": reverse("jobs:workspace_stop", args=[workspace_id]),
         "jobs:experiment_list": f"{reverse('jobs:experiment_list')}?compare={experiment_id}",
         "jobs:experiment_detail": reverse("jobs:experiment_detail", args=[experiment_id]),
         "jobs:experiment_rerun": reverse("jobs:experiment_rerun", args=[experiment_id]),
@@ -481,6 +520,7 @@ def bodies(objects: Objects) -> dict[str, dict]:
         "enabled": "on",
     }
     new_password = "another-horse-battery-staple"
+    launch = asdict(workspace_input(objects.workspace.experiment.image_reference))
     # The node alice's run runs on: restarting without it is allowed (3 other nodes remain).
     [node] = Attempt.objects.get(pk=objects.attempt.pk).node_list
     return {
@@ -493,6 +533,10 @@ def bodies(objects: Objects) -> dict[str, dict]:
         },
         "api:spec-submit": experiment_spec(experiment),
         "api:run-list": asdict(experiment_input_of(experiment)),
+        "api:workspace-list": launch,
+        "api:workspace-extend": {"hours": 1},
+        "jobs:workspace_extend": {"hours": "1"},
+        "jobs:workspace_launch": {key: str(value) for key, value in launch.items()},
         "api:attempt-report": {"driver_version": "550.54.15"},
         "api:attempt-rank-report": {"rank": 1, "nccl_version": "2.21.5"},
         "api:attempt-events": {"source": "rank-0", "events": [{"type": "ready"}]},

@@ -139,6 +139,7 @@ def test_the_api_root_answers_an_index_of_its_resources(world):
         "template-list": base + "templates/",
         "run-list": base + "runs/",
         "experiment-list": base + "experiments/",
+        "workspace-list": base + "workspaces/",
         "attempt-events": base + "attempts/events/",
     }
     assert (body["schema"], body["docs"]) == (
