@@ -131,6 +131,27 @@ def cmd_stop(ctx: Context) -> int:
     return EXIT_OK
 
 
+def cmd_suspend(ctx: Context) -> int:
+    card = ctx.client().post(f"workspaces/{ctx.args.workspace}/suspend/")
+    if ctx.args.json:
+        print_json(card)
+    else:
+        print(
+            f"Workspace {card['id']} is being suspended: its GPUs are released, its files "
+            f"kept (gantry workspace resume {card['id']})."
+        )
+    return EXIT_OK
+
+
+def cmd_resume(ctx: Context) -> int:
+    card = ctx.client().post(f"workspaces/{ctx.args.workspace}/resume/")
+    if ctx.args.json:
+        print_json(card)
+    else:
+        print(f"Workspace {card['id']} is back in the queue ({card['phase']}).")
+    return EXIT_OK
+
+
 def add_workspace_commands(commands: Commands) -> None:
     workspace = commands.add_parser(
         "workspace",
@@ -180,3 +201,13 @@ def add_workspace_commands(commands: Commands) -> None:
     stop = add_command(verbs, "stop", cmd_stop, "Stop a workspace: its GPUs are released.")
     stop.add_argument("workspace", type=positive, metavar="WORKSPACE")
     add_json_flag(stop)
+
+    suspend = add_command(
+        verbs, "suspend", cmd_suspend, "Release a workspace's GPUs and keep its files."
+    )
+    suspend.add_argument("workspace", type=positive, metavar="WORKSPACE")
+    add_json_flag(suspend)
+
+    resume = add_command(verbs, "resume", cmd_resume, "Queue a suspended workspace again.")
+    resume.add_argument("workspace", type=positive, metavar="WORKSPACE")
+    add_json_flag(resume)

@@ -34,6 +34,16 @@ urlpatterns = [
         name="workspace_extend",
     ),
     path("workspaces/<int:run_id>/stop/", workspaces.workspace_stop_page, name="workspace_stop"),
+    path(
+        "workspaces/<int:run_id>/suspend/",
+        workspaces.workspace_suspend_page,
+        name="workspace_suspend",
+    ),
+    path(
+        "workspaces/<int:run_id>/resume/",
+        workspaces.workspace_resume_page,
+        name="workspace_resume",
+    ),
     path("experiments/", experiments.experiment_list, name="experiment_list"),
     path(
         "experiments/<int:experiment_id>/", experiments.experiment_detail, name="experiment_detail"

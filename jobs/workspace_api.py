@@ -32,6 +32,7 @@ from jobs.serializers.workspaces import (
     WorkspacePageSerializer,
     WorkspaceSerializer,
 )
+from jobs.services.workspace_lifecycle import workspace_resume, workspace_suspend
 from jobs.services.workspaces import workspace_extend, workspace_launch, workspace_stop
 
 FIELD_ERRORS = OpenApiResponse(description="Field name → list of messages.")
@@ -173,6 +174,54 @@ class WorkspaceViewSet(viewsets.GenericViewSet):
         run = or_404(workspace_get_viewable, user=request.user, run_id=int(pk))
         try:
             workspace_stop(run=run, actor=request.user)
+        except DjangoPermissionDenied as exc:
+            raise PermissionDenied(str(exc)) from None
+        except DjangoValidationError as exc:
+            raise Conflict(" ".join(exc.messages)) from None
+        return _card(request, run.pk, status.HTTP_202_ACCEPTED)
+
+    @extend_schema(
+        parameters=[ID],
+        request=None,
+        responses={
+            202: WorkspaceSerializer,
+            401: UNAUTHENTICATED,
+            403: OpenApiResponse(ErrorSerializer, description="Not its owner."),
+            404: NOT_FOUND,
+            409: OpenApiResponse(ErrorSerializer, description="Not running."),
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def suspend(self, request, pk: str):
+        """Release its GPUs and keep its files: its job is stopped, and it waits, SUSPENDED,
+        for ``resume``."""
+        run = or_404(workspace_get_viewable, user=request.user, run_id=int(pk))
+        try:
+            workspace_suspend(run=run, actor=request.user)
+        except DjangoPermissionDenied as exc:
+            raise PermissionDenied(str(exc)) from None
+        except DjangoValidationError as exc:
+            raise Conflict(" ".join(exc.messages)) from None
+        return _card(request, run.pk, status.HTTP_202_ACCEPTED)
+
+    @extend_schema(
+        parameters=[ID],
+        request=None,
+        responses={
+            202: WorkspaceSerializer,
+            401: UNAUTHENTICATED,
+            403: OpenApiResponse(ErrorSerializer, description="Not its owner."),
+            404: NOT_FOUND,
+            409: OpenApiResponse(ErrorSerializer, description="Not suspended."),
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def resume(self, request, pk: str):
+        """Queue a suspended workspace again: admission decides when it starts, with its
+        files."""
+        run = or_404(workspace_get_viewable, user=request.user, run_id=int(pk))
+        try:
+            workspace_resume(run=run, actor=request.user)
         except DjangoPermissionDenied as exc:
             raise PermissionDenied(str(exc)) from None
         except DjangoValidationError as exc:

@@ -19,6 +19,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from jobs.models import AttemptState, Run, RunEvent, RunKind, RunState, Workspace
+from jobs.services.lifecycle import run_cancel
 from jobs.services.workspace_lifecycle import workspace_suspend
 from jobs.services.workspaces import workspace_base_path, workspace_server_token
 from telemetry.accounting import IDLE_THRESHOLD, MINUTE
@@ -57,6 +58,7 @@ class WorkspaceScanSummary:
     warned: int
     suspended: int
     unanswered: int
+    ended: int = 0  # sessions that reached their time limit
 
 
 def workspace_policy_of(tenant: Tenant) -> WorkspacePolicy:
@@ -125,12 +127,13 @@ def running_workspaces() -> list[Workspace]:
         Workspace.objects.filter(
             run__kind=RunKind.INTERACTIVE,
             run__state=RunState.RUNNING,
+            run__cancel_requested_at__isnull=True,  # not already being stopped or suspended
             attempt__state=AttemptState.RUNNING,
             ready_at__isnull=False,
             port__isnull=False,
         )
         .exclude(host="")
-        .select_related("run__tenant", "run__submitted_by")
+        .select_related("run__tenant", "run__submitted_by", "run__experiment", "attempt")
     )
 
 
@@ -138,8 +141,10 @@ def workspace_idle_scan(*, now: datetime | None = None) -> WorkspaceScanSummary:
     """Judge every running workspace once and act on the verdicts."""
     now = now or timezone.now()
     workspaces = running_workspaces()
+    ended = [workspace for workspace in workspaces if _time_limit_reached(workspace, now)]
+    workspaces = [workspace for workspace in workspaces if workspace not in ended]
     if not workspaces:
-        return WorkspaceScanSummary(0, 0, 0, 0)
+        return WorkspaceScanSummary(0, 0, 0, 0, ended=len(ended))
     with ThreadPoolExecutor(max_workers=min(SCAN_THREADS, len(workspaces))) as pool:
         answers = list(pool.map(server_activity, workspaces))
     gpu = _gpu_active_at([workspace.attempt_id for workspace in workspaces])  # type: ignore[misc]
@@ -167,7 +172,31 @@ def workspace_idle_scan(*, now: datetime | None = None) -> WorkspaceScanSummary:
             suspended += _suspend(workspace, verdict, now)
         elif verdict.action == IdleAction.IN_USE and workspace.warned_at is not None:
             Workspace.objects.filter(pk=workspace.pk).update(warned_at=None)
-    return WorkspaceScanSummary(len(workspaces), warned, suspended, unanswered)
+    return WorkspaceScanSummary(len(workspaces), warned, suspended, unanswered, len(ended))
+
+
+def session_limit(workspace: Workspace) -> timedelta:
+    """How long one session of the workspace may run: its hours and every extension."""
+    minutes = workspace.run.experiment.max_runtime_minutes + workspace.extended_minutes
+    return timedelta(minutes=minutes)
+
+
+def _time_limit_reached(workspace: Workspace, now: datetime) -> bool:
+    """Stop a session that reached its limit (the backend's own limit is the tenant's
+    longest, so that an Extend needs no change to the running job): True when it did."""
+    attempt = workspace.attempt
+    assert attempt is not None
+    limit = session_limit(workspace)
+    if attempt.started_at is None or now < attempt.started_at + limit:
+        return False
+    hours = limit.total_seconds() / 3600
+    run_cancel(
+        run=workspace.run,
+        actor=None,
+        system_reason=f"Stopped: its session reached its time limit of {hours:g} h "
+        "(its hours and extensions)",
+    )
+    return True
 
 
 def idle_span_keep(*, workspace: Workspace, verdict: IdleVerdict, now: datetime) -> None:

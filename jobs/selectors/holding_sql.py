@@ -17,7 +17,7 @@ from django.db import connection
 from django.db.models import Model
 
 from clusters.models import Cluster, ClusterFlavor, ClusterNode
-from jobs.models import Attempt, Experiment, Run, TenantMonthUsage
+from jobs.models import Attempt, Experiment, Run, TenantMonthUsage, Workspace
 from jobs.selectors.sql import Converter, field_of, orm_converter, placeholders
 from tenants.models import GpuFlavor, Quota, Tenant
 
@@ -91,7 +91,7 @@ def held_run_rows(*, holding: Sequence[str], live: Sequence[str]) -> list:
     """Runs in a state of ``holding``, newest submitted first: id, tenant slug, flavor slug,
     cluster name (or None), gpus, priority, admitted_at, submitted_at, borrowed, the node
     list, placement and start of the run's latest attempt in a state of ``live`` (or None),
-    and its experiment's max runtime in minutes."""
+    and its max runtime in minutes (its experiment's, and a workspace's extensions)."""
 
     def latest(name: str) -> str:
         return (
@@ -108,7 +108,9 @@ def held_run_rows(*, holding: Sequence[str], live: Sequence[str]) -> list:
         f"{_column('r', Run, 'gpus')}, {_column('r', Run, 'priority')}, "
         f"{_column('r', Run, 'admitted_at')}, {_column('r', Run, 'submitted_at')}, "
         f"{_column('r', Run, 'borrowed')}, {node_list}, {placement}, {started}, "
-        f"{_column('e', Experiment, 'max_runtime_minutes')} "
+        f"{_column('e', Experiment, 'max_runtime_minutes')} + COALESCE(("
+        f"SELECT {_column('w', Workspace, 'extended_minutes')} FROM {_table(Workspace)} w "
+        f"WHERE {_column('w', Workspace, 'run')} = {_column('r', Run, 'id')}), 0) "
         f"FROM {_table(Run)} r "
         f"JOIN {_table(Experiment)} e "
         f"ON {_column('e', Experiment, 'id')} = {_column('r', Run, 'experiment')} "

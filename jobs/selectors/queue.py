@@ -208,6 +208,7 @@ def admission_snapshot(
         "excluded_nodes",
         "experiment__max_runtime_minutes",
         *(("wait_reason", "wait_message") if written is not None else ()),
+        "workspace__extended_minutes",
     )
     queued_runs = []
     for row in rows:
@@ -223,7 +224,7 @@ def admission_snapshot(
                 topology_level=row[7],
                 topology_required=row[8] == TopologyMode.REQUIRED,
                 excluded=tuple(sorted(row[9] or ())),
-                max_runtime_s=row[10] * 60.0,
+                max_runtime_s=(row[10] + (row[-1] or 0)) * 60.0,
             )
         )
         if written is not None:

@@ -45,6 +45,8 @@ class WorkspaceCard:
     can_open: bool  # the user is its owner (whether it is ready or not)
     can_extend: bool
     can_stop: bool
+    can_suspend: bool  # its owner, while its server runs
+    can_resume: bool  # its owner, once suspended
 
     @property
     def time_left_words(self) -> str:
@@ -135,7 +137,9 @@ def workspace_card(
         time_left=None
         if ended
         else workspace_time_left(
-            started_at=run.started_at,
+            # A session's limit counts from its own start: a resumed workspace gets its
+            # whole time again (the limit Gantry enforces, telemetry.workspace_policy).
+            started_at=times.attempt_started_at if run.state == RunState.RUNNING else None,
             max_runtime_minutes=times.max_runtime_minutes,
             extended_minutes=times.extended_minutes,
             now=now,
@@ -145,6 +149,11 @@ def workspace_card(
         can_open=can_open,
         can_extend=not ended and workspace_can_extend(user=user, run=run),
         can_stop=not ended and run_can_cancel(user=user, run=run),
+        can_suspend=can_open
+        and run.state == RunState.RUNNING
+        and run.cancel_requested_at is None
+        and workspace.suspended_at is None,
+        can_resume=can_open and run.state == RunState.SUSPENDED,
     )
 
 

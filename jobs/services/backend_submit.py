@@ -30,6 +30,7 @@ from jobs.models import (
     Attempt,
     AttemptState,
     AttemptToken,
+    Experiment,
     Run,
     RunKind,
     RunState,
@@ -59,7 +60,7 @@ def job_spec_for(attempt: Attempt) -> JobSpec:
         flavor=experiment.flavor.slug,
         nodes=experiment.nodes,
         gpus_per_node=experiment.gpus_per_node,
-        max_runtime_s=experiment.max_runtime_minutes * 60,
+        max_runtime_s=_backend_time_limit_s(attempt.run, experiment),
         checkpoint_dir=experiment.checkpoint_dir,
         # Where the job reports its runtime, with the token the backend passes it separately.
         api_url=f"{settings.GANTRY_PUBLIC_URL}/api/v1",
@@ -267,3 +268,13 @@ def attempt_redrive_stuck_submits() -> int:
     )
     attempt_submit_enqueue(ids)
     return len(ids)
+
+
+def _backend_time_limit_s(run: Run, experiment: Experiment) -> int:
+    """The time limit the backend enforces. A workspace's is its tenant's longest: an
+    Extend must not need the running job changed, so Gantry ends a workspace at its own
+    limit (its hours and extensions: ``telemetry.workspace_policy``), the backend's is the
+    ceiling in case Gantry cannot."""
+    if run.kind == RunKind.INTERACTIVE:
+        return max(experiment.max_runtime_minutes, run.tenant.workspace_max_hours * 60) * 60
+    return experiment.max_runtime_minutes * 60

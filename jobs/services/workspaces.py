@@ -14,17 +14,16 @@ from django.template.defaultfilters import pluralize
 from django.utils import timezone
 
 from core.types import UserLike, signed_in
-from jobs.access import run_can_cancel, workspace_can_extend
+from jobs.access import workspace_can_extend
 from jobs.models import (
     TERMINAL_STATES,
     Run,
     RunEvent,
     RunKind,
-    RunState,
     Workspace,
     WorkspaceServer,
 )
-from jobs.services.lifecycle import run_cancel, run_transition
+from jobs.services.lifecycle import run_cancel
 from jobs.services.submission import (
     ExperimentInput,
     Submission,
@@ -201,33 +200,7 @@ def _hours(minutes: int) -> str:
 @transaction.atomic
 def workspace_stop(*, run: Run, actor: UserLike) -> Run:
     """Stop a workspace as a person: a run's cancel (``run_cancel``: the same permission,
-    audit and backend cancel). A suspended one holds no job and no GPU: it ends at once."""
+    audit and backend cancel; a suspended one holds no job and ends at once)."""
     if run.kind != RunKind.INTERACTIVE:
         raise ValueError(f"Run {run.pk} is no workspace.")
-    if run.state != RunState.SUSPENDED:
-        return run_cancel(run=run, actor=actor)
-    if not run_can_cancel(user=actor, run=run):
-        raise PermissionDenied("Only the owner, a tenant admin or a platform admin can stop it.")
-    run = Run.objects.select_for_update().get(pk=run.pk)
-    now = timezone.now()
-    if run_transition(
-        run=run,
-        to=RunState.CANCELLED,
-        expected=(RunState.SUSPENDED,),
-        reason="CANCELLED",
-        message=f"Stopped by {actor.get_username()} while suspended",
-        actor=actor,
-        finished_at=now,
-        cancel_requested_at=now,
-        failure_reason="CANCELLED",
-    ):
-        audit_record(
-            actor=actor,
-            action="run.cancel",
-            target=f"run {run.pk}",
-            tenant=run.tenant,
-            before={"state": RunState.SUSPENDED, "cancel_requested": False},
-            after={"state": run.state, "cancel_requested": True},
-        )
-        return run
-    return run_cancel(run=run, actor=actor)  # it left the suspension meanwhile
+    return run_cancel(run=run, actor=actor)

@@ -27,6 +27,7 @@ from jobs.selectors.workspaces import (
     workspace_get_viewable,
     workspace_page_viewable,
 )
+from jobs.services.workspace_lifecycle import workspace_resume, workspace_suspend
 from jobs.services.workspaces import workspace_extend, workspace_stop, workspace_submission
 from jobs.views.params import page_cursor
 from jobs.workspace_card import PHASES, Phase
@@ -168,4 +169,34 @@ def workspace_stop_page(request: HttpRequest, run_id: int) -> HttpResponse:
             messages.success(request, f"Workspace {run.pk} is stopped.")
         else:
             messages.info(request, f"Workspace {run.pk} is stopping: its job is being cancelled.")
+    return redirect("jobs:workspace_detail", run_id=run.pk)
+
+
+@login_required
+@require_POST
+def workspace_suspend_page(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = or_404(workspace_get_viewable, user=request.user, run_id=run_id)
+    # PermissionDenied propagates: the user can see the workspace, so a 403 leaks nothing.
+    try:
+        workspace_suspend(run=run, actor=request.user)
+    except ValidationError as exc:
+        messages.error(request, "Not suspended: " + " ".join(exc.messages))
+    else:
+        messages.info(
+            request,
+            f"Workspace {run.pk} is being suspended: its GPUs are released, its files kept.",
+        )
+    return redirect("jobs:workspace_detail", run_id=run.pk)
+
+
+@login_required
+@require_POST
+def workspace_resume_page(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = or_404(workspace_get_viewable, user=request.user, run_id=run_id)
+    try:
+        workspace_resume(run=run, actor=request.user)
+    except ValidationError as exc:
+        messages.error(request, "Not resumed: " + " ".join(exc.messages))
+    else:
+        messages.success(request, f"Workspace {run.pk} is back in the queue.")
     return redirect("jobs:workspace_detail", run_id=run.pk)

@@ -236,3 +236,22 @@ def test_usage_errors_are_exit_2(cli, gantry_env):
     assert cli("workspace")[0] == 2
     assert cli("workspace", "open", "not-a-number")[0] == 2
     assert cli("workspace", "start", "--tenant", "vision")[0] == 2
+
+
+def test_suspend_and_resume_say_what_they_did_or_why_not(cli, alice, world):
+    run = launch(world)
+    code, out, err = cli("--url", alice, "workspace", "resume", str(run.pk))
+    assert (code, out) == (1, "")
+    assert (
+        err == "gantry: error: The server answered 409: The workspace is queued, not suspended.\n"
+    )
+    Run.objects.filter(pk=run.pk).update(state=RunState.SUSPENDED)
+    code, out, err = cli("--url", alice, "workspace", "resume", str(run.pk))
+    assert (code, err) == (0, "")
+    assert out == f"Workspace {run.pk} is back in the queue (queued).\n"
+    code, out, err = cli("--url", alice, "workspace", "suspend", str(run.pk))
+    assert (code, out) == (1, "")
+    assert err == (
+        "gantry: error: The server answered 409: The workspace is queued: nothing to suspend.\n"
+    )
+    assert Run.objects.get(pk=run.pk).state == RunState.QUEUED

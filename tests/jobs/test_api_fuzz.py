@@ -86,6 +86,8 @@ OPERATIONS = {
     "GET /api/v1/workspaces/{id}/",
     "POST /api/v1/workspaces/{id}/extend/",
     "POST /api/v1/workspaces/{id}/stop/",
+    "POST /api/v1/workspaces/{id}/suspend/",
+    "POST /api/v1/workspaces/{id}/resume/",
 }
 
 # --- hostile values -------------------------------------------------------------------------

@@ -360,3 +360,38 @@ def test_a_workspaces_experiment_page_offers_no_re_run(client, world):
     assert page.status_code == 200
     assert "Re-run exactly" not in page.content.decode()
     assert page.context["can_rerun"] is False
+
+
+def test_the_owner_suspends_and_resumes_from_the_card(client, world):
+    from clusters.backends import JobStatus
+    from jobs.services.backend_sync import attempt_apply_status
+
+    run = ready(world, launch(world))
+    url = reverse("jobs:workspace_detail", args=[run.pk])
+    admin = as_user(client, world.tenant_admin_a).get(url).content.decode()
+    assert "workspace-suspend-button" not in admin  # hers to suspend, not the admin's
+    owner = as_user(client, world.researcher_a)
+    assert 'id="workspace-suspend-button"' in owner.get(url).content.decode()
+
+    answer = owner.post(reverse("jobs:workspace_suspend", args=[run.pk]), follow=True)
+    assert (
+        f"Workspace {run.pk} is being suspended: its GPUs are released, its files kept."
+        in answer.content.decode()
+    )
+    attempt_apply_status(
+        attempt=run.attempts.get(),
+        status=JobStatus(state="CANCELLED", failure_reason="CANCELLED"),
+        now=run.started_at + timedelta(minutes=5),
+    )
+    card = owner.get(url).content.decode()
+    assert 'id="workspace-resume-button"' in card and "workspace-suspend-button" not in card
+    assert "Suspended: its GPUs were released and its files kept." in card
+    assert "Time left" not in card  # a resumed session gets its whole time again
+
+    answer = owner.post(reverse("jobs:workspace_resume", args=[run.pk]), follow=True)
+    assert f"Workspace {run.pk} is back in the queue." in answer.content.decode()
+    run.refresh_from_db()
+    assert run.state == RunState.QUEUED
+    # Resuming what is not suspended says why and changes nothing.
+    answer = owner.post(reverse("jobs:workspace_resume", args=[run.pk]), follow=True)
+    assert "Not resumed: The workspace is queued, not suspended." in answer.content.decode()
