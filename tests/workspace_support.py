@@ -207,9 +207,10 @@ def session_cookie(user) -> str:
 
 
 @contextlib.contextmanager
-def proxy_serving(**overrides) -> Iterator[str]:
-    """The workspace proxy of Django's settings on 127.0.0.1 (a free port, which is also its
-    public origin), with ``overrides`` of its config (and ``activity_every_s`` and
+def proxy_serving(*, host: str = "127.0.0.1", **overrides) -> Iterator[str]:
+    """The workspace proxy of Django's settings on 127.0.0.1 (a free port; its public origin
+    is that port on ``host``, the name a browser reaches the portal by, so that it sends
+    the portal's cookie), with ``overrides`` of its config (and ``activity_every_s`` and
     ``on_loop_sessions`` of its gate): its base URL."""
     import dataclasses
 
@@ -217,7 +218,7 @@ def proxy_serving(**overrides) -> Iterator[str]:
     from portal.workspace_proxy.server import proxy_app, proxy_config
 
     port = free_port()
-    base = f"http://127.0.0.1:{port}"
+    base = f"http://{host}:{port}"
     gate_options = {
         k: overrides.pop(k) for k in ["activity_every_s", "on_loop_sessions"] if k in overrides
     }
