@@ -3,21 +3,21 @@ the results go to docs/benchmarks.md with the machine they ran on.
 
 ``python -m bench [admission] [placement] [backfill] [cycle] [trace] [node_health]
 [stragglers] [verdicts] [workspace_idle] [estimates] [telemetry] [ranks] [k8s] [slurm]
-[finance] [load] [runlist] [workspace_proxy]`` runs some of them and only prints.
-``GANTRY_BENCH_QUICK=1`` runs admission, placement, backfill, cycle, trace, node_health,
-stragglers, verdicts, workspace_idle and estimates on small sizes (does it still work?) and
-never writes docs/benchmarks.md.
+[finance] [load] [runlist] [workspace_proxy] [workspace_start]`` runs some of them and only
+prints. ``GANTRY_BENCH_QUICK=1`` runs admission, placement, backfill, cycle, trace,
+node_health, stragglers, verdicts, workspace_idle and estimates on small sizes (does it
+still work?) and never writes docs/benchmarks.md.
 
 The admission cycle runs against the database ``gantry_bench`` on the server of
 DATABASE_URL (created and migrated here, so the tests' database is never touched), with
 Celery on its in-memory broker: tasks enqueued on commit are dropped, not run. ``ranks``,
-``runlist``, ``load`` and ``workspace_proxy`` use databases of their own, named after
-DATABASE_URL's (``<name>_ranks``, ``<name>_runlist``, ``<name>_load_before``,
-``<name>_load_after`` and ``<name>_workspace_proxy``);
-``load`` also starts gunicorn, a Celery worker and beat on the Redis of CELERY_BROKER_URL
-(the cache too; the after stack on the next Redis database), twice side by side: for the
-code of an earlier commit (it needs this repository's history, as a clone has it) and for
-this checkout.
+``runlist``, ``load``, ``workspace_proxy`` and ``workspace_start`` use databases of their
+own, named after DATABASE_URL's (``<name>_ranks``, ``<name>_runlist``,
+``<name>_load_before``, ``<name>_load_after``, ``<name>_workspace_proxy`` and
+``<name>_workspace_start``); ``load`` also starts gunicorn, a Celery worker and beat on the
+Redis of CELERY_BROKER_URL (the cache too; the after stack on the next Redis database),
+twice side by side: for the code of an earlier commit (it needs this repository's history,
+as a clone has it) and for this checkout.
 """
 
 import os
@@ -52,6 +52,7 @@ BENCHMARKS = (
     "load",
     "runlist",
     "workspace_proxy",
+    "workspace_start",
 )
 
 
@@ -155,6 +156,11 @@ def run(name: str) -> list[Section]:
         from bench import load
 
         return load.run()
+    if name == "workspace_start":
+        setup_django("_workspace_start")
+        from bench import workspace_start
+
+        return workspace_start.run()
     if name == "workspace_proxy":
         setup_django("_workspace_proxy")
         from bench import workspace_proxy

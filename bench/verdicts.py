@@ -95,7 +95,8 @@ def _accounting(data: float, comm: float) -> Accounting:
     waits = {"input_wait": allocated * Fraction(data), "comm_wait": allocated * Fraction(comm)}
     zero = Fraction(0)
     return Accounting(
-        allocated=allocated, lost=zero, startup=zero, checkpoint=zero, idle=zero,
+        allocated=allocated, lost=zero, startup=zero, checkpoint=zero, interactive_idle=zero,
+        idle=zero,
         effective=allocated - sum(waits.values()), active_gpu_hours=8.0, queue_s=None, **waits,
     )  # fmt: skip
 

@@ -295,3 +295,12 @@ def kernel_execute(run, port: int, kernel_id: str, code: str, *, wait: bool) -> 
                     return printed
     finally:
         ws.close()
+
+
+def run_coroutine(coroutine):
+    """``asyncio.run`` on a thread of its own: the test's thread may already run an event
+    loop (Playwright's sync API keeps one there once a browser test ran in this process)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()

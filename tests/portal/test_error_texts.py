@@ -141,6 +141,7 @@ def test_the_api_root_answers_an_index_of_its_resources(world):
         "experiment-list": base + "experiments/",
         "workspace-list": base + "workspaces/",
         "attempt-events": base + "attempts/events/",
+        "attempt-workspace-address": base + "attempts/workspace/",
     }
     assert (body["schema"], body["docs"]) == (
         "http://testserver/api/schema/",

@@ -33,6 +33,10 @@ WRITING_MODULES = re.compile(r"(^|\.)services(\.|$)|^core\.bulk$|^jobs\.enqueue$
 SELECTOR_WRITES_ALLOWED: dict[str, str] = {}
 # A service function that reads and does not write, with the reason.
 SERVICE_READS_ALLOWED = {
+    "jobs/services/workspace_address.py:workspace_start_overdue": (
+        "cancels on its cluster the job of a workspace whose server never answered, before "
+        "the sync records the attempt's end from the status it returns"
+    ),
     "images/services/registries.py:tag_resolve": (
         "asks the repository's registry over the network which digest a tag names, for the "
         "submit service inside its transaction"

@@ -27,6 +27,7 @@ from portal.workspace_proxy.rules import NOT_FOUND_TEXT
 from tests.workspace_support import (
     jupyter_server,
     proxy_serving,
+    run_coroutine,
     session_cookie,
     workspace_running,
 )
@@ -125,7 +126,9 @@ def test_the_owner_runs_code_on_a_kernel_over_the_websocket(world, workspace, pr
     assert started.status_code == 201
     kernel_id = started.json()["id"]
     try:
-        assert asyncio.run(execute(proxy, cookie, kernel_id, "print(6*7)", origin=proxy)) == "42\n"
+        assert (
+            run_coroutine(execute(proxy, cookie, kernel_id, "print(6*7)", origin=proxy)) == "42\n"
+        )
     finally:
         stopped = http(
             "DELETE",
@@ -261,9 +264,9 @@ def test_a_foreign_page_cannot_start_a_kernel_or_open_a_websocket(world, workspa
             except aiohttp.WSServerHandshakeError as refused:
                 return refused.status
 
-    assert asyncio.run(handshake(foreign)) == 403
-    assert asyncio.run(handshake({})) == 403
-    assert asyncio.run(handshake({"Origin": proxy})) == 101
+    assert run_coroutine(handshake(foreign)) == 403
+    assert run_coroutine(handshake({})) == 403
+    assert run_coroutine(handshake({"Origin": proxy})) == 101
 
 
 def test_a_page_of_the_proxy_may_send_a_referer_instead_of_an_origin(world, workspace, proxy):
@@ -387,7 +390,7 @@ def test_a_message_sent_is_activity_an_open_websocket_is_not_and_it_closes_with_
         kernel_id = started.json()["id"]
         time.sleep(0.3)  # the start (a POST) was recorded; what follows is measured from here
         Workspace.objects.filter(run_id=RUN_ID).update(proxy_activity_at=unused)
-        marks, kind, code = asyncio.run(open_then_log_out(proxy, kernel_id))
+        marks, kind, code = run_coroutine(open_then_log_out(proxy, kernel_id))
         owner = {settings.SESSION_COOKIE_NAME: session_cookie(world.researcher_a)}
         http(
             "DELETE", f"{proxy}{BASE}api/kernels/{kernel_id}", cookies=owner,

@@ -21,6 +21,7 @@ from tests.workspace_support import (
     RecordingServer,
     free_port,
     proxy_serving,
+    run_coroutine,
     served,
     session_cookie,
     workspace_running,
@@ -136,7 +137,7 @@ def test_upstream_gets_the_workspace_token_and_none_of_the_portals_secrets(
             return response.status
 
     with proxy_serving() as proxy:
-        assert asyncio.run(get(proxy)) == 200
+        assert run_coroutine(get(proxy)) == 200
     [seen] = server.requests
     headers = {name.lower(): value for name, value in seen["headers"]}
     assert (seen["path"], seen["query"]) == ("/w/1/api/contents", "type=directory")
@@ -186,7 +187,7 @@ def test_a_server_that_is_gone_is_502_and_one_that_never_answers_is_504(world):
                 return http, refused.status
 
     with proxy_serving() as proxy:
-        (status, text), ws_status = asyncio.run(get_and_open(proxy))
+        (status, text), ws_status = run_coroutine(get_and_open(proxy))
     assert (status, ws_status) == (502, 502)
     assert text.startswith("The workspace's server cannot be reached")
 
@@ -197,7 +198,7 @@ def test_a_server_that_is_gone_is_502_and_one_that_never_answers_is_504(world):
         Workspace.objects.filter(run_id=1).update(port=silent.getsockname()[1])
         with proxy_serving(read_timeout_s=0.5) as proxy:
             started = time.monotonic()
-            (status, text), _ = asyncio.run(get_and_open(proxy))
+            (status, text), _ = run_coroutine(get_and_open(proxy))
             waited = time.monotonic() - started
     finally:
         silent.close()
@@ -228,7 +229,7 @@ def test_websocket_messages_and_close_codes_pass_both_ways(world, workspace, ups
 
     server, _ = upstream
     with proxy_serving() as proxy:
-        text, data, kind, code = asyncio.run(talk(proxy))
+        text, data, kind, code = run_coroutine(talk(proxy))
         assert wait_until(lambda: len(server.closes) == 2)
     assert (text, data, kind, code) == (
         "héllo",
@@ -269,7 +270,7 @@ def test_five_hundred_websockets_stay_open_at_once(world, workspace, upstream):
 
     with proxy_serving() as proxy:
         started = time.monotonic()
-        echoes = asyncio.run(many(proxy))
+        echoes = run_coroutine(many(proxy))
         seconds = time.monotonic() - started
     assert echoes == [f"n{n}" for n in range(count)]
     assert seconds < 120
@@ -295,7 +296,7 @@ def test_a_server_that_dies_mid_session_closes_its_websockets_then_answers_502(w
 
     try:
         with proxy_serving() as proxy:
-            kind, code, status = asyncio.run(session(proxy))
+            kind, code, status = run_coroutine(session(proxy))
     finally:
         stack.close()
     # It sent no close frame: the browser is told 1011 (1006, a lost connection, may not be

@@ -536,6 +536,10 @@ def tenant_state(tenant: Tenant, **changes) -> dict:
         "idle_notify_after_min": None,
         "idle_cancel_after_min": None,
         "queueing": "",
+        "workspace_suspend_after_min": 60,
+        "workspace_warn_before_min": 10,
+        "workspace_suspend_silent_busy": False,
+        "workspace_max_hours": 12,
     } | changes
 
 

@@ -243,7 +243,14 @@ def sacct_row(job_id: str) -> dict[str, str]:
         out = slurm("sacct", "-X", "-P", "-n", "-j", job_id, "-o", ",".join(fields))
         rows = [dict(zip(fields, line.split("|"), strict=True)) for line in out.splitlines()]
         row = max(rows, key=lambda row: int(row["Submit"]), default=None)
-        if row and row["End"].isdigit() and row["State"] not in ("RUNNING", "PENDING"):
+        # slurmdbd may first record a job as "allocation" (its name not yet sent) and name it
+        # a moment later: the record is whole once it has its name and its end.
+        if (
+            row
+            and row["End"].isdigit()
+            and row["State"] not in ("RUNNING", "PENDING")
+            and row["JobName"] != "allocation"
+        ):
             return row
         time.sleep(0.25)
     raise AssertionError(f"sacct has no finished record of job {job_id}")
