@@ -43,7 +43,12 @@ RUN_A_CELL = """async () => {
       const message = JSON.parse(event.data);
       if (message.parent_header.msg_id !== "cell-1") return;
       if (message.msg_type === "stream") printed += message.content.text;
-      if (message.msg_type === "execute_reply") { ws.close(); resolve(printed); }
+      // Idle again on IOPub: every output came before (the reply, on another channel,
+      // may come first).
+      if (message.msg_type === "status" && message.content.execution_state === "idle") {
+        ws.close();
+        resolve(printed);
+      }
     };
   });
 }"""

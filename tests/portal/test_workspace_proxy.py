@@ -112,7 +112,9 @@ async def execute(proxy, cookie, kernel_id, code, *, origin):
                     continue
                 if data["msg_type"] == "stream":
                     stdout += data["content"]["text"]
-                if data["msg_type"] == "execute_reply":
+                # Idle again on IOPub: every output came before (the reply, on the shell
+                # channel, may come first).
+                if (data["msg_type"], data["content"].get("execution_state")) == ("status", "idle"):
                     return stdout
 
 
