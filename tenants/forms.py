@@ -3,7 +3,16 @@
 from django import forms
 
 from core.forms import ServiceErrorsMixin
-from tenants.models import IDLE_POLICY_MAX_MIN, ApiToken, Membership, Quota, max_length_of
+from tenants.models import (
+    IDLE_POLICY_MAX_MIN,
+    WORKSPACE_IDLE_MAX_MIN,
+    WORKSPACE_IDLE_MIN_MIN,
+    WORKSPACE_MAX_HOURS,
+    ApiToken,
+    Membership,
+    Quota,
+    max_length_of,
+)
 from tenants.services.memberships import MEMBER_IDENTIFIER_MAX_LENGTH
 from tenants.services.tokens import API_TOKEN_DEFAULT_DAYS, API_TOKEN_MAX_DAYS
 
@@ -101,6 +110,32 @@ class IdlePolicyForm(ServiceErrorsMixin, forms.Form):
         widget=_number(min=1, max=IDLE_POLICY_MAX_MIN),
         help_text="The run is cancelled; it must be later than the warning. "
         "Leave empty to never cancel.",
+    )
+
+
+class WorkspacePolicyForm(ServiceErrorsMixin, forms.Form):
+    workspace_suspend_after_min = forms.IntegerField(
+        label="Suspend after (idle minutes)",
+        widget=_number(min=WORKSPACE_IDLE_MIN_MIN, max=WORKSPACE_IDLE_MAX_MIN),
+        help_text="Idle on every signal (no kernel or terminal ran, nothing done through "
+        "Gantry, GPUs idle) this long, a workspace is suspended: its GPUs released, its files "
+        "kept.",
+    )
+    workspace_warn_before_min = forms.IntegerField(
+        label="Warn before (minutes)",
+        widget=_number(min=1, max=WORKSPACE_IDLE_MAX_MIN),
+        help_text="Its owner is warned this long before the suspension.",
+    )
+    workspace_suspend_silent_busy = forms.BooleanField(
+        required=False,
+        label="Also suspend a kernel busy without output while its GPUs are idle",
+        help_text="Off: such a workspace is only warned about (a CPU computation that prints "
+        "nothing looks the same).",
+    )
+    workspace_max_hours = forms.IntegerField(
+        label="Longest workspace (hours)",
+        widget=_number(min=1, max=WORKSPACE_MAX_HOURS),
+        help_text="Its hours at launch and every extension.",
     )
 
 

@@ -9,4 +9,5 @@ urlpatterns = [
     path("flavors/<str:slug>/edit/", views.flavor_edit, name="flavor_edit"),
     path("audit/", views.audit_list, name="audit_list"),
     path("tenants/<slug:slug>/idle-policy/", views.idle_policy, name="idle_policy"),
+    path("tenants/<slug:slug>/workspace-policy/", views.workspace_policy, name="workspace_policy"),
 ]

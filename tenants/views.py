@@ -16,7 +16,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from core.http import form_page, or_404
 from tenants.access import idle_policy_can_edit, require_platform_admin
-from tenants.forms import FlavorForm, IdlePolicyForm
+from tenants.forms import FlavorForm, IdlePolicyForm, WorkspacePolicyForm
 from tenants.selectors import (
     audit_list_viewable,
     audit_tenant_choices,
@@ -26,6 +26,10 @@ from tenants.selectors import (
 )
 from tenants.services import quotas
 from tenants.services.idle_policy import IDLE_POLICY_FIELDS, tenant_idle_policy_update
+from tenants.services.workspace_policy import (
+    WORKSPACE_POLICY_FIELDS,
+    tenant_workspace_policy_update,
+)
 
 FLAVORS_PER_PAGE = 50
 AUDIT_EVENTS_PER_PAGE = 50
@@ -110,6 +114,40 @@ def idle_policy(request: HttpRequest, slug: str) -> HttpResponse:
     return render(
         request,
         "tenants/idle_policy.html",
+        {"tenant": tenant, "form": form},
+        status=400 if form is not None and form.errors else 200,
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def workspace_policy(request: HttpRequest, slug: str) -> HttpResponse:
+    """The tenant's workspace policy: read by whoever reads the tenant's runs, changed by
+    its tenant admins and platform admins."""
+    tenant = or_404(tenant_get_viewable, user=request.user, slug=slug)
+    can_edit = idle_policy_can_edit(user=request.user, tenant=tenant)
+    form = None
+    if request.method == "POST":
+        if not can_edit:  # a member: the tenant is no secret to them, so 403 leaks nothing
+            raise PermissionDenied("Only tenant admins and platform admins change this policy.")
+        form = WorkspacePolicyForm(request.POST)
+        if form.is_valid():
+            try:
+                tenant_workspace_policy_update(
+                    tenant=tenant, actor=request.user, **form.cleaned_data
+                )
+            except ValidationError as exc:
+                form.add_service_errors(exc)
+            else:
+                messages.success(request, f"Saved the workspace policy of {tenant.slug}.")
+                return redirect("tenants:workspace_policy", slug=tenant.slug)
+    elif can_edit:
+        form = WorkspacePolicyForm(
+            initial={name: getattr(tenant, name) for name in WORKSPACE_POLICY_FIELDS}
+        )
+    return render(
+        request,
+        "tenants/workspace_policy.html",
         {"tenant": tenant, "form": form},
         status=400 if form is not None and form.errors else 200,
     )

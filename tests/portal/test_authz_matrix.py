@@ -196,6 +196,8 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     ("tenants:audit_list", "GET"):              (302, 404, 404, 200, 404, 200),
     ("tenants:idle_policy", "GET"):             (302, 200, 404, 200, 200, 200),
     ("tenants:idle_policy", "POST"):            (302, 403, 404, 302, 403, 302),
+    ("tenants:workspace_policy", "GET"):        (302, 200, 404, 200, 200, 200),
+    ("tenants:workspace_policy", "POST"):       (302, 403, 404, 302, 403, 302),
     # jobs: runs, experiments, quotas, clusters, templates
     ("jobs:run_list", "GET"):                   (302, 200, 200, 200, 200, 200),
     ("jobs:run_submit", "GET"):                 (302, 200, 404, 200, 200, 200),
@@ -465,6 +467,7 @@ def paths(objects: Objects) -> dict[str, str]:
         "tenants:flavor_edit": reverse("tenants:flavor_edit", args=["a100-80gb"]),
         "tenants:audit_list": f"{reverse('tenants:audit_list')}?tenant=vision",
         "tenants:idle_policy": reverse("tenants:idle_policy", args=["vision"]),
+        "tenants:workspace_policy": reverse("tenants:workspace_policy", args=["vision"]),
         "jobs:run_list": f"{reverse('jobs:run_list')}?tenant=vision",
         "jobs:run_submit": f"{reverse('jobs:run_submit')}?from={experiment_id}",
         "jobs:run_preview": f"{reverse('jobs:run_preview')}?{preview}",
@@ -570,6 +573,11 @@ def bodies(objects: Objects) -> dict[str, dict]:
         },
         "tenants:flavor_edit": {"name": "A100 renamed", "memory_gb": "80", "gpu_fraction": "1"},
         "tenants:idle_policy": {"idle_notify_after_min": "30", "idle_cancel_after_min": "60"},
+        "tenants:workspace_policy": {
+            "workspace_suspend_after_min": "90",
+            "workspace_warn_before_min": "15",
+            "workspace_max_hours": "24",
+        },
         "api_token_create": {
             "submission_key": "7c0ffee0-0000-4000-8000-000000000031",
             "name": "matrix",
