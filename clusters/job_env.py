@@ -23,6 +23,7 @@ WORKSPACE_BASE_URL_ENV = "GANTRY_WORKSPACE_BASE_URL"
 WORKSPACE_SERVER_ENV = "GANTRY_WORKSPACE_SERVER"
 WORKSPACE_BIND_ENV = "GANTRY_WORKSPACE_BIND"
 WORKSPACE_PORT_ENV = "GANTRY_WORKSPACE_PORT"
+WORKSPACE_HOME_ENV = "GANTRY_WORKSPACE_HOME"
 # Every variable Gantry itself puts in a job's environment, with what it carries: the one
 # list. Every backend sets them from ``gantry_environment`` (the token its own way), and an
 # experiment's env may not name them (``clusters.env_names``).
@@ -38,6 +39,7 @@ GANTRY_ENV = {
     WORKSPACE_SERVER_ENV: "a workspace's server (jupyter, vscode)",
     WORKSPACE_BIND_ENV: "the address a workspace's server listens on",
     WORKSPACE_PORT_ENV: "the port a workspace's server listens on, where the backend fixes it",
+    WORKSPACE_HOME_ENV: "a workspace's files, the same for every attempt (kept across a resume)",
 }
 
 

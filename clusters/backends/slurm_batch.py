@@ -13,7 +13,12 @@ from clusters.backends.slurm_fence import FenceError, node_name
 from clusters.backends.slurm_quoting import LEVEL_NAME, RenderError, plain_word, shell_quote
 from clusters.backends.slurm_settings import SlurmSettings
 from clusters.env_names import env_name_refusal
-from clusters.job_env import ATTEMPT_TOKEN_ENV, WORKSPACE_BIND_ENV, WORKSPACE_TOKEN_ENV
+from clusters.job_env import (
+    ATTEMPT_TOKEN_ENV,
+    WORKSPACE_BIND_ENV,
+    WORKSPACE_HOME_ENV,
+    WORKSPACE_TOKEN_ENV,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,10 +276,13 @@ def _one_leaf_switch(spec: JobSpec, settings: SlurmSettings) -> bool:
 
 
 def _step_env(spec: JobSpec, settings: SlurmSettings) -> dict[str, str]:
-    """What the step's shell exports: the job's variables, and a workspace's bind address."""
+    """What the step's shell exports: the job's variables, and a workspace's bind address
+    and its files' directory: one per workspace under the cluster's job directory, the same
+    for each of its attempts (so a resumed workspace finds its files), never another's."""
     env = job_env(spec)
     if spec.workspace is not None:
         env[WORKSPACE_BIND_ENV] = settings.workspace_bind
+        env[WORKSPACE_HOME_ENV] = f"{settings.job_dir.rstrip('/')}/workspaces/{spec.run_id}"
     return env
 
 

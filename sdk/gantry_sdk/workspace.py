@@ -216,7 +216,10 @@ def run(server: str, environ: dict[str, str]) -> int:
         raise SetupError("GANTRY_WORKSPACE_START_TIMEOUT_S is not a number") from None
     token = environ["GANTRY_WORKSPACE_TOKEN"]
     env = server_environment(environ)
-    root = os.getcwd()
+    # The workspace's own directory where the backend names one (Slurm: the same for each
+    # of its attempts, so a resumed workspace finds its files), else where the job runs.
+    root = environ.get("GANTRY_WORKSPACE_HOME") or os.getcwd()
+    os.makedirs(root, mode=0o700, exist_ok=True)
     for attempt in range(1, BIND_TRIES + 1):
         port = int(fixed) if fixed else free_port(bind)
         command = server_command(server, bind=bind, port=port, base_url=base_url, root=root)

@@ -138,3 +138,18 @@ def test_it_reports_the_port_only_and_stops_the_server_when_gantry_refuses(
     assert SECRET not in done.stderr + done.stdout
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_a_named_home_is_created_private_and_is_where_the_server_keeps_its_files(
+    tmp_path, portal_refusing
+):
+    home = tmp_path / "workspaces" / "5"
+    env = job_env(
+        portal_refusing.url,
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+        GANTRY_WORKSPACE_HOME=str(home),
+    )
+    done = launch(["jupyter"], env, tmp_path)
+    assert done.returncode == 2  # Gantry refused the address: the server was stopped
+    assert (home.is_dir(), home.stat().st_mode & 0o777) == (True, 0o700)
+    assert f"Serving notebooks from local directory: {home}" in done.stderr

@@ -128,6 +128,8 @@ def test_slurm_passes_the_secret_with_the_submit_environment_never_in_the_script
     ) in job.script
     assert "export GANTRY_WORKSPACE_BIND=127.0.0.1; " in job.script
     assert "export GANTRY_WORKSPACE_BASE_URL=/w/17/; " in job.script
+    # Its own files, the same directory for each of its attempts.
+    assert "export GANTRY_WORKSPACE_HOME=/shared/jobs/workspaces/17; " in job.script
     assert "; gantry-workspace jupyter' &" in job.script
     # Every address of the node unless the site says otherwise; a batch job gets none.
     assert "export GANTRY_WORKSPACE_BIND=0.0.0.0; " in batch_job(spec(), slurm_settings()).script
