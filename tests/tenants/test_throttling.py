@@ -164,7 +164,21 @@ def test_the_token_limit_holds_across_gunicorn_workers(portal):
 
     # 10 a minute per client and username, however the requests were spread.
     assert sorted(statuses) == [201] * 10 + [429] * 5
-    wait_for(lambda: len(access_log.read_text().splitlines()) >= 15, timeout=10, what="log")
+    # On a loaded machine one worker may have taken the whole burst: more requests of the
+    # same minute until another worker answered too; it refuses them as well, since the
+    # count is shared.
+    more: list[int] = []
+    for _ in range(30):
+        sent = 15 + len(more)
+        wait_for(
+            lambda sent=sent: len(access_log.read_text().splitlines()) >= sent,
+            timeout=10,
+            what="log",
+        )
+        if len(_workers_that_served(access_log, "/api/v1/tokens/")) > 1:
+            break
+        more += _burst(f"{base}/api/v1/tokens/", [body] * 4)
+    assert set(more) <= {429}
     assert len(_workers_that_served(access_log, "/api/v1/tokens/")) > 1
 
 
