@@ -60,6 +60,20 @@ def _card(request, run_id: int, status_code: int = status.HTTP_200_OK) -> Respon
 
 
 @extend_schema(tags=["workspaces"])
+def _transition(request, pk: str, service) -> Response:
+    """Stop, suspend or resume (``service``) the workspace the user can see: 403 when the
+    service says it is not theirs to do (seeing it, a 403 leaks nothing), 409 when its
+    state does not allow it, else its card (202: the backend finishes the job)."""
+    run = or_404(workspace_get_viewable, user=request.user, run_id=int(pk))
+    try:
+        service(run=run, actor=request.user)
+    except DjangoPermissionDenied as exc:
+        raise PermissionDenied(str(exc)) from None
+    except DjangoValidationError as exc:
+        raise Conflict(" ".join(exc.messages)) from None
+    return _card(request, run.pk, status.HTTP_202_ACCEPTED)
+
+
 class WorkspaceViewSet(viewsets.GenericViewSet):
     serializer_class = WorkspaceSerializer
     parser_classes = [JsonTextParser]
@@ -171,14 +185,7 @@ class WorkspaceViewSet(viewsets.GenericViewSet):
     def stop(self, request, pk: str):
         """Stop it: at once if it holds no job (queued, suspended), else through its
         backend; its GPUs are released."""
-        run = or_404(workspace_get_viewable, user=request.user, run_id=int(pk))
-        try:
-            workspace_stop(run=run, actor=request.user)
-        except DjangoPermissionDenied as exc:
-            raise PermissionDenied(str(exc)) from None
-        except DjangoValidationError as exc:
-            raise Conflict(" ".join(exc.messages)) from None
-        return _card(request, run.pk, status.HTTP_202_ACCEPTED)
+        return _transition(request, pk, workspace_stop)
 
     @extend_schema(
         parameters=[ID],
@@ -195,14 +202,7 @@ class WorkspaceViewSet(viewsets.GenericViewSet):
     def suspend(self, request, pk: str):
         """Release its GPUs and keep its files: its job is stopped, and it waits, SUSPENDED,
         for ``resume``."""
-        run = or_404(workspace_get_viewable, user=request.user, run_id=int(pk))
-        try:
-            workspace_suspend(run=run, actor=request.user)
-        except DjangoPermissionDenied as exc:
-            raise PermissionDenied(str(exc)) from None
-        except DjangoValidationError as exc:
-            raise Conflict(" ".join(exc.messages)) from None
-        return _card(request, run.pk, status.HTTP_202_ACCEPTED)
+        return _transition(request, pk, workspace_suspend)
 
     @extend_schema(
         parameters=[ID],
@@ -219,11 +219,4 @@ class WorkspaceViewSet(viewsets.GenericViewSet):
     def resume(self, request, pk: str):
         """Queue a suspended workspace again: admission decides when it starts, with its
         files."""
-        run = or_404(workspace_get_viewable, user=request.user, run_id=int(pk))
-        try:
-            workspace_resume(run=run, actor=request.user)
-        except DjangoPermissionDenied as exc:
-            raise PermissionDenied(str(exc)) from None
-        except DjangoValidationError as exc:
-            raise Conflict(" ".join(exc.messages)) from None
-        return _card(request, run.pk, status.HTTP_202_ACCEPTED)
+        return _transition(request, pk, workspace_resume)

@@ -224,11 +224,8 @@ def _warn(workspace: Workspace, verdict: IdleVerdict, now: datetime) -> bool:
     """Warn the owner once per idle streak; False when this streak was warned already."""
     run = workspace.run
     assert verdict.idle_since is not None
-    streak_warned = Workspace.objects.filter(
-        pk=workspace.pk, warned_at__gte=verdict.idle_since
-    ).exists()
-    if streak_warned:
-        return False
+    if workspace.warned_at is not None and workspace.warned_at >= verdict.idle_since:
+        return False  # this streak was warned already
     with transaction.atomic():
         Workspace.objects.filter(pk=workspace.pk).update(warned_at=now)
         if verdict.silent_busy and verdict.suspend_at is None:

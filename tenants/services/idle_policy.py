@@ -59,19 +59,22 @@ def tenant_idle_policy_update(
         ]
     if errors:
         raise ValidationError(errors)
+    return tenant_policy_save(
+        tenant=tenant, values=values, action="tenant.idle_policy", actor=actor
+    )
+
+
+def tenant_policy_save(*, tenant: Tenant, values: dict, action: str, actor: UserLike) -> Tenant:
+    """Write the checked ``values`` of a tenant's policy under its row lock, audited as
+    ``action`` with the fields before and after; nothing when they are unchanged."""
     tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
-    before = audit_snapshot(tenant, only=IDLE_POLICY_FIELDS)
+    before = audit_snapshot(tenant, only=tuple(values))
     if before == values:
         return tenant
     for name, value in values.items():
         setattr(tenant, name, value)
-    tenant.save(update_fields=list(IDLE_POLICY_FIELDS))
+    tenant.save(update_fields=list(values))
     audit_record(
-        actor=actor,
-        action="tenant.idle_policy",
-        target=tenant.slug,
-        tenant=tenant,
-        before=before,
-        after=values,
+        actor=actor, action=action, target=tenant.slug, tenant=tenant, before=before, after=values
     )
     return tenant

@@ -15,7 +15,7 @@ from tenants.models import (
     Tenant,
     is_whole_number,
 )
-from tenants.services.audit import audit_record, audit_snapshot
+from tenants.services.idle_policy import tenant_policy_save
 
 WORKSPACE_POLICY_FIELDS = (
     "workspace_suspend_after_min",
@@ -77,19 +77,6 @@ def tenant_workspace_policy_update(
     errors = _errors(values)
     if errors:
         raise ValidationError(errors)
-    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
-    before = audit_snapshot(tenant, only=WORKSPACE_POLICY_FIELDS)
-    if before == values:
-        return tenant
-    for name, value in values.items():
-        setattr(tenant, name, value)
-    tenant.save(update_fields=list(WORKSPACE_POLICY_FIELDS))
-    audit_record(
-        actor=actor,
-        action="tenant.workspace_policy",
-        target=tenant.slug,
-        tenant=tenant,
-        before=before,
-        after=values,
+    return tenant_policy_save(
+        tenant=tenant, values=values, action="tenant.workspace_policy", actor=actor
     )
-    return tenant
