@@ -125,3 +125,23 @@ def test_never_suspended_before_the_threshold_after_the_last_use_nor_unwarned(
         assert observed.now - last_use(observed) >= timedelta(minutes=60)
         assert warned_at is not None and observed.now - warned_at >= timedelta(minutes=10)
         assert answered
+
+
+def test_a_warning_from_the_scan_just_before_the_warning_time_counts_for_the_streak():
+    seen = {"proxy_activity_at": 5}  # warned from 9:55, suspended from 10:05
+    assert idle_verdict(signals(64, **seen), POLICY, warned_at=at(54)) == IdleVerdict(
+        IdleAction.WARN, at(5), at(65)
+    )
+    assert idle_verdict(signals(65, **seen), POLICY, warned_at=at(54)) == IdleVerdict(
+        IdleAction.SUSPEND, at(5), at(65)
+    )
+    # A minute and more before: another streak's.
+    assert idle_verdict(signals(65, **seen), POLICY, warned_at=at(53.9)).action == IdleAction.WARN
+
+
+def test_a_silent_busy_kernel_the_tenant_suspends_is_warned_as_such_first():
+    strict = WorkspacePolicy(timedelta(minutes=60), timedelta(minutes=10), suspend_silent_busy=True)
+    silent = signals(55, busy_kernels=1, kernel_activity_at=5)
+    assert idle_verdict(silent, strict, warned_at=None) == IdleVerdict(
+        IdleAction.WARN, at(5), at(65), silent_busy=True
+    )
