@@ -769,3 +769,16 @@ def test_a_workspace_idle_streak_is_interactive_idle_whatever_the_gpu_activity()
         "effective": 2 * 600,
     }
     assert_invariant(accounting)
+
+
+def test_every_one_of_several_idle_streaks_counts():
+    timeline = AttemptTimeline(
+        gpus=1,
+        start=0,
+        end=100,
+        outcome=Outcome.SUCCEEDED,
+        interactive_idle_intervals=[(10, 20), (30, 40), (50, 60)],
+    )
+    accounting = account(timeline)
+    assert (accounting.interactive_idle, accounting.effective) == (30, 70)
+    assert_invariant(accounting)
