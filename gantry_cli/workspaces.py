@@ -100,6 +100,10 @@ def cmd_ls(ctx: Context) -> int:
     ]
     headers = ("ID", "NAME", "TENANT/PROJECT", "OWNER", "SERVER", "GPUS", "PHASE", "TIME LEFT")
     print(table(headers, rows))
+    # A warned owner reads why and when below the table (the page and the API say the same).
+    for card in cards:
+        if card.get("idle_warning"):
+            print(f"\n{card['idle_warning']}")
     return EXIT_OK
 
 

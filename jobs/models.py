@@ -476,6 +476,11 @@ class AttemptRankRuntime(models.Model):
         return f"rank {self.rank} of attempt {self.attempt_id}"
 
 
+# The reason of the event that warns a run's owner of its idle GPUs (a batch run's or a
+# workspace's), which the run's page and the workspace's card show while it holds.
+IDLE_WARNING_EVENT = "IDLE_WARNING"
+
+
 class RunEvent(models.Model):
     """The run's timeline: every transition with its reason and actor."""
 

@@ -15,7 +15,15 @@ from django.db.models import F, Q, Window
 from django.db.models.functions import DenseRank
 from django.utils import timezone
 
-from jobs.models import Attempt, AttemptState, Run, RunEvent, RunKind, RunState
+from jobs.models import (
+    IDLE_WARNING_EVENT,
+    Attempt,
+    AttemptState,
+    Run,
+    RunEvent,
+    RunKind,
+    RunState,
+)
 from jobs.services.lifecycle import run_cancel
 from telemetry.accounting import IDLE_THRESHOLD
 from telemetry.idle import IdleAction, IdleStreak, idle_action, idle_streak
@@ -23,7 +31,6 @@ from telemetry.models import GpuMinute
 from tenants.models import Notification, Tenant
 from tenants.services.notifications import notification_create
 
-IDLE_WARNING = "IDLE_WARNING"
 IDLE_CLEARED = "IDLE_CLEARED"
 
 
@@ -75,13 +82,13 @@ def _warned(*, attempt_ids: list[int]) -> set[int]:
     latest: dict[int, str] = {}
     for attempt_id, reason in (
         RunEvent.objects.filter(
-            attempt_id__among=attempt_ids, reason__in=(IDLE_WARNING, IDLE_CLEARED)
+            attempt_id__among=attempt_ids, reason__in=(IDLE_WARNING_EVENT, IDLE_CLEARED)
         )
         .order_by("id")
         .values_list("attempt_id", "reason")
     ):
         latest[attempt_id] = reason
-    return {attempt_id for attempt_id, reason in latest.items() if reason == IDLE_WARNING}
+    return {attempt_id for attempt_id, reason in latest.items() if reason == IDLE_WARNING_EVENT}
 
 
 def idle_policy_enforce(*, now: datetime | None = None) -> IdlePolicySummary:
@@ -165,7 +172,7 @@ def _act(*, attempt: Attempt, streak: IdleStreak, now: datetime) -> IdleAction:
         _event(
             run=run,
             attempt=attempt,
-            reason=IDLE_WARNING,
+            reason=IDLE_WARNING_EVENT,
             message=f"Idle GPUs: {idle} (threshold {threshold} activity). The idle-GPU policy "
             f"of tenant {tenant.slug} warned {run.submitted_by.get_username()}{then}.",
         )

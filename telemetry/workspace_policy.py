@@ -18,7 +18,15 @@ from django.db.models import Max
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from jobs.models import AttemptState, Run, RunEvent, RunKind, RunState, Workspace
+from jobs.models import (
+    IDLE_WARNING_EVENT,
+    AttemptState,
+    Run,
+    RunEvent,
+    RunKind,
+    RunState,
+    Workspace,
+)
 from jobs.services.lifecycle import run_cancel
 from jobs.services.workspace_lifecycle import workspace_suspend
 from jobs.services.workspaces import workspace_base_path, workspace_server_token
@@ -246,7 +254,7 @@ def _warn(workspace: Workspace, verdict: IdleVerdict, now: datetime) -> bool:
             run=run,
             from_state=run.state,
             to_state=run.state,
-            reason="IDLE_WARNING",
+            reason=IDLE_WARNING_EVENT,
             message=message,
         )
         notification_create(

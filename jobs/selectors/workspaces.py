@@ -14,7 +14,15 @@ from jobs.access import (
     workspace_can_open,
     workspace_list_viewable,
 )
-from jobs.models import Attempt, Run, RunState, Workspace, WorkspaceServer
+from jobs.models import (
+    IDLE_WARNING_EVENT,
+    Attempt,
+    Run,
+    RunEvent,
+    RunState,
+    Workspace,
+    WorkspaceServer,
+)
 from jobs.selectors.paging import keyset_page
 from jobs.workspace_card import (
     Phase,
@@ -47,6 +55,8 @@ class WorkspaceCard:
     can_stop: bool
     can_suspend: bool  # its owner, while its server runs
     can_resume: bool  # its owner, once suspended
+    # While warned: what the warning said (why, since when, when it will be suspended).
+    idle_warning: str = ""
 
     @property
     def time_left_words(self) -> str:
@@ -85,9 +95,17 @@ def workspace_page_viewable(
         after=after,
     )
     latest = _latest_attempts(runs)
+    warnings = _idle_warnings(runs)
     now = timezone.now()
     cards = [
-        workspace_card(user=user, run=run, attempt=latest.get(run.pk), now=now) for run in runs
+        workspace_card(
+            user=user,
+            run=run,
+            attempt=latest.get(run.pk),
+            now=now,
+            idle_warning=warnings.get(run.pk, ""),
+        )
+        for run in runs
     ]
     return WorkspacePage(
         cards=cards,
@@ -99,12 +117,16 @@ def workspace_page_viewable(
 def workspace_card_of(*, user: UserLike, run: Run) -> WorkspaceCard:
     """The card of a workspace already fetched through ``workspace_get_viewable``."""
     return workspace_card(
-        user=user, run=run, attempt=_latest_attempts([run]).get(run.pk), now=timezone.now()
+        user=user,
+        run=run,
+        attempt=_latest_attempts([run]).get(run.pk),
+        now=timezone.now(),
+        idle_warning=_idle_warnings([run]).get(run.pk, ""),
     )
 
 
 def workspace_card(
-    *, user: UserLike, run: Run, attempt: Attempt | None, now: datetime
+    *, user: UserLike, run: Run, attempt: Attempt | None, now: datetime, idle_warning: str = ""
 ) -> WorkspaceCard:
     workspace = run.workspace
     times = WorkspaceTimes(
@@ -154,7 +176,28 @@ def workspace_card(
         and run.cancel_requested_at is None
         and workspace.suspended_at is None,
         can_resume=can_open and run.state == RunState.SUSPENDED,
+        idle_warning=idle_warning if phase == Phase.IDLE_WARNING else "",
     )
+
+
+def _idle_warnings(runs: list[Run]) -> dict[int, str]:
+    """The latest idle warning of each of ``runs`` that is warned now: one query, none when
+    no workspace is."""
+    warned = [
+        run.pk
+        for run in runs
+        if run.state == RunState.RUNNING and run.workspace.warned_at is not None
+    ]
+    if not warned:
+        return {}
+    messages: dict[int, str] = {}
+    for run_id, message in (
+        RunEvent.objects.filter(run_id__in=warned, reason=IDLE_WARNING_EVENT)
+        .order_by("run_id", "-at", "-id")
+        .values_list("run_id", "message")
+    ):
+        messages.setdefault(run_id, message)
+    return messages
 
 
 def workspace_url(*, run: Run, server: str) -> str:

@@ -96,6 +96,11 @@ class WorkspaceSerializer(serializers.Serializer):
         help_text="Where it opens (through Gantry's proxy): only for its owner, once its "
         "server answers; else empty.",
     )
+    idle_warning = serializers.CharField(
+        allow_blank=True,
+        help_text="While its owner is warned of it being idle: the warning (why, since when, "
+        "when it will be suspended); else empty.",
+    )
     steps = WorkspaceStepSerializer(many=True)
     can_extend = serializers.BooleanField()
     can_stop = serializers.BooleanField()

@@ -22,10 +22,10 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.http import HttpRequest
 from django.utils import timezone
 
-from jobs.selectors.workspace_proxy import workspace_address_for_owner
+from jobs.selectors.workspace_proxy import workspace_address_for_owner, workspace_closed_for_owner
 from jobs.services.workspace_activity import workspace_proxy_activity_record
 from jobs.services.workspaces import workspace_server_token
-from portal.workspace_proxy.relay import Target
+from portal.workspace_proxy.relay import Closed, Target
 from portal.workspace_proxy.sessions import SessionRows
 
 log = logging.getLogger("gantry.workspace_proxy")
@@ -75,7 +75,7 @@ class DjangoGate:
         self._writes: set[asyncio.Future[None]] = set()
         self.decisions = SessionDecisions()
 
-    async def target(self, *, session_key: str | None, run_id: int) -> Target | None:
+    async def target(self, *, session_key: str | None, run_id: int) -> Target | Closed | None:
         if not session_key:
             return None
         if self._rows is None:
@@ -147,7 +147,7 @@ class DjangoGate:
 class _Decision:
     at: float  # monotonic
     stamp: object  # the session as stored (or its login), to tell that it did not change
-    target: Target | None
+    target: Target | Closed | None
 
 
 class SessionDecisions:
@@ -167,7 +167,7 @@ class SessionDecisions:
         self.engine = import_module(settings.SESSION_ENGINE)
         self._raw = settings.SESSION_ENGINE == DB_SESSION_ENGINE
 
-    def target(self, session_key: str, run_id: int) -> Target | None:
+    def target(self, session_key: str, run_id: int) -> Target | Closed | None:
         """The decision for a session (read now) and a workspace: kept, or made anew."""
         session = self.engine.SessionStore(session_key)
         stamp: object
@@ -189,7 +189,7 @@ class SessionDecisions:
             return kept
         return None
 
-    def decide(self, session: SessionBase, run_id: int, stamp: object) -> Target | None:
+    def decide(self, session: SessionBase, run_id: int, stamp: object) -> Target | Closed | None:
         """Decide through Django's session engine, auth and the jobs selector; keep it."""
         session_key = session.session_key  # before auth may flush it
         at = time.monotonic()
@@ -222,7 +222,7 @@ class _SessionRequest(HttpRequest):
         self.session = session
 
 
-def session_workspace_target(session: SessionBase, run_id: int) -> Target | None:
+def session_workspace_target(session: SessionBase, run_id: int) -> Target | Closed | None:
     """Where run ``run_id``'s workspace answers, if the session is of its owner (else None).
     Asks the database for the session (unless loaded), its user and the workspace."""
     user = get_user(_SessionRequest(session))
@@ -230,7 +230,8 @@ def session_workspace_target(session: SessionBase, run_id: int) -> Target | None
         return None
     address = workspace_address_for_owner(run_id=run_id, user_id=user.pk)
     if address is None:
-        return None
+        closed = workspace_closed_for_owner(run_id=run_id, user_id=user.pk)
+        return None if closed is None else Closed(closed)
     return Target(
         run_id=address.run_id,
         attempt_id=address.attempt_id,

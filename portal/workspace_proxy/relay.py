@@ -51,10 +51,18 @@ class Target:
     token: str
 
 
+@dataclass(frozen=True)
+class Closed:
+    """A workspace of the session's person that does not answer now: why, for them."""
+
+    text: str
+
+
 class Gate(Protocol):
-    async def target(self, *, session_key: str | None, run_id: int) -> Target | None:
+    async def target(self, *, session_key: str | None, run_id: int) -> Target | Closed | None:
         """The workspace's target if the session's person owns run ``run_id`` and its
-        current attempt's server has an address; None in every other case."""
+        current attempt's server has an address; Closed if they own it and it has none now;
+        None in every other case."""
 
     def activity(self, run_id: int) -> None:
         """Note traffic to the workspace (without waiting for any write)."""
@@ -148,6 +156,8 @@ class _Relay:
         )
         if target is None:
             return _text(404, rules.NOT_FOUND_TEXT)
+        if isinstance(target, Closed):
+            return _text(409, target.text)
         if request.method.upper() not in rules.SAFE_METHODS:
             # What a person does (a file saved, a kernel started): the proxy's idle signal.
             # Reads are not: JupyterLab polls while a tab stays open (docs/workspaces.md).

@@ -10,7 +10,7 @@ import webbrowser
 
 import pytest
 
-from jobs.models import Attempt, AttemptState, Run, RunState, Workspace
+from jobs.models import Attempt, AttemptState, Run, RunEvent, RunState, Workspace
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import cluster_sync
@@ -23,6 +23,7 @@ from tests.gantry_cli.test_cli import (  # noqa: F401
     no_celery,
     server,
 )
+from tests.workspace_support import workspace_running
 
 PROXY = "https://ws.gantry.example.org"
 
@@ -255,3 +256,16 @@ def test_suspend_and_resume_say_what_they_did_or_why_not(cli, alice, world):
         "gantry: error: The server answered 409: The workspace is queued: nothing to suspend.\n"
     )
     assert Run.objects.get(pk=run.pk).state == RunState.QUEUED
+
+
+def test_ls_prints_an_idle_warning_below_the_table(cli, alice, world):
+    run = workspace_running(world, user=world.researcher_a, host="127.0.0.1", port=8888)
+    message = f"Workspace {run.pk} has been idle since 10:05 UTC; it will be suspended."
+    RunEvent.objects.create(run=run, reason="IDLE_WARNING", message=message)
+    Workspace.objects.filter(run=run).update(warned_at=run.started_at)
+
+    code, out, err = cli("--url", alice, "workspace", "ls")
+
+    assert code == 0, err
+    lines = out.splitlines()
+    assert (len(lines), "  idle warning  " in lines[1], lines[-2:]) == (4, True, ["", message])

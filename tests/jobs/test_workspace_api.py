@@ -11,13 +11,14 @@ from django.core.management import call_command
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from jobs.models import Attempt, Run, RunKind, RunState, Workspace
+from jobs.models import Attempt, Run, RunEvent, RunKind, RunState, Workspace
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import cluster_sync
 from jobs.services.workspaces import WorkspaceInput, workspace_launch
 from tenants.models import AuditEvent
 from tenants.services.tokens import api_token_create
+from tests.workspace_support import workspace_running
 
 pytestmark = pytest.mark.django_db
 PROXY = "https://ws.gantry.example.org"
@@ -305,3 +306,30 @@ def test_the_runs_api_shows_each_runs_kind(world):
         (workspace.pk, "interactive"),
         (batch.pk, "batch"),
     ]
+
+
+def test_a_warned_workspace_says_its_latest_warning_in_the_card_and_the_list(world):
+    warned = workspace_running(world, user=world.researcher_a, host="127.0.0.1", port=8888)
+    quiet = workspace_running(world, user=world.researcher_a, host="127.0.0.1", port=8889)
+    for message in ("An earlier streak's warning.", "Workspace is idle since 10:05 UTC."):
+        RunEvent.objects.create(
+            run=warned, from_state="RUNNING", to_state="RUNNING", reason="IDLE_WARNING",
+            message=message,
+        )  # fmt: skip
+    RunEvent.objects.create(run=warned, reason="EXTENDED", message="Extended by 1 hour")
+    Workspace.objects.filter(run=warned).update(warned_at=warned.started_at)
+    owner = client_for(world.researcher_a)
+
+    card = owner.get(f"{LIST}{warned.pk}/").json()
+    listed = {row["id"]: row for row in owner.get(LIST).json()["results"]}
+    assert (card["phase"], card["idle_warning"]) == (
+        "idle warning",
+        "Workspace is idle since 10:05 UTC.",
+    )
+    assert (listed[warned.pk]["idle_warning"], listed[quiet.pk]["idle_warning"]) == (
+        "Workspace is idle since 10:05 UTC.",
+        "",
+    )
+    # Used again: the warning no longer holds, whatever the events say.
+    Workspace.objects.filter(run=warned).update(warned_at=None)
+    assert owner.get(f"{LIST}{warned.pk}/").json()["idle_warning"] == ""

@@ -8,7 +8,7 @@ import pytest
 import time_machine
 from django.urls import reverse
 
-from jobs.models import Attempt, Run, RunKind, RunState, Workspace
+from jobs.models import Attempt, Run, RunEvent, RunKind, RunState, Workspace
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import cluster_sync
@@ -395,3 +395,19 @@ def test_the_owner_suspends_and_resumes_from_the_card(client, world):
     # Resuming what is not suspended says why and changes nothing.
     answer = owner.post(reverse("jobs:workspace_resume", args=[run.pk]), follow=True)
     assert "Not resumed: The workspace is queued, not suspended." in answer.content.decode()
+
+
+def test_the_card_of_a_warned_workspace_shows_its_warning_escaped(client, world):
+    run = ready(world, launch(world))
+    RunEvent.objects.create(
+        run=run, from_state="RUNNING", to_state="RUNNING", reason="IDLE_WARNING",
+        message="Workspace idle since 10:05 UTC <b>(no kernel ran)</b>.",
+    )  # fmt: skip
+    Workspace.objects.filter(run=run).update(warned_at=run.started_at)
+    url = reverse("jobs:workspace_detail", args=[run.pk]) + "?partial=card"
+    html = as_user(client, world.researcher_a).get(url).content.decode()
+    assert 'data-phase="idle warning"' in html
+    assert (
+        '<p class="message message-warning" role="status" data-idle-warning>Workspace idle '
+        "since 10:05 UTC &lt;b&gt;(no kernel ran)&lt;/b&gt;.</p>"
+    ) in html

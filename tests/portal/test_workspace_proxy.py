@@ -171,15 +171,18 @@ def test_nobody_but_the_owner_gets_in_and_everyone_else_sees_the_same_404(world,
     )
 
 
-def test_a_workspace_with_no_current_address_is_the_same_404(world, workspace, proxy):
+def test_the_owner_of_a_workspace_with_no_current_address_is_told_where_it_stands(
+    world, workspace, proxy
+):
     cookie = session_cookie(world.researcher_a)
     assert owner_get(proxy, cookie).status_code == 200
-    statuses = []
+    answers = []
 
     def after_the_kept_decision():
         # What a session may open is kept DECISION_TTL_S; its session is loaded every time.
         time.sleep(DECISION_TTL_S + 0.1)
-        statuses.append(owner_get(proxy, cookie).status_code)
+        answer = owner_get(proxy, cookie)
+        answers.append((answer.status_code, answer.text))
 
     # A later attempt (a resume) whose server has not reported yet: the first's address is
     # not its.
@@ -196,7 +199,33 @@ def test_a_workspace_with_no_current_address_is_the_same_404(world, workspace, p
     Run.objects.filter(pk=RUN_ID).update(state=RunState.RUNNING)
     Workspace.objects.filter(run_id=RUN_ID).update(host="", port=None)
     after_the_kept_decision()
-    assert statuses == [404, 404, 404, 404]
+    Run.objects.filter(pk=RUN_ID).update(state=RunState.CANCELLED)
+    after_the_kept_decision()
+
+    page = f"{settings.GANTRY_PUBLIC_URL}/workspaces/{RUN_ID}/"
+    starting = (
+        409,
+        f"Workspace {RUN_ID} is not answering yet (queued or starting). Its page shows where "
+        f"it stands: {page}\n",
+    )
+    assert answers == [
+        starting,
+        starting,
+        (
+            409,
+            f"Workspace {RUN_ID} is suspended: its GPUs were released and its files kept. "
+            f"Resume it from {page}\n",
+        ),
+        starting,
+        (409, f"Workspace {RUN_ID} has ended. Its page is {page}\n"),
+    ]
+    # Nobody else learns it exists.
+    other = http(
+        "GET",
+        f"{proxy}{BASE}api/status",
+        cookies={settings.SESSION_COOKIE_NAME: session_cookie(world.researcher_a2)},
+    )
+    assert (other.status_code, other.text) == (404, NOT_FOUND_TEXT)
 
 
 @pytest.mark.parametrize("on_loop_sessions", [True, False], ids=["on the loop", "in threads"])
