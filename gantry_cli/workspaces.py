@@ -159,8 +159,8 @@ def cmd_resume(ctx: Context) -> int:
 def add_workspace_commands(commands: Commands) -> None:
     workspace = commands.add_parser(
         "workspace",
-        help="Interactive workspaces (JupyterLab, VS Code) on GPUs.",
-        description="Interactive workspaces (JupyterLab, VS Code) on GPUs.",
+        help="Interactive workspaces (JupyterLab) on GPUs.",
+        description="Interactive workspaces (JupyterLab) on GPUs.",
     )
     verbs = workspace.add_subparsers(dest="workspace_command", required=True, metavar="COMMAND")
 

@@ -14,6 +14,7 @@ from jobs.experiment_fields import BY_NAME, INPUT_FIELDS, ExperimentField
 from jobs.models import Experiment, ExperimentTemplate, TopologyMode, WorkspaceServer
 from jobs.services.submission import ExperimentInput, experiment_input_of
 from jobs.services.workspaces import WorkspaceInput
+from jobs.workspace_models import OFFERED_SERVERS
 from tenants.models import GpuFlavor
 
 
@@ -418,7 +419,10 @@ class WorkspaceLaunchForm(ServiceErrorsMixin, forms.Form):
     image = forms.CharField(max_length=400, widget=_select())
     flavor = forms.CharField(max_length=63, widget=_select(), label="GPU flavor")
     gpus = forms.IntegerField(min_value=1, max_value=64, initial=1, label="GPUs")
-    server = forms.ChoiceField(choices=WorkspaceServer.choices, initial=WorkspaceServer.JUPYTER)
+    server = forms.ChoiceField(
+        choices=[(server.value, server.label) for server in OFFERED_SERVERS],
+        initial=WorkspaceServer.JUPYTER,
+    )
     hours = forms.IntegerField(
         min_value=1,
         initial=4,

@@ -22,6 +22,15 @@ class WorkspaceServer(models.TextChoices):
     VSCODE = "vscode", "VS Code (code-server)"
 
 
+# What a workspace may be launched with. VS Code stays a kind of the interface, refused at
+# launch with its reason rather than failing on the node after admission.
+OFFERED_SERVERS = (WorkspaceServer.JUPYTER,)
+NOT_OFFERED = {
+    WorkspaceServer.VSCODE: "VS Code (code-server) is not offered yet: it needs Node 24 on "
+    "the nodes and a proxy that strips the path (docs/workspaces.md, VS Code). Choose jupyter."
+}
+
+
 class Workspace(models.Model):
     """The interactive side of a run of kind ``interactive`` (docs/workspaces.md).
 

@@ -30,6 +30,7 @@ from jobs.services.submission import (
     run_record,
     submission_once,
 )
+from jobs.workspace_models import NOT_OFFERED, OFFERED_SERVERS
 
 # Defined beside the model, so that selectors read them too; imported here as before.
 from jobs.workspace_models import PATH_PREFIX as PATH_PREFIX
@@ -93,9 +94,10 @@ def workspace_submission(
 
 def _workspace_record(*, user: UserLike, data: WorkspaceInput, submission_key: UUID | None) -> Run:
     errors: dict[str, list[str]] = {}
-    if data.server not in WorkspaceServer.values:
-        known = ", ".join(WorkspaceServer.values)
-        errors["server"] = [f"Choose one of: {known}."]
+    if data.server in NOT_OFFERED:
+        errors["server"] = [NOT_OFFERED[WorkspaceServer(data.server)]]
+    elif data.server not in OFFERED_SERVERS:
+        errors["server"] = [f"Choose one of: {', '.join(OFFERED_SERVERS)}."]
     tenant = Tenant.objects.filter(slug=data.tenant).first()
     max_hours = tenant.workspace_max_hours if tenant else None
     if not isinstance(data.hours, int) or isinstance(data.hours, bool) or data.hours < 1:

@@ -58,8 +58,20 @@ def test_hours_past_the_tenant_maximum_are_refused_and_nothing_is_recorded(world
     with pytest.raises(ValidationError) as refused:
         workspace_launch(user=world.researcher_a, data=launch_input(world, server="emacs", hours=0))
     assert refused.value.message_dict == {
-        "server": ["Choose one of: jupyter, vscode."],
+        "server": ["Choose one of: jupyter."],
         "hours": ["Ask for at least 1 hour."],
+    }
+    assert (Run.objects.count(), Experiment.objects.count(), Workspace.objects.count()) == (0, 0, 0)
+
+
+def test_vs_code_is_refused_at_launch_with_its_reason_and_nothing_is_recorded(world):
+    with pytest.raises(ValidationError) as refused:
+        workspace_launch(user=world.researcher_a, data=launch_input(world, server="vscode"))
+    assert refused.value.message_dict == {
+        "server": [
+            "VS Code (code-server) is not offered yet: it needs Node 24 on the nodes and a "
+            "proxy that strips the path (docs/workspaces.md, VS Code). Choose jupyter."
+        ]
     }
     assert (Run.objects.count(), Experiment.objects.count(), Workspace.objects.count()) == (0, 0, 0)
 
