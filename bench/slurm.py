@@ -12,11 +12,13 @@ none, like jobs held with ``--hold``, so only submission and status reads are me
 Every job is cancelled at the end. If this run started the cluster, it stops it again.
 """
 
+import contextlib
 import os
 import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -44,25 +46,37 @@ def _script(*args: str) -> subprocess.CompletedProcess:
     return _run(["bash", str(SCRIPT), *args], timeout=600, check=False)
 
 
-def _cluster_env() -> dict[str, str]:
+@contextlib.contextmanager
+def running_test_cluster() -> Iterator[dict[str, str]]:
+    """The test cluster, brought up unless it is (``up`` is idempotent): the environment
+    its clients need, also set in this process's environment (and so passed on to the
+    processes a benchmark starts). If this run started it, it is stopped at the end."""
+    was_up = _script("status").returncode == 0
     done = _script("up")
     if done.returncode != 0:
-        raise SystemExit(f"bench slurm: scripts/slurm-cluster.sh up failed:\n{done.stderr}")
+        raise SystemExit(f"bench: scripts/slurm-cluster.sh up failed:\n{done.stderr}")
     env = {}
     for line in done.stdout.splitlines():
         words = shlex.split(line)
         if len(words) == 2 and words[0] == "export":
             key, _, value = words[1].partition("=")
             env[key] = value
-    return env
+    os.environ.update(env)
+    try:
+        yield env
+    finally:
+        if not was_up:
+            _script("down")
 
 
-def _backend(env: dict[str, str], transport: str) -> SlurmBackend:
+def cluster_settings(env: dict[str, str], transport: str, *, partition: str) -> dict:
+    """A Slurm cluster's settings for the test cluster: jobs into ``partition`` (``gpu``
+    starts them, ``parked`` only queues them), run on the node without a container."""
     settings = {
         "transport": transport,
         "job_dir": env["GANTRY_SLURM_JOB_DIR"],
         "slurm_conf": env["SLURM_CONF"],
-        "partition": "parked",
+        "partition": partition,
         "flavors": {"a100-80gb": env.get("GANTRY_SLURM_GPU_TYPE", "a100")},
         "container_runtime": "none",
         "submit_users": ["root", "slurmrest"],
@@ -73,6 +87,11 @@ def _backend(env: dict[str, str], transport: str) -> SlurmBackend:
             "rest_user": "slurmrest",
             "rest_token_env": "GANTRY_SLURM_TOKEN",
         }
+    return settings
+
+
+def _backend(env: dict[str, str], transport: str) -> SlurmBackend:
+    settings = cluster_settings(env, transport, partition="parked")
     return SlurmBackend(SimpleNamespace(name=f"bench-{transport}", settings=settings))
 
 
@@ -114,25 +133,22 @@ def _sbatch(env: dict[str, str], name: str) -> str:
     return done.stdout.strip().split(";")[0]
 
 
-def _cancel(job_ids: list[str]) -> None:
+def cancel(job_ids: list[str]) -> None:
+    """scancel those jobs (ids of jobs already gone are ignored)."""
     for start in range(0, len(job_ids), 500):
         _run(["scancel", *job_ids[start : start + 500]], timeout=120, check=False)
 
 
 def run() -> list[Section]:
-    was_up = _script("status").returncode == 0
-    env = _cluster_env()
-    os.environ.update(env)
     prefix = f"gantry-bench-{int(time.time())}"
     submitted: list[str] = []
-    try:
-        # The tenant's Slurm account (enforced by the test cluster), with no real limit.
-        _backend(env, "cli").mirror_quotas([QuotaLimit(TENANT, "a100-80gb", 100_000)])
-        return [_submissions(env, prefix, submitted), _sync(env, prefix, submitted)]
-    finally:
-        _cancel(submitted)
-        if not was_up:
-            _script("down")
+    with running_test_cluster() as env:
+        try:
+            # The tenant's Slurm account (enforced by the test cluster), with no real limit.
+            _backend(env, "cli").mirror_quotas([QuotaLimit(TENANT, "a100-80gb", 100_000)])
+            return [_submissions(env, prefix, submitted), _sync(env, prefix, submitted)]
+        finally:
+            cancel(submitted)
 
 
 def _submissions(env: dict[str, str], prefix: str, submitted: list[str]) -> Section:

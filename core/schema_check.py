@@ -6,9 +6,16 @@ few µs by calling one small function per keyword. It says only whether a value 
 ``core.schema.JsonSchema`` still asks jsonschema for the first error, and only of a value
 this check refused. It covers the keywords our schemas use, with jsonschema's meaning
 (``integer`` and ``number`` as ``core.schema`` defines them; a keyword ignores values of
-types it does not apply to); a schema with any other keyword, or an ``enum``/``const`` that
-is not all strings, is not compiled (``None``) and jsonschema checks it. The tests hold the
-two to the same answers (tests/core/test_schema_check.py). Pure: no Django.
+types it does not apply to); a schema with any other keyword, an ``enum``/``const`` that
+is not all strings, or ``uniqueItems`` of items that need not be strings, is not compiled
+(``None``) and jsonschema checks it. The tests hold the two to the same answers
+(tests/core/test_schema_check.py). Pure: no Django.
+
+A schema that is not compiled also costs jsonschema's import on its first check in each
+process: 4 to 6 s on a loaded two-core machine, most of it rfc3987-syntax building its
+grammar (Jupyter's dependencies install it, and jsonschema loads it for its formats). Every
+Gantry process paid that on its first Slurm call until ``uniqueItems`` compiled here (see
+the workspace start benchmark in docs/benchmarks.md).
 """
 
 import re
@@ -125,6 +132,8 @@ class _Compiler:
         if keyword == "items":
             item_check = self.compile(expected)
             return lambda value: not is_array(value) or all(item_check(item) for item in value)
+        if keyword == "uniqueItems":
+            return self._unique(expected, schema)
         if keyword in ("allOf", "anyOf"):
             parts = [self.compile(part) for part in expected]
             combine = all if keyword == "allOf" else any
@@ -173,6 +182,25 @@ class _Compiler:
             not is_object(value)
             or all(extra_check(value[key]) for key in value if key not in known)
         )
+
+    def _unique(self, expected: Any, schema: Mapping[str, Any]) -> Check | None:
+        """``uniqueItems`` of a list whose ``items`` must be strings: a string equals only a
+        string, so a set finds repeats as jsonschema's equality does (which tells ``1`` from
+        ``True``); an item of another type fails ``items`` anyway."""
+        if expected is False:
+            return None
+        items = schema.get("items")
+        if not isinstance(items, Mapping) or items.get("type") != "string":
+            raise _Unsupported("uniqueItems of other than strings")
+        is_array, is_string = self.types["array"], self.types["string"]
+
+        def unique(value: Any) -> bool:
+            if not is_array(value):
+                return True
+            strings = [item for item in value if is_string(item)]
+            return len(set(strings)) == len(strings)
+
+        return unique
 
     def _if(self, condition: Any, schema: Mapping[str, Any]) -> Check:
         matches = self.compile(condition)

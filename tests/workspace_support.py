@@ -1,6 +1,7 @@
-"""Real servers for the workspace proxy's tests and benchmark: Jupyter Server as a workspace
-runs it (its base URL, the attempt's token, on 127.0.0.1), the proxy on an event loop of its
-own thread, and a small recording HTTP/WebSocket server. Each stops what it started."""
+"""Real servers for the workspace tests and benchmarks: Jupyter Server as a workspace runs
+it (its base URL, the attempt's token, on 127.0.0.1), the proxy on an event loop of its own
+thread, a small recording HTTP/WebSocket server, and Gantry's launcher installed for a Slurm
+cluster's jobs; what a server answers and whether it is gone. Each stops what it started."""
 
 import asyncio
 import contextlib
@@ -19,6 +20,8 @@ from pathlib import Path
 
 from aiohttp import WSMsgType, web
 
+from tests import REPOSITORY
+
 JUPYTER_START_S = 60.0
 
 
@@ -26,6 +29,48 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def status_code(url: str, token: str | None = None) -> int:
+    """The HTTP status a workspace server answers ``url`` with, given ``token`` or none."""
+    headers = {"Authorization": f"token {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10):
+            return 200
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def refuses(port: int, *, within: float = 30) -> bool:
+    """Whether 127.0.0.1:``port`` refuses connections, within ``within`` seconds (a server
+    being stopped may still answer for a moment)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        except OSError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+
+
+def node_launcher(directory: Path) -> dict[str, str]:
+    """Gantry's launcher installed as ``directory``/bin/gantry-workspace, as an operator
+    installs it on a Slurm cluster's nodes (the test cluster's jobs are processes of this
+    machine): the cluster settings that put it on the jobs' PATH and bind its server to the
+    node's loopback address (the test cluster's NodeAddr, 127.0.0.1)."""
+    bin_dir = directory / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    launcher = bin_dir / "gantry-workspace"
+    launcher.write_text(
+        "#!/bin/sh\n"
+        f"export PYTHONPATH={REPOSITORY / 'sdk'}\n"
+        f'exec {sys.executable} -m gantry_sdk.workspace "$@"\n'
+    )
+    launcher.chmod(0o755)
+    directory.chmod(0o755)  # a job submitted as another user (slurmrest) runs it too
+    return {"job_path": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", "workspace_bind": "127.0.0.1"}
 
 
 @contextlib.contextmanager

@@ -51,6 +51,13 @@ VALID = {
          "selector": '{job="dcgm"}', "token_env": None},
     ],
     k8s_settings.SETTINGS: [{"url": "https://k8s:6443", "token_env": "T"}],
+    slurm_settings.SETTINGS: [
+        {"transport": "cli", "job_dir": "/shared", "flavors": {"a100": {"gres_type": "a100"}},
+         "topology_levels": ["spine", "leaf"], "submit_users": ["root", "slurm"]},
+        {"transport": "rest", "job_dir": "/j", "flavors": {"a": {"gres_type": "a100"}},
+         "rest_url": "http://slurm-head:6820", "rest_user": "slurm", "rest_token_env": "T",
+         "topology": ["SwitchName=s1 Nodes=n[1-2]"], "topology_levels": ["leaf"]},
+    ],
     SCHEMA: [{"gpus": 2, "seconds": 1.5, "users": ["ann"]}],
 }  # fmt: skip
 COMPILED = {
@@ -77,14 +84,13 @@ def values(draw, schema: JsonSchema):
     return value
 
 
-def test_the_schemas_in_use_compile_but_one_with_uniqueItems():
+def test_the_schemas_in_use_compile_and_others_fall_back_to_jsonschema():
     assert all(check is not None for check in COMPILED.values())
-    slurm = slurm_settings.SETTINGS
-    assert compile_check(slurm.schema, type_checks=_TYPE_CHECKS, formats=slurm.formats) is None
-    assert compile_check({"enum": [1, "a"]}, type_checks=_TYPE_CHECKS, formats={}) is None
+    for schema in ({"enum": [1, "a"]}, {"uniqueItems": True}, {"uniqueItems": True, "items": {}}):
+        assert compile_check(schema, type_checks=_TYPE_CHECKS, formats={}) is None
 
 
-@pytest.mark.parametrize("schema", list(VALID), ids=["sdk event", "source", "k8s", "test"])
+@pytest.mark.parametrize("schema", list(VALID), ids=["sdk event", "source", "k8s", "slurm", "test"])
 @settings(max_examples=400, derandomize=True, deadline=None)
 @given(data=st.data())
 def test_the_compiled_check_agrees_with_jsonschema(schema, data):
@@ -131,11 +137,17 @@ def test_near_misses_are_answered_alike(schema, value):
         {"if": {"type": "array"}, "else": {"type": "null"}},
         {"format": "even", "items": {"format": "even"}},
         {"format": "unknown"},
+        {"items": {"type": "string"}, "uniqueItems": True},
+        {"items": {"type": "string"}, "uniqueItems": False},
     ],
 )
 @pytest.mark.parametrize(
-    "value", [None, 2, 3, 3.5, "a", "ab", [], [2], [2, 3], {}, {"a": "x"}, {"b": 1, "cd": 2}]
-)
+    "value",
+    [
+        None, 2, 3, 3.5, "a", "ab", [], [2], [2, 3], [2, 2], ["a", "a"], ["a", "ab"],
+        ["a", 2, "a"], [[1], [1]], {}, {"a": "x"}, {"b": 1, "cd": 2},
+    ],
+)  # fmt: skip
 def test_each_keyword_means_what_it_means_to_jsonschema(schema, value):
     def even(number: object) -> bool:
         if isinstance(number, int) and number % 2:

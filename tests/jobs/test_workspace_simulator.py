@@ -7,8 +7,6 @@ import os
 import signal
 import socket
 import time
-import urllib.error
-import urllib.request
 from datetime import timedelta
 from pathlib import Path
 
@@ -30,6 +28,7 @@ from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import attempt_cancel, cluster_sync
 from jobs.services.lifecycle import run_cancel
 from jobs.services.workspaces import WorkspaceInput, workspace_launch, workspace_server_token
+from tests.workspace_support import refuses, status_code
 
 # Jupyter's first start on a busy two-core machine takes a few seconds; a margin for load.
 READY_WITHIN_S = 90
@@ -71,15 +70,6 @@ def wait_for_address(run: Run) -> Workspace:
     raise AssertionError(f"no address reported within {READY_WITHIN_S} s:\n{log}")
 
 
-def status_code(url: str, token: str | None = None) -> int:
-    headers = {"Authorization": f"token {token}"} if token else {}
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10):
-            return 200
-    except urllib.error.HTTPError as exc:
-        return exc.code
-
-
 def process_of(attempt: Attempt) -> dict:
     return SimulatedJob.objects.get(name=attempt.name).profile["workspace"]
 
@@ -100,14 +90,6 @@ def gone(pid: int, *, within: float = 15) -> bool:
 def children(pid: int) -> list[int]:
     text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     return [int(word) for word in text.split()]
-
-
-def refuses(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    except OSError:
-        return True
-    return False
 
 
 def test_a_real_jupyter_answers_with_its_secret_only_and_cancel_stops_it(

@@ -2,15 +2,15 @@
 tests/clusters/backends/test_slurm_cluster.py): its batch job runs gantry-workspace on the
 allocated node, which starts JupyterLab on a free port and reports the port to the live
 portal; Gantry records the node's NodeAddr from Slurm, the server there answers with its
-secret only, and cancelling the run stops it."""
+secret only, and cancelling the run stops it. In a browser, the journey of
+tests/portal/test_workspace_browser.py: launched from the form, opened through Gantry's
+proxy, a cell run over the kernel's WebSocket, refused to others, stopped from its card."""
 
-import socket
-import sys
 import time
-import urllib.error
-import urllib.request
+from urllib.parse import urlsplit
 
 import pytest
+from playwright.sync_api import expect
 
 from clusters.backends import JobRef
 from clusters.models import Cluster
@@ -20,7 +20,7 @@ from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import attempt_cancel, cluster_sync
 from jobs.services.lifecycle import run_cancel
 from jobs.services.workspaces import WorkspaceInput, workspace_launch, workspace_server_token
-from tests import REPOSITORY
+from tests.browser_support import screenshot
 from tests.clusters.backends.test_slurm_cluster import (  # noqa: F401 (fixtures)
     accounts,
     backend,
@@ -32,7 +32,17 @@ from tests.clusters.backends.test_slurm_cluster import (  # noqa: F401 (fixtures
     slurm_world,
     unique_attempt_ids,
 )
+from tests.workspace_browser_support import (
+    RUN_A_CELL,
+    launch_from_form,
+    open_lab,
+    outsiders_see,
+    server_ready,
+    stop_from_card,
+)
+from tests.workspace_support import node_launcher, proxy_serving, refuses, status_code
 
+pytest_plugins = ["tests.browser_support"]
 pytestmark = [pytest.mark.django_db, pytest.mark.xdist_group("slurm-cluster")]
 
 READY_WITHIN_S = 120
@@ -40,47 +50,14 @@ READY_WITHIN_S = 120
 
 @pytest.fixture
 def launcher_on_the_nodes(tmp_path, slurm_world):  # noqa: F811 (the fixture)
-    """gantry-workspace on the job's PATH, as an operator installs it on the nodes (the test
-    cluster's jobs are processes of this machine), and the server on the node's loopback
-    address (NodeAddr 127.0.0.1). Whatever the test leaves on the cluster is cancelled."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    launcher = bin_dir / "gantry-workspace"
-    launcher.write_text(
-        "#!/bin/sh\n"
-        f"export PYTHONPATH={REPOSITORY / 'sdk'}\n"
-        f'exec {sys.executable} -m gantry_sdk.workspace "$@"\n'
-    )
-    launcher.chmod(0o755)
-    tmp_path.chmod(0o755)
+    """gantry-workspace on the jobs' PATH, as an operator installs it on the nodes, and the
+    server on the node's loopback address (``node_launcher``). Whatever the test leaves on
+    the cluster is cancelled."""
     cluster = slurm_world.slurm
-    cluster.settings = cluster.settings | {
-        "job_path": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
-        "workspace_bind": "127.0.0.1",
-    }
+    cluster.settings = cluster.settings | node_launcher(tmp_path)
     Cluster.objects.filter(pk=cluster.pk).update(settings=cluster.settings)
     yield slurm_world
     cancel_leftovers()
-
-
-def status_code(url: str, token: str | None = None) -> int:
-    headers = {"Authorization": f"token {token}"} if token else {}
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10):
-            return 200
-    except urllib.error.HTTPError as exc:
-        return exc.code
-
-
-def refuses(port: int, *, within: float = 30) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=2).close()
-        except OSError:
-            return True
-        time.sleep(0.5)
-    return False
 
 
 def test_a_workspace_on_slurm_reports_its_port_and_answers_at_the_nodes_address(
@@ -137,3 +114,45 @@ def test_a_workspace_on_slurm_reports_its_port_and_answers_at_the_nodes_address(
     attempt_cancel(attempt_id=attempt.pk)
     assert slurm_state(attempt.backend_job_id) == "CANCELLED"
     assert refuses(workspace.port)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_workspace_on_slurm_in_a_browser_from_launch_to_stop(
+    launcher_on_the_nodes, persona_page, live_server, settings, tmp_path
+):
+    """The browser journey of tests/portal/test_workspace_browser.py on the real cluster:
+    the form's workspace is admitted onto Slurm (the simulator is off), its batch job starts
+    gantry-workspace on the node, which starts JupyterLab and reports its port."""
+    world = launcher_on_the_nodes
+    settings.GANTRY_PUBLIC_URL = live_server.url  # where the launcher reports its port
+    with proxy_serving(host=urlsplit(live_server.url).hostname) as proxy:
+        settings.GANTRY_WORKSPACE_URL = proxy
+        owner = persona_page(world.researcher_a)
+        run = launch_from_form(owner, name="slurm-browser", image=world.image.reference)
+
+        admission_run_cycle()
+        attempt = Attempt.objects.get(run=run)
+        assert attempt.cluster_id == world.slurm.pk
+        attempt_submit(attempt_id=attempt.pk)
+        workspace = server_ready(world.slurm, run, timeout_s=READY_WITHIN_S)
+        attempt.refresh_from_db()
+        assert slurm("squeue", "-h", "-j", attempt.backend_job_id, "-o", "%T").strip() == (
+            "RUNNING"
+        )
+        owner.reload()
+        expect(owner.locator("#workspace-card")).to_have_attribute("data-phase", "running")
+        screenshot(owner, "slurm-workspace-card", tmp_path)
+        lab = open_lab(owner, proxy=proxy, run=run)
+        assert lab.evaluate(RUN_A_CELL) == "42\n"
+
+        # Nobody else opens it: the same 404 as for a workspace that does not exist.
+        outsiders = (world.researcher_b, world.researcher_a2)
+        seen = outsiders_see(persona_page, outsiders, proxy=proxy, run=run)
+        assert [answer for answer, _ in seen] == [missing for _, missing in seen]
+        assert [missing[0] for _, missing in seen] == [404, 404]
+
+        # Stop: Slurm cancels the job, and the server on the node is gone with it.
+        assert stop_from_card(owner, cluster=world.slurm, run=run).state == RunState.CANCELLED
+        expect(owner.locator("#workspace-card")).to_have_attribute("data-phase", "ended")
+        assert slurm_state(attempt.backend_job_id) == "CANCELLED"
+        assert refuses(workspace.port)
