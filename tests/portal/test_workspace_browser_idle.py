@@ -23,7 +23,7 @@ from portal.workspace_proxy.gate import DECISION_TTL_S
 from telemetry.models import GpuMinute
 from telemetry.workspace_policy import workspace_idle_scan
 from tests.browser_support import screenshot
-from tests.portal.test_workspace_browser import server_ready
+from tests.workspace_browser_support import open_lab, server_ready
 from tests.workspace_support import jupyter_api, proxy_serving
 
 pytest_plugins = ["tests.browser_support"]
@@ -96,18 +96,13 @@ def started(world) -> tuple[Run, Workspace]:
     shutil.rmtree(sim_workspace.files_of(run.pk), ignore_errors=True)
     admission_run_cycle()
     attempt_submit(attempt_id=Attempt.objects.get(run=run, number=run.attempts.count()).pk)
-    return run, server_ready(world, run)
+    return run, server_ready(world.cluster, run)
 
 
-def opened(owner, run: Run):
+def opened(owner, run: Run, proxy: str):
     """JupyterLab, opened from the workspace's card as its owner does."""
     owner.goto(f"/workspaces/{run.pk}/")
-    with owner.context.expect_page() as tab:
-        owner.click("#workspace-open")
-    lab = tab.value
-    lab.wait_for_load_state()
-    expect(lab).to_have_title("JupyterLab", timeout=60_000)
-    return lab
+    return open_lab(owner, proxy=proxy, run=run)
 
 
 def card_phase(owner, run: Run) -> str:
@@ -120,7 +115,7 @@ def test_busy_kernels_with_the_browser_closed_are_never_culled(
 ):
     run, workspace = started(world)
     owner = persona_page(world.researcher_a)
-    lab = opened(owner, run)
+    lab = opened(owner, run, proxy)
     # (d): a CPU-only computation printing as it goes, started in the page, the tab closed.
     kernel_id = lab.evaluate(
         START_A_CELL, "import time\nfor i in range(3000):\n    print(i, flush=True)\n"
@@ -140,7 +135,7 @@ def test_busy_kernels_with_the_browser_closed_are_never_culled(
     # (a): a GPU cell, started from a new tab, which is closed; the scan two hours on finds
     # the kernel silent since, and its GPU busy (DCGM).
     jupyter_api(run, workspace.port, "POST", f"api/kernels/{kernel_id}/interrupt")
-    lab = opened(owner, run)
+    lab = opened(owner, run, proxy)
     lab.evaluate(START_A_CELL, "import time\ntime.sleep(3 * 3600)")
     lab.close()
     attempt = Attempt.objects.get(run=run)
@@ -176,7 +171,7 @@ def test_an_idle_open_tab_is_suspended_and_resume_restores_its_files(
 ):
     run, _workspace = started(world)
     owner = persona_page(world.researcher_a)
-    lab = opened(owner, run)
+    lab = opened(owner, run, proxy)
     assert lab.evaluate(SAVE_A_FILE, ["notes.txt", "kept across a suspend"]) == 201
     # (b): the tab stays open; nothing runs. The scan, an hour on, warns and then suspends.
     now = timezone.now()
@@ -206,6 +201,6 @@ def test_an_idle_open_tab_is_suspended_and_resume_restores_its_files(
     expect(owner.locator("#workspace-card")).to_have_attribute("data-phase", "queued")
     admission_run_cycle()
     attempt_submit(attempt_id=Attempt.objects.get(run=run, number=2).pk)
-    server_ready(world, run)
-    lab = opened(owner, run)
+    server_ready(world.cluster, run)
+    lab = opened(owner, run, proxy)
     assert lab.evaluate(READ_A_FILE, "notes.txt") == "kept across a suspend"
