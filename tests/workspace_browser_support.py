@@ -13,9 +13,10 @@ from playwright.sync_api import Page, expect
 from jobs.models import Run, RunState, Workspace
 from jobs.services.backend_sync import attempt_cancel, cluster_sync
 
-# Runs in the page, on the proxy's origin: a kernel started and a cell run over its
-# WebSocket, as JupyterLab does; what the cell printed.
-RUN_A_CELL = """async () => {
+# Runs in the page, on the proxy's origin: a kernel started and ``code`` run on it over its
+# WebSocket, as JupyterLab does. With ``until`` "idle", what the cell printed once it is
+# done; with "busy", the kernel's id as soon as it works on the cell (which keeps running).
+RUN_A_CELL = """async ({code, until}) => {
   const base = location.pathname.replace(/lab.*$/, "");
   const started = await fetch(base + "api/kernels", {
     method: "POST", headers: {"Content-Type": "application/json"},
@@ -30,7 +31,7 @@ RUN_A_CELL = """async () => {
       header: {msg_id: "cell-1", username: "alice", session: "browser-1",
                msg_type: "execute_request", version: "5.3"},
       parent_header: {}, metadata: {}, channel: "shell",
-      content: {code: "print(6*7)", silent: false, store_history: false},
+      content: {code: code, silent: false, store_history: false},
     }));
     ws.onmessage = (event) => {
       const message = JSON.parse(event.data);
@@ -38,13 +39,15 @@ RUN_A_CELL = """async () => {
       if (message.msg_type === "stream") printed += message.content.text;
       // Idle again on IOPub: every output came before (the reply, on another channel,
       // may come first).
-      if (message.msg_type === "status" && message.content.execution_state === "idle") {
-        ws.close();
-        resolve(printed);
+      if (message.msg_type === "status" && message.content.execution_state === until) {
+        if (until === "idle") ws.close();
+        resolve(until === "idle" ? printed : kernel.id);
       }
     };
   });
 }"""
+# The cell the browser tests run to see a kernel answer through the proxy.
+PRINT_42 = {"code": "print(6*7)", "until": "idle"}
 # A workspace no one has: what the proxy answers for it is what outsiders must see.
 MISSING_RUN_ID = 999_999
 SYNC_EVERY_S = 0.5

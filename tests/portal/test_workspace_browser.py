@@ -16,6 +16,7 @@ from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from tests.browser_support import screenshot
 from tests.workspace_browser_support import (
+    PRINT_42,
     RUN_A_CELL,
     launch_from_form,
     open_lab,
@@ -62,7 +63,7 @@ def test_a_workspace_launched_opened_and_used_only_by_its_owner(
         expect(owner.locator("#workspace-card")).to_have_attribute("data-phase", "running")
         screenshot(owner, "workspace-card", tmp_path)
         lab = open_lab(owner, proxy=proxy, run=run)
-        assert lab.evaluate(RUN_A_CELL) == "42\n"
+        assert lab.evaluate(RUN_A_CELL, PRINT_42) == "42\n"
 
         base = f"{proxy}/w/{run.pk}/"
         kernels = len(jupyter_api(run, workspace.port, "GET", "api/kernels").json())

@@ -23,38 +23,11 @@ from portal.workspace_proxy.gate import DECISION_TTL_S
 from telemetry.models import GpuMinute
 from telemetry.workspace_policy import workspace_idle_scan
 from tests.browser_support import screenshot
-from tests.workspace_browser_support import open_lab, server_ready
+from tests.workspace_browser_support import RUN_A_CELL, open_lab, server_ready
 from tests.workspace_support import jupyter_api, proxy_serving
 
 pytest_plugins = ["tests.browser_support"]
 pytestmark = pytest.mark.django_db(transaction=True)
-
-# Runs in the page, on the proxy's origin, as JupyterLab does: a kernel started and
-# ``code`` sent to it over its WebSocket; resolves with the kernel's id once the kernel
-# says it is busy with it (the cell keeps running).
-START_A_CELL = """async (code) => {
-  const base = location.pathname.replace(/lab.*$/, "");
-  const started = await fetch(base + "api/kernels", {
-    method: "POST", headers: {"Content-Type": "application/json"},
-    body: JSON.stringify({name: "python3"}),
-  });
-  const kernel = await started.json();
-  const ws = new WebSocket(`ws://${location.host}${base}api/kernels/${kernel.id}/channels`);
-  return await new Promise((resolve, reject) => {
-    ws.onerror = () => reject(new Error("the kernel's WebSocket failed"));
-    ws.onopen = () => ws.send(JSON.stringify({
-      header: {msg_id: "cell-1", username: "alice", session: "browser-1",
-               msg_type: "execute_request", version: "5.3"},
-      parent_header: {}, metadata: {}, channel: "shell",
-      content: {code: code, silent: false, store_history: false},
-    }));
-    ws.onmessage = (event) => {
-      const message = JSON.parse(event.data);
-      if (message.parent_header.msg_id === "cell-1" && message.msg_type === "status"
-          && message.content.execution_state === "busy") resolve(kernel.id);
-    };
-  });
-}"""
 
 # A file saved from the page, as JupyterLab saves a notebook; its answer's status.
 SAVE_A_FILE = """async ([name, text]) => {
@@ -64,12 +37,6 @@ SAVE_A_FILE = """async ([name, text]) => {
     body: JSON.stringify({type: "file", format: "text", content: text}),
   });
   return saved.status;
-}"""
-
-READ_A_FILE = """async (name) => {
-  const base = location.pathname.replace(/lab.*$/, "");
-  const read = await fetch(base + "api/contents/" + name);
-  return read.ok ? (await read.json()).content : read.status;
 }"""
 
 
@@ -118,9 +85,13 @@ def test_busy_kernels_with_the_browser_closed_are_never_culled(
     lab = opened(owner, run, proxy)
     # (d): a CPU-only computation printing as it goes, started in the page, the tab closed.
     kernel_id = lab.evaluate(
-        START_A_CELL, "import time\nfor i in range(3000):\n    print(i, flush=True)\n"
-        "    time.sleep(0.2)",
-    )  # fmt: skip
+        RUN_A_CELL,
+        {
+            "code": "import time\nfor i in range(3000):\n    print(i, flush=True)\n"
+            "    time.sleep(0.2)",
+            "until": "busy",
+        },
+    )
     lab.close()
     # Its output is now, as Jupyter tells; everything else is moved three hours back: the
     # server started then, the owner last did something through Gantry two hours ago.
@@ -136,7 +107,7 @@ def test_busy_kernels_with_the_browser_closed_are_never_culled(
     # the kernel silent since, and its GPU busy (DCGM).
     jupyter_api(run, workspace.port, "POST", f"api/kernels/{kernel_id}/interrupt")
     lab = opened(owner, run, proxy)
-    lab.evaluate(START_A_CELL, "import time\ntime.sleep(3 * 3600)")
+    lab.evaluate(RUN_A_CELL, {"code": "import time\ntime.sleep(3 * 3600)", "until": "busy"})
     lab.close()
     attempt = Attempt.objects.get(run=run)
     later = timezone.now() + timedelta(hours=2)
@@ -194,6 +165,8 @@ def test_an_idle_open_tab_is_suspended_and_resume_restores_its_files(
         f"Workspace {run.pk} is suspended: its GPUs were released and its files kept. Resume "
         f"it from {settings.GANTRY_PUBLIC_URL}/workspaces/{run.pk}/\n",
     )
+    # The owner closes it (JupyterLab would move a second tab of hers to another layout).
+    lab.close()
 
     # (e): the owner resumes it from the card; it queues, starts again, and has its files.
     with owner.expect_navigation():
@@ -203,4 +176,5 @@ def test_an_idle_open_tab_is_suspended_and_resume_restores_its_files(
     attempt_submit(attempt_id=Attempt.objects.get(run=run, number=2).pk)
     server_ready(world.cluster, run)
     lab = opened(owner, run, proxy)
-    assert lab.evaluate(READ_A_FILE, "notes.txt") == "kept across a suspend"
+    notes = lab.context.request.get(f"{proxy}/w/{run.pk}/api/contents/notes.txt")
+    assert (notes.status, notes.json()["content"]) == (200, "kept across a suspend")

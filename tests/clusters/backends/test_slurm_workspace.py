@@ -33,6 +33,7 @@ from tests.clusters.backends.test_slurm_cluster import (  # noqa: F401 (fixtures
     unique_attempt_ids,
 )
 from tests.workspace_browser_support import (
+    PRINT_42,
     RUN_A_CELL,
     launch_from_form,
     open_lab,
@@ -143,7 +144,7 @@ def test_a_workspace_on_slurm_in_a_browser_from_launch_to_stop(
         expect(owner.locator("#workspace-card")).to_have_attribute("data-phase", "running")
         screenshot(owner, "slurm-workspace-card", tmp_path)
         lab = open_lab(owner, proxy=proxy, run=run)
-        assert lab.evaluate(RUN_A_CELL) == "42\n"
+        assert lab.evaluate(RUN_A_CELL, PRINT_42) == "42\n"
 
         # Nobody else opens it: the same 404 as for a workspace that does not exist.
         outsiders = (world.researcher_b, world.researcher_a2)
