@@ -27,6 +27,7 @@ BACKEND_OPERATIONS = (
     "unfence",
     "health_check",
     "workspace_address",
+    "workspace_release",
 )
 ERROR_KINDS = ("transient", "permanent", "unexpected")
 MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0

@@ -11,7 +11,7 @@ from clusters.services import cluster_refresh_inventory
 from clusters.services.health import node_fences_push
 from clusters.services.health_checks import node_health_checks_follow
 from core.log_context import log_context
-from jobs.services import attribution, backend_submit, backend_sync, budgets
+from jobs.services import attribution, backend_submit, backend_sync, budgets, workspace_storage
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.estimates import estimates_refresh
 
@@ -57,12 +57,14 @@ def attempt_cancel(attempt_id: int) -> None:
 
 @shared_task
 def sync_all_clusters() -> None:
+    answered: list[int] = []
     for cluster in Cluster.objects.filter(enabled=True):
         try:
             # The sync first: when the backend is down, it is what records "backend
             # unreachable" on the cluster and on every live attempt, for their runs' pages.
             backend_sync.cluster_sync(cluster=cluster)
             cluster_refresh_inventory(cluster=cluster)
+            answered.append(cluster.pk)  # it answered (the sync asks nothing when idle)
             # After the refresh, which may have quarantined nodes: their runs leave as the
             # cluster's policy says (idempotent: an attempt already acted on is skipped).
             attribution.quarantined_attempts_settle(cluster=cluster, now=timezone.now())
@@ -73,6 +75,8 @@ def sync_all_clusters() -> None:
                 logger.warning("cluster %s: %s", cluster.name, exc)
     backend_submit.attempt_redrive_stuck_submits()
     backend_submit.attempt_redrive_deferred_cancels()
+    # Ended workspaces' files, on the clusters that answered (the others' wait).
+    workspace_storage.workspace_storage_release_ended(reachable=answered)
 
 
 @shared_task

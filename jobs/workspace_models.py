@@ -65,6 +65,10 @@ class Workspace(models.Model):
     warned_at = models.DateTimeField(null=True, blank=True)
     suspended_at = models.DateTimeField(null=True, blank=True)
     extended_minutes = models.PositiveIntegerField(default=0)
+    # When the clusters it ran on let go of its files (Kubernetes: its volume deleted), once
+    # it ended for good; until then every sync cycle asks them again
+    # (jobs.services.workspace_storage).
+    storage_released_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

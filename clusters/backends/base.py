@@ -251,6 +251,12 @@ class Backend(Protocol):
         cannot be a workspace there (not running, a port the backend does not route);
         TransientBackendError when the backend could not say yet."""
 
+    def workspace_release(self, *, run_id: int, tenant: str) -> None:
+        """Let go of what the backend keeps of workspace run ``run_id`` of ``tenant`` across
+        its attempts (its files: Kubernetes deletes its volume) once it has ended for good;
+        never called on a suspend. Idempotent: what is gone already is done. BackendError
+        when the backend could not: Gantry asks again."""
+
     def health_check(self, node: str, *, check_id: int, flavor: str, gpus: int) -> JobRef:
         """Submit the cluster's health check (its ``health_check`` setting) to ``node``,
         holding its ``gpus`` GPUs of ``flavor``, as job ``gantry-hc<check_id>``; ``sync``

@@ -1,8 +1,9 @@
 """Kubernetes objects for one attempt, rendered from plain data: no ORM, no client, no I/O.
 
 ``render(spec, settings)`` (the ``K8sSettings`` of ``k8s_settings.parse_settings``) returns
-the objects the backend creates, in creation order: Secret, Service (nodes > 1, or a
-workspace's: ``k8s_workspace``), PodGroup (Volcano), Job. The attempt token appears in the
+the objects the backend creates, in creation order: a workspace's PersistentVolumeClaim (its
+run's, kept across attempts: ``k8s_workspace``), Secret, Service (nodes > 1, or a
+workspace's), PodGroup (Volcano), Job. The attempt token appears in the
 Secret only when ``token`` is passed (a workspace's secret only when its spec holds it);
 what is stored on the attempt is rendered without them.
 
@@ -39,10 +40,15 @@ from clusters.backends.k8s_settings import (
     K8sSettings,
 )
 from clusters.backends.k8s_workspace import (
+    claim_name,
+    workspace_claim,
     workspace_env,
+    workspace_mounts,
     workspace_ports,
     workspace_secret_data,
+    workspace_security_context,
     workspace_service,
+    workspace_volumes,
 )
 from clusters.env_names import env_name_refusal
 from clusters.job_env import ATTEMPT_TOKEN_ENV, REDACTED
@@ -340,7 +346,10 @@ def _pod_spec(
         # The tail of the log becomes the termination message of a failed container: how
         # "CUDA out of memory" reaches the failure taxonomy.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],  # noqa: S108 (shared memory for NCCL and data loaders),
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},  # noqa: S108 (shared memory for NCCL and data loaders)
+            *workspace_mounts(spec),
+        ],
     }
     if spec.nodes > 1:
         container["ports"] = [
@@ -357,6 +366,8 @@ def _pod_spec(
         "automountServiceAccountToken": False,
         "nodeSelector": {GPU_PRODUCT_LABEL: flavor.product, **flavor.node_selector},
     }
+    if security := workspace_security_context(spec, settings):
+        pod_spec["securityContext"] = security
     tolerations = [*settings.tolerations, *flavor.tolerations]
     if tolerations:
         pod_spec["tolerations"] = [dict(t) for t in tolerations]
@@ -371,7 +382,7 @@ def _pod_spec(
     if spec.nodes > 1:
         pod_spec["subdomain"] = name
     pod_spec["containers"] = [container]
-    pod_spec["volumes"] = [{"name": "dshm", "emptyDir": shm}]
+    pod_spec["volumes"] = [{"name": "dshm", "emptyDir": shm}, *workspace_volumes(spec)]
     return pod_spec
 
 
@@ -399,7 +410,13 @@ def render(spec: JobSpec, settings: K8sSettings, *, token: str = "") -> list[dic
             "annotations": dict(annotations),
         }
 
-    objects: list[dict[str, Any]] = [
+    objects: list[dict[str, Any]] = []
+    if spec.workspace is not None:
+        # The run's, not the attempt's: no attempt label, as it outlives the attempt.
+        claim = meta(claim_name(spec.run_id))
+        del claim["labels"][ATTEMPT_LABEL]
+        objects.append(workspace_claim(claim, settings))
+    objects.append(
         {
             "apiVersion": "v1",
             "kind": "Secret",
@@ -407,7 +424,7 @@ def render(spec: JobSpec, settings: K8sSettings, *, token: str = "") -> list[dic
             "type": "Opaque",
             "stringData": {TOKEN_ENV: token or REDACTED, **workspace_secret_data(spec)},
         }
-    ]
+    )
     if spec.nodes > 1:
         objects.append(
             _rendezvous_service(meta(name), labels[ATTEMPT_LABEL], port=settings.master_port)

@@ -22,6 +22,13 @@ KUEUE_TOPOLOGY_ANNOTATIONS = {
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+# A size above zero: a digit other than 0 in the number (a claim of 0 bytes is refused).
+# \A and \Z, not ^ and $: "$" also matches before a final line break.
+_POSITIVE_SIZE = re.compile(
+    r"\A([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?\Z"
+)
+# A StorageClass's name: a DNS-1123 subdomain.
+_SUBDOMAIN = re.compile(r"\A[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _RESOURCE = re.compile(r"^nvidia\.com/(gpu|mig-[0-9]+g\.[0-9]+gb)$")
 _LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
@@ -74,6 +81,13 @@ class K8sSettings:
     kueue_topology_level: str = ""
     kueue_topology_mode: str = "required"
     volcano_queue: str = "default"
+    # A workspace's volume (docs/workspaces.md, "Backends"): its size, and its StorageClass
+    # ("": the cluster's default class).
+    workspace_volume_size: str = "20Gi"
+    workspace_storage_class: str = ""
+    # The group the volume's files are made to belong to (the pod's fsGroup), for an image
+    # whose user is not root; None: as the StorageClass makes them.
+    workspace_fs_group: int | None = None
     topology_labels: tuple[TopologyLevel, ...] = ()  # widest first
 
     @property
@@ -255,6 +269,25 @@ SETTINGS_SCHEMA: dict[str, Any] = {
             enum=list(KUEUE_TOPOLOGY_ANNOTATIONS),
         ),
         "volcano_queue": _typed("string"),
+        "workspace_volume_size": _typed(
+            "string",
+            "workspace_volume_size must be a size above zero such as 20Gi (a number and one of "
+            "Ki, Mi, Gi, Ti, Pi, k, M, G, T, P), not $value",
+            pattern=_POSITIVE_SIZE.pattern,
+        ),
+        "workspace_storage_class": _typed(
+            "string",
+            "workspace_storage_class must be the name of a StorageClass (lower-case letters, "
+            "digits, - and .), not $value",
+            maxLength=253,
+            pattern=_empty_or(_SUBDOMAIN),
+        ),
+        "workspace_fs_group": _typed(
+            "integer",
+            "workspace_fs_group must be a group id from 0 to 2147483647, not $value",
+            minimum=0,
+            maximum=2**31 - 1,
+        ),
         "topology_labels": _typed(
             "array",
             items=_TOPOLOGY_LEVEL,
@@ -290,7 +323,8 @@ _AS_GIVEN = (
     "kubeconfig", "context", "token_env", "token_file", "ca_file", "insecure_skip_tls_verify",
     "namespace_prefix", "create_namespaces", "ttl_seconds_after_finished", "disruption_action",
     "master_port", "shm_size", "queueing", "kueue_queue", "kueue_topology_level",
-    "kueue_topology_mode", "volcano_queue",
+    "kueue_topology_mode", "volcano_queue", "workspace_volume_size", "workspace_storage_class",
+    "workspace_fs_group",
 )  # fmt: skip
 
 

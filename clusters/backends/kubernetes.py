@@ -41,7 +41,7 @@ from clusters.backends.health_check import (
     parse_health_check,
     settings_for_check,
 )
-from clusters.backends.k8s_connection import K8sConnection, status_message
+from clusters.backends.k8s_connection import status_message
 from clusters.backends.k8s_fence import (
     CHECK_TOLERATIONS,
     FenceError,
@@ -73,7 +73,8 @@ from clusters.backends.k8s_status import (
     pod_rank,
     split_backend_job_id,
 )
-from clusters.backends.k8s_workspace import WORKSPACE_PORT, service_host
+from clusters.backends.k8s_workspace import CLAIM_KIND
+from clusters.backends.k8s_workspace_calls import K8sWorkspaceCalls
 from clusters.models import Cluster
 
 PODGROUP = ("scheduling.volcano.sh", "v1beta1", "podgroups")
@@ -82,7 +83,7 @@ LIST_PAGE = 500
 
 
 @register(Cluster.Backend.KUBERNETES)
-class KubernetesBackend(K8sConnection):
+class KubernetesBackend(K8sWorkspaceCalls):
     # The scheduler binds pending pods as GPUs free, and Gantry can neither hold a node for
     # a pod nor put its pod first without a PriorityClass over other tenants' workloads:
     # admission does not preempt for GPUs a pending outside pod would take (docs/kubernetes.md).
@@ -106,7 +107,8 @@ class KubernetesBackend(K8sConnection):
     def submit(self, spec: JobSpec, *, may_exist: bool = True) -> str:
         """Create the attempt's objects, or adopt the Job already named after the attempt
         (looked up first only if an earlier try may have created it; creating a Job that
-        exists answers 409 and adopts it all the same)."""
+        exists answers 409 and adopts it all the same). A workspace's volume is created
+        first, or adopted (``K8sWorkspaceCalls``)."""
         return self._submit(spec, self.settings, may_exist=may_exist)
 
     def _submit(self, spec: JobSpec, settings: K8sSettings, *, may_exist: bool) -> str:
@@ -118,7 +120,10 @@ class KubernetesBackend(K8sConnection):
             return self._adopt(existing, spec)
         self._ensure_namespace(namespace, spec)
         for obj in objects[:-1]:
-            self._create(obj, tolerate_existing=True)
+            if obj["kind"] == CLAIM_KIND:  # the run's: adopted when there, never the Job's
+                self._claim_ensure(obj)
+            else:
+                self._create(obj, tolerate_existing=True)
         try:
             created = self._create(job, tolerate_existing=False)
         except _AlreadyExists:
@@ -129,7 +134,7 @@ class KubernetesBackend(K8sConnection):
                     f"job {namespace}/{name} vanished while adopting it"
                 ) from None
             return self._adopt(existing, spec)
-        self._own(objects[:-1], created)
+        self._own([obj for obj in objects[:-1] if obj["kind"] != CLAIM_KIND], created)
         return backend_job_id(namespace, name)
 
     def sync(self, refs: list[JobRef]) -> dict[str, JobStatus]:
@@ -181,7 +186,8 @@ class KubernetesBackend(K8sConnection):
 
     def cancel(self, ref: JobRef) -> None:
         """Delete the Job with foreground propagation (its pods go first), and the objects
-        created beside it; already gone is fine."""
+        created beside it but a workspace's volume (its run's: ``workspace_release``);
+        already gone is fine."""
         where = split_backend_job_id(ref.backend_job_id)
         if where is None:
             return
@@ -195,15 +201,6 @@ class KubernetesBackend(K8sConnection):
             self._delete(
                 custom.delete_namespaced_custom_object, *PODGROUP[:2], namespace, PODGROUP[2], name
             )
-
-    def workspace_address(self, ref: JobRef, *, port: int) -> tuple[str, int]:
-        """The DNS name of the workspace's Service, from the Job's namespace and name."""
-        where = split_backend_job_id(ref.backend_job_id)
-        if where is None:
-            raise PermanentBackendError(f"no Kubernetes job {ref.backend_job_id!r}")
-        if port != WORKSPACE_PORT:
-            raise PermanentBackendError(f"its Service routes port {WORKSPACE_PORT}, not {port}")
-        return service_host(*where), WORKSPACE_PORT
 
     def logs(self, ref: JobRef, *, tail: int, rank: int = 0) -> str:
         """The log of one rank's pod (the latest, if it was replaced); rank 0 by default."""

@@ -237,6 +237,9 @@ class SimulatorBackend:
             raise PermanentBackendError(f"job {ref.name} has ended ({job.state.lower()})")
         return sim_workspace.BIND, port
 
+    def workspace_release(self, *, run_id: int, tenant: str) -> None:
+        """Nothing to let go of: the server's directory stays under the data directory."""
+
     def health_check(self, node: str, *, check_id: int, flavor: str, gpus: int) -> JobRef:
         """A simulated health check pinned to ``node``: it runs ``HEALTH_CHECK_S`` simulated
         seconds from now and fails (exit 226, as dcgmi diag does when a test fails) if the

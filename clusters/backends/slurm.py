@@ -205,6 +205,9 @@ class SlurmBackend:
             raise TransientBackendError(f"Slurm gave no address of node {node}")
         return address, port
 
+    def workspace_release(self, *, run_id: int, tenant: str) -> None:
+        """Nothing to let go of: the workspace's directory stays in the job directory."""
+
     def logs(self, ref: JobRef, *, tail: int) -> str:
         """The last ``tail`` lines of the job's output file, read where this process sees
         the cluster's job directory (``log_dir``, default ``job_dir``)."""

@@ -6,11 +6,12 @@ that passes the scheduler's filters: cordon, taints and tolerations, node select
 required node affinity, free GPUs counting every bound pod of every namespace, required
 pod anti-affinity; or to a virtual node when none are registered), or stays Pending with
 PodScheduled=False, Unschedulable and the scheduler's message ("0/3 nodes are available:
-…"); then runs, then succeeds once ``runtime_s`` has passed since it started. Pods of
-others (``add_pod``) only hold their node's resources. Failures are injected per job and
-rank and take effect on the next step. The Job's ``podFailurePolicy``, ``backoffLimit``,
-``activeDeadlineSeconds`` and ``ttlSecondsAfterFinished`` are honoured as the real job
-controller does, and deletions (foreground included) finish here.
+…"; a PersistentVolumeClaim it mounts that is missing or being deleted); then runs, then
+succeeds once ``runtime_s`` has passed since it started. Pods of others (``add_pod``) only
+hold their node's resources. Failures are injected per job and rank and take effect on the
+next step. The Job's ``podFailurePolicy``, ``backoffLimit``, ``activeDeadlineSeconds`` and
+``ttlSecondsAfterFinished`` are honoured as the real job controller does, and deletions
+(foreground included, and claims no pod mounts any more) finish here.
 """
 
 import copy
@@ -18,7 +19,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from tests.k8s_fake.store import Store
+from tests.k8s_fake.store import PVC_PROTECTION, Store, claims_of
 
 INDEX = "batch.kubernetes.io/job-completion-index"
 GPU_PRODUCT = "nvidia.com/gpu.product"
@@ -237,6 +238,14 @@ class Controller:
             if pod["metadata"].get("deletionTimestamp"):
                 self.store.remove("pods", pod)
         self.store.collect_garbage()
+        # The pvc-protection controller: a Terminating claim no pod mounts any more goes.
+        for claim in list(self.store.iter("persistentvolumeclaims")):
+            meta = claim["metadata"]
+            if meta.get("deletionTimestamp") and not self.store.claim_in_use(
+                meta["namespace"], meta["name"]
+            ):
+                meta["finalizers"] = [f for f in meta.get("finalizers", []) if f != PVC_PROTECTION]
+                self.store.remove("persistentvolumeclaims", claim)
 
     def _expire_finished(self) -> None:
         now = self.clock.now
@@ -448,6 +457,12 @@ class Controller:
                 or self.store.find("podgroups", pod["metadata"]["namespace"], group) is None
             ):
                 return None, f"pod group {group!r} not found"
+        for name in claims_of(pod):
+            claim = self.store.find("persistentvolumeclaims", pod["metadata"]["namespace"], name)
+            if claim is None:
+                return None, f'persistentvolumeclaim "{name}" not found'
+            if claim["metadata"].get("deletionTimestamp"):
+                return None, f'persistentvolumeclaim "{name}" is being deleted'
         limits = spec["containers"][0].get("resources", {}).get("limits", {})
         gpu_resource = next((r for r in limits if r.startswith("nvidia.com/")), None)
         wanted = int(limits.get(gpu_resource, 0)) if gpu_resource else 0

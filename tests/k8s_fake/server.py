@@ -319,6 +319,8 @@ def _handler_for(api: FakeApiServer):
                     raise ApiError(400, "BadRequest", f"expected kind {kind}, got {body['kind']}")
                 if plural == "jobs":
                     _validate_job(body)
+                if plural == "persistentvolumeclaims":
+                    _validate_claim(body)
                 self._send(201, store.create(plural, scope, body))
             elif method == "PUT" and name:
                 self._send(200, store.replace(plural, scope, name, self._body() or {}))
@@ -444,6 +446,24 @@ def _validate_job(body: dict) -> None:
     if spec.get("podFailurePolicy") and pod_spec.get("restartPolicy") != "Never":
         raise ApiError(
             422, "Invalid", "spec.template.spec.restartPolicy: only Never with podFailurePolicy"
+        )
+
+
+def _validate_claim(body: dict) -> None:
+    """The API server's ValidatePersistentVolumeClaimSpec, for what a claim must have."""
+    spec = body.get("spec") or {}
+    if not spec.get("accessModes"):
+        raise ApiError(
+            422, "Invalid", "spec.accessModes: Required value: at least 1 access mode is required"
+        )
+    storage = ((spec.get("resources") or {}).get("requests") or {}).get("storage")
+    if storage is None:
+        raise ApiError(422, "Invalid", "spec.resources[storage]: Required value")
+    if not re.search(r"[1-9]", re.sub(r"[A-Za-z]+$", "", str(storage))):
+        raise ApiError(
+            422,
+            "Invalid",
+            f'spec.resources[storage]: Invalid value: "{storage}": must be greater than zero',
         )
 
 

@@ -31,11 +31,15 @@ RESOURCES: dict[str, tuple[str, str, bool, str]] = {
     "pods": ("v1", "Pod", True, ""),
     "services": ("v1", "Service", True, ""),
     "secrets": ("v1", "Secret", True, ""),
+    "persistentvolumeclaims": ("v1", "PersistentVolumeClaim", True, ""),
     "events": ("v1", "Event", True, ""),
     "jobs": ("batch/v1", "Job", True, "batch"),
     "podgroups": ("scheduling.volcano.sh/v1beta1", "PodGroup", True, "scheduling.volcano.sh"),
 }
 EVENT_LOG_SIZE = 100_000
+# What the API server's StorageObjectInUseProtection admission puts on every claim: deleting
+# a claim a pod uses leaves it Terminating until no pod does (the controller finishes it).
+PVC_PROTECTION = "kubernetes.io/pvc-protection"
 
 
 class ApiError(Exception):
@@ -258,6 +262,15 @@ def json_patch(target: dict, operations: list) -> dict:
 
 
 # --- the store -------------------------------------------------------------------------------
+
+
+def claims_of(pod: dict) -> list[str]:
+    """The PersistentVolumeClaims a pod's volumes name."""
+    return [
+        volume["persistentVolumeClaim"]["claimName"]
+        for volume in (pod.get("spec") or {}).get("volumes") or []
+        if "persistentVolumeClaim" in volume
+    ]
 
 
 @dataclass
@@ -487,6 +500,9 @@ class Store:
                     data[key] = base64.b64encode(str(value).encode()).decode()
             if plural == "namespaces":
                 obj.setdefault("status", {"phase": "Active"})
+            if plural == "persistentvolumeclaims":
+                meta["finalizers"] = [*meta.get("finalizers", []), PVC_PROTECTION]
+                obj["status"] = {"phase": "Pending"}
             bucket[name] = obj
             self._emit("ADDED", plural, obj)
             return copy.deepcopy(obj)
@@ -566,11 +582,15 @@ class Store:
         """DELETE with propagationPolicy: Foreground keeps the object (deletionTimestamp,
         finalizer foregroundDeletion) until the controller has removed its dependents;
         Background removes it and collects its dependents; Orphan leaves them ownerless.
-        Jobs default to Orphan, as on a real API server."""
+        Jobs default to Orphan, as on a real API server. A PersistentVolumeClaim that a pod
+        still mounts stays, Terminating, until no pod does (``PVC_PROTECTION``; the
+        controller removes it then)."""
         with self.lock:
             obj = self.find(plural, namespace, name)
             if obj is None:
                 raise not_found(plural, name)
+            if plural == "persistentvolumeclaims":
+                return self._delete_claim(obj)
             policy = propagation or ("Orphan" if plural == "jobs" else "Background")
             uid = obj["metadata"]["uid"]
             dependents = self.dependents(uid)
@@ -608,6 +628,30 @@ class Store:
                     "uid": uid,
                 },
             }
+
+    def _delete_claim(self, claim: dict) -> dict:
+        """A claim's DELETE answers with the claim (the API server returns the deleted
+        object for claims, not a Status), marked as being deleted: kept while a pod mounts
+        it, else gone at once (the pvc-protection controller is quick about it)."""
+        meta = claim["metadata"]
+        fresh = not meta.get("deletionTimestamp")
+        if fresh:
+            meta["deletionTimestamp"] = self.clock.stamp()
+        if self.claim_in_use(meta["namespace"], meta["name"]):
+            if fresh:
+                self._emit("MODIFIED", "persistentvolumeclaims", claim)
+            return copy.deepcopy(claim)
+        meta["finalizers"] = [f for f in meta.get("finalizers", []) if f != PVC_PROTECTION]
+        self.remove("persistentvolumeclaims", claim)
+        return copy.deepcopy(claim)
+
+    def claim_in_use(self, namespace: str, name: str) -> bool:
+        """Whether a pod that has not ended mounts the claim ``name``."""
+        return any(
+            (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            and name in claims_of(pod)
+            for pod in self.iter("pods", namespace)
+        )
 
     def mark_deleted(self, plural: str, obj: dict) -> None:
         """Pods terminate first (the controller removes them on its next step); other

@@ -71,7 +71,12 @@ def test_the_job_learns_its_server_and_base_url_and_no_job_may_set_them():
     }
     assert "GANTRY_WORKSPACE_SERVER" not in job_env(spec(workspace=None))
     assert SERVER_TOKEN not in repr(spec())
-    for name in ("GANTRY_WORKSPACE_TOKEN", "GANTRY_WORKSPACE_BIND", "GANTRY_WORKSPACE_PORT"):
+    for name in (
+        "GANTRY_WORKSPACE_TOKEN",
+        "GANTRY_WORKSPACE_BIND",
+        "GANTRY_WORKSPACE_PORT",
+        "GANTRY_WORKSPACE_HOME",
+    ):
         assert env_name_refusal(name) is not None
 
 
@@ -157,11 +162,29 @@ def test_slurm_nodes_carry_their_node_addr():
 # --- Kubernetes ------------------------------------------------------------------------------
 
 
-def test_kubernetes_renders_a_service_and_a_fixed_port_and_validates():
+def test_kubernetes_renders_a_volume_a_service_and_a_fixed_port_and_validates():
     settings = parse_settings(BASE_SETTINGS)
     stored = render(spec(attempt_token="", workspace=replace(WORKSPACE, token="")), settings)
-    assert [o["kind"] for o in stored] == ["Secret", "Service", "Job"]
-    secret, service, job = stored
+    assert [o["kind"] for o in stored] == ["PersistentVolumeClaim", "Secret", "Service", "Job"]
+    claim, secret, service, job = stored
+    # The run's volume: named after the run, labelled like the attempt's objects but for
+    # the attempt (it outlives each one).
+    assert claim == {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": "gantry-ws-17",
+            "namespace": "gantry-vision",
+            "labels": {
+                "gantry.io/tenant": "vision",
+                "gantry.io/project": "detection",
+                "gantry.io/run": "17",
+                "app.kubernetes.io/managed-by": "gantry",
+            },
+            "annotations": {"gantry.io/tenant": "vision", "gantry.io/project": "detection"},
+        },
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "20Gi"}}},
+    }
     assert secret["stringData"] == {
         "GANTRY_ATTEMPT_TOKEN": "<redacted>",
         "GANTRY_WORKSPACE_TOKEN": "<redacted>",
@@ -174,21 +197,71 @@ def test_kubernetes_renders_a_service_and_a_fixed_port_and_validates():
             {"name": "workspace", "port": 8888, "targetPort": "workspace", "protocol": "TCP"}
         ],
     }
-    container = job["spec"]["template"]["spec"]["containers"][0]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["volumes"] == [
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "workspace", "persistentVolumeClaim": {"claimName": "gantry-ws-17"}},
+    ]
+    container = pod["containers"][0]
+    assert container["volumeMounts"] == [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "workspace", "mountPath": "/home/gantry/workspace"},
+    ]
     assert container["ports"] == [{"name": "workspace", "containerPort": 8888, "protocol": "TCP"}]
-    env = {e["name"]: e for e in container["env"]}
-    assert env["GANTRY_WORKSPACE_BIND"] == {"name": "GANTRY_WORKSPACE_BIND", "value": "0.0.0.0"}  # noqa: S104
-    assert env["GANTRY_WORKSPACE_PORT"] == {"name": "GANTRY_WORKSPACE_PORT", "value": "8888"}
-    assert env["GANTRY_WORKSPACE_TOKEN"]["valueFrom"] == {
-        "secretKeyRef": {"name": "gantry-a41-token", "key": "GANTRY_WORKSPACE_TOKEN"}
-    }
-    assert env["GANTRY_WORKSPACE_BASE_URL"]["value"] == "/w/17/"
+    assert [e for e in container["env"] if e["name"].startswith("GANTRY_WORKSPACE")] == [
+        {"name": "GANTRY_WORKSPACE_BASE_URL", "value": "/w/17/"},
+        {"name": "GANTRY_WORKSPACE_SERVER", "value": "jupyter"},
+        {"name": "GANTRY_WORKSPACE_BIND", "value": "0.0.0.0"},  # noqa: S104
+        {"name": "GANTRY_WORKSPACE_HOME", "value": "/home/gantry/workspace"},
+        {"name": "GANTRY_WORKSPACE_PORT", "value": "8888"},
+        {
+            "name": "GANTRY_WORKSPACE_TOKEN",
+            "valueFrom": {
+                "secretKeyRef": {"name": "gantry-a41-token", "key": "GANTRY_WORKSPACE_TOKEN"}
+            },
+        },
+    ]
     for version in K8S_VERSIONS:
         for obj in stored:
             validate(obj, version)
     with_secrets = render(spec(), settings)
-    assert with_secrets[0]["stringData"]["GANTRY_WORKSPACE_TOKEN"] == SERVER_TOKEN
-    assert SERVER_TOKEN not in json.dumps(with_secrets[1:])
+    assert with_secrets[1]["stringData"]["GANTRY_WORKSPACE_TOKEN"] == SERVER_TOKEN
+    assert SERVER_TOKEN not in json.dumps([with_secrets[0], *with_secrets[2:]])
+
+
+def test_kubernetes_sizes_the_volume_names_its_class_and_group_as_the_cluster_says():
+    settings = parse_settings(
+        {
+            **BASE_SETTINGS,
+            "workspace_volume_size": "100Gi",
+            "workspace_storage_class": "ceph-rbd",
+            "workspace_fs_group": 100,
+        }
+    )
+    objects = render(spec(), settings)
+    claim, job = objects[0], objects[-1]
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "100Gi"}},
+        "storageClassName": "ceph-rbd",
+    }
+    assert job["spec"]["template"]["spec"]["securityContext"] == {
+        "fsGroup": 100,
+        "fsGroupChangePolicy": "OnRootMismatch",
+    }
+    for version in K8S_VERSIONS:
+        validate(claim, version)
+        validate(job, version)
+    # By default the files' group is the StorageClass's business.
+    default = render(spec(), parse_settings(BASE_SETTINGS))[-1]["spec"]["template"]["spec"]
+    assert "securityContext" not in default
+    # A batch job gets no volume, no home of its own and no group.
+    batch = render(spec(workspace=None, command="python train.py"), settings)
+    assert [o["kind"] for o in batch] == ["Secret", "Job"]
+    pod = batch[-1]["spec"]["template"]["spec"]
+    assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    assert "securityContext" not in pod
+    assert "GANTRY_WORKSPACE_HOME" not in json.dumps(pod)
 
 
 def test_kubernetes_workspace_on_the_fake_api_server_is_reached_at_its_service(fake):  # noqa: F811
