@@ -14,6 +14,7 @@ process that started it reaps it and writes its exit status next to its log.
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,6 +54,11 @@ def _paths(name: str) -> tuple[Path, Path, Path]:
 def files_of(run_id: int) -> Path:
     """The workspace's files (its server's root directory), kept across its attempts."""
     return directory() / f"run-{int(run_id)}"
+
+
+def files_release(run_id: int) -> None:
+    """The workspace's files deleted, once it has ended for good (none: nothing to do)."""
+    shutil.rmtree(files_of(run_id), ignore_errors=True)
 
 
 def spec_fields(spec: JobSpec) -> dict[str, Any]:

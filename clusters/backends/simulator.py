@@ -238,7 +238,9 @@ class SimulatorBackend:
         return sim_workspace.BIND, port
 
     def workspace_release(self, *, run_id: int, tenant: str) -> None:
-        """Nothing to let go of: the server's directory stays under the data directory."""
+        """The workspace's directory under the data directory is deleted, as a Kubernetes
+        workspace's volume is: it has ended for good."""
+        sim_workspace.files_release(run_id)
 
     def health_check(self, node: str, *, check_id: int, flavor: str, gpus: int) -> JobRef:
         """A simulated health check pinned to ``node``: it runs ``HEALTH_CHECK_S`` simulated

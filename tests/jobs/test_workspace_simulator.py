@@ -27,6 +27,7 @@ from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import attempt_cancel, cluster_sync
 from jobs.services.lifecycle import run_cancel
+from jobs.services.workspace_storage import workspace_storage_release_ended
 from jobs.services.workspaces import WorkspaceInput, workspace_launch, workspace_server_token
 from tests.workspace_support import refuses, status_code
 
@@ -128,6 +129,12 @@ def test_a_real_jupyter_answers_with_its_secret_only_and_cancel_stops_it(
     assert refuses(workspace.port)
     run.refresh_from_db()
     assert run.state == RunState.CANCELLED
+    # Its files are kept until the sync releases an ended workspace's storage.
+    files = sim_workspace.files_of(run.pk)
+    assert files.is_dir()
+    assert workspace_storage_release_ended(reachable=[world.cluster.pk]) == 1
+    assert not files.exists()
+    assert Workspace.objects.get(run=run).storage_released_at is not None
 
 
 def test_a_server_that_dies_mid_session_ends_its_attempt(world, live_server, settings):
