@@ -125,6 +125,7 @@ def test_two_beats_send_each_periodic_task_once_and_the_standby_takes_over(tmp_p
         reader.stop()
         for process in processes.values():
             stop_process(process)
+        client.delete(QUEUE, f"{key}:leader", f"{key}:last-run")
         client.close()
 
     sent = reader.sent
