@@ -30,7 +30,6 @@ def _env() -> dict[str, str]:
 def _commands(env: dict[str, str]) -> dict[str, list[str]]:
     python = sys.executable
     bind = f"{env.get('GANTRY_BIND', '127.0.0.1')}:{env.get('GANTRY_PORT', '8000')}"
-    data_dir = Path(env.get("GANTRY_DATA_DIR", Path(__file__).resolve().parent.parent / "var"))
     return {
         # --preload: Django starts once, in gunicorn's master, and both workers fork from it
         # (a start of Django costs ~1.5 s of CPU, paid while the worker and beat start too).
@@ -43,10 +42,8 @@ def _commands(env: dict[str, str]) -> dict[str, list[str]]:
             python, "-m", "celery", "-A", "portal", "worker",
             "--loglevel", "INFO", "--concurrency", "2", "--without-mingle", "--without-gossip",
         ],
-        "beat": [
-            python, "-m", "celery", "-A", "portal", "beat", "--loglevel", "INFO",
-            "--schedule", str(data_dir.resolve() / "celerybeat-schedule"),
-        ],
+        # Its lock and last runs are in GANTRY_DATA_DIR/beat (portal/beat.py).
+        "beat": [python, "-m", "celery", "-A", "portal", "beat", "--loglevel", "INFO"],
         # On GANTRY_WORKSPACE_PROXY_PORT (default GANTRY_PORT + 1), loopback only.
         "proxy": [python, "-m", "portal.workspace_proxy"],
     }  # fmt: skip

@@ -343,7 +343,25 @@ CELERY_BROKER_CONNECTION_RETRY = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_TASK_ALWAYS_EAGER = env_bool("GANTRY_CELERY_EAGER", default=False)
-CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+# Several beats may run; the one holding the leader lock sends periodic tasks (portal/beat.py,
+# docs/operator-guide.md "Several beats"). The lock and the schedule's last runs are in Redis
+# (the broker's by default: without it no task can be sent anyway) or, on the embedded
+# default, a file lock in the data directory.
+CELERY_BEAT_SCHEDULER = "portal.beat:LeaderScheduler"
+GANTRY_BEAT_LOCK_URL = env_str(
+    "GANTRY_BEAT_LOCK_URL",
+    default=CELERY_BROKER_URL
+    if CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
+    else f"file://{DATA_DIR / 'beat'}",
+)
+GANTRY_BEAT_LOCK_KEY = env_str("GANTRY_BEAT_LOCK_KEY", default="gantry:beat")
+# A killed leader's lock expires after this long; a standby tries to take it this often.
+GANTRY_BEAT_LOCK_TTL_S = env_int("GANTRY_BEAT_LOCK_TTL_S", default=30)
+GANTRY_BEAT_LOCK_POLL_S = env_int("GANTRY_BEAT_LOCK_POLL_S", default=5)
+if GANTRY_BEAT_LOCK_TTL_S < 3 or not 1 <= GANTRY_BEAT_LOCK_POLL_S <= GANTRY_BEAT_LOCK_TTL_S:
+    raise ImproperlyConfigured(
+        "GANTRY_BEAT_LOCK_TTL_S must be at least 3 and GANTRY_BEAT_LOCK_POLL_S between 1 and it"
+    )
 
 GANTRY_ADMISSION_INTERVAL_S = env_int("GANTRY_ADMISSION_INTERVAL_S", default=5)
 # A cycle whose inputs did not change since the last full one skips deciding, but not for

@@ -52,3 +52,8 @@ if not os.environ.get("GANTRY_TEST_METRICS_FRESH"):
 from portal.settings import *  # noqa: E402, F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests
+
+# The beats of each test lead on a lock of their own: a beat that one test killed holds its
+# Redis lock for the TTL, which must not delay the next test's beat. Processes that share a
+# data directory (a test's several beats) share the lock.
+GANTRY_BEAT_LOCK_KEY = f"gantry-test:{DATA_DIR}:beat"  # noqa: F405

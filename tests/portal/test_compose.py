@@ -322,18 +322,42 @@ def test_web_health_check_asks_a_host_the_example_allows():
     assert urlsplit(url).path == "/healthz"
 
 
-def test_beat_keeps_its_schedule_on_a_volume():
-    beat = compose()["services"]["beat"]
+def test_compose_beats_share_the_leader_lock_in_the_compose_redis(tmp_path):
+    # Several beats are safe only when they share one lock (portal/beat.py): with compose's
+    # environment and .env.example's values, the lock and the last runs are in its Redis.
+    values = {name: value for name, (value, _) in env_example().items()}
+    beat_env = compose()["services"]["beat"]["environment"]
+    script = (
+        "import json\n"
+        "from django.conf import settings\n"
+        "print(json.dumps([settings.CELERY_BEAT_SCHEDULER, settings.GANTRY_BEAT_LOCK_URL,\n"
+        "  settings.GANTRY_BEAT_LOCK_KEY, settings.GANTRY_BEAT_LOCK_TTL_S]))\n"
+    )
+    overrides = {
+        "CELERY_BROKER_URL": beat_env["CELERY_BROKER_URL"],
+        "GANTRY_DATA_DIR": str(tmp_path),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=clean_env(**{**values, **overrides}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [
+        "portal.beat:LeaderScheduler",
+        "redis://redis:6379/0",
+        "gantry:beat",
+        30,
+    ]
     (invocation,) = [
         i for i in INVOCATIONS if i.where == "docker-compose.yml beat" and i.kind == "celery"
     ]
-    schedule = option_value(list(invocation.argv), "--schedule", "-s")
-    assert schedule, "beat needs --schedule on a volume so a restart keeps its last run times"
-    targets = [
-        volume.split(":")[1] if isinstance(volume, str) else volume["target"]
-        for volume in beat.get("volumes") or []
-    ]
-    assert any(Path(schedule).parent == Path(target) for target in targets)
+    # A --schedule file would be ignored: the last runs are kept with the lock.
+    assert option_value(list(invocation.argv), "--schedule", "-s") is None
 
 
 def test_own_services_read_env_file_and_use_the_compose_servers():

@@ -16,7 +16,6 @@ SHIPPED = PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
 # Loaded by another package from a setting, never imported by name in Gantry's code.
 LOADED_BY_OTHERS = {
     "psycopg": "Django's PostgreSQL backend (DATABASE_URL postgres://)",
-    "redis": "Celery's broker and Django's cache (redis:// URLs)",
     # The simulator's workspaces run the job-side launcher (sdk/gantry_sdk/workspace.py),
     # which starts `python -m jupyterlab`: what make run's demo opens.
     "jupyterlab": "the workspace launcher on the simulator (python -m jupyterlab)",
