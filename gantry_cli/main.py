@@ -1,6 +1,6 @@
 """``gantry``: submit, follow and manage GPU experiments from a terminal or a script.
 
-Commands: login, logout, submit, ls, show, logs, cancel, restart, rerun, spec, quota,
+Commands: login, logout, submit, simulate, ls, show, logs, cancel, restart, rerun, spec, quota,
 images, workspace start|ls|open|stop (``gantry COMMAND --help`` for each). Output is a
 human-readable table by default; ``--json`` prints the API's JSON for scripts. The server
 and token come from ``--url``, ``$GANTRY_URL`` and ``$GANTRY_TOKEN``, else from what

@@ -1,4 +1,4 @@
-"""The run commands: submit, ls, show, logs, cancel, restart, rerun, spec, and their
+"""The run commands: submit, simulate, ls, show, logs, cancel, restart, rerun, spec, and their
 parsers."""
 
 import argparse
@@ -81,6 +81,55 @@ def cmd_submit(ctx: Context) -> int:
     client = ctx.client()
     run = client.post("specs/", spec)
     return _submitted(ctx, client, run, "Submitted")
+
+
+def cmd_simulate(ctx: Context) -> int:
+    """What submitting the spec now would do, and when it would start in other shapes:
+    nothing is submitted."""
+    args = ctx.args
+    spec = spec_load(args.spec)
+    for assignment in args.set:
+        spec_set(spec, assignment)
+    preview = ctx.client().post("runs/simulate/", spec)
+    if args.json:
+        print_json(preview)
+        return EXIT_OK
+    print(preview["message"] + ".")
+    if preview["start"]:
+        print(preview["start"][:1].upper() + preview["start"][1:] + ".")
+    rows = [
+        (
+            ", ".join(
+                word
+                for word, on in (("fastest", shape["fastest"]), ("asked", shape["asked"]))
+                if on
+            ),
+            f"{shape['nodes']}×{shape['gpus_per_node']}",
+            shape["flavor"],
+            _topology(shape),
+            _start(shape, shape["expected_start"]),
+            _start(shape, shape["full_limits_start"]),
+        )
+        for shape in preview["shapes"]
+    ]
+    headers = ("", "SHAPE", "FLAVOR", "TOPOLOGY", "EXPECTED START", "AT FULL LIMITS")
+    print()
+    print(table(headers, rows))
+    return EXIT_OK
+
+
+def _topology(shape: dict[str, Any]) -> str:
+    if not shape["topology_level"]:
+        return "any"
+    return f"one {shape['topology_level']}, {shape['topology_mode']}"
+
+
+def _start(shape: dict[str, Any], at: str | None) -> str:
+    if shape["starts_now"]:
+        return "now"
+    if at is None:
+        return f"{'never' if shape['never'] else 'no estimate'}: {shape['note']}"
+    return when(at)
 
 
 def cmd_ls(ctx: Context) -> int:
@@ -266,18 +315,32 @@ def _add_wait_flags(sub: argparse.ArgumentParser) -> None:
     )
 
 
-def add_run_commands(commands: Commands) -> None:
-    submit = add_command(commands, "submit", cmd_submit, "Submit an experiment spec (YAML).")
-    submit.add_argument("spec", metavar="SPEC", help="Spec file; - reads standard input")
-    submit.add_argument(
+def _add_spec_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("spec", metavar="SPEC", help="Spec file; - reads standard input")
+    sub.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="KEY=VALUE",
         help="Override a dotted key, e.g. resources.nodes=2 (repeatable; values are YAML)",
     )
+
+
+def add_run_commands(commands: Commands) -> None:
+    submit = add_command(commands, "submit", cmd_submit, "Submit an experiment spec (YAML).")
+    _add_spec_arguments(submit)
     _add_wait_flags(submit)
     add_json_flag(submit)
+
+    simulate = add_command(
+        commands,
+        "simulate",
+        cmd_simulate,
+        "Say what submitting a spec now would do, and when it would start in other shapes "
+        "(other splits over nodes, other flavors, a looser topology); submits nothing.",
+    )
+    _add_spec_arguments(simulate)
+    add_json_flag(simulate)
 
     ls = add_command(commands, "ls", cmd_ls, "List runs, newest first.")
     ls.add_argument(

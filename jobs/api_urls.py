@@ -3,7 +3,13 @@ from rest_framework.routers import SimpleRouter
 
 from jobs import api
 from jobs.api_workspace import WorkspaceAddressApi
-from jobs.spec_api import ExperimentSpecApi, SpecSchemaApi, SpecSubmitApi, TemplateListApi
+from jobs.spec_api import (
+    ExperimentSpecApi,
+    RunSimulateApi,
+    SpecSchemaApi,
+    SpecSubmitApi,
+    TemplateListApi,
+)
 from jobs.workspace_api import WorkspaceViewSet
 
 router = SimpleRouter()
@@ -17,6 +23,7 @@ urlpatterns = [
     path("attempts/workspace/", WorkspaceAddressApi.as_view(), name="attempt-workspace-address"),
     path("quotas/", api.QuotaListApi.as_view(), name="quota-list"),
     path("specs/", SpecSubmitApi.as_view(), name="spec-submit"),
+    path("runs/simulate/", RunSimulateApi.as_view(), name="run-simulate"),
     path("spec/schema/", SpecSchemaApi.as_view(), name="spec-schema"),
     path(
         "experiments/<int:id>/spec/",

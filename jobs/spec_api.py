@@ -23,8 +23,10 @@ from jobs.access import template_list_usable
 from jobs.api import ID, IDEMPOTENCY_KEY, INVALID_PAGE, idempotency_key
 from jobs.models import ExperimentTemplate
 from jobs.selectors.experiments import experiment_get_viewable
+from jobs.selectors.preview import spec_preview
 from jobs.selectors.runs import run_get_viewable
 from jobs.serializers.runs import RunSerializer
+from jobs.serializers.simulate import SimulationSerializer
 from jobs.services.specs import experiment_spec, spec_submit
 from jobs.spec import SPEC_SCHEMA
 from tenants.models import Tenant
@@ -97,6 +99,25 @@ class SpecSubmitApi(APIView):
         return Response(
             RunSerializer(run).data, status=status.HTTP_201_CREATED, headers={"Location": location}
         )
+
+
+@extend_schema(tags=["specs"])
+class RunSimulateApi(APIView):
+    parser_classes = [JsonTextParser]
+
+    @extend_schema(
+        request=ExperimentSpecSerializer,
+        responses={200: SimulationSerializer, 400: SPEC_ERRORS, 401: UNAUTHENTICATED},
+    )
+    def post(self, request):
+        """What submitting this spec now would do, changing nothing: start, borrow, wait or
+        be refused, and when the same run would start in other shapes (another split over
+        nodes, another flavor, a looser topology), fastest first."""
+        try:
+            preview = spec_preview(user=request.user, document=request.data)
+        except DjangoValidationError as exc:
+            raise ValidationError(exc.message_dict) from None
+        return Response(SimulationSerializer(preview).data)
 
 
 @extend_schema(tags=["specs"])

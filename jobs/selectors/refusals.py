@@ -4,7 +4,7 @@ whether any placement could ever exist. The submit validation and the submit for
 both ask ``resource_refusals``, so they never disagree."""
 
 from clusters.models import Cluster, ClusterFlavor, ClusterNode
-from jobs import placement
+from jobs import admission_types, placement, shapes
 from jobs.models import TopologyMode
 from jobs.selectors.submit_context import SubmitContext
 from tenants.models import GpuFlavor, Quota, Tenant
@@ -158,29 +158,23 @@ def placement_never_possible(
 ) -> str:
     """Why no enabled cluster could place this gang even with every node free and taking
     work; "" when one could. What a submit is refused for, not what it waits for."""
-    by_cluster: dict[str, tuple[tuple[str, ...], list[placement.Node]]] = {}
-    for cluster, levels, name, gpus, path in ClusterNode.objects.filter(
+    inventory = []
+    levels: dict[str, tuple[str, ...]] = {}
+    for cluster, cluster_levels, name, gpus, path in ClusterNode.objects.filter(
         cluster__enabled=True, flavor__slug=flavor
     ).values_list("cluster__name", "cluster__topology_levels", "name", "gpus", "path"):
-        entry = by_cluster.setdefault(cluster, (tuple(levels), []))
-        entry[1].append(placement.Node(name, gpus, gpus, path=tuple(path)))
-    if not by_cluster:
-        return f"No enabled cluster has {flavor} GPUs."
-    within = f" in one {topology_level}" if required else ""
-    level_known = False
-    for levels, cluster_nodes in by_cluster.values():
-        level = None
-        if required:
-            if topology_level not in levels:
-                continue
-            level = levels.index(topology_level) + 1
-            level_known = True
-        gang = placement.Gang(nodes, gpus_per_node, required_level=level)
-        if placement.place(cluster_nodes, gang) is not None:
-            return ""
-    if required and not level_known:
-        return f"No cluster with {flavor} GPUs has a {topology_level} level."
-    return f"No single cluster has {nodes} nodes with {gpus_per_node} {flavor} GPUs each{within}."
+        levels[cluster] = tuple(cluster_levels)
+        inventory.append(admission_types.ClusterNode(cluster, flavor, name, gpus, path=tuple(path)))
+    why = shapes.never_placed(
+        inventory,
+        levels,
+        flavor=flavor,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        topology_level=topology_level,
+        required=required,
+    )
+    return f"{why[:1].upper()}{why[1:]}." if why else ""
 
 
 def topology_levels_offered(*, flavor: str | None = None) -> list[str]:

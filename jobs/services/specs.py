@@ -3,15 +3,14 @@
 from uuid import UUID
 
 from django.core.exceptions import ValidationError
-from django.db.models import F, Q
 
 from core.types import UserLike
 from jobs import spec
-from jobs.access import template_list_usable
 from jobs.models import (
     Experiment,
     Run,
 )
+from jobs.selectors.templates import template_of_spec
 from jobs.services.submission import (
     ExperimentInput,
     experiment_input_of,
@@ -54,12 +53,7 @@ def _spec_record_parsed(
         return run_record(
             user=user, data=ExperimentInput(**values), submission_key=submission_key, template=None
         )
-    template = (
-        template_list_usable(user=user)
-        .filter(Q(tenant__slug=values["tenant"]) | Q(tenant__isnull=True), name=name)
-        .order_by(F("tenant").asc(nulls_last=True))
-        .first()
-    )
+    template = template_of_spec(user=user, tenant=values["tenant"], name=name)
     if template is None:
         raise ValidationError(
             {"template": [f"No template {name} for tenant {values['tenant']}, nor a global one."]}

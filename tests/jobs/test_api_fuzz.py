@@ -71,6 +71,7 @@ OPERATIONS = {
     "GET /api/v1/quotas/",
     "GET /api/v1/runs/",
     "POST /api/v1/runs/",
+    "POST /api/v1/runs/simulate/",
     "GET /api/v1/runs/{id}/",
     "POST /api/v1/runs/{id}/cancel/",
     "POST /api/v1/runs/{id}/restart-excluding/",
@@ -324,6 +325,27 @@ def _strategies(fuzz: FuzzWorld, operation, mode: GenerationMode) -> list[st.Sea
         "dataset": st.fixed_dictionaries({"uri": STORABLE_TEXT, "version": STORABLE_TEXT}),
     }
     workspace_body = {**WORKSPACE_BODY, "image": fuzz.run_body["image"]}
+    # What submits a spec also previews it (``/runs/simulate/``).
+    spec_bodies = _with_some_of(fuzz.spec_body, spec_free_text) | _with_some_of(
+        fuzz.spec_body,
+        {
+            "tenant": NASTY_TEXT,
+            "project": NASTY_TEXT,
+            "name": NASTY_TEXT,
+            "image": NASTY_TEXT,
+            "command": NASTY_TEXT,
+            "template": st.one_of(st.just("small"), NASTY_TEXT),
+            "resources": st.dictionaries(
+                st.sampled_from(["flavor", "nodes", "gpus_per_node", "max_runtime_minutes"]),
+                st.one_of(NASTY_TEXT, NASTY_INT),
+            ),
+            "code": st.dictionaries(st.sampled_from(["repository", "commit"]), NASTY_TEXT),
+            "dataset": st.dictionaries(st.sampled_from(["uri", "version"]), NASTY_TEXT),
+            "params": st.dictionaries(NASTY_TEXT, NASTY_JSON, max_size=4),
+            "env": st.dictionaries(NASTY_TEXT, NASTY_TEXT, max_size=3),
+            "checkpoint_dir": NASTY_TEXT,
+        },
+    )
     bodies = {
         "POST /api/v1/runs/": _with_some_of(
             fuzz.run_body, {**free_text, "dataset_uri": STORABLE_TEXT}
@@ -346,27 +368,8 @@ def _strategies(fuzz: FuzzWorld, operation, mode: GenerationMode) -> list[st.Sea
                 "cloned_from": st.one_of(st.none(), NASTY_INT),
             },
         ),
-        "POST /api/v1/specs/": _with_some_of(fuzz.spec_body, spec_free_text)
-        | _with_some_of(
-            fuzz.spec_body,
-            {
-                "tenant": NASTY_TEXT,
-                "project": NASTY_TEXT,
-                "name": NASTY_TEXT,
-                "image": NASTY_TEXT,
-                "command": NASTY_TEXT,
-                "template": st.one_of(st.just("small"), NASTY_TEXT),
-                "resources": st.dictionaries(
-                    st.sampled_from(["flavor", "nodes", "gpus_per_node", "max_runtime_minutes"]),
-                    st.one_of(NASTY_TEXT, NASTY_INT),
-                ),
-                "code": st.dictionaries(st.sampled_from(["repository", "commit"]), NASTY_TEXT),
-                "dataset": st.dictionaries(st.sampled_from(["uri", "version"]), NASTY_TEXT),
-                "params": st.dictionaries(NASTY_TEXT, NASTY_JSON, max_size=4),
-                "env": st.dictionaries(NASTY_TEXT, NASTY_TEXT, max_size=3),
-                "checkpoint_dir": NASTY_TEXT,
-            },
-        ),
+        "POST /api/v1/specs/": spec_bodies,
+        "POST /api/v1/runs/simulate/": spec_bodies,
         "POST /api/v1/attempts/report/": _with_some_of(
             {"driver_version": "550.54.15"},
             {
@@ -515,6 +518,7 @@ def test_fuzzed_api_answers_no_5xx_and_only_what_its_schema_documents(fuzz_world
     # The hostile bodies are valid enough to be accepted, not only refused.
     assert statuses["researcher", "POST /api/v1/runs/", 201] > 0
     assert statuses["researcher", "POST /api/v1/specs/", 201] > 0
+    assert statuses["researcher", "POST /api/v1/runs/simulate/", 200] > 0
     assert statuses["researcher", "POST /api/v1/attempts/report/", 200] > 0
     assert statuses["researcher", "POST /api/v1/attempts/events/", 202] > 0
     assert statuses["researcher", "POST /api/v1/workspaces/", 201] > 0

@@ -135,6 +135,7 @@ def test_the_api_root_answers_an_index_of_its_resources(world):
         "attempt-rank-report": base + "attempts/rank-report/",
         "quota-list": base + "quotas/",
         "spec-submit": base + "specs/",
+        "run-simulate": base + "runs/simulate/",
         "spec-schema": base + "spec/schema/",
         "template-list": base + "templates/",
         "run-list": base + "runs/",
