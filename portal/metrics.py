@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 from clusters.health import NodeHealth
 from clusters.models import ClusterNode, NodeHealthEvent
 from jobs.models import Run, RunState, WaitReason
-from portal.celery import app as celery_app
+from portal import task_queues
 from portal.metrics_files import metric_files
 
 logger = logging.getLogger(__name__)
@@ -114,20 +114,19 @@ class ScrapeTimeCollector(Collector):
         return family
 
     def _celery_queue_length(self) -> GaugeMetricFamily | None:
-        """Messages waiting in the Celery queue; only a Redis broker can tell (it keeps the
-        queue as a list)."""
+        """Messages waiting in each Celery queue (portal/task_queues.py); only a Redis broker
+        can tell (it keeps a queue as a list)."""
         url = settings.CELERY_BROKER_URL
         if not url.startswith(("redis://", "rediss://")):
             return None
-        queue = celery_app.conf.task_default_queue
         # Any: redis' stubs type llen() as answering either an int or an awaitable.
         client: Any = redis.Redis.from_url(
             url, socket_timeout=BROKER_TIMEOUT_S, socket_connect_timeout=BROKER_TIMEOUT_S
         )
         try:
-            length = int(client.llen(queue))
+            lengths = {queue: int(client.llen(queue)) for queue in task_queues.QUEUES}
         except redis.RedisError as exc:
-            logger.warning("metrics: the Celery queue length is unknown: %s", exc)
+            logger.warning("metrics: the Celery queue lengths are unknown: %s", exc)
             return None
         finally:
             client.close()
@@ -136,7 +135,8 @@ class ScrapeTimeCollector(Collector):
             "Tasks waiting in the Celery queue for a worker",
             labels=["queue"],
         )
-        family.add_metric([queue], length)
+        for queue, length in lengths.items():
+            family.add_metric([queue], length)
         return family
 
 

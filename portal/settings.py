@@ -10,7 +10,9 @@ Two modes:
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
 
+from portal import task_queues
 from portal.env import (
     env_bool,
     env_int,
@@ -330,6 +332,11 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     }
     for _folder in ("queue", "control"):
         (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
+# One queue per kind of work, every task routed by name (portal/task_queues.py); a worker
+# without -Q consumes them all.
+CELERY_TASK_QUEUES = tuple(Queue(name) for name in task_queues.QUEUES)
+CELERY_TASK_DEFAULT_QUEUE = task_queues.BACKGROUND
+CELERY_TASK_ROUTES = {task: {"queue": queue} for task, queue in task_queues.QUEUE_OF_TASK.items()}
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

@@ -1,5 +1,4 @@
 from django.contrib.auth.decorators import login_required
-from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -8,6 +7,7 @@ from django.views.decorators.http import require_GET
 
 from jobs.live import live_page, live_page_poll
 from portal.home import home_for
+from portal.readiness import database_unready_reason
 from tenants.access import tenant_roles
 from tenants.models import Membership, Tenant
 
@@ -51,10 +51,9 @@ def healthz(request):
 
 @require_GET
 def readyz(request):
-    """The process can serve: its database answers."""
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-    except Exception as exc:  # any database failure means not ready
-        return JsonResponse({"status": "unavailable", "database": str(exc)[:200]}, status=503)
+    """The process can serve: its database answers and has every migration applied
+    (``portal.readiness``); 503 with the reason otherwise, never a 500."""
+    reason = database_unready_reason()
+    if reason is not None:
+        return JsonResponse({"status": "unavailable", "reason": reason}, status=503)
     return JsonResponse({"status": "ok"})

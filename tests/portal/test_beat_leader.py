@@ -23,11 +23,12 @@ import pytest
 import redis
 from django.conf import settings
 
+from portal import task_queues
 from tests.celery_support import ROOT, stop_process, wait_for
 
 pytestmark = pytest.mark.integration
 
-QUEUE = "celery"
+QUEUES = list(task_queues.QUEUES)  # every queue beat may send to
 WINDOW_S = 6.0  # both beats up, the leader sending
 AFTER_TAKEOVER_S = 4.0
 # Entries sent every few seconds (GANTRY_ADMISSION_INTERVAL_S=1, the sync's default of 3 s)
@@ -63,7 +64,7 @@ class QueueReader(threading.Thread):
 
     def run(self) -> None:
         while not self.stopping.is_set():
-            popped = self.client.brpop([QUEUE], timeout=0.2)
+            popped = self.client.brpop(QUEUES, timeout=0.2)
             if popped:
                 headers = json.loads(popped[1])["headers"]
                 pid = int(headers["origin"].removeprefix("gen").split("@")[0])
@@ -90,7 +91,7 @@ def test_two_beats_send_each_periodic_task_once_and_the_standby_takes_over(tmp_p
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL, decode_responses=True)
     # tests/settings.py names the lock after the data directory the two beats share.
     key = f"gantry-test:{tmp_path.resolve()}:beat"
-    client.delete(QUEUE, f"{key}:leader", f"{key}:last-run")
+    client.delete(*QUEUES, f"{key}:leader", f"{key}:last-run")
     # Accounting last ran 55 s ago: due 5 s from now, so the first leader sends it, once; a
     # takeover that forgot the last runs would send it again.
     client.hset(f"{key}:last-run", "attempt-accounting", repr(time.time() - 55))
@@ -125,7 +126,7 @@ def test_two_beats_send_each_periodic_task_once_and_the_standby_takes_over(tmp_p
         reader.stop()
         for process in processes.values():
             stop_process(process)
-        client.delete(QUEUE, f"{key}:leader", f"{key}:last-run")
+        client.delete(*QUEUES, f"{key}:leader", f"{key}:last-run")
         client.close()
 
     sent = reader.sent
