@@ -92,7 +92,7 @@ lint: dev-venv
 	if (( $${#failed[@]} )); then printf 'lint: FAILED: %s\n' "$${failed[@]}" >&2; exit 1; fi
 
 test: dev-venv lint
-	bash scripts/test-services.sh exec -- $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	bash scripts/test-services.sh exec -- $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30 $(PYTEST_ARGS)
 
 # The benchmarks need PostgreSQL and Redis only: not the registry, Prometheus and Chromium
 # the tests install (an install would also wait on any other apt-get of the machine).

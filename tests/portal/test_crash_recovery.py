@@ -39,6 +39,7 @@ from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import cluster_sync
 from jobs.services.submission import run_submit
 from portal.celery import app as celery_app
+from portal.task_queues import QUEUE_OF_TASK
 from tests.conftest import experiment_input
 from tests.crash_support import (
     KILL_POINTS_ENV,
@@ -622,7 +623,7 @@ def test_redis_and_postgres_restarts_lose_no_run_event_or_accounting_row(
             trigger.connection_for_write(servers.broker_url) as conn,
         ):
             for task in ROLLUPS:
-                trigger.send_task(task, connection=conn)
+                trigger.send_task(task, connection=conn, queue=QUEUE_OF_TASK[task])
 
     def submitted() -> int:
         return json.loads(progress.read_text())["submitted"] if progress.exists() else 0
