@@ -214,21 +214,32 @@ class RecordingServer:
         return ws
 
 
+def launch_workspace(world, *, user=None, **fields):
+    """A workspace launched through the service by ``user`` (alice by default) in tenant
+    vision, project detection, on one a100-80gb GPU with the world's image; ``fields``
+    set any other of its ``WorkspaceInput``."""
+    from jobs.services.workspaces import WorkspaceInput, workspace_launch
+
+    values = {
+        "tenant": "vision",
+        "project": "detection",
+        "image": world.image.reference,
+        "flavor": "a100-80gb",
+        "gpus": 1,
+    }
+    return workspace_launch(
+        user=user or world.researcher_a, data=WorkspaceInput(**(values | fields))
+    )
+
+
 def workspace_running(world, *, user, host: str, port: int):
     """A workspace of ``user`` in tenant vision, running: launched through the service,
     then its run, a running attempt and its server's address recorded as a backend would."""
     from django.utils import timezone
 
     from jobs.models import Attempt, AttemptState, Run, RunState, Workspace
-    from jobs.services.workspaces import WorkspaceInput, workspace_launch
 
-    run = workspace_launch(
-        user=user,
-        data=WorkspaceInput(
-            tenant="vision", project="detection", image=world.image.reference,
-            flavor="a100-80gb", gpus=1, name="debug-loader",
-        ),
-    )  # fmt: skip
+    run = launch_workspace(world, user=user, name="debug-loader")
     now = timezone.now()
     Run.objects.filter(pk=run.pk).update(
         state=RunState.RUNNING, cluster=world.cluster, admitted_at=now, started_at=now

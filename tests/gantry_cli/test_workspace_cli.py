@@ -14,7 +14,6 @@ from jobs.models import Attempt, AttemptState, Run, RunEvent, RunState, Workspac
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import cluster_sync
-from jobs.services.workspaces import WorkspaceInput, workspace_launch
 from tests.gantry_cli.test_cli import (  # noqa: F401
     alice,
     cli,
@@ -23,7 +22,7 @@ from tests.gantry_cli.test_cli import (  # noqa: F401
     no_celery,
     server,
 )
-from tests.workspace_support import workspace_running
+from tests.workspace_support import launch_workspace, workspace_running
 
 PROXY = "https://ws.gantry.example.org"
 
@@ -56,18 +55,7 @@ def start_args(world, *extra: str) -> list[str]:
 
 
 def launch(world, user=None) -> Run:
-    return workspace_launch(
-        user=user or world.researcher_a,
-        data=WorkspaceInput(
-            tenant="vision",
-            project="detection",
-            image=world.image.reference,
-            flavor="a100-80gb",
-            gpus=1,
-            name="debug-loader",
-            hours=4,
-        ),
-    )
+    return launch_workspace(world, user=user, name="debug-loader", hours=4)
 
 
 def server_answers(run: Run) -> None:

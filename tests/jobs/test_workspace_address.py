@@ -16,8 +16,8 @@ from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_token_issue
 from jobs.services.submission import run_submit
 from jobs.services.workspace_address import AddressNotYetKnown, workspace_address_record
-from jobs.services.workspaces import WorkspaceInput, workspace_launch
 from tests.conftest import experiment_input
+from tests.workspace_support import launch_workspace
 
 pytestmark = pytest.mark.django_db
 
@@ -50,17 +50,7 @@ def running(world, run: Run, *, job_state: str = "RUNNING") -> Attempt:
 
 
 def workspace_run(world) -> Run:
-    return workspace_launch(
-        user=world.researcher_a,
-        data=WorkspaceInput(
-            tenant="vision",
-            project="detection",
-            image=world.image.reference,
-            flavor="a100-80gb",
-            gpus=1,
-            name="notebook",
-        ),
-    )
+    return launch_workspace(world, name="notebook")
 
 
 def address(run: Run) -> tuple:

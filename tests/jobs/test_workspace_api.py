@@ -15,10 +15,9 @@ from jobs.models import Attempt, Run, RunEvent, RunKind, RunState, Workspace
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import cluster_sync
-from jobs.services.workspaces import WorkspaceInput, workspace_launch
 from tenants.models import AuditEvent
 from tenants.services.tokens import api_token_create
-from tests.workspace_support import workspace_running
+from tests.workspace_support import launch_workspace, workspace_running
 
 pytestmark = pytest.mark.django_db
 PROXY = "https://ws.gantry.example.org"
@@ -55,18 +54,7 @@ def body(world, **overrides) -> dict:
 
 
 def launch(world, user=None) -> Run:
-    return workspace_launch(
-        user=user or world.researcher_a,
-        data=WorkspaceInput(
-            tenant="vision",
-            project="detection",
-            image=world.image.reference,
-            flavor="a100-80gb",
-            gpus=1,
-            name="debug-loader",
-            hours=4,
-        ),
-    )
+    return launch_workspace(world, user=user, name="debug-loader", hours=4)
 
 
 def test_the_endpoints_are_in_the_openapi_schema_without_warnings(tmp_path):

@@ -28,8 +28,8 @@ from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import attempt_cancel, cluster_sync
 from jobs.services.lifecycle import run_cancel
 from jobs.services.workspace_storage import workspace_storage_release_ended
-from jobs.services.workspaces import WorkspaceInput, workspace_launch, workspace_server_token
-from tests.workspace_support import refuses, status_code
+from jobs.services.workspaces import workspace_server_token
+from tests.workspace_support import launch_workspace, refuses, status_code
 
 # Jupyter's first start on a busy two-core machine takes a few seconds; a margin for load.
 READY_WITHIN_S = 90
@@ -37,18 +37,7 @@ READY_WITHIN_S = 90
 
 def launch_and_start(world) -> tuple[Run, Attempt]:
     """Launch a workspace, admit it, submit it and let the simulator give it its GPU."""
-    run = workspace_launch(
-        user=world.researcher_a,
-        data=WorkspaceInput(
-            tenant="vision",
-            project="detection",
-            image=world.image.reference,
-            flavor="a100-80gb",
-            gpus=1,
-            name="notebook",
-            hours=1,
-        ),
-    )
+    run = launch_workspace(world, name="notebook", hours=1)
     admission_run_cycle()
     attempt = Attempt.objects.get(run=run)
     attempt_submit(attempt_id=attempt.pk)

@@ -18,13 +18,12 @@ from jobs.models import Attempt, Run, RunState, Workspace
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import attempt_cancel, cluster_sync
-from jobs.services.workspaces import WorkspaceInput, workspace_launch
 from portal.workspace_proxy.gate import DECISION_TTL_S
 from telemetry.models import GpuMinute
 from telemetry.workspace_policy import workspace_idle_scan
 from tests.browser_support import screenshot
 from tests.workspace_browser_support import RUN_A_CELL, open_lab, server_ready
-from tests.workspace_support import jupyter_api, proxy_serving
+from tests.workspace_support import jupyter_api, launch_workspace, proxy_serving
 
 pytest_plugins = ["tests.browser_support"]
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -51,13 +50,7 @@ def proxy(live_server, settings):
 
 def started(world) -> tuple[Run, Workspace]:
     """A workspace of alice's, admitted, submitted and its server answering."""
-    run = workspace_launch(
-        user=world.researcher_a,
-        data=WorkspaceInput(
-            tenant="vision", project="detection", image=world.image.reference,
-            flavor="a100-80gb", gpus=1, name="idle-notebook",
-        ),
-    )  # fmt: skip
+    run = launch_workspace(world, name="idle-notebook")
     # Run ids start again in each test's database; the simulator's files of a workspace
     # of an earlier test with this id are not this one's.
     shutil.rmtree(sim_workspace.files_of(run.pk), ignore_errors=True)

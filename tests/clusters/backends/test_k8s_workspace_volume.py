@@ -24,7 +24,7 @@ from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import attempt_cancel
 from jobs.services.workspace_lifecycle import workspace_resume, workspace_suspend
 from jobs.services.workspace_storage import workspace_storage_release_ended
-from jobs.services.workspaces import WorkspaceInput, workspace_launch, workspace_stop
+from jobs.services.workspaces import workspace_stop
 from jobs.tasks import sync_all_clusters
 from tests.clusters.backends.test_k8s_backend import (
     _sync,
@@ -36,6 +36,7 @@ from tests.clusters.backends.test_k8s_backend import (
 from tests.clusters.backends.test_k8s_manifest import BASE_SETTINGS, GOLDEN, K8S_VERSIONS
 from tests.clusters.backends.test_workspace_backends import WORKSPACE, spec
 from tests.k8s_schemas import validate
+from tests.workspace_support import launch_workspace
 
 NAMESPACE = "gantry-vision"
 CLAIMS = "persistentvolumeclaims"
@@ -342,18 +343,7 @@ def test_a_cluster_with_a_wrong_size_creates_and_deletes_nothing(fake):  # noqa:
 
 
 def _launch(world) -> Run:
-    run = workspace_launch(
-        user=world.researcher_a,
-        data=WorkspaceInput(
-            tenant="vision",
-            project="detection",
-            image=world.image.reference,
-            flavor="a100-80gb",
-            gpus=1,
-            name="notebook",
-            hours=2,
-        ),
-    )
+    run = launch_workspace(world, name="notebook", hours=2)
     return run
 
 

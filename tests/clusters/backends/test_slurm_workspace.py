@@ -19,7 +19,7 @@ from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import attempt_cancel, cluster_sync
 from jobs.services.lifecycle import run_cancel
-from jobs.services.workspaces import WorkspaceInput, workspace_launch, workspace_server_token
+from jobs.services.workspaces import workspace_server_token
 from tests.browser_support import screenshot
 from tests.clusters.backends.test_slurm_cluster import (  # noqa: F401 (fixtures)
     accounts,
@@ -41,7 +41,13 @@ from tests.workspace_browser_support import (
     server_ready,
     stop_from_card,
 )
-from tests.workspace_support import node_launcher, proxy_serving, refuses, status_code
+from tests.workspace_support import (
+    launch_workspace,
+    node_launcher,
+    proxy_serving,
+    refuses,
+    status_code,
+)
 
 pytest_plugins = ["tests.browser_support"]
 pytestmark = [pytest.mark.django_db, pytest.mark.xdist_group("slurm-cluster")]
@@ -66,17 +72,7 @@ def test_a_workspace_on_slurm_reports_its_port_and_answers_at_the_nodes_address(
 ):
     world = launcher_on_the_nodes
     settings.GANTRY_PUBLIC_URL = live_server.url
-    run = workspace_launch(
-        user=world.researcher_a,
-        data=WorkspaceInput(
-            tenant="vision",
-            project="detection",
-            image=world.image.reference,
-            flavor="a100-80gb",
-            gpus=1,
-            name="slurm-notebook",
-        ),
-    )
+    run = launch_workspace(world, name="slurm-notebook")
     admission_run_cycle()
     attempt = Attempt.objects.get(run=run)
     assert attempt.cluster_id == world.slurm.pk

@@ -29,12 +29,13 @@ from core.schema import SchemaError
 from jobs.models import Attempt
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import job_spec_for, job_spec_with_secrets
-from jobs.services.workspaces import WorkspaceInput, workspace_launch, workspace_server_token
+from jobs.services.workspaces import workspace_server_token
 from tests.clusters.backends.test_k8s_backend import backend as k8s_backend
 from tests.clusters.backends.test_k8s_backend import fake  # noqa: F401 (a fixture)
 from tests.clusters.backends.test_k8s_manifest import BASE_SETTINGS, K8S_VERSIONS
 from tests.k8s_fake import ApiError
 from tests.k8s_schemas import validate
+from tests.workspace_support import launch_workspace
 
 ATTEMPT_TOKEN = "gat_41.attempt-secret"
 SERVER_TOKEN = "f" * 64
@@ -84,17 +85,7 @@ def test_the_submit_adds_the_secret_derived_from_the_attempt_and_the_stored_spec
     world, settings
 ):
     settings.SECRET_KEY = "s" * 50
-    run = workspace_launch(
-        user=world.researcher_a,
-        data=WorkspaceInput(
-            tenant="vision",
-            project="detection",
-            image=world.image.reference,
-            flavor="a100-80gb",
-            gpus=1,
-            server="jupyter",
-        ),
-    )
+    run = launch_workspace(world, server="jupyter")
     admission_run_cycle()
     attempt = Attempt.objects.get(run=run)
     rendered = job_spec_for(attempt)
