@@ -70,7 +70,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.db.models import Count, Max, Sum
 
-from bench.cpu import cpu_seconds
+from bench.cpu import cpu_seconds, machine_busy_seconds
 from bench.cycle import truncate, vacuum
 from bench.db import ensure_database
 from bench.report import Section
@@ -80,6 +80,7 @@ from clusters.services import cluster_refresh_inventory
 from images.models import Image
 from jobs.models import HOLDING_STATES, Run, RunEvent
 from jobs.selectors.capacity import held_gpus_by_pool
+from portal.process_priority import niceness_of
 from tenants.models import GpuFlavor, Membership, Project, Quota, Tenant
 from tenants.services.tokens import api_token_create
 
@@ -435,6 +436,7 @@ def run() -> list[Section]:
         connection.close()
     before, after = results["before"], results["after"]
     section = report(before, after)
+    cpu_section = cpu_report(before, after)
     problems = [f"{label}: {problem}" for label, r in results.items() for problem in r.problems()]
     if any(not r.ok() for r in results.values()):
         sys.stderr.write(section.markdown())
@@ -442,7 +444,7 @@ def run() -> list[Section]:
     for r in results.values():
         shutil.rmtree(r.directory)
     section.notes += [f"Missed: {problem}." for problem in after.targets_missed(before)]
-    return [section]
+    return [section, cpu_section]
 
 
 @dataclass
@@ -470,6 +472,7 @@ class Live:
     flood_seconds: float = 0.0
     flood_cpu: dict[str, float] = field(default_factory=dict)
     paused: bool = False  # its Celery worker and beat, while another stack is measured
+    niceness: dict[str, int] = field(default_factory=dict)  # gunicorn, worker, beat
 
 
 def stack_measured_alone(live: Live, stacks) -> None:
@@ -588,6 +591,12 @@ def stack_start(stack: Stack) -> Live:
         wait_ready(base, web)
         # Every gunicorn worker loads views and templates on its first requests.
         drive(live, "warm-up", users=3, seconds=WARM_UP_S, classes=WARM_UP)
+        # As each set itself up: the after stack's worker and beat lower their own CPU
+        # priority (GANTRY_WORKER_NICE), the before code's do not.
+        live.niceness = {
+            name: niceness_of(process.pid)
+            for name, process in (("gunicorn", web), ("worker", worker), ("beat", beat))
+        }
         return live
     except BaseException:
         for process in reversed(processes):
@@ -621,15 +630,17 @@ def drive(
     }  # fmt: skip
     started = time.monotonic()
     cpu_before = {name: cpu_seconds(p.pid) for name, p in measured.items()}
+    cpu_before["machine"] = machine_busy_seconds()
     database_before = database_cpu()
     cpu_now, database_now = dict(cpu_before), dict(database_before)
     while locust_process.poll() is None:
         cpu_now = {name: cpu_seconds(p.pid) for name, p in measured.items()}
+        cpu_now["machine"] = machine_busy_seconds()
         database_now = database_cpu()
         check_admission(live.admission)
         time.sleep(SAMPLE_EVERY_S)
     elapsed = time.monotonic() - started
-    cpu = {name: cpu_now[name] - cpu_before[name] for name in measured}
+    cpu = {name: cpu_now[name] - cpu_before[name] for name in cpu_before}
     cpu["database"] = sum(
         seconds - database_before.get(pid, 0.0) for pid, seconds in database_now.items()
     )
@@ -697,6 +708,7 @@ def stack_finish(live: Live) -> "Result":
         seconds=live.seconds,
         cpu=live.cpu,
         load_average=live.load_average,
+        niceness=live.niceness,
     )
 
 
@@ -740,6 +752,7 @@ class Result:
     seconds: float
     cpu: dict[str, float]  # CPU seconds of the gunicorn ("web"), Celery and database work
     load_average: tuple[float, float, float]
+    niceness: dict[str, int]
 
     def problems(self) -> list[str]:
         """What makes the run wrong, not slow: the benchmark fails on these."""
@@ -791,6 +804,8 @@ FLOOD_CPU_NAMES = {
     "locust": "Locust",
     "database": "PostgreSQL",
 }
+# The sides of the CPU table: FLOOD_CPU_NAMES', then the rest of the machine's busy time.
+CPU_SIDES = ("web", "celery", "beat", "database", "locust")
 
 
 def milliseconds(value: float | None) -> str:
@@ -866,6 +881,7 @@ def report(before: Result, after: Result) -> Section:
             + ", ".join(
                 f"{FLOOD_CPU_NAMES[name]} {1000 * seconds / max(1, flood.requests):,.1f} ms"
                 for name, seconds in result.flood_cpu.items()
+                if name in FLOOD_CPU_NAMES
             )
             + f"); 5xx answers: {result.errors_5xx}; failed requests by message: "
             + (", ".join(f"{key} ×{n}" for key, n in sorted(result.failures.items())) or "none")
@@ -892,3 +908,48 @@ def report(before: Result, after: Result) -> Section:
         f"One client alone managed {after.baseline['Aggregated'].per_second:,.1f} requests/s.",
     ]
     return section
+
+
+def cpu_report(before: Result, after: Result) -> Section:
+    """The CPU each side used in each phase (issue 39, point 4): whether background work
+    took the cores from the requests, and what is left of the machine for other work."""
+    section = Section(
+        title="Load: the CPU each side used",
+        intro=(
+            "CPU seconds (user + system, from /proc) of each stack's processes while Locust "
+            "ran, with the cores that makes on average over the phase: gunicorn (its arbiter "
+            "and workers), Celery's worker (with its pool) and beat, the PostgreSQL backends "
+            "of the stack's database (Celery's queries included) and Locust; *the rest* is "
+            "the machine's other busy time meanwhile (/proc/stat: the other stack's gunicorn, "
+            "Redis, other work on the machine). The worker and beat of the after stack lower "
+            "their own CPU priority at start (`GANTRY_WORKER_NICE`, portal/process_priority.py), "
+            "the before code's do not: their niceness is in the last column."
+        ),
+        columns=["phase", "seconds", *(FLOOD_CPU_NAMES[side] for side in CPU_SIDES),
+                 "the rest", "niceness: gunicorn / worker / beat"],
+    )  # fmt: skip
+    for result in (before, after):
+        phases = (
+            ("people", result.cpu, result.seconds),
+            ("flood", result.flood_cpu, result.flood_seconds),
+        )
+        for phase, cpu, seconds in phases:
+            ours = sum(cpu.get(side, 0.0) for side in CPU_SIDES)
+            rest = max(0.0, cpu.get("machine", 0.0) - ours)
+            section.rows.append(
+                [
+                    f"{phase}, {result.stack.label}",
+                    f"{seconds:,.0f} s",
+                    *(_cpu_cell(cpu.get(side, 0.0), seconds) for side in CPU_SIDES),
+                    _cpu_cell(rest, seconds),
+                    " / ".join(
+                        str(result.niceness.get(name, "?"))
+                        for name in ("gunicorn", "worker", "beat")
+                    ),
+                ]
+            )
+    return section
+
+
+def _cpu_cell(used: float, seconds: float) -> str:
+    return f"{used:,.1f} s ({used / max(seconds, 1e-9):,.2f} cores)"
