@@ -105,11 +105,13 @@ FLOOD_S = FLOOD_ROUND_S * FLOOD_ORDER.count("after")
 SETTLE_S = 20  # after a stack's people: its runs (5 to 20 s) end before the next phase
 RESUME_S = 5  # a stack whose background work was paused catches up before it is measured
 WARM_UP = ["SequentialClient"]
-# main before this round of issues 31-33 (before the clusters app): the code the benchmark
-# measures this checkout against. Both stacks' databases are migrated and seeded by this
-# checkout, so the before code must run on its schema: a commit before jobs 0016 (which
-# renamed Run.start_latest_at) cannot. Until 2026-12-06 it was 284ad1e (issue 20.4's start).
-BEFORE_REF = "bd2111208ce900b07f4fd9c27bb77c14ac2d6e61"
+# main before issue 39, point 4 (the Celery worker and beat at a lower CPU priority): the
+# code the benchmark measures this checkout against. Both stacks' databases are migrated and
+# seeded by this checkout, so the before code must run on its schema: a commit before jobs
+# 0019 (runs' NOT NULL kind, platform_retries and excluded_nodes) cannot. Until 2026-12-07 it
+# was bd21112 (main before issues 31-33), and before 2026-12-06 284ad1e (issue 20.4's start):
+# issue 20.4's doubled flood throughput against that code is in docs/benchmarks-notes.md.
+BEFORE_REF = "3f98c972597e0936cea709fba09c4cade21d6110"
 
 
 # --- the world ------------------------------------------------------------------------------
@@ -443,7 +445,7 @@ def run() -> list[Section]:
         raise AssertionError(f"load: {'; '.join(problems)}")
     for r in results.values():
         shutil.rmtree(r.directory)
-    section.notes += [f"Missed: {problem}." for problem in after.targets_missed(before)]
+    section.notes += [f"Missed: {problem}." for problem in after.targets_missed()]
     return [section, cpu_section]
 
 
@@ -774,10 +776,10 @@ class Result:
     def people_rate(self) -> float:
         return self.loaded["Aggregated"].requests / self.seconds
 
-    def targets_missed(self, before: "Result") -> list[str]:
-        """Issue 20.4's targets, for this (the after) stack: no failed request, p95 ≤ 300 ms
-        for every kind of request the people make, at least twice the flood throughput of
-        the code before."""
+    def targets_missed(self) -> list[str]:
+        """The targets of issues 20.4 and 39.4, for this (the after) stack: no failed
+        request, p95 ≤ 300 ms for every kind of request the people make. (Issue 20.4's
+        twice the flood throughput was against the code before it, no longer BEFORE_REF.)"""
         missed = []
         failed = sum(kind.failures for name, kind in self.loaded.items() if name != "Aggregated")
         failed += sum(kind.failures for name, kind in self.flood.items() if name != "Aggregated")
@@ -790,9 +792,6 @@ class Result:
         ]
         if slow:
             missed.append(f"p95 above {P95_TARGET_MS} ms: {', '.join(slow)}")
-        ratio = self.throughput() / before.throughput()
-        if ratio < 2:
-            missed.append(f"flood throughput {ratio:.2f}× the code before's, not 2×")
         return missed
 
 
