@@ -19,3 +19,13 @@ def cpu_seconds(pid: int) -> float:
     except (OSError, IndexError):
         pass  # it ended meanwhile
     return total
+
+
+def machine_busy_seconds() -> float:
+    """CPU time the whole machine spent on anything but idling and waiting for I/O since
+    boot, all cores together (/proc/stat): what a benchmark's own processes used is a part
+    of it, and the rest is other work on the machine."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    ticks = [int(value) for value in fields[:8]]  # user nice system idle iowait irq softirq steal
+    idle, iowait = ticks[3], ticks[4]
+    return (sum(ticks) - idle - iowait) / os.sysconf("SC_CLK_TCK")

@@ -105,7 +105,7 @@ INSERT INTO jobs_run (
     id, experiment_id, tenant_id, flavor_id, gpus, priority, submitted_by_id, state,
     cluster_id, borrowed, over_budget, wait_reason, wait_message,
     failure_reason, restarts, submitted_at, admitted_at, started_at, finished_at,
-    start_note, start_nodes, start_behind)
+    start_note, start_nodes, start_behind, kind, platform_retries, excluded_nodes)
 SELECT r, e.id, e.tenant_id, e.flavor_id, e.nodes * e.gpus_per_node, 50, e.owner_id, state,
        CASE WHEN state <> 'QUEUED' THEN (%(clusters)s::bigint[])[{h7} %% {clusters} + 1] END,
        false, false,
@@ -120,7 +120,7 @@ SELECT r, e.id, e.tenant_id, e.flavor_id, e.nodes * e.gpus_per_node, 50, e.owner
             THEN submitted + interval '4 minutes' END,
        CASE WHEN state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
             THEN submitted + make_interval(secs => 600 + {h11} %% 86400) END,
-       '', '[]'::jsonb, '[]'::jsonb
+       '', '[]'::jsonb, '[]'::jsonb, 'batch', 0, '[]'::jsonb
 FROM (
     SELECT r, (r + {per} - 1) / {per} AS experiment_id,
            %(start)s::timestamptz + make_interval(secs => r * %(step)s + {h6} %% 300)

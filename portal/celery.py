@@ -1,7 +1,13 @@
 import os
 
 from celery import Celery
-from celery.signals import after_setup_logger, after_setup_task_logger
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    beat_init,
+    worker_init,
+    worker_process_init,
+)
 from kombu.transport import TRANSPORT_ALIASES
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
@@ -30,3 +36,17 @@ def _log_as_configured(logger, **kwargs):
     for handler in logger.handlers:
         handler.setFormatter(JsonFormatter())
         handler.addFilter(LogContextFilter())
+
+
+@worker_init.connect
+@worker_process_init.connect
+@beat_init.connect
+def _yield_cpu_to_requests(**kwargs):
+    """The worker (before its pool forks, and each pool process again) and beat lower their
+    CPU priority to GANTRY_WORKER_NICE: background work waits for requests on a shared
+    machine (portal/process_priority.py)."""
+    from django.conf import settings
+
+    from portal.process_priority import lower_own_priority
+
+    lower_own_priority(settings.GANTRY_WORKER_NICE)

@@ -370,6 +370,15 @@ if GANTRY_BEAT_LOCK_TTL_S < 3 or not 1 <= GANTRY_BEAT_LOCK_POLL_S <= GANTRY_BEAT
         "GANTRY_BEAT_LOCK_TTL_S must be at least 3 and GANTRY_BEAT_LOCK_POLL_S between 1 and it"
     )
 
+# Celery's worker and beat lower their CPU priority to this niceness at start (1 to 19; 0
+# leaves it): on a machine they share with gunicorn, background work waits for requests
+# instead of starving them (portal/process_priority.py; the load benchmark measures it).
+GANTRY_WORKER_NICE = env_int("GANTRY_WORKER_NICE", default=10)
+if not 0 <= GANTRY_WORKER_NICE <= 19:
+    raise ImproperlyConfigured(
+        f"GANTRY_WORKER_NICE must be a niceness from 0 (unchanged) to 19, got {GANTRY_WORKER_NICE}"
+    )
+
 GANTRY_ADMISSION_INTERVAL_S = env_int("GANTRY_ADMISSION_INTERVAL_S", default=5)
 # A cycle whose inputs did not change since the last full one skips deciding, but not for
 # longer than this: what the inputs' digest cannot see is decided again at least this often.

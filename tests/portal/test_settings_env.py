@@ -265,6 +265,17 @@ def test_embedded_debug_is_on_only_when_asked_for(tmp_path, raw, debug):
         ("GANTRY_ADMISSION_INTERVAL_S", "5s", "GANTRY_ADMISSION_INTERVAL_S must be an integer"),
         ("GANTRY_LOST_GRACE_S", "two minutes", "GANTRY_LOST_GRACE_S must be an integer"),
         ("GANTRY_ADMISSION_BATCH_MS", "-1", "GANTRY_ADMISSION_BATCH_MS must be 0 or more"),
+        ("GANTRY_WORKER_NICE", "low", "GANTRY_WORKER_NICE must be an integer, got 'low'"),
+        (
+            "GANTRY_WORKER_NICE",
+            "20",
+            "GANTRY_WORKER_NICE must be a niceness from 0 (unchanged) to 19, got 20",
+        ),
+        (
+            "GANTRY_WORKER_NICE",
+            "-5",
+            "GANTRY_WORKER_NICE must be a niceness from 0 (unchanged) to 19, got -5",
+        ),
         ("DATABASE_URL", "mysql://db/gantry", "DATABASE_URL scheme 'mysql' is not supported"),
         ("GANTRY_PORT", "http", "GANTRY_PORT must be an integer"),
         ("GANTRY_PORT", "70000", "GANTRY_PORT must be a TCP port (1 to 65535), got 70000"),
