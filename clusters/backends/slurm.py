@@ -457,13 +457,20 @@ class SlurmBackend:
         finally:
             # Drained again whatever happened: the quarantine stands until a person ends it.
             # Then the reservation ends now: a running check keeps its node (Slurm refuses
-            # to delete a reservation in use, but ends it), and none waits for it.
+            # to delete a reservation in use, but ends it), and none waits for it. Ending it
+            # in the second it began is "Invalid time specified": then it is deleted (a
+            # check over that fast holds nothing; one still running keeps it until its
+            # Duration).
             try:
                 self._scontrol(cli, redrain, node.name, "drain")
             finally:
                 end = ["scontrol", "update", f"ReservationName={spec.name}", "EndTime=now"]
+                delete = ["scontrol", "delete", f"ReservationName={spec.name}"]
                 with suppress(BackendError):
-                    self._scontrol(cli, end, node.name, "release the reservation of")
+                    try:
+                        self._scontrol(cli, end, node.name, "release the reservation of")
+                    except BackendError:
+                        self._scontrol(cli, delete, node.name, "delete the reservation of")
 
     def mirror_quotas(self, quotas: Iterable[QuotaLimit]) -> list[list[str]]:
         """Make Slurm enforce the tenants' GPU limits too: an account and a QOS with
