@@ -94,28 +94,15 @@ def flavor_edit(request: HttpRequest, slug: str) -> HttpResponse:
 def idle_policy(request: HttpRequest, slug: str) -> HttpResponse:
     """The tenant's idle-GPU policy: read by whoever reads the tenant's runs, changed by its
     tenant admins and platform admins."""
-    tenant = or_404(tenant_get_viewable, user=request.user, slug=slug)
-    can_edit = idle_policy_can_edit(user=request.user, tenant=tenant)
-    form = None
-    if request.method == "POST":
-        if not can_edit:  # a member: the tenant is no secret to them, so 403 leaks nothing
-            raise PermissionDenied("Only tenant admins and platform admins change this policy.")
-        form = IdlePolicyForm(request.POST)
-        if form.is_valid():
-            try:
-                tenant_idle_policy_update(tenant=tenant, actor=request.user, **form.cleaned_data)
-            except ValidationError as exc:
-                form.add_service_errors(exc)
-            else:
-                messages.success(request, f"Saved the idle-GPU policy of {tenant.slug}.")
-                return redirect("tenants:idle_policy", slug=tenant.slug)
-    elif can_edit:
-        form = IdlePolicyForm(initial={name: getattr(tenant, name) for name in IDLE_POLICY_FIELDS})
-    return render(
+    return _policy_page(
         request,
-        "tenants/idle_policy.html",
-        {"tenant": tenant, "form": form},
-        status=400 if form is not None and form.errors else 200,
+        slug,
+        form_class=IdlePolicyForm,
+        fields=IDLE_POLICY_FIELDS,
+        update=tenant_idle_policy_update,
+        name="idle-GPU policy",
+        view="tenants:idle_policy",
+        template="tenants/idle_policy.html",
     )
 
 
@@ -124,30 +111,51 @@ def idle_policy(request: HttpRequest, slug: str) -> HttpResponse:
 def workspace_policy(request: HttpRequest, slug: str) -> HttpResponse:
     """The tenant's workspace policy: read by whoever reads the tenant's runs, changed by
     its tenant admins and platform admins."""
+    return _policy_page(
+        request,
+        slug,
+        form_class=WorkspacePolicyForm,
+        fields=WORKSPACE_POLICY_FIELDS,
+        update=tenant_workspace_policy_update,
+        name="workspace policy",
+        view="tenants:workspace_policy",
+        template="tenants/workspace_policy.html",
+    )
+
+
+def _policy_page(
+    request: HttpRequest,
+    slug: str,
+    *,
+    form_class,
+    fields,
+    update,
+    name: str,
+    view: str,
+    template: str,
+) -> HttpResponse:
+    """A tenant policy's page: shown to whoever sees the tenant, saved through ``update``
+    by its tenant admins and platform admins (a member's POST is 403)."""
     tenant = or_404(tenant_get_viewable, user=request.user, slug=slug)
     can_edit = idle_policy_can_edit(user=request.user, tenant=tenant)
     form = None
     if request.method == "POST":
         if not can_edit:  # a member: the tenant is no secret to them, so 403 leaks nothing
             raise PermissionDenied("Only tenant admins and platform admins change this policy.")
-        form = WorkspacePolicyForm(request.POST)
+        form = form_class(request.POST)
         if form.is_valid():
             try:
-                tenant_workspace_policy_update(
-                    tenant=tenant, actor=request.user, **form.cleaned_data
-                )
+                update(tenant=tenant, actor=request.user, **form.cleaned_data)
             except ValidationError as exc:
                 form.add_service_errors(exc)
             else:
-                messages.success(request, f"Saved the workspace policy of {tenant.slug}.")
-                return redirect("tenants:workspace_policy", slug=tenant.slug)
+                messages.success(request, f"Saved the {name} of {tenant.slug}.")
+                return redirect(view, slug=tenant.slug)
     elif can_edit:
-        form = WorkspacePolicyForm(
-            initial={name: getattr(tenant, name) for name in WORKSPACE_POLICY_FIELDS}
-        )
+        form = form_class(initial={field: getattr(tenant, field) for field in fields})
     return render(
         request,
-        "tenants/workspace_policy.html",
+        template,
         {"tenant": tenant, "form": form},
         status=400 if form is not None and form.errors else 200,
     )
