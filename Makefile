@@ -25,7 +25,7 @@ help:
 	@echo "make run        the embedded portal on http://127.0.0.1:8000 (SQLite, Celery, simulator, demo data)"
 	@echo "make lint       ruff, ruff format --check, manage.py check, makemigrations --check, lint-imports,"
 	@echo "                mypy (django-stubs, drf-stubs; strict on the pure modules)"
-	@echo "make test       lint, then pytest against PostgreSQL and Redis (scripts/test-services.sh)"
+	@echo "make test       lint beside pytest against PostgreSQL and Redis (scripts/test-services.sh)"
 	@echo "                PYTEST_ARGS='-k admission' passes arguments to pytest;"
 	@echo "                TEST_WORKERS=1 runs it in one process (default $(TEST_WORKERS), pytest-xdist)"
 	@echo "make bench      the benchmarks (python -m bench) against the same services"
@@ -91,8 +91,19 @@ lint: dev-venv
 	step "$${embedded[@]}" $(VENV)/bin/mypy; \
 	if (( $${#failed[@]} )); then printf 'lint: FAILED: %s\n' "$${failed[@]}" >&2; exit 1; fi
 
-test: dev-venv lint
-	bash scripts/test-services.sh exec -- $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30 $(PYTEST_ARGS)
+# Lint runs beside the tests (its mypy takes a minute of CPU while the tests' workers start
+# their servers and databases), its report printed after theirs; either failing fails.
+test: dev-venv
+	@lint_log=$$(mktemp); \
+	trap 'rm -f "$$lint_log"' EXIT; \
+	$(MAKE) lint >"$$lint_log" 2>&1 & lint_pid=$$!; \
+	tests=0; bash scripts/test-services.sh exec -- $(VENV)/bin/pytest -n $(TEST_WORKERS) \
+		--dist loadgroup --durations=30 $(PYTEST_ARGS) || tests=$$?; \
+	lint=0; wait $$lint_pid || lint=$$?; \
+	echo "--- make lint, run beside the tests:"; cat "$$lint_log"; \
+	if (( tests )); then echo "test: FAILED: pytest (exit $$tests)" >&2; fi; \
+	if (( lint )); then echo "test: FAILED: make lint" >&2; fi; \
+	(( ! tests && ! lint ))
 
 # The benchmarks need PostgreSQL and Redis only: not the registry, Prometheus and Chromium
 # the tests install (an install would also wait on any other apt-get of the machine).
