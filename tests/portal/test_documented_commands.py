@@ -98,7 +98,7 @@ def test_the_pages_hold_the_commands_this_test_expects():
     and every command left out is named with its reason."""
     readme = readme_commands()
     docs = [command for command, _ in cli_doc_commands()]
-    assert len(readme) == 10 and len(docs) == 15, (readme, docs)
+    assert len(readme) == 10 and len(docs) == 16, (readme, docs)
     assert {marker for marker in NOT_RUN if any(marker in c for c in readme + docs)} == set(NOT_RUN)
     assert "gantry submit yolo.yaml --set resources.nodes=2 --wait" in " ".join(readme)
 
@@ -237,6 +237,12 @@ def test_every_command_of_the_readme_and_the_cli_docs_runs_against_the_demo(demo
             queued = re.search(r"^(\d+) .* QUEUED ", out, flags=re.MULTILINE)
             if command.startswith("gantry ls") and queued:
                 shell.numbers.setdefault("41", queued.group(1))
+        elif command.startswith("gantry simulate"):
+            # The shapes' table, with the columns the page shows, the asked shape in it.
+            header = next(line for line in out.splitlines() if line.split()[:1] == ["SHAPE"])
+            shown_header = next(line for line in shown if line.split()[:1] == ["SHAPE"])
+            assert header.split() == shown_header.split(), (out, shown)
+            assert re.search(r"^(fastest, )?asked +1×8 +h100-80gb ", out, flags=re.MULTILINE), out
         elif command.startswith("gantry show"):
             assert out.splitlines()[0].split() == ["Run", shell.numbers["43"]]
         elif command.startswith("gantry logs"):
