@@ -30,6 +30,11 @@ BACKEND_OPERATIONS = (
     "workspace_release",
 )
 ERROR_KINDS = ("transient", "permanent", "unexpected")
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+# A request no URL pattern matched: a static file WhiteNoise answered, or a 404 of a path
+# that does not exist (each such path as a label would be a series per typo).
+UNROUTED = "unrouted"
+TASK_OUTCOMES = ("success", "failure", "retry")
 MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
 
 ADMISSION_CYCLE_SECONDS = Histogram(
@@ -75,6 +80,32 @@ TELEMETRY_SAMPLES_UNMAPPED = Counter(
     "GPU metric samples rolled up that no attempt claims",
     ["cluster"],
 )
+HTTP_REQUEST_SECONDS = Histogram(
+    "gantry_http_request_duration_seconds",
+    "Time the portal took to answer a request, per view, method and status class",
+    ["view", "method", "status"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+TASK_SECONDS = Histogram(
+    "gantry_task_duration_seconds",
+    "Time a Celery task took in a worker, per task, queue and outcome",
+    ["task", "queue", "outcome"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+)
+
+
+def http_request_observed(*, view: str, method: str, status: int, seconds: float) -> None:
+    """Record one answered request. ``view`` is the URL pattern's name (bounded by the URL
+    configuration), never the path; a method outside HTTP_METHODS counts as ``other``."""
+    method = method if method in HTTP_METHODS else "other"
+    HTTP_REQUEST_SECONDS.labels(view, method, f"{status // 100}xx").observe(seconds)
+
+
+def task_observed(*, task: str, queue: str, outcome: str, seconds: float) -> None:
+    """Record one task run by a worker: ``outcome`` is one of TASK_OUTCOMES."""
+    if outcome not in TASK_OUTCOMES:
+        raise ValueError(f"unknown task outcome {outcome!r}")
+    TASK_SECONDS.labels(task, queue, outcome).observe(seconds)
 
 
 @contextmanager

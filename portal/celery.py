@@ -1,10 +1,13 @@
 import os
+import time
 
 from celery import Celery
 from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
     beat_init,
+    task_postrun,
+    task_prerun,
     worker_init,
     worker_process_init,
 )
@@ -50,3 +53,32 @@ def _yield_cpu_to_requests(**kwargs):
     from portal.process_priority import lower_own_priority
 
     lower_own_priority(settings.GANTRY_WORKER_NICE)
+
+
+# task id -> when it started in this process (perf_counter): a task runs in one process.
+_task_started: dict[str, float] = {}
+_OUTCOME_OF_STATE = {"SUCCESS": "success", "RETRY": "retry"}
+
+
+@task_prerun.connect
+def _task_started_at(task_id=None, **kwargs):
+    _task_started[task_id] = time.perf_counter()
+
+
+@task_postrun.connect
+def _task_timed(task_id=None, task=None, state=None, **kwargs):
+    """Each task's time, per task, queue and outcome (gantry_task_duration_seconds): the
+    workers' saturation seen on /metrics (docs/operations.md). Imported here, not above:
+    prometheus_client must first be imported after the settings chose its files."""
+    started = _task_started.pop(task_id, None)
+    if started is None or task is None:
+        return
+    from core import metrics
+    from portal.task_queues import queue_of
+
+    metrics.task_observed(
+        task=task.name,
+        queue=queue_of(task.name),
+        outcome=_OUTCOME_OF_STATE.get(state, "failure"),
+        seconds=time.perf_counter() - started,
+    )

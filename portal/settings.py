@@ -115,6 +115,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "portal.request_metrics.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "portal.security.SecurityHeadersMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",

@@ -27,3 +27,8 @@ QUEUE_OF_TASK = {
     "telemetry.tasks.accounting_compute_pending": BACKGROUND,
     "finance.tasks.daily_usage_update": BACKGROUND,
 }
+
+
+def queue_of(task: str) -> str:
+    """The queue a task is routed to: its own, or the default (the settings' route)."""
+    return QUEUE_OF_TASK.get(task, BACKGROUND)

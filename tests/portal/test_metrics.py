@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from celery import Celery
 from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -34,6 +35,17 @@ from tests.jobs.test_lifecycle import submit
 from tests.prometheus_support import launch_prometheus, ready_prometheus, wait_for_series
 
 pytest_plugins = ["tests.prometheus_support"]
+
+
+# An app of its own: a task of Gantry's app would be one more task to route
+# (test_task_queues); Celery's signals, which time tasks, are every app's.
+_test_app = Celery("gantry-metrics-test", set_as_current=False)
+
+
+@_test_app.task(name="tests.portal.failing_task", shared=False)
+def failing_task() -> None:
+    raise RuntimeError("a task that fails, to be timed as a failure")
+
 
 TOKEN = "metrics-token-0123456789abcdef0123456789"
 OPERATIONS_DOC = REPOSITORY / "docs" / "operations.md"
@@ -346,3 +358,69 @@ def test_backend_operations_name_node_healths_calls_once_each():
         "unfence",
         "health_check",
     ]
+
+
+# --- the web's and the workers' own time --------------------------------------------------
+
+
+def observed_count(histogram, **labels: str) -> float:
+    """How many observations this process made of ``histogram`` with exactly ``labels``
+    (its own values: other test workers write files of their own)."""
+    return sum(
+        sample.value
+        for family in histogram.collect()
+        for sample in family.samples
+        if sample.name.endswith("_count") and sample.labels == labels
+    )
+
+
+def test_each_request_is_timed_by_its_view_never_by_its_path(client, settings, db):
+    settings.GANTRY_METRICS_TOKEN = TOKEN
+    histogram = metrics.HTTP_REQUEST_SECONDS
+    before = {
+        "healthz": observed_count(histogram, view="healthz", method="GET", status="2xx"),
+        "refused": observed_count(histogram, view="metrics", method="POST", status="4xx"),
+        "unrouted": observed_count(histogram, view="unrouted", method="GET", status="4xx"),
+        "other": observed_count(histogram, view="healthz", method="other", status="4xx"),
+    }
+    assert client.get("/healthz").status_code == 200
+    assert client.post("/metrics", **bearer(TOKEN)).status_code == 405
+    assert client.get("/no-such-page-7f3a/").status_code == 404
+    assert client.generic("BREW", "/healthz").status_code == 405
+    assert observed_count(histogram, view="healthz", method="GET", status="2xx") == (
+        before["healthz"] + 1
+    )
+    assert observed_count(histogram, view="metrics", method="POST", status="4xx") == (
+        before["refused"] + 1
+    )
+    assert observed_count(histogram, view="unrouted", method="GET", status="4xx") == (
+        before["unrouted"] + 1
+    )
+    assert observed_count(histogram, view="healthz", method="other", status="4xx") == (
+        before["other"] + 1
+    )
+    body = client.get("/metrics", **bearer(TOKEN)).content.decode()
+    assert (
+        'gantry_http_request_duration_seconds_count{method="GET",status="2xx",view="healthz"}'
+        in (body)
+    )
+    assert "no-such-page" not in body and "BREW" not in body
+
+
+def test_each_task_is_timed_by_its_name_queue_and_outcome(db):
+    from jobs import tasks
+
+    histogram = metrics.TASK_SECONDS
+    labels = {"task": "jobs.tasks.budget_alerts", "queue": "background", "outcome": "success"}
+    failed = {"task": "tests.portal.failing_task", "queue": "background", "outcome": "failure"}
+    before = observed_count(histogram, **labels), observed_count(histogram, **failed)
+    tasks.budget_alerts.apply()
+    assert failing_task.apply().failed()
+    assert observed_count(histogram, **labels) == before[0] + 1
+    assert observed_count(histogram, **failed) == before[1] + 1
+
+
+def test_a_task_outcome_outside_the_set_is_refused_as_a_label():
+    with pytest.raises(ValueError, match="unknown task outcome 'lost'"):
+        metrics.task_observed(task="jobs.tasks.budget_alerts", queue="background",
+                              outcome="lost", seconds=1.0)  # fmt: skip
