@@ -1,0 +1,454 @@
+"""What if the policy had been different: a recorded window replayed under a proposal.
+
+``replay(history, proposal)`` drives the engine of ``jobs.replay_engine`` (admission by
+``jobs.admission.decide``: placement, preemption, starvation reservations, backfill,
+budgets, fair share) over the window's submissions, each run holding its GPUs for the time
+it really held them once admitted (docs/what-if.md says what that means for failures,
+cancels and preemptions). ``observed_outcome(history)`` says what really happened, with
+the same definitions; ``jobs.replay_report`` compares the two. The data is in
+``jobs.replay_types``.
+
+Pure: no ORM, no clock, no I/O; ``progress`` and ``should_stop`` are the caller's.
+"""
+
+import bisect
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+from jobs.admission_types import QueuedRun, Quota, Snapshot
+from jobs.calendar import month_start, next_month
+from jobs.replay_engine import Event, Gantry, Held
+from jobs.replay_types import (
+    Actual,
+    BudgetBurn,
+    Ending,
+    History,
+    Holding,
+    Key,
+    Outcome,
+    Proposal,
+    Submission,
+    TenantOutcome,
+    proposed_nodes,
+)
+
+CANCEL, QUOTA, TICK = 2, 3, 4  # the engine's ARRIVAL and COMPLETION are 0 and 1
+PROGRESS_STEPS = 100  # a progress report at least every 1 % of the window
+
+
+class ReplayStopped(Exception):
+    """``should_stop`` said so: the replay was abandoned where it was."""
+
+
+@dataclass
+class RunRecord:
+    """One run's part in an outcome, observed or replayed."""
+
+    tenant: str
+    flavor: str
+    gpus: int
+    counted: bool  # submitted in the window: its queue time counts
+    queued_s: float = 0.0
+    started: bool = False
+    held: list[tuple[float, float]] = field(default_factory=list)
+    preemptions: int = 0
+    lost_gpu_s: float = 0.0
+
+
+def replay(
+    history: History,
+    proposal: Proposal | None = None,
+    *,
+    progress: Callable[[float], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> Outcome:
+    """The window replayed under ``proposal`` (None: the policy in force, to compare with
+    ``observed_outcome``). ``progress`` gets the share of the window simulated (0 to 1) at
+    least every 1 % of it; ``should_stop`` is asked after every batch of events and a True
+    raises ``ReplayStopped``. A proposal with errors (``Proposal.validate``) is refused
+    with ``ValueError``; its warnings are the caller's to confirm."""
+    proposal = proposal or Proposal()
+    problems = proposal.validate(history)
+    if problems.errors:
+        raise ValueError(" ".join(problems.errors))
+    simulation = _Replay(history, proposal, progress=progress, should_stop=should_stop)
+    simulation.run()
+    return _outcome(
+        history, simulation.quotas, simulation.records(), capacity_gpus=simulation.capacity_gpus
+    )
+
+
+def observed_outcome(history: History) -> Outcome:
+    """What really happened in the window, with the definitions of ``replay``."""
+    records = [
+        _record_of(s, s.actual, counted=s.submitted >= history.start) for s in history.submissions
+    ]
+    records.extend(_record_of(h, h.actual, counted=False) for h in history.holding)
+    quotas = dict(history.quotas)
+    for change in history.quota_changes:
+        _set_quota(quotas, (change.tenant, change.flavor), change.quota)
+    return _outcome(history, quotas, records, capacity_gpus=sum(n.gpus for n in history.nodes))
+
+
+def _record_of(run: Submission | Holding, actual: Actual, *, counted: bool) -> RunRecord:
+    return RunRecord(
+        tenant=run.tenant, flavor=run.flavor, gpus=run.gpus, counted=counted,
+        queued_s=actual.queued_s, started=actual.started, held=list(actual.held),
+        preemptions=actual.preemptions, lost_gpu_s=actual.lost_gpu_s,
+    )  # fmt: skip
+
+
+def _set_quota(quotas: dict[Key, Quota], key: Key, quota: Quota | None) -> None:
+    if quota is None:
+        quotas.pop(key, None)
+    else:
+        quotas[key] = quota
+
+
+class _Replay(Gantry):
+    explain = False  # the messages of waiting runs: nobody reads them here
+
+    def __init__(
+        self,
+        history: History,
+        proposal: Proposal,
+        *,
+        progress: Callable[[float], None] | None,
+        should_stop: Callable[[], bool] | None,
+    ) -> None:
+        self.history, self.proposal = history, proposal
+        self.submissions = {s.id: s for s in history.submissions}
+        self.holders = {h.id: h for h in history.holding}
+        # The work of each attempt still to come after the current one.
+        self.segments: dict[int, list[float]] = {}
+        work = {}
+        for s in history.submissions:
+            last = s.ran_s
+            if s.ended == Ending.UNFINISHED or s.cancelled_at is not None:
+                # Its whole need is unknown: it runs until cancelled, or to its limit.
+                last = s.max_runtime_s if s.max_runtime_s is not None else math.inf
+            first, *rest = (*s.failed_attempts_s, last)
+            work[s.id] = first
+            self.segments[s.id] = list(rest)
+        arrivals = [(max(s.submitted, history.start), s.id) for s in history.submissions]
+        quotas = dict(history.quotas)
+        quotas.update(proposal.quotas)
+        super().__init__(
+            arrivals, work, proposed_nodes(history, proposal.nodes), until=history.end,
+            quotas=quotas,
+        )  # fmt: skip
+        self.now = history.start
+        self.half_life_s = proposal.fair_share_half_life_s or history.fair_share_half_life_s
+        self.checkpoint_every_s = None  # per run: kept_work
+        self.starvation_after_s = (
+            history.starvation_after_s
+            if proposal.starvation_after_s is None
+            else proposal.starvation_after_s
+        )
+        self.preemption = proposal.preemption is not False
+        self.queueing_of.update(history.queueing)
+        self.queueing_of.update(proposal.queueing)
+        self.tenant_queueing = {**history.tenant_queueing, **proposal.tenant_queueing}
+        for key, usage in history.decayed_usage.items():
+            self.decayed[key] = usage
+            self.used.add(key)
+        self.progress, self.should_stop = progress, should_stop
+        self.next_report = 0
+        self.record: dict[int, RunRecord] = {}
+        self.hold_from: dict[int, float] = {}
+        self.cancelled: set[int] = set()
+        self.months = _month_starts(history.start, history.end)
+        self.budgets = any(q.budget_gpu_hours is not None for q in quotas.values()) or any(
+            c.quota is not None and c.quota.budget_gpu_hours is not None
+            for c in history.quota_changes
+        )
+        self.month_used: dict[tuple[str, str, int], float] = defaultdict(float)  # GPU-s
+        for s in history.submissions:
+            self.record[s.id] = RunRecord(s.tenant, s.flavor, s.gpus, s.submitted >= history.start)
+            if s.cancelled_at is not None and s.cancelled_at <= history.end:
+                self.events.append((max(s.cancelled_at, history.start), CANCEL, s.id, 0))
+        for index, change in enumerate(history.quota_changes):
+            if (change.tenant, change.flavor) not in proposal.quotas:
+                self.events.append((change.at, QUOTA, index, 0))
+        ticks = {
+            history.start + history.seconds * i / PROGRESS_STEPS for i in range(1, PROGRESS_STEPS)
+        }
+        ticks.update(m for m in self.months[1:] if m < history.end)
+        self.events.extend((at, TICK, 0, 0) for at in sorted(ticks))
+        self.events.sort()
+        for h in history.holding:
+            self._hold_at_start(h)
+
+    # --- the runs --------------------------------------------------------------------------
+
+    def queued_run(self, run_id: int) -> QueuedRun:
+        s = self.submissions.get(run_id)
+        if s is None:
+            h = self.holders[run_id]
+            nodes, per_node = h.gang
+            return QueuedRun(
+                id=h.id, tenant=h.tenant, flavor=h.flavor, nodes=nodes, gpus_per_node=per_node,
+                priority=h.priority, submitted=h.submitted, max_runtime_s=h.max_runtime_s,
+            )  # fmt: skip
+        return QueuedRun(
+            id=s.id, tenant=s.tenant, flavor=s.flavor, nodes=s.nodes,
+            gpus_per_node=s.gpus_per_node, priority=s.priority, submitted=s.submitted,
+            topology_level=s.topology_level, topology_required=s.topology_required,
+            max_runtime_s=s.max_runtime_s,
+        )  # fmt: skip
+
+    def _hold_at_start(self, h: Holding) -> None:
+        """A run holding GPUs when the window begins: on its nodes, as admission had it."""
+        self.record[h.id] = RunRecord(h.tenant, h.flavor, h.gpus, counted=False, started=True)
+        remaining = h.remaining_s
+        if h.ended == Ending.UNFINISHED:
+            remaining = math.inf if h.max_runtime_s is None else max(remaining, h.max_runtime_s)
+        self.remaining[h.id] = remaining
+        self.segments[h.id] = []
+        run = self.queued_run(h.id)
+        self.queued[h.id] = run
+        nodes = h.nodes
+        if not nodes or any(
+            self.nodes.free.get((h.cluster, name), 0) < run.gpus_per_node for name in nodes
+        ):
+            # Not known, gone in the proposal, or taken by what is now outside load: where
+            # placement puts it on its cluster, else on no node (its quota still counts).
+            where = self.nodes.place(run, [h.cluster])
+            nodes = where[1] if where else ()
+        self.waiting_since[h.id] = self.now
+        self.admitted(h.id, h.cluster, borrowed=h.borrowed)
+        self.held[h.id].admitted = h.admitted
+        self.start(h.id, nodes)
+        self.waited.pop(h.id, None)
+
+    def start(self, run_id: int, nodes: tuple[str, ...]) -> None:
+        super().start(run_id, nodes)
+        self.hold_from[run_id] = self.now
+        self.record[run_id].started = True
+
+    def release(self, run_id: int) -> Held:
+        held = super().release(run_id)
+        since = self.hold_from.pop(run_id, None)
+        if since is not None:
+            self._held(run_id, since, self.now)
+        return held
+
+    def _held(self, run_id: int, since: float, until: float) -> None:
+        record = self.record[run_id]
+        record.held.append((since, until))
+        if self.budgets:
+            for month, seconds in _by_month(self.months, since, until):
+                self.month_used[(record.tenant, record.flavor, month)] += record.gpus * seconds
+
+    def finish(self, run_id: int) -> None:
+        super().finish(run_id)
+        segments = self.segments[run_id]
+        if segments:  # the attempt failed: a retry goes back to the queue
+            self.remaining[run_id] = segments.pop(0)
+            self.enqueue(run_id)
+
+    def kept_work(self, run_id: int, ran: float) -> float:
+        s = self.submissions.get(run_id)
+        every = None if s is None else s.checkpoint_every_s
+        return 0.0 if not every else math.floor(ran / every) * every
+
+    def preempted(self, run_id: int, held: Held, *, lost_gpu_s: float) -> None:
+        record = self.record[run_id]
+        record.preemptions += 1
+        record.lost_gpu_s += lost_gpu_s
+
+    def handle(self, event: Event) -> None:
+        _, kind, ident, _ = event
+        if kind == CANCEL:
+            self._cancel(ident)
+        elif kind == QUOTA:
+            change = self.history.quota_changes[ident]
+            _set_quota(self.quotas, (change.tenant, change.flavor), change.quota)
+        elif kind != TICK:
+            super().handle(event)
+
+    def _cancel(self, run_id: int) -> None:
+        if run_id in self.queued:
+            del self.queued[run_id]
+            self.waited[run_id] = (
+                self.waited.get(run_id, 0.0) + self.now - self.waiting_since.pop(run_id)
+            )
+        elif run_id in self.held:
+            self.release(run_id)
+        self.remaining[run_id] = 0.0
+        self.segments[run_id] = []
+        self.cancelled.add(run_id)
+
+    # --- the cycle -------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        held = tuple(self.as_held.values())
+        if not self.preemption:
+            held = tuple(replace(run, borrowed=False) if run.borrowed else run for run in held)
+        return Snapshot(
+            queued=tuple(self.queued.values()),
+            held=held,
+            nodes=tuple(self.nodes.node.values()),
+            quotas=self.quotas,
+            budget_used=self._budget_used() if self.budgets else {},
+            decayed_usage=dict(self.decayed),
+            now=self.now,
+            starvation_after_s=self.starvation_after_s,
+            levels=self.history.levels,
+            queueing=self.queueing_of,
+            tenant_queueing=self.tenant_queueing,
+        )
+
+    def _budget_used(self) -> dict[Key, float]:
+        """GPU-hours this month per (tenant, flavor), as ``gpu_hours_this_month`` counts them:
+        ended holds, and the held runs' time so far."""
+        month = bisect.bisect_right(self.months, self.now) - 1
+        since = self.months[month]
+        used: dict[Key, float] = defaultdict(float)
+        if month == 0:
+            for key, hours in self.history.budget_used.items():
+                used[key] += hours * 3600
+        for (tenant, flavor, of_month), seconds in self.month_used.items():
+            if of_month == month:
+                used[(tenant, flavor)] += seconds
+        for run_id, start in self.hold_from.items():
+            record = self.record[run_id]
+            used[(record.tenant, record.flavor)] += record.gpus * (self.now - max(start, since))
+        return {key: seconds / 3600 for key, seconds in used.items()}
+
+    def batch_done(self) -> None:
+        if self.should_stop is not None and self.should_stop():
+            raise ReplayStopped
+        if self.progress is not None:
+            done = (self.now - self.history.start) / (self.history.seconds or 1)
+            step = min(PROGRESS_STEPS, int(done * PROGRESS_STEPS))
+            if step > self.next_report:
+                self.next_report = step
+                self.progress(step / PROGRESS_STEPS)
+
+    # --- the results -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        super().run()
+        for run_id, since in list(self.hold_from.items()):
+            self._held(run_id, since, self.history.end)
+        for run_id, since in self.waiting_since.items():
+            self.waited[run_id] = self.waited.get(run_id, 0.0) + self.history.end - since
+        if self.progress is not None and self.next_report < PROGRESS_STEPS:
+            self.progress(1.0)
+
+    @property
+    def capacity_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes.node.values())
+
+    def records(self) -> list[RunRecord]:
+        for run_id, waited in self.waited.items():
+            self.record[run_id].queued_s = waited
+        return list(self.record.values())
+
+
+# --- outcomes -------------------------------------------------------------------------------
+
+
+def _month_starts(start: float, end: float) -> list[float]:
+    """The starts of the calendar months (UTC) the window touches, the first at or before
+    ``start``."""
+    month = month_start(datetime.fromtimestamp(start, UTC))
+    starts = [month.timestamp()]
+    while (month := next_month(month)).timestamp() < end:
+        starts.append(month.timestamp())
+    return starts
+
+
+def _by_month(months: list[float], since: float, until: float) -> Iterable[tuple[int, float]]:
+    index = max(0, bisect.bisect_right(months, since) - 1)
+    while since < until:
+        stop = months[index + 1] if index + 1 < len(months) else math.inf
+        part = min(stop, until) - since
+        if part > 0:
+            yield index, part
+        since, index = min(stop, until), index + 1
+
+
+def nearest_rank(values: list[float], share: float) -> float | None:
+    """The smallest value that at least ``share`` of ``values`` do not exceed."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(share * len(ordered)) - 1)]
+
+
+def _outcome(
+    history: History,
+    quotas: Mapping[Key, Quota],
+    records: list[RunRecord],
+    *,
+    capacity_gpus: int,
+) -> Outcome:
+    start, end = history.start, history.end
+    months = _month_starts(start, end)
+    by_tenant: dict[str, list[RunRecord]] = defaultdict(list)
+    for record in records:
+        by_tenant[record.tenant].append(record)
+    for tenant, _ in quotas:
+        by_tenant.setdefault(tenant, [])
+    tenants = []
+    for tenant, runs in sorted(by_tenant.items()):
+        held_s = 0.0
+        month_used: dict[tuple[str, int], float] = defaultdict(float)
+        for record in runs:
+            for since, until in record.held:
+                since, until = max(since, start), min(until, end)
+                if until > since:
+                    held_s += record.gpus * (until - since)
+                    for month, seconds in _by_month(months, since, until):
+                        month_used[(record.flavor, month)] += record.gpus * seconds
+        counted = [r for r in runs if r.counted]
+        waits = [r.queued_s for r in counted]
+        budgets = []
+        for (of_tenant, flavor), quota in sorted(quotas.items()):
+            if of_tenant != tenant or quota.budget_gpu_hours is None:
+                continue
+            for index, month_began in enumerate(months):
+                used = month_used.get((flavor, index), 0.0) / 3600
+                if index == 0:
+                    used += history.budget_used.get((tenant, flavor), 0.0)
+                budgets.append(
+                    BudgetBurn(
+                        flavor=flavor,
+                        month=datetime.fromtimestamp(month_began, UTC).strftime("%Y-%m"),
+                        used_gpu_hours=used,
+                        budget_gpu_hours=float(quota.budget_gpu_hours),
+                        hard=quota.budget_hard,
+                    )
+                )
+        tenants.append(
+            TenantOutcome(
+                tenant=tenant,
+                runs=len(counted),
+                started=sum(1 for r in counted if r.started),
+                not_started=sum(1 for r in counted if not r.started),
+                queue_p50_s=nearest_rank(waits, 0.5),
+                queue_p95_s=nearest_rank(waits, 0.95),
+                gpu_hours=held_s / 3600,
+                preemptions=sum(r.preemptions for r in runs),
+                lost_gpu_hours=sum(r.lost_gpu_s for r in runs) / 3600,
+                budgets=tuple(budgets),
+            )
+        )
+    capacity = capacity_gpus * history.seconds
+    return Outcome(
+        start=start,
+        end=end,
+        tenants=tuple(tenants),
+        capacity_gpu_hours=capacity / 3600,
+        gpu_hours=sum(t.gpu_hours for t in tenants),
+        runs=sum(t.runs for t in tenants),
+        started=sum(t.started for t in tenants),
+        not_started=sum(t.not_started for t in tenants),
+        preemptions=sum(t.preemptions for t in tenants),
+        lost_gpu_hours=sum(t.lost_gpu_hours for t in tenants),
+    )
