@@ -8,6 +8,7 @@ shared with them, gets the same ``DoesNotExist`` as for a report that does not e
 the edge).
 """
 
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 
 from core.types import UserLike
@@ -56,10 +57,13 @@ def report_get_viewable(*, user: UserLike, report_id: int) -> ReplayReport:
 
 
 def report_get_manageable(*, user: UserLike, report_id: int) -> ReplayReport:
-    """The report a platform admin acts on (cancel, share, apply, run again); DoesNotExist
-    for everybody else, as for a missing report."""
-    require_replay_requester(user)
-    return ReplayReport.objects.get(pk=report_id)
+    """The report a platform admin acts on (cancel, share, apply, run again): DoesNotExist
+    for whoever may not read it, as for a missing report; PermissionDenied for a reader who
+    may not act on it (the report is no secret to them)."""
+    report = report_get_viewable(user=user, report_id=report_id)
+    if not replay_can_request(user=user):
+        raise PermissionDenied("Only platform admins act on what-if reports.")
+    return report
 
 
 def report_tenant_scope(*, user: UserLike, report: ReplayReport) -> frozenset[int] | None:

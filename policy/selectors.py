@@ -208,7 +208,9 @@ def queued_ahead(*, report: ReplayReport) -> int:
         ReplayReport.objects.filter(
             status__in=(ReplayReport.Status.QUEUED, ReplayReport.Status.RUNNING)
         )
-        .filter(Q(created_at__lt=report.created_at) | Q(created_at=report.created_at, pk__lt=report.pk))
+        .filter(
+            Q(created_at__lt=report.created_at) | Q(created_at=report.created_at, pk__lt=report.pk)
+        )
         .count()
     )
 
@@ -312,10 +314,11 @@ def _not_applied(proposal: Proposal) -> list[str]:
     """The parts of a proposal that are no quota, in words: what a person does instead."""
     lines = []
     for change in proposal.nodes:
-        verb = "Add" if change.count > 0 else "Remove"
+        count = abs(change.count)
+        what = f"{count} {change.flavor} node{'s' if count != 1 else ''}"
+        where = f"to {change.cluster}" if change.count > 0 else f"from {change.cluster}"
         lines.append(
-            f"{verb} {abs(change.count)} {change.flavor} node{'s' if abs(change.count) != 1 else ''}"
-            f" {'to' if change.count > 0 else 'from'} {change.cluster}: nodes are hardware, "
+            f"{'Add' if change.count > 0 else 'Remove'} {what} {where}: nodes are hardware, "
             "changed on the cluster (a simulator cluster's pools on its capacity page)."
         )
     if proposal.preemption is False:
@@ -356,8 +359,7 @@ def apply_plan(*, report: ReplayReport) -> ApplyPlan:
         "nothing was applied."
         for slug in sorted(slugs - set(tenants))
     ] + [
-        f"There is no GPU flavor {slug} any more (deleted since the report): nothing was "
-        "applied."
+        f"There is no GPU flavor {slug} any more (deleted since the report): nothing was applied."
         for slug in sorted(flavor_slugs - set(flavors))
     ]
     for (tenant, flavor), quota in sorted(proposal.quotas.items()):

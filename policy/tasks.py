@@ -4,7 +4,7 @@ import logging
 
 from celery import shared_task
 
-from policy.services.replaying import Replayed, replay_report_run as replay
+from policy.services import replaying
 
 logger = logging.getLogger(__name__)
 
@@ -14,7 +14,7 @@ WAIT_RETRY_S = 10
 
 @shared_task(bind=True, max_retries=None)
 def replay_report_run(self, report_id: int) -> None:
-    outcome = replay(report_id=report_id)
+    outcome = replaying.replay_report_run(report_id=report_id)
     logger.info("what-if report %s: %s", report_id, outcome)
-    if outcome == Replayed.WAITING:
+    if outcome == replaying.Replayed.WAITING:
         raise self.retry(countdown=WAIT_RETRY_S)

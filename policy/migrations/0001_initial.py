@@ -6,43 +6,80 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('tenants', '0011_i37_workspace_idle_policy'),
+        ("tenants", "0011_i37_workspace_idle_policy"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ReplayReport',
+            name="ReplayReport",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('created_at', models.DateTimeField()),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('heartbeat_at', models.DateTimeField(blank=True, null=True)),
-                ('run_token', models.UUIDField(blank=True, null=True)),
-                ('window_start', models.DateTimeField()),
-                ('window_end', models.DateTimeField()),
-                ('proposal', models.JSONField()),
-                ('submissions', models.PositiveIntegerField()),
-                ('estimate_s', models.FloatField()),
-                ('confirmed_warnings', models.JSONField(blank=True, default=list)),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('done', 'Done'), ('failed', 'Failed'), ('cancelled', 'Cancelled')], default='queued', max_length=16)),
-                ('progress', models.FloatField(default=0.0)),
-                ('cancel_requested', models.BooleanField(default=False)),
-                ('result', models.JSONField(blank=True, null=True)),
-                ('error', models.TextField(blank=True)),
-                ('shared', models.BooleanField(default=False)),
-                ('requested_by', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('tenants', models.ManyToManyField(blank=True, related_name='+', to='tenants.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("created_at", models.DateTimeField()),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("heartbeat_at", models.DateTimeField(blank=True, null=True)),
+                ("run_token", models.UUIDField(blank=True, null=True)),
+                ("window_start", models.DateTimeField()),
+                ("window_end", models.DateTimeField()),
+                ("proposal", models.JSONField()),
+                ("submissions", models.PositiveIntegerField()),
+                ("estimate_s", models.FloatField()),
+                ("confirmed_warnings", models.JSONField(blank=True, default=list)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("done", "Done"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        default="queued",
+                        max_length=16,
+                    ),
+                ),
+                ("progress", models.FloatField(default=0.0)),
+                ("cancel_requested", models.BooleanField(default=False)),
+                ("result", models.JSONField(blank=True, null=True)),
+                ("error", models.TextField(blank=True)),
+                ("shared", models.BooleanField(default=False)),
+                (
+                    "requested_by",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "tenants",
+                    models.ManyToManyField(blank=True, related_name="+", to="tenants.tenant"),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
-                'indexes': [models.Index(fields=['status'], name='replay_report_status')],
-                'constraints': [models.CheckConstraint(condition=models.Q(('progress__gte', 0.0), ('progress__lte', 1.0)), name='replay_progress_range'), models.CheckConstraint(condition=models.Q(('window_end__gt', models.F('window_start'))), name='replay_window_order')],
+                "ordering": ["-created_at", "-id"],
+                "indexes": [models.Index(fields=["status"], name="replay_report_status")],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("progress__gte", 0.0), ("progress__lte", 1.0)),
+                        name="replay_progress_range",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("window_end__gt", models.F("window_start"))),
+                        name="replay_window_order",
+                    ),
+                ],
             },
         ),
     ]

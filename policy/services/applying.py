@@ -13,7 +13,7 @@ from django.db import transaction
 from core.types import UserLike
 from jobs.services.capacity import QuotaChange, quota_update_checked
 from policy.models import ReplayReport
-from policy.selectors import ApplyPlan, apply_plan
+from policy.selectors import apply_plan
 from tenants.models import Quota
 from tenants.services.audit import audit_record
 

@@ -51,15 +51,12 @@ def _claim(report_id: int, now) -> uuid.UUID | None:
     claimable = Q(status=ReplayReport.Status.QUEUED) | Q(
         status=ReplayReport.Status.RUNNING, heartbeat_at__lt=now - STALE_AFTER
     )
-    claimed = (
-        ReplayReport.objects.filter(claimable, pk=report_id, cancel_requested=False)
-        .update(
-            status=ReplayReport.Status.RUNNING,
-            run_token=token,
-            started_at=now,
-            heartbeat_at=now,
-            progress=0.0,
-        )
+    claimed = ReplayReport.objects.filter(claimable, pk=report_id, cancel_requested=False).update(
+        status=ReplayReport.Status.RUNNING,
+        run_token=token,
+        started_at=now,
+        heartbeat_at=now,
+        progress=0.0,
     )
     return token if claimed else None
 

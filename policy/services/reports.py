@@ -120,9 +120,8 @@ def replay_report_share(*, report: ReplayReport, shared: bool, actor: UserLike) 
         before = {"shared": report.shared}
         report.shared = shared
         report.save(update_fields=["shared"])
-        _audit(
-            actor=actor, action="replay.share", report=report, before=before, after={"shared": shared}
-        )
+        after = {"shared": shared}
+        _audit(actor=actor, action="replay.share", report=report, before=before, after=after)
     return report
 
 

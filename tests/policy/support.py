@@ -1,0 +1,70 @@
+"""A history recorded through the product for the what-if reports' tests: runs submitted
+through the service, the worker's loop driven by hand (submit placed attempts to the
+simulated cluster, sync it, run admission) on a clock the test moves.
+
+PYTEST_DONT_REWRITE: a helper module; it asserts nothing.
+"""
+
+from datetime import UTC, datetime, timedelta
+
+import time_machine
+from django.utils import timezone
+
+from clusters.models import Cluster
+from jobs.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, Run, RunState
+from jobs.services.admission_cycle import admission_run_cycle
+from jobs.services.backend_submit import attempt_submit
+from jobs.services.backend_sync import attempt_cancel, cluster_sync
+from jobs.services.submission import run_submit
+from tests.conftest import experiment_input
+
+# The window the tests replay: T0 to T0 + 20 minutes; "now" is an hour after T0.
+T0 = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)
+WINDOW = timedelta(minutes=20)
+NOW = T0 + timedelta(hours=1)
+TICK_S = 30
+
+
+def worker_tick(cluster: Cluster) -> None:
+    for attempt in Attempt.objects.filter(
+        state__in=LIVE_ATTEMPT_STATES, run__state=RunState.PREEMPTED
+    ):
+        attempt_cancel(attempt_id=attempt.pk)
+    for attempt in Attempt.objects.filter(
+        state__in=[AttemptState.CREATED, AttemptState.SUBMITTING]
+    ):
+        attempt_submit(attempt_id=attempt.pk)
+    cluster_sync(cluster=cluster)
+    admission_run_cycle(now=timezone.now())
+
+
+def submit(world, tenant: str, *, work_s: int, gpus: int = 8) -> Run:
+    user, project = (
+        (world.researcher_a, "detection") if tenant == "vision" else (world.researcher_b, "llm")
+    )
+    return run_submit(
+        user=user,
+        data=experiment_input(
+            world,
+            tenant=tenant,
+            project=project,
+            gpus_per_node=gpus,
+            env={"GANTRY_SIM_DURATION_S": str(work_s)},
+        ),
+    )
+
+
+def record_history(world) -> None:
+    """20 minutes from T0 on the world's cluster at real speed: vision submits three 1×8
+    A100 runs of 5 minutes at once, nlp three of 10 minutes; both have 16 guaranteed A100
+    GPUs of the 32, so each tenant's third run waits for one of its first two."""
+    world.cluster.settings = {**world.cluster.settings, "speedup": 1}
+    world.cluster.save(update_fields=["settings"])
+    with time_machine.travel(T0, tick=False) as clock:
+        for second in range(0, int(WINDOW.total_seconds()) + 600, TICK_S):
+            clock.move_to(T0 + timedelta(seconds=second))
+            if second == 0:
+                for _ in range(3):
+                    submit(world, "vision", work_s=300)
+                    submit(world, "nlp", work_s=600)
+            worker_tick(world.cluster)
