@@ -27,10 +27,12 @@ from tenants.models import GpuFlavor, Quota, Tenant
 
 # The longest window a report replays.
 MAX_WINDOW_DAYS = 92
-# How fast a replay goes, in recorded submissions per second of one worker, measured with
-# bench/replay_product.py on this machine (docs/what-if-reports.md, "How long"); a report
-# replays its window twice (the policy in force, then the proposal).
-REPLAY_SUBMISSIONS_PER_S = 400.0
+# How fast a replay goes, in recorded submissions per second of one worker, until reports
+# have been replayed here: then the median of the last ones (``replay_rate``). Measured on a
+# 2-core machine shared with other work: 230 to 290 (docs/what-if-reports.md, "How long").
+REPLAY_SUBMISSIONS_PER_S = 200.0
+RATE_FROM_LAST_REPORTS = 5
+# A report replays its window twice: under the policy in force, then under the proposal.
 REPLAYS_PER_REPORT = 2
 # Longer than this is refused, with the estimate: a replay holds a background worker.
 MAX_REPLAY_ESTIMATE_S = 30 * 60
@@ -52,9 +54,24 @@ class ReplayCheck:
     tenants: tuple[str, ...] = ()  # the slugs the proposal names or with runs in the window
 
 
-def replay_estimate_s(submissions: int) -> float:
-    """Seconds a report over ``submissions`` recorded runs takes, as measured."""
-    return REPLAYS_PER_REPORT * submissions / REPLAY_SUBMISSIONS_PER_S
+def replay_rate() -> float:
+    """Recorded submissions replayed per second (both replays of a report counted): the
+    median of the last reports done here, or ``REPLAY_SUBMISSIONS_PER_S`` before any."""
+    rates = sorted(
+        REPLAYS_PER_REPORT * submissions / seconds
+        for submissions, started, finished in ReplayReport.objects.filter(
+            status=ReplayReport.Status.DONE, started_at__isnull=False, submissions__gt=0
+        )
+        .order_by("-finished_at", "-id")
+        .values_list("submissions", "started_at", "finished_at")[:RATE_FROM_LAST_REPORTS]
+        if (seconds := (finished - started).total_seconds()) > 0
+    )
+    return rates[len(rates) // 2] if rates else REPLAY_SUBMISSIONS_PER_S
+
+
+def replay_estimate_s(submissions: int, *, rate: float) -> float:
+    """Seconds a report over ``submissions`` recorded runs takes at ``rate``."""
+    return REPLAYS_PER_REPORT * submissions / rate
 
 
 def duration_words(seconds: float) -> str:
@@ -156,7 +173,7 @@ def replay_check(
     if window:
         return ReplayCheck(errors=errors, proposal=parsed)
     submissions, tenants = window_runs(start=window_start, end=window_end)
-    estimate = replay_estimate_s(submissions)
+    estimate = replay_estimate_s(submissions, rate=replay_rate())
     if not submissions:
         errors["window"] = [
             f"No run was submitted or held GPUs from {window_start:%Y-%m-%d %H:%M} to "

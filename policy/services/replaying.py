@@ -27,7 +27,7 @@ from jobs.selectors.replay_history import replay_history
 from policy.models import ReplayReport
 from policy.proposals import ProposalShapeError, proposal_from_json
 from policy.results import result_to_json
-from policy.selectors import STALE_AFTER, report_running_other
+from policy.selectors import STALE_AFTER, report_running_other, report_stale
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -42,8 +42,8 @@ class Replayed(StrEnum):
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
-    WAITING = "waiting"  # another report is being replayed: ask again later
-    NOTHING = "nothing"  # ended already, or being replayed by a live worker
+    WAITING = "waiting"  # another report is being replayed, or this one: ask again later
+    NOTHING = "nothing"  # ended, cancelled, or claimed by another task meanwhile
 
 
 def _claim(report_id: int, now) -> uuid.UUID | None:
@@ -110,7 +110,11 @@ def replay_report_run(*, report_id: int) -> Replayed:
     report = ReplayReport.objects.filter(pk=report_id).first()
     if report is None or report.ended or report.cancel_requested:
         return Replayed.NOTHING
-    if report_running_other(report=report, now=now) is not None:
+    if report_running_other(report=report, now=now) is not None or (
+        report.status == ReplayReport.Status.RUNNING and not report_stale(report=report, now=now)
+    ):
+        # Another report goes first; or this one's worker is alive (this task is a
+        # redelivery), or was lost a moment ago: asked again, it is claimed once stale.
         return Replayed.WAITING
     token = _claim(report_id, now)
     if token is None:

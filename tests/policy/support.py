@@ -22,7 +22,7 @@ from tests.conftest import experiment_input
 T0 = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)
 WINDOW = timedelta(minutes=20)
 NOW = T0 + timedelta(hours=1)
-TICK_S = 30
+TICK_S = 60
 
 
 def worker_tick(cluster: Cluster) -> None:
@@ -57,11 +57,12 @@ def submit(world, tenant: str, *, work_s: int, gpus: int = 8) -> Run:
 def record_history(world) -> None:
     """20 minutes from T0 on the world's cluster at real speed: vision submits three 1×8
     A100 runs of 5 minutes at once, nlp three of 10 minutes; both have 16 guaranteed A100
-    GPUs of the 32, so each tenant's third run waits for one of its first two."""
+    GPUs of the 32, so each tenant's third run waits for one of its first two; recorded six
+    minutes past the window, so every run has ended when it is read."""
     world.cluster.settings = {**world.cluster.settings, "speedup": 1}
     world.cluster.save(update_fields=["settings"])
     with time_machine.travel(T0, tick=False) as clock:
-        for second in range(0, int(WINDOW.total_seconds()) + 600, TICK_S):
+        for second in range(0, int(WINDOW.total_seconds()) + 6 * TICK_S, TICK_S):
             clock.move_to(T0 + timedelta(seconds=second))
             if second == 0:
                 for _ in range(3):
