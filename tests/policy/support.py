@@ -5,7 +5,9 @@ simulated cluster, sync it, run admission) on a clock the test moves.
 PYTEST_DONT_REWRITE: a helper module; it asserts nothing.
 """
 
+import re
 from datetime import UTC, datetime, timedelta
+from html import unescape
 
 import time_machine
 from django.utils import timezone
@@ -69,3 +71,10 @@ def record_history(world) -> None:
                     submit(world, "vision", work_s=300)
                     submit(world, "nlp", work_s=600)
             worker_tick(world.cluster)
+
+
+def text_of(html: str) -> str:
+    """The text of ``html`` as a reader sees it: tags and scripts dropped, entities read,
+    whitespace collapsed."""
+    html = re.sub(r"<script.*?</script>", " ", html, flags=re.S)
+    return " ".join(unescape(re.sub(r"<[^>]+>", " ", html)).split())
