@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from html import unescape
 
 import time_machine
+from django.db.models import F
 from django.utils import timezone
 
 from clusters.models import Cluster
@@ -56,21 +57,43 @@ def submit(world, tenant: str, *, work_s: int, gpus: int = 8) -> Run:
     )
 
 
-def record_history(world) -> None:
-    """20 minutes from T0 on the world's cluster at real speed: vision submits three 1×8
+def record_history(world, *, start: datetime = T0) -> None:
+    """20 minutes from ``start`` on the world's cluster at real speed: vision submits three 1×8
     A100 runs of 5 minutes at once, nlp three of 10 minutes; both have 16 guaranteed A100
     GPUs of the 32, so each tenant's third run waits for one of its first two; recorded six
     minutes past the window, so every run has ended when it is read."""
     world.cluster.settings = {**world.cluster.settings, "speedup": 1}
     world.cluster.save(update_fields=["settings"])
-    with time_machine.travel(T0, tick=False) as clock:
+    with time_machine.travel(start, tick=False) as clock:
         for second in range(0, int(WINDOW.total_seconds()) + 6 * TICK_S, TICK_S):
-            clock.move_to(T0 + timedelta(seconds=second))
+            clock.move_to(start + timedelta(seconds=second))
             if second == 0:
                 for _ in range(3):
                     submit(world, "vision", work_s=300)
                     submit(world, "nlp", work_s=600)
             worker_tick(world.cluster)
+
+
+def long_queue(world, *, start: datetime, count: int) -> None:
+    """``count`` runs of vision queued one a second from ``start``, never admitted: a window
+    whose replay takes seconds (admission over a long queue), to watch and to cancel."""
+    with time_machine.travel(start, tick=False):
+        first = submit(world, "vision", work_s=300)
+    Run.objects.bulk_create(
+        Run(
+            experiment=first.experiment,
+            tenant=first.tenant,
+            flavor=first.flavor,
+            gpus=first.gpus,
+            priority=first.priority,
+            submitted_by=first.submitted_by,
+        )
+        for _ in range(count - 1)
+    )
+    # One a second, by id, from ``start`` (bulk_create stamped them all with now).
+    Run.objects.filter(pk__gte=first.pk).update(
+        submitted_at=start + (F("id") - first.pk) * timedelta(seconds=1)
+    )
 
 
 def text_of(html: str) -> str:
