@@ -16,7 +16,6 @@ from policy.access import (
     report_get_manageable,
     report_get_viewable,
     report_list_viewable,
-    require_replay_reader,
     require_replay_requester,
 )
 from policy.models import ReplayReport
@@ -165,16 +164,12 @@ class ReplayListApi(generics.GenericAPIView):
     serializer_class = ReplayReportSerializer
 
     @extend_schema(
-        responses={
-            200: ReplayReportSerializer(many=True),
-            401: UNAUTHENTICATED,
-            404: NO_SUCH_PAGE,
-        }
+        responses={200: ReplayReportSerializer(many=True), 401: UNAUTHENTICATED}
     )
     def get(self, request):
         """The what-if reports you may read, newest first: every report for platform admins,
-        those shared with you for finance and tenant admins (your tenants' rows)."""
-        or_404(require_replay_reader, request.user)
+        those shared with you for finance and tenant admins (your tenants' rows); none for
+        anybody else."""
         page = self.paginate_queryset(
             report_list_viewable(user=request.user).select_related("requested_by")
         )

@@ -20,6 +20,7 @@ exist, more nodes removed than there are) are ``Proposal.validate``'s to judge.
 """
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,7 +41,8 @@ NODE_KEYS = ("cluster", "flavor", "count", "gpus_per_node")
 PROPOSAL_KEYS = ("quotas", "nodes", "preemption", "starvation_after_s")
 # A JSON integer beyond this is no number of GPUs (PostgreSQL's integer columns).
 MAX_INT = 2**31 - 1
-MAX_NAME = 253
+# A tenant's, flavor's or cluster's slug: lowercase letters, digits, dots and dashes.
+NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
 
 
 class ProposalShapeError(ValueError):
@@ -60,8 +62,10 @@ def _number(value: object, where: str) -> float:
 
 
 def _name(value: object, where: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > MAX_NAME:
-        raise ProposalShapeError(f"{where} must be a name.")
+    if not isinstance(value, str) or not NAME.fullmatch(value):
+        raise ProposalShapeError(
+            f"{where} must be a name: lowercase letters, digits, dots and dashes."
+        )
     return value
 
 

@@ -65,7 +65,11 @@ def report_list(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "policy/report_list.html",
-        {"page_obj": page, "can_request": replay_can_request(user=request.user)},
+        {
+            "page_obj": page,
+            "reports": page.object_list,
+            "can_request": replay_can_request(user=request.user),
+        },
     )
 
 

@@ -96,7 +96,15 @@ def test_an_empty_object_proposes_nothing():
         ),
         (
             {"quotas": [{"tenant": "", "flavor": "a100-80gb", "guaranteed": 8}]},
-            "quotas[0].tenant must be a name.",
+            "quotas[0].tenant must be a name: lowercase letters, digits, dots and dashes.",
+        ),
+        (
+            {"quotas": [{"tenant": "vision\x00", "flavor": "a100-80gb", "guaranteed": 8}]},
+            "quotas[0].tenant must be a name: lowercase letters, digits, dots and dashes.",
+        ),
+        (
+            {"nodes": [{"cluster": "Sim 1", "flavor": "a100-80gb", "count": 1}]},
+            "nodes[0].cluster must be a name: lowercase letters, digits, dots and dashes.",
         ),
         (
             {"quotas": [{"tenant": "v", "flavor": "a", "guaranteed": 8, "budget_hard": "no"}]},

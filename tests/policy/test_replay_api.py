@@ -133,12 +133,14 @@ def test_who_may_use_the_replays_api(world, queued_runs):
     }
     assert answers == {
         "anonymous": (401, 401, 401, 401),
-        "alice": (404, 404, 404, 404),
-        "bob": (404, 404, 404, 404),
+        "alice": (200, 404, 404, 404),
+        "bob": (200, 404, 404, 404),
         "tara": (200, 404, 200, 403),
         "fiona": (200, 404, 200, 403),
     }
     assert ReplayReport.objects.get().status == "queued"
+    listed = api(world.researcher_a).get(reverse("api:replay-list")).json()
+    assert (listed["count"], listed["results"]) == (0, [])
 
 
 def test_cancelling_over_the_api(world, queued_runs):
