@@ -1,6 +1,6 @@
-"""A history recorded through the product for the what-if reports' tests: runs submitted
-through the service, the worker's loop driven by hand (submit placed attempts to the
-simulated cluster, sync it, run admission) on a clock the test moves.
+"""Histories for the what-if reports' tests: one recorded through the product
+(``tests.jobs.replay_support``: runs submitted through the service, the worker's loop
+driven by hand on a clock the test moves), and a long queue whose replay takes seconds.
 
 PYTEST_DONT_REWRITE: a helper module; it asserts nothing.
 """
@@ -11,34 +11,17 @@ from html import unescape
 
 import time_machine
 from django.db.models import F
-from django.utils import timezone
 
-from clusters.models import Cluster
-from jobs.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, Run, RunState
-from jobs.services.admission_cycle import admission_run_cycle
-from jobs.services.backend_submit import attempt_submit
-from jobs.services.backend_sync import attempt_cancel, cluster_sync
+from jobs.models import Run
 from jobs.services.submission import run_submit
 from tests.conftest import experiment_input
+from tests.jobs.replay_support import record
 
 # The window the tests replay: T0 to T0 + 20 minutes; "now" is an hour after T0.
 T0 = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)
 WINDOW = timedelta(minutes=20)
 NOW = T0 + timedelta(hours=1)
 TICK_S = 60
-
-
-def worker_tick(cluster: Cluster) -> None:
-    for attempt in Attempt.objects.filter(
-        state__in=LIVE_ATTEMPT_STATES, run__state=RunState.PREEMPTED
-    ):
-        attempt_cancel(attempt_id=attempt.pk)
-    for attempt in Attempt.objects.filter(
-        state__in=[AttemptState.CREATED, AttemptState.SUBMITTING]
-    ):
-        attempt_submit(attempt_id=attempt.pk)
-    cluster_sync(cluster=cluster)
-    admission_run_cycle(now=timezone.now())
 
 
 def submit(world, tenant: str, *, work_s: int, gpus: int = 8) -> Run:
@@ -64,14 +47,15 @@ def record_history(world, *, start: datetime = T0) -> None:
     minutes past the window, so every run has ended when it is read."""
     world.cluster.settings = {**world.cluster.settings, "speedup": 1}
     world.cluster.save(update_fields=["settings"])
-    with time_machine.travel(start, tick=False) as clock:
-        for second in range(0, int(WINDOW.total_seconds()) + 6 * TICK_S, TICK_S):
-            clock.move_to(start + timedelta(seconds=second))
-            if second == 0:
-                for _ in range(3):
-                    submit(world, "vision", work_s=300)
-                    submit(world, "nlp", work_s=600)
-            worker_tick(world.cluster)
+
+    def people(second: int) -> None:
+        if second == 0:
+            for _ in range(3):
+                submit(world, "vision", work_s=300)
+                submit(world, "nlp", work_s=600)
+
+    seconds = int(WINDOW.total_seconds()) + 6 * TICK_S
+    record(world.cluster, start=start, seconds=seconds, tick_s=TICK_S, at_tick=people)
 
 
 def long_queue(world, *, start: datetime, count: int) -> None:
