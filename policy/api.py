@@ -163,9 +163,7 @@ def _data(request, report: ReplayReport) -> dict:
 class ReplayListApi(generics.GenericAPIView):
     serializer_class = ReplayReportSerializer
 
-    @extend_schema(
-        responses={200: ReplayReportSerializer(many=True), 401: UNAUTHENTICATED}
-    )
+    @extend_schema(responses={200: ReplayReportSerializer(many=True), 401: UNAUTHENTICATED})
     def get(self, request):
         """The what-if reports you may read, newest first: every report for platform admins,
         those shared with you for finance and tenant admins (your tenants' rows); none for
@@ -173,7 +171,7 @@ class ReplayListApi(generics.GenericAPIView):
         page = self.paginate_queryset(
             report_list_viewable(user=request.user).select_related("requested_by")
         )
-        return self.get_paginated_response([_data(request, report) for report in page])
+        return self.get_paginated_response([_data(request, report) for report in page or ()])
 
     @extend_schema(
         request=ReplayRequestSerializer,

@@ -57,14 +57,22 @@ class ReplayCheck:
 def replay_rate() -> float:
     """Recorded submissions replayed per second (both replays of a report counted): the
     median of the last reports done here, or ``REPLAY_SUBMISSIONS_PER_S`` before any."""
-    rates = sorted(
-        REPLAYS_PER_REPORT * submissions / seconds
-        for submissions, started, finished in ReplayReport.objects.filter(
-            status=ReplayReport.Status.DONE, started_at__isnull=False, submissions__gt=0
+    last = (
+        ReplayReport.objects.filter(
+            status=ReplayReport.Status.DONE,
+            started_at__isnull=False,
+            finished_at__isnull=False,
+            submissions__gt=0,
         )
         .order_by("-finished_at", "-id")
         .values_list("submissions", "started_at", "finished_at")[:RATE_FROM_LAST_REPORTS]
-        if (seconds := (finished - started).total_seconds()) > 0
+    )
+    rates = sorted(
+        REPLAYS_PER_REPORT * submissions / seconds
+        for submissions, started, finished in last
+        if started is not None
+        and finished is not None
+        and (seconds := (finished - started).total_seconds()) > 0
     )
     return rates[len(rates) // 2] if rates else REPLAY_SUBMISSIONS_PER_S
 

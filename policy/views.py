@@ -79,12 +79,12 @@ def report_new(request: HttpRequest) -> HttpResponse:
     """The window and the proposal, edited next to today's quotas and pools."""
     or_404(require_replay_requester, request.user)
     quotas, pools = proposal_editor_lines()
-    options = {
-        "quotas": quotas,
-        "pools": pools,
-        "starvation_now_s": float(settings.GANTRY_STARVATION_AFTER_S),
-    }
-    form = ReplayRequestForm(request.POST if request.method == "POST" else None, **options)
+    form = ReplayRequestForm(
+        request.POST if request.method == "POST" else None,
+        quotas=quotas,
+        pools=pools,
+        starvation_now_s=float(settings.GANTRY_STARVATION_AFTER_S),
+    )
     if request.method == "POST" and form.is_valid():
         bounds = form.window_bounds(now=timezone.now())
         if bounds is not None:
