@@ -28,8 +28,8 @@ from tenants.models import GpuFlavor, Quota, Tenant
 # The longest window a report replays.
 MAX_WINDOW_DAYS = 92
 # How fast a replay goes, in recorded submissions per second of one worker, until reports
-# have been replayed here: then the median of the last ones (``replay_rate``). Measured on a
-# 2-core machine shared with other work: 230 to 290 (docs/what-if-reports.md, "How long").
+# have been replayed here: then the median of the last ones (``replay_rate``). A cautious
+# guess below what the engine does on a 2-core machine; its speed is measured in bench/.
 REPLAY_SUBMISSIONS_PER_S = 200.0
 RATE_FROM_LAST_REPORTS = 5
 # A report replays its window twice: under the policy in force, then under the proposal.

@@ -357,3 +357,29 @@ def test_a_proposal_naming_a_tenant_gone_since_is_not_applied(world, done_report
     )
     assert client.post(url, {"confirm": "on"}).status_code == 400
     assert before == (AuditEvent.objects.count(), sorted(quotas))
+
+
+def test_the_list_and_a_report_read_a_fixed_number_of_queries(
+    world, done_report, django_assert_max_num_queries
+):
+    ReplayReport.objects.bulk_create(
+        ReplayReport(
+            requested_by=world.platform_admin,
+            created_at=NOW,
+            window_start=T0,
+            window_end=T0 + WINDOW,
+            proposal={},
+            submissions=1,
+            estimate_s=0.01,
+            shared=True,
+        )
+        for _ in range(30)
+    )
+    for user in (world.platform_admin, world.tenant_admin_a):
+        client = client_of(user)
+        client.get(reverse("policy:report_list"))  # the session, warmed
+        with django_assert_max_num_queries(6):
+            assert client.get(reverse("policy:report_list")).status_code == 200
+        with django_assert_max_num_queries(9):
+            url = reverse("policy:report_detail", args=[done_report.pk])
+            assert client.get(url).status_code == 200
