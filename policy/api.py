@@ -163,7 +163,13 @@ def _data(request, report: ReplayReport) -> dict:
 class ReplayListApi(generics.GenericAPIView):
     serializer_class = ReplayReportSerializer
 
-    @extend_schema(responses={200: ReplayReportSerializer(many=True), 401: UNAUTHENTICATED})
+    @extend_schema(
+        responses={
+            200: ReplayReportSerializer(many=True),
+            401: UNAUTHENTICATED,
+            404: OpenApiResponse(ErrorSerializer, description="No such page."),
+        }
+    )
     def get(self, request):
         """The what-if reports you may read, newest first: every report for platform admins,
         those shared with you for finance and tenant admins (your tenants' rows); none for
