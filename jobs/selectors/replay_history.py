@@ -21,7 +21,6 @@ from clusters.models import Cluster
 from jobs import admission_types
 from jobs.calendar import month_start
 from jobs.models import Attempt, Checkpoint, Run, RunEvent, TopologyMode
-from jobs.replay import observed_outcome
 from jobs.replay_record import (
     EventRow,
     Hold,
@@ -32,7 +31,7 @@ from jobs.replay_record import (
     timeline,
     used_since,
 )
-from jobs.replay_types import History, Holding, Key, Outcome, QuotaChange, Submission
+from jobs.replay_types import History, Holding, Key, QuotaChange, Submission
 from jobs.selectors.queue import cluster_nodes
 from tenants.models import AuditEvent, GpuFlavor, Quota, Tenant
 
@@ -230,9 +229,3 @@ def replay_history(*, start: datetime, end: datetime) -> History:
         budget_used=used_since(window.holds_before, since=month_start(start).timestamp(), until=t0),
         notes=tuple(notes),
     )
-
-
-def observed_history_outcome(*, start: datetime, end: datetime) -> tuple[History, Outcome]:
-    """The window's history and what really happened in it."""
-    history = replay_history(start=start, end=end)
-    return history, observed_outcome(history)
