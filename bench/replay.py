@@ -11,10 +11,10 @@ batch of events, as the engine of bench/trace.py always did (``skip_idle_cycles`
 the same run; both must give the same outcome.
 
 (b) Validation. A slice of the trace recorded through the product: tenants, quotas, users
-and a simulated cluster (speed-up 1) in PostgreSQL; each task submitted through
+and simulated clusters (one per node shape, speed-up 1) in PostgreSQL; each task submitted through
 ``run_submit`` at its arrival with its run time as the simulated work, an admission cycle
 right after (the submit's kick), and the worker's loop (submit admitted attempts, take
-preempted ones off, sync the cluster, admission) every ``TICK_S`` on a clock moved by hand.
+preempted ones off, sync the clusters, admission) every ``TICK_S`` on a clock moved by hand.
 The window is read back by ``jobs.selectors.replay_history`` and replayed under the policy
 in force: per tenant, the p50 queue time observed and replayed; the utilisation of both.
 """
@@ -106,7 +106,8 @@ def trace_history(count: int, days: float) -> History:
 
 @dataclass
 class Timed:
-    seconds: float
+    seconds: float  # wall time
+    cpu_seconds: float  # this process's CPU time: what a machine to itself would take
     outcome: Outcome
     cycles: int
     decided: int
@@ -125,12 +126,12 @@ def timed_replay(history: History, *, skip: bool) -> Timed:
     original = replay_module._Replay
     replay_module._Replay = Counting  # type: ignore[misc]
     try:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         outcome = replay(history)
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     finally:
         replay_module._Replay = original  # type: ignore[misc]
-    return Timed(seconds, outcome, counted["cycles"], counted["decided"])
+    return Timed(seconds, cpu, outcome, counted["cycles"], counted["decided"])
 
 
 def speed() -> Section:
@@ -151,13 +152,20 @@ def speed() -> Section:
         [
             f"{runs:,} runs, {days} days, {len(history.nodes)} nodes ({gpus} GPUs), "
             f"{len({s.tenant for s in history.submissions})} tenants",
-            f"{fast.seconds:,.1f} s ({fast.decided:,} of {fast.cycles:,} cycles decided)",
-            f"{slow.seconds:,.1f} s ({slow.decided:,} cycles)",
-            f"{slow.seconds / fast.seconds:.1f}×",
+            f"{fast.seconds:,.1f} s, CPU {fast.cpu_seconds:,.1f} s ({fast.decided:,} of "
+            f"{fast.cycles:,} cycles decided)",
+            f"{slow.seconds:,.1f} s, CPU {slow.cpu_seconds:,.1f} s ({slow.decided:,} cycles)",
+            f"{slow.cpu_seconds / fast.cpu_seconds:.2f}× (CPU)",
             f"utilisation {out.utilisation:.1f} %, {out.preemptions:,} preemptions, "
             f"{out.not_started:,} runs not started by the end; the same for both",
-            "met" if fast.seconds <= GOAL_S else "missed",
+            f"{'met' if fast.seconds <= GOAL_S else 'missed'} in wall time, "
+            f"{'met' if fast.cpu_seconds <= GOAL_S else 'missed'} in CPU time",
         ]
+    )
+    section.notes.append(
+        "Wall time counts the other work on the machine (its load is at the head of this "
+        "page); CPU time is the replay's own, what the machine alone would take. The ratio "
+        "compares CPU times."
     )
     return section
 
@@ -186,16 +194,21 @@ def record_slice(tasks: list[Task], *, start: datetime, seconds: int) -> None:
     call_command("flush", interactive=False, verbosity=0)
     with time_machine.travel(start, tick=False) as clock:
         flavor = GpuFlavor.objects.create(slug=RECORDED_FLAVOR, name="Trace GPU", memory_gb=32)
+        # One simulated cluster per node shape, as bench/trace.py has them: a simulated
+        # cluster names its nodes by flavor, so two pools of one flavor would share names.
         cluster_pools = pools(SLICE_NODE_SHARE)
-        cluster = Cluster.objects.create(
-            name="trace", backend=Cluster.Backend.SIMULATOR,
-            settings={"speedup": 1, "pools": [
-                {"flavor": RECORDED_FLAVOR, "nodes": p.nodes, "gpus_per_node": p.gpus_per_node}
-                for p in cluster_pools
-            ]},
-            queueing=Queueing.BACKFILL,
-        )  # fmt: skip
-        cluster_refresh_inventory(cluster=cluster)
+        clusters = []
+        for pool in cluster_pools:
+            cluster = Cluster.objects.create(
+                name=pool.cluster, backend=Cluster.Backend.SIMULATOR,
+                settings={"speedup": 1, "pools": [
+                    {"flavor": RECORDED_FLAVOR, "nodes": pool.nodes,
+                     "gpus_per_node": pool.gpus_per_node},
+                ]},
+                queueing=Queueing.BACKFILL,
+            )  # fmt: skip
+            cluster_refresh_inventory(cluster=cluster)
+            clusters.append(cluster)
         image = Image.objects.create(
             repository="registry.example.org/trace/job", digest="sha256:" + "e" * 64,
             tag="1", status=Image.Status.APPROVED,
@@ -234,7 +247,8 @@ def record_slice(tasks: list[Task], *, start: datetime, seconds: int) -> None:
                 state__in=[AttemptState.CREATED, AttemptState.SUBMITTING]
             ):
                 attempt_submit(attempt_id=attempt.pk)
-            cluster_sync(cluster=cluster)
+            for cluster in clusters:
+                cluster_sync(cluster=cluster)
             admission_run_cycle(now=timezone.now())
 
         arrivals: dict[int, list[Task]] = {}
