@@ -15,16 +15,15 @@ import bisect
 import heapq
 import math
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from collections.abc import Callable
+from dataclasses import replace
 
 from jobs.admission_types import QueuedRun, Queueing, Quota, Snapshot, queue_order
-from jobs.calendar import month_start, next_month
 from jobs.replay_engine import Event, Gantry, Held
+from jobs.replay_outcome import RunRecord, by_month, month_starts, outcome_of
+from jobs.replay_outcome import nearest_rank as nearest_rank
 from jobs.replay_types import (
     Actual,
-    BudgetBurn,
     Ending,
     History,
     Holding,
@@ -32,7 +31,6 @@ from jobs.replay_types import (
     Outcome,
     Proposal,
     Submission,
-    TenantOutcome,
     proposed_nodes,
 )
 
@@ -42,21 +40,6 @@ PROGRESS_STEPS = 100  # a progress report at least every 1 % of the window
 
 class ReplayStopped(Exception):
     """``should_stop`` said so: the replay was abandoned where it was."""
-
-
-@dataclass
-class RunRecord:
-    """One run's part in an outcome, observed or replayed."""
-
-    tenant: str
-    flavor: str
-    gpus: int
-    counted: bool  # submitted in the window: its queue time counts
-    queued_s: float = 0.0
-    started: bool = False
-    held: list[tuple[float, float]] = field(default_factory=list)
-    preemptions: int = 0
-    lost_gpu_s: float = 0.0
 
 
 def replay(
@@ -77,7 +60,7 @@ def replay(
         raise ValueError(" ".join(problems.errors))
     simulation = _Replay(history, proposal, progress=progress, should_stop=should_stop)
     simulation.run()
-    return _outcome(
+    return outcome_of(
         history, simulation.quotas, simulation.records(), capacity_gpus=simulation.capacity_gpus
     )
 
@@ -91,7 +74,7 @@ def observed_outcome(history: History) -> Outcome:
     quotas = dict(history.quotas)
     for change in history.quota_changes:
         _set_quota(quotas, (change.tenant, change.flavor), change.quota)
-    return _outcome(history, quotas, records, capacity_gpus=sum(n.gpus for n in history.nodes))
+    return outcome_of(history, quotas, records, capacity_gpus=sum(n.gpus for n in history.nodes))
 
 
 def _record_of(run: Submission | Holding, actual: Actual, *, counted: bool) -> RunRecord:
@@ -169,9 +152,10 @@ class _Replay(Gantry):
         # queued are dropped when met) and how many of each shape (nodes, GPUs per node).
         self.lines: dict[Key, list[tuple[tuple[int, float, int], int]]] = defaultdict(list)
         self.line_shapes: dict[Key, Counter[tuple[int, int]]] = defaultdict(Counter)
-        self.fits: dict[tuple[str, int, int], tuple[tuple[int, ...], bool]] = {}
+        self.free_sorted: dict[tuple[str, str], tuple[int, list[int]]] = {}
+        self.strict: dict[Key, bool] = {}
         self.cycles = self.skipped = 0
-        self.months = _month_starts(history.start, history.end)
+        self.months = month_starts(history.start, history.end)
         self.budgets = any(q.budget_gpu_hours is not None for q in quotas.values()) or any(
             c.quota is not None and c.quota.budget_gpu_hours is not None
             for c in history.quota_changes
@@ -251,7 +235,7 @@ class _Replay(Gantry):
         record = self.record[run_id]
         record.held.append((since, until))
         if self.budgets:
-            for month, seconds in _by_month(self.months, since, until):
+            for month, seconds in by_month(self.months, since, until):
                 self.month_used[(record.tenant, record.flavor, month)] += record.gpus * seconds
 
     def finish(self, run_id: int) -> None:
@@ -322,9 +306,8 @@ class _Replay(Gantry):
         now or freed by preempting borrowed runs for a run within its guarantee; under the
         strict queueing policy only the first in its tenant's line of the flavor
         (docs/admission.md). Reservations, budgets and topology only hold runs back. So:
-        no run that may be decided fits the free GPUs of its flavor's clusters (placement
-        asked per shape, remembered until a cluster changes), and none within its guarantee
-        has a borrowed run to reclaim."""
+        no run that may be decided fits the free GPUs of its flavor's clusters, and none
+        within its guarantee has a borrowed run to reclaim."""
         reclaimable: set[str] | None = None
         for key, shapes in self.line_shapes.items():
             quota = self.quotas.get(key)
@@ -353,13 +336,18 @@ class _Replay(Gantry):
         return True
 
     def _strict(self, tenant: str, flavor: str) -> bool:
-        policy = self.tenant_queueing.get(tenant)
-        if policy is not None:
-            return policy == Queueing.STRICT
-        return all(
-            self.queueing_of.get(cluster, Queueing.STRICT) == Queueing.STRICT
-            for cluster in self.nodes.clusters.get(flavor, [])
-        )
+        key = (tenant, flavor)
+        if key not in self.strict:
+            policy = self.tenant_queueing.get(tenant)
+            self.strict[key] = (
+                policy == Queueing.STRICT
+                if policy is not None
+                else all(
+                    self.queueing_of.get(cluster, Queueing.STRICT) == Queueing.STRICT
+                    for cluster in self.nodes.clusters.get(flavor, [])
+                )
+            )
+        return self.strict[key]
 
     def _head(self, key: Key) -> QueuedRun | None:
         line = self.lines[key]
@@ -368,16 +356,23 @@ class _Replay(Gantry):
         return self.queued[line[0][1]] if line else None
 
     def _fits(self, flavor: str, nodes: int, per_node: int) -> bool:
-        """Whether a gang of this shape has a placement on the free GPUs (topology and
-        excluded nodes aside: they only narrow it)."""
-        clusters = self.nodes.clusters.get(flavor, [])
-        versions = tuple(self.nodes.version[cluster] for cluster in clusters)
-        known = self.fits.get((flavor, nodes, per_node))
-        if known is None or known[0] != versions:
-            run = QueuedRun(0, "", flavor, nodes, per_node, 0, 0.0)
-            known = (versions, self.nodes.place(run, clusters) is not None)
-            self.fits[(flavor, nodes, per_node)] = known
-        return known[1]
+        """Whether some cluster of the flavor has ``nodes`` nodes taking work with
+        ``per_node`` GPUs free each: where a gang of that shape has a placement (a required
+        topology level and excluded nodes only narrow it). Per cluster, the free GPUs of its
+        nodes, sorted, kept until the cluster changes."""
+        for cluster in self.nodes.clusters.get(flavor, []):
+            version = self.nodes.version[cluster]
+            known = self.free_sorted.get((cluster, flavor))
+            if known is None or known[0] != version:
+                free = sorted(
+                    self.nodes.free[(cluster, node.name)]
+                    for node in self.nodes.pools[(cluster, flavor)]
+                    if node.schedulable
+                )
+                known = self.free_sorted[(cluster, flavor)] = (version, free)
+            if len(known[1]) - bisect.bisect_left(known[1], per_node) >= nodes:
+                return True
+        return False
 
     def snapshot(self) -> Snapshot:
         held = tuple(self.as_held.values())
@@ -444,107 +439,3 @@ class _Replay(Gantry):
         for run_id, waited in self.waited.items():
             self.record[run_id].queued_s = waited
         return list(self.record.values())
-
-
-# --- outcomes -------------------------------------------------------------------------------
-
-
-def _month_starts(start: float, end: float) -> list[float]:
-    """The starts of the calendar months (UTC) the window touches, the first at or before
-    ``start``."""
-    month = month_start(datetime.fromtimestamp(start, UTC))
-    starts = [month.timestamp()]
-    while (month := next_month(month)).timestamp() < end:
-        starts.append(month.timestamp())
-    return starts
-
-
-def _by_month(months: list[float], since: float, until: float) -> Iterable[tuple[int, float]]:
-    index = max(0, bisect.bisect_right(months, since) - 1)
-    while since < until:
-        stop = months[index + 1] if index + 1 < len(months) else math.inf
-        part = min(stop, until) - since
-        if part > 0:
-            yield index, part
-        since, index = min(stop, until), index + 1
-
-
-def nearest_rank(values: list[float], share: float) -> float | None:
-    """The smallest value that at least ``share`` of ``values`` do not exceed."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(share * len(ordered)) - 1)]
-
-
-def _outcome(
-    history: History,
-    quotas: Mapping[Key, Quota],
-    records: list[RunRecord],
-    *,
-    capacity_gpus: int,
-) -> Outcome:
-    start, end = history.start, history.end
-    months = _month_starts(start, end)
-    by_tenant: dict[str, list[RunRecord]] = defaultdict(list)
-    for record in records:
-        by_tenant[record.tenant].append(record)
-    for tenant, _ in quotas:
-        by_tenant.setdefault(tenant, [])
-    tenants = []
-    for tenant, runs in sorted(by_tenant.items()):
-        held_s = 0.0
-        month_used: dict[tuple[str, int], float] = defaultdict(float)
-        for record in runs:
-            for since, until in record.held:
-                since, until = max(since, start), min(until, end)
-                if until > since:
-                    held_s += record.gpus * (until - since)
-                    for month, seconds in _by_month(months, since, until):
-                        month_used[(record.flavor, month)] += record.gpus * seconds
-        counted = [r for r in runs if r.counted]
-        waits = [r.queued_s for r in counted]
-        budgets = []
-        for (of_tenant, flavor), quota in sorted(quotas.items()):
-            if of_tenant != tenant or quota.budget_gpu_hours is None:
-                continue
-            for index, month_began in enumerate(months):
-                used = month_used.get((flavor, index), 0.0) / 3600
-                if index == 0:
-                    used += history.budget_used.get((tenant, flavor), 0.0)
-                budgets.append(
-                    BudgetBurn(
-                        flavor=flavor,
-                        month=datetime.fromtimestamp(month_began, UTC).strftime("%Y-%m"),
-                        used_gpu_hours=used,
-                        budget_gpu_hours=float(quota.budget_gpu_hours),
-                        hard=quota.budget_hard,
-                    )
-                )
-        tenants.append(
-            TenantOutcome(
-                tenant=tenant,
-                runs=len(counted),
-                started=sum(1 for r in counted if r.started),
-                not_started=sum(1 for r in counted if not r.started),
-                queue_p50_s=nearest_rank(waits, 0.5),
-                queue_p95_s=nearest_rank(waits, 0.95),
-                gpu_hours=held_s / 3600,
-                preemptions=sum(r.preemptions for r in runs),
-                lost_gpu_hours=sum(r.lost_gpu_s for r in runs) / 3600,
-                budgets=tuple(budgets),
-            )
-        )
-    capacity = capacity_gpus * history.seconds
-    return Outcome(
-        start=start,
-        end=end,
-        tenants=tuple(tenants),
-        capacity_gpu_hours=capacity / 3600,
-        gpu_hours=sum(t.gpu_hours for t in tenants),
-        runs=sum(t.runs for t in tenants),
-        started=sum(t.started for t in tenants),
-        not_started=sum(t.not_started for t in tenants),
-        preemptions=sum(t.preemptions for t in tenants),
-        lost_gpu_hours=sum(t.lost_gpu_hours for t in tenants),
-    )

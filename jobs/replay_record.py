@@ -147,7 +147,7 @@ def actual(
     lost = sum(run.gpus * (h.until - h.since - _kept(h, checkpoints)) for h in preempted if h.until)
     return Actual(
         held=tuple(held),
-        queued_s=sum(c[1] - c[0] for w in line.waits if (c := _clip(*w, start, end))),
+        queued_s=sum((c[1] - c[0] for w in line.waits if (c := _clip(*w, start, end))), 0.0),
         started=any(h.since < end for h in line.holds),
         preemptions=len(preempted),
         lost_gpu_s=lost,
@@ -167,6 +167,8 @@ def submission(
     failed, kept = [], 0.0
     last = 0.0
     for hold in line.holds:
+        if hold.since < start:  # before the window: its work is done, not replayed
+            continue
         length = (end if hold.until is None else hold.until) - hold.since
         if hold.ended_by == "PREEMPTED":
             kept += _kept(hold, checkpoints)

@@ -184,6 +184,68 @@ class Proposal:
     tenant_queueing: Mapping[str, Queueing] = field(default_factory=dict)
     fair_share_half_life_s: float | None = None
 
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON types only (a report keeps the proposal it replayed)."""
+        return {
+            "quotas": [
+                {"tenant": tenant, "flavor": flavor, **_quota_json(quota)}
+                for (tenant, flavor), quota in sorted(self.quotas.items())
+            ],
+            "nodes": [
+                {
+                    "cluster": c.cluster,
+                    "flavor": c.flavor,
+                    "count": c.count,
+                    "gpus_per_node": c.gpus_per_node,
+                }
+                for c in self.nodes
+            ],
+            "preemption": self.preemption,
+            "starvation_after_s": self.starvation_after_s,
+            "queueing": {name: policy.value for name, policy in sorted(self.queueing.items())},
+            "tenant_queueing": {
+                name: policy.value for name, policy in sorted(self.tenant_queueing.items())
+            },
+            "fair_share_half_life_s": self.fair_share_half_life_s,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Proposal":
+        def optional(name: str) -> float | None:
+            value = data.get(name)
+            return None if value is None else float(value)
+
+        return cls(
+            quotas={
+                (str(q["tenant"]), str(q["flavor"])): Quota(
+                    guaranteed=int(q["guaranteed"]),
+                    borrow_limit=int(q["borrow_limit"]),
+                    max_gpus_per_run=(
+                        None if q["max_gpus_per_run"] is None else int(q["max_gpus_per_run"])
+                    ),
+                    budget_gpu_hours=(
+                        None if q["budget_gpu_hours"] is None else float(q["budget_gpu_hours"])
+                    ),
+                    budget_hard=bool(q["budget_hard"]),
+                    weight=int(q["weight"]),
+                )
+                for q in data.get("quotas", ())
+            },
+            nodes=tuple(
+                NodeChange(
+                    str(c["cluster"]), str(c["flavor"]), int(c["count"]), int(c["gpus_per_node"])
+                )
+                for c in data.get("nodes", ())
+            ),
+            preemption=None if data.get("preemption") is None else bool(data["preemption"]),
+            starvation_after_s=optional("starvation_after_s"),
+            queueing={str(k): Queueing(v) for k, v in data.get("queueing", {}).items()},
+            tenant_queueing={
+                str(k): Queueing(v) for k, v in data.get("tenant_queueing", {}).items()
+            },
+            fair_share_half_life_s=optional("fair_share_half_life_s"),
+        )
+
     def validate(self, history: History) -> Problems:
         """Errors: a negative or impossible value, a tenant, flavor or cluster that does not
         exist (deleted since the window, say), more nodes removed than there are. Warnings:
@@ -214,6 +276,17 @@ class Proposal:
         )
         warnings = [] if errors else _overcommit_warnings(self, history)
         return Problems(errors=tuple(errors), warnings=tuple(warnings))
+
+
+def _quota_json(quota: Quota) -> dict[str, Any]:
+    return {
+        "guaranteed": quota.guaranteed,
+        "borrow_limit": quota.borrow_limit,
+        "max_gpus_per_run": quota.max_gpus_per_run,
+        "budget_gpu_hours": quota.budget_gpu_hours,
+        "budget_hard": quota.budget_hard,
+        "weight": quota.weight,
+    }
 
 
 def _quota_problems(quota: Quota) -> list[str]:

@@ -10,6 +10,7 @@ start. ``jobs.replay_record`` makes each run's timeline into what a replay reads
 
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,7 +21,6 @@ from clusters.models import Cluster
 from jobs import admission_types
 from jobs.calendar import month_start
 from jobs.models import Attempt, Checkpoint, Run, RunEvent, TopologyMode
-from jobs.replay import observed_outcome
 from jobs.replay_record import (
     EventRow,
     Hold,
@@ -31,7 +31,7 @@ from jobs.replay_record import (
     timeline,
     used_since,
 )
-from jobs.replay_types import History, Holding, Key, Outcome, QuotaChange, Submission
+from jobs.replay_types import History, Holding, Key, QuotaChange, Submission
 from jobs.selectors.queue import cluster_nodes
 from tenants.models import AuditEvent, GpuFlavor, Quota, Tenant
 
@@ -94,20 +94,18 @@ def _alive(*, end: datetime, since: datetime, prefix: str = "") -> Q:
     )
 
 
-def replay_history(*, start: datetime, end: datetime) -> History:
-    """The window [start, end) as recorded. Raises ValueError for an empty window."""
-    if end <= start:
-        raise ValueError("The window must end after it starts.")
-    t0, t1 = start.timestamp(), end.timestamp()
-    half_life_s = settings.GANTRY_FAIR_SHARE_HALF_LIFE_H * 3600.0
-    lookback = min(
-        t0 - FAIR_SHARE_LOOKBACK_HALF_LIVES * half_life_s, month_start(start).timestamp()
-    )
-    alive, of_runs = (
-        _alive(end=end, since=datetime.fromtimestamp(lookback, UTC)),
-        _alive(end=end, since=datetime.fromtimestamp(lookback, UTC), prefix="run__"),
-    )
-    rows = Run.objects.filter(alive).values_list(
+@dataclass
+class _Recorded:
+    runs: list[RunRow]
+    events: dict[int, list[EventRow]]
+    attempts: dict[int, dict[int, tuple[str, tuple[str, ...]]]]  # run -> number -> where
+    checkpoints: dict[int, list[float]]
+
+
+def _recorded(*, end: datetime, since: datetime) -> _Recorded:
+    """Runs submitted before ``end`` that had not ended by ``since``, with their events,
+    attempts and checkpoints: four queries."""
+    rows = Run.objects.filter(_alive(end=end, since=since)).values_list(
         "id", "tenant__slug", "flavor__slug", "experiment__nodes", "experiment__gpus_per_node",
         "priority", "submitted_at", "experiment__max_runtime_minutes",
         "workspace__extended_minutes", "experiment__topology_level",
@@ -122,6 +120,7 @@ def replay_history(*, start: datetime, end: datetime) -> History:
         )
         for r in rows
     ]  # fmt: skip
+    of_runs = _alive(end=end, since=since, prefix="run__")
     events: dict[int, list[EventRow]] = defaultdict(list)
     for run_id, at, from_state, to_state, reason, actor in (
         RunEvent.objects.filter(of_runs)
@@ -137,31 +136,57 @@ def replay_history(*, start: datetime, end: datetime) -> History:
     checkpoints: dict[int, list[float]] = defaultdict(list)
     for run_id, saved_at in Checkpoint.objects.filter(of_runs).values_list("run_id", "saved_at"):
         checkpoints[run_id].append(saved_at.timestamp())
+    return _Recorded(runs, events, attempts, checkpoints)
 
-    submissions: list[Submission] = []
-    held_at_start: list[Holding] = []
-    holds_before: list[tuple[Key, int, float, float | None]] = []
-    requeued_holders = 0
-    for run in runs:
-        line = timeline(run, events[run.id])
+
+@dataclass
+class _Window:
+    submissions: list[Submission] = field(default_factory=list)
+    holding: list[Holding] = field(default_factory=list)
+    holds_before: list[tuple[Key, int, float, float | None]] = field(default_factory=list)
+    requeued_holders: int = 0  # held at the start, back in the queue later in the window
+
+
+def _window(recorded: _Recorded, *, start: float, end: float) -> _Window:
+    """Each run as the window has it: held at its start, or submitted (or queued) in it;
+    and the holds before it."""
+    window = _Window()
+    for run in recorded.runs:
+        line = timeline(run, recorded.events[run.id])
+        checkpoints = recorded.checkpoints[run.id]
         for number, hold in enumerate(line.holds, start=1):
-            if hold.since < t0:
-                holds_before.append(((run.tenant, run.flavor), run.gpus, hold.since, hold.until))
-            if hold.since < t0 and (hold.until is None or hold.until > t0):
-                cluster, on_nodes = attempts[run.id].get(number, ("", ()))
+            if hold.since < start:
+                key = (run.tenant, run.flavor)
+                window.holds_before.append((key, run.gpus, hold.since, hold.until))
+            if hold.since < start and (hold.until is None or hold.until > start):
+                cluster, on_nodes = recorded.attempts[run.id].get(number, ("", ()))
                 spanning = Hold(hold.since, hold.until, hold.ended_by, cluster, on_nodes)
-                held_at_start.append(
-                    holding(run, line, spanning, checkpoints[run.id], start=t0, end=t1)
+                window.holding.append(
+                    holding(run, line, spanning, checkpoints, start=start, end=end)
                 )
-                requeued_holders += any(h.since >= t0 for h in line.holds)
+                window.requeued_holders += any(h.since >= start for h in line.holds)
                 break
         else:
             waiting_at_start = any(
-                since < t0 and (until is None or until > t0) for since, until in line.waits
+                since < start and (until is None or until > start) for since, until in line.waits
             )
-            if run.submitted >= t0 or waiting_at_start:
-                submissions.append(submission(run, line, checkpoints[run.id], start=t0, end=t1))
+            if run.submitted >= start or waiting_at_start:
+                window.submissions.append(submission(run, line, checkpoints, start=start, end=end))
+    return window
 
+
+def replay_history(*, start: datetime, end: datetime) -> History:
+    """The window [start, end) as recorded. Raises ValueError for an empty window."""
+    if end <= start:
+        raise ValueError("The window must end after it starts.")
+    t0, t1 = start.timestamp(), end.timestamp()
+    half_life_s = settings.GANTRY_FAIR_SHARE_HALF_LIFE_H * 3600.0
+    lookback = min(
+        t0 - FAIR_SHARE_LOOKBACK_HALF_LIVES * half_life_s, month_start(start).timestamp()
+    )
+    window = _window(
+        _recorded(end=end, since=datetime.fromtimestamp(lookback, UTC)), start=t0, end=t1
+    )
     clusters = list(
         Cluster.objects.filter(enabled=True).values_list("name", "queueing", "topology_levels")
     )
@@ -178,16 +203,16 @@ def replay_history(*, start: datetime, end: datetime) -> History:
             f"Quotas: as the audit log has them at the window's start; its {len(changes)} "
             "changes during the window are replayed when they were made."
         )
-    if requeued_holders:
+    if window.requeued_holders:
         notes.append(
-            f"{requeued_holders} runs that held GPUs at the window's start went back to the "
+            f"{window.requeued_holders} runs that held GPUs at the window's start went back to the "
             "queue later in it; the replay counts only the attempt they held then."
         )
     return History(
         start=t0,
         end=t1,
-        submissions=tuple(submissions),
-        holding=tuple(held_at_start),
+        submissions=tuple(window.submissions),
+        holding=tuple(window.holding),
         nodes=nodes,
         quotas=quotas,
         tenants=tuple(slug for slug, _ in tenants),
@@ -200,13 +225,7 @@ def replay_history(*, start: datetime, end: datetime) -> History:
         levels={name: tuple(levels) for name, _, levels in clusters},
         starvation_after_s=float(settings.GANTRY_STARVATION_AFTER_S),
         fair_share_half_life_s=half_life_s,
-        decayed_usage=decayed_usage(holds_before, at=t0, half_life_s=half_life_s),
-        budget_used=used_since(holds_before, since=month_start(start).timestamp(), until=t0),
+        decayed_usage=decayed_usage(window.holds_before, at=t0, half_life_s=half_life_s),
+        budget_used=used_since(window.holds_before, since=month_start(start).timestamp(), until=t0),
         notes=tuple(notes),
     )
-
-
-def observed_history_outcome(*, start: datetime, end: datetime) -> tuple[History, Outcome]:
-    """The window's history and what really happened in it."""
-    history = replay_history(start=start, end=end)
-    return history, observed_outcome(history)

@@ -245,6 +245,21 @@ def test_an_outcome_survives_json():
     assert Outcome.from_json(json.loads(json.dumps(outcome.to_json()))) == outcome
 
 
+def test_a_proposal_survives_json():
+    proposal = Proposal(
+        quotas={("a", "a100"): Quota(8, borrow_limit=4, max_gpus_per_run=8, budget_gpu_hours=1e3,
+                                     budget_hard=False, weight=3)},
+        nodes=(NodeChange("east", "a100", -1, 8),),
+        preemption=False,
+        starvation_after_s=600.0,
+        queueing={"east": Queueing.STRICT},
+        tenant_queueing={"b": Queueing.BEST_EFFORT},
+        fair_share_half_life_s=7200.0,
+    )  # fmt: skip
+    assert Proposal.from_json(json.loads(json.dumps(proposal.to_json()))) == proposal
+    assert Proposal.from_json(Proposal().to_json()) == Proposal()
+
+
 def test_the_observed_outcome_uses_the_same_definitions():
     seen = run(1, "a", actual=Actual(held=((0.0, HOUR),), queued_s=0.0, started=True))
     late = run(2, "a", actual=Actual(held=((HOUR, 2 * HOUR),), queued_s=HOUR, started=True))
