@@ -1,5 +1,8 @@
-"""A what-if proposal as a report keeps it (JSON) and as the replay reads it
-(``jobs.replay_types.Proposal``), and back: the one definition of its JSON (pure: no Django).
+"""A what-if proposal as a person or a client sends it (JSON), read into the replay's
+``jobs.replay_types.Proposal`` with an error a person can act on (pure: no Django). What a
+report keeps is the proposal's own JSON (``Proposal.to_json``, read back with
+``Proposal.from_json``); this reads the untrusted input, with defaults for what it leaves
+out.
 
 The JSON, every key optional::
 
@@ -7,12 +10,16 @@ The JSON, every key optional::
                  "borrow_limit": 4, "max_gpus_per_run": null, "budget_gpu_hours": 1000,
                  "budget_hard": true, "weight": 2}],
      "nodes": [{"cluster": "sim-1", "flavor": "a100-80gb", "count": 2, "gpus_per_node": 0}],
-     "preemption": false, "starvation_after_s": 3600}
+     "preemption": false, "starvation_after_s": 3600,
+     "queueing": {"sim-1": "strict"}, "tenant_queueing": {"nlp": "best-effort"},
+     "fair_share_half_life_s": 43200}
 
 A quota is the whole new quota of its (tenant, flavor), as the quota form sets it; nodes are
 added (``count`` > 0) or removed (< 0) for the whole window; ``preemption`` false means no
 borrowed run is ever preempted, ``starvation_after_s`` how long a run waits before GPUs are
-held for it. What the proposal leaves out stays as it was in force.
+held for it; ``queueing`` sets a cluster's queueing policy and ``tenant_queueing`` a tenant's
+(strict, backfill or best-effort), ``fair_share_half_life_s`` how fast usage is forgotten.
+What the proposal leaves out stays as it was in force.
 
 ``proposal_from_json`` checks the shape and the types (``ProposalShapeError`` names the
 first wrong value); the values themselves (a negative guarantee, a tenant that does not
@@ -24,7 +31,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from jobs.admission_types import Quota
+from jobs.admission_types import Queueing, Quota
 from jobs.replay_types import NodeChange, Proposal
 
 QUOTA_KEYS = (
@@ -38,7 +45,15 @@ QUOTA_KEYS = (
     "weight",
 )
 NODE_KEYS = ("cluster", "flavor", "count", "gpus_per_node")
-PROPOSAL_KEYS = ("quotas", "nodes", "preemption", "starvation_after_s")
+PROPOSAL_KEYS = (
+    "quotas",
+    "nodes",
+    "preemption",
+    "starvation_after_s",
+    "queueing",
+    "tenant_queueing",
+    "fair_share_half_life_s",
+)
 # A JSON integer beyond this is no number of GPUs (PostgreSQL's integer columns).
 MAX_INT = 2**31 - 1
 # A tenant's, flavor's or cluster's slug: lowercase letters, digits, dots and dashes.
@@ -138,55 +153,39 @@ def proposal_from_json(data: object) -> Proposal:
     preemption = proposal.get("preemption")
     if preemption is not None and not isinstance(preemption, bool):
         raise ProposalShapeError("preemption must be true, false or null.")
-    starvation = proposal.get("starvation_after_s")
     return Proposal(
         quotas=quotas,
         nodes=nodes,
         preemption=preemption,
-        starvation_after_s=None
-        if starvation is None
-        else _number(starvation, "starvation_after_s"),
+        starvation_after_s=_optional_number(proposal, "starvation_after_s"),
+        queueing=_policies(proposal.get("queueing", {}), "queueing"),
+        tenant_queueing=_policies(proposal.get("tenant_queueing", {}), "tenant_queueing"),
+        fair_share_half_life_s=_optional_number(proposal, "fair_share_half_life_s"),
     )
 
 
-def proposal_to_json(proposal: Proposal) -> dict[str, Any]:
-    """The JSON of ``proposal`` (the fields a report keeps), keys in a fixed order."""
-    return {
-        "quotas": [
-            {
-                "tenant": tenant,
-                "flavor": flavor,
-                "guaranteed": quota.guaranteed,
-                "borrow_limit": quota.borrow_limit,
-                "max_gpus_per_run": quota.max_gpus_per_run,
-                "budget_gpu_hours": quota.budget_gpu_hours,
-                "budget_hard": quota.budget_hard,
-                "weight": quota.weight,
-            }
-            for (tenant, flavor), quota in sorted(proposal.quotas.items())
-        ],
-        "nodes": [
-            {
-                "cluster": change.cluster,
-                "flavor": change.flavor,
-                "count": change.count,
-                "gpus_per_node": change.gpus_per_node,
-            }
-            for change in proposal.nodes
-        ],
-        "preemption": proposal.preemption,
-        "starvation_after_s": proposal.starvation_after_s,
-    }
+def _optional_number(proposal: Mapping[str, Any], key: str) -> float | None:
+    value = proposal.get(key)
+    return None if value is None else _number(value, key)
+
+
+def _policies(value: object, where: str) -> dict[str, Queueing]:
+    """{name: queueing policy}: a cluster's or a tenant's."""
+    if not isinstance(value, dict):
+        raise ProposalShapeError(f"{where} must be an object.")
+    known = ", ".join(policy.value for policy in Queueing)
+    policies = {}
+    for name, policy in value.items():
+        _name(name, f"{where} key")
+        if policy not in {p.value for p in Queueing}:
+            raise ProposalShapeError(f"{where}.{name} must be one of: {known}.")
+        policies[name] = Queueing(policy)
+    return policies
 
 
 def proposal_is_empty(proposal: Proposal) -> bool:
     """Changes nothing: replaying it is replaying the policy in force."""
-    return (
-        not proposal.quotas
-        and not proposal.nodes
-        and proposal.preemption is None
-        and proposal.starvation_after_s is None
-    )
+    return proposal == Proposal()
 
 
 def proposal_tenants(proposal: Proposal) -> set[str]:

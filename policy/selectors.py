@@ -264,6 +264,11 @@ def report_shown(*, user, report: ReplayReport) -> ReportShown:
     proposal = dict(report.proposal)
     if scope is not None:
         proposal["quotas"] = [q for q in proposal.get("quotas", []) if q.get("tenant") in scope]
+        proposal["tenant_queueing"] = {
+            name: policy
+            for name, policy in proposal.get("tenant_queueing", {}).items()
+            if name in scope
+        }
         tenants = tuple(slug for slug in tenants if slug in scope)
     view = None if report.result is None else report_view(report.result, tenants=scope)
     return ReportShown(report=report, scope=scope, view=view, proposal=proposal, tenants=tenants)
@@ -359,6 +364,18 @@ def _not_applied(proposal: Proposal) -> list[str]:
             f"GANTRY_STARVATION_AFTER_S={proposal.starvation_after_s:g} in the deployment's "
             "environment (docs/admission.md)."
         )
+    for kind, policies in (("cluster", proposal.queueing), ("tenant", proposal.tenant_queueing)):
+        lines.extend(
+            f"Queueing of {kind} {name}: {policy.value}, set on the {kind} in the admin "
+            "(audited there)."
+            for name, policy in sorted(policies.items())
+        )
+    if proposal.fair_share_half_life_s is not None:
+        hours = proposal.fair_share_half_life_s / 3600
+        lines.append(
+            f"Fair-share half-life of {hours:g} h: set GANTRY_FAIR_SHARE_HALF_LIFE_H={hours:g} "
+            "in the deployment's environment."
+        )
     return lines
 
 
@@ -371,10 +388,7 @@ def apply_plan(*, report: ReplayReport) -> ApplyPlan:
                 "is applied once its replay is done and read.",
             )
         )
-    try:
-        proposal = proposal_from_json(report.proposal)
-    except ProposalShapeError as exc:
-        return ApplyPlan(errors=(str(exc),))
+    proposal = Proposal.from_json(report.proposal)
     slugs = {tenant for tenant, _ in proposal.quotas}
     flavor_slugs = {flavor for _, flavor in proposal.quotas}
     tenants = {t.slug: t for t in Tenant.objects.filter(slug__in=slugs, active=True)}

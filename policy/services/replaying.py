@@ -23,9 +23,9 @@ from django.utils import timezone
 
 from jobs.replay import ReplayStopped, observed_outcome, replay
 from jobs.replay_report import differences
+from jobs.replay_types import Proposal
 from jobs.selectors.replay_history import replay_history
 from policy.models import ReplayReport
-from policy.proposals import ProposalShapeError, proposal_from_json
 from policy.results import result_to_json
 from policy.selectors import STALE_AFTER, report_running_other, report_stale
 from tenants.models import Tenant
@@ -120,7 +120,7 @@ def replay_report_run(*, report_id: int) -> Replayed:
     if token is None:
         return Replayed.NOTHING
     try:
-        proposal = proposal_from_json(report.proposal)
+        proposal = Proposal.from_json(report.proposal)
         history = replay_history(start=report.window_start, end=report.window_end)
         heartbeat = _Heartbeat(report_id, token, share=(0.0, 0.5))
         # The policy in force first: how closely the replay reproduces what happened.
@@ -136,7 +136,7 @@ def replay_report_run(*, report_id: int) -> Replayed:
             report_id, token, status=ReplayReport.Status.CANCELLED, cancel_requested=True
         )
         return Replayed.CANCELLED if cancelled else Replayed.NOTHING
-    except (ValueError, ProposalShapeError) as exc:
+    except ValueError as exc:
         # The proposal names what no longer exists, or the window holds nothing now.
         _end(report_id, token, status=ReplayReport.Status.FAILED, error=str(exc))
         return Replayed.FAILED

@@ -11,7 +11,6 @@ from django.utils import timezone
 from core.types import UserLike, signed_in
 from jobs.enqueue import after_commit
 from policy.models import ReplayReport
-from policy.proposals import proposal_to_json
 from policy.selectors import duration_words, replay_check, report_stale
 from tenants.models import Tenant
 from tenants.services.audit import audit_record
@@ -60,7 +59,7 @@ def replay_report_create(
         created_at=now,
         window_start=window_start,
         window_end=window_end,
-        proposal=proposal_to_json(check.proposal),
+        proposal=check.proposal.to_json(),
         submissions=check.submissions,
         estimate_s=check.estimate_s,
         confirmed_warnings=list(check.warnings),

@@ -24,7 +24,7 @@ NOW = T0 + timedelta(hours=1)
 TICK_S = 60
 
 
-def submit(world, tenant: str, *, work_s: int, gpus: int = 8) -> Run:
+def submit(world, tenant: str, *, work_s: int, gpus: int = 8, **values) -> Run:
     user, project = (
         (world.researcher_a, "detection") if tenant == "vision" else (world.researcher_b, "llm")
     )
@@ -36,6 +36,7 @@ def submit(world, tenant: str, *, work_s: int, gpus: int = 8) -> Run:
             project=project,
             gpus_per_node=gpus,
             env={"GANTRY_SIM_DURATION_S": str(work_s)},
+            **values,
         ),
     )
 
@@ -59,10 +60,12 @@ def record_history(world, *, start: datetime = T0) -> None:
 
 
 def long_queue(world, *, start: datetime, count: int) -> None:
-    """``count`` runs of vision queued one a second from ``start``, never admitted: a window
-    whose replay takes seconds (admission over a long queue), to watch and to cancel."""
+    """``count`` 1-GPU runs of vision with a time limit of a minute, queued one a second from
+    ``start`` and never admitted: read back unfinished, each runs to its limit in a replay, so
+    a replay of the two hours from ``start`` admits thousands of them (it takes seconds), to
+    watch and to cancel."""
     with time_machine.travel(start, tick=False):
-        first = submit(world, "vision", work_s=300)
+        first = submit(world, "vision", work_s=300, gpus=1, max_runtime_minutes=1)
     Run.objects.bulk_create(
         Run(
             experiment=first.experiment,

@@ -3,14 +3,13 @@ every wrong shape refused with the value it names."""
 
 import pytest
 
-from jobs.admission_types import Quota
+from jobs.admission_types import Queueing, Quota
 from jobs.replay_types import NodeChange, Proposal
 from policy.proposals import (
     ProposalShapeError,
     proposal_from_json,
     proposal_is_empty,
     proposal_tenants,
-    proposal_to_json,
 )
 
 FULL = {
@@ -30,6 +29,9 @@ FULL = {
     "nodes": [{"cluster": "sim-1", "flavor": "h100-80gb", "count": -1}],
     "preemption": False,
     "starvation_after_s": 3600,
+    "queueing": {"sim-1": "strict"},
+    "tenant_queueing": {"nlp": "best-effort"},
+    "fair_share_half_life_s": 43200,
 }
 
 
@@ -50,22 +52,24 @@ def test_a_full_proposal_is_read_with_defaults_for_what_a_quota_leaves_out():
         nodes=(NodeChange("sim-1", "h100-80gb", -1),),
         preemption=False,
         starvation_after_s=3600.0,
+        queueing={"sim-1": Queueing.STRICT},
+        tenant_queueing={"nlp": Queueing.BEST_EFFORT},
+        fair_share_half_life_s=43200.0,
     )
     assert proposal_tenants(proposal) == {"vision", "nlp"}
     assert not proposal_is_empty(proposal)
 
 
-def test_written_back_it_reads_the_same_and_lists_quotas_by_tenant():
+def test_a_report_keeps_the_proposal_in_the_replays_own_json_and_reads_it_back():
     proposal = proposal_from_json(FULL)
-    written = proposal_to_json(proposal)
-    assert [(q["tenant"], q["guaranteed"]) for q in written["quotas"]] == [
-        ("nlp", 8),
-        ("vision", 24),
+    kept = proposal.to_json()
+    assert [(q["tenant"], q["guaranteed"], q["borrow_limit"]) for q in kept["quotas"]] == [
+        ("nlp", 8, 0),
+        ("vision", 24, 4),
     ]
-    assert written["nodes"] == [
-        {"cluster": "sim-1", "flavor": "h100-80gb", "count": -1, "gpus_per_node": 0}
-    ]
-    assert proposal_from_json(written) == proposal
+    assert Proposal.from_json(kept) == proposal
+    # What a report keeps is also valid input: a client may send it back as it is.
+    assert proposal_from_json(kept) == proposal
 
 
 def test_an_empty_object_proposes_nothing():
@@ -128,6 +132,15 @@ def test_an_empty_object_proposes_nothing():
             "nodes[0].count must be a whole number.",
         ),
         ({"preemption": "off"}, "preemption must be true, false or null."),
+        (
+            {"queueing": {"sim-1": "fifo"}},
+            "queueing.sim-1 must be one of: strict, backfill, best-effort.",
+        ),
+        ({"tenant_queueing": []}, "tenant_queueing must be an object."),
+        (
+            {"tenant_queueing": {"NLP": "strict"}},
+            "tenant_queueing key must be a name: lowercase letters, digits, dots and dashes.",
+        ),
         ({"starvation_after_s": float("nan")}, "starvation_after_s must be a number."),
     ],
 )

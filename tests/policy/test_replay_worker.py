@@ -31,7 +31,7 @@ def test_a_worker_replays_reports_one_at_a_time_and_stops_a_cancelled_one(
     now = timezone.now().replace(second=0, microsecond=0)
     small, big = now - timedelta(days=3), now - timedelta(days=2)
     record_history(world, start=small)
-    long_queue(world, start=big, count=2000)
+    long_queue(world, start=big, count=4000)
     celery_app.control.purge()  # the admission cycles the submits asked for
     with (tmp_path / "celery.log").open("w") as log:
         worker = start_worker(celery_env(tmp_path), log)
@@ -48,7 +48,7 @@ def test_a_worker_replays_reports_one_at_a_time_and_stops_a_cancelled_one(
             assert (done.progress, nlp["queue_p95_s"], nlp["not_started"]) == (1.0, 1200.0, 1)
 
             long = replay_report_create(
-                window_start=big, window_end=big + timedelta(hours=1), **ask
+                window_start=big, window_end=big + timedelta(hours=2), **ask
             )
             running = wait_for(
                 lambda: ReplayReport.objects.filter(pk=long.pk, progress__gt=0).first(),

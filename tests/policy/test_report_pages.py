@@ -12,6 +12,7 @@ from django.test import Client
 from django.urls import reverse
 
 from policy.models import ReplayReport
+from policy.proposals import proposal_from_json
 from policy.services.replaying import replay_report_run
 from policy.services.reports import replay_report_create
 from tenants.models import AuditEvent, Membership, Quota
@@ -254,6 +255,9 @@ def test_the_form_proposes_what_differs_from_today(world):
         "nodes": [{"cluster": "sim-1", "flavor": "h100-80gb", "count": 2, "gpus_per_node": 0}],
         "preemption": False,
         "starvation_after_s": 2700.0,
+        "queueing": {},
+        "tenant_queueing": {},
+        "fair_share_half_life_s": None,
     }  # fmt: skip
 
 
@@ -327,8 +331,9 @@ def test_applying_goes_through_the_quota_service_with_confirmation_and_audit(wor
 
 
 def test_applying_an_overcommit_needs_its_own_confirmation(world, done_report):
+    vision_24 = {"quotas": [{"tenant": "vision", "flavor": "a100-80gb", "guaranteed": 24}]}
     ReplayReport.objects.filter(pk=done_report.pk).update(
-        proposal={"quotas": [{"tenant": "vision", "flavor": "a100-80gb", "guaranteed": 24}]}
+        proposal=proposal_from_json(vision_24).to_json()
     )
     client = client_of(world.platform_admin)
     url = reverse("policy:report_apply", args=[done_report.pk])
