@@ -48,7 +48,8 @@ DAY = 86400.0
 RUNS, DAYS = 10_000, 30
 QUICK_RUNS, QUICK_DAYS = 300, 1
 GOAL_S = 120.0
-SLICE_TASKS, SLICE_HOURS = 240, 4  # recorded through the product
+SLICE_TASKS, SLICE_HOURS = 300, 2  # recorded through the product
+SLICE_ARRIVING = 0.5  # the share of the window the slice's arrivals are scaled into
 QUICK_SLICE_TASKS, QUICK_SLICE_HOURS = 40, 1
 SLICE_NODE_SHARE = 1 / 128
 SLICE_RUN_MAX_S = 3600.0
@@ -271,13 +272,14 @@ def validation(recorder: Callable[[list[Task], datetime, int], None] | None = No
 
     count, hours = (QUICK_SLICE_TASKS, QUICK_SLICE_HOURS) if quick() else (SLICE_TASKS, SLICE_HOURS)
     # The trace's first tasks that ran an hour at most (most do: the median is 11 minutes),
-    # arrivals scaled so they come in the first three quarters of the window.
+    # arrivals scaled so they come in the first part of the window.
     seconds = hours * 3600
-    short = [t for t in trace_tasks(6203, 0.75 * seconds) if t.runtime <= SLICE_RUN_MAX_S][:count]
+    arriving = SLICE_ARRIVING * seconds
+    short = [t for t in trace_tasks(6203, arriving) if t.runtime <= SLICE_RUN_MAX_S][:count]
     first, last = short[0].arrival, short[-1].arrival
     tasks = [
         Task(id=i + 1, name=t.name, qos=t.qos, gpus_per_node=t.gpus_per_node,
-             arrival=(t.arrival - first) / (last - first + 1) * 0.75 * seconds,
+             arrival=(t.arrival - first) / (last - first + 1) * arriving,
              runtime=t.runtime)
         for i, t in enumerate(short)
     ]  # fmt: skip
@@ -297,7 +299,7 @@ def validation(recorder: Callable[[list[Task], datetime, int], None] | None = No
         intro=(
             f"{' '.join((__doc__ or '').split(chr(10) * 2)[2].split())} Here: the trace's "
             f"first {count} GPU tasks that ran an hour at most, arrivals scaled into the "
-            f"first {0.75 * hours:g} hours of a {hours}-hour window, on 1/128 of the "
+            f"first {arriving / 3600:g} hours of a {hours}-hour window, on 1/128 of the "
             f"trace's nodes ({len(history.nodes)} nodes, {sum(n.gpus for n in history.nodes)}"
             f" GPUs), queueing ``backfill``; recorded in {recorded_s:,.0f} s. Goal: every "
             "tenant's p50 within 10 % (a tenant whose p50 is 0 s: exactly), utilisation "

@@ -117,7 +117,7 @@ class _Replay(Gantry):
             last = s.ran_s
             if s.ended == Ending.UNFINISHED or s.cancelled_at is not None:
                 # Its whole need is unknown: it runs until cancelled, or to its limit.
-                last = s.max_runtime_s if s.max_runtime_s is not None else math.inf
+                last = max(last, math.inf if s.max_runtime_s is None else s.max_runtime_s)
             first, *rest = (*s.failed_attempts_s, last)
             work[s.id] = first
             self.segments[s.id] = list(rest)
@@ -154,6 +154,8 @@ class _Replay(Gantry):
         self.line_shapes: dict[Key, Counter[tuple[int, int]]] = defaultdict(Counter)
         self.free_sorted: dict[tuple[str, str], tuple[int, list[int]]] = {}
         self.strict: dict[Key, bool] = {}
+        self.fitting: dict[tuple[str, int, int], bool] = {}  # this cycle's answers
+        self.borrowed: Counter[str] = Counter()  # flavor -> borrowed runs holding GPUs
         self.cycles = self.skipped = 0
         self.months = month_starts(history.start, history.end)
         self.budgets = any(q.budget_gpu_hours is not None for q in quotas.values()) or any(
@@ -223,9 +225,14 @@ class _Replay(Gantry):
         super().start(run_id, nodes)
         self.hold_from[run_id] = self.now
         self.record[run_id].started = True
+        held = self.held[run_id]
+        if held.borrowed:
+            self.borrowed[held.run.flavor] += 1
 
     def release(self, run_id: int) -> Held:
         held = super().release(run_id)
+        if held.borrowed and held.started is not None:
+            self.borrowed[held.run.flavor] -= 1
         since = self.hold_from.pop(run_id, None)
         if since is not None:
             self._held(run_id, since, self.now)
@@ -295,6 +302,7 @@ class _Replay(Gantry):
 
     def cycle(self) -> None:
         self.cycles += 1
+        self.fitting.clear()
         if self.skip_idle_cycles and self._nothing_can_start():
             self.skipped += 1
             return
@@ -308,7 +316,6 @@ class _Replay(Gantry):
         (docs/admission.md). Reservations, budgets and topology only hold runs back. So:
         no run that may be decided fits the free GPUs of its flavor's clusters, and none
         within its guarantee has a borrowed run to reclaim."""
-        reclaimable: set[str] | None = None
         for key, shapes in self.line_shapes.items():
             quota = self.quotas.get(key)
             if quota is None:
@@ -328,11 +335,8 @@ class _Replay(Gantry):
                     continue
                 if self._fits(flavor, nodes, per_node):
                     return False
-                if self.preemption and used + gpus <= quota.guaranteed:
-                    if reclaimable is None:
-                        reclaimable = {run.flavor for run in self.as_held.values() if run.borrowed}
-                    if flavor in reclaimable:
-                        return False
+                if self.preemption and used + gpus <= quota.guaranteed and self.borrowed[flavor]:
+                    return False
         return True
 
     def _strict(self, tenant: str, flavor: str) -> bool:
@@ -358,8 +362,19 @@ class _Replay(Gantry):
     def _fits(self, flavor: str, nodes: int, per_node: int) -> bool:
         """Whether some cluster of the flavor has ``nodes`` nodes taking work with
         ``per_node`` GPUs free each: where a gang of that shape has a placement (a required
-        topology level and excluded nodes only narrow it). Per cluster, the free GPUs of its
-        nodes, sorted, kept until the cluster changes."""
+        topology level and excluded nodes only narrow it). Asked once per shape and cycle."""
+        shape = (flavor, nodes, per_node)
+        if shape not in self.fitting:
+            self.fitting[shape] = any(
+                len(free) - bisect.bisect_left(free, per_node) >= nodes
+                for free in self._free_by_cluster(flavor)
+            )
+        return self.fitting[shape]
+
+    def _free_by_cluster(self, flavor: str) -> list[list[int]]:
+        """Per cluster of the flavor, the free GPUs of its nodes that take work, sorted;
+        kept until the cluster changes."""
+        lists = []
         for cluster in self.nodes.clusters.get(flavor, []):
             version = self.nodes.version[cluster]
             known = self.free_sorted.get((cluster, flavor))
@@ -370,9 +385,8 @@ class _Replay(Gantry):
                     if node.schedulable
                 )
                 known = self.free_sorted[(cluster, flavor)] = (version, free)
-            if len(known[1]) - bisect.bisect_left(known[1], per_node) >= nodes:
-                return True
-        return False
+            lists.append(known[1])
+        return lists
 
     def snapshot(self) -> Snapshot:
         held = tuple(self.as_held.values())

@@ -303,8 +303,15 @@ def random_history(seed: int) -> History:
             )
         )  # fmt: skip
     policy = rng.choice(list(Queueing))
+    # Runs holding GPUs at the start: one within its guarantee, one borrowed.
+    holding = tuple(
+        Holding(id=100 + i, tenant=tenant, flavor="a100", cluster="east", gpus=8,
+                nodes=(f"east-{i}",), priority=10, submitted=-HOUR, admitted=-HOUR,
+                borrowed=borrowed, remaining_s=rng.uniform(60, 4 * HOUR))
+        for i, (tenant, borrowed) in enumerate((("a", False), ("b", True)))
+    )  # fmt: skip
     return History(
-        start=0.0, end=12 * HOUR, submissions=tuple(submissions), holding=(), nodes=nodes,
+        start=0.0, end=12 * HOUR, submissions=tuple(submissions), holding=holding, nodes=nodes,
         quotas=quotas, tenants=tenants, flavors=("a100",), starvation_after_s=1800.0,
         queueing={"east": policy, "west": policy},
     )  # fmt: skip
