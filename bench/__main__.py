@@ -3,16 +3,16 @@ the results go to docs/benchmarks.md with the machine they ran on.
 
 ``python -m bench [admission] [placement] [backfill] [cycle] [trace] [node_health]
 [stragglers] [verdicts] [workspace_idle] [estimates] [telemetry] [ranks] [k8s] [slurm]
-[finance] [load] [runlist] [workspace_proxy] [workspace_start]`` runs some of them and only
-prints. ``GANTRY_BENCH_QUICK=1`` runs admission, placement, backfill, cycle, trace,
-node_health, stragglers, verdicts, workspace_idle and estimates on small sizes (does it
+[finance] [load] [runlist] [workspace_proxy] [workspace_start] [replay]`` runs some of them
+and only prints. ``GANTRY_BENCH_QUICK=1`` runs admission, placement, backfill, cycle, trace,
+node_health, stragglers, verdicts, workspace_idle, estimates and replay on small sizes (does it
 still work?) and never writes docs/benchmarks.md.
 
 The admission cycle runs against the database ``gantry_bench`` on the server of
 DATABASE_URL (created and migrated here, so the tests' database is never touched), with
 Celery on its in-memory broker: tasks enqueued on commit are dropped, not run. ``ranks``,
 ``runlist``, ``load``, ``workspace_proxy`` and ``workspace_start`` use databases of their
-own, named after DATABASE_URL's (``<name>_ranks``, ``<name>_runlist``,
+own, named after DATABASE_URL's (``<name>_ranks``, ``<name>_runlist``, ``<name>_replay``,
 ``<name>_load_before``, ``<name>_load_after``, ``<name>_workspace_proxy`` and
 ``<name>_workspace_start``); ``load`` also starts gunicorn, a Celery worker and beat on the
 Redis of CELERY_BROKER_URL (the cache too; the after stack on the next Redis database),
@@ -53,6 +53,7 @@ BENCHMARKS = (
     "runlist",
     "workspace_proxy",
     "workspace_start",
+    "replay",
 )
 
 
@@ -166,6 +167,11 @@ def run(name: str) -> list[Section]:
         from bench import workspace_proxy
 
         return workspace_proxy.run()
+    if name == "replay":
+        setup_django("_replay")
+        from bench import replay
+
+        return replay.run()
     if name == "node_health":
         from bench import node_health
 

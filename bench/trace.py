@@ -10,14 +10,16 @@ and no quotas, borrowing or preemption. Both place a run on nodes the way
 free on the chosen nodes, then the cluster's name), on the same nodes, with the same tasks.
 The mapping is in docs/benchmarks-notes.md.
 
-The simulation (``Simulation``, ``Admitting``, ``Nodes``) is also the engine of
-bench/placement.py, which adds a backend queue: a run admitted where no node placement
-exists waits there, holding its quota, until one does.
+The engine (``Simulation``, ``Admitting``, ``Gantry``, ``Nodes``) is the product's what-if
+replay engine, ``jobs.replay_engine``; here it replays the trace's tasks and adds up what
+the platform did (``Recording``). It is also the engine of bench/placement.py, which adds a
+backend queue (a run admitted where no node placement exists waits there, holding its
+quota, until one does), and of bench/backfill.py, bench/estimates.py, bench/node_health.py
+and bench/replay.py.
 """
 
 import csv
 import hashlib
-import heapq
 import math
 import os
 import statistics
@@ -28,19 +30,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.report import Section, quick
-from jobs import placement
-from jobs.admission import decide, fair_share_decayed
+from jobs import replay_engine as engine
 from jobs.admission_types import (
     ClusterNode,
-    Decisions,
-    HeldRun,
     Pool,
     QueuedRun,
     Queueing,
     Quota,
-    Snapshot,
     nodes_of,
 )
+
+# The engine's names the benchmarks built on this one use.
+from jobs.replay_engine import ARRIVAL as ARRIVAL
+from jobs.replay_engine import COMPLETION as COMPLETION
+from jobs.replay_engine import Held as Held
+from jobs.replay_engine import Nodes as Nodes
 
 # Beside the checkout (``../shared/data``), or where GANTRY_BENCH_TRACE_DIR says: a second
 # checkout (a git worktree elsewhere) reads the same copy of the trace.
@@ -175,72 +179,6 @@ def make_quotas(tasks: list[Task], capacity: dict[str, int]) -> dict[tuple[str, 
     return quotas
 
 
-def tightness(where: placement.Placement) -> tuple[int, int]:
-    """Smaller is tighter: one node, then the deepest shared domain (as jobs.admission)."""
-    return (0, 0) if where.single_node else (1, -len(where.domain))
-
-
-class Nodes:
-    """The clusters' GPU nodes as their backend sees them: the GPUs free on each, less the
-    load from outside Gantry and Gantry's runs placed there. A gang goes where
-    ``jobs.placement`` puts it; of several clusters, where admission would (the tightest
-    placement, then the fewest GPUs left on the chosen nodes, then the name)."""
-
-    def __init__(self, nodes: Iterable[ClusterNode]):
-        self.node = {(n.cluster, n.name): n for n in nodes}
-        self.free = {key: n.gpus - n.outside for key, n in self.node.items()}
-        self.pools: dict[tuple[str, str], list[ClusterNode]] = defaultdict(list)
-        for key in sorted(self.node):
-            node = self.node[key]
-            self.pools[(node.cluster, node.flavor)].append(node)
-        self.clusters: dict[str, list[str]] = defaultdict(list)
-        for cluster, flavor in sorted(self.pools):
-            self.clusters[flavor].append(cluster)
-        self.version: Counter[str] = Counter()  # per cluster: bumped by every change
-        # Schedulable nodes with every GPU free, per flavor: where a full-node gang can start.
-        self.whole: Counter[str] = Counter(
-            n.flavor for key, n in self.node.items() if self.is_whole(key)
-        )
-
-    def is_whole(self, key: tuple[str, str]) -> bool:
-        node = self.node[key]
-        return node.schedulable and self.free[key] == node.gpus
-
-    def capacity(self) -> dict[str, int]:
-        """GPUs per flavor, the nodes' GPUs (what an operator sets quotas against)."""
-        gpus: dict[str, int] = defaultdict(int)
-        for n in self.node.values():
-            gpus[n.flavor] += n.gpus
-        return dict(gpus)
-
-    def change(self, cluster: str, names: Iterable[str], gpus: int) -> None:
-        """``gpus`` more free on each of ``names`` (fewer when negative)."""
-        self.version[cluster] += 1
-        for name in names:
-            key = (cluster, name)
-            before = self.is_whole(key)
-            self.free[key] += gpus
-            assert 0 <= self.free[key] <= self.node[key].gpus - self.node[key].outside, key
-            self.whole[self.node[key].flavor] += self.is_whole(key) - before
-
-    def place(self, run: QueuedRun, clusters: Iterable[str]) -> tuple[str, tuple[str, ...]] | None:
-        best, best_rank = None, None
-        for cluster in clusters:
-            pool = self.pools.get((cluster, run.flavor), [])
-            view = [
-                placement.Node(n.name, n.gpus, self.free[(cluster, n.name)], n.schedulable, n.path)
-                for n in pool
-            ]
-            where = placement.place(view, placement.Gang(run.nodes, run.gpus_per_node))
-            if where is None:
-                continue
-            left = sum(self.free[(cluster, name)] - run.gpus_per_node for name in where.nodes)
-            rank = (tightness(where), left, cluster)
-            if best_rank is None or rank < best_rank:
-                best, best_rank = (cluster, where.nodes), rank
-        return best
-
-
 @dataclass
 class Result:
     policy: str
@@ -260,73 +198,46 @@ class Result:
     decision_s: list[float] = field(default_factory=list)
 
 
-ARRIVAL, COMPLETION = 0, 1
-
-
-@dataclass
-class Held:
-    """An admitted run: on its nodes once placed (``started`` set), else at the backend."""
-
-    run: QueuedRun
-    cluster: str
-    borrowed: bool
-    admitted: float
-    nodes: tuple[str, ...] = ()
-    started: float | None = None
-
-
-class Simulation:
-    """The platform in simulated time; subclasses are the admission policies. ``until``:
-    stop then (simulated seconds) even if runs are left."""
+class Recording:
+    """The trace's tasks in the engine of ``jobs.replay_engine`` (a ``Simulation``,
+    ``Admitting`` or ``Gantry`` after this in the bases): each task arrives at its arrival
+    and needs its run time; what the platform did is added up in ``result``."""
 
     policy = ""
 
     def __init__(self, tasks: list[Task], nodes: tuple[ClusterNode, ...], *, until=math.inf):
         self.tasks = {t.id: t for t in tasks}
-        self.nodes = Nodes(nodes)
-        self.until = until
+        super().__init__(  # type: ignore[call-arg]
+            [(t.arrival, t.id) for t in tasks], {t.id: t.runtime for t in tasks}, nodes,
+            until=until,
+        )  # fmt: skip
         self.result = Result(
             self.policy,
             first_arrival=min(t.arrival for t in tasks),
             last_arrival=max(t.arrival for t in tasks),
             whole_node_s=dict.fromkeys(self.nodes.clusters, 0.0),
         )
-        self.events = [(t.arrival, ARRIVAL, t.id, 0) for t in tasks]
-        heapq.heapify(self.events)
-        self.queued: dict[int, QueuedRun] = {}  # in arrival order, requeued runs last
-        self.waiting_since: dict[int, float] = {}  # until it starts on nodes
-        self.remaining = {t.id: t.runtime for t in tasks}  # work left, in seconds
-        self.held: dict[int, Held] = {}
-        self.backend: dict[int, Held] = {}  # admitted, no nodes yet: in admission order
-        self.attempts: dict[int, int] = defaultdict(int)
-        self.placed_gpus = 0
-        self.now = 0.0
+        self.waited = self.result.waited
+
+    def queued_run(self, task_id: int) -> QueuedRun:
+        task = self.tasks[task_id]
+        return QueuedRun(
+            id=task_id, tenant=tenant_of(task), flavor=task.flavor, nodes=task.nodes,
+            gpus_per_node=task.gpus_per_node, priority=PRIORITY[task.qos], submitted=task.arrival,
+            max_runtime_s=max_runtime(task),
+        )  # fmt: skip
 
     def run(self) -> Result:
-        while self.events and self.events[0][0] <= self.until:
-            now = self.events[0][0]
-            self.advance(now)
-            while self.events and self.events[0][0] == now:
-                _, kind, task_id, attempt = heapq.heappop(self.events)
-                if kind == ARRIVAL:
-                    self.enqueue(task_id)
-                elif self.attempts[task_id] == attempt and self.running(task_id):
-                    self.finish(task_id)
-            if self.queued:
-                started = time.perf_counter()
-                self.admit()
-                self.result.decision_s.append(time.perf_counter() - started)
-            self.backend_start()
-        if self.until < math.inf:
-            self.advance(self.until)
-        assert all(
-            left == 0 or task_id in self.waiting_since or self.running(task_id)
-            for task_id, left in self.remaining.items()
-        ), "a run ended without doing its work"
+        super().run()
         self.result.never_started = len(self.waiting_since)
         for task_id in self.waiting_since:
             self.result.waited[task_id] = math.inf
         return self.result
+
+    def cycle(self) -> None:
+        started = time.perf_counter()
+        super().cycle()
+        self.result.decision_s.append(time.perf_counter() - started)
 
     def advance(self, now: float) -> None:
         """Time passes: what the platform did meanwhile is added up."""
@@ -342,58 +253,20 @@ class Simulation:
         for flavor, count in self.nodes.whole.items():
             if count:
                 result.whole_node_s[flavor] += window
-        self.now = now
-
-    def enqueue(self, task_id: int) -> None:
-        task = self.tasks[task_id]
-        self.queued[task_id] = QueuedRun(
-            id=task_id, tenant=tenant_of(task), flavor=task.flavor, nodes=task.nodes,
-            gpus_per_node=task.gpus_per_node, priority=PRIORITY[task.qos], submitted=task.arrival,
-            max_runtime_s=max_runtime(task),
-        )  # fmt: skip
-        self.waiting_since.setdefault(task_id, self.now)
-
-    def running(self, task_id: int) -> bool:
-        held = self.held.get(task_id)
-        return held is not None and held.started is not None
-
-    def admitted(self, task_id: int, cluster: str, *, borrowed: bool) -> Held:
-        """Out of the queue, holding its GPUs (and quota) from now; at the backend."""
-        held = Held(self.queued.pop(task_id), cluster, borrowed, self.now)
-        self.held[task_id] = self.backend[task_id] = held
-        return held
-
-    def start(self, task_id: int, nodes: tuple[str, ...]) -> None:
-        """The backend starts the admitted run on ``nodes``."""
-        held = self.backend.pop(task_id)
-        self.nodes.change(held.cluster, nodes, -held.run.gpus_per_node)
-        held.nodes, held.started = nodes, self.now
-        self.placed_gpus += held.run.gpus
-        waited = self.now - self.waiting_since.pop(task_id)
-        self.result.waited[task_id] = self.result.waited.get(task_id, 0.0) + waited
-        self.attempts[task_id] += 1
-        completion = (self.now + self.remaining[task_id], COMPLETION, task_id)
-        heapq.heappush(self.events, (*completion, self.attempts[task_id]))
-
-    def backend_start(self) -> None:
-        """Runs admitted without nodes start where the backend finds room (none here)."""
-
-    def release(self, task_id: int) -> Held:
-        held = self.held.pop(task_id)
-        if held.started is None:
-            del self.backend[task_id]
-        else:
-            self.nodes.change(held.cluster, held.nodes, held.run.gpus_per_node)
-            self.placed_gpus -= held.run.gpus
-        return held
+        super().advance(now)
 
     def finish(self, task_id: int) -> None:
-        self.release(task_id)
-        self.remaining[task_id] = 0.0
+        super().finish(task_id)
         self.result.last_end = max(self.result.last_end, self.now)
 
-    def admit(self) -> None:
-        raise NotImplementedError
+    def preempted(self, task_id: int, held: Held, *, lost_gpu_s: float) -> None:
+        self.result.preemptions += 1
+        self.result.lost_gpu_s += lost_gpu_s
+
+
+class Simulation(Recording, engine.Simulation):
+    """The platform in simulated time; subclasses are the admission policies. ``until``:
+    stop then (simulated seconds) even if runs are left."""
 
 
 class Fifo(Simulation):
@@ -410,105 +283,32 @@ class Fifo(Simulation):
             self.start(task_id, where[1])
 
 
-class Admitting(Simulation):
-    """An admitter with quotas (``make_quotas``), fair share and preemption."""
+class Admitting(Recording, engine.Admitting):
+    """An admitter with quotas (``make_quotas``), fair share and preemption (a preempted run
+    loses the work since its last checkpoint, every ``CHECKPOINT_EVERY_S``)."""
+
+    half_life_s = FAIR_SHARE_HALF_LIFE_S
+    checkpoint_every_s = CHECKPOINT_EVERY_S
 
     def __init__(self, tasks: list[Task], nodes: tuple[ClusterNode, ...], *, until=math.inf):
         super().__init__(tasks, nodes, until=until)
         self.quotas = make_quotas(tasks, self.nodes.capacity())
-        self.holding: dict[tuple[str, str], int] = defaultdict(int)
-        self.decayed: dict[tuple[str, str], float] = defaultdict(float)
-        self.used: set[tuple[str, str]] = set()  # keys that ever held GPUs: the rest stay 0
-
-    def advance(self, now: float) -> None:
-        """Fair-share usage decays and grows as jobs.services.usage.fair_share_update has it."""
-        elapsed = now - self.now
-        if elapsed > 0:
-            # fair_share_decayed is linear in the usage and the GPUs held: two factors do.
-            kept, per_gpu = (
-                fair_share_decayed(
-                    usage, gpus_held=gpus, elapsed_s=elapsed, half_life_s=FAIR_SHARE_HALF_LIFE_S
-                )
-                for usage, gpus in ((1.0, 0), (0.0, 1))
-            )
-            for key in self.used:
-                self.decayed[key] = self.decayed[key] * kept + self.holding[key] * per_gpu
-        super().advance(now)
-
-    def admitted(self, task_id: int, cluster: str, *, borrowed: bool) -> Held:
-        held = super().admitted(task_id, cluster, borrowed=borrowed)
-        key = (held.run.tenant, held.run.flavor)
-        self.holding[key] += held.run.gpus
-        self.used.add(key)
-        return held
-
-    def release(self, task_id: int) -> Held:
-        held = super().release(task_id)
-        self.holding[(held.run.tenant, held.run.flavor)] -= held.run.gpus
-        return held
-
-    def preempt(self, task_id: int) -> None:
-        """Back to the queue; a run that had started loses the work since its last
-        checkpoint, one still waiting at the backend loses nothing."""
-        held = self.release(task_id)
-        self.result.preemptions += 1
-        if held.started is not None:
-            ran = self.now - held.started
-            kept = math.floor(ran / CHECKPOINT_EVERY_S) * CHECKPOINT_EVERY_S
-            self.remaining[task_id] -= kept
-            self.result.lost_gpu_s += held.run.gpus * (ran - kept)
-        self.enqueue(task_id)
 
 
-class Gantry(Admitting):
+class Gantry(Recording, engine.Gantry):
     """``jobs.admission.decide`` on a snapshot of the simulated platform; the backend starts
     each run at once on the nodes admission placed it on. Every cluster has the queueing
     policy ``queueing``."""
 
     policy = "Gantry"
     queueing = Queueing.STRICT
+    half_life_s = FAIR_SHARE_HALF_LIFE_S
+    checkpoint_every_s = CHECKPOINT_EVERY_S
+    starvation_after_s = STARVATION_AFTER_S
 
     def __init__(self, tasks: list[Task], nodes: tuple[ClusterNode, ...], *, until=math.inf):
         super().__init__(tasks, nodes, until=until)
-        self.as_held: dict[int, HeldRun] = {}  # the held runs as the snapshot has them
-        self.queueing_of = dict.fromkeys(sorted({n.cluster for n in nodes}), self.queueing)
-
-    def start(self, task_id: int, nodes: tuple[str, ...]) -> None:
-        super().start(task_id, nodes)
-        h = self.held[task_id]
-        run = h.run
-        self.as_held[task_id] = HeldRun(
-            id=task_id, tenant=run.tenant, flavor=run.flavor, cluster=h.cluster, gpus=run.gpus,
-            priority=run.priority, admitted=h.admitted, borrowed=h.borrowed, nodes=nodes,
-            latest_end=None if run.max_runtime_s is None else self.now + run.max_runtime_s,
-        )  # fmt: skip
-
-    def release(self, task_id: int) -> Held:
-        self.as_held.pop(task_id, None)
-        return super().release(task_id)
-
-    def admit(self) -> None:
-        decisions = decide(
-            Snapshot(
-                queued=tuple(self.queued.values()),
-                held=tuple(self.as_held.values()),
-                nodes=tuple(self.nodes.node.values()),
-                quotas=self.quotas,
-                decayed_usage=dict(self.decayed),
-                now=self.now,
-                starvation_after_s=STARVATION_AFTER_S,
-                queueing=self.queueing_of,
-            )
-        )
-        for preempted in decisions.preempted:
-            self.preempt(preempted.run_id)
-        for admit in decisions.admitted:
-            self.admitted(admit.run_id, admit.cluster, borrowed=admit.borrowed)
-            self.start(admit.run_id, admit.nodes)
-        self.decided(decisions)
-
-    def decided(self, decisions: Decisions) -> None:
-        """What a benchmark reads of each cycle's decisions, once they are carried out."""
+        self.quotas = make_quotas(tasks, self.nodes.capacity())
 
 
 def check_work(result: Result, tasks: list[Task]) -> None:

@@ -9,4 +9,5 @@ urlpatterns = [
     path("", include("images.api_urls")),
     path("", include("jobs.api_urls")),
     path("", include("telemetry.api_urls")),
+    path("", include("policy.api_urls")),
 ]

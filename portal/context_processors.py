@@ -86,6 +86,10 @@ def navigation_groups(
         reports.append(_link(request, "Finance", "finance:index", pages=("finance:",)))
     if admin or finance:
         reports.append(_link(request, "KPIs", "telemetry:platform_kpis"))
+    if admin or finance or tenant_admin:
+        # What-if reports: platform admins ask for them, and share them with finance and
+        # the admins of the tenants they concern.
+        reports.append(_link(request, "What-if", "policy:report_list", pages=("policy:",)))
 
     platform = []
     if admin:

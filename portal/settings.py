@@ -111,6 +111,7 @@ INSTALLED_APPS = [
     "jobs",
     "telemetry",
     "finance",
+    "policy",
     "portal",
 ]
 

@@ -8,7 +8,7 @@ delay the admission cycle, and each kind scales by itself."""
 ADMISSION = "admission"  # the admission cycle: which queued runs start where
 BACKEND = "backend"  # submits, cancels and the sync with the clusters' backends
 TELEMETRY = "telemetry"  # GPU metrics, idle and straggler scans
-BACKGROUND = "background"  # start estimates and accounting: minutes late is fine
+BACKGROUND = "background"  # start estimates, accounting, what-if replays: minutes late is fine
 
 QUEUES = (ADMISSION, BACKEND, TELEMETRY, BACKGROUND)
 
@@ -26,6 +26,7 @@ QUEUE_OF_TASK = {
     "jobs.tasks.budget_alerts": BACKGROUND,
     "telemetry.tasks.accounting_compute_pending": BACKGROUND,
     "finance.tasks.daily_usage_update": BACKGROUND,
+    "policy.tasks.replay_report_run": BACKGROUND,
 }
 
 

@@ -40,6 +40,7 @@ urlpatterns = [
     path("accounts/invitations/", include("tenants.invitation_urls")),
     path("images/", include("images.urls")),
     path("finance/", include("finance.urls")),
+    path("what-if/", include("policy.urls")),
     path("", include("telemetry.urls")),
     path("", include("tenants.urls")),
     path("", include("jobs.urls")),

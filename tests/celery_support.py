@@ -3,7 +3,8 @@
 - ``celery_env(tmp_path, **extra)``: the environment of such a process: the test database
   (whatever pytest-django named it), data in ``tmp_path``, admission and sync every second.
 - ``start_worker_and_beat(tmp_path, env, log)``: both processes, each leading its own
-  process group, their output appended to ``log``.
+  process group, their output appended to ``log``; ``start_worker(env, log)``: the worker
+  alone (no periodic work acts on the test's data meanwhile).
 - ``stop_process(process)``: SIGTERM to its group, SIGKILL after 15 s.
 - ``wait_for(predicate, timeout=…, what=…)``: poll until it holds, or fail saying what.
 - ``free_port()``: a loopback port nothing listens on now.
@@ -41,16 +42,20 @@ def celery_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env | extra
 
 
+def start_worker(env: dict[str, str], log: IO[str], *, concurrency: int = 2) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "portal", "worker", "--loglevel", "INFO",
+         "--concurrency", str(concurrency), "--without-mingle", "--without-gossip"],
+        env=env, cwd=ROOT, start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
 def start_worker_and_beat(
     tmp_path: Path, env: dict[str, str], log: IO[str], *, concurrency: int = 2
 ) -> list[subprocess.Popen]:
     common = {"env": env, "cwd": ROOT, "start_new_session": True, "stdout": log,
               "stderr": subprocess.STDOUT}  # fmt: skip
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "portal", "worker", "--loglevel", "INFO",
-         "--concurrency", str(concurrency), "--without-mingle", "--without-gossip"],
-        **common,
-    )  # fmt: skip
+    worker = start_worker(env, log, concurrency=concurrency)
     beat = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "portal", "beat", "--loglevel", "INFO",
          "--schedule", str(tmp_path / "beat-schedule")],

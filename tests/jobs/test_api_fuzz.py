@@ -18,6 +18,7 @@ import logging
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import pytest
 import schemathesis
@@ -29,6 +30,7 @@ from django.core.handlers.wsgi import WSGIHandler
 from django.core.signals import request_finished, request_started
 from django.db import DatabaseError, close_old_connections, transaction
 from django.urls import Resolver404, resolve
+from django.utils import timezone
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from rest_framework.parsers import JSONParser
@@ -47,6 +49,7 @@ from jobs.models import Attempt, ExperimentTemplate, Run
 from jobs.services.backend_submit import attempt_token_issue
 from jobs.services.submission import run_submit
 from jobs.services.workspaces import WorkspaceInput, workspace_launch
+from policy.services.reports import replay_report_create
 from tenants.api import TokenCreateThrottle
 from tenants.services.tokens import api_token_create
 from tests.conftest import COMMIT, PASSWORD, experiment_input
@@ -69,6 +72,10 @@ OPERATIONS = {
     "POST /api/v1/experiments/{id}/rerun/",
     "GET /api/v1/images/",
     "GET /api/v1/quotas/",
+    "GET /api/v1/replays/",
+    "POST /api/v1/replays/",
+    "GET /api/v1/replays/{id}/",
+    "POST /api/v1/replays/{id}/cancel/",
     "GET /api/v1/runs/",
     "POST /api/v1/runs/",
     "POST /api/v1/runs/simulate/",
@@ -191,6 +198,8 @@ class FuzzWorld:
     schema: schemathesis.BaseSchema
     ids: list[int]
     workspace_ids: list[int]
+    replay_ids: list[int]
+    replay_body: dict
     run_body: dict
     spec_body: dict
     researcher: Persona
@@ -261,11 +270,26 @@ def fuzz_world(world, wsgi_app) -> FuzzWorld:
         "command": "python train.py",
         "resources": {"flavor": "a100-80gb", "nodes": 1, "gpus_per_node": 1},
     }
+    window_end = timezone.now()
+    proposal = {"quotas": [{"tenant": "vision", "flavor": "a100-80gb", "guaranteed": 8}]}
+    replay = replay_report_create(
+        actor=world.platform_admin,
+        window_start=window_end - timedelta(hours=1),
+        window_end=window_end,
+        proposal=proposal,
+    )
+    replay_body = {
+        "window_start": (window_end - timedelta(hours=1)).isoformat(),
+        "window_end": window_end.isoformat(),
+        "proposal": proposal,
+    }
     return FuzzWorld(
         schema=schema,
         ids=[own.pk, other.pk, own.experiment_id, other.experiment_id],
         # Apart: the runs' operations (a cancel) would end the workspace before its own.
         workspace_ids=[workspace.pk, own.pk],
+        replay_ids=[replay.pk],
+        replay_body=replay_body,
         run_body=run_body,
         spec_body=spec_body,
         researcher=Persona("researcher", world.researcher_a, attempt),
@@ -307,7 +331,11 @@ def _strategies(fuzz: FuzzWorld, operation, mode: GenerationMode) -> list[st.Sea
     ids in paths, and schema-valid bodies with hostile values."""
     generated = [operation.as_strategy(generation_mode=mode)]
     if "{id}" in operation.path:
-        ids = fuzz.workspace_ids if operation.path.startswith("/api/v1/workspaces/") else fuzz.ids
+        ids = fuzz.ids
+        if operation.path.startswith("/api/v1/workspaces/"):
+            ids = fuzz.workspace_ids
+        elif operation.path.startswith("/api/v1/replays/"):
+            ids = fuzz.replay_ids
         generated += [
             operation.as_strategy(generation_mode=mode, path_parameters={"id": pk}) for pk in ids
         ]
@@ -369,6 +397,47 @@ def _strategies(fuzz: FuzzWorld, operation, mode: GenerationMode) -> list[st.Sea
             },
         ),
         "POST /api/v1/specs/": spec_bodies,
+        "POST /api/v1/replays/": _with_some_of(
+            fuzz.replay_body,
+            {
+                "window_start": st.one_of(NASTY_TEXT, st.datetimes().map(str)),
+                "proposal": st.one_of(
+                    NASTY_JSON,
+                    st.fixed_dictionaries(
+                        {},
+                        optional={
+                            "quotas": st.lists(
+                                st.dictionaries(
+                                    st.sampled_from(
+                                        [
+                                            "tenant",
+                                            "flavor",
+                                            "guaranteed",
+                                            "borrow_limit",
+                                            "weight",
+                                            "budget_gpu_hours",
+                                            "budget_hard",
+                                        ]
+                                    ),
+                                    st.one_of(NASTY_TEXT, NASTY_INT, JSON_SCALARS),
+                                ),
+                                max_size=3,
+                            ),
+                            "nodes": st.lists(
+                                st.dictionaries(
+                                    st.sampled_from(["cluster", "flavor", "count"]),
+                                    st.one_of(NASTY_TEXT, NASTY_INT),
+                                ),
+                                max_size=2,
+                            ),
+                            "starvation_after_s": JSON_SCALARS,
+                            "preemption": JSON_SCALARS,
+                        },
+                    ),
+                ),
+                "confirm_warnings": st.booleans(),
+            },
+        ),
         "POST /api/v1/runs/simulate/": spec_bodies,
         "POST /api/v1/attempts/report/": _with_some_of(
             {"driver_version": "550.54.15"},
@@ -524,6 +593,8 @@ def test_fuzzed_api_answers_no_5xx_and_only_what_its_schema_documents(fuzz_world
     assert statuses["researcher", "POST /api/v1/workspaces/", 201] > 0
     assert statuses["researcher", "POST /api/v1/workspaces/{id}/extend/", 200] > 0
     assert statuses["platform_admin", "GET /api/v1/workspaces/{id}/", 200] > 0
+    assert statuses["platform_admin", "GET /api/v1/replays/{id}/", 200] > 0
+    assert statuses["platform_admin", "POST /api/v1/replays/", 201] > 0
     # Without credentials every operation but the token exchange is refused (or, for a
     # path no route matches, not found).
     anonymous = {

@@ -20,11 +20,14 @@ from axe_playwright_python.sync_playwright import Axe
 from django.contrib.auth.models import User
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils import timezone
 
 from jobs.forms import RunSubmitForm
 from jobs.models import Run, RunEvent
 from jobs.services.submission import run_submit
 from jobs.services.workspaces import WorkspaceInput, workspace_launch
+from policy.services.replaying import replay_report_run
+from policy.services.reports import replay_report_create
 from portal.demo import DEMO_PASSWORD, demo_seed
 from tenants.models import Membership, Notification, Tenant
 from tests import REPOSITORY
@@ -175,6 +178,16 @@ def test_main_pages_have_no_serious_or_critical_violations(browser, live_server,
             gpus=1,
         ),
     )
+    admin = User.objects.get(username="admin")
+    replayed = replay_report_create(
+        actor=admin,
+        window_start=timezone.now() - timedelta(days=7),
+        window_end=timezone.now(),
+        proposal={"quotas": [{"tenant": "vision", "flavor": "a100-80gb", "guaranteed": 8}]},
+        confirm_warnings=True,
+        share=True,
+    )
+    replay_report_run(report_id=replayed.pk)
     steps = {
         "": ["/accounts/login/", ("login with a wrong password", wrong_password)],
         "alice": [
@@ -205,6 +218,7 @@ def test_main_pages_have_no_serious_or_critical_violations(browser, live_server,
             "/",
             "/tenants/vision/members/",
             ("members page with a refused addition", add_unknown_member),
+            f"/what-if/{replayed.pk}/",
         ],
         "bob": [f"/runs/{borrowed}/", f"/runs/{resumed}/telemetry/"],
         "fiona": [
@@ -222,6 +236,10 @@ def test_main_pages_have_no_serious_or_critical_violations(browser, live_server,
             ("template form with editor rows", template_form_with_editor_rows),
             "/clusters/",
             "/clusters/nodes/",
+            "/what-if/",
+            "/what-if/new/",
+            f"/what-if/{replayed.pk}/",
+            f"/what-if/{replayed.pk}/apply/",
         ],
     }
     found = {}
@@ -339,12 +357,12 @@ NAVIGATION = {
             "Members",
             "Nodes",
         ],
-        "Reports": ["Goodput", "Finance"],
+        "Reports": ["Goodput", "Finance", "What-if"],
         "Platform": ["Audit"],
     },
     "finance": {
         "Work": ["Runs", "Experiments", "Images", "Quotas", "Nodes"],
-        "Reports": ["Goodput", "Finance", "KPIs"],
+        "Reports": ["Goodput", "Finance", "KPIs", "What-if"],
     },
     "platform_admin": {
         "Work": [
@@ -356,7 +374,7 @@ NAVIGATION = {
             "Quotas",
             "Nodes",
         ],
-        "Reports": ["Goodput", "Finance", "KPIs"],
+        "Reports": ["Goodput", "Finance", "KPIs", "What-if"],
         "Platform": [
             "Clusters",
             "Node health",

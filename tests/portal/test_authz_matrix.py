@@ -35,7 +35,7 @@ her run) does not change the world the next cell sees.
 import copy
 import json
 from dataclasses import asdict, dataclass
-from datetime import date
+from datetime import date, timedelta
 from decimal import Decimal
 from urllib.parse import urlencode
 
@@ -59,6 +59,8 @@ from jobs.services.specs import experiment_spec
 from jobs.services.submission import experiment_input_of, run_submit
 from jobs.services.templates import template_save
 from jobs.services.workspaces import WorkspaceInput, workspace_launch
+from policy.selectors import proposal_editor_lines
+from policy.services.reports import replay_report_create
 from tenants.invitations import membership_invite
 from tenants.models import Notification
 from tenants.services.notifications import notification_create
@@ -200,6 +202,23 @@ EXPECTED: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {
     ("tenants:idle_policy", "POST"):            (302, 403, 404, 302, 403, 302),
     ("tenants:workspace_policy", "GET"):        (302, 200, 404, 200, 200, 200),
     ("tenants:workspace_policy", "POST"):       (302, 403, 404, 302, 403, 302),
+    # what-if reports (policy): platform admins ask and act; finance and the admins of the
+    # tenants a shared report concerns (vision here) read it, and get 403 on an act
+    ("policy:report_list", "GET"):              (302, 404, 404, 200, 200, 200),
+    ("policy:report_new", "GET"):               (302, 404, 404, 404, 404, 200),
+    ("policy:report_new", "POST"):              (302, 404, 404, 404, 404, 302),
+    ("policy:report_detail", "GET"):            (302, 404, 404, 200, 200, 200),
+    ("policy:report_cancel", "POST"):           (302, 404, 404, 403, 403, 302),
+    ("policy:report_rerun", "POST"):            (302, 404, 404, 403, 403, 302),
+    ("policy:report_share", "POST"):            (302, 404, 404, 403, 403, 302),
+    # applying: the report is still queued, so the platform admin's confirmation is refused
+    ("policy:report_apply", "GET"):             (302, 404, 404, 403, 403, 200),
+    ("policy:report_apply", "POST"):            (302, 404, 404, 403, 403, 400),
+    # the API's list answers everybody, with the reports they may read (none for researchers)
+    ("api:replay-list", "GET"):                 (401, 200, 200, 200, 200, 200),
+    ("api:replay-list", "POST"):                (401, 404, 404, 404, 404, 201),
+    ("api:replay-detail", "GET"):               (401, 404, 404, 200, 200, 200),
+    ("api:replay-cancel", "POST"):              (401, 404, 404, 403, 403, 202),
     # jobs: runs, experiments, quotas, clusters, templates
     ("jobs:run_list", "GET"):                   (302, 200, 200, 200, 200, 200),
     ("jobs:run_submit", "GET"):                 (302, 200, 404, 200, 200, 200),
@@ -293,6 +312,7 @@ class Objects:
     alice_token_id: int
     invitation_id: int  # vision's invitation of fiona
     rate_card_id: int
+    replay_id: int  # a what-if report of the last hour, shared: it concerns vision
 
 
 @dataclass(frozen=True)
@@ -349,6 +369,13 @@ def objects(world) -> Objects:
     run.refresh_from_db()
     workspace = workspace_launch(user=alice, data=workspace_input(world.image.reference))
     tokens = {persona: api_token_create(user=user) for persona, user in users.items()}
+    replay = replay_report_create(
+        actor=world.platform_admin,
+        window_start=timezone.now() - timedelta(hours=1),
+        window_end=timezone.now(),
+        proposal={},
+        share=True,
+    )
     return Objects(
         run=run,
         experiment=run.experiment,
@@ -374,6 +401,7 @@ def objects(world) -> Objects:
             valid_from=date(2020, 1, 1),
             actor=world.finance,
         ).pk,
+        replay_id=replay.pk,
     )
 
 
@@ -471,6 +499,16 @@ def paths(objects: Objects) -> dict[str, str]:
         "tenants:audit_list": f"{reverse('tenants:audit_list')}?tenant=vision",
         "tenants:idle_policy": reverse("tenants:idle_policy", args=["vision"]),
         "tenants:workspace_policy": reverse("tenants:workspace_policy", args=["vision"]),
+        "policy:report_list": reverse("policy:report_list"),
+        "policy:report_new": reverse("policy:report_new"),
+        **{
+            f"policy:{name}": reverse(f"policy:{name}", args=[objects.replay_id])
+            for name in ("report_detail", "report_cancel", "report_rerun", "report_share")
+        },
+        "policy:report_apply": reverse("policy:report_apply", args=[objects.replay_id]),
+        "api:replay-list": reverse("api:replay-list"),
+        "api:replay-detail": reverse("api:replay-detail", args=[objects.replay_id]),
+        "api:replay-cancel": reverse("api:replay-cancel", args=[objects.replay_id]),
         "jobs:run_list": f"{reverse('jobs:run_list')}?tenant=vision",
         "jobs:run_submit": f"{reverse('jobs:run_submit')}?from={experiment_id}",
         "jobs:run_preview": f"{reverse('jobs:run_preview')}?{preview}",
@@ -538,7 +576,27 @@ def bodies(objects: Objects) -> dict[str, dict]:
     launch = asdict(workspace_input(objects.workspace.experiment.image_reference))
     # The node alice's run runs on: restarting without it is allowed (3 other nodes remain).
     [node] = Attempt.objects.get(pk=objects.attempt.pk).node_list
+    quotas, pools = proposal_editor_lines()
+    whole_quotas = {
+        f"q:{line.tenant}:{line.flavor}:{name}": str(value)
+        for line in quotas
+        for name, value in (
+            ("guaranteed", line.quota.guaranteed),
+            ("borrow_limit", line.quota.borrow_limit),
+            ("weight", line.quota.weight),
+            ("budget_mode", "hard" if line.quota.budget_hard else "soft"),
+        )
+    }
+    no_nodes = {f"n:{pool.cluster}:{pool.flavor}": "0" for pool in pools}
     return {
+        "policy:report_new": {"window": "7", **whole_quotas, **no_nodes},
+        "policy:report_share": {"shared": "on"},
+        "policy:report_apply": {"confirm": "on"},
+        "api:replay-list": {
+            "window_start": (timezone.now() - timedelta(hours=1)).isoformat(),
+            "window_end": timezone.now().isoformat(),
+            "proposal": {},
+        },
         "api:run-restart-excluding": {"node": node},
         "jobs:run_restart_excluding": {"node": node},
         "password_change": {

@@ -24,6 +24,7 @@ SERVER_PACKAGES = (
     "jobs",
     "telemetry",
     "finance",
+    "policy",
 )
 # Calls that read the wall clock behind ``timezone.now``'s back (naive, or local, or both).
 OTHER_CLOCKS = {

@@ -143,6 +143,7 @@ def test_the_api_root_answers_an_index_of_its_resources(world):
         "workspace-list": base + "workspaces/",
         "attempt-events": base + "attempts/events/",
         "attempt-workspace-address": base + "attempts/workspace/",
+        "replay-list": base + "replays/",
     }
     assert (body["schema"], body["docs"]) == (
         "http://testserver/api/schema/",

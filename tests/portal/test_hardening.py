@@ -253,6 +253,8 @@ def pages_for(world, hostile) -> dict[str, list[str]]:
         reverse("images:registry_list"),
         reverse("images:registry_edit", args=[hostile["registry"].name]),
         reverse("telemetry:unmapped_samples"),
+        reverse("policy:report_list"),
+        reverse("policy:report_new"),
         reverse("admin:index"),
     ]
     members = [reverse("jobs:tenant_members", args=["vision"])]
@@ -284,7 +286,7 @@ EXPECTED_FORMS = {
     "finance": {"/accounts/logout/", "/notifications/read/"},
     "platform_admin": {"/accounts/logout/", "/quotas/edit/", "status", "recheck", "visibility",
                        "/flavors/new/", "/images/import/", "capacity", "/test/", "/finance/rates/",
-                       "/admin/logout/"},
+                       "/admin/logout/", "/what-if/new/"},
 }  # fmt: skip
 
 

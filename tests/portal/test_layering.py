@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("core", "tenants", "images", "clusters", "jobs", "telemetry", "finance", "portal")
+APPS = ("core", "tenants", "images", "clusters", "jobs", "telemetry", "finance", "policy", "portal")
 
 # Called with keyword arguments only (or none) these are the ORM's writes; with a positional
 # argument they are a dict's or a set's (``counts.update(other)``), which a read may use.

@@ -21,6 +21,7 @@ APPS = (
     "jobs",
     "telemetry",
     "finance",
+    "policy",
     "gantry_cli",
     "sdk",
 )

@@ -22,6 +22,7 @@ from images.access import image_list_browsable
 from images.models import Image, Registry
 from jobs.models import Attempt, AttemptState, ExperimentTemplate, Run
 from jobs.services.submission import run_submit
+from policy.models import ReplayReport
 from telemetry.models import AttemptAccounting, UnmappedSamples
 from tenants.models import AuditEvent, GpuFlavor, Notification, Quota, Tenant
 from tests.conftest import DIGEST_A, World, experiment_input
@@ -176,6 +177,22 @@ def make_accounted_attempts(world: World, count: int) -> None:
     )
 
 
+def make_replay_reports(world: World, count: int) -> None:
+    now = timezone.now()
+    ReplayReport.objects.bulk_create(
+        ReplayReport(
+            requested_by=world.platform_admin,
+            created_at=now - timedelta(minutes=number),
+            window_start=now - timedelta(days=7),
+            window_end=now,
+            proposal={},
+            submissions=1,
+            estimate_s=0.01,
+        )
+        for number in range(count)
+    )
+
+
 # --- the list pages -----------------------------------------------------------------------
 
 
@@ -240,6 +257,13 @@ LIST_PAGES = {
     ),
     "attempts behind a statement": ListPage(
         "finance", finance_runs_url, 50, "rows", make_accounted_attempts
+    ),
+    "what-if reports": ListPage(
+        "platform_admin",
+        lambda w: reverse("policy:report_list"),
+        25,
+        "reports",
+        make_replay_reports,
     ),
 }
 
@@ -400,6 +424,20 @@ EMPTY_PAGES = {
         keep,
         "No accounted attempts",
         "has accounted GPU time in",
+    ),
+    "what-if reports": (
+        "platform_admin",
+        lambda w: reverse("policy:report_list"),
+        keep,
+        "No reports yet",
+        "Pick a past window and a proposal",
+    ),
+    "what-if reports shared": (
+        "finance",
+        lambda w: reverse("policy:report_list"),
+        keep,
+        "No reports yet",
+        "A platform admin shares a report with you",
     ),
     "KPIs": (
         "platform_admin",

@@ -75,6 +75,8 @@ def _existing(argument: str, route: str, world_objects: Objects) -> str:
         ("registries", "matrix"),
         ("clusters", "sim-1"),
         ("flavors", "a100-80gb"),
+        ("what-if", world_objects.replay_id),
+        ("replays", world_objects.replay_id),
     ]
     values = {
         "user_id": str(world_objects.users["alice"].pk),
