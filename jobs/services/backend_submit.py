@@ -116,6 +116,8 @@ def attempt_cancel_preempted_for(*, attempt_id: int) -> None:
 
 
 def _attempt_submit(attempt: Attempt) -> None:
+    if attempt.state not in (AttemptState.CREATED, AttemptState.SUBMITTING):
+        return  # already submitted: a redelivered or re-driven task has nothing to do
     run = attempt.run
     backend = backend_for(attempt.cluster)
     spec = job_spec_for(attempt)
@@ -146,8 +148,6 @@ def _attempt_submit(attempt: Attempt) -> None:
             )
             attempt.state = AttemptState.SUBMITTING
             may_exist = not claimed
-        elif attempt.state != AttemptState.SUBMITTING:
-            return  # already submitted: a redelivered task has nothing to do
         # Committed before the backend is called, so a job that starts before this worker
         # records it (or after this worker died) can report. A retry adds a token and keeps
         # the earlier ones: the job it may adopt holds one of those.
