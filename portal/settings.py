@@ -450,12 +450,6 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 60.0,
     },
 }
-# A periodic task no worker has started by the time beat sends the next one is dropped
-# (Celery's ``expires``): the next one does the same work. Without it, a sync that takes
-# longer than its interval (a busy machine, a big cluster) piled its copies up in the queue,
-# and the submits queued behind them waited minutes (the chaos test, docs/reliability.md).
-for _entry in CELERY_BEAT_SCHEDULE.values():
-    _entry["options"] = {"expires": _entry["schedule"]}
 # Fair share: how fast past usage is forgotten when ordering competing borrowers.
 GANTRY_FAIR_SHARE_HALF_LIFE_H = env_int("GANTRY_FAIR_SHARE_HALF_LIFE_H", default=24)
 # A run waiting longer than this holds the idle GPUs it is gathering (bounds starvation).

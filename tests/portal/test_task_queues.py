@@ -1,11 +1,7 @@
 """Every Celery task goes to the queue of its kind (portal/task_queues.py), and a worker
 started without -Q (docker-compose.yml, make run) consumes every queue."""
 
-import json
-from datetime import UTC, datetime
-
 import redis
-from celery.beat import ScheduleEntry, Scheduler
 from django.conf import settings
 
 from portal import task_queues
@@ -41,26 +37,3 @@ def test_a_sent_task_waits_in_its_queue_in_redis():
     finally:
         client.delete(*task_queues.QUEUES)
     assert lengths == {"admission": 1, "backend": 1, "telemetry": 1, "background": 0}
-
-
-def test_beat_sends_a_periodic_task_to_expire_when_the_next_one_is_due():
-    """A sync that takes longer than its interval must not pile copies up in the queue (the
-    chaos test found 46 waiting, the submits behind them): a copy no worker started by the
-    time the next one is sent is dropped."""
-    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    client.delete(*task_queues.QUEUES)
-    entry = ScheduleEntry(
-        name="sync-clusters", app=celery_app, **settings.CELERY_BEAT_SCHEDULE["sync-clusters"]
-    )
-    try:
-        sent_at = datetime.now(UTC)
-        Scheduler(app=celery_app, lazy=True).apply_async(entry)
-        message = json.loads(client.rpop("backend"))
-    finally:
-        client.delete(*task_queues.QUEUES)
-    assert message["headers"]["task"] == "jobs.tasks.sync_all_clusters"
-    expires_in = datetime.fromisoformat(message["headers"]["expires"]) - sent_at
-    assert 0 <= expires_in.total_seconds() - settings.GANTRY_SYNC_INTERVAL_S < 1
-    assert {name: e["options"] for name, e in settings.CELERY_BEAT_SCHEDULE.items()} == {
-        name: {"expires": e["schedule"]} for name, e in settings.CELERY_BEAT_SCHEDULE.items()
-    }

@@ -563,7 +563,6 @@ def test_beat_runs_the_scan_every_minute(settings, world, big):
     assert settings.CELERY_BEAT_SCHEDULE["straggler-scan"] == {
         "task": "telemetry.tasks.straggler_scan",
         "schedule": 60.0,
-        "options": {"expires": 60.0},
     }
     attempt = attempt_on(world, big, nodes=2, gpus_per_node=2)
     run_gang(attempt, 5, slowed(3, 1.5))
