@@ -9,7 +9,9 @@ on 127.0.0.1, the clients that submit through its API, and what the test measure
   (``tests.crash_support.KillSwitch``): the pool process, or the whole worker, which it
   starts again as a supervisor (systemd, Kubernetes) would.
 - ``Heartbeats``: when beat's periodic sync last refreshed the simulated cluster
-  (``Cluster.inventory_at``), sampled every 0.5 s: the gaps of periodic work.
+  (``Cluster.inventory_at``), sampled every 0.5 s; ``sends(beats)``: when the beats sent
+  periodic tasks, by their logs; ``gap_across`` and ``longest_gap``: the gaps of either.
+- ``RollUps``: accounting and DailyUsage triggered every few seconds, as beat would.
 - ``leading(beat)``: whether a beat's log says it leads the schedule now.
 - ``running_fake_kubernetes()``: the fake Kubernetes API server with its controller stepping
   in real time; ``kubernetes_jobs(fake)`` lists Gantry's Jobs over HTTP.
@@ -76,8 +78,9 @@ def web_workers(master: Process) -> list[int]:
 
 
 def web_ready(base_url: str) -> bool:
-    with contextlib.suppress(requests.RequestException):
-        return requests.get(f"{base_url}/readyz", timeout=2).status_code == 200
+    with requests.Session() as session, contextlib.suppress(requests.RequestException):
+        session.trust_env = False  # no proxy between us and 127.0.0.1
+        return session.get(f"{base_url}/readyz", timeout=2).status_code == 200
     return False
 
 
@@ -213,7 +216,7 @@ class CeleryKiller(threading.Thread):
             self.switch.plan(seq, phase, run_name)
 
     def run(self) -> None:
-        while not self._stopping.wait(0.02):
+        while not self._stopping.wait(0.05):
             for reached in self.switch.reached():
                 if reached.seq in self.plan and reached.seq not in self.kills:
                     self._kill(reached)

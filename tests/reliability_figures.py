@@ -82,7 +82,7 @@ def _chaos(c: dict) -> list[str]:
         "(`tests/crash_support.py`: before the backend call, after it, before the ack,",
         "anywhere), of the pool process and of the whole worker (started again at once, as",
         "a supervisor would), on both backends; kill -9 of the beat that leads (started",
-        "again at once); Redis stopped and started while a submit holds its message",
+        "again at once); Redis stopped for 5 s and started while a submit holds its message",
         "unacknowledged; PostgreSQL stopped and started, then killed -9 and started. Then",
         "exact counts from the database, the simulator's job table and the Kubernetes API",
         "(listed over HTTP by the official client); any difference fails the test.",
@@ -116,6 +116,9 @@ def _chaos(c: dict) -> list[str]:
         "| longest gap of periodic work in the whole test: beat's sends; the sync's runs | "
         f"{_s(c['longest_send_gap_s'])}; {_s(c['longest_sync_gap_s'])} |",
         f"| downtime | {downtime} |",
+        "| answers while each server was down | "
+        + "; ".join(f"{what}: {_counts(got)}" for what, got in c["answers_while_down"].items())
+        + " |",
         "| backend jobs per attempt (min / max); attempts per run | "
         f"{c['jobs_per_attempt_min']} / {c['jobs_per_attempt_max']}; 1 |",
         f"| run events lost / duplicated | {c['events_lost']} / {c['events_duplicated']} |",
@@ -166,10 +169,12 @@ Fixed, each with a regression test of its own:
   522 waiting submits, and the burst never drained. A submit is now re-driven 30 s after
   its admission, then after waits that double (60, 120, 240 s, then every 5 minutes), each
   re-drive recorded under a row lock before it is sent.
-- **Periodic tasks piled up** (the chaos test; `tests/portal/test_task_queues.py`). A sync
-  that took longer than its interval had beat queue its next copies behind it (46 waiting),
-  and the submits queued behind those waited minutes. Every periodic task now expires when
-  beat sends the next one.
+- **Copies of the sync piled up** (the chaos test; `tests/jobs/test_sync_copies.py`). A
+  sync slower than its interval, and the burst of submits the syncs share their queue
+  with, had 46 copies of the sync waiting at once, each a full sync when a worker reached
+  it, and the submits behind them waited. A sync that starts within half an interval of
+  the last one's start now skips. (Expiring the copies instead, tried first, dropped every
+  one of them while submits kept the queue busy: no run moved on.)
 - **Accounting passes did each other's work** (the chaos test;
   `tests/telemetry/test_accounting_passes.py`). Passes running at once each computed every
   pending attempt: 3,465 computations for 1,000 attempts. They now take the pending

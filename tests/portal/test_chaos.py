@@ -87,7 +87,8 @@ CELERY_KILLS = [
 ]
 HOLD_SEQ = 100  # the submit held unacknowledged across the Redis restart (no kill)
 HOLD_S = 3.0
-DOWN_S = 2.0  # each server stays down this long at least
+REDIS_DOWN_S = 5.0  # submits go on meanwhile: recorded, their messages dropped and logged
+POSTGRES_DOWN_S = 2.0
 EXPECTED_TIMELINE = ["QUEUED", "ADMITTED", "SUBMITTING", "PENDING", "RUNNING", "SUCCEEDED"]
 CHAOS_SUPPORT = [sys.executable, "-m", "tests.chaos_support"]
 
@@ -164,7 +165,7 @@ class Stack:
             self.workers,
         )
         self.events: dict[str, float] = {}  # what happened, seconds after the burst began
-        self.downtime: dict[str, float] = {}
+        self.windows: dict[str, tuple[float, float]] = {}  # each server's downtime
 
     def start(self) -> None:
         for process in self.processes:
@@ -223,13 +224,13 @@ class Stack:
             "taken_over_by": "the standby" if new_leader is standby else "the restarted beat",
         }
 
-    def restart(self, what: str, stop, start, submissions: Submissions) -> None:
+    def restart(self, what: str, stop, start, submissions: Submissions, *, down_s: float) -> None:
         stopped = time.monotonic()
         stop()
         # Down a while: every process notices, and keeps trying meanwhile.
-        wait_until(lambda: time.monotonic() - stopped >= DOWN_S, timeout=DOWN_S + 1, what="down")
+        wait_until(lambda: time.monotonic() - stopped >= down_s, timeout=down_s + 1, what="down")
         start()
-        self.downtime[what] = time.monotonic() - stopped
+        self.windows[what] = (stopped, time.monotonic())
         self.events[f"{what} done"] = time.monotonic() - submissions.began
 
     def restart_redis_while_a_submit_is_unacknowledged(self, submissions: Submissions) -> None:
@@ -253,7 +254,11 @@ class Stack:
             what=f"the submit of {name} held before its ack",
         )
         self.restart(
-            "Redis stop + start", self.servers.redis_stop, self.servers.redis_start, submissions
+            "Redis stop + start",
+            self.servers.redis_stop,
+            self.servers.redis_start,
+            submissions,
+            down_s=REDIS_DOWN_S,
         )
 
 
@@ -354,7 +359,7 @@ def _chaos(servers: ThrowawayServices, fake, tmp_path: Path) -> dict:
                 timeout=120,
                 what=f"{threshold:.0%} of the runs answered",
             )
-            stack.restart(what, stop, servers.postgres_start, submissions)
+            stack.restart(what, stop, servers.postgres_start, submissions, down_s=POSTGRES_DOWN_S)
         last_restart = time.monotonic()
         wait_until(submissions.finished, timeout=240, what="every client to be answered")
 
@@ -515,7 +520,18 @@ def test_chaos_loses_no_run_job_event_or_gpu_second(transactional_db, tmp_path, 
             "syncs_back_after_s": found["syncs_across_kill_s"][1],
             "longest_send_gap_s": found["longest_send_gap_s"],
             "longest_sync_gap_s": found["longest_sync_gap_s"],
-            "downtime": stack.downtime,
+            "downtime": {what: end - start for what, (start, end) in stack.windows.items()},
+            "answers_while_down": {
+                what: dict(
+                    Counter(
+                        a.outcome
+                        for got in submissions.answers
+                        for a in got
+                        if start <= a.at <= end
+                    )
+                )
+                for what, (start, end) in stack.windows.items()
+            },
             "converged_after_last_restart_s": found["converged_s"],
             "jobs_per_attempt_min": min(jobs_per_attempt),
             "jobs_per_attempt_max": max(jobs_per_attempt),
