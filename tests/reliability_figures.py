@@ -52,11 +52,14 @@ def _s(value: float) -> str:
 
 
 def _counts(counts: dict) -> str:
-    return ", ".join(f"{n} {what}" for what, n in sorted(counts.items(), key=lambda i: -i[1]))
+    ordered = sorted(counts.items(), key=lambda item: -item[1])
+    return ", ".join(f"{what} × {n:,}" for what, n in ordered) or "none"
 
 
 def _chaos(c: dict) -> list[str]:
-    events = "; ".join(f"{what} at {s:.0f} s" for what, s in c["events"].items())
+    events = "; ".join(
+        f"{what} at {s:.0f} s" for what, s in sorted(c["events"].items(), key=lambda e: e[1])
+    )
     cpu = ", ".join(f"{what} {s:.0f} s" for what, s in c["cpu_s"].items())
     downtime = ", ".join(f"{what} {s:.1f} s" for what, s in c["downtime"].items())
     return [
@@ -72,9 +75,9 @@ def _chaos(c: dict) -> list[str]:
         "one GPU for a second or two. Beat runs the admission cycle every 5 s and the sync",
         "every 3 s, production's intervals; telemetry collection is off (the accounting checked",
         "is of GPUs and times); the test triggers accounting and DailyUsage every 10 s.",
-        f"{c['clients']}",
-        f"client threads submit {c['runs']:,} runs through `POST /api/v1/runs/`, at most",
-        f"{c['rate_per_s']} a second, each with its own `Idempotency-Key`, and send the",
+        f"The clients, {c['clients']} threads, submit {c['runs']:,} runs through",
+        "`POST /api/v1/runs/`,",
+        f"at most {c['rate_per_s']} a second, each with its own `Idempotency-Key`, and send the",
         "same request with the same key again after a connection error, a timeout, a 5xx or",
         "a 429, keeping every answer. Meanwhile, in turn: kill -9 of the gunicorn worker",
         "that has just committed a run, before it answers (its master starts another);",
@@ -125,11 +128,16 @@ def _chaos(c: dict) -> list[str]:
         "| budget ledger (TenantMonthUsage) / Σ attempts' GPU × (end − start) | "
         f"{c['ledger_gpu_s']:.3f} / {c['attempts_gpu_s']:.3f} GPU-s |",
         "| attempt accounting rows; DailyUsage / accounting, allocated | "
-        f"{c['accounting_rows']:,}; {c['daily_usage_gpu_s']} / {c['accounting_gpu_s']} GPU-s |",
+        f"{c['accounting_rows']:,}; {c['daily_usage_gpu_s']:,} / {c['accounting_gpu_s']:,} GPU-s |",
         "| from the last restart until every run had succeeded | "
         f"{_s(c['converged_after_last_restart_s'])} |",
         f"| CPU used, from the stack's start | {cpu} |",
         f"| the whole test | {_s(c['wall_s'])} |",
+        "",
+        f"The test is bound by CPU: {sum(c['cpu_s'].values()):.0f} CPU-seconds in all, about",
+        "a fifth of a CPU-second per run across gunicorn, the workers and PostgreSQL, and some",
+        "50 s to start its processes. On 2 cores shared with the rest of the suite the burst",
+        "takes longer than the clients' pace alone would, and the runs finish after it.",
         "",
     ]
 
@@ -208,6 +216,10 @@ Not fixed (open points):
 - **A submit that keeps failing retries on every copy.** A re-driven submit whose first
   task is still retrying against an unreachable backend (with backoff, up to 60 s apart)
   retries too; the doubling waits bound the copies to a handful per attempt, not one.
+- **The sync waits behind queued submits.** It shares the backend queue with them, so a
+  burst of submits delays it: in the chaos test beat kept sending it every 3 s, yet the
+  longest gap between two syncs that ran was the figure above. Its own queue, taken by the
+  backend workers too, would let it overtake them.
 - **A new pool process imports the Kubernetes client's API classes on first use**
   (1.5-7 s on this machine) before its first Kubernetes call; the test worker loads
   them before forking its pool, as a production worker could.

@@ -592,9 +592,9 @@ def test_chaos_loses_no_run_job_event_or_gpu_second(transactional_db, tmp_path, 
     assert sorted(a for a, _, _ in accounting) == sorted(a[0] for a in attempts)
     assert all(allocated == parts for _, allocated, parts in accounting)
     assert found["daily_s"] == sum(allocated for _, allocated, _ in accounting)
-    # Periodic work came back within 60 s of the leading beat's kill, and of every outage:
-    # beat's sends, and the sync they trigger.
+    # Periodic work came back within 60 s of the leading beat's kill: beat's sends (as
+    # after every outage), and the sync they trigger. (A sync waits behind the submits
+    # queued before it, in the queue they share: its longest gap is a figure, not a bound.)
     assert found["sends_across_kill_s"][1] <= 60
     assert found["longest_send_gap_s"] <= 60
     assert found["syncs_across_kill_s"][1] <= 60
-    assert found["longest_sync_gap_s"] <= 60
