@@ -578,7 +578,6 @@ def stack_start(stack: Stack) -> Live:
         beat = start(
             [
                 sys.executable, "-m", "celery", "-A", "portal", "beat", "--loglevel", "WARNING",
-                "--schedule", str(directory / "beat-schedule"),
             ],
             env,
             directory / "celery.log",

@@ -373,6 +373,10 @@ class Attempt(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
+    # The sync's re-drives of its submit (``attempt_redrive_stuck_submits``): how many, and
+    # when the last was sent; each waits twice as long as the one before.
+    submit_redrives = models.PositiveSmallIntegerField(default=0)
+    submit_redriven_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     failure_reason = models.CharField(max_length=16, choices=FailureReason.choices, blank=True)
     failure_message = models.TextField(blank=True)

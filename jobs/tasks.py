@@ -57,6 +57,8 @@ def attempt_cancel(attempt_id: int) -> None:
 
 @shared_task
 def sync_all_clusters() -> None:
+    if not backend_sync.sync_slot_claim():
+        return  # another sync started moments ago: this copy waited in a busy queue
     answered: list[int] = []
     for cluster in Cluster.objects.filter(enabled=True):
         try:

@@ -126,6 +126,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # A request the database could not serve (restarting, failing over): 503, send it again.
+    "portal.database_unavailable.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"

@@ -2,7 +2,7 @@
 
 - ``celery_env(tmp_path, **extra)``: the environment of such a process: the test database
   (whatever pytest-django named it), data in ``tmp_path``, admission and sync every second.
-- ``start_worker_and_beat(tmp_path, env, log)``: both processes, each leading its own
+- ``start_worker_and_beat(env, log)``: both processes, each leading its own
   process group, their output appended to ``log``; ``start_worker(env, log)``: the worker
   alone (no periodic work acts on the test's data meanwhile).
 - ``stop_process(process)``: SIGTERM to its group, SIGKILL after 15 s.
@@ -51,14 +51,15 @@ def start_worker(env: dict[str, str], log: IO[str], *, concurrency: int = 2) -> 
 
 
 def start_worker_and_beat(
-    tmp_path: Path, env: dict[str, str], log: IO[str], *, concurrency: int = 2
+    env: dict[str, str], log: IO[str], *, concurrency: int = 2
 ) -> list[subprocess.Popen]:
     common = {"env": env, "cwd": ROOT, "start_new_session": True, "stdout": log,
               "stderr": subprocess.STDOUT}  # fmt: skip
     worker = start_worker(env, log, concurrency=concurrency)
+    # Gantry's scheduler keeps the schedule's last runs with its leader lock, not in a file
+    # (portal/beat.py): no --schedule.
     beat = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "portal", "beat", "--loglevel", "INFO",
-         "--schedule", str(tmp_path / "beat-schedule")],
+        [sys.executable, "-m", "celery", "-A", "portal", "beat", "--loglevel", "INFO"],
         **common,
     )  # fmt: skip
     return [worker, beat]

@@ -95,13 +95,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _no_admission_kick_left(request: pytest.FixtureRequest) -> None:
-    """Each test starts with no admission cycle marked as waiting (jobs.enqueue): a mark
-    left by an earlier test whose cycle never ran (no worker) would hold back this test's
-    kicks until it expires. The cache outlives tests (Redis, or a table tests don't flush)."""
+    """Each test starts with no admission cycle marked as waiting (jobs.enqueue) and no sync
+    just started (``sync_slot_claim``): a mark left by an earlier test would hold back this
+    test's kicks, or skip its sync, until it expires. The cache outlives tests (Redis, or a
+    table tests don't flush)."""
     if request.node.get_closest_marker("django_db") is not None:
+        from django.core.cache import cache
+
         from jobs.enqueue import admission_kick_clear
+        from jobs.services.backend_sync import SYNC_SLOT_KEY
 
         admission_kick_clear()
+        cache.delete(SYNC_SLOT_KEY)
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from clusters.backends import (
@@ -116,6 +116,8 @@ def attempt_cancel_preempted_for(*, attempt_id: int) -> None:
 
 
 def _attempt_submit(attempt: Attempt) -> None:
+    if attempt.state not in (AttemptState.CREATED, AttemptState.SUBMITTING):
+        return  # already submitted: a redelivered or re-driven task has nothing to do
     run = attempt.run
     backend = backend_for(attempt.cluster)
     spec = job_spec_for(attempt)
@@ -146,8 +148,6 @@ def _attempt_submit(attempt: Attempt) -> None:
             )
             attempt.state = AttemptState.SUBMITTING
             may_exist = not claimed
-        elif attempt.state != AttemptState.SUBMITTING:
-            return  # already submitted: a redelivered task has nothing to do
         # Committed before the backend is called, so a job that starts before this worker
         # records it (or after this worker died) can report. A retry adds a token and keeps
         # the earlier ones: the job it may adopt holds one of those.
@@ -234,6 +234,7 @@ def _attempt_fail_submit(attempt: Attempt, run: Run, exc: PermanentBackendError)
 
 
 STUCK_SUBMIT_AFTER = timedelta(seconds=30)
+STUCK_SUBMIT_MAX_WAIT = timedelta(minutes=5)
 
 
 def attempt_redrive_deferred_cancels() -> int:
@@ -255,18 +256,41 @@ def attempt_redrive_deferred_cancels() -> int:
     return len(ids)
 
 
-def attempt_redrive_stuck_submits() -> int:
-    """Re-enqueue submits whose task was lost (broker restart, worker killed). Harmless if
-    the task is merely slow: a second submit adopts the first job."""
-    cutoff = timezone.now() - STUCK_SUBMIT_AFTER
-    ids = list(
-        Attempt.objects.filter(
-            state__in=(AttemptState.CREATED, AttemptState.SUBMITTING),
-            created_at__lt=cutoff,
-            run__state__in=(RunState.ADMITTED, RunState.SUBMITTING, RunState.PREEMPTED),
-        ).values_list("pk", flat=True)
-    )
-    attempt_submit_enqueue(ids)
+def _redrive_due(now) -> Q:
+    """Submits whose last send is older than their wait: ``STUCK_SUBMIT_AFTER`` from the
+    admission that created the attempt, then twice the wait before after each re-drive, at
+    most ``STUCK_SUBMIT_MAX_WAIT``."""
+    due = Q(submit_redrives=0, created_at__lt=now - STUCK_SUBMIT_AFTER)
+    redrives = 1
+    while (wait := STUCK_SUBMIT_AFTER * 2**redrives) < STUCK_SUBMIT_MAX_WAIT:
+        due |= Q(submit_redrives=redrives, submit_redriven_at__lt=now - wait)
+        redrives += 1
+    longest = Q(submit_redrives__gte=redrives, submit_redriven_at__lt=now - STUCK_SUBMIT_MAX_WAIT)
+    return due | longest
+
+
+def attempt_redrive_stuck_submits(*, now=None) -> int:
+    """Re-enqueue submits whose task may have been lost (broker restart, worker killed).
+    Harmless if the task is merely slow (a second submit adopts the first job), but not free:
+    a burst of submits queued behind each other, or a backend that keeps refusing, would be
+    sent again on every sync, faster than the workers take them. So each attempt is re-driven
+    after its wait (``_redrive_due``), and the re-drive is recorded under a row lock before
+    the message goes (two syncs at once send it once)."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        ids = list(
+            Attempt.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(
+                _redrive_due(now),
+                state__in=(AttemptState.CREATED, AttemptState.SUBMITTING),
+                run__state__in=(RunState.ADMITTED, RunState.SUBMITTING, RunState.PREEMPTED),
+            )
+            .values_list("pk", flat=True)
+        )
+        Attempt.objects.filter(pk__in=ids).update(
+            submit_redrives=F("submit_redrives") + 1, submit_redriven_at=now
+        )
+        attempt_submit_enqueue(ids)  # sent once this commits
     return len(ids)
 
 

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -59,6 +60,26 @@ MAX_RUNTIME_REPORT_BYTES = 64 * 1024
 # tells when the backend lost the job, and an attempt is declared LOST only after
 # GANTRY_LOST_GRACE_S plus this.
 LAST_SEEN_RESOLUTION = timedelta(seconds=15)
+
+
+# Set by the sync that starts, for half a sync interval (``sync_slot_claim``).
+SYNC_SLOT_KEY = "gantry:sync-slot"
+
+
+def sync_slot_claim() -> bool:
+    """Whether a sync may start now: none started in the last half sync interval. Beat sends
+    one every interval, into the queue the submits share; copies that waited there behind a
+    burst of submits, or behind a sync slower than its interval, reach the workers together
+    (46 at once in the chaos test), and only the first of them syncs: the others would do
+    the same work again. Expiring them instead would drop every copy while submits keep the
+    queue busy. Without a cache that answers, every sync runs."""
+    try:
+        return bool(
+            cache.add(SYNC_SLOT_KEY, 1, timeout=max(1, round(settings.GANTRY_SYNC_INTERVAL_S / 2)))
+        )
+    except Exception:
+        logger.warning("sync: the cache did not answer; syncing anyway")
+        return True
 
 
 # The reclaiming attempt has not reached its backend yet: a job it preempts stays until then.

@@ -166,7 +166,7 @@ def worker_and_beat(tmp_path):
 
     def start(broker_url: str) -> None:
         env = celery_env(tmp_path, CELERY_BROKER_URL=broker_url)
-        processes.extend(start_worker_and_beat(tmp_path, env, log, concurrency=1))
+        processes.extend(start_worker_and_beat(env, log, concurrency=1))
 
     yield start
     for process in reversed(processes):

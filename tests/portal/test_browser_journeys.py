@@ -78,7 +78,7 @@ def celery_starter(live_server, tmp_path):
 
     def start() -> None:
         env = celery_env(tmp_path, GANTRY_TELEMETRY_INTERVAL_S="1")
-        started.extend(start_worker_and_beat(tmp_path, env, log))
+        started.extend(start_worker_and_beat(env, log))
 
     yield start
     for process in reversed(started):

@@ -36,7 +36,7 @@ def celery_processes(transactional_db, tmp_path):
     """A real worker and beat, on the test's Redis database and the test PostgreSQL database."""
     celery_app.control.purge()
     log = (tmp_path / "celery.log").open("w")
-    worker, beat = start_worker_and_beat(tmp_path, celery_env(tmp_path), log)
+    worker, beat = start_worker_and_beat(celery_env(tmp_path), log)
     yield worker, beat
     stop_process(beat)
     stop_process(worker)

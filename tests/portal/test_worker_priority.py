@@ -31,7 +31,7 @@ def test_the_worker_its_pool_and_beat_run_at_the_niceness_set(tmp_path):
     log_path = tmp_path / "celery.log"
     with log_path.open("w") as log:
         worker, beat = start_worker_and_beat(
-            tmp_path, celery_env(tmp_path, GANTRY_WORKER_NICE="7"), log, concurrency=2
+            celery_env(tmp_path, GANTRY_WORKER_NICE="7"), log, concurrency=2
         )
     try:
         # Given a worker that says it is ready, with both pool processes, and beat ticking

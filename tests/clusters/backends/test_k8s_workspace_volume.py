@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 import yaml
+from django.core.cache import cache
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -21,7 +22,7 @@ from core.schema import SchemaError
 from jobs.models import Attempt, AttemptState, Run, RunState, Workspace
 from jobs.services.admission_cycle import admission_run_cycle
 from jobs.services.backend_submit import attempt_submit
-from jobs.services.backend_sync import attempt_cancel
+from jobs.services.backend_sync import SYNC_SLOT_KEY, attempt_cancel
 from jobs.services.workspace_lifecycle import workspace_resume, workspace_suspend
 from jobs.services.workspace_storage import workspace_storage_release_ended
 from jobs.services.workspaces import workspace_stop
@@ -494,6 +495,7 @@ def test_the_sync_cycle_releases_after_its_cluster_answered_and_not_while_it_is_
     assert [r.message for r in caplog.records if r.name == "jobs.services.workspace_storage"] == []
     world.fake.start()
     assert world.fake.server.count("DELETE", f"/{CLAIMS}/") == 0
+    cache.delete(SYNC_SLOT_KEY)  # beat's next sync, an interval later
     sync_all_clusters()
     assert Workspace.objects.get(run=run).storage_released_at is not None
     assert world.fake.server.count("DELETE", f"/{CLAIMS}/gantry-ws-{run.pk}$") == 1
