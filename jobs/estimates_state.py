@@ -1,0 +1,634 @@
+"""The clusters as the start-estimate simulation (``jobs.estimates``) moves them forward, and
+its admission cycle: the decisions ``jobs.admission.decide`` would take, at a fraction of
+the cost (pure: no ORM, no clock, no I/O).
+
+``decide`` builds the clusters' state from every held run, then reserves nodes for every
+starving head it meets. The simulation asks for a cycle up to a few hundred times per
+refresh, on clusters that change little from one simulated cycle to the next, with most
+heads starving. Here the cycle is ``jobs.admission``'s own (its phases and rules, run on
+the state given), with three differences that change no decision:
+
+- The state after the held runs is kept (``Clusters``): a run that starts or ends changes
+  it on its own nodes only. Each cycle works on a copy of the pools of the flavors it
+  decides (``Clusters.cycle_state``), as ``decide`` works on a snapshot of those flavors.
+- A starving head's reservation is made only once something asks about its flavor's
+  nodes that the reservation could change (``LazyState``): a placement or a reclaim that
+  exists without it, an admission, a preemption, a backfill plan. A reservation only
+  takes (it holds free GPUs back and fences nodes against reclaims), so a gang with no
+  placement, or no reclaim, while the pending reservations are left out has none with
+  them either: that answer stands. Any other question is answered after they are made,
+  in their order, on the state they would have been made on (nothing of the flavor
+  changed meanwhile). Reservations still pending when the cycle ends change nothing the
+  simulation reads: they are never made. On a full cluster, once the free GPUs are taken
+  or held, every later starving head costs a line.
+- Only what the simulation reads is returned: the admissions and preemptions, in
+  ``decide``'s order, and why each line's first run waits.
+"""
+
+import heapq
+import math
+from bisect import insort
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import cast
+
+from jobs import placement
+from jobs.admission import _Cycle
+from jobs.admission_pool import PoolState
+from jobs.admission_state import CycleState
+from jobs.admission_types import (
+    Admit,
+    Decisions,
+    HeldRun,
+    QueuedRun,
+    Quota,
+    Reservation,
+    Snapshot,
+    Wait,
+    Waiting,
+    queue_order,
+    victim_order,
+)
+from jobs.backfill import Plan
+
+Key = tuple[str, str]  # (tenant, flavor)
+
+
+class SimPool(PoolState):
+    """A pool of one simulated cycle: a copy of the kept one (``of``) that knows its nodes
+    with GPUs available (``opened``) and finds the nodes a starving run comes closest to
+    fitting on, and a one-node gang's placement, with less work."""
+
+    opened: dict[str, int]  # schedulable node -> GPUs available, where there are any
+    # (GPUs per node, level, excluded nodes) -> per domain, its nodes in ``closest``'s order
+    _rooms: dict[tuple[int, int | None, tuple[str, ...]], list[list[tuple[int, str, float]]]]
+
+    @classmethod
+    def of(cls, pool: PoolState) -> "SimPool":
+        """A copy of ``pool`` to change apart from it: nothing remembered, its own flavor
+        counters (the cycle's state joins it to its flavor's). The nodes and what could
+        ever hold a shape do not change: shared."""
+        other = cls.__new__(cls)
+        other.cluster, other.flavor, other.levels = pool.cluster, pool.flavor, pool.levels
+        other.nodes = pool.nodes
+        other.free = dict(pool.free)
+        other.reserved = defaultdict(int, pool.reserved)
+        other.fenced = set(pool.fenced)
+        other.borrowed = list(pool.borrowed)
+        other.holders = set(pool.holders)
+        other.entered = dict(pool.entered)
+        other.version = pool.version
+        other.flavor_version, other.flavor_gives = [0], [0]
+        other._memo = {}
+        other.tally = pool.tally.copy()
+        other._placeable = dict(pool._placeable)
+        other._settled = pool._settled
+        other._capable_by_shape = pool._capable_by_shape
+        if isinstance(pool, SimPool):
+            other.opened = dict(pool.opened)
+        else:
+            other.opened = {}
+            for name, node in pool.nodes.items():
+                room = node.schedulable and pool.available(name)
+                if room:
+                    other.opened[name] = room
+        other._rooms = {}
+        return other
+
+    def _change(self, name: str, *, free: int = 0, reserved: int = 0) -> None:
+        super()._change(name, free=free, reserved=reserved)
+        if self.nodes[name].schedulable:
+            room = self.available(name)
+            if room:
+                self.opened[name] = room
+            else:
+                self.opened.pop(name, None)
+        if name not in self.fenced:
+            self._rooms.clear()  # a fenced node is in no order any more: they stay right
+
+    def fence(self, name: str) -> None:
+        super().fence(name)
+        for domains in self._rooms.values():
+            for domain in domains:
+                for index, entry in enumerate(domain):
+                    if entry[1] == name:
+                        del domain[index]
+                        break
+
+    def could_beat(
+        self, count: int, gpus_per_node: int, since: float, rank: tuple[int, int, str]
+    ) -> bool:
+        """Whether ``closest`` could rank this pool before ``rank`` (of a pool of a cluster
+        named before this one's): only with GPUs available on enough of its nodes, and
+        before a rank of no entered node, on nodes not entered ``since``."""
+        rooms = self.opened.values()
+        if rank[0] == 0:
+            entered = self.entered
+            rooms = [
+                room for name, room in self.opened.items() if entered.get(name, -math.inf) < since
+            ]
+        most = sorted(rooms, reverse=True)[:count]
+        return (0, -sum(min(room, gpus_per_node) for room in most), self.cluster) < rank
+
+    def closest(
+        self, run: QueuedRun, since: float
+    ) -> tuple[tuple[str, ...], tuple[int, int]] | None:
+        """``PoolState.closest``, the same nodes and rank, from the capable nodes of each
+        domain in the order of what they have available (then the name), kept while the
+        pool changes only by fencing nodes: the first ``nodes`` of them not entered
+        ``since``, then the first entered ones."""
+        level = self.required_level(run)
+        if level == -1:
+            return None
+        count, need, excluded = run.nodes, run.gpus_per_node, run.excluded
+        domains = self._rooms.get((need, level, excluded))
+        if domains is None:
+            domains = self._rooms[(need, level, excluded)] = self._by_room(need, level, excluded)
+        best: tuple[tuple[str, ...], tuple[int, int]] | None = None
+        for domain in domains:
+            if len(domain) < count:
+                continue
+            fresh: list[tuple[int, str]] = []
+            entered: list[tuple[int, str]] = []
+            for minus, name, at in domain:
+                if at < since:
+                    fresh.append((minus, name))
+                    if len(fresh) == count:
+                        break
+                elif len(entered) < count:
+                    entered.append((minus, name))
+            chosen = fresh + entered[: count - len(fresh)]
+            rank = (count - len(fresh), sum(minus for minus, _ in chosen))
+            if best is None or rank < best[1]:
+                best = (tuple(sorted(name for _, name in chosen)), rank)
+        return best
+
+    def _by_room(
+        self, gpus_per_node: int, level: int | None, excluded: tuple[str, ...]
+    ) -> list[list[tuple[int, str, float]]]:
+        """Per domain at ``level`` (in order), its nodes that could ever hold
+        ``gpus_per_node`` and are neither fenced nor ``excluded``: (minus what is available
+        of what it needs, name, when a run last entered it), in that order."""
+        entered, fenced, opened = self.entered, self.fenced, self.opened
+        inf = -math.inf
+        return [
+            sorted(
+                (-min(opened.get(name, 0), gpus_per_node), name, entered.get(name, inf))
+                for name in names
+                if name not in fenced and name not in excluded
+            )
+            for names in self.capable(gpus_per_node, level)
+        ]
+
+    def place(
+        self, run: QueuedRun, extra: Mapping[str, int] | None = None
+    ) -> placement.Placement | None:
+        """``PoolState.place``; for a one-node gang on the GPUs available now, the node
+        ``jobs.placement`` picks (the fewest available GPUs that are enough, then the
+        name), found among the nodes with GPUs available."""
+        if extra or run.nodes != 1 or run.gpus_per_node < 1:
+            return super().place(run, extra)
+        need = run.gpus_per_node
+        level = self.required_level(run)
+        if level == -1:
+            return None
+        depth = level or 0
+        best: tuple[int, str] | None = None
+        for name, room in self.opened.items():
+            if room >= need and (best is None or (room, name) < best):
+                node = self.nodes[name]
+                if node.gpus >= need and len(node.path) >= depth and name not in run.excluded:
+                    best = (room, name)
+        if best is None:
+            return None
+        path = self.nodes[best[1]].path
+        return placement.Placement(nodes=(best[1],), domain=path, single_node=True)
+
+
+class LazyState(CycleState):
+    """The state of one simulated cycle, whose starving heads' reservations wait until
+    something they could change is asked (see the module's docstring)."""
+
+    pending: dict[str, list[QueuedRun]]  # flavor -> starving heads, in the cycle's order
+
+    def reserve(self, run: QueuedRun, reservations: list[Reservation]) -> None:
+        if self.now < run.submitted + self.starvation_after_s:
+            return  # not starving: ``CycleState.reserve`` holds nothing for it either
+        self.pending[run.flavor].append(run)
+
+    def settle(self, flavor: str) -> None:
+        """Make the reservations pending on ``flavor``, in their order."""
+        waiting = self.pending.pop(flavor, None)
+        for run in waiting or ():
+            self._reserve_now(run)
+
+    def _reserve_now(self, run: QueuedRun) -> None:
+        """``CycleState.reserve`` for a starving run, the same nodes held: a pool is asked
+        for its closest nodes only if it could rank before the best found so far."""
+        since = run.submitted + self.starvation_after_s
+        best: tuple[PoolState, tuple[str, ...]] | None = None
+        best_rank: tuple[int, int, str] | None = None
+        # The pools in the clusters' order (ties go to the first); one that could not rank
+        # before the best found is not asked.
+        for pool in self.pools_by_flavor[run.flavor]:
+            if best_rank is not None and not cast(SimPool, pool).could_beat(
+                run.nodes, run.gpus_per_node, since, best_rank
+            ):
+                continue
+            found = pool.closest(run, since)
+            if found is None:
+                continue
+            target, (entered, short) = found
+            rank = (entered, short, pool.cluster)
+            if best_rank is None or rank < best_rank:
+                best, best_rank = (pool, target), rank
+        if best is None:
+            return
+        pool, target = best
+        for name in target:
+            pool.fence(name)
+            gpus = min(pool.available(name), run.gpus_per_node)
+            if gpus:
+                pool.hold(name, gpus)
+
+    def best_fit(self, run: QueuedRun) -> tuple[PoolState, placement.Placement] | None:
+        found = super().best_fit(run)
+        if found is None or not self.pending.get(run.flavor):
+            return found
+        self.settle(run.flavor)
+        return super().best_fit(run)
+
+    def victims(
+        self, run: QueuedRun, pool: PoolState
+    ) -> tuple[list[HeldRun], placement.Placement] | None:
+        found = super().victims(run, pool)
+        if found is None or not self.pending.get(run.flavor):
+            return found
+        self.settle(run.flavor)
+        return super().victims(run, pool)
+
+    def admit(self, run: QueuedRun, pool: PoolState, where: placement.Placement) -> None:
+        self.settle(run.flavor)
+        super().admit(run, pool, where)
+
+    def preempt(self, victim: HeldRun) -> None:
+        self.settle(victim.flavor)
+        super().preempt(victim)
+
+    def explain(self, run: QueuedRun) -> str:
+        self.settle(run.flavor)
+        return super().explain(run)
+
+    def reclaimable(self, run: QueuedRun) -> int:
+        self.settle(run.flavor)
+        return super().reclaimable(run)
+
+
+class _LazyCycle(_Cycle):
+    """``jobs.admission``'s cycle on a ``LazyState``, over lines given as they are (not
+    sorted again from a snapshot's queue, and walked only as far as a cycle gets: a
+    blocked run holds its tenant's later ones back). A head's backfill reservation is
+    planned on its flavor's state with the pending reservations made."""
+
+    state: LazyState
+
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        state: LazyState,
+        lines: dict[Key, list[QueuedRun]],
+        passable: set[Key],
+    ):
+        super().__init__(replace(snapshot, queued=()), explain=False, state=state)
+        self.queues = defaultdict(list, lines)
+        self.passable = passable
+
+    def reservation(self, key: Key) -> Plan | str | None:
+        self.state.settle(key[1])
+        return super().reservation(key)
+
+    # What follows is ``_Cycle``'s, without the messages, which a simulated cycle never
+    # reads (``explain=False``), and with the pools where a run may pass its head known
+    # to be none for a line that is not ``passable``.
+
+    def passing_pools(self, run: QueuedRun) -> list[PoolState]:
+        if (run.tenant, run.flavor) not in self.passable:
+            return []
+        return super().passing_pools(run)
+
+    def precheck(self, key: Key, run: QueuedRun) -> tuple[Quota | None, bool]:
+        quota = self.snapshot.quotas.get(key)
+        if quota is None or quota.guaranteed + quota.borrow_limit == 0:
+            self.block(key, run, Wait.NO_QUOTA, "")
+            return None, False
+        if quota.max_gpus_per_run is not None and run.gpus > quota.max_gpus_per_run:
+            self.block(key, run, Wait.TOO_LARGE, "")
+            return None, False
+        budget, over_budget = quota.budget_gpu_hours, False
+        if budget is not None and self.snapshot.budget_used.get(key, 0.0) >= budget:
+            if quota.budget_hard:
+                self.block(key, run, Wait.BUDGET_EXHAUSTED, "")
+                return None, False
+            over_budget = True
+        return quota, over_budget
+
+    def borrow(self, key: Key, run: QueuedRun) -> bool:
+        quota, over_budget = self.precheck(key, run)
+        if quota is None:
+            return False
+        in_use = self.state.usage[key]
+        if in_use + run.gpus > quota.guaranteed + quota.borrow_limit:
+            self.block(key, run, Wait.QUOTA if quota.borrow_limit == 0 else Wait.BORROW_LIMIT, "")
+            return False
+        fit = self.state.best_fit(run)
+        if fit is None:
+            self.block(key, run, Wait.NO_IDLE, "")
+            self.state.reserve(run, self.reservations)
+            return False
+        pool, where = fit
+        self.state.admit(run, pool, where)
+        self.admitted.append(
+            Admit(run.id, pool.cluster, borrowed=in_use + run.gpus > quota.guaranteed,
+                  over_budget=over_budget, nodes=where.nodes)
+        )  # fmt: skip
+        return True
+
+    def within_guarantees(self) -> None:
+        """Phase 1 as ``jobs.admission`` takes it, every run in priority then FIFO order
+        skipping the lines blocked or borrowing; here each line's runs are visited only
+        while the one before was admitted (a heap of the lines' next runs)."""
+        state, borrowers, queues = self.state, self.borrowers, self.queues
+        following = [(queue_order(line[0]), key, 0) for key, line in queues.items() if line]
+        while following:
+            heapq.heapify(following)
+            while following:
+                _, key, index = heapq.heappop(following)
+                run = queues[key][index]
+                quota, over_budget = self.precheck(key, run)
+                if quota is None:
+                    continue
+                if state.usage[key] + run.gpus > quota.guaranteed:
+                    borrowers[key] = index
+                    continue
+                self.admit_within_guarantee(key, run, over_budget)
+                if key not in self.blocked and index + 1 < len(queues[key]):
+                    heapq.heappush(following, (queue_order(queues[key][index + 1]), key, index + 1))
+            returned = {
+                key: index
+                for key, index in borrowers.items()
+                if state.usage[key] + queues[key][index].gpus
+                <= self.snapshot.quotas[key].guaranteed
+            }
+            for key, index in returned.items():
+                del borrowers[key]
+                following.append((queue_order(queues[key][index]), key, index))
+
+
+def decide(
+    snapshot: Snapshot, state: LazyState, lines: dict[Key, list[QueuedRun]], passable: set[Key]
+) -> Decisions:
+    """What ``jobs.admission.decide(explain=False)`` decides on ``snapshot`` with ``lines``
+    queued (the tenants' lines of the flavors of ``state``, in order): its admissions and
+    preemptions, in its order, on ``state`` (the clusters of those flavors with the held
+    runs in; it is changed), and why the first run of each line waits. No reservations,
+    no other waits."""
+    cycle = _LazyCycle(snapshot, state, lines, passable)
+    cycle.within_guarantees()
+    cycle.borrowers_take_turns()
+    cycle.pass_waiting_heads()
+    admitted = {admit.run_id for admit in cycle.admitted}
+    waiting = []
+    for line in lines.values():
+        head = line[0]
+        if head.id not in admitted:
+            reason = cycle.waits[head.id][0] if head.id in cycle.waits else Wait.BEHIND_HEAD
+            waiting.append(Waiting(head.id, reason, "", 0))
+    return Decisions(
+        admitted=tuple(cycle.admitted), preempted=tuple(cycle.preempted), waiting=tuple(waiting)
+    )
+
+
+class Lines:
+    """The queued runs of each tenant and flavor, in line (priority, then FIFO), by flavor.
+
+    A cycle admits a prefix of each line at most (a tenant's blocked run holds back its
+    later ones), and walks each line only as far as that (``estimates_state.decide``): a
+    long queue costs nothing beyond. Except in a flavor where a head may be passed (a line
+    of a tenant whose queueing policy is not ``strict``): there admission goes on behind
+    a blocked head, and the simulation before issue 38 gave ``decide`` only each line's
+    first few runs (``front``), more when a whole front was admitted (``deepen``), and
+    decided the cycle again; so does this one there (``decide_flavor``), for the same
+    decisions."""
+
+    FRONT = 2
+
+    def __init__(self, runs: Iterable[QueuedRun]):
+        # flavor -> (tenant, flavor) -> its line
+        self.lines: dict[str, dict[Key, list[QueuedRun]]] = defaultdict(dict)
+        for run in sorted(runs, key=queue_order):
+            self.lines[run.flavor].setdefault((run.tenant, run.flavor), []).append(run)
+        self.depth: dict[Key, int] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.lines)
+
+    def add(self, run: QueuedRun) -> None:
+        line = self.lines[run.flavor].setdefault((run.tenant, run.flavor), [])
+        insort(line, run, key=queue_order)
+
+    def remove(self, run: QueuedRun) -> None:
+        lines = self.lines[run.flavor]
+        line = lines[(run.tenant, run.flavor)]
+        line.remove(run)
+        if not line:
+            del lines[(run.tenant, run.flavor)]
+            if not lines:
+                del self.lines[run.flavor]
+
+    def is_head(self, run: QueuedRun) -> bool:
+        return self.lines[run.flavor][(run.tenant, run.flavor)][0] is run
+
+    def of(self, flavor: str) -> dict[Key, list[QueuedRun]]:
+        return self.lines.get(flavor, {})
+
+    def front(self, flavor: str) -> dict[Key, list[QueuedRun]]:
+        return {
+            key: line[: self.depth.get(key, self.FRONT)] for key, line in self.of(flavor).items()
+        }
+
+    def deepen(self, flavor: str, admitted: set[int]) -> bool:
+        """Give more runs to each line of ``flavor`` whose whole front was admitted;
+        whether any was."""
+        deeper = False
+        for key, line in self.of(flavor).items():
+            depth = self.depth.get(key, self.FRONT)
+            if len(line) > depth and all(run.id in admitted for run in line[:depth]):
+                self.depth[key] = depth * 4
+                deeper = True
+        return deeper
+
+
+def held_back(
+    snapshot: Snapshot, usage: Mapping[Key, int], key: Key, head: QueuedRun, passable: set[Key]
+) -> Wait | None:
+    """Why the first run of a line waits, when it is for a reason no cycle's decisions can
+    change and changes nothing else in the cycle (the line's later runs wait behind it):
+    no quota, a run larger than the quota allows (where no later run may pass it), a spent
+    hard budget, or a tenant at its guarantee plus borrow limit (``usage``: before the
+    cycle; only its own runs ending, or preempted, lower it). As ``_Cycle.precheck`` and
+    ``_Cycle.borrow`` find it; None where the line must be decided."""
+    quota = snapshot.quotas.get(key)
+    if quota is None or quota.guaranteed + quota.borrow_limit == 0:
+        return Wait.NO_QUOTA
+    if quota.max_gpus_per_run is not None and head.gpus > quota.max_gpus_per_run:
+        return None if key in passable else Wait.TOO_LARGE
+    budget = quota.budget_gpu_hours
+    if budget is not None and quota.budget_hard and snapshot.budget_used.get(key, 0.0) >= budget:
+        return Wait.BUDGET_EXHAUSTED
+    if usage[key] + head.gpus > quota.guaranteed + quota.borrow_limit:
+        return Wait.QUOTA if quota.borrow_limit == 0 else Wait.BORROW_LIMIT
+    return None
+
+
+def decide_flavor(
+    snapshot: Snapshot, clusters: "Clusters", lines: Lines, flavor: str, *, passable: set[Key]
+) -> Decisions:
+    """The decisions of one simulated cycle (at ``snapshot.now``) for ``flavor``: ``decide``
+    on the lines not held back (``held_back``), the others' waits added. Decided again
+    with every line if a preemption lowered the usage of a line held back (rare). Where a
+    line of the flavor may pass its head, on the lines' fronts, deepened as needed."""
+    wide = any(key[1] == flavor for key in passable)
+    while True:
+        given = lines.front(flavor) if wide else lines.of(flavor)
+        active: dict[Key, list[QueuedRun]] = {}
+        waits: list[Waiting] = []
+        for key, line in given.items():
+            why = held_back(snapshot, clusters.base.usage, key, line[0], passable)
+            if why is None:
+                active[key] = line
+            else:
+                waits.append(Waiting(line[0].id, why, "", 0))
+        decisions = decide(
+            snapshot, clusters.cycle_state((flavor,), snapshot.now), active, passable
+        )
+        lowered = {(clusters.held[victim.run_id].tenant, flavor) for victim in decisions.preempted}
+        if any(key in given and key not in active for key in lowered):
+            decisions = decide(
+                snapshot, clusters.cycle_state((flavor,), snapshot.now), given, passable
+            )
+            waits = []
+        admitted = {admit.run_id for admit in decisions.admitted}
+        if not wide or not lines.deepen(flavor, admitted):
+            break
+    return replace(decisions, waiting=(*decisions.waiting, *waits))
+
+
+class Clusters:
+    """The clusters of a snapshot with the runs that hold GPUs now, changed as runs start
+    (``add``) and end or are preempted (``remove``): what ``CycleState`` builds from the
+    held runs, kept up to date instead of built again for every cycle."""
+
+    def __init__(self, snapshot: Snapshot):
+        # Every pool, settled with no run in it; the held runs go in one by one.
+        self.base = CycleState(replace(snapshot, queued=(), held=()))
+        self.base.pools = {key: SimPool.of(pool) for key, pool in self.base.pools.items()}
+        self.snapshot = snapshot
+        self.held: dict[int, HeldRun] = {}
+        # flavor -> held runs on nodes not known: placed anew in every cycle, as
+        # ``CycleState`` assumes them, on the nodes with the most GPUs free then.
+        self.unplaced: dict[str, dict[int, HeldRun]] = defaultdict(dict)
+        # (cluster, flavor, node) -> run id -> when it was admitted: a node's ``entered``
+        # is the latest of them.
+        self.admitted_on: dict[tuple[str, str, str], dict[int, float]] = defaultdict(dict)
+        for run in snapshot.held:
+            self.add(run)
+
+    def add(self, run: HeldRun) -> None:
+        """``run`` holds its GPUs, counted as ``CycleState`` counts a held run."""
+        base = self.base
+        self.held[run.id] = run
+        base.usage[(run.tenant, run.flavor)] += run.gpus
+        base.latest_end[run.id] = run.latest_end
+        pool = base.pools.get((run.cluster, run.flavor))
+        if pool is None:
+            return
+        if run.borrowed:
+            insort(pool.borrowed, run, key=victim_order)
+        if not run.nodes:
+            self.unplaced[run.flavor][run.id] = run
+            return
+        share, extra = divmod(run.gpus, len(run.nodes))
+        on = {
+            name: share + (1 if index < extra else 0)
+            for index, name in enumerate(sorted(run.nodes))
+        }
+        base._hold(pool, run.id, on, run.admitted)
+        for name in on:
+            if name in pool.nodes:
+                self.admitted_on[(run.cluster, run.flavor, name)][run.id] = run.admitted
+
+    def remove(self, run_id: int) -> None:
+        """The run no longer holds GPUs (it ended, or was preempted)."""
+        base = self.base
+        run = self.held.pop(run_id)
+        base.usage[(run.tenant, run.flavor)] -= run.gpus
+        del base.latest_end[run_id]
+        pool = base.pools.get((run.cluster, run.flavor))
+        if pool is None:
+            return
+        if run.borrowed:
+            pool.borrowed.remove(run)
+        if not run.nodes:
+            del self.unplaced[run.flavor][run_id]
+            return
+        pool.holders.discard(run_id)
+        del base.pool_of[run_id]
+        for name, gpus in base.held_on.pop(run_id).items():
+            pool.give(name, gpus)
+            if name in pool.nodes:
+                entered = self.admitted_on[(run.cluster, run.flavor, name)]
+                del entered[run_id]
+                if entered:
+                    pool.entered[name] = max(entered.values())
+                else:
+                    del pool.entered[name]
+
+    def cycle_state(self, flavors: Iterable[str], now: float) -> LazyState:
+        """The state ``CycleState`` would build at ``now`` from a snapshot of ``flavors``:
+        their pools copied, to be changed by one cycle."""
+        base, wanted = self.base, set(flavors)
+        state = LazyState.__new__(LazyState)
+        state.pools = {
+            key: SimPool.of(pool) for key, pool in base.pools.items() if key[1] in wanted
+        }
+        state.pools_by_flavor = defaultdict(list)
+        state.flavor_versions = defaultdict(lambda: [0])
+        state.flavor_gives = defaultdict(lambda: [0])
+        for (_, flavor), pool in state.pools.items():
+            state.pools_by_flavor[flavor].append(pool)
+            pool.flavor_version = state.flavor_versions[flavor]
+            pool.flavor_gives = state.flavor_gives[flavor]
+        state.usage = defaultdict(int, base.usage)
+        state.held_on = dict(base.held_on)
+        state.pool_of = dict(base.pool_of)
+        state.latest_end = dict(base.latest_end)
+        unplaced = [run for flavor in wanted for run in self.unplaced.get(flavor, {}).values()]
+        for run in sorted(unplaced, key=lambda r: (r.admitted, r.id)):
+            # As ``CycleState`` places it: on the nodes with the most free GPUs.
+            held_pool = state.pools[(run.cluster, run.flavor)]
+            on, left = {}, run.gpus
+            for name in sorted(held_pool.nodes, key=lambda n: (-held_pool.free[n], n)):
+                if left <= 0:
+                    break
+                taken = min(left, max(0, held_pool.free[name]))
+                if taken:
+                    on[name] = taken
+                    left -= taken
+            state._hold(held_pool, run.id, on, run.admitted)
+        state.now = now
+        state.start_grace_s = self.snapshot.start_grace_s
+        state.starvation_after_s = self.snapshot.starvation_after_s
+        state.answers = {}
+        state.pending = defaultdict(list)
+        return state
