@@ -158,10 +158,6 @@ class _Simulation:
         """The admission cycle at ``at``, its decisions applied: the heads' waits noted,
         the preempted runs back in the queue, the admitted ones holding their nodes."""
         decisions = self._decide()
-        for wait in decisions.waiting:
-            blocked = self.queued[wait.run_id]
-            if self.lines.is_head(blocked):
-                self.waits[(blocked.tenant, blocked.flavor)] = wait.reason
         for preempt in decisions.preempted:
             self._requeue(self.held.pop(preempt.run_id))
         for admit in decisions.admitted:
@@ -177,15 +173,14 @@ class _Simulation:
         snapshot = replace(self.snapshot, now=self.at)
         admitted: list[admission_types.Admit] = []
         preempted: list[admission_types.Preempt] = []
-        waiting: list[admission_types.Waiting] = []
         for flavor in sorted(self.changed):
-            decisions = estimates_state.decide_flavor(
+            decisions, waits = estimates_state.decide_flavor(
                 snapshot, self.clusters, self.lines, flavor, passable=self.passable
             )
             admitted += decisions.admitted
             preempted += decisions.preempted
-            waiting += decisions.waiting
-        return admission_types.Decisions(tuple(admitted), tuple(preempted), tuple(waiting))
+            self.waits.update(waits)  # why the first run of each line decided waits
+        return admission_types.Decisions(tuple(admitted), tuple(preempted), ())
 
     def _requeue(self, victim: admission_types.HeldRun) -> None:
         end = self.end_at.pop(victim.id, None)
@@ -302,7 +297,8 @@ def _passable(snapshot: admission_types.Snapshot) -> set[Key]:
     for node in snapshot.nodes:
         clusters[node.flavor].add(node.cluster)
     strict = admission_types.Queueing.STRICT
-    lines = {(run.tenant, run.flavor) for run in (*snapshot.queued, *snapshot.held)}
+    lines = {(run.tenant, run.flavor) for run in snapshot.queued}
+    lines |= {(run.tenant, run.flavor) for run in snapshot.held}
     return {
         (tenant, flavor)
         for tenant, flavor in lines

@@ -26,10 +26,10 @@ the state given), with three differences that change no decision:
 """
 
 import heapq
-import math
 from bisect import insort
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from typing import cast
 
@@ -46,169 +46,33 @@ from jobs.admission_types import (
     Reservation,
     Snapshot,
     Wait,
-    Waiting,
     queue_order,
     victim_order,
 )
 from jobs.backfill import Plan
+from jobs.estimates_pool import SimPool
 
 Key = tuple[str, str]  # (tenant, flavor)
-
-
-class SimPool(PoolState):
-    """A pool of one simulated cycle: a copy of the kept one (``of``) that knows its nodes
-    with GPUs available (``opened``) and finds the nodes a starving run comes closest to
-    fitting on, and a one-node gang's placement, with less work."""
-
-    opened: dict[str, int]  # schedulable node -> GPUs available, where there are any
-    # (GPUs per node, level, excluded nodes) -> per domain, its nodes in ``closest``'s order
-    _rooms: dict[tuple[int, int | None, tuple[str, ...]], list[list[tuple[int, str, float]]]]
-
-    @classmethod
-    def of(cls, pool: PoolState) -> "SimPool":
-        """A copy of ``pool`` to change apart from it: nothing remembered, its own flavor
-        counters (the cycle's state joins it to its flavor's). The nodes and what could
-        ever hold a shape do not change: shared."""
-        other = cls.__new__(cls)
-        other.cluster, other.flavor, other.levels = pool.cluster, pool.flavor, pool.levels
-        other.nodes = pool.nodes
-        other.free = dict(pool.free)
-        other.reserved = defaultdict(int, pool.reserved)
-        other.fenced = set(pool.fenced)
-        other.borrowed = list(pool.borrowed)
-        other.holders = set(pool.holders)
-        other.entered = dict(pool.entered)
-        other.version = pool.version
-        other.flavor_version, other.flavor_gives = [0], [0]
-        other._memo = {}
-        other.tally = pool.tally.copy()
-        other._placeable = dict(pool._placeable)
-        other._settled = pool._settled
-        other._capable_by_shape = pool._capable_by_shape
-        if isinstance(pool, SimPool):
-            other.opened = dict(pool.opened)
-        else:
-            other.opened = {}
-            for name, node in pool.nodes.items():
-                room = node.schedulable and pool.available(name)
-                if room:
-                    other.opened[name] = room
-        other._rooms = {}
-        return other
-
-    def _change(self, name: str, *, free: int = 0, reserved: int = 0) -> None:
-        super()._change(name, free=free, reserved=reserved)
-        if self.nodes[name].schedulable:
-            room = self.available(name)
-            if room:
-                self.opened[name] = room
-            else:
-                self.opened.pop(name, None)
-        if name not in self.fenced:
-            self._rooms.clear()  # a fenced node is in no order any more: they stay right
-
-    def fence(self, name: str) -> None:
-        super().fence(name)
-        for domains in self._rooms.values():
-            for domain in domains:
-                for index, entry in enumerate(domain):
-                    if entry[1] == name:
-                        del domain[index]
-                        break
-
-    def could_beat(
-        self, count: int, gpus_per_node: int, since: float, rank: tuple[int, int, str]
-    ) -> bool:
-        """Whether ``closest`` could rank this pool before ``rank`` (of a pool of a cluster
-        named before this one's): only with GPUs available on enough of its nodes, and
-        before a rank of no entered node, on nodes not entered ``since``."""
-        rooms = self.opened.values()
-        if rank[0] == 0:
-            entered = self.entered
-            rooms = [
-                room for name, room in self.opened.items() if entered.get(name, -math.inf) < since
-            ]
-        most = sorted(rooms, reverse=True)[:count]
-        return (0, -sum(min(room, gpus_per_node) for room in most), self.cluster) < rank
-
-    def closest(
-        self, run: QueuedRun, since: float
-    ) -> tuple[tuple[str, ...], tuple[int, int]] | None:
-        """``PoolState.closest``, the same nodes and rank, from the capable nodes of each
-        domain in the order of what they have available (then the name), kept while the
-        pool changes only by fencing nodes: the first ``nodes`` of them not entered
-        ``since``, then the first entered ones."""
-        level = self.required_level(run)
-        if level == -1:
-            return None
-        count, need, excluded = run.nodes, run.gpus_per_node, run.excluded
-        domains = self._rooms.get((need, level, excluded))
-        if domains is None:
-            domains = self._rooms[(need, level, excluded)] = self._by_room(need, level, excluded)
-        best: tuple[tuple[str, ...], tuple[int, int]] | None = None
-        for domain in domains:
-            if len(domain) < count:
-                continue
-            fresh: list[tuple[int, str]] = []
-            entered: list[tuple[int, str]] = []
-            for minus, name, at in domain:
-                if at < since:
-                    fresh.append((minus, name))
-                    if len(fresh) == count:
-                        break
-                elif len(entered) < count:
-                    entered.append((minus, name))
-            chosen = fresh + entered[: count - len(fresh)]
-            rank = (count - len(fresh), sum(minus for minus, _ in chosen))
-            if best is None or rank < best[1]:
-                best = (tuple(sorted(name for _, name in chosen)), rank)
-        return best
-
-    def _by_room(
-        self, gpus_per_node: int, level: int | None, excluded: tuple[str, ...]
-    ) -> list[list[tuple[int, str, float]]]:
-        """Per domain at ``level`` (in order), its nodes that could ever hold
-        ``gpus_per_node`` and are neither fenced nor ``excluded``: (minus what is available
-        of what it needs, name, when a run last entered it), in that order."""
-        entered, fenced, opened = self.entered, self.fenced, self.opened
-        inf = -math.inf
-        return [
-            sorted(
-                (-min(opened.get(name, 0), gpus_per_node), name, entered.get(name, inf))
-                for name in names
-                if name not in fenced and name not in excluded
-            )
-            for names in self.capable(gpus_per_node, level)
-        ]
-
-    def place(
-        self, run: QueuedRun, extra: Mapping[str, int] | None = None
-    ) -> placement.Placement | None:
-        """``PoolState.place``; for a one-node gang on the GPUs available now, the node
-        ``jobs.placement`` picks (the fewest available GPUs that are enough, then the
-        name), found among the nodes with GPUs available."""
-        if extra or run.nodes != 1 or run.gpus_per_node < 1:
-            return super().place(run, extra)
-        need = run.gpus_per_node
-        level = self.required_level(run)
-        if level == -1:
-            return None
-        depth = level or 0
-        best: tuple[int, str] | None = None
-        for name, room in self.opened.items():
-            if room >= need and (best is None or (room, name) < best):
-                node = self.nodes[name]
-                if node.gpus >= need and len(node.path) >= depth and name not in run.excluded:
-                    best = (room, name)
-        if best is None:
-            return None
-        path = self.nodes[best[1]].path
-        return placement.Placement(nodes=(best[1],), domain=path, single_node=True)
 
 
 class LazyState(CycleState):
     """The state of one simulated cycle, whose starving heads' reservations wait until
     something they could change is asked (see the module's docstring)."""
+
+    def _best_fit(self, run: QueuedRun) -> tuple[PoolState, placement.Placement] | None:
+        """``CycleState._best_fit``; for a one-node gang, the pools' best nodes compared as
+        it compares them (all as tight: the fewest GPUs left, then the cluster)."""
+        if run.nodes != 1 or run.gpus_per_node < 1:
+            return super()._best_fit(run)
+        best, best_rank = None, None
+        for pool in self.pools_by_flavor[run.flavor]:
+            where = pool.place(run)
+            if where is None:
+                continue
+            rank = (pool.available(where.nodes[0]) - run.gpus_per_node, pool.cluster)
+            if best_rank is None or rank < best_rank:
+                best, best_rank = (pool, where), rank
+        return best
 
     pending: dict[str, list[QueuedRun]]  # flavor -> starving heads, in the cycle's order
 
@@ -232,10 +96,14 @@ class LazyState(CycleState):
         # The pools in the clusters' order (ties go to the first); one that could not rank
         # before the best found is not asked.
         for pool in self.pools_by_flavor[run.flavor]:
-            if best_rank is not None and not cast(SimPool, pool).could_beat(
-                run.nodes, run.gpus_per_node, since, best_rank
-            ):
-                continue
+            if best_rank is not None:
+                if not cast(SimPool, pool).opened:
+                    if best_rank[:2] <= (0, 0):
+                        continue  # it ranks (0, 0) at best, after the best's cluster
+                elif not cast(SimPool, pool).could_beat(
+                    run.nodes, run.gpus_per_node, since, best_rank
+                ):
+                    continue
             found = pool.closest(run, since)
             if found is None:
                 continue
@@ -299,10 +167,14 @@ class _LazyCycle(_Cycle):
         state: LazyState,
         lines: dict[Key, list[QueuedRun]],
         passable: set[Key],
+        borrowing: AbstractSet[Key],
     ):
         super().__init__(replace(snapshot, queued=()), explain=False, state=state)
         self.queues = defaultdict(list, lines)
         self.passable = passable
+        # Lines whose first run would borrow (beyond the guarantee, within the quota) as
+        # phase 1 comes to it: it only takes note of them (``decide``).
+        self.borrowing = borrowing
 
     def reservation(self, key: Key) -> Plan | str | None:
         self.state.settle(key[1])
@@ -359,7 +231,12 @@ class _LazyCycle(_Cycle):
         skipping the lines blocked or borrowing; here each line's runs are visited only
         while the one before was admitted (a heap of the lines' next runs)."""
         state, borrowers, queues = self.state, self.borrowers, self.queues
-        following = [(queue_order(line[0]), key, 0) for key, line in queues.items() if line]
+        borrowers.update(dict.fromkeys(self.borrowing, 0))
+        following = [
+            (queue_order(line[0]), key, 0)
+            for key, line in queues.items()
+            if line and key not in self.borrowing
+        ]
         while following:
             heapq.heapify(following)
             while following:
@@ -386,27 +263,33 @@ class _LazyCycle(_Cycle):
 
 
 def decide(
-    snapshot: Snapshot, state: LazyState, lines: dict[Key, list[QueuedRun]], passable: set[Key]
-) -> Decisions:
+    snapshot: Snapshot,
+    state: LazyState,
+    lines: dict[Key, list[QueuedRun]],
+    passable: set[Key],
+    borrowing: AbstractSet[Key] = frozenset(),
+) -> tuple[Decisions, dict[Key, Wait]]:
     """What ``jobs.admission.decide(explain=False)`` decides on ``snapshot`` with ``lines``
     queued (the tenants' lines of the flavors of ``state``, in order): its admissions and
     preemptions, in its order, on ``state`` (the clusters of those flavors with the held
-    runs in; it is changed), and why the first run of each line waits. No reservations,
-    no other waits."""
-    cycle = _LazyCycle(snapshot, state, lines, passable)
+    runs in; it is changed), and why the first run of each line waits, by line. No
+    reservations, no other waits. ``borrowing``: lines whose first run borrows, as phase 1
+    would find unless a preemption lowered their tenant's usage before (then decide again
+    without)."""
+    cycle = _LazyCycle(snapshot, state, lines, passable, borrowing)
     cycle.within_guarantees()
     cycle.borrowers_take_turns()
     cycle.pass_waiting_heads()
     admitted = {admit.run_id for admit in cycle.admitted}
-    waiting = []
-    for line in lines.values():
+    waits = {}
+    for key, line in lines.items():
         head = line[0]
         if head.id not in admitted:
-            reason = cycle.waits[head.id][0] if head.id in cycle.waits else Wait.BEHIND_HEAD
-            waiting.append(Waiting(head.id, reason, "", 0))
-    return Decisions(
-        admitted=tuple(cycle.admitted), preempted=tuple(cycle.preempted), waiting=tuple(waiting)
+            waits[key] = cycle.waits[head.id][0] if head.id in cycle.waits else Wait.BEHIND_HEAD
+    decisions = Decisions(
+        admitted=tuple(cycle.admitted), preempted=tuple(cycle.preempted), waiting=()
     )
+    return decisions, waits
 
 
 class Lines:
@@ -493,35 +376,42 @@ def held_back(
 
 def decide_flavor(
     snapshot: Snapshot, clusters: "Clusters", lines: Lines, flavor: str, *, passable: set[Key]
-) -> Decisions:
-    """The decisions of one simulated cycle (at ``snapshot.now``) for ``flavor``: ``decide``
-    on the lines not held back (``held_back``), the others' waits added. Decided again
-    with every line if a preemption lowered the usage of a line held back (rare). Where a
-    line of the flavor may pass its head, on the lines' fronts, deepened as needed."""
+) -> tuple[Decisions, dict[Key, Wait]]:
+    """The decisions of one simulated cycle (at ``snapshot.now``) for ``flavor``, and why the
+    first run of each of its lines that waits does: ``decide`` on the lines not held back
+    (``held_back``), with the lines whose first run borrows known before. Decided again
+    with every line as it is if a preemption lowered the usage of one of those (rare).
+    Where a line of the flavor may pass its head, on the lines' fronts, deepened as
+    needed."""
     wide = any(key[1] == flavor for key in passable)
+    usage, quotas = clusters.base.usage, snapshot.quotas
     while True:
         given = lines.front(flavor) if wide else lines.of(flavor)
         active: dict[Key, list[QueuedRun]] = {}
-        waits: list[Waiting] = []
+        borrowing: set[Key] = set()
+        waits: dict[Key, Wait] = {}
         for key, line in given.items():
-            why = held_back(snapshot, clusters.base.usage, key, line[0], passable)
-            if why is None:
-                active[key] = line
-            else:
-                waits.append(Waiting(line[0].id, why, "", 0))
-        decisions = decide(
-            snapshot, clusters.cycle_state((flavor,), snapshot.now), active, passable
-        )
+            head = line[0]
+            why = held_back(snapshot, usage, key, head, passable)
+            if why is not None:
+                waits[key] = why
+                continue
+            active[key] = line
+            quota = quotas[key]
+            fits = quota.max_gpus_per_run is None or head.gpus <= quota.max_gpus_per_run
+            if fits and usage[key] + head.gpus > quota.guaranteed:
+                borrowing.add(key)
+        state = clusters.cycle_state((flavor,), snapshot.now)
+        decisions, found = decide(snapshot, state, active, passable, borrowing)
         lowered = {(clusters.held[victim.run_id].tenant, flavor) for victim in decisions.preempted}
-        if any(key in given and key not in active for key in lowered):
-            decisions = decide(
-                snapshot, clusters.cycle_state((flavor,), snapshot.now), given, passable
-            )
-            waits = []
+        if any(key in borrowing or (key in given and key not in active) for key in lowered):
+            state = clusters.cycle_state((flavor,), snapshot.now)
+            decisions, found = decide(snapshot, state, given, passable)
+            waits = {}
         admitted = {admit.run_id for admit in decisions.admitted}
         if not wide or not lines.deepen(flavor, admitted):
             break
-    return replace(decisions, waiting=(*decisions.waiting, *waits))
+    return decisions, {**waits, **found}
 
 
 class Clusters:
