@@ -2,9 +2,13 @@
 clock, no I/O).
 
 From a snapshot of the queue and the clusters, ``simulate`` replays the admission cycle
-(``jobs.admission.decide``, placement and reservations included) at each instant a held
-run ends, admitting what fits then, until every queued run has started, the horizon is
-reached or nothing more is known to end. What it assumes:
+(``jobs.admission.decide``'s decisions, placement and reservations included) at each
+instant a held run ends, admitting what fits then, until every queued run has started, the
+horizon is reached or nothing more is known to end. Each simulated cycle decides only the
+flavors whose GPUs changed hands, on the clusters' state kept from the cycle before
+(``jobs.estimates_state``: the same decisions as ``decide`` at a fraction of the cost;
+bench/estimates_reference.py keeps the simulation that called ``decide`` itself, which
+tests/jobs/test_estimates_incremental.py holds this one to). What it assumes:
 
 - each held run frees its GPUs at ``ends[run]`` and each queued run holds its GPUs for
   ``runtimes[run]`` once started: the maximum runtimes give the start **at full time

@@ -12,7 +12,6 @@ with less work for what that simulation asks over and over (pure: no ORM, no clo
 """
 
 import math
-from bisect import bisect_left
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 
@@ -191,39 +190,25 @@ class SimPool(PoolState):
 
 class _Domain:
     """A domain's nodes in ``closest``'s order: the most of what the gang needs available
-    first (``minus`` it), then by name; with when a run last entered each (``entered``),
-    and their positions by that time (``by_entry``), to find the nodes not entered since a
-    time without looking at the others."""
+    first (``minus`` it), then by name; with when a run last entered each (``entered``)."""
 
-    __slots__ = ("by_entry", "entered", "entry_times", "minus", "names")
+    __slots__ = ("entered", "minus", "names")
 
     def __init__(self, nodes: list[tuple[int, str, float]]):
-        self.minus = [minus for minus, _, _ in nodes]
-        self.names = [name for _, name, _ in nodes]
-        self.entered = [at for _, _, at in nodes]
-        self._index()
-
-    def _index(self) -> None:
-        self.by_entry = sorted(range(len(self.entered)), key=self.entered.__getitem__)
-        self.entry_times = [self.entered[index] for index in self.by_entry]
+        self.minus: list[int] = [minus for minus, _, _ in nodes]
+        self.names: list[str] = [name for _, name, _ in nodes]
+        self.entered: list[float] = [at for _, _, at in nodes]
 
     def drop(self, name: str) -> None:
         if name in self.names:
             index = self.names.index(name)
             del self.minus[index], self.names[index], self.entered[index]
-            self._index()
 
     def first(self, count: int, since: float) -> tuple[list[int], int]:
         """The positions of the first ``count`` nodes by the order, those not entered
         ``since`` before the others, and how many of them were entered."""
-        fresh = bisect_left(self.entry_times, since)  # how many were not entered since
-        if fresh >= count:
-            return sorted(self.by_entry[:fresh])[:count], 0
-        chosen = sorted(self.by_entry[:fresh])
-        taken = set(chosen)
-        for index in range(len(self.names)):
-            if len(chosen) == count:
-                break
-            if index not in taken:
-                chosen.append(index)
-        return chosen, count - fresh
+        fresh = [index for index, at in enumerate(self.entered) if at < since]
+        if len(fresh) >= count:
+            return fresh[:count], 0
+        need = count - len(fresh)
+        return fresh + [index for index, at in enumerate(self.entered) if at >= since][:need], need

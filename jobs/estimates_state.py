@@ -1,28 +1,43 @@
 """The clusters as the start-estimate simulation (``jobs.estimates``) moves them forward, and
-its admission cycle: the decisions ``jobs.admission.decide`` would take, at a fraction of
-the cost (pure: no ORM, no clock, no I/O).
+its admission cycle: the decisions ``jobs.admission.decide`` would take there, at a
+fraction of the cost (pure: no ORM, no clock, no I/O).
 
-``decide`` builds the clusters' state from every held run, then reserves nodes for every
-starving head it meets. The simulation asks for a cycle up to a few hundred times per
-refresh, on clusters that change little from one simulated cycle to the next, with most
-heads starving. Here the cycle is ``jobs.admission``'s own (its phases and rules, run on
-the state given), with three differences that change no decision:
+``decide`` builds the clusters' state from every held run, walks every queued run it is
+given and reserves nodes for every starving head it meets. The simulation asks for a cycle
+up to a few hundred times per refresh, on clusters that change little from one simulated
+cycle to the next, with most heads starving and most lines held back by their tenant's
+quota. Here the cycle is ``jobs.admission``'s own (its phases and rules, run on the state
+given: ``_LazyCycle``), with differences that change no decision (tests/jobs/
+test_estimates_incremental.py checks the forecasts against the simulation before them,
+bench/estimates_reference.py, on random snapshots):
 
 - The state after the held runs is kept (``Clusters``): a run that starts or ends changes
-  it on its own nodes only. Each cycle works on a copy of the pools of the flavors it
-  decides (``Clusters.cycle_state``), as ``decide`` works on a snapshot of those flavors.
-- A starving head's reservation is made only once something asks about its flavor's
-  nodes that the reservation could change (``LazyState``): a placement or a reclaim that
-  exists without it, an admission, a preemption, a backfill plan. A reservation only
-  takes (it holds free GPUs back and fences nodes against reclaims), so a gang with no
-  placement, or no reclaim, while the pending reservations are left out has none with
-  them either: that answer stands. Any other question is answered after they are made,
-  in their order, on the state they would have been made on (nothing of the flavor
-  changed meanwhile). Reservations still pending when the cycle ends change nothing the
-  simulation reads: they are never made. On a full cluster, once the free GPUs are taken
-  or held, every later starving head costs a line.
-- Only what the simulation reads is returned: the admissions and preemptions, in
-  ``decide``'s order, and why each line's first run waits.
+  it on its own nodes only. Each cycle works on a copy of the pools of its flavor
+  (``Clusters.cycle_state``, ``jobs.estimates_pool.SimPool``), as ``decide`` works on a
+  snapshot of the flavors whose GPUs changed hands: flavors share nothing in admission,
+  so each is decided on its own (``decide_flavor``).
+- A line whose first run waits whatever the clusters do and changes nothing in the cycle
+  (no quota, a spent hard budget, too large with no later run allowed to pass it, the
+  tenant at its guarantee plus borrow limit) is not walked (``held_back``), and a line
+  whose first run borrows is known to before phase 1 comes to it. Only a preemption in
+  the cycle could lower such a tenant's usage: then the cycle is decided again with every
+  line as it is (rare).
+- A line is walked only as far as the cycle gets (a blocked run holds its tenant's later
+  ones back), not sorted from a queue again. Where a head may be passed (a line whose
+  tenant's policy is not ``strict``) admission goes on behind it: there each line is
+  given as before, its first runs (``Lines.front``), more when they were all admitted
+  (``Lines.deepen``), and the cycle decided again.
+- A starving head's reservation is made only once something asks about its flavor's nodes
+  that it could change (``LazyState``): a placement or a reclaim that exists without it,
+  an admission, a preemption, a backfill plan. A reservation only takes (it holds free GPUs
+  back and fences nodes against reclaims), so a gang with no placement, or no reclaim,
+  while the pending reservations are left out has none with them either: that answer
+  stands. Other questions are answered once they are made, in their order, on the state
+  they would have been made on (nothing of the flavor changed meanwhile); a placement
+  question, once enough of them are made for it to have no answer. Reservations still
+  pending when the cycle ends change nothing the simulation reads: never made.
+- Only what the simulation reads is returned: the admissions and preemptions, and why the
+  first run of each line waits.
 """
 
 import heapq
@@ -59,6 +74,8 @@ class LazyState(CycleState):
     """The state of one simulated cycle, whose starving heads' reservations wait until
     something they could change is asked (see the module's docstring)."""
 
+    pending: dict[str, list[QueuedRun]]  # flavor -> starving heads, in the cycle's order
+
     def _best_fit(self, run: QueuedRun) -> tuple[PoolState, placement.Placement] | None:
         """``CycleState._best_fit``; for a one-node gang, the pools' best nodes compared as
         it compares them (all as tight: the fewest GPUs left, then the cluster)."""
@@ -73,8 +90,6 @@ class LazyState(CycleState):
             if best_rank is None or rank < best_rank:
                 best, best_rank = (pool, where), rank
         return best
-
-    pending: dict[str, list[QueuedRun]]  # flavor -> starving heads, in the cycle's order
 
     def reserve(self, run: QueuedRun, reservations: list[Reservation]) -> None:
         if self.now < run.submitted + self.starvation_after_s:
@@ -121,11 +136,15 @@ class LazyState(CycleState):
                 pool.hold(name, gpus)
 
     def best_fit(self, run: QueuedRun) -> tuple[PoolState, placement.Placement] | None:
+        """``CycleState.best_fit`` once the reservations pending before ``run`` are made:
+        one by one, as long as it still has a placement (once it has none, the others
+        cannot give it one, and stay pending)."""
         found = super().best_fit(run)
-        if found is None or not self.pending.get(run.flavor):
-            return found
-        self.settle(run.flavor)
-        return super().best_fit(run)
+        waiting = self.pending.get(run.flavor)
+        while found is not None and waiting:
+            self._reserve_now(waiting.pop(0))
+            found = super().best_fit(run)
+        return found
 
     def victims(
         self, run: QueuedRun, pool: PoolState
@@ -296,13 +315,14 @@ class Lines:
     """The queued runs of each tenant and flavor, in line (priority, then FIFO), by flavor.
 
     A cycle admits a prefix of each line at most (a tenant's blocked run holds back its
-    later ones), and walks each line only as far as that (``estimates_state.decide``): a
-    long queue costs nothing beyond. Except in a flavor where a head may be passed (a line
-    of a tenant whose queueing policy is not ``strict``): there admission goes on behind
-    a blocked head, and the simulation before issue 38 gave ``decide`` only each line's
-    first few runs (``front``), more when a whole front was admitted (``deepen``), and
-    decided the cycle again; so does this one there (``decide_flavor``), for the same
-    decisions."""
+    later ones), and walks each line only as far as that (``decide``): a long queue costs
+    nothing beyond. Except in a flavor where a head may be passed (a line of a tenant whose
+    queueing policy is not ``strict``): there admission goes on behind a blocked head, and
+    the simulation before issue 38 gave ``decide`` only each line's first few runs
+    (``front``), more when a whole front was admitted (``deepen``), and decided the cycle
+    again. So does this one there (``decide_flavor``), for the same decisions: those are
+    not quite the cycle's on the whole queue, as the runs of a line beyond its front do not
+    start ahead of its head in that cycle (left as it was)."""
 
     FRONT = 2
 
@@ -328,9 +348,6 @@ class Lines:
             del lines[(run.tenant, run.flavor)]
             if not lines:
                 del self.lines[run.flavor]
-
-    def is_head(self, run: QueuedRun) -> bool:
-        return self.lines[run.flavor][(run.tenant, run.flavor)][0] is run
 
     def of(self, flavor: str) -> dict[Key, list[QueuedRun]]:
         return self.lines.get(flavor, {})
