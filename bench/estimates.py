@@ -637,4 +637,6 @@ def cost() -> Section:
 
 
 def run() -> list[Section]:
-    return [*accuracy(), cost()]
+    from bench import estimates_refresh  # it reads this module's inputs
+
+    return [*accuracy(), cost(), estimates_refresh.section()]

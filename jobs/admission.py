@@ -48,7 +48,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
+from functools import cached_property, partial
 
 from jobs import backfill, placement
 from jobs.admission_pool import PoolState
@@ -97,10 +97,14 @@ class _Cycle:
     """One call of ``decide``: the queue in order, the clusters as the cycle changes them,
     and the decisions so far."""
 
-    def __init__(self, snapshot: Snapshot, *, explain: bool = True):
+    def __init__(
+        self, snapshot: Snapshot, *, explain: bool = True, state: CycleState | None = None
+    ):
         self.snapshot = snapshot
         self.explain = explain
-        self.state = CycleState(snapshot)
+        # ``state``: the clusters' state of ``snapshot`` built already (the forward
+        # simulation keeps it from one simulated cycle to the next, ``jobs.estimates_state``).
+        self.state = CycleState(snapshot) if state is None else state
         self.order = sorted(snapshot.queued, key=queue_order)
         self.queues: dict[Key, list[QueuedRun]] = defaultdict(list)
         for run in self.order:
@@ -119,12 +123,22 @@ class _Cycle:
         self.shadows: list[Shadow] = []
         self.passing: dict[Key, list[PoolState]] = {}
         self.borrowers: dict[Key, int] = {}  # (tenant, flavor) -> index of its first borrower
-        self.capacity: dict[str, int] = defaultdict(int)
-        for node in snapshot.nodes:
-            self.capacity[node.flavor] += node.gpus
-        self.guaranteed: dict[str, int] = defaultdict(int)
-        for (_, flavor), tenant_quota in snapshot.quotas.items():
-            self.guaranteed[flavor] += tenant_quota.guaranteed
+
+    @cached_property
+    def capacity(self) -> dict[str, int]:
+        """flavor -> GPUs of the clusters (read only to explain a wait)."""
+        capacity: dict[str, int] = defaultdict(int)
+        for node in self.snapshot.nodes:
+            capacity[node.flavor] += node.gpus
+        return capacity
+
+    @cached_property
+    def guaranteed(self) -> dict[str, int]:
+        """flavor -> the tenants' guarantees, added up (read only to explain a wait)."""
+        guaranteed: dict[str, int] = defaultdict(int)
+        for (_, flavor), tenant_quota in self.snapshot.quotas.items():
+            guaranteed[flavor] += tenant_quota.guaranteed
+        return guaranteed
 
     def block(
         self, key: Key, run: QueuedRun, reason: Wait, message: str | Callable[[], str]

@@ -2,9 +2,13 @@
 clock, no I/O).
 
 From a snapshot of the queue and the clusters, ``simulate`` replays the admission cycle
-(``jobs.admission.decide``, placement and reservations included) at each instant a held
-run ends, admitting what fits then, until every queued run has started, the horizon is
-reached or nothing more is known to end. What it assumes:
+(``jobs.admission.decide``'s decisions, placement and reservations included) at each
+instant a held run ends, admitting what fits then, until every queued run has started, the
+horizon is reached or nothing more is known to end. Each simulated cycle decides only the
+flavors whose GPUs changed hands, on the clusters' state kept from the cycle before
+(``jobs.estimates_state``: the same decisions as ``decide`` at a fraction of the cost;
+bench/estimates_reference.py keeps the simulation that called ``decide`` itself, which
+tests/jobs/test_estimates_incremental.py holds this one to). What it assumes:
 
 - each held run frees its GPUs at ``ends[run]`` and each queued run holds its GPUs for
   ``runtimes[run]`` once started: the maximum runtimes give the start **at full time
@@ -27,14 +31,14 @@ start without simulating again (``first_fit``).
 """
 
 import math
-from bisect import insort
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from jobs import admission, admission_types, placement
+from jobs import admission, admission_types, estimates_state, placement
 
 DAY_S = 86_400.0
+Key = tuple[str, str]  # (tenant, flavor)
 _NOTHING = admission_types.Decisions(admitted=(), preempted=(), waiting=())
 
 
@@ -127,6 +131,7 @@ class _Simulation:
         # new attempt does; known for the queued runs of the snapshot (None: no bound).
         self.max_runtimes = {run.id: run.max_runtime_s for run in snapshot.queued}
         self.held = {run.id: run for run in snapshot.held}
+        self.clusters = estimates_state.Clusters(snapshot)
         self.end_at = {run.id: ends.get(run.id) for run in snapshot.held}
         self.on_nodes = {
             run_id: dict(nodes) for run_id, nodes in admission.held_placements(snapshot).items()
@@ -143,22 +148,20 @@ class _Simulation:
         self.waits: dict[
             tuple[str, str], admission_types.Wait
         ] = {}  # (tenant, flavor) -> head's wait
-        self.lines = _Lines(self.queued.values())
+        self.lines = estimates_state.Lines(self.queued.values())
         self.resumed: dict[int, float | None] = {}  # preempted run -> the time it had left
         # Flavors whose GPUs changed hands since the last simulated cycle. Flavors share
         # nothing in admission, and a cycle over a flavor where nothing changed decides
         # nothing new (what could start started the cycle before; a run that began starving
         # since only holds nodes back), so only these are decided again.
         self.changed = {run.flavor for run in snapshot.queued}
+        # Lines whose blocked head may be passed (``estimates_state.Lines``).
+        self.passable = _passable(snapshot)
 
     def cycle(self) -> admission_types.Decisions:
         """The admission cycle at ``at``, its decisions applied: the heads' waits noted,
         the preempted runs back in the queue, the admitted ones holding their nodes."""
         decisions = self._decide()
-        for wait in decisions.waiting:
-            blocked = self.queued[wait.run_id]
-            if self.lines.is_head(blocked):
-                self.waits[(blocked.tenant, blocked.flavor)] = wait.reason
         for preempt in decisions.preempted:
             self._requeue(self.held.pop(preempt.run_id))
         for admit in decisions.admitted:
@@ -166,28 +169,26 @@ class _Simulation:
         return decisions
 
     def _decide(self) -> admission_types.Decisions:
+        """The cycle's decisions, flavor by flavor (flavors share nothing in admission)."""
         # Once the queue is empty the steps go on, without decisions, as the held runs end:
         # the preview places a newcomer on them (``first_fit``).
-        decisions = _NOTHING
-        while self.lines and self.changed:
-            decisions = admission.decide(
-                replace(
-                    self.snapshot,
-                    queued=self.lines.front(self.changed),
-                    held=tuple(run for run in self.held.values() if run.flavor in self.changed),
-                    nodes=tuple(
-                        node for node in self.snapshot.nodes if node.flavor in self.changed
-                    ),
-                    now=self.at,
-                ),
-                explain=False,
+        if not self.lines:
+            return _NOTHING
+        snapshot = replace(self.snapshot, now=self.at)
+        admitted: list[admission_types.Admit] = []
+        preempted: list[admission_types.Preempt] = []
+        for flavor in sorted(self.changed):
+            decisions, waits = estimates_state.decide_flavor(
+                snapshot, self.clusters, self.lines, flavor, passable=self.passable
             )
-            if not self.lines.deepen({admit.run_id for admit in decisions.admitted}):
-                break
-        return decisions
+            admitted += decisions.admitted
+            preempted += decisions.preempted
+            self.waits.update(waits)  # why the first run of each line decided waits
+        return admission_types.Decisions(tuple(admitted), tuple(preempted), ())
 
     def _requeue(self, victim: admission_types.HeldRun) -> None:
         end = self.end_at.pop(victim.id, None)
+        self.clusters.remove(victim.id)
         # Back in the queue with the work it had left (``runtimes`` knows queued runs only);
         # it holds its GPUs for that long once it starts again.
         self.resumed[victim.id] = None if end is None else max(0.0, end - self.at)
@@ -214,7 +215,7 @@ class _Simulation:
         # Bounded by its max runtime, whatever ``runtimes`` says it takes: the bound the real
         # cycle's backfill reads of a held run (``HeldRun.latest_end``).
         bound = entering.max_runtime_s
-        self.held[entering.id] = admission_types.HeldRun(
+        self.held[entering.id] = held = admission_types.HeldRun(
             id=entering.id,
             tenant=entering.tenant,
             flavor=entering.flavor,
@@ -226,6 +227,7 @@ class _Simulation:
             nodes=admit.nodes,
             latest_end=None if bound is None else self.at + bound,
         )
+        self.clusters.add(held)
         self.on_nodes[entering.id] = dict.fromkeys(admit.nodes, entering.gpus_per_node)
         runtime = (
             self.resumed.pop(entering.id)
@@ -259,6 +261,7 @@ class _Simulation:
         for run_id in ending:
             self.changed.add(self.held[run_id].flavor)
             del self.end_at[run_id]
+            self.clusters.remove(run_id)
             _leave(self.held.pop(run_id), self.on_nodes.pop(run_id, {}), self.free, self.usage,
                    self.left_by, record=True)  # fmt: skip
         self.at = following
@@ -288,6 +291,27 @@ class _Simulation:
                 )
             starts[run_id] = Start(run_id, None, why=why)
         return starts
+
+
+def _passable(snapshot: admission_types.Snapshot) -> set[Key]:
+    """The lines (tenant, flavor) whose blocked head a later run may pass: their tenant's
+    queueing policy is not ``strict`` on a cluster with nodes of the flavor. Of the tenants
+    with runs of the flavor, queued or held (and so queued again if preempted)."""
+    clusters: dict[str, set[str]] = defaultdict(set)
+    for node in snapshot.nodes:
+        clusters[node.flavor].add(node.cluster)
+    strict = admission_types.Queueing.STRICT
+    lines = {(run.tenant, run.flavor) for run in snapshot.queued}
+    lines |= {(run.tenant, run.flavor) for run in snapshot.held}
+    return {
+        (tenant, flavor)
+        for tenant, flavor in lines
+        if any(
+            (snapshot.tenant_queueing.get(tenant) or snapshot.queueing.get(cluster, strict))
+            is not strict
+            for cluster in clusters[flavor]
+        )
+    }
 
 
 def _free_at_start(
@@ -332,56 +356,6 @@ STUCK: dict[admission_types.Wait, str] = {
         "resets or is raised"
     ),
 }
-
-
-class _Lines:
-    """The queued runs of each tenant and flavor, in line (priority, then FIFO). A cycle
-    admits a prefix of each line at most (a tenant's blocked run holds back its later ones),
-    so ``decide`` is given only each line's first few runs (``front``): the same decisions
-    as on the whole queue unless a whole front was admitted, in which case that line is
-    given more (``deepen``) and the cycle decided again. With a long queue it is what keeps
-    each simulated cycle cheap."""
-
-    FRONT = 2
-
-    def __init__(self, runs: Iterable[admission_types.QueuedRun]):
-        self.lines: dict[tuple[str, str], list[admission_types.QueuedRun]] = defaultdict(list)
-        for run in sorted(runs, key=admission_types.queue_order):
-            self.lines[(run.tenant, run.flavor)].append(run)
-        self.depth: dict[tuple[str, str], int] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self.lines)
-
-    def add(self, run: admission_types.QueuedRun) -> None:
-        insort(self.lines[(run.tenant, run.flavor)], run, key=admission_types.queue_order)
-
-    def remove(self, run: admission_types.QueuedRun) -> None:
-        line = self.lines[(run.tenant, run.flavor)]
-        line.remove(run)
-        if not line:
-            del self.lines[(run.tenant, run.flavor)]
-
-    def is_head(self, run: admission_types.QueuedRun) -> bool:
-        return self.lines[(run.tenant, run.flavor)][0] is run
-
-    def front(self, flavors: set[str]) -> tuple[admission_types.QueuedRun, ...]:
-        return tuple(
-            run
-            for key, line in self.lines.items()
-            if key[1] in flavors
-            for run in line[: self.depth.get(key, self.FRONT)]
-        )
-
-    def deepen(self, admitted: set[int]) -> bool:
-        """Give more runs to each line whose whole front was admitted; whether any was."""
-        deeper = False
-        for key, line in self.lines.items():
-            depth = self.depth.get(key, self.FRONT)
-            if len(line) > depth and all(run.id in admitted for run in line[:depth]):
-                self.depth[key] = depth * 4
-                deeper = True
-        return deeper
 
 
 # Grid spacings, seconds: what the spacing at a distance is rounded down to, so steps fall
@@ -542,3 +516,7 @@ def expected_end(
     if end <= now:
         end = now + (latest_end - now) / 10
     return min(latest_end, end)
+
+
+# The lines of the queue, by flavor: ``estimates_state.Lines`` (its ``FRONT`` is read there).
+_Lines = estimates_state.Lines

@@ -1,7 +1,8 @@
 """Start estimates: simulate the queue forward and write what each waiting run should
 expect (jobs.estimates). Run by jobs.tasks.estimate_starts every GANTRY_ESTIMATE_INTERVAL_S,
-never per request. A refresh costs about one admission decision per simulated cycle (up to
-GANTRY_ESTIMATE_MAX_STEPS): seconds with 10,000 queued runs, so refreshes are spaced by
+never per request. A refresh simulates up to GANTRY_ESTIMATE_MAX_STEPS cycles twice, each
+cycle on what changed since the one before (jobs.estimates_state): a few seconds with
+10,000 queued runs (docs/benchmarks.md), so refreshes are spaced by
 GANTRY_ESTIMATE_COST_FACTOR times what the last one took."""
 
 import time

@@ -836,13 +836,14 @@ def test_runs_started_in_the_simulation_end_by_their_max_runtime_as_held_runs(mo
     # starts theirs (start + max runtime, whatever they are expected to take) and keeps
     # those of the snapshot's held runs.
     seen: list[tuple[float, dict[int, float | None]]] = []
-    real_decide = estimates.admission.decide
+    real_decide = estimates.estimates_state.decide
 
-    def decide(snapshot, **kwargs):
-        seen.append((snapshot.now, {run.id: run.latest_end for run in snapshot.held}))
-        return real_decide(snapshot, **kwargs)
+    def decide(snapshot, state, *args, **kwargs):
+        # What the cycle's backfill reads of the runs holding GPUs (``CycleState``).
+        seen.append((snapshot.now, dict(state.latest_end)))
+        return real_decide(snapshot, state, *args, **kwargs)
 
-    monkeypatch.setattr(estimates.admission, "decide", decide)
+    monkeypatch.setattr(estimates.estimates_state, "decide", decide)
     snapshot = two_nodes()
     small = replace(snapshot.queued[1], max_runtime_s=900.0)
     held = (snapshot.held[0], replace(snapshot.held[1], latest_end=2500.0))

@@ -1,0 +1,131 @@
+"""Start estimates: one refresh, the incremental simulation against today's (issue 38,
+points 4 and 5).
+
+A refresh is what ``jobs.services.estimates.estimates_refresh`` simulates: both forecasts,
+*latest* (every run holding its GPUs for its maximum runtime) and *expected* (the
+durations predicted), with the product's horizon (7 days) and cycles (at most 200). On the
+snapshot of the admission benchmark (bench/workload.py: 1,000 nodes, 1,069 held runs, 100
+tenants, 4 flavors, every cluster ``strict``, as the issue measured it) at 1,000, 10,000 and
+100,000 queued runs; and at 10,000 with every cluster's queueing policy ``backfill``, the
+policy a cluster has unless set otherwise. The inputs are those of the cost benchmark
+(``bench.estimates.cost_inputs``: maximum runtimes of 1-72 h, expected durations of 5-100 %
+of them).
+
+*Incremental*: ``jobs.estimates.simulate``, the median of ``REPEAT`` refreshes (one at
+100,000). *Today's*: the simulation it replaced, ``bench.estimates_reference``
+(``simulate_reference``), timed once: it takes minutes at 100,000. Both in the same run,
+on the same inputs; their forecasts (every start, step and readiness) are asserted equal.
+
+``GANTRY_BENCH_QUICK=1``: 1,000 queued runs only, under both policies, once each.
+"""
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from django.conf import settings
+
+from bench.estimates_reference import simulate_reference
+from bench.report import Section, ms, quick, ratio
+from bench.workload import make_snapshot
+from jobs import estimates
+from jobs.admission_types import Queueing, Snapshot
+
+HORIZON_S = 7 * 24 * 3600.0  # GANTRY_ESTIMATE_HORIZON_H's default
+MAX_STEPS = 200  # GANTRY_ESTIMATE_MAX_STEPS's default
+# (queued runs, queueing policy of every cluster, refreshes timed for the median)
+SIZES = (
+    (1_000, Queueing.STRICT, 3),
+    (10_000, Queueing.STRICT, 3),
+    (100_000, Queueing.STRICT, 1),
+    (10_000, Queueing.BACKFILL, 3),
+)
+QUICK_SIZES = ((1_000, Queueing.STRICT, 1), (1_000, Queueing.BACKFILL, 1))
+TARGET_S = {10_000: 2.0, 100_000: 20.0}  # issue 38, point 4, on the issue's snapshot
+
+Simulate = Callable[..., estimates.Forecast]
+
+
+def refresh(
+    simulate: Simulate, snapshot: Snapshot, inputs: object
+) -> tuple[float, tuple[estimates.Forecast, estimates.Forecast]]:
+    """Wall seconds of one refresh (both simulations) and its two forecasts."""
+    from bench.estimates import CostInputs
+
+    assert isinstance(inputs, CostInputs)
+    started = time.perf_counter()
+    latest = simulate(
+        snapshot, ends=inputs.latest_ends, runtimes=inputs.max_runtimes,
+        horizon_s=HORIZON_S, max_steps=MAX_STEPS,
+    )  # fmt: skip
+    expected = simulate(
+        snapshot, ends=inputs.expected_ends, runtimes=inputs.expected_runtimes,
+        horizon_s=HORIZON_S, max_steps=MAX_STEPS,
+    )  # fmt: skip
+    return time.perf_counter() - started, (latest, expected)
+
+
+def section() -> Section:
+    from bench.estimates import cost_inputs
+
+    result = Section(
+        title="Start estimates: one refresh, incremental vs today's simulation (issue 38)",
+        intro=(
+            "Both forecasts of a refresh (latest and expected, 7 days ahead, at most 200 "
+            "simulated cycles) on the admission benchmark's snapshot (1,000 nodes, 1,069 held "
+            "runs; every cluster `strict`, as issue 38 measured it; and with every cluster "
+            "`backfill`, the default policy). *Incremental*: `jobs.estimates.simulate`, median "
+            "of 3 refreshes (one at 100,000 queued). *Today's*: the simulation it replaced "
+            "(`bench/estimates_reference.py`), one refresh. The same inputs in the same run; "
+            "their forecasts (every start, step and readiness) asserted equal. Definitions: "
+            "the docstring of `bench/estimates_refresh.py`."
+        ),
+        columns=[
+            "queued runs", "policy", "simulated cycles (latest / expected)", "runs with a start",
+            "incremental", "today's", "speed-up", "forecasts equal", "target",
+        ],
+    )  # fmt: skip
+    every = {}
+    for queued, policy, repeat in QUICK_SIZES if quick() else SIZES:
+        snapshot = make_snapshot(queued=queued)
+        if policy is not Queueing.STRICT:
+            snapshot = replace(snapshot, queueing=dict.fromkeys(snapshot.levels, policy))
+        inputs = cost_inputs(snapshot)
+        runs = [refresh(estimates.simulate, snapshot, inputs) for _ in range(repeat)]
+        fast = statistics.median(seconds for seconds, _ in runs)
+        slow, reference = refresh(simulate_reference, snapshot, inputs)
+        forecasts = runs[-1][1]
+        assert forecasts == reference, f"the forecasts differ at {queued:,} queued ({policy})"
+        target = TARGET_S.get(queued) if policy is Queueing.STRICT else None
+        if policy is Queueing.STRICT:
+            every[queued] = fast
+        latest, expected = forecasts
+        result.rows.append(
+            [
+                f"{queued:,}",
+                str(policy),
+                f"{len(latest.steps)} / {len(expected.steps)}",
+                f"{sum(start.at is not None for start in latest.starts.values()):,} / "
+                f"{sum(start.at is not None for start in expected.starts.values()):,}",
+                ms(fast),
+                ms(slow),
+                ratio(slow, fast),
+                "yes",
+                "—"
+                if target is None
+                else f"≤ {target:.0f} s: {'met' if fast <= target else 'missed'}",
+            ]
+        )
+    factor, tick = settings.GANTRY_ESTIMATE_COST_FACTOR, settings.GANTRY_ESTIMATE_INTERVAL_S
+    for queued, seconds in every.items():
+        # The next refresh: at the first tick of the beat once ``factor`` times the last one's
+        # duration has passed since it began (jobs.services.estimates).
+        spaced = max(tick, math.ceil(factor * seconds / tick) * tick)
+        result.notes.append(
+            f"At {queued:,} queued runs a refresh takes {ms(seconds)}; refreshed no sooner than "
+            f"{factor}× that, at the beat's next tick (every {tick} s): every {spaced:,} s, so "
+            f"estimates are at most about {spaced + seconds:,.0f} s old."
+        )
+    return result

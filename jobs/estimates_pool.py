@@ -1,0 +1,214 @@
+"""One cluster's nodes of one flavor in a cycle of the start-estimate simulation
+(``jobs.estimates_state``): ``jobs.admission_pool.PoolState`` with the same answers, found
+with less work for what that simulation asks over and over (pure: no ORM, no clock, no I/O).
+
+- ``opened``: the nodes with GPUs available, kept up to date as the pool changes, so that
+  a one-node gang's placement looks at those only, and so that a pool that could not hold
+  a starving run's reservation better than another is not asked (``could_beat``).
+- ``closest``: the nodes a starving run comes closest to fitting on, from each domain's
+  nodes kept in their order (``_Domain``) while the pool changes only by fencing nodes,
+  as reservations change it; the nodes not entered since the run began starving are found
+  by when they were entered, without a look at the others.
+"""
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+
+from jobs import placement
+from jobs.admission_pool import PoolState
+from jobs.admission_types import QueuedRun
+
+
+class SimPool(PoolState):
+    """A pool of one simulated cycle: a copy of the kept one (``of``) that knows its nodes
+    with GPUs available (``opened``) and finds the nodes a starving run comes closest to
+    fitting on, and a one-node gang's placement, with less work."""
+
+    opened: dict[str, int]  # schedulable node -> GPUs available, where there are any
+    # (GPUs per node, level, excluded nodes) -> per domain, its nodes in ``closest``'s order
+    _rooms: dict[tuple[int, int | None, tuple[str, ...]], list["_Domain"]]
+
+    @classmethod
+    def of(cls, pool: PoolState) -> "SimPool":
+        """A copy of ``pool`` to change apart from it: nothing remembered, its own flavor
+        counters (the cycle's state joins it to its flavor's). The nodes and what could
+        ever hold a shape do not change: shared."""
+        other = cls.__new__(cls)
+        other.cluster, other.flavor, other.levels = pool.cluster, pool.flavor, pool.levels
+        other.nodes = pool.nodes
+        other.free = dict(pool.free)
+        other.reserved = defaultdict(int, pool.reserved)
+        other.fenced = set(pool.fenced)
+        other.borrowed = list(pool.borrowed)
+        other.holders = set(pool.holders)
+        other.entered = dict(pool.entered)
+        other.version = pool.version
+        other.flavor_version, other.flavor_gives = [0], [0]
+        other._memo = {}
+        other.tally = Counter(pool.tally)
+        other._placeable = dict(pool._placeable)
+        other._settled = pool._settled
+        other._capable_by_shape = pool._capable_by_shape
+        if isinstance(pool, SimPool):
+            other.opened = dict(pool.opened)
+        else:
+            other.opened = {}
+            for name, node in pool.nodes.items():
+                room = node.schedulable and pool.available(name)
+                if room:
+                    other.opened[name] = room
+        other._rooms = {}
+        return other
+
+    def _change(self, name: str, *, free: int = 0, reserved: int = 0) -> None:
+        """``PoolState._change`` of a settled pool (every ``SimPool`` is), and ``opened``
+        kept up to date."""
+        self.version += 1
+        self.flavor_version[0] += 1
+        if free > 0 or reserved < 0:
+            self.flavor_gives[0] += 1
+        tally, opened = self.tally, self.opened
+        node = self.nodes[name]
+        if node.schedulable:
+            before = opened.get(name, 0)
+            tally[before] -= 1
+        self.free[name] += free
+        self.reserved[name] += reserved
+        left = self.free[name]
+        held = self.reserved[name]
+        room = left - held if left > held else 0
+        if node.schedulable:
+            tally[room] = tally.get(room, 0) + 1
+            if room:
+                opened[name] = room
+            elif before:
+                del opened[name]
+        self._placeable[name] = placement.Node(
+            name, node.gpus, room, node.schedulable, node.path, node.reason,
+            outside=node.outside, held=min(held, left if left > 0 else 0),
+        )  # fmt: skip
+        if name not in self.fenced:
+            self._rooms.clear()  # a fenced node is in no order any more: they stay right
+
+    def fence(self, name: str) -> None:
+        super().fence(name)
+        for domains in self._rooms.values():
+            for domain in domains:
+                domain.drop(name)
+
+    def could_beat(
+        self, count: int, gpus_per_node: int, since: float, rank: tuple[int, int, str]
+    ) -> bool:
+        """Whether ``closest`` could rank this pool before ``rank`` (of a pool of a cluster
+        named before this one's): only with GPUs available on enough nodes it could take
+        (not fenced, able to hold the gang's share), and, before a rank of no entered node,
+        on nodes not entered ``since``."""
+        fenced, entered, nodes = self.fenced, self.entered, self.nodes
+        fresh_only = rank[0] == 0
+        rooms = sorted(
+            (
+                room
+                for name, room in self.opened.items()
+                if name not in fenced
+                and nodes[name].gpus - nodes[name].outside >= gpus_per_node
+                and not (fresh_only and entered.get(name, -math.inf) >= since)
+            ),
+            reverse=True,
+        )[:count]
+        return (0, -sum(min(room, gpus_per_node) for room in rooms), self.cluster) < rank
+
+    def closest(
+        self, run: QueuedRun, since: float
+    ) -> tuple[tuple[str, ...], tuple[int, int]] | None:
+        """``PoolState.closest``, the same nodes and rank, from the capable nodes of each
+        domain in the order of what they have available (then the name), kept while the
+        pool changes only by fencing nodes: the first ``nodes`` of them not entered
+        ``since``, then the first entered ones."""
+        level = self.required_level(run)
+        if level == -1:
+            return None
+        count, need, excluded = run.nodes, run.gpus_per_node, run.excluded
+        domains = self._rooms.get((need, level, excluded))
+        if domains is None:
+            domains = self._rooms[(need, level, excluded)] = self._by_room(need, level, excluded)
+        best: tuple[tuple[int, int], _Domain, list[int]] | None = None
+        for domain in domains:
+            if len(domain.names) < count:
+                continue
+            chosen, entered = domain.first(count, since)
+            rank = (entered, sum(domain.minus[index] for index in chosen))
+            if best is None or rank < best[0]:
+                best = (rank, domain, chosen)
+        if best is None:
+            return None
+        rank, domain, chosen = best
+        return tuple(sorted(domain.names[index] for index in chosen)), rank
+
+    def _by_room(
+        self, gpus_per_node: int, level: int | None, excluded: tuple[str, ...]
+    ) -> list["_Domain"]:
+        """Per domain at ``level`` (in order), its nodes that could ever hold
+        ``gpus_per_node`` and are neither fenced nor ``excluded``, in ``closest``'s order."""
+        entered, fenced, opened = self.entered, self.fenced, self.opened
+        inf = -math.inf
+        return [
+            _Domain(
+                sorted(
+                    (-min(opened.get(name, 0), gpus_per_node), name, entered.get(name, inf))
+                    for name in names
+                    if name not in fenced and name not in excluded
+                )
+            )
+            for names in self.capable(gpus_per_node, level)
+        ]
+
+    def place(
+        self, run: QueuedRun, extra: Mapping[str, int] | None = None
+    ) -> placement.Placement | None:
+        """``PoolState.place``; for a one-node gang on the GPUs available now, the node
+        ``jobs.placement`` picks (the fewest available GPUs that are enough, then the
+        name), found among the nodes with GPUs available."""
+        if extra or run.nodes != 1 or run.gpus_per_node < 1:
+            return super().place(run, extra)
+        need = run.gpus_per_node
+        level = self.required_level(run)
+        if level == -1:
+            return None
+        depth = level or 0
+        best: tuple[int, str] | None = None
+        for name, room in self.opened.items():
+            if room >= need and (best is None or (room, name) < best):
+                node = self.nodes[name]
+                if node.gpus >= need and len(node.path) >= depth and name not in run.excluded:
+                    best = (room, name)
+        if best is None:
+            return None
+        path = self.nodes[best[1]].path
+        return placement.Placement(nodes=(best[1],), domain=path, single_node=True)
+
+
+class _Domain:
+    """A domain's nodes in ``closest``'s order: the most of what the gang needs available
+    first (``minus`` it), then by name; with when a run last entered each (``entered``)."""
+
+    __slots__ = ("entered", "minus", "names")
+
+    def __init__(self, nodes: list[tuple[int, str, float]]):
+        self.minus: list[int] = [minus for minus, _, _ in nodes]
+        self.names: list[str] = [name for _, name, _ in nodes]
+        self.entered: list[float] = [at for _, _, at in nodes]
+
+    def drop(self, name: str) -> None:
+        if name in self.names:
+            index = self.names.index(name)
+            del self.minus[index], self.names[index], self.entered[index]
+
+    def first(self, count: int, since: float) -> tuple[list[int], int]:
+        """The positions of the first ``count`` nodes by the order, those not entered
+        ``since`` before the others, and how many of them were entered."""
+        fresh = [index for index, at in enumerate(self.entered) if at < since]
+        if len(fresh) >= count:
+            return fresh[:count], 0
+        need = count - len(fresh)
+        return fresh + [index for index, at in enumerate(self.entered) if at >= since][:need], need

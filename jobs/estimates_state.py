@@ -1,0 +1,541 @@
+"""The clusters as the start-estimate simulation (``jobs.estimates``) moves them forward, and
+its admission cycle: the decisions ``jobs.admission.decide`` would take there, at a
+fraction of the cost (pure: no ORM, no clock, no I/O).
+
+``decide`` builds the clusters' state from every held run, walks every queued run it is
+given and reserves nodes for every starving head it meets. The simulation asks for a cycle
+up to a few hundred times per refresh, on clusters that change little from one simulated
+cycle to the next, with most heads starving and most lines held back by their tenant's
+quota. Here the cycle is ``jobs.admission``'s own (its phases and rules, run on the state
+given: ``_LazyCycle``), with differences that change no decision (tests/jobs/
+test_estimates_incremental.py checks the forecasts against the simulation before them,
+bench/estimates_reference.py, on random snapshots):
+
+- The state after the held runs is kept (``Clusters``): a run that starts or ends changes
+  it on its own nodes only. Each cycle works on a copy of the pools of its flavor
+  (``Clusters.cycle_state``, ``jobs.estimates_pool.SimPool``), as ``decide`` works on a
+  snapshot of the flavors whose GPUs changed hands: flavors share nothing in admission,
+  so each is decided on its own (``decide_flavor``).
+- A line whose first run waits whatever the clusters do and changes nothing in the cycle
+  (no quota, a spent hard budget, too large with no later run allowed to pass it, the
+  tenant at its guarantee plus borrow limit) is not walked (``held_back``), and a line
+  whose first run borrows is known to before phase 1 comes to it. Only a preemption in
+  the cycle could lower such a tenant's usage: then the cycle is decided again with every
+  line as it is (rare).
+- A line is walked only as far as the cycle gets (a blocked run holds its tenant's later
+  ones back), not sorted from a queue again. Where a head may be passed (a line whose
+  tenant's policy is not ``strict``) admission goes on behind it: there each line is
+  given as before, its first runs (``Lines.front``), more when they were all admitted
+  (``Lines.deepen``), and the cycle decided again.
+- A starving head's reservation is made only once something asks about its flavor's nodes
+  that it could change (``LazyState``): a placement or a reclaim that exists without it,
+  an admission, a preemption, a backfill plan. A reservation only takes (it holds free GPUs
+  back and fences nodes against reclaims), so a gang with no placement, or no reclaim,
+  while the pending reservations are left out has none with them either: that answer
+  stands. Other questions are answered once they are made, in their order, on the state
+  they would have been made on (nothing of the flavor changed meanwhile); a placement
+  question, once enough of them are made for it to have no answer. Reservations still
+  pending when the cycle ends change nothing the simulation reads: never made.
+- Only what the simulation reads is returned: the admissions and preemptions, and why the
+  first run of each line waits.
+"""
+
+import heapq
+from bisect import insort
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import replace
+from typing import cast
+
+from jobs import placement
+from jobs.admission import _Cycle
+from jobs.admission_pool import PoolState
+from jobs.admission_state import CycleState
+from jobs.admission_types import (
+    Admit,
+    Decisions,
+    HeldRun,
+    QueuedRun,
+    Quota,
+    Reservation,
+    Snapshot,
+    Wait,
+    queue_order,
+    victim_order,
+)
+from jobs.backfill import Plan
+from jobs.estimates_pool import SimPool
+
+Key = tuple[str, str]  # (tenant, flavor)
+
+
+class LazyState(CycleState):
+    """The state of one simulated cycle, whose starving heads' reservations wait until
+    something they could change is asked (see the module's docstring)."""
+
+    pending: dict[str, list[QueuedRun]]  # flavor -> starving heads, in the cycle's order
+
+    def _best_fit(self, run: QueuedRun) -> tuple[PoolState, placement.Placement] | None:
+        """``CycleState._best_fit``; for a one-node gang, the pools' best nodes compared as
+        it compares them (all as tight: the fewest GPUs left, then the cluster)."""
+        if run.nodes != 1 or run.gpus_per_node < 1:
+            return super()._best_fit(run)
+        best, best_rank = None, None
+        for pool in self.pools_by_flavor[run.flavor]:
+            where = pool.place(run)
+            if where is None:
+                continue
+            rank = (pool.available(where.nodes[0]) - run.gpus_per_node, pool.cluster)
+            if best_rank is None or rank < best_rank:
+                best, best_rank = (pool, where), rank
+        return best
+
+    def reserve(self, run: QueuedRun, reservations: list[Reservation]) -> None:
+        if self.now < run.submitted + self.starvation_after_s:
+            return  # not starving: ``CycleState.reserve`` holds nothing for it either
+        self.pending[run.flavor].append(run)
+
+    def settle(self, flavor: str) -> None:
+        """Make the reservations pending on ``flavor``, in their order."""
+        waiting = self.pending.pop(flavor, None)
+        for run in waiting or ():
+            self._reserve_now(run)
+
+    def _reserve_now(self, run: QueuedRun) -> None:
+        """``CycleState.reserve`` for a starving run, the same nodes held: a pool is asked
+        for its closest nodes only if it could rank before the best found so far."""
+        since = run.submitted + self.starvation_after_s
+        best: tuple[PoolState, tuple[str, ...]] | None = None
+        best_rank: tuple[int, int, str] | None = None
+        # The pools in the clusters' order (ties go to the first); one that could not rank
+        # before the best found is not asked.
+        for pool in self.pools_by_flavor[run.flavor]:
+            if best_rank is not None:
+                if not cast(SimPool, pool).opened:
+                    if best_rank[:2] <= (0, 0):
+                        continue  # it ranks (0, 0) at best, after the best's cluster
+                elif not cast(SimPool, pool).could_beat(
+                    run.nodes, run.gpus_per_node, since, best_rank
+                ):
+                    continue
+            found = pool.closest(run, since)
+            if found is None:
+                continue
+            target, (entered, short) = found
+            rank = (entered, short, pool.cluster)
+            if best_rank is None or rank < best_rank:
+                best, best_rank = (pool, target), rank
+        if best is None:
+            return
+        pool, target = best
+        for name in target:
+            pool.fence(name)
+            gpus = min(pool.available(name), run.gpus_per_node)
+            if gpus:
+                pool.hold(name, gpus)
+
+    def best_fit(self, run: QueuedRun) -> tuple[PoolState, placement.Placement] | None:
+        """``CycleState.best_fit`` once the reservations pending before ``run`` are made:
+        one by one, as long as it still has a placement (once it has none, the others
+        cannot give it one, and stay pending)."""
+        found = super().best_fit(run)
+        waiting = self.pending.get(run.flavor)
+        while found is not None and waiting:
+            self._reserve_now(waiting.pop(0))
+            found = super().best_fit(run)
+        return found
+
+    def victims(
+        self, run: QueuedRun, pool: PoolState
+    ) -> tuple[list[HeldRun], placement.Placement] | None:
+        found = super().victims(run, pool)
+        if found is None or not self.pending.get(run.flavor):
+            return found
+        self.settle(run.flavor)
+        return super().victims(run, pool)
+
+    def admit(self, run: QueuedRun, pool: PoolState, where: placement.Placement) -> None:
+        self.settle(run.flavor)
+        super().admit(run, pool, where)
+
+    def preempt(self, victim: HeldRun) -> None:
+        self.settle(victim.flavor)
+        super().preempt(victim)
+
+    def explain(self, run: QueuedRun) -> str:
+        self.settle(run.flavor)
+        return super().explain(run)
+
+    def reclaimable(self, run: QueuedRun) -> int:
+        self.settle(run.flavor)
+        return super().reclaimable(run)
+
+
+class _LazyCycle(_Cycle):
+    """``jobs.admission``'s cycle on a ``LazyState``, over lines given as they are (not
+    sorted again from a snapshot's queue, and walked only as far as a cycle gets: a
+    blocked run holds its tenant's later ones back). A head's backfill reservation is
+    planned on its flavor's state with the pending reservations made."""
+
+    state: LazyState
+
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        state: LazyState,
+        lines: dict[Key, list[QueuedRun]],
+        passable: set[Key],
+        borrowing: AbstractSet[Key],
+    ):
+        super().__init__(replace(snapshot, queued=()), explain=False, state=state)
+        self.queues = defaultdict(list, lines)
+        self.passable = passable
+        # Lines whose first run would borrow (beyond the guarantee, within the quota) as
+        # phase 1 comes to it: it only takes note of them (``decide``).
+        self.borrowing = borrowing
+
+    def reservation(self, key: Key) -> Plan | str | None:
+        self.state.settle(key[1])
+        return super().reservation(key)
+
+    # What follows is ``_Cycle``'s, without the messages, which a simulated cycle never
+    # reads (``explain=False``), and with the pools where a run may pass its head known
+    # to be none for a line that is not ``passable``.
+
+    def passing_pools(self, run: QueuedRun) -> list[PoolState]:
+        if (run.tenant, run.flavor) not in self.passable:
+            return []
+        return super().passing_pools(run)
+
+    def precheck(self, key: Key, run: QueuedRun) -> tuple[Quota | None, bool]:
+        quota = self.snapshot.quotas.get(key)
+        if quota is None or quota.guaranteed + quota.borrow_limit == 0:
+            self.block(key, run, Wait.NO_QUOTA, "")
+            return None, False
+        if quota.max_gpus_per_run is not None and run.gpus > quota.max_gpus_per_run:
+            self.block(key, run, Wait.TOO_LARGE, "")
+            return None, False
+        budget, over_budget = quota.budget_gpu_hours, False
+        if budget is not None and self.snapshot.budget_used.get(key, 0.0) >= budget:
+            if quota.budget_hard:
+                self.block(key, run, Wait.BUDGET_EXHAUSTED, "")
+                return None, False
+            over_budget = True
+        return quota, over_budget
+
+    def borrow(self, key: Key, run: QueuedRun) -> bool:
+        quota, over_budget = self.precheck(key, run)
+        if quota is None:
+            return False
+        in_use = self.state.usage[key]
+        if in_use + run.gpus > quota.guaranteed + quota.borrow_limit:
+            self.block(key, run, Wait.QUOTA if quota.borrow_limit == 0 else Wait.BORROW_LIMIT, "")
+            return False
+        fit = self.state.best_fit(run)
+        if fit is None:
+            self.block(key, run, Wait.NO_IDLE, "")
+            self.state.reserve(run, self.reservations)
+            return False
+        pool, where = fit
+        self.state.admit(run, pool, where)
+        self.admitted.append(
+            Admit(run.id, pool.cluster, borrowed=in_use + run.gpus > quota.guaranteed,
+                  over_budget=over_budget, nodes=where.nodes)
+        )  # fmt: skip
+        return True
+
+    def within_guarantees(self) -> None:
+        """Phase 1 as ``jobs.admission`` takes it, every run in priority then FIFO order
+        skipping the lines blocked or borrowing; here each line's runs are visited only
+        while the one before was admitted (a heap of the lines' next runs)."""
+        state, borrowers, queues = self.state, self.borrowers, self.queues
+        borrowers.update(dict.fromkeys(self.borrowing, 0))
+        following = [
+            (queue_order(line[0]), key, 0)
+            for key, line in queues.items()
+            if line and key not in self.borrowing
+        ]
+        while following:
+            heapq.heapify(following)
+            while following:
+                _, key, index = heapq.heappop(following)
+                run = queues[key][index]
+                quota, over_budget = self.precheck(key, run)
+                if quota is None:
+                    continue
+                if state.usage[key] + run.gpus > quota.guaranteed:
+                    borrowers[key] = index
+                    continue
+                self.admit_within_guarantee(key, run, over_budget)
+                if key not in self.blocked and index + 1 < len(queues[key]):
+                    heapq.heappush(following, (queue_order(queues[key][index + 1]), key, index + 1))
+            returned = {
+                key: index
+                for key, index in borrowers.items()
+                if state.usage[key] + queues[key][index].gpus
+                <= self.snapshot.quotas[key].guaranteed
+            }
+            for key, index in returned.items():
+                del borrowers[key]
+                following.append((queue_order(queues[key][index]), key, index))
+
+
+def decide(
+    snapshot: Snapshot,
+    state: LazyState,
+    lines: dict[Key, list[QueuedRun]],
+    passable: set[Key],
+    borrowing: AbstractSet[Key] = frozenset(),
+) -> tuple[Decisions, dict[Key, Wait]]:
+    """What ``jobs.admission.decide(explain=False)`` decides on ``snapshot`` with ``lines``
+    queued (the tenants' lines of the flavors of ``state``, in order): its admissions and
+    preemptions, in its order, on ``state`` (the clusters of those flavors with the held
+    runs in; it is changed), and why the first run of each line waits, by line. No
+    reservations, no other waits. ``borrowing``: lines whose first run borrows, as phase 1
+    would find unless a preemption lowered their tenant's usage before (then decide again
+    without)."""
+    cycle = _LazyCycle(snapshot, state, lines, passable, borrowing)
+    cycle.within_guarantees()
+    cycle.borrowers_take_turns()
+    cycle.pass_waiting_heads()
+    admitted = {admit.run_id for admit in cycle.admitted}
+    waits = {}
+    for key, line in lines.items():
+        head = line[0]
+        if head.id not in admitted:
+            waits[key] = cycle.waits[head.id][0] if head.id in cycle.waits else Wait.BEHIND_HEAD
+    decisions = Decisions(
+        admitted=tuple(cycle.admitted), preempted=tuple(cycle.preempted), waiting=()
+    )
+    return decisions, waits
+
+
+class Lines:
+    """The queued runs of each tenant and flavor, in line (priority, then FIFO), by flavor.
+
+    A cycle admits a prefix of each line at most (a tenant's blocked run holds back its
+    later ones), and walks each line only as far as that (``decide``): a long queue costs
+    nothing beyond. Except in a flavor where a head may be passed (a line of a tenant whose
+    queueing policy is not ``strict``): there admission goes on behind a blocked head, and
+    the simulation before issue 38 gave ``decide`` only each line's first few runs
+    (``front``), more when a whole front was admitted (``deepen``), and decided the cycle
+    again. So does this one there (``decide_flavor``), for the same decisions: those are
+    not quite the cycle's on the whole queue, as the runs of a line beyond its front do not
+    start ahead of its head in that cycle (left as it was)."""
+
+    FRONT = 2
+
+    def __init__(self, runs: Iterable[QueuedRun]):
+        # flavor -> (tenant, flavor) -> its line
+        self.lines: dict[str, dict[Key, list[QueuedRun]]] = defaultdict(dict)
+        for run in sorted(runs, key=queue_order):
+            self.lines[run.flavor].setdefault((run.tenant, run.flavor), []).append(run)
+        self.depth: dict[Key, int] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.lines)
+
+    def add(self, run: QueuedRun) -> None:
+        line = self.lines[run.flavor].setdefault((run.tenant, run.flavor), [])
+        insort(line, run, key=queue_order)
+
+    def remove(self, run: QueuedRun) -> None:
+        lines = self.lines[run.flavor]
+        line = lines[(run.tenant, run.flavor)]
+        line.remove(run)
+        if not line:
+            del lines[(run.tenant, run.flavor)]
+            if not lines:
+                del self.lines[run.flavor]
+
+    def of(self, flavor: str) -> dict[Key, list[QueuedRun]]:
+        return self.lines.get(flavor, {})
+
+    def front(self, flavor: str) -> dict[Key, list[QueuedRun]]:
+        return {
+            key: line[: self.depth.get(key, self.FRONT)] for key, line in self.of(flavor).items()
+        }
+
+    def deepen(self, flavor: str, admitted: set[int]) -> bool:
+        """Give more runs to each line of ``flavor`` whose whole front was admitted;
+        whether any was."""
+        deeper = False
+        for key, line in self.of(flavor).items():
+            depth = self.depth.get(key, self.FRONT)
+            if len(line) > depth and all(run.id in admitted for run in line[:depth]):
+                self.depth[key] = depth * 4
+                deeper = True
+        return deeper
+
+
+def held_back(
+    snapshot: Snapshot, usage: Mapping[Key, int], key: Key, head: QueuedRun, passable: set[Key]
+) -> Wait | None:
+    """Why the first run of a line waits, when it is for a reason no cycle's decisions can
+    change and changes nothing else in the cycle (the line's later runs wait behind it):
+    no quota, a run larger than the quota allows (where no later run may pass it), a spent
+    hard budget, or a tenant at its guarantee plus borrow limit (``usage``: before the
+    cycle; only its own runs ending, or preempted, lower it). As ``_Cycle.precheck`` and
+    ``_Cycle.borrow`` find it; None where the line must be decided."""
+    quota = snapshot.quotas.get(key)
+    if quota is None or quota.guaranteed + quota.borrow_limit == 0:
+        return Wait.NO_QUOTA
+    if quota.max_gpus_per_run is not None and head.gpus > quota.max_gpus_per_run:
+        return None if key in passable else Wait.TOO_LARGE
+    budget = quota.budget_gpu_hours
+    if budget is not None and quota.budget_hard and snapshot.budget_used.get(key, 0.0) >= budget:
+        return Wait.BUDGET_EXHAUSTED
+    if usage[key] + head.gpus > quota.guaranteed + quota.borrow_limit:
+        return Wait.QUOTA if quota.borrow_limit == 0 else Wait.BORROW_LIMIT
+    return None
+
+
+def decide_flavor(
+    snapshot: Snapshot, clusters: "Clusters", lines: Lines, flavor: str, *, passable: set[Key]
+) -> tuple[Decisions, dict[Key, Wait]]:
+    """The decisions of one simulated cycle (at ``snapshot.now``) for ``flavor``, and why the
+    first run of each of its lines that waits does: ``decide`` on the lines not held back
+    (``held_back``), with the lines whose first run borrows known before. Decided again
+    with every line as it is if a preemption lowered the usage of one of those (rare).
+    Where a line of the flavor may pass its head, on the lines' fronts, deepened as
+    needed."""
+    wide = any(key[1] == flavor for key in passable)
+    usage, quotas = clusters.base.usage, snapshot.quotas
+    while True:
+        given = lines.front(flavor) if wide else lines.of(flavor)
+        active: dict[Key, list[QueuedRun]] = {}
+        borrowing: set[Key] = set()
+        waits: dict[Key, Wait] = {}
+        for key, line in given.items():
+            head = line[0]
+            why = held_back(snapshot, usage, key, head, passable)
+            if why is not None:
+                waits[key] = why
+                continue
+            active[key] = line
+            quota = quotas[key]
+            fits = quota.max_gpus_per_run is None or head.gpus <= quota.max_gpus_per_run
+            if fits and usage[key] + head.gpus > quota.guaranteed:
+                borrowing.add(key)
+        state = clusters.cycle_state((flavor,), snapshot.now)
+        decisions, found = decide(snapshot, state, active, passable, borrowing)
+        lowered = {(clusters.held[victim.run_id].tenant, flavor) for victim in decisions.preempted}
+        if any(key in borrowing or (key in given and key not in active) for key in lowered):
+            state = clusters.cycle_state((flavor,), snapshot.now)
+            decisions, found = decide(snapshot, state, given, passable)
+            waits = {}
+        admitted = {admit.run_id for admit in decisions.admitted}
+        if not wide or not lines.deepen(flavor, admitted):
+            break
+    return decisions, {**waits, **found}
+
+
+class Clusters:
+    """The clusters of a snapshot with the runs that hold GPUs now, changed as runs start
+    (``add``) and end or are preempted (``remove``): what ``CycleState`` builds from the
+    held runs, kept up to date instead of built again for every cycle."""
+
+    def __init__(self, snapshot: Snapshot):
+        # Every pool, settled with no run in it; the held runs go in one by one.
+        self.base = CycleState(replace(snapshot, queued=(), held=()))
+        self.base.pools = {key: SimPool.of(pool) for key, pool in self.base.pools.items()}
+        self.snapshot = snapshot
+        self.held: dict[int, HeldRun] = {}
+        # flavor -> held runs on nodes not known: placed anew in every cycle, as
+        # ``CycleState`` assumes them, on the nodes with the most GPUs free then.
+        self.unplaced: dict[str, dict[int, HeldRun]] = defaultdict(dict)
+        # (cluster, flavor, node) -> run id -> when it was admitted: a node's ``entered``
+        # is the latest of them.
+        self.admitted_on: dict[tuple[str, str, str], dict[int, float]] = defaultdict(dict)
+        for run in snapshot.held:
+            self.add(run)
+
+    def add(self, run: HeldRun) -> None:
+        """``run`` holds its GPUs, counted as ``CycleState`` counts a held run."""
+        base = self.base
+        self.held[run.id] = run
+        base.usage[(run.tenant, run.flavor)] += run.gpus
+        base.latest_end[run.id] = run.latest_end
+        pool = base.pools.get((run.cluster, run.flavor))
+        if pool is None:
+            return
+        if run.borrowed:
+            insort(pool.borrowed, run, key=victim_order)
+        if not run.nodes:
+            self.unplaced[run.flavor][run.id] = run
+            return
+        share, extra = divmod(run.gpus, len(run.nodes))
+        on = {
+            name: share + (1 if index < extra else 0)
+            for index, name in enumerate(sorted(run.nodes))
+        }
+        base._hold(pool, run.id, on, run.admitted)
+        for name in on:
+            if name in pool.nodes:
+                self.admitted_on[(run.cluster, run.flavor, name)][run.id] = run.admitted
+
+    def remove(self, run_id: int) -> None:
+        """The run no longer holds GPUs (it ended, or was preempted)."""
+        base = self.base
+        run = self.held.pop(run_id)
+        base.usage[(run.tenant, run.flavor)] -= run.gpus
+        del base.latest_end[run_id]
+        pool = base.pools.get((run.cluster, run.flavor))
+        if pool is None:
+            return
+        if run.borrowed:
+            pool.borrowed.remove(run)
+        if not run.nodes:
+            del self.unplaced[run.flavor][run_id]
+            return
+        pool.holders.discard(run_id)
+        del base.pool_of[run_id]
+        for name, gpus in base.held_on.pop(run_id).items():
+            pool.give(name, gpus)
+            if name in pool.nodes:
+                entered = self.admitted_on[(run.cluster, run.flavor, name)]
+                del entered[run_id]
+                if entered:
+                    pool.entered[name] = max(entered.values())
+                else:
+                    del pool.entered[name]
+
+    def cycle_state(self, flavors: Iterable[str], now: float) -> LazyState:
+        """The state ``CycleState`` would build at ``now`` from a snapshot of ``flavors``:
+        their pools copied, to be changed by one cycle."""
+        base, wanted = self.base, set(flavors)
+        state = LazyState.__new__(LazyState)
+        state.pools = {
+            key: SimPool.of(pool) for key, pool in base.pools.items() if key[1] in wanted
+        }
+        state.pools_by_flavor = defaultdict(list)
+        state.flavor_versions = defaultdict(lambda: [0])
+        state.flavor_gives = defaultdict(lambda: [0])
+        for (_, flavor), pool in state.pools.items():
+            state.pools_by_flavor[flavor].append(pool)
+            pool.flavor_version = state.flavor_versions[flavor]
+            pool.flavor_gives = state.flavor_gives[flavor]
+        state.usage = defaultdict(int, base.usage)
+        state.held_on = dict(base.held_on)
+        state.pool_of = dict(base.pool_of)
+        state.latest_end = dict(base.latest_end)
+        unplaced = [run for flavor in wanted for run in self.unplaced.get(flavor, {}).values()]
+        for run in sorted(unplaced, key=lambda r: (r.admitted, r.id)):
+            # As ``CycleState`` places it: on the nodes with the most free GPUs.
+            held_pool = state.pools[(run.cluster, run.flavor)]
+            on, left = {}, run.gpus
+            for name in sorted(held_pool.nodes, key=lambda n: (-held_pool.free[n], n)):
+                if left <= 0:
+                    break
+                taken = min(left, max(0, held_pool.free[name]))
+                if taken:
+                    on[name] = taken
+                    left -= taken
+            state._hold(held_pool, run.id, on, run.admitted)
+        state.now = now
+        state.start_grace_s = self.snapshot.start_grace_s
+        state.starvation_after_s = self.snapshot.starvation_after_s
+        state.answers = {}
+        state.pending = defaultdict(list)
+        return state
