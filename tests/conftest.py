@@ -94,6 +94,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
+def _every_sync_runs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that calls ``sync_all_clusters`` several times (the clock frozen or moved by
+    less than half a sync interval) means each call to sync: production skips a copy of the
+    sync that starts within half an interval of the last one (``sync_slot_claim``, for the
+    copies beat's schedule piles up in a busy queue), which tests/jobs/test_sync_copies.py
+    proves with the ``sync_slot`` mark. Processes a test starts keep the real claim."""
+    if request.node.get_closest_marker("sync_slot") is None:
+        from jobs.services import backend_sync
+
+        monkeypatch.setattr(backend_sync, "sync_slot_claim", lambda: True)
+
+
+@pytest.fixture(autouse=True)
 def _no_admission_kick_left(request: pytest.FixtureRequest) -> None:
     """Each test starts with no admission cycle marked as waiting (jobs.enqueue) and no sync
     just started (``sync_slot_claim``): a mark left by an earlier test would hold back this

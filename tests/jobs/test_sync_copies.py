@@ -8,12 +8,15 @@ once, each a full sync when a worker reached it.
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
 import time_machine
 
 from clusters.models import Cluster
 from jobs import tasks
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+
+pytestmark = pytest.mark.sync_slot
 
 
 def synced_at(cluster: Cluster):
