@@ -14,6 +14,7 @@ with less work for what that simulation asks over and over (pure: no ORM, no clo
 import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping
+from typing import cast
 
 from jobs import placement
 from jobs.admission_pool import PoolState
@@ -175,6 +176,11 @@ class SimPool(PoolState):
         level = self.required_level(run)
         if level == -1:
             return None
+        # Remembered until the pool changes, as ``PoolState.place`` remembers its own.
+        key = ("one node", need, level, run.excluded)
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] == self.version:
+            return cast(placement.Placement | None, hit[1])
         depth = level or 0
         best: tuple[int, str] | None = None
         for name, room in self.opened.items():
@@ -182,10 +188,13 @@ class SimPool(PoolState):
                 node = self.nodes[name]
                 if node.gpus >= need and len(node.path) >= depth and name not in run.excluded:
                     best = (room, name)
-        if best is None:
-            return None
-        path = self.nodes[best[1]].path
-        return placement.Placement(nodes=(best[1],), domain=path, single_node=True)
+        where = None
+        if best is not None:
+            where = placement.Placement(
+                nodes=(best[1],), domain=self.nodes[best[1]].path, single_node=True
+            )
+        self._memo[key] = (self.version, where)
+        return where
 
 
 class _Domain:

@@ -35,7 +35,7 @@ from tests.jobs.test_admission_properties import (
 )
 
 EXAMPLES = settings(
-    max_examples=400,
+    max_examples=300,
     deadline=None,
     derandomize=True,
     database=None,
@@ -211,9 +211,12 @@ def platform(seed: int) -> tuple[Snapshot, dict[int, float | None], dict[int, fl
     return snapshot, ends, runtimes
 
 
-@settings(EXAMPLES, max_examples=40)
+@settings(EXAMPLES, max_examples=25)
 @given(st.integers(0, 10**6))
 def test_on_busy_platforms_with_long_lines_it_forecasts_exactly_as_the_one_it_replaced(seed):
     snapshot, ends, runtimes = platform(seed)
     incremental, reference = forecasts(snapshot, ends, runtimes, {})
     assert incremental == reference
+    # Not a vacuous case: runs start over many cycles, some behind others.
+    assert len(reference.steps) > 10
+    assert sum(start.at is not None for start in reference.starts.values()) > 10
