@@ -11,10 +11,10 @@ batch of events, as the engine of bench/trace.py always did (``skip_idle_cycles`
 the same run; both must give the same outcome.
 
 (b) Validation. A slice of the trace recorded through the product: tenants, quotas, users
-and simulated clusters (one per node shape, speed-up 1) in PostgreSQL; each task submitted through
+and a simulated cluster (speed-up 1) in PostgreSQL; each task submitted through
 ``run_submit`` at its arrival with its run time as the simulated work, an admission cycle
 right after (the submit's kick), and the worker's loop (submit admitted attempts, take
-preempted ones off, sync the clusters, admission) every ``TICK_S`` on a clock moved by hand.
+preempted ones off, sync the cluster, admission) every ``TICK_S`` on a clock moved by hand.
 The window is read back by ``jobs.selectors.replay_history`` and replayed under the policy
 in force: per tenant, the p50 queue time observed and replayed; the utilisation of both.
 """
@@ -48,10 +48,10 @@ DAY = 86400.0
 RUNS, DAYS = 10_000, 30
 QUICK_RUNS, QUICK_DAYS = 300, 1
 GOAL_S = 120.0
-SLICE_TASKS, SLICE_HOURS = 300, 2  # recorded through the product
+SLICE_TASKS, SLICE_HOURS = 300, 3  # recorded through the product
 SLICE_ARRIVING = 0.5  # the share of the window the slice's arrivals are scaled into
+SLICE_NODES = 4  # of 8 GPUs
 QUICK_SLICE_TASKS, QUICK_SLICE_HOURS = 40, 1
-SLICE_NODE_SHARE = 1 / 128
 SLICE_RUN_MAX_S = 3600.0
 TICK_S = 60
 RECORDED_FLAVOR = "gpu"
@@ -195,26 +195,21 @@ def record_slice(tasks: list[Task], *, start: datetime, seconds: int) -> None:
     call_command("flush", interactive=False, verbosity=0)
     with time_machine.travel(start, tick=False) as clock:
         flavor = GpuFlavor.objects.create(slug=RECORDED_FLAVOR, name="Trace GPU", memory_gb=32)
-        # One simulated cluster per node shape, as bench/trace.py has them: a simulated
-        # cluster names its nodes by flavor, so two pools of one flavor would share names.
-        cluster_pools = pools(SLICE_NODE_SHARE)
-        clusters = []
-        for pool in cluster_pools:
-            cluster = Cluster.objects.create(
-                name=pool.cluster, backend=Cluster.Backend.SIMULATOR,
-                settings={"speedup": 1, "pools": [
-                    {"flavor": RECORDED_FLAVOR, "nodes": pool.nodes,
-                     "gpus_per_node": pool.gpus_per_node},
-                ]},
-                queueing=Queueing.BACKFILL,
-            )  # fmt: skip
-            cluster_refresh_inventory(cluster=cluster)
-            clusters.append(cluster)
+        # One cluster of 8-GPU nodes (every task of the trace fits one): a simulated cluster
+        # names its nodes by flavor, so it has one pool of the trace's one flavor.
+        cluster = Cluster.objects.create(
+            name="trace", backend=Cluster.Backend.SIMULATOR,
+            settings={"speedup": 1, "pools": [
+                {"flavor": RECORDED_FLAVOR, "nodes": SLICE_NODES, "gpus_per_node": 8},
+            ]},
+            queueing=Queueing.BACKFILL,
+        )  # fmt: skip
+        cluster_refresh_inventory(cluster=cluster)
         image = Image.objects.create(
             repository="registry.example.org/trace/job", digest="sha256:" + "e" * 64,
             tag="1", status=Image.Status.APPROVED,
         )  # fmt: skip
-        capacity = sum(p.capacity for p in cluster_pools)
+        capacity = SLICE_NODES * 8
         users: dict[str, User] = {}
         for (slug, _), quota in sorted(make_quotas(tasks, {RECORDED_FLAVOR: capacity}).items()):
             tenant = Tenant.objects.create(slug=slug, name=slug)
@@ -248,8 +243,7 @@ def record_slice(tasks: list[Task], *, start: datetime, seconds: int) -> None:
                 state__in=[AttemptState.CREATED, AttemptState.SUBMITTING]
             ):
                 attempt_submit(attempt_id=attempt.pk)
-            for cluster in clusters:
-                cluster_sync(cluster=cluster)
+            cluster_sync(cluster=cluster)
             admission_run_cycle(now=timezone.now())
 
         arrivals: dict[int, list[Task]] = {}
@@ -299,9 +293,9 @@ def validation(recorder: Callable[[list[Task], datetime, int], None] | None = No
         intro=(
             f"{' '.join((__doc__ or '').split(chr(10) * 2)[2].split())} Here: the trace's "
             f"first {count} GPU tasks that ran an hour at most, arrivals scaled into the "
-            f"first {arriving / 3600:g} hours of a {hours}-hour window, on 1/128 of the "
-            f"trace's nodes ({len(history.nodes)} nodes, {sum(n.gpus for n in history.nodes)}"
-            f" GPUs), queueing ``backfill``; recorded in {recorded_s:,.0f} s. Goal: every "
+            f"first {arriving / 3600:g} hours of a {hours}-hour window, on "
+            f"{len(history.nodes)} nodes of 8 GPUs, queueing ``backfill``; recorded in "
+            f"{recorded_s:,.0f} s. Goal: every "
             "tenant's p50 within 10 % (a tenant whose p50 is 0 s: exactly), utilisation "
             "within 3 points."
         ),
