@@ -12,9 +12,11 @@ the same run; both must give the same outcome.
 
 (b) Validation. A slice of the trace recorded through the product: tenants, quotas, users
 and a simulated cluster (speed-up 1) in PostgreSQL; each task submitted through
-``run_submit`` at its arrival with its run time as the simulated work, an admission cycle
-right after (the submit's kick), and the worker's loop (submit admitted attempts, take
-preempted ones off, sync the cluster, admission) every ``TICK_S`` on a clock moved by hand.
+``run_submit`` at its arrival with its run time as the simulated work, and at that moment
+and every ``TICK_S`` (on a clock moved by hand) what the worker does: sync the cluster,
+an admission cycle, then at once what follows a cycle (submit the admitted runs, take
+preempted ones off, sync; a cycle again for runs back in the queue); in between, an
+admission cycle every ``BEAT_S``, as beat sends them.
 The window is read back by ``jobs.selectors.replay_history`` and replayed under the policy
 in force: per tenant, the p50 queue time observed and replayed; the utilisation of both.
 """
@@ -53,7 +55,8 @@ SLICE_ARRIVING = 0.5  # the share of the window the slice's arrivals are scaled 
 SLICE_NODES = 4  # of 8 GPUs
 QUICK_SLICE_TASKS, QUICK_SLICE_HOURS = 40, 1
 SLICE_RUN_MAX_S = 3600.0
-TICK_S = 60
+TICK_S = 60  # the worker's sync in the recorded slice (production: every 3 s)
+BEAT_S = 5  # its admission cycles (GANTRY_ADMISSION_INTERVAL_S)
 RECORDED_FLAVOR = "gpu"
 
 
@@ -185,7 +188,14 @@ def record_slice(tasks: list[Task], *, start: datetime, seconds: int) -> None:
     from clusters.models import Cluster
     from clusters.services import cluster_refresh_inventory
     from images.models import Image
-    from jobs.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, RunState
+    from jobs.models import (
+        HOLDING_STATES,
+        LIVE_ATTEMPT_STATES,
+        Attempt,
+        AttemptState,
+        Run,
+        RunState,
+    )
     from jobs.services.admission_cycle import admission_run_cycle
     from jobs.services.backend_submit import attempt_submit
     from jobs.services.backend_sync import attempt_cancel, cluster_sync
@@ -234,7 +244,16 @@ def record_slice(tasks: list[Task], *, start: datetime, seconds: int) -> None:
                 ),
             )  # fmt: skip
 
-        def tick() -> None:
+        def waiting_and_holding() -> tuple[int, int]:
+            return (
+                Run.objects.filter(state=RunState.QUEUED).count(),
+                Run.objects.filter(state__in=HOLDING_STATES).count(),
+            )
+
+        def settle() -> bool:
+            """What the worker does at once after a cycle commits: take preempted runs'
+            jobs off and submit the admitted ones, then the sync. True if a run went back
+            to the queue or gave its GPUs back: that sends a cycle (the kick)."""
             for attempt in Attempt.objects.filter(
                 state__in=LIVE_ATTEMPT_STATES, run__state=RunState.PREEMPTED
             ):
@@ -243,20 +262,35 @@ def record_slice(tasks: list[Task], *, start: datetime, seconds: int) -> None:
                 state__in=[AttemptState.CREATED, AttemptState.SUBMITTING]
             ):
                 attempt_submit(attempt_id=attempt.pk)
+            before = waiting_and_holding()
+            cluster_sync(cluster=cluster)
+            waiting, holding = waiting_and_holding()
+            return waiting > before[0] or holding < before[1]
+
+        def tick() -> None:
+            """The sync notices runs that ended, a cycle decides, the worker acts on it;
+            a run back in the queue or one that ended sends another cycle at once."""
             cluster_sync(cluster=cluster)
             admission_run_cycle(now=timezone.now())
+            while settle():
+                admission_run_cycle(now=timezone.now())
 
         arrivals: dict[int, list[Task]] = {}
         for task in tasks:
             arrivals.setdefault(math.ceil(task.arrival), []).append(task)
-        moments = sorted(set(arrivals) | set(range(0, seconds, TICK_S)))
+        moments = sorted(set(arrivals) | set(range(0, seconds, BEAT_S)))
         for second in moments:
             if second >= seconds:
                 break
             clock.move_to(start + timedelta(seconds=second))
             for task in arrivals.get(second, []):
                 submit(task)
-            tick()
+            if second in arrivals or second % TICK_S == 0:
+                tick()
+            else:  # beat's admission cycle: fair share follows the clock, as in production
+                admission_run_cycle(now=timezone.now())
+                while settle():
+                    admission_run_cycle(now=timezone.now())
 
 
 def validation(recorder: Callable[[list[Task], datetime, int], None] | None = None) -> Section:
@@ -286,7 +320,7 @@ def validation(recorder: Callable[[list[Task], datetime, int], None] | None = No
         history = replay_history(start=start, end=end)
     observed = observed_outcome(history)
     replayed = replay(history)
-    check = fidelity(history, observed, replayed)
+    check = fidelity(history, observed, replayed, slack_s=BEAT_S)
     section = Section(
         title="What-if replay: the policy in force replayed against what happened (issue 38, "
         "point 2)",
@@ -296,10 +330,10 @@ def validation(recorder: Callable[[list[Task], datetime, int], None] | None = No
             f"first {arriving / 3600:g} hours of a {hours}-hour window, on "
             f"{len(history.nodes)} nodes of 8 GPUs, queueing ``backfill``; recorded in "
             f"{recorded_s:,.0f} s. Goal: every "
-            "tenant's p50 within 10 % (a tenant whose p50 is 0 s: exactly), utilisation "
-            "within 3 points."
+            f"tenant's p50 within 10 % or {BEAT_S} s (one admission interval, the recorded "
+            "clock's resolution), utilisation within 3 points."
         ),
-        columns=["tenant", "runs", "p50 observed", "p50 replayed", "within 10 %",
+        columns=["tenant", "runs", "p50 observed", "p50 replayed", f"within 10 % or {BEAT_S} s",
                  "p95 observed", "p95 replayed"],
     )  # fmt: skip
     for figures in check.tenants:
