@@ -15,6 +15,9 @@ from mutmut.mutation.file_mutation import MutatedFile, mutate_file_contents
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRIES = tomllib.loads(Path(__file__).with_name("equivalent.toml").read_text())["mutant"]
+# One worker under pytest-xdist: each module's mutants are generated once per process (about
+# 30 s for the largest), so spreading the entries over three workers generated them three times.
+pytestmark = pytest.mark.xdist_group("mutmut-generation")
 
 
 def source_path(mutant: str) -> str:

@@ -188,14 +188,15 @@ def unmapped_scrape(now_ms: int, samples: int) -> Scrape:
 
 @pytest.fixture
 def scraping_prometheus(live_server):
-    """``start()``: a real Prometheus scraping the live server's /metrics every second with
-    the bearer token."""
+    """``start()``: a real Prometheus scraping the live server's /metrics every 5 s with the
+    bearer token (a scrape's timeout is its interval: on a loaded 2-core machine a
+    request to the live server can take more than one second)."""
     workdir = Path(tempfile.mkdtemp(prefix="gantry-metrics-prometheus-"))
     started = []
 
     def start():
         config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
             "scrape_configs": [
                 {
                     "job_name": "gantry",
@@ -245,7 +246,9 @@ def test_prometheus_scrapes_pending_runs_and_telemetry_samples(
 
     # When: Prometheus scrapes /metrics with the token.
     prometheus = scraping_prometheus()
-    wait_for_series(prometheus, '{job="gantry",__name__="gantry_runs_pending"}', 3)
+    wait_for_series(
+        prometheus, '{job="gantry",__name__="gantry_runs_pending"}', 3, timeout_s=60
+    )
 
     # Then it knows why the runs wait, and what the collector of that cluster read.
     assert sorted(
