@@ -19,14 +19,13 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from clusters.health import NodeHealth
 from clusters.models import ClusterNode, NodeHealthEvent
 from jobs.models import Run, RunState, WaitReason
 from portal import task_queues
-from portal.metrics_files import metric_files
+from portal.metrics_exporter import ProcessFilesCollector
 
 logger = logging.getLogger(__name__)
 
@@ -34,14 +33,6 @@ logger = logging.getLogger(__name__)
 NOT_YET_DECIDED = "NEW"
 WAITING_STATES = (RunState.QUEUED, RunState.PENDING)
 BROKER_TIMEOUT_S = 2
-
-
-class ProcessFilesCollector(Collector):
-    """The counters and histograms of every process, from their files under the root."""
-
-    def collect(self) -> Iterator[Metric]:
-        files = [str(path) for path in metric_files(settings.GANTRY_METRICS_DIR)]
-        return iter(MultiProcessCollector.merge(files, accumulate=True))
 
 
 class ScrapeTimeCollector(Collector):
@@ -167,6 +158,6 @@ def metrics(request: HttpRequest) -> HttpResponse:
         response["WWW-Authenticate"] = 'Bearer realm="gantry-metrics"'
         return response
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ProcessFilesCollector())
+    registry.register(ProcessFilesCollector(settings.GANTRY_METRICS_DIR))
     registry.register(ScrapeTimeCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

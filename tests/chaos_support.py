@@ -16,8 +16,9 @@ on 127.0.0.1, the clients that submit through its API, and what the test measure
 - ``running_fake_kubernetes()``: the fake Kubernetes API server with its controller stepping
   in real time; ``kubernetes_jobs(fake)`` lists Gantry's Jobs over HTTP.
 
-``python -m tests.chaos_support seed --kubernetes-url URL`` records the chaos world in the
-database of ``DATABASE_URL`` and prints the API tokens of its four researchers (JSON).
+``python -m tests.chaos_support seed [--kubernetes-url URL]`` records the chaos world in the
+database of ``DATABASE_URL`` (the Kubernetes cluster only with a URL) and prints the API
+tokens of its four researchers (JSON).
 
 PYTEST_DONT_REWRITE: a helper module; it asserts nothing.
 """
@@ -422,7 +423,7 @@ def run_body(index: int, *, on_kubernetes: bool, sim_duration_s: int) -> dict:
     return body
 
 
-def _seed(kubernetes_url: str, sim_nodes: int) -> None:
+def _seed(kubernetes_url: str | None, sim_nodes: int) -> None:
     import django
 
     django.setup()
@@ -449,10 +450,12 @@ def _seed(kubernetes_url: str, sim_nodes: int) -> None:
         Membership.objects.create(user=user, tenant=tenant, role="researcher")
         tokens.append(api_token_create(user=user, name="chaos")[1])
     pools = [{"flavor": SIM_FLAVOR, "nodes": sim_nodes, "gpus_per_node": 8}]
-    for name, backend, settings in (
-        (SIM_CLUSTER, Cluster.Backend.SIMULATOR, {"speedup": 1000, "pools": pools}),
-        (K8S_CLUSTER, Cluster.Backend.KUBERNETES, kubernetes_settings(kubernetes_url)),
-    ):
+    clusters = [(SIM_CLUSTER, Cluster.Backend.SIMULATOR, {"speedup": 1000, "pools": pools})]
+    if kubernetes_url is not None:
+        clusters.append(
+            (K8S_CLUSTER, Cluster.Backend.KUBERNETES, kubernetes_settings(kubernetes_url))
+        )
+    for name, backend, settings in clusters:
         cluster_refresh_inventory(
             cluster=Cluster.objects.create(name=name, backend=backend, settings=settings)
         )
@@ -463,7 +466,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos_support")
     commands = parser.add_subparsers(dest="command", required=True)
     seed = commands.add_parser("seed")
-    seed.add_argument("--kubernetes-url", required=True)
+    seed.add_argument("--kubernetes-url")
     seed.add_argument("--sim-nodes", type=int, default=64)
     args = parser.parse_args(argv)
     _seed(args.kubernetes_url, args.sim_nodes)

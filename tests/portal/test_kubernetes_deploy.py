@@ -1,7 +1,7 @@
 """deploy/kubernetes renders, by the real kustomize of kubectl, into manifests the official
 Kubernetes schemas accept (kubernetes-validate, strict: unknown fields fail), wired the way
-the code expects. The ServiceMonitor is a prometheus-operator CRD, absent from the official
-schemas: its shape is checked field by field here instead.
+the code expects. The ServiceMonitor and the PodMonitor are prometheus-operator CRDs, absent
+from the official schemas: their shapes are checked field by field here instead.
 
 kubectl must be installed (CI has it): without it these tests fail, they do not skip."""
 
@@ -21,6 +21,12 @@ OVERLAYS = ["production", "minimal"]
 SCHEMA_VERSION = "1.32.0"
 IMAGE = re.compile(r"^registry\.example\.org/gantry/gantry@sha256:[0-9a-f]{64}$")
 WORKLOADS = {"Deployment", "Job"}
+MONITORS = {"ServiceMonitor", "PodMonitor"}
+WORKERS = ["gantry-worker-admission", "gantry-worker-backend", "gantry-worker-telemetry",
+           "gantry-worker-background"]  # fmt: skip
+EXPORTER_PORT = 9102
+METRICS_DIR = "/var/lib/gantry/metrics"
+METRICS_TOKEN = {"secretKeyRef": {"name": "gantry-secrets", "key": "metrics-token"}}
 REPLICAS = {
     "production": {"gantry-web": 3, "gantry-proxy": 2, "gantry-worker-admission": 2,
                    "gantry-worker-backend": 3, "gantry-worker-telemetry": 2,
@@ -61,20 +67,45 @@ def containers(doc: dict) -> list[dict]:
     return doc["spec"]["template"]["spec"]["containers"]
 
 
+def container_named(doc: dict, name: str) -> dict:
+    (found,) = [c for c in containers(doc) if c["name"] == name]
+    return found
+
+
+def main_container(doc: dict) -> dict:
+    """The container of the process itself (a worker's pod also runs its metrics exporter)."""
+    return next(c for c in containers(doc) if c["name"] != "metrics-exporter")
+
+
+def selected_pods(docs: list[dict], selector: dict) -> set[str]:
+    """The Deployments whose pods a label selector selects (matchLabels, matchExpressions In)."""
+    found = set()
+    for name, deployment in by_kind(docs, "Deployment").items():
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        if not selector.get("matchLabels", {}).items() <= labels.items():
+            continue
+        expressions = selector.get("matchExpressions", [])
+        assert {e["operator"] for e in expressions} <= {"In"}, expressions
+        if all(labels.get(e["key"]) in e["values"] for e in expressions):
+            found.add(name)
+    return found
+
+
 def env_of(container: dict) -> dict[str, dict]:
     return {entry["name"]: entry for entry in container.get("env", [])}
 
 
-def test_every_manifest_passes_the_official_schema_or_the_servicemonitor_shape(rendered):
+def test_every_manifest_passes_the_official_schema_or_the_monitors_shape(rendered):
     _, docs = rendered
     kinds = sorted(doc["kind"] for doc in docs)
     assert kinds == sorted(
-        ["ServiceAccount", "ConfigMap", "Job", "Service", "Service", "ServiceMonitor"]
-        + ["Deployment"] * 7 + ["PodDisruptionBudget"] * 7 + ["NetworkPolicy"] * 6
+        ["ServiceAccount", "ConfigMap", "Job", "Service", "Service", "ServiceMonitor",
+         "PodMonitor"]
+        + ["Deployment"] * 7 + ["PodDisruptionBudget"] * 7 + ["NetworkPolicy"] * 7
     )  # fmt: skip
     for doc in docs:
         assert doc["metadata"]["namespace"] == "gantry"
-        if doc["kind"] != "ServiceMonitor":
+        if doc["kind"] not in MONITORS:
             validate(doc, SCHEMA_VERSION)
 
 
@@ -93,9 +124,59 @@ def test_the_servicemonitor_scrapes_the_web_service_with_the_metrics_token(rende
     }]  # fmt: skip
     assert [port["name"] for port in service["spec"]["ports"]] == ["http"]
     web = containers(by_kind(docs, "Deployment")["gantry-web"])[0]
-    assert env_of(web)["GANTRY_METRICS_TOKEN"]["valueFrom"] == {
-        "secretKeyRef": {"name": "gantry-secrets", "key": "metrics-token"}
-    }
+    assert env_of(web)["GANTRY_METRICS_TOKEN"]["valueFrom"] == METRICS_TOKEN
+
+
+def test_each_worker_pod_runs_the_metrics_exporter_the_podmonitor_scrapes(rendered):
+    _, docs = rendered
+    deployments = by_kind(docs, "Deployment")
+    for name in WORKERS:
+        pod = deployments[name]["spec"]["template"]
+        exporter = container_named(deployments[name], "metrics-exporter")
+        assert exporter["image"] == container_named(deployments[name], "worker")["image"]
+        listen = "0.0.0.0"  # noqa: S104 (the pod's address: Prometheus reaches it there)
+        assert exporter["command"] == [
+            "python", "-m", "portal.metrics_exporter", "--host", listen, "--port",
+            str(EXPORTER_PORT),
+        ]  # fmt: skip
+        assert exporter["ports"] == [{"name": "metrics", "containerPort": EXPORTER_PORT}]
+        # The metrics directory of the worker's processes, shared, read-only here; the
+        # exporter finds it by GANTRY_METRICS_DIR of the ConfigMap.
+        assert exporter["volumeMounts"] == [
+            {"name": "metrics", "mountPath": METRICS_DIR, "readOnly": True}
+        ]
+        assert {"name": "metrics", "mountPath": METRICS_DIR} in container_named(
+            deployments[name], "worker"
+        )["volumeMounts"]
+        assert {"name": "metrics", "emptyDir": {}} in pod["spec"]["volumes"]
+        assert exporter["envFrom"] == [{"configMapRef": {"name": "gantry-config"}}]
+        assert env_of(exporter) == {
+            "GANTRY_METRICS_TOKEN": {"name": "GANTRY_METRICS_TOKEN", "valueFrom": METRICS_TOKEN}
+        }
+        assert exporter["resources"] == {
+            "requests": {"cpu": "10m", "memory": "64Mi"},
+            "limits": {"cpu": "200m", "memory": "128Mi"},
+        }
+        assert pod["metadata"]["annotations"] == {
+            "kubectl.kubernetes.io/default-container": "worker"
+        }
+    config = by_kind(docs, "ConfigMap")["gantry-config"]["data"]
+    assert config["GANTRY_METRICS_DIR"] == METRICS_DIR
+    # No other pod runs it: the web serves its own /metrics, beat records nothing.
+    assert {
+        name for name, d in deployments.items()
+        if any(c["name"] == "metrics-exporter" for c in containers(d))
+    } == set(WORKERS)  # fmt: skip
+
+    monitor = by_kind(docs, "PodMonitor")["gantry-workers"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(monitor["spec"]) == {"selector", "podMetricsEndpoints"}
+    assert monitor["spec"]["podMetricsEndpoints"] == [{
+        "port": "metrics", "path": "/metrics", "interval": "30s", "scheme": "http",
+        "authorization": {"type": "Bearer",
+                          "credentials": {"name": "gantry-secrets", "key": "metrics-token"}},
+    }]  # fmt: skip
+    assert selected_pods(docs, monitor["spec"]["selector"]) == set(WORKERS)
 
 
 def test_web_runs_gunicorn_ready_on_readyz_and_alive_on_healthz(rendered):
@@ -131,7 +212,7 @@ def test_workers_consume_every_queue_once_and_beat_runs_the_leader_scheduler(ren
     deployments = by_kind(docs, "Deployment")
     consumed: dict[str, str] = {}
     for name, deployment in deployments.items():
-        command = containers(deployment)[0]["command"][-1]
+        command = main_container(deployment)["command"][-1]
         if " worker " in command:
             queues = re.search(r" -Q (\S+) ", command).group(1).split(",")
             for queue in queues:
@@ -182,6 +263,8 @@ def test_secrets_come_by_reference_and_none_is_written_down(rendered):
         if doc["kind"] not in WORKLOADS:
             continue
         for container in containers(doc):
+            if container["name"] == "metrics-exporter":
+                continue  # its one secret: test_each_worker_pod_runs_the_metrics_exporter…
             env = env_of(container)
             for name, (secret, key) in SECRET_ENV.items():
                 assert env[name] == {
@@ -204,15 +287,7 @@ def test_selectors_match_between_deployments_services_pdbs_and_policies(rendered
     components = {labels["app.kubernetes.io/component"] for labels in pods.values()}
 
     def selected(selector: dict) -> set[str]:
-        found = set()
-        for name, labels in pods.items():
-            if not selector.get("matchLabels", {}).items() <= labels.items():
-                continue
-            if all(
-                labels.get(e["key"]) in e["values"] for e in selector.get("matchExpressions", [])
-            ):
-                found.add(name)
-        return found
+        return selected_pods(docs, selector)
 
     services = by_kind(docs, "Service")
     assert selected({"matchLabels": services["gantry-web"]["spec"]["selector"]}) == {"gantry-web"}
@@ -231,6 +306,7 @@ def test_selectors_match_between_deployments_services_pdbs_and_policies(rendered
         "gantry-cluster-apis": {"gantry-web", "gantry-worker-backend", "gantry-worker-telemetry"},
         "gantry-proxy-workspaces": {"gantry-proxy"},
         "gantry-mail": {"gantry-worker-background"},
+        "gantry-worker-metrics-ingress": set(WORKERS),
     }
     ingress_ports = {
         name: [port["port"] for rule in p["spec"].get("ingress", []) for port in rule["ports"]]
@@ -238,5 +314,10 @@ def test_selectors_match_between_deployments_services_pdbs_and_policies(rendered
     }
     assert ingress_ports["gantry-web-ingress"] == [8000]
     assert ingress_ports["gantry-proxy-ingress"] == [8001]
+    # The exporters' port, from Prometheus's namespace only.
+    assert ingress_ports["gantry-worker-metrics-ingress"] == [EXPORTER_PORT]
+    assert policies["gantry-worker-metrics-ingress"]["spec"]["ingress"][0]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
     assert policies["gantry-base"]["spec"]["policyTypes"] == ["Ingress", "Egress"]
     assert "ingress" not in policies["gantry-base"]["spec"]
