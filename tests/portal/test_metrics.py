@@ -246,9 +246,7 @@ def test_prometheus_scrapes_pending_runs_and_telemetry_samples(
 
     # When: Prometheus scrapes /metrics with the token.
     prometheus = scraping_prometheus()
-    wait_for_series(
-        prometheus, '{job="gantry",__name__="gantry_runs_pending"}', 3, timeout_s=60
-    )
+    wait_for_series(prometheus, '{job="gantry",__name__="gantry_runs_pending"}', 3, timeout_s=60)
 
     # Then it knows why the runs wait, and what the collector of that cluster read.
     assert sorted(
