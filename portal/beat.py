@@ -59,7 +59,8 @@ class LeaderScheduler(Scheduler):
             if not self._standing_by:
                 self._standing_by = True
                 logger.info(
-                    "beat: %s stands by; another beat leads (lock: %s); trying every %s s",
+                    # Not "another beat leads": with the lock's store unreachable nobody may.
+                    "beat: %s stands by: it does not hold the leader lock (%s); trying every %s s",
                     holder_name(), leadership.lock.where, settings.GANTRY_BEAT_LOCK_POLL_S,
                 )  # fmt: skip
             return leadership.seconds_to_next_check(now)
