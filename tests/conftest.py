@@ -135,16 +135,22 @@ def _every_sync_runs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
 def _no_admission_kick_left(request: pytest.FixtureRequest) -> None:
     """Each test starts with no admission cycle marked as waiting (jobs.enqueue) and no sync
     just started (``sync_slot_claim``): a mark left by an earlier test would hold back this
-    test's kicks, or skip its sync, until it expires. The cache outlives tests (Redis, or a
-    table tests don't flush)."""
-    if request.node.get_closest_marker("django_db") is not None:
-        from django.core.cache import cache
+    test's kicks, or skip its sync, until it expires; and a test that moves the clock to the
+    past sees a mark stamped in real time as unexpired. The cache outlives tests (Redis, or
+    a table tests don't flush). Tests that reach the database through a fixture (``world``)
+    are cleared too."""
+    fixture = next((f for f in ("transactional_db", "db") if f in request.fixturenames), None)
+    if fixture is not None:
+        request.getfixturevalue(fixture)
+    elif request.node.get_closest_marker("django_db") is None:
+        return
+    from django.core.cache import cache
 
-        from jobs.enqueue import admission_kick_clear
-        from jobs.services.backend_sync import SYNC_SLOT_KEY
+    from jobs.enqueue import admission_kick_clear
+    from jobs.services.backend_sync import SYNC_SLOT_KEY
 
-        admission_kick_clear()
-        cache.delete(SYNC_SLOT_KEY)
+    admission_kick_clear()
+    cache.delete(SYNC_SLOT_KEY)
 
 
 @pytest.fixture(autouse=True)

@@ -300,6 +300,12 @@ class Clock:
     def advance(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
 
+    def catch_up(self) -> None:
+        """To the next whole second of real time, if behind it: what the cluster does next
+        comes after what Gantry recorded so far (a clock started while a slow machine set
+        up the test's database can lag its first submit by seconds)."""
+        self.now = max(self.now, datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1))
+
     def stamp(self, at: datetime | None = None) -> str:
         return (at or self.now).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -30,7 +30,16 @@ OVERFLOWS = """() => {
   document.querySelectorAll("table").forEach((table, index) => {
     const box = table.parentElement;
     if (table.offsetWidth > box.clientWidth + 1) {
-      found.push(`table ${table.dataset.table || index} ${table.offsetWidth} > ${box.clientWidth}`);
+      // Each column's width and its widest cell's text: what to shorten or let wrap.
+      const columns = Array.from(table.querySelectorAll("tr:first-child th")).map((th, i) => {
+        const cells = Array.from(table.querySelectorAll(`tr > :nth-child(${i + 1})`));
+        const widest = cells.reduce((a, b) => (b.scrollWidth > a.scrollWidth ? b : a), th);
+        return `${th.innerText}: ${th.offsetWidth} (${widest.innerText.slice(0, 60)})`;
+      });
+      found.push(
+        `table ${table.dataset.table || index} ${table.offsetWidth} > ${box.clientWidth}; ` +
+          columns.join("; "),
+      );
     }
     table.querySelectorAll("th, td").forEach((cell) => {
       if (cell.scrollWidth > cell.clientWidth + 1) {

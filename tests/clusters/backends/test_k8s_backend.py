@@ -1303,6 +1303,7 @@ def _submitted_run(world, **overrides):
     attempt = Attempt.objects.get(run=run)
     assert attempt.cluster_id == world.k8s.pk
     attempt_submit(attempt_id=attempt.pk)
+    world.fake.controller.clock.catch_up()  # the run's events so far come before the pod's
     return run, attempt
 
 
