@@ -75,6 +75,8 @@ class LazyState(CycleState):
     something they could change is asked (see the module's docstring)."""
 
     pending: dict[str, list[QueuedRun]]  # flavor -> starving heads, in the cycle's order
+    # run id -> the cluster of its latest reservation: kept from cycle to cycle (``Clusters``)
+    reserved_on: dict[int, str]
 
     def _best_fit(self, run: QueuedRun) -> tuple[PoolState, placement.Placement] | None:
         """``CycleState._best_fit``; for a one-node gang, the pools' best nodes compared as
@@ -102,19 +104,26 @@ class LazyState(CycleState):
         for run in waiting or ():
             self._reserve_now(run)
 
-    def _reserve_now(self, run: QueuedRun) -> None:
+    def _reserve_now(self, run: QueuedRun) -> tuple[PoolState, list[str]] | None:
         """``CycleState.reserve`` for a starving run, the same nodes held: a pool is asked
-        for its closest nodes only if it could rank before the best found so far."""
+        for its closest nodes only if it could rank before the best found so far. The pool
+        and the nodes whose GPUs it held back, if any (a fence changes no placement)."""
         since = run.submitted + self.starvation_after_s
         best: tuple[PoolState, tuple[str, ...]] | None = None
         best_rank: tuple[int, int, str] | None = None
-        # The pools in the clusters' order (ties go to the first); one that could not rank
-        # before the best found is not asked.
-        for pool in self.pools_by_flavor[run.flavor]:
+        # The best rank of all (the cluster breaks ties), whatever order the pools are
+        # asked in: first the cluster the run reserved on last (in an earlier cycle), most
+        # often the best again, so that fewer others are asked; one that could not rank
+        # before the best found is not.
+        pools = self.pools_by_flavor[run.flavor]
+        last = self.reserved_on.get(run.id)
+        if last is not None:
+            pools = sorted(pools, key=lambda pool: pool.cluster != last)
+        for pool in pools:
             if best_rank is not None:
                 if not cast(SimPool, pool).opened:
-                    if best_rank[:2] <= (0, 0):
-                        continue  # it ranks (0, 0) at best, after the best's cluster
+                    if best_rank <= (0, 0, pool.cluster):
+                        continue  # it ranks (0, 0, its cluster) at best
                 elif not cast(SimPool, pool).could_beat(
                     run.nodes, run.gpus_per_node, since, best_rank
                 ):
@@ -127,24 +136,37 @@ class LazyState(CycleState):
             if best_rank is None or rank < best_rank:
                 best, best_rank = (pool, target), rank
         if best is None:
-            return
+            return None
         pool, target = best
+        self.reserved_on[run.id] = pool.cluster
+        held = []
         for name in target:
             pool.fence(name)
             gpus = min(pool.available(name), run.gpus_per_node)
             if gpus:
                 pool.hold(name, gpus)
+                held.append(name)
+        return (pool, held) if held else None
 
     def best_fit(self, run: QueuedRun) -> tuple[PoolState, placement.Placement] | None:
         """``CycleState.best_fit`` once the reservations pending before ``run`` are made:
         one by one, as long as it still has a placement (once it has none, the others
-        cannot give it one, and stay pending)."""
+        cannot give it one, and stay pending). A reservation that holds no GPU of the
+        placement found leaves it there: the run still has one, and the best is found
+        again only once they are all made (a reservation elsewhere can change which is)."""
         found = super().best_fit(run)
         waiting = self.pending.get(run.flavor)
+        stale = False
         while found is not None and waiting:
-            self._reserve_now(waiting.pop(0))
-            found = super().best_fit(run)
-        return found
+            held = self._reserve_now(waiting.pop(0))
+            if held is None:
+                continue
+            pool, names = held
+            if pool is found[0] and not set(names).isdisjoint(found[1].nodes):
+                found, stale = super().best_fit(run), False
+            else:
+                stale = True
+        return super().best_fit(run) if stale else found
 
     def victims(
         self, run: QueuedRun, pool: PoolState
@@ -401,7 +423,7 @@ def decide_flavor(
     Where a line of the flavor may pass its head, on the lines' fronts, deepened as
     needed."""
     wide = any(key[1] == flavor for key in passable)
-    usage, quotas = clusters.base.usage, snapshot.quotas
+    usage, quotas, known = clusters.base.usage, snapshot.quotas, clusters.line_states
     while True:
         given = lines.front(flavor) if wide else lines.of(flavor)
         active: dict[Key, list[QueuedRun]] = {}
@@ -409,14 +431,23 @@ def decide_flavor(
         waits: dict[Key, Wait] = {}
         for key, line in given.items():
             head = line[0]
-            why = held_back(snapshot, usage, key, head, passable)
-            if why is not None:
-                waits[key] = why
+            # What is found of a line depends on its first run and its tenant's usage only
+            # (the quotas, budgets and policies do not change): found again when they do.
+            used = usage[key]
+            seen = known.get(key)
+            if seen is None or seen[0] is not head or seen[1] != used:
+                why = held_back(snapshot, usage, key, head, passable)
+                borrows = False
+                if why is None:
+                    quota = quotas[key]
+                    fits = quota.max_gpus_per_run is None or head.gpus <= quota.max_gpus_per_run
+                    borrows = fits and used + head.gpus > quota.guaranteed
+                known[key] = seen = (head, used, why, borrows)
+            if seen[2] is not None:
+                waits[key] = seen[2]
                 continue
             active[key] = line
-            quota = quotas[key]
-            fits = quota.max_gpus_per_run is None or head.gpus <= quota.max_gpus_per_run
-            if fits and usage[key] + head.gpus > quota.guaranteed:
+            if seen[3]:
                 borrowing.add(key)
         state = clusters.cycle_state((flavor,), snapshot.now)
         decisions, found = decide(snapshot, state, active, passable, borrowing)
@@ -448,6 +479,12 @@ class Clusters:
         # (cluster, flavor, node) -> run id -> when it was admitted: a node's ``entered``
         # is the latest of them.
         self.admitted_on: dict[tuple[str, str, str], dict[int, float]] = defaultdict(dict)
+        # run id -> the cluster a starving run of it last reserved nodes on, in any cycle:
+        # where ``LazyState`` looks first (only an order: the reservation is the same).
+        self.reserved_on: dict[int, str] = {}
+        # (tenant, flavor) -> (its first run, the tenant's usage, why it is held back or
+        # None, whether that run borrows) when ``decide_flavor`` last looked at the line.
+        self.line_states: dict[Key, tuple[QueuedRun, int, Wait | None, bool]] = {}
         for run in snapshot.held:
             self.add(run)
 
@@ -538,4 +575,5 @@ class Clusters:
         state.starvation_after_s = self.snapshot.starvation_after_s
         state.answers = {}
         state.pending = defaultdict(list)
+        state.reserved_on = self.reserved_on
         return state
