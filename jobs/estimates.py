@@ -36,7 +36,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from jobs import admission, admission_types, estimates_state, placement
+from jobs import admission, admission_types, estimates_lines, estimates_state, placement
 
 DAY_S = 86_400.0
 Key = tuple[str, str]  # (tenant, flavor)
@@ -166,14 +166,14 @@ class _Simulation:
         self.waits: dict[
             tuple[str, str], admission_types.Wait
         ] = {}  # (tenant, flavor) -> head's wait
-        self.lines = estimates_state.Lines(self.queued.values())
+        self.lines = estimates_lines.Lines(self.queued.values())
         self.resumed: dict[int, float | None] = {}  # preempted run -> the time it had left
         # Flavors whose GPUs changed hands since the last simulated cycle. Flavors share
         # nothing in admission, and a cycle over a flavor where nothing changed decides
         # nothing new (what could start started the cycle before; a run that began starving
         # since only holds nodes back), so only these are decided again.
         self.changed = {run.flavor for run in snapshot.queued}
-        # Lines whose blocked head may be passed (``estimates_state.Lines``).
+        # Lines whose blocked head may be passed (``estimates_lines.Lines``).
         self.passable = _passable(snapshot)
 
     def cycle(self) -> admission_types.Decisions:
@@ -575,5 +575,5 @@ def expected_end(
     return min(latest_end, end)
 
 
-# The lines of the queue, by flavor: ``estimates_state.Lines`` (its ``FRONT`` is read there).
-_Lines = estimates_state.Lines
+# The lines of the queue, by flavor: ``estimates_lines.Lines`` (its ``FRONT`` is read there).
+_Lines = estimates_lines.Lines

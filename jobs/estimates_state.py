@@ -18,15 +18,16 @@ bench/estimates_reference.py, on random snapshots):
   so each is decided on its own (``decide_flavor``).
 - A line whose first run waits whatever the clusters do and changes nothing in the cycle
   (no quota, a spent hard budget, too large with no later run allowed to pass it, the
-  tenant at its guarantee plus borrow limit) is not walked (``held_back``), and a line
-  whose first run borrows is known to before phase 1 comes to it. Only a preemption in
-  the cycle could lower such a tenant's usage: then the cycle is decided again with every
-  line as it is (rare).
+  tenant at its guarantee plus borrow limit) is not walked
+  (``jobs.estimates_lines.held_back``), and a line whose first run borrows is known to
+  before phase 1 comes to it. Only a preemption in the cycle could lower such a tenant's
+  usage: then the cycle is decided again with every line as it is (rare). What is found
+  of a line is kept until its first run or its tenant's usage changes.
 - A line is walked only as far as the cycle gets (a blocked run holds its tenant's later
   ones back), not sorted from a queue again. Where a head may be passed (a line whose
   tenant's policy is not ``strict``) admission goes on behind it: there each line is
-  given as before, its first runs (``Lines.front``), more when they were all admitted
-  (``Lines.deepen``), and the cycle decided again.
+  given as before, its first runs (``jobs.estimates_lines.Lines.front``), more when they
+  were all admitted (``Lines.deepen``), and the cycle decided again.
 - A starving head's reservation is made only once something asks about its flavor's nodes
   that it could change (``LazyState``): a placement or a reclaim that exists without it,
   an admission, a preemption, a backfill plan. A reservation only takes (it holds free GPUs
@@ -43,10 +44,10 @@ bench/estimates_reference.py, on random snapshots):
 import heapq
 from bisect import insort
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
-from typing import cast
+from typing import Any, cast
 
 from jobs import placement
 from jobs.admission import _Cycle
@@ -65,9 +66,11 @@ from jobs.admission_types import (
     victim_order,
 )
 from jobs.backfill import Plan
+from jobs.estimates_lines import Lines, held_back
 from jobs.estimates_pool import SimPool
 
 Key = tuple[str, str]  # (tenant, flavor)
+_ABSENT = object()  # no entry at that key (``LazyState.restore``)
 
 
 class LazyState(CycleState):
@@ -77,12 +80,17 @@ class LazyState(CycleState):
     pending: dict[str, list[QueuedRun]]  # flavor -> starving heads, in the cycle's order
     # run id -> the cluster of its latest reservation: kept from cycle to cycle (``Clusters``)
     reserved_on: dict[int, str]
+    # The usage, placements and latest ends are the kept ones (``Clusters.base``'s): each
+    # change the cycle makes to them (table, key, what it held), undone after it.
+    undo: list[tuple[dict[Any, Any], object, object]]
 
     def _best_fit(self, run: QueuedRun) -> tuple[PoolState, placement.Placement] | None:
         """``CycleState._best_fit``; for a one-node gang, the pools' best nodes compared as
         it compares them (all as tight: the fewest GPUs left, then the cluster)."""
         if run.nodes != 1 or run.gpus_per_node < 1:
             return super()._best_fit(run)
+        if not run.excluded and not (run.topology_required and run.topology_level):
+            return self._best_node(run.flavor, run.gpus_per_node)
         best, best_rank = None, None
         for pool in self.pools_by_flavor[run.flavor]:
             where = pool.place(run)
@@ -92,6 +100,25 @@ class LazyState(CycleState):
             if best_rank is None or rank < best_rank:
                 best, best_rank = (pool, where), rank
         return best
+
+    def _best_node(self, flavor: str, need: int) -> tuple[PoolState, placement.Placement] | None:
+        """The best fit of a one-node gang of ``need`` GPUs that may go on any node: of all
+        the pools' nodes, the fewest GPUs available that are enough, then the cluster, then
+        the node's name (``SimPool.place``'s order within a pool)."""
+        found: tuple[tuple[int, str, str], PoolState] | None = None
+        for pool in self.pools_by_flavor[flavor]:
+            nodes = pool.nodes
+            for name, room in cast(SimPool, pool).opened.items():
+                if room >= need and nodes[name].gpus >= need:
+                    rank = (room, pool.cluster, name)
+                    if found is None or rank < found[0]:
+                        found = (rank, pool)
+        if found is None:
+            return None
+        (_, _, name), pool = found
+        return pool, placement.Placement(
+            nodes=(name,), domain=pool.nodes[name].path, single_node=True
+        )
 
     def reserve(self, run: QueuedRun, reservations: list[Reservation]) -> None:
         if self.now < run.submitted + self.starvation_after_s:
@@ -179,11 +206,34 @@ class LazyState(CycleState):
 
     def admit(self, run: QueuedRun, pool: PoolState, where: placement.Placement) -> None:
         self.settle(run.flavor)
+        self._keep(self.latest_end, run.id)
+        self._keep(self.usage, (run.tenant, run.flavor))
         super().admit(run, pool, where)
 
     def preempt(self, victim: HeldRun) -> None:
         self.settle(victim.flavor)
+        self._keep(self.held_on, victim.id)
+        self._keep(self.pool_of, victim.id)
+        self._keep(self.usage, (victim.tenant, victim.flavor))
         super().preempt(victim)
+
+    def _hold(self, pool: PoolState, run_id: int, on: dict[str, int], admitted: float) -> None:
+        self._keep(self.held_on, run_id)
+        self._keep(self.pool_of, run_id)
+        super()._hold(pool, run_id, on, admitted)
+
+    def _keep(self, table: dict[Any, Any], key: object) -> None:
+        """Note what ``table`` holds at ``key`` before the cycle changes it."""
+        self.undo.append((table, key, table.get(key, _ABSENT)))
+
+    def restore(self) -> None:
+        """Undo what the cycle changed of the tables it shares with ``Clusters``."""
+        for table, key, before in reversed(self.undo):
+            if before is _ABSENT:
+                table.pop(key, None)
+            else:
+                table[key] = before
+        self.undo.clear()
 
     def explain(self, run: QueuedRun) -> str:
         self.settle(run.flavor)
@@ -333,86 +383,6 @@ def decide(
     return decisions, waits
 
 
-class Lines:
-    """The queued runs of each tenant and flavor, in line (priority, then FIFO), by flavor.
-
-    A cycle admits a prefix of each line at most (a tenant's blocked run holds back its
-    later ones), and walks each line only as far as that (``decide``): a long queue costs
-    nothing beyond. Except in a flavor where a head may be passed (a line of a tenant whose
-    queueing policy is not ``strict``): there admission goes on behind a blocked head, and
-    the simulation before issue 38 gave ``decide`` only each line's first few runs
-    (``front``), more when a whole front was admitted (``deepen``), and decided the cycle
-    again. So does this one there (``decide_flavor``), for the same decisions: those are
-    not quite the cycle's on the whole queue, as the runs of a line beyond its front do not
-    start ahead of its head in that cycle (left as it was)."""
-
-    FRONT = 2
-
-    def __init__(self, runs: Iterable[QueuedRun]):
-        # flavor -> (tenant, flavor) -> its line
-        self.lines: dict[str, dict[Key, list[QueuedRun]]] = defaultdict(dict)
-        for run in sorted(runs, key=queue_order):
-            self.lines[run.flavor].setdefault((run.tenant, run.flavor), []).append(run)
-        self.depth: dict[Key, int] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self.lines)
-
-    def add(self, run: QueuedRun) -> None:
-        line = self.lines[run.flavor].setdefault((run.tenant, run.flavor), [])
-        insort(line, run, key=queue_order)
-
-    def remove(self, run: QueuedRun) -> None:
-        lines = self.lines[run.flavor]
-        line = lines[(run.tenant, run.flavor)]
-        line.remove(run)
-        if not line:
-            del lines[(run.tenant, run.flavor)]
-            if not lines:
-                del self.lines[run.flavor]
-
-    def of(self, flavor: str) -> dict[Key, list[QueuedRun]]:
-        return self.lines.get(flavor, {})
-
-    def front(self, flavor: str) -> dict[Key, list[QueuedRun]]:
-        return {
-            key: line[: self.depth.get(key, self.FRONT)] for key, line in self.of(flavor).items()
-        }
-
-    def deepen(self, flavor: str, admitted: set[int]) -> bool:
-        """Give more runs to each line of ``flavor`` whose whole front was admitted;
-        whether any was."""
-        deeper = False
-        for key, line in self.of(flavor).items():
-            depth = self.depth.get(key, self.FRONT)
-            if len(line) > depth and all(run.id in admitted for run in line[:depth]):
-                self.depth[key] = depth * 4
-                deeper = True
-        return deeper
-
-
-def held_back(
-    snapshot: Snapshot, usage: Mapping[Key, int], key: Key, head: QueuedRun, passable: set[Key]
-) -> Wait | None:
-    """Why the first run of a line waits, when it is for a reason no cycle's decisions can
-    change and changes nothing else in the cycle (the line's later runs wait behind it):
-    no quota, a run larger than the quota allows (where no later run may pass it), a spent
-    hard budget, or a tenant at its guarantee plus borrow limit (``usage``: before the
-    cycle; only its own runs ending, or preempted, lower it). As ``_Cycle.precheck`` and
-    ``_Cycle.borrow`` find it; None where the line must be decided."""
-    quota = snapshot.quotas.get(key)
-    if quota is None or quota.guaranteed + quota.borrow_limit == 0:
-        return Wait.NO_QUOTA
-    if quota.max_gpus_per_run is not None and head.gpus > quota.max_gpus_per_run:
-        return None if key in passable else Wait.TOO_LARGE
-    budget = quota.budget_gpu_hours
-    if budget is not None and quota.budget_hard and snapshot.budget_used.get(key, 0.0) >= budget:
-        return Wait.BUDGET_EXHAUSTED
-    if usage[key] + head.gpus > quota.guaranteed + quota.borrow_limit:
-        return Wait.QUOTA if quota.borrow_limit == 0 else Wait.BORROW_LIMIT
-    return None
-
-
 def decide_flavor(
     snapshot: Snapshot, clusters: "Clusters", lines: Lines, flavor: str, *, passable: set[Key]
 ) -> tuple[Decisions, dict[Key, Wait]]:
@@ -451,10 +421,12 @@ def decide_flavor(
                 borrowing.add(key)
         state = clusters.cycle_state((flavor,), snapshot.now)
         decisions, found = decide(snapshot, state, active, passable, borrowing)
+        state.restore()
         lowered = {(clusters.held[victim.run_id].tenant, flavor) for victim in decisions.preempted}
         if any(key in borrowing or (key in given and key not in active) for key in lowered):
             state = clusters.cycle_state((flavor,), snapshot.now)
             decisions, found = decide(snapshot, state, given, passable)
+            state.restore()
             waits = {}
         admitted = {admit.run_id for admit in decisions.admitted}
         if not wide or not lines.deepen(flavor, admitted):
@@ -553,10 +525,11 @@ class Clusters:
             state.pools_by_flavor[flavor].append(pool)
             pool.flavor_version = state.flavor_versions[flavor]
             pool.flavor_gives = state.flavor_gives[flavor]
-        state.usage = defaultdict(int, base.usage)
-        state.held_on = dict(base.held_on)
-        state.pool_of = dict(base.pool_of)
-        state.latest_end = dict(base.latest_end)
+        # The kept tables themselves, not copies: what the cycle changes in them is undone
+        # after it (``LazyState.restore``).
+        state.usage, state.held_on = base.usage, base.held_on
+        state.pool_of, state.latest_end = base.pool_of, base.latest_end
+        state.undo = []
         unplaced = [run for flavor in wanted for run in self.unplaced.get(flavor, {}).values()]
         for run in sorted(unplaced, key=lambda r: (r.admitted, r.id)):
             # As ``CycleState`` places it: on the nodes with the most free GPUs.
