@@ -12,6 +12,7 @@ with less work for what that simulation asks over and over (pure: no ORM, no clo
 """
 
 import math
+from bisect import bisect_left
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import cast
@@ -31,6 +32,9 @@ class SimPool(PoolState):
 
     opened: dict[str, int]  # schedulable node -> GPUs available, where there are any
     _stale: set[str]  # nodes changed since their ``placement.Node`` in ``_placeable`` was made
+    # When runs entered its nodes (``entered``), in order; None: to be sorted again. A run
+    # enters or leaves a node only as GPUs are taken or given there (``_change``).
+    _entered_times: list[float] | None
     # (GPUs per node, level, excluded nodes) -> per domain, its nodes in ``closest``'s order
     _rooms: dict[tuple[int, int | None, tuple[str, ...]], list["_Domain"]]
 
@@ -65,6 +69,7 @@ class SimPool(PoolState):
                 if room:
                     other.opened[name] = room
         other._rooms = {}
+        other._entered_times = pool._entered_times if isinstance(pool, SimPool) else None
         return other
 
     def _change(self, name: str, *, free: int = 0, reserved: int = 0) -> None:
@@ -74,6 +79,8 @@ class SimPool(PoolState):
         self.flavor_version[0] += 1
         if free > 0 or reserved < 0:
             self.flavor_gives[0] += 1
+        if not reserved:
+            self._entered_times = None
         tally, opened = self.tally, self.opened
         node = self.nodes[name]
         if node.schedulable:
@@ -114,26 +121,40 @@ class SimPool(PoolState):
             for domain in domains:
                 domain.drop(name)
 
+    def fresh_at_most(self, since: float) -> int:
+        """How many of its nodes no run entered ``since`` and no starving run fenced: at
+        least as many as ``closest`` finds in any domain, of the nodes it could take."""
+        times = self._entered_times
+        if times is None:
+            times = self._entered_times = sorted(self.entered.values())
+        fresh = len(self.nodes) - (len(times) - bisect_left(times, since))
+        entered = self.entered
+        for name in self.fenced:
+            if entered.get(name, -math.inf) < since:
+                fresh -= 1
+        return fresh
+
     def could_beat(
         self, count: int, gpus_per_node: int, since: float, rank: tuple[int, int, str]
     ) -> bool:
-        """Whether ``closest`` could rank this pool before ``rank`` (of a pool of a cluster
-        named before this one's): only with GPUs available on enough nodes it could take
-        (not fenced, able to hold the gang's share), and, before a rank of no entered node,
-        on nodes not entered ``since``."""
+        """Whether ``closest`` could rank this pool before ``rank``: always, if that rank has
+        entered nodes (this pool's could have none); else only with GPUs available on
+        enough nodes it could take (not fenced, able to hold the gang's share) and not
+        entered ``since``."""
+        if rank[0] > 0:
+            return True
         fenced, entered, nodes = self.fenced, self.entered, self.nodes
-        fresh_only = rank[0] == 0
-        rooms = sorted(
-            (
-                room
-                for name, room in self.opened.items()
-                if name not in fenced
-                and nodes[name].gpus - nodes[name].outside >= gpus_per_node
-                and not (fresh_only and entered.get(name, -math.inf) >= since)
-            ),
-            reverse=True,
-        )[:count]
-        return (0, -sum(min(room, gpus_per_node) for room in rooms), self.cluster) < rank
+        inf = -math.inf
+        rooms = [
+            min(room, gpus_per_node)
+            for name, room in self.opened.items()
+            if name not in fenced
+            and nodes[name].gpus - nodes[name].outside >= gpus_per_node
+            and entered.get(name, inf) < since
+        ]
+        if len(rooms) > count:
+            rooms = sorted(rooms, reverse=True)[:count]
+        return (0, -sum(rooms), self.cluster) < rank
 
     def closest(
         self, run: QueuedRun, since: float

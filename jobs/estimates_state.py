@@ -78,6 +78,10 @@ class LazyState(CycleState):
     something they could change is asked (see the module's docstring)."""
 
     pending: dict[str, list[QueuedRun]]  # flavor -> starving heads, in the cycle's order
+    # ``_fit``'s answers: shape -> (the flavor's version, the best fit then); and shape ->
+    # the flavor's count of GPUs made available when it last fitted nowhere.
+    fits: dict[tuple[object, ...], tuple[int, tuple[PoolState, placement.Placement] | None]]
+    nowhere: dict[tuple[object, ...], int]
     # run id -> the cluster of its latest reservation: kept from cycle to cycle (``Clusters``)
     reserved_on: dict[int, str]
     # The usage, placements and latest ends are the kept ones (``Clusters.base``'s): each
@@ -148,6 +152,8 @@ class LazyState(CycleState):
             pools = sorted(pools, key=lambda pool: pool.cluster != last)
         for pool in pools:
             if best_rank is not None:
+                if run.nodes - cast(SimPool, pool).fresh_at_most(since) > best_rank[0]:
+                    continue  # more of its nodes entered than the best's, at the least
                 if not cast(SimPool, pool).opened:
                     if best_rank <= (0, 0, pool.cluster):
                         continue  # it ranks (0, 0, its cluster) at best
@@ -181,7 +187,7 @@ class LazyState(CycleState):
         cannot give it one, and stay pending). A reservation that holds no GPU of the
         placement found leaves it there: the run still has one, and the best is found
         again only once they are all made (a reservation elsewhere can change which is)."""
-        found = super().best_fit(run)
+        found = self._fit(run)
         waiting = self.pending.get(run.flavor)
         stale = False
         while found is not None and waiting:
@@ -190,10 +196,29 @@ class LazyState(CycleState):
                 continue
             pool, names = held
             if pool is found[0] and not set(names).isdisjoint(found[1].nodes):
-                found, stale = super().best_fit(run), False
+                found, stale = self._fit(run), False
             else:
                 stale = True
-        return super().best_fit(run) if stale else found
+        return self._fit(run) if stale else found
+
+    def _fit(self, run: QueuedRun) -> tuple[PoolState, placement.Placement] | None:
+        """``CycleState.best_fit``, its answers remembered the same way (by shape, until the
+        flavor's pools change; and none until GPUs become available again) in tables of
+        their own, with fewer keys made per question."""
+        flavor = run.flavor
+        level = run.topology_level if run.topology_required else None
+        shape = (flavor, run.nodes, run.gpus_per_node, level, run.excluded)
+        version = self.flavor_versions[flavor][0]
+        hit = self.fits.get(shape)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        if self.nowhere.get(shape) == self.flavor_gives[flavor][0]:
+            return None
+        found = self._best_fit(run)
+        self.fits[shape] = (version, found)
+        if found is None:
+            self.nowhere[shape] = self.flavor_gives[flavor][0]
+        return found
 
     def victims(
         self, run: QueuedRun, pool: PoolState
@@ -546,7 +571,7 @@ class Clusters:
         state.now = now
         state.start_grace_s = self.snapshot.start_grace_s
         state.starvation_after_s = self.snapshot.starvation_after_s
-        state.answers = {}
+        state.answers, state.fits, state.nowhere = {}, {}, {}
         state.pending = defaultdict(list)
         state.reserved_on = self.reserved_on
         return state
