@@ -35,6 +35,7 @@ class SimPool(PoolState):
     # When runs entered its nodes (``entered``), in order; None: to be sorted again. A run
     # enters or leaves a node only as GPUs are taken or given there (``_change``).
     _entered_times: list[float] | None
+    _own_placeable: bool  # ``_placeable`` is its own, not the pool's it was copied from
     # (GPUs per node, level, excluded nodes) -> per domain, its nodes in ``closest``'s order
     _rooms: dict[tuple[int, int | None, tuple[str, ...]], list["_Domain"]]
 
@@ -55,8 +56,10 @@ class SimPool(PoolState):
         other.version = pool.version
         other.flavor_version, other.flavor_gives = [0], [0]
         other._memo = {}
-        other.tally = Counter(pool.tally)
-        other._placeable = dict(pool._placeable)
+        other.tally = Counter()
+        dict.update(other.tally, pool.tally)  # as ``Counter(pool.tally)``, without its checks
+        # Shared until a view needs the nodes changed made again (``view``).
+        other._placeable, other._own_placeable = pool._placeable, False
         other._stale = set(pool._stale) if isinstance(pool, SimPool) else set()
         other._settled = pool._settled
         other._capable_by_shape = pool._capable_by_shape
@@ -104,6 +107,8 @@ class SimPool(PoolState):
     def view(self, extra: Mapping[str, int] | None = None) -> list[placement.Node]:
         """``PoolState.view``, the nodes changed since the last view made again first."""
         if self._stale:
+            if not self._own_placeable:
+                self._placeable, self._own_placeable = dict(self._placeable), True
             for name in self._stale:
                 node = self.nodes[name]
                 left, held = self.free[name], self.reserved[name]
@@ -167,6 +172,22 @@ class SimPool(PoolState):
         if level == -1:
             return None
         count, need, excluded = run.nodes, run.gpus_per_node, run.excluded
+        # Remembered until the pool changes: only which nodes were entered ``since``
+        # matters, so the key has where ``since`` falls among the times they were.
+        times = self._entered_times
+        if times is None:
+            times = self._entered_times = sorted(self.entered.values())
+        key = ("closest", count, need, level, excluded, bisect_left(times, since))
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] == self.version:
+            return cast(tuple[tuple[str, ...], tuple[int, int]] | None, hit[1])
+        found = self._closest_now(count, need, level, excluded, since)
+        self._memo[key] = (self.version, found)
+        return found
+
+    def _closest_now(
+        self, count: int, need: int, level: int | None, excluded: tuple[str, ...], since: float
+    ) -> tuple[tuple[str, ...], tuple[int, int]] | None:
         domains = self._rooms.get((need, level, excluded))
         if domains is None:
             domains = self._rooms[(need, level, excluded)] = self._by_room(need, level, excluded)
