@@ -10,10 +10,12 @@ such lines out of the cycle).
 from bisect import insort
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
-from jobs.admission_types import QueuedRun, Snapshot, Wait, queue_order
+from jobs.admission_types import HeldRun, QueuedRun, Snapshot, Wait, queue_order
 
 Key = tuple[str, str]  # (tenant, flavor)
+_Run = TypeVar("_Run", QueuedRun, HeldRun)
 
 
 class Lines:
@@ -49,7 +51,7 @@ class Lines:
     def remove(self, run: QueuedRun) -> None:
         lines = self.lines[run.flavor]
         line = lines[(run.tenant, run.flavor)]
-        line.remove(run)
+        del line[index_of(line, run)]
         if not line:
             del lines[(run.tenant, run.flavor)]
             if not lines:
@@ -95,3 +97,12 @@ def held_back(
     if usage[key] + head.gpus > quota.guaranteed + quota.borrow_limit:
         return Wait.QUOTA if quota.borrow_limit == 0 else Wait.BORROW_LIMIT
     return None
+
+
+def index_of(runs: list[_Run], run: _Run) -> int:
+    """Where ``run`` itself is in ``runs``: ``list.index`` without comparing every run
+    before it field by field (runs are dataclasses; each id is in a list once)."""
+    for index, each in enumerate(runs):
+        if each is run:
+            return index
+    raise ValueError(f"run {run.id} is not in the list")

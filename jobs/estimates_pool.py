@@ -126,19 +126,6 @@ class SimPool(PoolState):
             for domain in domains:
                 domain.drop(name)
 
-    def fresh_at_most(self, since: float) -> int:
-        """How many of its nodes no run entered ``since`` and no starving run fenced: at
-        least as many as ``closest`` finds in any domain, of the nodes it could take."""
-        times = self._entered_times
-        if times is None:
-            times = self._entered_times = sorted(self.entered.values())
-        fresh = len(self.nodes) - (len(times) - bisect_left(times, since))
-        entered = self.entered
-        for name in self.fenced:
-            if entered.get(name, -math.inf) < since:
-                fresh -= 1
-        return fresh
-
     def could_beat(
         self, count: int, gpus_per_node: int, since: float, rank: tuple[int, int, str]
     ) -> bool:

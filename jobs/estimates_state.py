@@ -66,7 +66,7 @@ from jobs.admission_types import (
     victim_order,
 )
 from jobs.backfill import Plan
-from jobs.estimates_lines import Lines, held_back
+from jobs.estimates_lines import Lines, held_back, index_of
 from jobs.estimates_pool import SimPool
 
 Key = tuple[str, str]  # (tenant, flavor)
@@ -152,8 +152,6 @@ class LazyState(CycleState):
             pools = sorted(pools, key=lambda pool: pool.cluster != last)
         for pool in pools:
             if best_rank is not None:
-                if run.nodes - cast(SimPool, pool).fresh_at_most(since) > best_rank[0]:
-                    continue  # more of its nodes entered than the best's, at the least
                 if not cast(SimPool, pool).opened:
                     if best_rank <= (0, 0, pool.cluster):
                         continue  # it ranks (0, 0, its cluster) at best
@@ -519,7 +517,7 @@ class Clusters:
         if pool is None:
             return
         if run.borrowed:
-            pool.borrowed.remove(run)
+            del pool.borrowed[index_of(pool.borrowed, run)]
         if not run.nodes:
             del self.unplaced[run.flavor][run_id]
             return
