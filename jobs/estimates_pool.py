@@ -208,11 +208,18 @@ class SimPool(PoolState):
                     continue
                 room = opened.get(name)
                 if room:
-                    ranked.append((-min(room, gpus_per_node), name, entered.get(name, inf)))
+                    ranked.append((-min(room, gpus_per_node), name))
                 else:
-                    empty.append((0, name, entered.get(name, inf)))
+                    empty.append(name)
             ranked.sort()
-            domains.append(_Domain(ranked + empty if ranked else empty))
+            order = [name for _, name in ranked] + empty
+            domains.append(
+                _Domain(
+                    [minus for minus, _ in ranked] + [0] * len(empty),
+                    order,
+                    [entered.get(name, inf) for name in order],
+                )
+            )
         return domains
 
     def place(
@@ -302,10 +309,8 @@ class _Domain:
 
     __slots__ = ("entered", "minus", "names")
 
-    def __init__(self, nodes: list[tuple[int, str, float]]):
-        self.minus: list[int] = [minus for minus, _, _ in nodes]
-        self.names: list[str] = [name for _, name, _ in nodes]
-        self.entered: list[float] = [at for _, _, at in nodes]
+    def __init__(self, minus: list[int], names: list[str], entered: list[float]):
+        self.minus, self.names, self.entered = minus, names, entered
 
     def drop(self, name: str) -> None:
         if name in self.names:

@@ -82,6 +82,7 @@ class LazyState(CycleState):
     # the flavor's count of GPUs made available when it last fitted nowhere.
     fits: dict[tuple[object, ...], tuple[int, tuple[PoolState, placement.Placement] | None]]
     nowhere: dict[tuple[object, ...], int]
+    sim_pools: dict[str, list[SimPool]]  # ``pools_by_flavor`` (every pool is a ``SimPool``)
     # run id -> the cluster of its latest reservation: kept from cycle to cycle (``Clusters``)
     reserved_on: dict[int, str]
     # The usage, placements and latest ends are the kept ones (``Clusters.base``'s): each
@@ -109,10 +110,10 @@ class LazyState(CycleState):
         """The best fit of a one-node gang of ``need`` GPUs that may go on any node: of all
         the pools' nodes, the fewest GPUs available that are enough, then the cluster, then
         the node's name (``SimPool.place``'s order within a pool)."""
-        found: tuple[tuple[int, str, str], PoolState] | None = None
-        for pool in self.pools_by_flavor[flavor]:
+        found: tuple[tuple[int, str, str], SimPool] | None = None
+        for pool in self.sim_pools[flavor]:
             nodes = pool.nodes
-            for name, room in cast(SimPool, pool).opened.items():
+            for name, room in pool.opened.items():
                 if room >= need and nodes[name].gpus >= need:
                     rank = (room, pool.cluster, name)
                     if found is None or rank < found[0]:
@@ -140,24 +141,22 @@ class LazyState(CycleState):
         for its closest nodes only if it could rank before the best found so far. The pool
         and the nodes whose GPUs it held back, if any (a fence changes no placement)."""
         since = run.submitted + self.starvation_after_s
-        best: tuple[PoolState, tuple[str, ...]] | None = None
+        best: tuple[SimPool, tuple[str, ...]] | None = None
         best_rank: tuple[int, int, str] | None = None
         # The best rank of all (the cluster breaks ties), whatever order the pools are
         # asked in: first the cluster the run reserved on last (in an earlier cycle), most
         # often the best again, so that fewer others are asked; one that could not rank
         # before the best found is not.
-        pools = self.pools_by_flavor[run.flavor]
+        pools = self.sim_pools[run.flavor]
         last = self.reserved_on.get(run.id)
         if last is not None:
             pools = sorted(pools, key=lambda pool: pool.cluster != last)
         for pool in pools:
             if best_rank is not None:
-                if not cast(SimPool, pool).opened:
+                if not pool.opened:
                     if best_rank <= (0, 0, pool.cluster):
                         continue  # it ranks (0, 0, its cluster) at best
-                elif not cast(SimPool, pool).could_beat(
-                    run.nodes, run.gpus_per_node, since, best_rank
-                ):
+                elif not pool.could_beat(run.nodes, run.gpus_per_node, since, best_rank):
                     continue
             found = pool.closest(run, since)
             if found is None:
@@ -542,6 +541,7 @@ class Clusters:
             key: SimPool.of(pool) for key, pool in base.pools.items() if key[1] in wanted
         }
         state.pools_by_flavor = defaultdict(list)
+        state.sim_pools = cast(dict[str, list[SimPool]], state.pools_by_flavor)
         state.flavor_versions = defaultdict(lambda: [0])
         state.flavor_gives = defaultdict(lambda: [0])
         for (_, flavor), pool in state.pools.items():
