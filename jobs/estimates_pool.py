@@ -126,6 +126,11 @@ class SimPool(PoolState):
             for domain in domains:
                 domain.drop(name)
 
+    def could_fit(self, nodes: int, gpus_per_node: int) -> bool:
+        """``PoolState.could_fit``: whether enough nodes have that many GPUs available."""
+        tally = self.tally
+        return sum([tally[free] for free in tally if free >= gpus_per_node]) >= nodes
+
     def could_beat(
         self, count: int, gpus_per_node: int, since: float, rank: tuple[int, int, str]
     ) -> bool:
@@ -199,27 +204,17 @@ class SimPool(PoolState):
         inf = -math.inf
         domains = []
         for names in self.capable(gpus_per_node, level):  # each in name order
+            if fenced or excluded:
+                names = [name for name in names if name not in fenced and name not in excluded]
             # The nodes with GPUs available by what they have of it; then the others, all
             # at 0, in name order as they come.
-            ranked = []
-            empty = []
-            for name in names:
-                if name in fenced or name in excluded:
-                    continue
-                room = opened.get(name)
-                if room:
-                    ranked.append((-min(room, gpus_per_node), name))
-                else:
-                    empty.append(name)
-            ranked.sort()
-            order = [name for _, name in ranked] + empty
-            domains.append(
-                _Domain(
-                    [minus for minus, _ in ranked] + [0] * len(empty),
-                    order,
-                    [entered.get(name, inf) for name in order],
-                )
+            ranked = sorted(
+                [(-min(opened[name], gpus_per_node), name) for name in names if name in opened]
             )
+            order = [name for _, name in ranked]
+            order += [name for name in names if name not in opened]
+            minus = [minus for minus, _ in ranked] + [0] * (len(order) - len(ranked))
+            domains.append(_Domain(minus, order, [entered.get(name, inf) for name in order]))
         return domains
 
     def place(
