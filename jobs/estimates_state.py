@@ -111,13 +111,15 @@ class LazyState(CycleState):
         the pools' nodes, the fewest GPUs available that are enough, then the cluster, then
         the node's name (``SimPool.place``'s order within a pool)."""
         found: tuple[tuple[int, str, str], SimPool] | None = None
-        for pool in self.sim_pools[flavor]:
+        for pool in self.sim_pools[flavor]:  # in the clusters' order
             nodes = pool.nodes
             for name, room in pool.opened.items():
                 if room >= need and nodes[name].gpus >= need:
                     rank = (room, pool.cluster, name)
                     if found is None or rank < found[0]:
                         found = (rank, pool)
+            if found is not None and found[0][0] == need:
+                break  # no fit is tighter, and the pools after rank after this one
         if found is None:
             return None
         (_, _, name), pool = found
