@@ -13,9 +13,10 @@ bench/estimates_reference.py, on random snapshots):
 
 - The state after the held runs is kept (``Clusters``): a run that starts or ends changes
   it on its own nodes only. Each cycle works on a copy of the pools of its flavor
-  (``Clusters.cycle_state``, ``jobs.estimates_pool.SimPool``), as ``decide`` works on a
-  snapshot of the flavors whose GPUs changed hands: flavors share nothing in admission,
-  so each is decided on its own (``decide_flavor``).
+  (``Clusters.cycle_state``, ``jobs.estimates_pool.SimPool``), and on the kept usage,
+  placements and latest ends themselves, what it changes there undone after it, as
+  ``decide`` works on a snapshot of the flavors whose GPUs changed hands: flavors share
+  nothing in admission, so each is decided on its own (``decide_flavor``).
 - A line whose first run waits whatever the clusters do and changes nothing in the cycle
   (no quota, a spent hard budget, too large with no later run allowed to pass it, the
   tenant at its guarantee plus borrow limit) is not walked
@@ -35,8 +36,11 @@ bench/estimates_reference.py, on random snapshots):
   while the pending reservations are left out has none with them either: that answer
   stands. Other questions are answered once they are made, in their order, on the state
   they would have been made on (nothing of the flavor changed meanwhile); a placement
-  question, once enough of them are made for it to have no answer. Reservations still
-  pending when the cycle ends change nothing the simulation reads: never made.
+  question, once enough of them are made for it to have no answer (the best fit found
+  again only when one held back GPUs of the placement found, and once at the end).
+  Reservations still pending when the cycle ends change nothing the simulation reads:
+  never made. A starving run's closest nodes are looked for first in the cluster it
+  reserved on last, so that fewer others need be asked (the best of all is taken).
 - Only what the simulation reads is returned: the admissions and preemptions, and why the
   first run of each line waits.
 """
