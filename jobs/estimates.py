@@ -30,12 +30,13 @@ per tenant and flavor), so the submit preview can say when a run not yet submitt
 start without simulating again (``first_fit``).
 """
 
+import heapq
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from jobs import admission, admission_types, estimates_state, placement
+from jobs import admission, admission_types, estimates_lines, estimates_state, placement
 
 DAY_S = 86_400.0
 Key = tuple[str, str]  # (tenant, flavor)
@@ -94,11 +95,11 @@ def simulate(
     for _ in range(max_steps):
         decisions = run.cycle()
         run.record_step()
-        future = [end for end in run.end_at.values() if end is not None]
-        if not future:
+        soonest = run.next_end()
+        if soonest is None:
             stopped = "stuck"
             break
-        following = _on_grid(min(future), now=now, at=run.at, resolution=resolution,
+        following = _on_grid(soonest, now=now, at=run.at, resolution=resolution,
                              min_step_s=min_step_s)  # fmt: skip
         if following > until:
             stopped = "horizon"
@@ -133,6 +134,15 @@ class _Simulation:
         self.held = {run.id: run for run in snapshot.held}
         self.clusters = estimates_state.Clusters(snapshot)
         self.end_at = {run.id: ends.get(run.id) for run in snapshot.held}
+        # The known ends as a heap of (end, when it came into ``end_at``, run id): an entry
+        # whose run no longer ends then (preempted) is dropped as it comes up.
+        self.arrival = {run_id: index for index, run_id in enumerate(self.end_at)}
+        self.ends_heap = [
+            (end, self.arrival[run_id], run_id)
+            for run_id, end in self.end_at.items()
+            if end is not None
+        ]
+        heapq.heapify(self.ends_heap)
         self.on_nodes = {
             run_id: dict(nodes) for run_id, nodes in admission.held_placements(snapshot).items()
         }
@@ -145,17 +155,25 @@ class _Simulation:
         self.left_by: dict[str, int] = {}  # "cluster/node" -> the run that last left it
         self.last_free: dict[str, int] = {}
         self.last_usage: dict[str, int] = {}
+        # The keys of ``free`` and ``usage`` written since the last step (all, before the
+        # first): only those can differ from it.
+        self.touched_free: set[str] = set(self.free)
+        self.touched_usage: set[str] = set(self.usage)
+        # Where each key stands in ``free`` and ``usage`` (a dict keeps its keys in the
+        # order they came in): a step lists its keys in that order.
+        self.order_free = {key: index for index, key in enumerate(self.free)}
+        self.order_usage = {key: index for index, key in enumerate(self.usage)}
         self.waits: dict[
             tuple[str, str], admission_types.Wait
         ] = {}  # (tenant, flavor) -> head's wait
-        self.lines = estimates_state.Lines(self.queued.values())
+        self.lines = estimates_lines.Lines(self.queued.values())
         self.resumed: dict[int, float | None] = {}  # preempted run -> the time it had left
         # Flavors whose GPUs changed hands since the last simulated cycle. Flavors share
         # nothing in admission, and a cycle over a flavor where nothing changed decides
         # nothing new (what could start started the cycle before; a run that began starving
         # since only holds nodes back), so only these are decided again.
         self.changed = {run.flavor for run in snapshot.queued}
-        # Lines whose blocked head may be passed (``estimates_state.Lines``).
+        # Lines whose blocked head may be passed (``estimates_lines.Lines``).
         self.passable = _passable(snapshot)
 
     def cycle(self) -> admission_types.Decisions:
@@ -192,8 +210,7 @@ class _Simulation:
         # Back in the queue with the work it had left (``runtimes`` knows queued runs only);
         # it holds its GPUs for that long once it starts again.
         self.resumed[victim.id] = None if end is None else max(0.0, end - self.at)
-        _leave(victim, self.on_nodes.pop(victim.id, {}), self.free, self.usage, self.left_by,
-               record=False)  # fmt: skip
+        self._leave(victim, record=False)
         # It goes back to the queue, as the real cycle sends it, and competes again.
         count = max(1, len(victim.nodes))
         self.queued[victim.id] = admission_types.QueuedRun(
@@ -234,37 +251,77 @@ class _Simulation:
             if entering.id in self.resumed
             else self.runtimes.get(entering.id)
         )
-        self.end_at[entering.id] = self.at + runtime if runtime is not None else None
-        self.usage[f"{entering.tenant}/{entering.flavor}"] += entering.gpus
+        self.end_at[entering.id] = end = self.at + runtime if runtime is not None else None
+        self.arrival[entering.id] = arrival = len(self.arrival)
+        if end is not None:
+            heapq.heappush(self.ends_heap, (end, arrival, entering.id))
+        usage_key = f"{entering.tenant}/{entering.flavor}"
+        self.order_usage.setdefault(usage_key, len(self.order_usage))
+        self.usage[usage_key] += entering.gpus
+        self.touched_usage.add(usage_key)
         for name in admit.nodes:
             key = f"{admit.cluster}/{name}"
             self.free[key] = max(0, self.free[key] - entering.gpus_per_node)
+            self.touched_free.add(key)
 
     def record_step(self) -> None:
-        """The clusters after this cycle, as what changed since the previous step."""
+        """The clusters after this cycle, as what changed since the previous step (in the
+        order of ``free`` and ``usage``)."""
+        free, usage, last_free, last_usage = self.free, self.usage, self.last_free, self.last_usage
+        changed_free = [key for key in self.touched_free if last_free.get(key) != free[key]]
+        changed_usage = [key for key in self.touched_usage if last_usage.get(key) != usage[key]]
+        order_free, order_usage = self.order_free, self.order_usage
         self.steps.append(
             Step(
                 at=self.at,
-                free={k: v for k, v in self.free.items() if self.last_free.get(k) != v},
-                usage={k: v for k, v in self.usage.items() if self.last_usage.get(k) != v},
+                free={key: free[key] for key in sorted(changed_free, key=order_free.__getitem__)},
+                usage={
+                    key: usage[key] for key in sorted(changed_usage, key=order_usage.__getitem__)
+                },
             )
         )
-        self.last_free, self.last_usage = dict(self.free), dict(self.usage)
+        for key in changed_free:
+            last_free[key] = free[key]
+        for key in changed_usage:
+            last_usage[key] = usage[key]
+        self.touched_free, self.touched_usage = set(), set()
 
     def advance(self, following: float, *, requeued: Sequence[admission_types.Preempt]) -> None:
         """To ``following``: every run ending by then leaves its nodes, and the flavors of
         those runs and of the runs ``requeued`` this cycle are decided again."""
-        ending = [
-            run_id for run_id, end in self.end_at.items() if end is not None and end <= following
-        ]
+        heap, arrived = self.ends_heap, []
+        while heap and heap[0][0] <= following:
+            end, arrival, run_id = heapq.heappop(heap)
+            if self.arrival.get(run_id) == arrival and self.end_at.get(run_id) == end:
+                arrived.append((arrival, run_id))
+        # In the order they came into ``end_at`` (the last to leave a node is behind it).
+        ending = [run_id for _, run_id in sorted(arrived)]
         self.changed = {self.queued[preempt.run_id].flavor for preempt in requeued}
         for run_id in ending:
             self.changed.add(self.held[run_id].flavor)
             del self.end_at[run_id]
             self.clusters.remove(run_id)
-            _leave(self.held.pop(run_id), self.on_nodes.pop(run_id, {}), self.free, self.usage,
-                   self.left_by, record=True)  # fmt: skip
+            self._leave(self.held.pop(run_id), record=True)
         self.at = following
+
+    def next_end(self) -> float | None:
+        """The soonest a held run is known to end; None if none is."""
+        heap = self.ends_heap
+        while heap:
+            end, arrival, run_id = heap[0]
+            if self.arrival.get(run_id) == arrival and self.end_at.get(run_id) == end:
+                return end
+            heapq.heappop(heap)
+        return None
+
+    def _leave(self, run: admission_types.HeldRun, *, record: bool) -> None:
+        """``run`` frees its GPUs (``_leave``), the keys it changes noted for the step."""
+        nodes = self.on_nodes.pop(run.id, {})
+        _leave(run, nodes, self.free, self.usage, self.left_by, record=record)
+        self.touched_usage.add(f"{run.tenant}/{run.flavor}")
+        self.touched_free.update(
+            key for name in nodes if (key := f"{run.cluster}/{name}") in self.free
+        )
 
     def no_starts(self, *, stopped: str, horizon_s: float) -> dict[int, Start]:
         """A start without a number for every queued run of the snapshot that did not
@@ -518,5 +575,5 @@ def expected_end(
     return min(latest_end, end)
 
 
-# The lines of the queue, by flavor: ``estimates_state.Lines`` (its ``FRONT`` is read there).
-_Lines = estimates_state.Lines
+# The lines of the queue, by flavor: ``estimates_lines.Lines`` (its ``FRONT`` is read there).
+_Lines = estimates_lines.Lines

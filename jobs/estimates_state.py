@@ -13,20 +13,22 @@ bench/estimates_reference.py, on random snapshots):
 
 - The state after the held runs is kept (``Clusters``): a run that starts or ends changes
   it on its own nodes only. Each cycle works on a copy of the pools of its flavor
-  (``Clusters.cycle_state``, ``jobs.estimates_pool.SimPool``), as ``decide`` works on a
-  snapshot of the flavors whose GPUs changed hands: flavors share nothing in admission,
-  so each is decided on its own (``decide_flavor``).
+  (``Clusters.cycle_state``, ``jobs.estimates_pool.SimPool``), and on the kept usage,
+  placements and latest ends themselves, what it changes there undone after it, as
+  ``decide`` works on a snapshot of the flavors whose GPUs changed hands: flavors share
+  nothing in admission, so each is decided on its own (``decide_flavor``).
 - A line whose first run waits whatever the clusters do and changes nothing in the cycle
   (no quota, a spent hard budget, too large with no later run allowed to pass it, the
-  tenant at its guarantee plus borrow limit) is not walked (``held_back``), and a line
-  whose first run borrows is known to before phase 1 comes to it. Only a preemption in
-  the cycle could lower such a tenant's usage: then the cycle is decided again with every
-  line as it is (rare).
+  tenant at its guarantee plus borrow limit) is not walked
+  (``jobs.estimates_lines.held_back``), and a line whose first run borrows is known to
+  before phase 1 comes to it. Only a preemption in the cycle could lower such a tenant's
+  usage: then the cycle is decided again with every line as it is (rare). What is found
+  of a line is kept until its first run or its tenant's usage changes.
 - A line is walked only as far as the cycle gets (a blocked run holds its tenant's later
   ones back), not sorted from a queue again. Where a head may be passed (a line whose
   tenant's policy is not ``strict``) admission goes on behind it: there each line is
-  given as before, its first runs (``Lines.front``), more when they were all admitted
-  (``Lines.deepen``), and the cycle decided again.
+  given as before, its first runs (``jobs.estimates_lines.Lines.front``), more when they
+  were all admitted (``Lines.deepen``), and the cycle decided again.
 - A starving head's reservation is made only once something asks about its flavor's nodes
   that it could change (``LazyState``): a placement or a reclaim that exists without it,
   an admission, a preemption, a backfill plan. A reservation only takes (it holds free GPUs
@@ -34,8 +36,11 @@ bench/estimates_reference.py, on random snapshots):
   while the pending reservations are left out has none with them either: that answer
   stands. Other questions are answered once they are made, in their order, on the state
   they would have been made on (nothing of the flavor changed meanwhile); a placement
-  question, once enough of them are made for it to have no answer. Reservations still
-  pending when the cycle ends change nothing the simulation reads: never made.
+  question, once enough of them are made for it to have no answer (the best fit found
+  again only when one held back GPUs of the placement found, and once at the end).
+  Reservations still pending when the cycle ends change nothing the simulation reads:
+  never made. A starving run's closest nodes are looked for first in the cluster it
+  reserved on last, so that fewer others need be asked (the best of all is taken).
 - Only what the simulation reads is returned: the admissions and preemptions, and why the
   first run of each line waits.
 """
@@ -43,10 +48,10 @@ bench/estimates_reference.py, on random snapshots):
 import heapq
 from bisect import insort
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
-from typing import cast
+from typing import Any, cast
 
 from jobs import placement
 from jobs.admission import _Cycle
@@ -65,9 +70,11 @@ from jobs.admission_types import (
     victim_order,
 )
 from jobs.backfill import Plan
+from jobs.estimates_lines import Lines, held_back, index_of
 from jobs.estimates_pool import SimPool
 
 Key = tuple[str, str]  # (tenant, flavor)
+_ABSENT = object()  # no entry at that key (``LazyState.restore``)
 
 
 class LazyState(CycleState):
@@ -75,12 +82,24 @@ class LazyState(CycleState):
     something they could change is asked (see the module's docstring)."""
 
     pending: dict[str, list[QueuedRun]]  # flavor -> starving heads, in the cycle's order
+    # ``_fit``'s answers: shape -> (the flavor's version, the best fit then); and shape ->
+    # the flavor's count of GPUs made available when it last fitted nowhere.
+    fits: dict[tuple[object, ...], tuple[int, tuple[PoolState, placement.Placement] | None]]
+    nowhere: dict[tuple[object, ...], int]
+    sim_pools: dict[str, list[SimPool]]  # ``pools_by_flavor`` (every pool is a ``SimPool``)
+    # run id -> the cluster of its latest reservation: kept from cycle to cycle (``Clusters``)
+    reserved_on: dict[int, str]
+    # The usage, placements and latest ends are the kept ones (``Clusters.base``'s): each
+    # change the cycle makes to them (table, key, what it held), undone after it.
+    undo: list[tuple[dict[Any, Any], object, object]]
 
     def _best_fit(self, run: QueuedRun) -> tuple[PoolState, placement.Placement] | None:
         """``CycleState._best_fit``; for a one-node gang, the pools' best nodes compared as
         it compares them (all as tight: the fewest GPUs left, then the cluster)."""
         if run.nodes != 1 or run.gpus_per_node < 1:
             return super()._best_fit(run)
+        if not run.excluded and not (run.topology_required and run.topology_level):
+            return self._best_node(run.flavor, run.gpus_per_node)
         best, best_rank = None, None
         for pool in self.pools_by_flavor[run.flavor]:
             where = pool.place(run)
@@ -90,6 +109,27 @@ class LazyState(CycleState):
             if best_rank is None or rank < best_rank:
                 best, best_rank = (pool, where), rank
         return best
+
+    def _best_node(self, flavor: str, need: int) -> tuple[PoolState, placement.Placement] | None:
+        """The best fit of a one-node gang of ``need`` GPUs that may go on any node: of all
+        the pools' nodes, the fewest GPUs available that are enough, then the cluster, then
+        the node's name (``SimPool.place``'s order within a pool)."""
+        found: tuple[tuple[int, str, str], SimPool] | None = None
+        for pool in self.sim_pools[flavor]:  # in the clusters' order
+            nodes = pool.nodes
+            for name, room in pool.opened.items():
+                if room >= need and nodes[name].gpus >= need:
+                    rank = (room, pool.cluster, name)
+                    if found is None or rank < found[0]:
+                        found = (rank, pool)
+            if found is not None and found[0][0] == need:
+                break  # no fit is tighter, and the pools after rank after this one
+        if found is None:
+            return None
+        (_, _, name), pool = found
+        return pool, placement.Placement(
+            nodes=(name,), domain=pool.nodes[name].path, single_node=True
+        )
 
     def reserve(self, run: QueuedRun, reservations: list[Reservation]) -> None:
         if self.now < run.submitted + self.starvation_after_s:
@@ -102,22 +142,27 @@ class LazyState(CycleState):
         for run in waiting or ():
             self._reserve_now(run)
 
-    def _reserve_now(self, run: QueuedRun) -> None:
+    def _reserve_now(self, run: QueuedRun) -> tuple[PoolState, list[str]] | None:
         """``CycleState.reserve`` for a starving run, the same nodes held: a pool is asked
-        for its closest nodes only if it could rank before the best found so far."""
+        for its closest nodes only if it could rank before the best found so far. The pool
+        and the nodes whose GPUs it held back, if any (a fence changes no placement)."""
         since = run.submitted + self.starvation_after_s
-        best: tuple[PoolState, tuple[str, ...]] | None = None
+        best: tuple[SimPool, tuple[str, ...]] | None = None
         best_rank: tuple[int, int, str] | None = None
-        # The pools in the clusters' order (ties go to the first); one that could not rank
-        # before the best found is not asked.
-        for pool in self.pools_by_flavor[run.flavor]:
+        # The best rank of all (the cluster breaks ties), whatever order the pools are
+        # asked in: first the cluster the run reserved on last (in an earlier cycle), most
+        # often the best again, so that fewer others are asked; one that could not rank
+        # before the best found is not.
+        pools = self.sim_pools[run.flavor]
+        last = self.reserved_on.get(run.id)
+        if last is not None:
+            pools = sorted(pools, key=lambda pool: pool.cluster != last)
+        for pool in pools:
             if best_rank is not None:
-                if not cast(SimPool, pool).opened:
-                    if best_rank[:2] <= (0, 0):
-                        continue  # it ranks (0, 0) at best, after the best's cluster
-                elif not cast(SimPool, pool).could_beat(
-                    run.nodes, run.gpus_per_node, since, best_rank
-                ):
+                if not pool.opened:
+                    if best_rank <= (0, 0, pool.cluster):
+                        continue  # it ranks (0, 0, its cluster) at best
+                elif not pool.could_beat(run.nodes, run.gpus_per_node, since, best_rank):
                     continue
             found = pool.closest(run, since)
             if found is None:
@@ -127,23 +172,55 @@ class LazyState(CycleState):
             if best_rank is None or rank < best_rank:
                 best, best_rank = (pool, target), rank
         if best is None:
-            return
+            return None
         pool, target = best
+        self.reserved_on[run.id] = pool.cluster
+        held = []
         for name in target:
             pool.fence(name)
             gpus = min(pool.available(name), run.gpus_per_node)
             if gpus:
                 pool.hold(name, gpus)
+                held.append(name)
+        return (pool, held) if held else None
 
     def best_fit(self, run: QueuedRun) -> tuple[PoolState, placement.Placement] | None:
         """``CycleState.best_fit`` once the reservations pending before ``run`` are made:
         one by one, as long as it still has a placement (once it has none, the others
-        cannot give it one, and stay pending)."""
-        found = super().best_fit(run)
+        cannot give it one, and stay pending). A reservation that holds no GPU of the
+        placement found leaves it there: the run still has one, and the best is found
+        again only once they are all made (a reservation elsewhere can change which is)."""
+        found = self._fit(run)
         waiting = self.pending.get(run.flavor)
+        stale = False
         while found is not None and waiting:
-            self._reserve_now(waiting.pop(0))
-            found = super().best_fit(run)
+            held = self._reserve_now(waiting.pop(0))
+            if held is None:
+                continue
+            pool, names = held
+            if pool is found[0] and not set(names).isdisjoint(found[1].nodes):
+                found, stale = self._fit(run), False
+            else:
+                stale = True
+        return self._fit(run) if stale else found
+
+    def _fit(self, run: QueuedRun) -> tuple[PoolState, placement.Placement] | None:
+        """``CycleState.best_fit``, its answers remembered the same way (by shape, until the
+        flavor's pools change; and none until GPUs become available again) in tables of
+        their own, with fewer keys made per question."""
+        flavor = run.flavor
+        level = run.topology_level if run.topology_required else None
+        shape = (flavor, run.nodes, run.gpus_per_node, level, run.excluded)
+        version = self.flavor_versions[flavor][0]
+        hit = self.fits.get(shape)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        if self.nowhere.get(shape) == self.flavor_gives[flavor][0]:
+            return None
+        found = self._best_fit(run)
+        self.fits[shape] = (version, found)
+        if found is None:
+            self.nowhere[shape] = self.flavor_gives[flavor][0]
         return found
 
     def victims(
@@ -157,11 +234,34 @@ class LazyState(CycleState):
 
     def admit(self, run: QueuedRun, pool: PoolState, where: placement.Placement) -> None:
         self.settle(run.flavor)
+        self._keep(self.latest_end, run.id)
+        self._keep(self.usage, (run.tenant, run.flavor))
         super().admit(run, pool, where)
 
     def preempt(self, victim: HeldRun) -> None:
         self.settle(victim.flavor)
+        self._keep(self.held_on, victim.id)
+        self._keep(self.pool_of, victim.id)
+        self._keep(self.usage, (victim.tenant, victim.flavor))
         super().preempt(victim)
+
+    def _hold(self, pool: PoolState, run_id: int, on: dict[str, int], admitted: float) -> None:
+        self._keep(self.held_on, run_id)
+        self._keep(self.pool_of, run_id)
+        super()._hold(pool, run_id, on, admitted)
+
+    def _keep(self, table: dict[Any, Any], key: object) -> None:
+        """Note what ``table`` holds at ``key`` before the cycle changes it."""
+        self.undo.append((table, key, table.get(key, _ABSENT)))
+
+    def restore(self) -> None:
+        """Undo what the cycle changed of the tables it shares with ``Clusters``."""
+        for table, key, before in reversed(self.undo):
+            if before is _ABSENT:
+                table.pop(key, None)
+            else:
+                table[key] = before
+        self.undo.clear()
 
     def explain(self, run: QueuedRun) -> str:
         self.settle(run.flavor)
@@ -311,86 +411,6 @@ def decide(
     return decisions, waits
 
 
-class Lines:
-    """The queued runs of each tenant and flavor, in line (priority, then FIFO), by flavor.
-
-    A cycle admits a prefix of each line at most (a tenant's blocked run holds back its
-    later ones), and walks each line only as far as that (``decide``): a long queue costs
-    nothing beyond. Except in a flavor where a head may be passed (a line of a tenant whose
-    queueing policy is not ``strict``): there admission goes on behind a blocked head, and
-    the simulation before issue 38 gave ``decide`` only each line's first few runs
-    (``front``), more when a whole front was admitted (``deepen``), and decided the cycle
-    again. So does this one there (``decide_flavor``), for the same decisions: those are
-    not quite the cycle's on the whole queue, as the runs of a line beyond its front do not
-    start ahead of its head in that cycle (left as it was)."""
-
-    FRONT = 2
-
-    def __init__(self, runs: Iterable[QueuedRun]):
-        # flavor -> (tenant, flavor) -> its line
-        self.lines: dict[str, dict[Key, list[QueuedRun]]] = defaultdict(dict)
-        for run in sorted(runs, key=queue_order):
-            self.lines[run.flavor].setdefault((run.tenant, run.flavor), []).append(run)
-        self.depth: dict[Key, int] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self.lines)
-
-    def add(self, run: QueuedRun) -> None:
-        line = self.lines[run.flavor].setdefault((run.tenant, run.flavor), [])
-        insort(line, run, key=queue_order)
-
-    def remove(self, run: QueuedRun) -> None:
-        lines = self.lines[run.flavor]
-        line = lines[(run.tenant, run.flavor)]
-        line.remove(run)
-        if not line:
-            del lines[(run.tenant, run.flavor)]
-            if not lines:
-                del self.lines[run.flavor]
-
-    def of(self, flavor: str) -> dict[Key, list[QueuedRun]]:
-        return self.lines.get(flavor, {})
-
-    def front(self, flavor: str) -> dict[Key, list[QueuedRun]]:
-        return {
-            key: line[: self.depth.get(key, self.FRONT)] for key, line in self.of(flavor).items()
-        }
-
-    def deepen(self, flavor: str, admitted: set[int]) -> bool:
-        """Give more runs to each line of ``flavor`` whose whole front was admitted;
-        whether any was."""
-        deeper = False
-        for key, line in self.of(flavor).items():
-            depth = self.depth.get(key, self.FRONT)
-            if len(line) > depth and all(run.id in admitted for run in line[:depth]):
-                self.depth[key] = depth * 4
-                deeper = True
-        return deeper
-
-
-def held_back(
-    snapshot: Snapshot, usage: Mapping[Key, int], key: Key, head: QueuedRun, passable: set[Key]
-) -> Wait | None:
-    """Why the first run of a line waits, when it is for a reason no cycle's decisions can
-    change and changes nothing else in the cycle (the line's later runs wait behind it):
-    no quota, a run larger than the quota allows (where no later run may pass it), a spent
-    hard budget, or a tenant at its guarantee plus borrow limit (``usage``: before the
-    cycle; only its own runs ending, or preempted, lower it). As ``_Cycle.precheck`` and
-    ``_Cycle.borrow`` find it; None where the line must be decided."""
-    quota = snapshot.quotas.get(key)
-    if quota is None or quota.guaranteed + quota.borrow_limit == 0:
-        return Wait.NO_QUOTA
-    if quota.max_gpus_per_run is not None and head.gpus > quota.max_gpus_per_run:
-        return None if key in passable else Wait.TOO_LARGE
-    budget = quota.budget_gpu_hours
-    if budget is not None and quota.budget_hard and snapshot.budget_used.get(key, 0.0) >= budget:
-        return Wait.BUDGET_EXHAUSTED
-    if usage[key] + head.gpus > quota.guaranteed + quota.borrow_limit:
-        return Wait.QUOTA if quota.borrow_limit == 0 else Wait.BORROW_LIMIT
-    return None
-
-
 def decide_flavor(
     snapshot: Snapshot, clusters: "Clusters", lines: Lines, flavor: str, *, passable: set[Key]
 ) -> tuple[Decisions, dict[Key, Wait]]:
@@ -401,7 +421,7 @@ def decide_flavor(
     Where a line of the flavor may pass its head, on the lines' fronts, deepened as
     needed."""
     wide = any(key[1] == flavor for key in passable)
-    usage, quotas = clusters.base.usage, snapshot.quotas
+    usage, quotas, known = clusters.base.usage, snapshot.quotas, clusters.line_states
     while True:
         given = lines.front(flavor) if wide else lines.of(flavor)
         active: dict[Key, list[QueuedRun]] = {}
@@ -409,21 +429,32 @@ def decide_flavor(
         waits: dict[Key, Wait] = {}
         for key, line in given.items():
             head = line[0]
-            why = held_back(snapshot, usage, key, head, passable)
-            if why is not None:
-                waits[key] = why
+            # What is found of a line depends on its first run and its tenant's usage only
+            # (the quotas, budgets and policies do not change): found again when they do.
+            used = usage[key]
+            seen = known.get(key)
+            if seen is None or seen[0] is not head or seen[1] != used:
+                why = held_back(snapshot, usage, key, head, passable)
+                borrows = False
+                if why is None:
+                    quota = quotas[key]
+                    fits = quota.max_gpus_per_run is None or head.gpus <= quota.max_gpus_per_run
+                    borrows = fits and used + head.gpus > quota.guaranteed
+                known[key] = seen = (head, used, why, borrows)
+            if seen[2] is not None:
+                waits[key] = seen[2]
                 continue
             active[key] = line
-            quota = quotas[key]
-            fits = quota.max_gpus_per_run is None or head.gpus <= quota.max_gpus_per_run
-            if fits and usage[key] + head.gpus > quota.guaranteed:
+            if seen[3]:
                 borrowing.add(key)
         state = clusters.cycle_state((flavor,), snapshot.now)
         decisions, found = decide(snapshot, state, active, passable, borrowing)
+        state.restore()
         lowered = {(clusters.held[victim.run_id].tenant, flavor) for victim in decisions.preempted}
         if any(key in borrowing or (key in given and key not in active) for key in lowered):
             state = clusters.cycle_state((flavor,), snapshot.now)
             decisions, found = decide(snapshot, state, given, passable)
+            state.restore()
             waits = {}
         admitted = {admit.run_id for admit in decisions.admitted}
         if not wide or not lines.deepen(flavor, admitted):
@@ -448,6 +479,12 @@ class Clusters:
         # (cluster, flavor, node) -> run id -> when it was admitted: a node's ``entered``
         # is the latest of them.
         self.admitted_on: dict[tuple[str, str, str], dict[int, float]] = defaultdict(dict)
+        # run id -> the cluster a starving run of it last reserved nodes on, in any cycle:
+        # where ``LazyState`` looks first (only an order: the reservation is the same).
+        self.reserved_on: dict[int, str] = {}
+        # (tenant, flavor) -> (its first run, the tenant's usage, why it is held back or
+        # None, whether that run borrows) when ``decide_flavor`` last looked at the line.
+        self.line_states: dict[Key, tuple[QueuedRun, int, Wait | None, bool]] = {}
         for run in snapshot.held:
             self.add(run)
 
@@ -485,7 +522,7 @@ class Clusters:
         if pool is None:
             return
         if run.borrowed:
-            pool.borrowed.remove(run)
+            del pool.borrowed[index_of(pool.borrowed, run)]
         if not run.nodes:
             del self.unplaced[run.flavor][run_id]
             return
@@ -510,16 +547,18 @@ class Clusters:
             key: SimPool.of(pool) for key, pool in base.pools.items() if key[1] in wanted
         }
         state.pools_by_flavor = defaultdict(list)
+        state.sim_pools = cast(dict[str, list[SimPool]], state.pools_by_flavor)
         state.flavor_versions = defaultdict(lambda: [0])
         state.flavor_gives = defaultdict(lambda: [0])
         for (_, flavor), pool in state.pools.items():
             state.pools_by_flavor[flavor].append(pool)
             pool.flavor_version = state.flavor_versions[flavor]
             pool.flavor_gives = state.flavor_gives[flavor]
-        state.usage = defaultdict(int, base.usage)
-        state.held_on = dict(base.held_on)
-        state.pool_of = dict(base.pool_of)
-        state.latest_end = dict(base.latest_end)
+        # The kept tables themselves, not copies: what the cycle changes in them is undone
+        # after it (``LazyState.restore``).
+        state.usage, state.held_on = base.usage, base.held_on
+        state.pool_of, state.latest_end = base.pool_of, base.latest_end
+        state.undo = []
         unplaced = [run for flavor in wanted for run in self.unplaced.get(flavor, {}).values()]
         for run in sorted(unplaced, key=lambda r: (r.admitted, r.id)):
             # As ``CycleState`` places it: on the nodes with the most free GPUs.
@@ -536,6 +575,7 @@ class Clusters:
         state.now = now
         state.start_grace_s = self.snapshot.start_grace_s
         state.starvation_after_s = self.snapshot.starvation_after_s
-        state.answers = {}
+        state.answers, state.fits, state.nowhere = {}, {}, {}
         state.pending = defaultdict(list)
+        state.reserved_on = self.reserved_on
         return state

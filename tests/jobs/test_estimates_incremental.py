@@ -25,7 +25,11 @@ from hypothesis import strategies as st
 from bench.estimates_reference import simulate_reference
 from clusters.outside_claims import OutsideClaim, OutsideQueue
 from jobs import estimates
+from jobs.admission_state import CycleState
 from jobs.admission_types import ClusterNode, HeldRun, QueuedRun, Queueing, Quota, Snapshot
+from jobs.estimates_lines import Lines
+from jobs.estimates_pool import SimPool
+from jobs.estimates_state import Clusters, decide_flavor
 from tests.jobs.test_admission_properties import (
     NOW,
     between,
@@ -220,3 +224,104 @@ def test_on_busy_platforms_with_long_lines_it_forecasts_exactly_as_the_one_it_re
     # Not a vacuous case: runs start over many cycles, some behind others.
     assert len(reference.steps) > 10
     assert sum(start.at is not None for start in reference.starts.values()) > 10
+
+
+# The simulation's pools and cycle state answer as admission's own, change after change
+# (issue 38, point 4: ``jobs.estimates_pool.SimPool`` places gangs from the nodes with GPUs
+# available, decides whether a gang could fit from its tally in one pass and remembers a
+# starving run's closest nodes; ``LazyState`` finds a one-node gang's best node over every
+# pool at once and undoes what a cycle changed of the kept state instead of copying it).
+SHAPES = ((1, 1), (1, 2), (1, 4), (1, 8), (2, 4), (2, 8), (3, 8), (4, 8))
+
+
+def some_run(rng: random.Random, flavor: str, names: list[str]) -> QueuedRun:
+    count, per_node = rng.choice(SHAPES)
+    return QueuedRun(
+        10**6 + rng.randrange(1000), "t0", flavor, count, per_node, 50, NOW,
+        topology_level=rng.choice(("", "leaf", "block", "rack")),
+        topology_required=rng.random() < 0.5,
+        excluded=tuple(rng.sample(names, 1)) if names and rng.random() < 0.2 else (),
+    )  # fmt: skip
+
+
+@settings(EXAMPLES, max_examples=40)
+@given(st.integers(0, 10**6))
+def test_the_simulations_pools_answer_as_admissions_change_after_change(seed):
+    snapshot, _, _ = platform(seed)
+    rng = random.Random(seed)
+    kept = CycleState(snapshot)  # admission's pools
+    pools = {key: SimPool.of(pool) for key, pool in CycleState(snapshot).pools.items()}
+    starts = sorted({run.submitted + snapshot.starvation_after_s for run in snapshot.queued})
+    asked = 0
+    for _ in range(60):
+        key = rng.choice(sorted(pools))
+        theirs, ours = kept.pools[key], pools[key]
+        names = sorted(theirs.nodes)
+        name = rng.choice(names)
+        change = rng.randrange(4)
+        if change == 0 and theirs.available(name):
+            gpus = rng.randint(1, theirs.available(name))
+            theirs.take(name, gpus), ours.take(name, gpus)
+            theirs.entered[name] = ours.entered[name] = NOW + rng.uniform(0, 100)
+        elif change == 1:
+            theirs.give(name, 1), ours.give(name, 1)
+        elif change == 2 and theirs.available(name):
+            theirs.hold(name, 1), ours.hold(name, 1)
+        else:
+            theirs.fence(name), ours.fence(name)
+        for _ in range(5):
+            run = some_run(rng, key[1], names)
+            assert ours.place(run) == theirs.place(run)
+            assert ours.could_fit(run.nodes, run.gpus_per_node) == theirs.could_fit(
+                run.nodes, run.gpus_per_node
+            )
+            since = rng.choice(starts)
+            assert ours.closest(run, since) == theirs.closest(run, since)
+            asked += ours.place(run) is not None
+    assert asked > 0  # not a vacuous case: some gangs fit
+
+
+@settings(EXAMPLES, max_examples=40)
+@given(st.integers(0, 10**6))
+def test_a_simulated_cycle_finds_the_best_fit_as_admission_and_leaves_the_kept_state_as_it_was(
+    seed,
+):
+    snapshot, _, _ = platform(seed)
+    rng = random.Random(seed)
+    clusters = Clusters(snapshot)
+    admission_state = CycleState(snapshot)
+    for flavor in ("a100", "h100"):
+        state = clusters.cycle_state((flavor,), NOW)
+        names = sorted(node.name for node in snapshot.nodes if node.flavor == flavor)
+        for run in [
+            *(r for r in snapshot.queued if r.flavor == flavor),
+            *(some_run(rng, flavor, names) for _ in range(20)),
+        ]:
+            ours, theirs = state.best_fit(run), admission_state.best_fit(run)
+            assert (ours and (ours[0].cluster, ours[1])) == (
+                theirs and (theirs[0].cluster, theirs[1])
+            )
+        state.restore()
+    for run in snapshot.held[::2]:  # half the held runs end: the cycles admit
+        clusters.remove(run.id)
+    before = (
+        {key: gpus for key, gpus in clusters.base.usage.items() if gpus},
+        dict(clusters.base.held_on),
+        dict(clusters.base.pool_of),
+        dict(clusters.base.latest_end),
+    )
+    admitted = 0
+    for flavor in ("a100", "h100"):
+        lines = Lines(run for run in snapshot.queued if run.flavor == flavor)
+        decisions, _ = decide_flavor(
+            replace(snapshot, now=NOW + 3_600.0), clusters, lines, flavor, passable=set()
+        )
+        admitted += len(decisions.admitted)
+    assert admitted > 0  # not a vacuous case: the cycles changed the state
+    after = (
+        {key: gpus for key, gpus in clusters.base.usage.items() if gpus},
+        clusters.base.held_on,
+        clusters.base.pool_of,
+        clusters.base.latest_end,
+    )
+    assert after == before
