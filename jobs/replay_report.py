@@ -7,6 +7,7 @@ happened, and why it may not (outside load, failures, runs cancelled by people).
 Pure: no ORM, no clock, no I/O.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from jobs.replay_types import Ending, History, Outcome, TenantOutcome
@@ -53,8 +54,8 @@ def _noticeably(before: float | None, after: float | None) -> int:
 
 
 def _tenant_lines(name: str, a: TenantOutcome | None, b: TenantOutcome | None) -> list[str]:
-    a = a or TenantOutcome(name, 0, 0, 0, None, None, 0.0, 0, 0.0)
-    b = b or TenantOutcome(name, 0, 0, 0, None, None, 0.0, 0, 0.0)
+    a = a or TenantOutcome.nothing(name)
+    b = b or TenantOutcome.nothing(name)
     lines = [
         f"{name}: p95 queue time {duration(a.queue_p95_s)} → {duration(b.queue_p95_s)}"
         f"{change(a.queue_p95_s, b.queue_p95_s)}; p50 {duration(a.queue_p50_s)} → "
@@ -145,6 +146,13 @@ def fidelity(
     """The replay of the policy in force against what happened: each tenant's p50 queue
     time within 10 % (or ``slack_s``: a queue time of seconds is an admission cycle's
     timing), utilisation within 3 points; and what the replay does not model, counted."""
+    return outcomes_fidelity(observed, replayed, reasons=differences(history), slack_s=slack_s)
+
+
+def outcomes_fidelity(
+    observed: Outcome, replayed: Outcome, *, reasons: Iterable[str], slack_s: float = 0.0
+) -> Fidelity:
+    """``fidelity`` with the reasons already written (a report keeps them with its outcomes)."""
     tenants = []
     for t in observed.tenants:
         r = replayed.tenant(t.tenant)
@@ -160,7 +168,7 @@ def fidelity(
         tenants=tuple(tenants),
         observed_utilisation=observed.utilisation,
         replayed_utilisation=replayed.utilisation,
-        reasons=tuple(differences(history)),
+        reasons=tuple(reasons),
     )
 
 
