@@ -1,0 +1,174 @@
+"""The replay engine (``jobs.replay_engine``) on its own: the nodes' free GPUs, where a gang
+goes between clusters, and a small simulation whose every figure is worked out by hand."""
+
+from collections import Counter
+
+import pytest
+
+from jobs.admission_types import ClusterNode, QueuedRun, Queueing, Quota
+from jobs.replay_engine import Gantry, Held, Nodes
+
+HOUR = 3600.0
+
+
+def queued(id: int, tenant: str, *, at: float = 0.0, nodes: int = 1, gpus: int = 8, **more):
+    return QueuedRun(
+        id=id, tenant=tenant, flavor="a100", nodes=nodes, gpus_per_node=gpus, priority=50,
+        submitted=at, **more,
+    )  # fmt: skip
+
+
+def test_free_gpus_leave_out_outside_load_and_whole_nodes_are_counted_per_flavor():
+    nodes = Nodes(
+        [
+            ClusterNode("east", "a100", "e0", 8),
+            ClusterNode("east", "a100", "e1", 8, outside=2),
+            ClusterNode("west", "a100", "w0", 8),
+            ClusterNode("west", "h100", "w1", 4, schedulable=False),
+        ]
+    )
+    assert nodes.capacity() == {"a100": 24, "h100": 4}
+    assert nodes.free == {("east", "e0"): 8, ("east", "e1"): 6, ("west", "w0"): 8,
+                          ("west", "w1"): 4}  # fmt: skip
+    assert nodes.whole == Counter({"a100": 2})
+    assert nodes.clusters == {"a100": ["east", "west"], "h100": ["west"]}
+    nodes.change("east", ["e0"], -4)
+    assert (nodes.free[("east", "e0")], nodes.whole["a100"], nodes.version["east"]) == (4, 1, 1)
+    nodes.change("east", ["e0"], 4)
+    assert (nodes.free[("east", "e0")], nodes.whole["a100"], nodes.version["east"]) == (8, 2, 2)
+    nodes.change("west", ["w0"], -8)
+    nodes.change("west", ["w0"], 2)
+    assert (nodes.whole["a100"], nodes.version["west"]) == (1, 2)
+    with pytest.raises(AssertionError):  # e1 has 6 GPUs of its 8 for Gantry, all free
+        nodes.change("east", ["e1"], 1)
+
+
+def test_a_gang_goes_to_the_tightest_placement_then_the_fewest_gpus_left_then_the_cluster_name():
+    nodes = Nodes(
+        [
+            ClusterNode("east", "a100", "e0", 8),
+            ClusterNode("east", "a100", "e1", 8, outside=2),
+            ClusterNode("west", "a100", "w0", 8),
+            ClusterNode("west", "a100", "w1", 8, schedulable=False),
+        ]
+    )
+    both = ["east", "west"]
+    assert nodes.place(queued(1, "a", gpus=4), both) == ("east", ("e1",))  # 2 left, not 4
+    assert nodes.place(queued(1, "a", gpus=8), both) == ("east", ("e0",))  # a tie: the name
+    assert nodes.place(queued(1, "a", gpus=8), ["west"]) == ("west", ("w0",))
+    assert nodes.place(queued(1, "a", nodes=2, gpus=8), both) is None
+    assert nodes.place(queued(1, "a", nodes=2, gpus=6), both) == ("east", ("e0", "e1"))
+    assert nodes.place(replace_flavor(queued(1, "a", gpus=1), "h100"), both) is None
+
+
+def replace_flavor(run: QueuedRun, flavor: str) -> QueuedRun:
+    return QueuedRun(
+        id=run.id, tenant=run.tenant, flavor=flavor, nodes=run.nodes,
+        gpus_per_node=run.gpus_per_node, priority=run.priority, submitted=run.submitted,
+    )  # fmt: skip
+
+
+def test_between_clusters_a_gang_under_one_leaf_beats_one_spread_over_the_spine():
+    def pair(cluster: str, leaves: tuple[str, str]) -> list[ClusterNode]:
+        return [
+            ClusterNode(cluster, "a100", f"{cluster}{i}", 8, path=("spine", leaf))
+            for i, leaf in enumerate(leaves)
+        ]
+
+    nodes = Nodes([*pair("aaa", ("l1", "l2")), *pair("zzz", ("l1", "l1"))])
+    assert nodes.place(queued(1, "a", nodes=2, gpus=8), ["aaa", "zzz"]) == (
+        "zzz",
+        ("zzz0", "zzz1"),
+    )
+    # One node: as tight anywhere, whatever the depth of its topology; then the name.
+    flat = Nodes([ClusterNode("aaa", "a100", "a0", 8), *pair("zzz", ("l1", "l1"))])
+    assert flat.place(queued(1, "a", gpus=8), ["aaa", "zzz"]) == ("aaa", ("a0",))
+
+
+class Tiny(Gantry):
+    """Runs given whole; the preemptions and each cycle's decisions kept."""
+
+    half_life_s = 1e15  # fair-share usage that does not decay: GPU-seconds
+    checkpoint_every_s = 300.0
+
+    def __init__(self, runs, work, nodes, **more) -> None:
+        self.runs = {run.id: run for run in runs}
+        super().__init__([(r.submitted, r.id) for r in runs], work, nodes, **more)
+        self.losses: list[tuple[int, float, float]] = []
+        self.cycles: list[tuple[float, int, int]] = []
+
+    def queued_run(self, run_id: int) -> QueuedRun:
+        return self.runs[run_id]
+
+    def preempted(self, run_id: int, held: Held, *, lost_gpu_s: float) -> None:
+        assert held.started is not None
+        self.losses.append((run_id, held.started, lost_gpu_s))
+
+    def decided(self, decisions) -> None:
+        self.cycles.append((self.now, len(decisions.admitted), len(decisions.preempted)))
+
+
+NODE = (ClusterNode("east", "a100", "n0", 8),)
+QUOTAS = {("a", "a100"): Quota(8), ("b", "a100"): Quota(0, borrow_limit=8)}
+
+
+def test_a_borrowed_run_preempted_for_a_guarantee_loses_the_work_since_its_checkpoint():
+    runs = [queued(1, "b", max_runtime_s=2 * HOUR), queued(2, "a", at=1000.0)]
+    sim = Tiny(runs, {1: HOUR, 2: HOUR}, NODE, quotas=QUOTAS)
+    assert sim.queueing_of == {"east": Queueing.STRICT}
+    sim.run()
+    # Run 1 ran 1,000 s, kept 900 (checkpoints every 300 s): 100 s on 8 GPUs lost.
+    assert sim.losses == [(1, 0.0, 800.0)]
+    assert sim.waited == {1: 3600.0, 2: 0.0}  # back at 1,000 s, again at 4,600 s
+    assert sim.attempts == Counter({1: 2, 2: 1})
+    assert sim.now == 4600.0 + 2700.0
+    assert (sim.placed_gpus, sim.held, sim.as_held, sim.queued) == (0, {}, {}, {})
+    assert sim.remaining == {1: 0.0, 2: 0.0}
+    assert sim.decayed == {
+        ("b", "a100"): pytest.approx(8 * (1000.0 + 2700.0)),
+        ("a", "a100"): pytest.approx(8 * 3600.0),
+    }
+    assert sim.holding == {("a", "a100"): 0, ("b", "a100"): 0}
+    # (when, admitted, preempted): run 1's first completion, at 3,600 s, is stale and
+    # admits nothing.
+    assert sim.cycles == [(0.0, 1, 0), (1000.0, 1, 1), (3600.0, 0, 0), (4600.0, 1, 0)]
+
+
+def test_the_snapshot_is_the_simulated_platform_now():
+    runs = [queued(1, "b", max_runtime_s=2 * HOUR), queued(2, "a", at=10.0, gpus=4)]
+    # Run 2 arrives after the end (no work asked of it): enqueued by hand below.
+    sim = Tiny(runs, {1: HOUR, 2: 0.0}, NODE, quotas=QUOTAS, until=5.0)
+    sim.starvation_after_s = 600.0
+    sim.run()
+    assert (sim.now, sim.placed_gpus, sim.cycles) == (5.0, 8, [(0.0, 1, 0)])
+    sim.enqueue(2)
+    snapshot = sim.snapshot()
+    assert snapshot.queued == (runs[1],)
+    (held,) = snapshot.held
+    assert (held.id, held.tenant, held.flavor, held.cluster, held.gpus, held.priority) == (
+        1, "b", "a100", "east", 8, 50,
+    )  # fmt: skip
+    assert (held.admitted, held.borrowed, held.nodes, held.latest_end) == (
+        0.0, True, ("n0",), 2 * HOUR,
+    )  # fmt: skip
+    assert snapshot.nodes == NODE
+    assert snapshot.quotas == QUOTAS
+    assert snapshot.decayed_usage == {("b", "a100"): pytest.approx(8 * 5.0)}
+    assert (snapshot.now, snapshot.starvation_after_s) == (5.0, 600.0)
+    assert snapshot.queueing == {"east": Queueing.STRICT}
+    # The run still holds its GPUs at the end: its work is not done, it is still running.
+    assert sim.remaining[1] == HOUR and sim.running(1)
+
+
+def test_fair_share_counts_every_moment_held_however_short():
+    runs = [queued(1, "b", gpus=4), queued(2, "b", at=0.5, gpus=4)]
+    sim = Tiny(runs, {1: 0.25, 2: 0.5}, NODE, quotas=QUOTAS)
+    sim.run()
+    assert sim.decayed == {("b", "a100"): pytest.approx(4 * 0.25 + 4 * 0.5)}
+    assert sim.waited == {1: 0.0, 2: 0.0}
+
+
+def test_a_run_without_a_maximum_runtime_has_no_latest_end():
+    sim = Tiny([queued(1, "a")], {1: HOUR}, NODE, quotas=QUOTAS, until=10.0)
+    sim.run()
+    assert (sim.as_held[1].latest_end, sim.as_held[1].admitted) == (None, 0.0)
