@@ -96,16 +96,17 @@ class Tiny(Gantry):
         super().__init__([(r.submitted, r.id) for r in runs], work, nodes, **more)
         self.losses: list[tuple[int, float, float]] = []
         self.cycles: list[tuple[float, int, int]] = []
+        self.waits: list[tuple[float, int, str]] = []
 
     def queued_run(self, run_id: int) -> QueuedRun:
         return self.runs[run_id]
 
     def preempted(self, run_id: int, held: Held, *, lost_gpu_s: float) -> None:
-        assert held.started is not None
         self.losses.append((run_id, held.started, lost_gpu_s))
 
     def decided(self, decisions) -> None:
         self.cycles.append((self.now, len(decisions.admitted), len(decisions.preempted)))
+        self.waits.extend((self.now, w.run_id, w.message) for w in decisions.waiting)
 
 
 NODE = (ClusterNode("east", "a100", "n0", 8),)
@@ -113,25 +114,53 @@ QUOTAS = {("a", "a100"): Quota(8), ("b", "a100"): Quota(0, borrow_limit=8)}
 
 
 def test_a_borrowed_run_preempted_for_a_guarantee_loses_the_work_since_its_checkpoint():
-    runs = [queued(1, "b", max_runtime_s=2 * HOUR), queued(2, "a", at=1000.0)]
+    runs = [queued(1, "b", at=100.0, max_runtime_s=2 * HOUR), queued(2, "a", at=1000.0)]
     sim = Tiny(runs, {1: HOUR, 2: HOUR}, NODE, quotas=QUOTAS)
+    sim.checkpoint_every_s = 400.0
     assert sim.queueing_of == {"east": Queueing.STRICT}
     sim.run()
-    # Run 1 ran 1,000 s, kept 900 (checkpoints every 300 s): 100 s on 8 GPUs lost.
-    assert sim.losses == [(1, 0.0, 800.0)]
+    # Run 1 ran 900 s from 100 s, kept 800 (checkpoints every 400 s): 100 s on 8 GPUs lost.
+    assert sim.losses == [(1, 100.0, 800.0)]
     assert sim.waited == {1: 3600.0, 2: 0.0}  # back at 1,000 s, again at 4,600 s
     assert sim.attempts == Counter({1: 2, 2: 1})
-    assert sim.now == 4600.0 + 2700.0
+    assert sim.now == 4600.0 + 2800.0
     assert (sim.placed_gpus, sim.held, sim.as_held, sim.queued) == (0, {}, {}, {})
     assert sim.remaining == {1: 0.0, 2: 0.0}
     assert sim.decayed == {
-        ("b", "a100"): pytest.approx(8 * (1000.0 + 2700.0)),
+        ("b", "a100"): pytest.approx(8 * (900.0 + 2800.0)),
         ("a", "a100"): pytest.approx(8 * 3600.0),
     }
     assert sim.holding == {("a", "a100"): 0, ("b", "a100"): 0}
-    # (when, admitted, preempted): run 1's first completion, at 3,600 s, is stale and
-    # admits nothing.
-    assert sim.cycles == [(0.0, 1, 0), (1000.0, 1, 1), (3600.0, 0, 0), (4600.0, 1, 0)]
+    # (when, admitted, preempted): run 1's first completion, at 3,700 s, is stale and
+    # admits nothing; run 1 waits then, with admission's words for it.
+    assert sim.cycles == [
+        (100.0, 1, 0), (1000.0, 1, 1), (3700.0, 0, 0), (4600.0, 1, 0),
+    ]  # fmt: skip
+    assert sim.waits == [
+        (
+            3700.0,
+            1,
+            "tenant b uses 0 of 0 guaranteed a100 GPUs; to borrow idle ones, this run needs 8 "
+            "a100 GPUs on one node; 0 a100 GPUs are free, at most 0 on any node (n0: 0)",
+        )
+    ]
+
+
+def test_a_run_preempted_before_the_backend_started_it_loses_nothing():
+    sim = Tiny([queued(1, "b")], {1: HOUR}, NODE, quotas=QUOTAS)
+    sim.enqueue(1)
+    sim.admitted(1, "east", borrowed=True)
+    assert (sim.backend.keys(), sim.holding[("b", "a100")]) == ({1}, 8)
+    sim.preempt(1)
+    assert sim.losses == [(1, None, 0.0)]
+    assert (sim.remaining[1], list(sim.queued), sim.backend, sim.held) == (HOUR, [1], {}, {})
+    assert sim.holding[("b", "a100")] == 0
+
+
+def test_a_run_left_without_its_work_done_breaks_the_engines_invariant():
+    sim = Tiny([queued(1, "a", at=10.0)], {1: HOUR}, NODE, quotas=QUOTAS, until=5.0)
+    with pytest.raises(AssertionError, match=r"^a run ended without doing its work$"):
+        sim.run()
 
 
 def test_the_snapshot_is_the_simulated_platform_now():
