@@ -43,14 +43,12 @@ def change(before: float | None, after: float | None) -> str:
     return f" ({sign}{abs(share):.0f} %)"
 
 
-def _noticeably(before: float | None, after: float | None) -> int:
-    """-1 shorter, 1 longer, 0 about the same."""
+def _noticeable_move(before: float | None, after: float | None) -> float:
+    """``after - before`` when it is noticeable; 0 when about the same or either is missing."""
     if before is None or after is None:
-        return 0
+        return 0.0
     moved = after - before
-    if abs(moved) <= max(NOTICEABLE_S, NOTICEABLE_SHARE * before):
-        return 0
-    return 1 if moved > 0 else -1
+    return moved if abs(moved) > max(NOTICEABLE_S, NOTICEABLE_SHARE * before) else 0.0
 
 
 def _tenant_lines(name: str, a: TenantOutcome | None, b: TenantOutcome | None) -> list[str]:
@@ -90,7 +88,7 @@ def compare(actual: Outcome, proposed: Outcome) -> list[str]:
     winners, losers = [], []
     for name in names:
         a, b = actual.tenant(name), proposed.tenant(name)
-        moved = _noticeably(
+        moved = _noticeable_move(
             None if a is None else a.queue_p95_s, None if b is None else b.queue_p95_s
         )
         if moved < 0:

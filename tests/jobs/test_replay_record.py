@@ -8,6 +8,7 @@ from jobs.replay_record import (
     EventRow,
     Hold,
     RunRow,
+    checkpoint_every,
     decayed_usage,
     holding,
     submission,
@@ -71,6 +72,7 @@ def test_a_retried_failure_is_a_failed_attempt_and_a_cancel_while_waiting_is_kep
     assert line.waits == ((100, 100), (700, 900))
     made = submission(run, line, [], start=0.0, end=10_000.0)
     assert (made.ran_s, made.failed_attempts_s, made.ended) == (0.0, (600.0,), Ending.CANCELLED)
+    assert (made.cancelled_at, made.cancelled_by) == (900, "bob")
     assert made.checkpoint_every_s is None
     assert made.actual.queued_s == 200.0
 
@@ -197,6 +199,22 @@ def test_a_run_holding_gpus_at_the_windows_start_keeps_them_for_its_recorded_tim
                    [], start=1000.0, end=5000.0)  # fmt: skip
     assert (kept.nodes, kept.remaining_s, kept.ended) == ((), 2000.0, Ending.FINISHED)
     assert kept.actual.held == ((1000, 3000),)
+    # Preempted in the window: 2 nodes of 4 GPUs lose the 500 s since the checkpoint.
+    preempted = [*events, event(2000, "RUNNING", "PREEMPTED")]
+    hold = Hold(40, 2000.0, "PREEMPTED", cluster="east", nodes=("n0", "n1"))
+    line = timeline(run, preempted)
+    got = holding(run, line, hold, [1500.0], start=1000.0, end=5000.0).actual
+    assert (got.preemptions, got.lost_gpu_s) == (1, 8 * 500.0)
+
+
+def test_the_checkpoint_interval_is_the_median_gap_inside_each_hold():
+    spread = [Hold(0, 100, "PREEMPTED"), Hold(1000, 1100, "PREEMPTED"), Hold(2000, None, "")]
+    # 50 s into each hold; the open one too. A gap never spans two holds.
+    assert checkpoint_every([50.0, 1050.0, 2050.0], spread) == 50.0
+    # One saved at the very moment a hold began measures nothing.
+    starts = [Hold(0, 100, "PREEMPTED"), Hold(200, 300, "PREEMPTED"), Hold(400, 500, "")]
+    assert checkpoint_every([0.0, 200.0, 450.0], starts) == 50.0
+    assert checkpoint_every([], starts) is None
 
 
 def test_usage_adds_up_the_holds_of_one_tenant_and_flavor_and_skips_empty_ones():

@@ -59,6 +59,8 @@ def test_a_duration_in_the_unit_a_person_reads():
         "1.5 h",
     ]
     assert [duration(s) for s in (2 * DAY - 1, 2 * DAY, 3.25 * DAY)] == ["48.0 h", "2.0 d", "3.2 d"]
+    # Just above a rounding edge: 1.35 h and 2.35 d.
+    assert [duration(s) for s in (4860.0, 203_040.0)] == ["1.4 h", "2.4 d"]
 
 
 def test_a_change_in_percent_of_the_base():
@@ -77,6 +79,7 @@ def test_who_wins_and_loses_by_a_noticeable_move_of_the_p95_queue_time():
         tenant("e", 60.0, 20_000.0),  # 19,000 s: 5 % exactly, the same
         tenant("f", 60.0, 100.0),  # 10 s: 90 s shorter, wins
         tenant("g", None, None),  # no runs before: neither
+        tenant("i", 60.0, 60.0),
     )
     proposed = outcome(
         tenant("a", 60.0, 1041.0),
@@ -87,11 +90,12 @@ def test_who_wins_and_loses_by_a_noticeable_move_of_the_p95_queue_time():
         tenant("f", 60.0, 10.0),
         tenant("g", 60.0, 600.0),
         tenant("h", 60.0, 9000.0),  # new: neither
+        tenant("i", 60.0, 200.0),  # 140 s longer (no runs before), loses
     )
     lines = compare(actual, proposed)
     assert lines[:2] == [
         "Wins (shorter p95 queue time): b, f.",
-        "Loses (longer p95 queue time): c.",
+        "Loses (longer p95 queue time): c, i.",
     ]
 
 
@@ -168,6 +172,16 @@ def test_where_the_replay_departs_from_reality_in_numbers():
         "The quotas of a deleted tenant are not known.",
     ]
     assert differences(window(run(1))) == []
+    # An hour and a half of 1 GPU outside, 1.35 GPU-hours failed: just above rounding edges.
+    short = History(
+        start=0.0, end=5400.0, submissions=(run(1, failed_attempts_s=(607.5,)),),
+        holding=(), nodes=(ClusterNode("east", "a100", "n0", 8, outside=1),), quotas={},
+    )  # fmt: skip
+    assert [reason.split(";")[0] for reason in differences(short)] == [
+        "Outside load: jobs from outside Gantry use 1 GPUs now",
+        "Failures: 1 attempts of 1 runs failed and were retried (1.4 GPU-hours)",
+    ]
+    assert "for the whole window (2 GPU-hours)" in differences(short)[0]
 
 
 def test_fidelity_is_each_p50_within_ten_percent_or_the_slack_and_utilisation_within_3_points():
@@ -178,6 +192,7 @@ def test_fidelity_is_each_p50_within_ten_percent_or_the_slack_and_utilisation_wi
         tenant("d", None, None),
         tenant("e", 100.0, 1.0),
         tenant("f", None, None),
+        tenant("g", 5.0, 1.0),
         gpu_hours=96.0,
     )
     replayed = outcome(
@@ -186,6 +201,7 @@ def test_fidelity_is_each_p50_within_ten_percent_or_the_slack_and_utilisation_wi
         tenant("c", 40.0, 1.0),  # 30 s longer: within a slack of 30 s
         tenant("d", None, None),
         tenant("f", 5.0, 1.0),  # ran nothing, then did
+        tenant("g", 6.0, 1.0),  # a second more: 20 %, within the slack only
         gpu_hours=90.24,  # 47.0 % against 50.0 %
     )
     history = window(run(1, ended=Ending.UNFINISHED))
@@ -198,6 +214,7 @@ def test_fidelity_is_each_p50_within_ten_percent_or_the_slack_and_utilisation_wi
             TenantFidelity("d", None, None, True),
             TenantFidelity("e", 100.0, None, False),
             TenantFidelity("f", None, 5.0, False),
+            TenantFidelity("g", 5.0, 6.0, True),
         ),
         observed_utilisation=50.0,
         replayed_utilisation=47.0,
@@ -207,6 +224,9 @@ def test_fidelity_is_each_p50_within_ten_percent_or_the_slack_and_utilisation_wi
     assert (check.utilisation_within, check.within) == (True, False)
     # Without the slack c's 30 s are 300 %; without b, c, e and f every tenant is within.
     assert outcomes_fidelity(observed, replayed, reasons=()).tenants[2].within is False
+    # No slack unless asked for: g's second is 20 %.
+    assert outcomes_fidelity(observed, replayed, reasons=()).tenants[6].within is False
+    assert fidelity(history, observed, replayed).tenants[6].within is False
     kept = ("a", "d")
     close = Fidelity(tuple(t for t in check.tenants if t.tenant in kept), 50.0, 47.0, reasons=())
     assert (close.utilisation_within, close.within) == (True, True)
