@@ -1,6 +1,7 @@
 """The replay engine (``jobs.replay_engine``) on its own: the nodes' free GPUs, where a gang
 goes between clusters, and a small simulation whose every figure is worked out by hand."""
 
+import math
 from collections import Counter
 
 import pytest
@@ -57,6 +58,9 @@ def test_a_gang_goes_to_the_tightest_placement_then_the_fewest_gpus_left_then_th
     assert nodes.place(queued(1, "a", gpus=8), both) == ("east", ("e0",))  # a tie: the name
     assert nodes.place(queued(1, "a", gpus=8), ["west"]) == ("west", ("w0",))
     assert nodes.place(queued(1, "a", nodes=2, gpus=8), both) is None
+    nodes.change("east", ["e0"], -1)  # nowhere on east for 8 GPUs: on to west
+    assert nodes.place(queued(1, "a", gpus=8), both) == ("west", ("w0",))
+    nodes.change("east", ["e0"], 1)
     assert nodes.place(queued(1, "a", nodes=2, gpus=6), both) == ("east", ("e0", "e1"))
     assert nodes.place(replace_flavor(queued(1, "a", gpus=1), "h100"), both) is None
 
@@ -66,6 +70,13 @@ def replace_flavor(run: QueuedRun, flavor: str) -> QueuedRun:
         id=run.id, tenant=run.tenant, flavor=flavor, nodes=run.nodes,
         gpus_per_node=run.gpus_per_node, priority=run.priority, submitted=run.submitted,
     )  # fmt: skip
+
+
+def test_between_clusters_as_tight_the_fewer_gpus_left_wins_over_the_name():
+    nodes = Nodes(
+        [ClusterNode("aaa", "a100", "a0", 8), ClusterNode("zzz", "a100", "z0", 8, outside=2)]
+    )
+    assert nodes.place(queued(1, "a", gpus=4), ["aaa", "zzz"]) == ("zzz", ("z0",))
 
 
 def test_between_clusters_a_gang_under_one_leaf_beats_one_spread_over_the_spine():
@@ -201,3 +212,43 @@ def test_a_run_without_a_maximum_runtime_has_no_latest_end():
     sim = Tiny([queued(1, "a")], {1: HOUR}, NODE, quotas=QUOTAS, until=10.0)
     sim.run()
     assert (sim.as_held[1].latest_end, sim.as_held[1].admitted) == (None, 0.0)
+
+
+def test_a_runs_queue_time_is_every_wait_and_without_checkpoints_a_preemption_loses_all():
+    sim = Tiny([queued(1, "b")], {1: HOUR}, NODE, quotas=QUOTAS)
+    sim.checkpoint_every_s = None
+    sim.enqueue(1)
+    sim.now = 50.0
+    sim.admitted(1, "east", borrowed=True)
+    sim.start(1, ("n0",))
+    sim.now = 100.0
+    sim.preempt(1)
+    assert sim.losses == [(1, 50.0, 8 * 50.0)]
+    assert sim.remaining[1] == HOUR
+    sim.now = 130.0
+    sim.admitted(1, "east", borrowed=True)
+    sim.start(1, ("n0",))
+    assert sim.waited == {1: 50.0 + 30.0}
+    assert sim.attempts[1] == 2
+
+
+def test_fair_share_decays_with_its_half_life_and_adds_up_runs_held_at_once():
+    sim = Tiny([queued(1, "b")], {1: HOUR}, NODE, quotas=QUOTAS, until=2 * HOUR)
+    sim.half_life_s = HOUR
+    sim.run()
+    # 8 GPUs for one half-life: 8 tau (1 - 1/2); then idle for one more: halved.
+    tau = HOUR / math.log(2)
+    assert sim.decayed[("b", "a100")] == pytest.approx(2 * tau)
+    both = Tiny([queued(1, "b", gpus=4), queued(2, "b", gpus=4)], {1: 1.0, 2: 2.0}, NODE,
+                quotas=QUOTAS)  # fmt: skip
+    both.run()
+    assert both.decayed == {("b", "a100"): pytest.approx(4 * 1.0 + 4 * 2.0)}
+
+
+def test_a_run_that_ends_at_the_windows_end_lets_the_next_one_start_then():
+    runs = [queued(1, "a"), queued(2, "a")]
+    sim = Tiny(runs, {1: HOUR, 2: HOUR}, NODE, quotas=QUOTAS, until=HOUR)
+    sim.explain = False  # no words for the waiting run
+    sim.run()
+    assert (sim.attempts[2], sim.waited[2], sim.running(2)) == (1, HOUR, True)
+    assert sim.waits == [(0.0, 2, "")]
