@@ -93,7 +93,7 @@ def compare(actual: Outcome, proposed: Outcome) -> list[str]:
         )
         if moved < 0:
             winners.append(name)
-        elif moved > 0:
+        elif moved:
             losers.append(name)
     lines = [
         f"Wins (shorter p95 queue time): {', '.join(winners) or 'nobody'}.",
