@@ -190,17 +190,14 @@ def record_slice(tasks: list[Task], *, start: datetime, seconds: int) -> None:
     from images.models import Image
     from jobs.models import (
         HOLDING_STATES,
-        LIVE_ATTEMPT_STATES,
-        Attempt,
-        AttemptState,
         Run,
         RunState,
     )
     from jobs.services.admission_cycle import admission_run_cycle
-    from jobs.services.backend_submit import attempt_submit
-    from jobs.services.backend_sync import attempt_cancel, cluster_sync
+    from jobs.services.backend_sync import cluster_sync
     from jobs.services.submission import ExperimentInput, run_submit
     from tenants.models import GpuFlavor, Membership, Project, Quota, Tenant
+    from tests.jobs.replay_support import hand_over_attempts
 
     call_command("flush", interactive=False, verbosity=0)
     with time_machine.travel(start, tick=False) as clock:
@@ -254,14 +251,7 @@ def record_slice(tasks: list[Task], *, start: datetime, seconds: int) -> None:
             """What the worker does at once after a cycle commits: take preempted runs'
             jobs off and submit the admitted ones, then the sync. True if a run went back
             to the queue or gave its GPUs back: that sends a cycle (the kick)."""
-            for attempt in Attempt.objects.filter(
-                state__in=LIVE_ATTEMPT_STATES, run__state=RunState.PREEMPTED
-            ):
-                attempt_cancel(attempt_id=attempt.pk)
-            for attempt in Attempt.objects.filter(
-                state__in=[AttemptState.CREATED, AttemptState.SUBMITTING]
-            ):
-                attempt_submit(attempt_id=attempt.pk)
+            hand_over_attempts()
             before = waiting_and_holding()
             cluster_sync(cluster=cluster)
             waiting, holding = waiting_and_holding()

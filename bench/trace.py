@@ -45,6 +45,7 @@ from jobs.replay_engine import ARRIVAL as ARRIVAL
 from jobs.replay_engine import COMPLETION as COMPLETION
 from jobs.replay_engine import Held as Held
 from jobs.replay_engine import Nodes as Nodes
+from jobs.replay_report import duration as report_duration
 
 # Beside the checkout (``../shared/data``), or where GANTRY_BENCH_TRACE_DIR says: a second
 # checkout (a git worktree elsewhere) reads the same copy of the trace.
@@ -327,15 +328,8 @@ def share(part: float, whole: float) -> str:
 
 
 def duration(seconds: float) -> str:
-    if seconds == math.inf:
-        return "never"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    if seconds < 3600:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
+    """As the what-if report words a queue time; "never" for a run that never started."""
+    return "never" if seconds == math.inf else report_duration(seconds)
 
 
 def run() -> list[Section]:

@@ -42,9 +42,11 @@ DEFAULT_HALF_LIFE_S = 24 * 3600.0  # GANTRY_FAIR_SHARE_HALF_LIFE_H's default
 DEFAULT_STARVATION_AFTER_S = 1800.0  # GANTRY_STARVATION_AFTER_S's default
 
 
-def tightness(where: placement.Placement) -> tuple[int, int]:
-    """Smaller is tighter: one node, then the deepest shared domain (as jobs.admission)."""
-    return (0, 0) if where.single_node else (1, -len(where.domain))
+def tightness(where: placement.Placement) -> tuple[int, ...]:
+    """Smaller is tighter: the deepest shared domain (as jobs.admission). A run's placements
+    are all on one node or all on several, and one node is as tight as can be: those have
+    nothing to compare."""
+    return () if where.single_node else (-len(where.domain),)
 
 
 class Nodes:
@@ -92,7 +94,7 @@ class Nodes:
 
     def place(self, run: QueuedRun, clusters: Iterable[str]) -> tuple[str, tuple[str, ...]] | None:
         best: tuple[str, tuple[str, ...]] | None = None
-        best_rank: tuple[tuple[int, int], int, str] | None = None
+        best_rank: tuple[tuple[int, ...], int, str] | None = None
         for cluster in clusters:
             pool = self.pools.get((cluster, run.flavor), [])
             view = [

@@ -43,12 +43,13 @@ def month_starts(start: float, end: float) -> list[float]:
 
 
 def by_month(months: list[float], since: float, until: float) -> Iterable[tuple[int, float]]:
+    """(index in ``months``, seconds) of [since, until) in each month it touches, in order
+    (``months`` as ``month_starts`` gives them; before the first counts in the first)."""
     index = max(0, bisect.bisect_right(months, since) - 1)
     while since < until:
+        # months[index] <= since < months[index + 1]: every part is longer than 0
         stop = months[index + 1] if index + 1 < len(months) else math.inf
-        part = min(stop, until) - since
-        if part > 0:
-            yield index, part
+        yield index, min(stop, until) - since
         since, index = min(stop, until), index + 1
 
 

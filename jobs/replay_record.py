@@ -113,12 +113,13 @@ def _kept(hold: Hold, checkpoints: Sequence[float]) -> float:
 
 def checkpoint_every(checkpoints: Sequence[float], holds: Sequence[Hold]) -> float | None:
     """The median interval between a run's checkpoints (the first counted from the start of
-    its hold); None without checkpoints."""
+    its hold; one saved at that very moment measures no interval); None without
+    checkpoints."""
     gaps = []
     for hold in holds:
         until = math.inf if hold.until is None else hold.until
         previous = hold.since
-        for at in sorted(at for at in checkpoints if hold.since <= at <= until):
+        for at in sorted(at for at in checkpoints if hold.since < at <= until):
             gaps.append(at - previous)
             previous = at
     if not gaps:

@@ -7,6 +7,7 @@ happened, and why it may not (outside load, failures, runs cancelled by people).
 Pure: no ORM, no clock, no I/O.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from jobs.replay_types import Ending, History, Outcome, TenantOutcome
@@ -42,19 +43,17 @@ def change(before: float | None, after: float | None) -> str:
     return f" ({sign}{abs(share):.0f} %)"
 
 
-def _noticeably(before: float | None, after: float | None) -> int:
-    """-1 shorter, 1 longer, 0 about the same."""
+def _noticeable_move(before: float | None, after: float | None) -> float:
+    """``after - before`` when it is noticeable; 0 when about the same or either is missing."""
     if before is None or after is None:
-        return 0
+        return 0.0
     moved = after - before
-    if abs(moved) <= max(NOTICEABLE_S, NOTICEABLE_SHARE * before):
-        return 0
-    return 1 if moved > 0 else -1
+    return moved if abs(moved) > max(NOTICEABLE_S, NOTICEABLE_SHARE * before) else 0.0
 
 
 def _tenant_lines(name: str, a: TenantOutcome | None, b: TenantOutcome | None) -> list[str]:
-    a = a or TenantOutcome(name, 0, 0, 0, None, None, 0.0, 0, 0.0)
-    b = b or TenantOutcome(name, 0, 0, 0, None, None, 0.0, 0, 0.0)
+    a = a or TenantOutcome.nothing(name)
+    b = b or TenantOutcome.nothing(name)
     lines = [
         f"{name}: p95 queue time {duration(a.queue_p95_s)} → {duration(b.queue_p95_s)}"
         f"{change(a.queue_p95_s, b.queue_p95_s)}; p50 {duration(a.queue_p50_s)} → "
@@ -89,12 +88,12 @@ def compare(actual: Outcome, proposed: Outcome) -> list[str]:
     winners, losers = [], []
     for name in names:
         a, b = actual.tenant(name), proposed.tenant(name)
-        moved = _noticeably(
+        moved = _noticeable_move(
             None if a is None else a.queue_p95_s, None if b is None else b.queue_p95_s
         )
         if moved < 0:
             winners.append(name)
-        elif moved > 0:
+        elif moved:
             losers.append(name)
     lines = [
         f"Wins (shorter p95 queue time): {', '.join(winners) or 'nobody'}.",
@@ -145,6 +144,13 @@ def fidelity(
     """The replay of the policy in force against what happened: each tenant's p50 queue
     time within 10 % (or ``slack_s``: a queue time of seconds is an admission cycle's
     timing), utilisation within 3 points; and what the replay does not model, counted."""
+    return outcomes_fidelity(observed, replayed, reasons=differences(history), slack_s=slack_s)
+
+
+def outcomes_fidelity(
+    observed: Outcome, replayed: Outcome, *, reasons: Iterable[str], slack_s: float = 0.0
+) -> Fidelity:
+    """``fidelity`` with the reasons already written (a report keeps them with its outcomes)."""
     tenants = []
     for t in observed.tenants:
         r = replayed.tenant(t.tenant)
@@ -160,7 +166,7 @@ def fidelity(
         tenants=tuple(tenants),
         observed_utilisation=observed.utilisation,
         replayed_utilisation=replayed.utilisation,
-        reasons=tuple(differences(history)),
+        reasons=tuple(reasons),
     )
 
 

@@ -415,6 +415,11 @@ class TenantOutcome:
     lost_gpu_hours: float
     budgets: tuple[BudgetBurn, ...] = ()
 
+    @classmethod
+    def nothing(cls, tenant: str) -> "TenantOutcome":
+        """A tenant without runs in an outcome (one side of a comparison)."""
+        return cls(tenant, 0, 0, 0, None, None, 0.0, 0, 0.0)
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:

@@ -120,15 +120,15 @@ def _result(view: ReportView) -> dict:
         },
         "lines": list(view.lines),
         "fidelity": {
-            "within": view.faithful,
-            "observed_utilisation": view.observed_utilisation,
-            "replayed_utilisation": view.replayed_utilisation,
+            "within": view.fidelity.within,
+            "observed_utilisation": view.fidelity.observed_utilisation,
+            "replayed_utilisation": view.fidelity.replayed_utilisation,
             "tenants": [
                 {"tenant": row.tenant, "observed_p50_s": row.observed_p50_s,
                  "replayed_p50_s": row.replayed_p50_s, "within": row.within}
-                for row in view.fidelity
+                for row in view.fidelity.tenants
             ],
-            "reasons": list(view.reasons),
+            "reasons": list(view.fidelity.reasons),
         },
     }  # fmt: skip
 

@@ -10,11 +10,11 @@ view holds their own tenants' rows and the platform totals, and its plain-words 
 computed from those rows alone, so no other tenant's figure or name reaches them.
 """
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from jobs.replay_report import P50_TOLERANCE, UTILISATION_TOLERANCE_POINTS, compare
+from jobs.replay_report import Fidelity, compare, outcomes_fidelity
 from jobs.replay_types import Outcome, TenantOutcome
 
 RESULT_VERSION = 1
@@ -77,14 +77,6 @@ class BudgetRow:
 
 
 @dataclass(frozen=True)
-class FidelityRow:
-    tenant: str
-    observed_p50_s: float | None
-    replayed_p50_s: float | None
-    within: bool
-
-
-@dataclass(frozen=True)
 class ReportView:
     """What one reader is shown of a result."""
 
@@ -93,21 +85,8 @@ class ReportView:
     actual: Outcome  # the platform totals (utilisation, GPU-hours, preemptions) are whole
     proposed: Outcome
     lines: tuple[str, ...]
-    fidelity: tuple[FidelityRow, ...]
-    observed_utilisation: float
-    replayed_utilisation: float
-    reasons: tuple[str, ...]
-
-    @property
-    def utilisation_within(self) -> bool:
-        return (
-            abs(self.observed_utilisation - self.replayed_utilisation)
-            <= UTILISATION_TOLERANCE_POINTS
-        )
-
-    @property
-    def faithful(self) -> bool:
-        return self.utilisation_within and all(row.within for row in self.fidelity)
+    # The replay of the policy in force against what happened (its tenants: the reader's).
+    fidelity: Fidelity
 
     @property
     def utilisation_delta(self) -> float:
@@ -118,21 +97,11 @@ def _delta(before: float | None, after: float | None) -> float | None:
     return None if before is None or after is None else after - before
 
 
-def _empty(tenant: str) -> TenantOutcome:
-    return TenantOutcome(tenant, 0, 0, 0, None, None, 0.0, 0, 0.0)
-
-
 def _only(outcome: Outcome, tenants: Collection[str] | None) -> Outcome:
     """``outcome`` with the rows of ``tenants`` alone (None: all); totals unchanged."""
     if tenants is None:
         return outcome
     return replace(outcome, tenants=tuple(t for t in outcome.tenants if t.tenant in tenants))
-
-
-def _within(observed: float | None, replayed: float | None) -> bool:
-    if observed is None or replayed is None:
-        return observed is None and replayed is None
-    return abs(replayed - observed) <= P50_TOLERANCE * observed
 
 
 def report_view(result: Mapping[str, Any], *, tenants: Collection[str] | None) -> ReportView:
@@ -144,8 +113,8 @@ def report_view(result: Mapping[str, Any], *, tenants: Collection[str] | None) -
     rows = tuple(
         TenantRow(
             tenant=name,
-            actual=observed.tenant(name) or _empty(name),
-            proposed=proposed.tenant(name) or _empty(name),
+            actual=observed.tenant(name) or TenantOutcome.nothing(name),
+            proposed=proposed.tenant(name) or TenantOutcome.nothing(name),
         )
         for name in names
     )
@@ -166,25 +135,13 @@ def report_view(result: Mapping[str, Any], *, tenants: Collection[str] | None) -
                     hard=shown.hard,
                 )
             )
-    fidelity = tuple(
-        FidelityRow(
-            tenant=t.tenant,
-            observed_p50_s=t.queue_p50_s,
-            replayed_p50_s=(baseline.tenant(t.tenant) or _empty(t.tenant)).queue_p50_s,
-            within=_within(t.queue_p50_s, (baseline.tenant(t.tenant) or _empty("")).queue_p50_s),
-        )
-        for t in observed.tenants
-    )
     return ReportView(
         rows=rows,
         budgets=tuple(budgets),
         actual=observed,
         proposed=proposed,
         lines=tuple(compare(observed, proposed)),
-        fidelity=fidelity,
-        observed_utilisation=observed.utilisation,
-        replayed_utilisation=baseline.utilisation,
-        reasons=tuple(result.get("reasons", ())),
+        fidelity=outcomes_fidelity(observed, baseline, reasons=result.get("reasons", ())),
     )
 
 
@@ -196,34 +153,32 @@ def queue_chart(view: ReportView) -> dict[str, Any] | None:
     """p95 queue time per tenant, what happened and proposed, in minutes (for the KPI
     charts' script: static/gantry/kpis.js)."""
     rows = [row for row in view.rows if row.actual.runs or row.proposed.runs]
-    if not rows:
-        return None
-    return {
-        "orientation": "v",
-        "categories": [row.tenant for row in rows],
-        "unit": "min",
-        "x_title": "Tenant",
-        "y_title": "p95 queue time (minutes)",
-        "traces": [
-            {"name": "What happened", "values": [_minutes(r.actual.queue_p95_s) for r in rows]},
-            {"name": "Proposed", "values": [_minutes(r.proposed.queue_p95_s) for r in rows]},
-        ],
-    }
+    return _tenant_chart(rows, "min", "p95 queue time (minutes)", lambda t: _minutes(t.queue_p95_s))
 
 
 def gpu_hours_chart(view: ReportView) -> dict[str, Any] | None:
     """GPU-hours delivered per tenant, what happened and proposed."""
     rows = [row for row in view.rows if row.actual.gpu_hours or row.proposed.gpu_hours]
+    return _tenant_chart(rows, "GPU-h", "GPU-hours delivered", lambda t: round(t.gpu_hours, 1))
+
+
+def _tenant_chart(
+    rows: list[TenantRow],
+    unit: str,
+    title: str,
+    value: Callable[[TenantOutcome], float | None],
+) -> dict[str, Any] | None:
+    """A bar pair per tenant of ``rows``, what happened and proposed; None without rows."""
     if not rows:
         return None
     return {
         "orientation": "v",
         "categories": [row.tenant for row in rows],
-        "unit": "GPU-h",
+        "unit": unit,
         "x_title": "Tenant",
-        "y_title": "GPU-hours delivered",
+        "y_title": title,
         "traces": [
-            {"name": "What happened", "values": [round(r.actual.gpu_hours, 1) for r in rows]},
-            {"name": "Proposed", "values": [round(r.proposed.gpu_hours, 1) for r in rows]},
+            {"name": "What happened", "values": [value(r.actual) for r in rows]},
+            {"name": "Proposed", "values": [value(r.proposed) for r in rows]},
         ],
     }

@@ -7,7 +7,6 @@ set against today's capacity. ``replay_check`` is the one judge, used by the ser
 writes a report, the new-report page and the API alike.
 """
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,12 +17,12 @@ from clusters.models import ClusterFlavor
 from jobs import admission_types
 from jobs.models import Run
 from jobs.replay_types import History, Proposal
-from jobs.selectors.queue import cluster_nodes
+from jobs.selectors.queue import cluster_nodes, quotas_now
 from policy.access import report_tenant_scope
 from policy.models import ReplayReport
 from policy.proposals import ProposalShapeError, proposal_from_json, proposal_tenants
 from policy.results import ReportView, report_view
-from tenants.models import GpuFlavor, Quota, Tenant
+from tenants.models import GpuFlavor, Tenant
 
 # The longest window a report replays.
 MAX_WINDOW_DAYS = 92
@@ -89,37 +88,6 @@ def duration_words(seconds: float) -> str:
     if seconds < 3600:
         return f"{round(seconds / 60)} min"
     return f"{seconds / 3600:.1f} h"
-
-
-def _quota(row: Mapping[str, Any]) -> admission_types.Quota:
-    return admission_types.Quota(
-        guaranteed=row["guaranteed_gpus"],
-        borrow_limit=row["borrow_limit_gpus"],
-        max_gpus_per_run=row["max_gpus_per_run"],
-        budget_gpu_hours=row["monthly_gpu_hour_budget"],
-        budget_hard=row["budget_mode"] == Quota.BudgetMode.HARD,
-        weight=row["fair_share_weight"],
-    )
-
-
-QUOTA_VALUES = (
-    "tenant__slug",
-    "flavor__slug",
-    "guaranteed_gpus",
-    "borrow_limit_gpus",
-    "max_gpus_per_run",
-    "monthly_gpu_hour_budget",
-    "budget_mode",
-    "fair_share_weight",
-)
-
-
-def quotas_now() -> dict[tuple[str, str], admission_types.Quota]:
-    """Every active tenant's quotas as they are, by (tenant, flavor) slug."""
-    return {
-        (row["tenant__slug"], row["flavor__slug"]): _quota(row)
-        for row in Quota.objects.filter(tenant__active=True).values(*QUOTA_VALUES)
-    }
 
 
 def platform_now(*, now: datetime) -> History:

@@ -1,6 +1,9 @@
 """Fixed personas and a small world: two tenants, two flavors, a simulated cluster."""
 
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -279,3 +282,20 @@ def reserved_ending(holders, nodes: list[str], *, cluster: str = "sim-1") -> str
     ends = [run.latest_end for run in held_runs(now=timezone.now()) if run.id in ids]
     assert len(ends) == len(ids) and None not in ends, ends
     return f"; reserved: {', '.join(nodes)} on {cluster} from {backfill.clock(max(ends))}"
+
+
+@contextmanager
+def machine_time_zone(name: str) -> Iterator[None]:
+    """The machine's local time zone set to ``name`` (the TZ variable), then as it was: code
+    that must count in UTC shows whether it does."""
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = name
+    time.tzset()
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = before
+        time.tzset()

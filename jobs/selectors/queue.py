@@ -31,8 +31,22 @@ from jobs.models import (
 from jobs.selectors import holding_sql
 from tenants.models import Quota, Tenant
 
+# A quota's columns as admission reads them (``quota_of``), with its (tenant, flavor) slugs.
+QUOTA_VALUES = (
+    "tenant__slug",
+    "flavor__slug",
+    "guaranteed_gpus",
+    "borrow_limit_gpus",
+    "max_gpus_per_run",
+    "monthly_gpu_hour_budget",
+    "budget_mode",
+    "fair_share_weight",
+)
 
-def _quota_of(row: Mapping[str, Any]) -> admission_types.Quota:
+
+def quota_of(row: Mapping[str, Any]) -> admission_types.Quota:
+    """A quota as admission reads it, from its columns: a row read with ``QUOTA_VALUES`` or
+    a ``quota.update`` audit event's before or after (the what-if replay's history)."""
     return admission_types.Quota(
         guaranteed=row["guaranteed_gpus"],
         borrow_limit=row["borrow_limit_gpus"],
@@ -41,6 +55,14 @@ def _quota_of(row: Mapping[str, Any]) -> admission_types.Quota:
         budget_hard=row["budget_mode"] == Quota.BudgetMode.HARD,
         weight=row["fair_share_weight"],
     )
+
+
+def quotas_now() -> dict[tuple[str, str], admission_types.Quota]:
+    """Every active tenant's quotas as they are, by (tenant, flavor) slug."""
+    return {
+        (row["tenant__slug"], row["flavor__slug"]): quota_of(row)
+        for row in Quota.objects.filter(tenant__active=True).values(*QUOTA_VALUES)
+    }
 
 
 # The reason a quarantined node takes no work, before Gantry's why (which only platform
@@ -234,20 +256,10 @@ def admission_snapshot(
     clusters = {cluster.name: cluster for cluster in Cluster.objects.filter(enabled=True)}
     nodes = cluster_nodes(now=now)
     quota_rows = list(
-        Quota.objects.filter(tenant__active=True).values(
-            "tenant__slug",
-            "flavor__slug",
-            "guaranteed_gpus",
-            "borrow_limit_gpus",
-            "max_gpus_per_run",
-            "monthly_gpu_hour_budget",
-            "budget_mode",
-            "fair_share_weight",
-            # A tenant without a quota has no run admission decides on: read with the quotas.
-            "tenant__queueing",
-        )
+        # A tenant without a quota has no run admission decides on: read with the quotas.
+        Quota.objects.filter(tenant__active=True).values(*QUOTA_VALUES, "tenant__queueing")
     )
-    quotas = {(row["tenant__slug"], row["flavor__slug"]): _quota_of(row) for row in quota_rows}
+    quotas = {(row["tenant__slug"], row["flavor__slug"]): quota_of(row) for row in quota_rows}
     tenant_queueing = {
         row["tenant__slug"]: admission_types.Queueing(row["tenant__queueing"])
         for row in quota_rows

@@ -9,10 +9,8 @@ start. ``jobs.replay_record`` makes each run's timeline into what a replay reads
 """
 
 from collections import defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 from django.conf import settings
 from django.db.models import Q
@@ -32,23 +30,12 @@ from jobs.replay_record import (
     used_since,
 )
 from jobs.replay_types import History, Holding, Key, QuotaChange, Submission
-from jobs.selectors.queue import cluster_nodes
-from tenants.models import AuditEvent, GpuFlavor, Quota, Tenant
+from jobs.selectors.queue import cluster_nodes, quota_of, quotas_now
+from tenants.models import AuditEvent, GpuFlavor, Tenant
 
 # Fair share at the window's start is rebuilt from the holds of this many half-lives before
 # it (what is older weighs less than 1/32).
 FAIR_SHARE_LOOKBACK_HALF_LIVES = 5
-
-
-def _quota(values: Mapping[str, Any]) -> admission_types.Quota:
-    return admission_types.Quota(
-        guaranteed=values["guaranteed_gpus"],
-        borrow_limit=values["borrow_limit_gpus"],
-        max_gpus_per_run=values["max_gpus_per_run"],
-        budget_gpu_hours=values["monthly_gpu_hour_budget"],
-        budget_hard=values["budget_mode"] == Quota.BudgetMode.HARD,
-        weight=values["fair_share_weight"],
-    )
 
 
 def _quotas(
@@ -56,13 +43,7 @@ def _quotas(
 ) -> tuple[dict[Key, admission_types.Quota], tuple[QuotaChange, ...]]:
     """The quotas in force at ``start`` (today's, each changed since put back as the audit
     log's first change after ``start`` found it) and the changes made in the window."""
-    quotas = {
-        (row["tenant__slug"], row["flavor__slug"]): _quota(row)
-        for row in Quota.objects.filter(tenant__active=True).values(
-            "tenant__slug", "flavor__slug", "guaranteed_gpus", "borrow_limit_gpus",
-            "max_gpus_per_run", "monthly_gpu_hour_budget", "budget_mode", "fair_share_weight",
-        )
-    }  # fmt: skip
+    quotas = quotas_now()
     undone: set[Key] = set()
     changes = []
     for target, before, after, at in (
@@ -77,11 +58,11 @@ def _quotas(
             if before is None:
                 quotas.pop(key, None)
             else:
-                quotas[key] = _quota(before)
+                quotas[key] = quota_of(before)
         if at < end:
             changes.append(
                 QuotaChange(
-                    at.timestamp(), tenant, flavor, None if after is None else _quota(after)
+                    at.timestamp(), tenant, flavor, None if after is None else quota_of(after)
                 )
             )
     return quotas, tuple(changes)

@@ -1,8 +1,6 @@
 """finance.costing (pure, no database): attempts cut at UTC midnights and price changes, the
 categories shared out over the parts, and the rounding of statement lines (docs/finance.md)."""
 
-import os
-import time
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 
@@ -13,6 +11,7 @@ from hypothesis import strategies as st
 from finance import costing
 from finance.costing import DayShare, Rate, attempt_cost, split_attempt
 from telemetry.accounting import CATEGORIES
+from tests.conftest import machine_time_zone
 
 T0 = datetime(2026, 3, 1, 18, 0, tzinfo=UTC)
 MARCH_1 = datetime(2026, 3, 1, tzinfo=UTC)
@@ -223,15 +222,8 @@ def test_the_days_are_utc_days_whatever_the_zone_of_the_times():
 @pytest.fixture
 def kiritimati():
     """The machine's local time zone at UTC+14 for the test, then as it was."""
-    before = os.environ.get("TZ")
-    os.environ["TZ"] = "Pacific/Kiritimati"
-    time.tzset()
-    yield
-    if before is None:
-        del os.environ["TZ"]
-    else:
-        os.environ["TZ"] = before
-    time.tzset()
+    with machine_time_zone("Pacific/Kiritimati"):
+        yield
 
 
 def test_the_days_are_utc_days_whatever_the_machines_time_zone(kiritimati):

@@ -15,7 +15,9 @@ from jobs.services.backend_submit import attempt_submit
 from jobs.services.backend_sync import attempt_cancel, cluster_sync
 
 
-def worker_tick(cluster: Cluster) -> None:
+def hand_over_attempts() -> None:
+    """What the worker's tasks do after a cycle, in line: take the preempted runs' jobs off
+    their cluster, then submit the admitted runs' attempts."""
     for attempt in Attempt.objects.filter(
         state__in=LIVE_ATTEMPT_STATES, run__state=RunState.PREEMPTED
     ):
@@ -24,6 +26,10 @@ def worker_tick(cluster: Cluster) -> None:
         state__in=[AttemptState.CREATED, AttemptState.SUBMITTING]
     ):
         attempt_submit(attempt_id=attempt.pk)
+
+
+def worker_tick(cluster: Cluster) -> None:
+    hand_over_attempts()
     cluster_sync(cluster=cluster)
     admission_run_cycle(now=timezone.now())
 

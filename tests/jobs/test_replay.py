@@ -12,6 +12,7 @@ import pytest
 from jobs import replay as replay_module
 from jobs.admission_types import ClusterNode, Queueing, Quota
 from jobs.replay import ReplayStopped, nearest_rank, observed_outcome, replay
+from jobs.replay_outcome import RunRecord, by_month, month_starts, outcome_of
 from jobs.replay_report import compare
 from jobs.replay_types import (
     Actual,
@@ -24,6 +25,7 @@ from jobs.replay_types import (
     QuotaChange,
     Submission,
 )
+from tests.conftest import machine_time_zone
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -324,3 +326,52 @@ def test_skipping_the_cycles_that_cannot_start_anything_changes_nothing(seed, mo
     monkeypatch.setattr(replay_module._Replay, "skip_idle_cycles", False)
     assert replay(h) == skipping
     assert not math.isnan(skipping.utilisation)
+
+
+JAN, FEB, MAR = (datetime(2027, m, 1, tzinfo=UTC).timestamp() for m in (1, 2, 3))
+
+
+def test_the_months_a_window_touches_are_utc_months_up_to_its_end():
+    assert month_starts(JAN + 14 * DAY, MAR) == [JAN, FEB]
+    assert month_starts(JAN + 14 * DAY, MAR + 1) == [JAN, FEB, MAR]
+    assert month_starts(FEB - 1, FEB) == [JAN]
+
+
+def test_a_hold_is_cut_at_each_month_start_it_spans():
+    months = [JAN, FEB, MAR]
+    assert list(by_month(months, FEB - 1, MAR + 5)) == [(0, 1.0), (1, MAR - FEB), (2, 5.0)]
+    assert list(by_month(months, FEB + 10, FEB + 30)) == [(1, 20.0)]
+    assert list(by_month(months, MAR + 10, MAR + 30)) == [(2, 20.0)]
+    assert list(by_month([JAN, FEB], JAN + 10, FEB + 30)) == [(0, FEB - JAN - 10), (1, 30.0)]
+    assert list(by_month(months, JAN, JAN)) == []
+
+
+def test_each_budget_is_counted_per_utc_month_for_every_tenant_whatever_the_machines_zone():
+    # Two tenants, each with a quota without a budget sorted before one with a budget.
+    quotas = {
+        ("a", "a100"): Quota(8),
+        ("a", "h100"): Quota(8, budget_gpu_hours=100.0),
+        ("b", "a100"): Quota(8),
+        ("b", "h100"): Quota(8, budget_gpu_hours=50.0, budget_hard=False),
+    }
+    window = history(
+        quotas=quotas, start=FEB - DAY, end=FEB + DAY, budget_used={("a", "h100"): 7.5}
+    )
+    records = [
+        RunRecord("a", "h100", 2, counted=True, started=True, held=[(FEB - HOUR, FEB + HOUR)]),
+        # a hold that ended before the window and one of no length count nothing
+        RunRecord("b", "h100", 4, counted=True, held=[(0.0, HOUR), (FEB, FEB)]),
+    ]
+    with machine_time_zone("Pacific/Pago_Pago"):  # UTC-11: 1 February UTC is 31 January there
+        outcome = outcome_of(window, quotas, records, capacity_gpus=16)
+    assert [(b.flavor, b.month, b.used_gpu_hours, b.budget_gpu_hours, b.hard)
+            for b in outcome.tenant("a").budgets] == [
+        ("h100", "2027-01", 7.5 + 2.0, 100.0, True),
+        ("h100", "2027-02", 2.0, 100.0, True),
+    ]  # fmt: skip
+    assert [(b.month, b.used_gpu_hours, b.hard) for b in outcome.tenant("b").budgets] == [
+        ("2027-01", 0.0, False),
+        ("2027-02", 0.0, False),
+    ]
+    assert (outcome.tenant("a").gpu_hours, outcome.tenant("b").gpu_hours) == (4.0, 0.0)
+    assert (outcome.tenant("b").runs, outcome.tenant("b").not_started) == (1, 1)

@@ -14,6 +14,8 @@ from django.db.models import F
 
 from jobs.models import Run
 from jobs.services.submission import run_submit
+from policy.models import ReplayReport
+from policy.services.reports import replay_report_create
 from tests.conftest import experiment_input
 from tests.jobs.replay_support import record
 
@@ -88,3 +90,16 @@ def text_of(html: str) -> str:
     whitespace collapsed."""
     html = re.sub(r"<script.*?</script>", " ", html, flags=re.S)
     return " ".join(unescape(re.sub(r"<[^>]+>", " ", html)).split())
+
+
+def ask(world, proposal, **options) -> ReplayReport:
+    """A report on the window ``WINDOW`` from ``T0``, asked for by the platform admin at
+    ``NOW`` (``options``: replay_report_create's, confirm_warnings, share, …)."""
+    with time_machine.travel(NOW, tick=False):
+        return replay_report_create(
+            actor=world.platform_admin,
+            window_start=T0,
+            window_end=T0 + WINDOW,
+            proposal=proposal,
+            **options,
+        )

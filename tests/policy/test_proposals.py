@@ -142,9 +142,51 @@ def test_an_empty_object_proposes_nothing():
             "tenant_queueing key must be a name: lowercase letters, digits, dots and dashes.",
         ),
         ({"starvation_after_s": float("nan")}, "starvation_after_s must be a number."),
+        (
+            {"quotas": [{"tenant": "v", "flavor": "a", "guaranteed": 8, "size": 1, "colour": 2}]},
+            "quotas[0] has unknown keys: colour, size.",
+        ),
+        (
+            {"quotas": [{"tenant": "v", "flavor": "A100", "guaranteed": 8}]},
+            "quotas[0].flavor must be a name: lowercase letters, digits, dots and dashes.",
+        ),
+        (
+            {"quotas": [{"tenant": "v", "flavor": "a", "guaranteed": 8, "borrow_limit": "2"}]},
+            "quotas[0].borrow_limit must be a whole number.",
+        ),
+        (
+            {"quotas": [{"tenant": "v", "flavor": "a", "guaranteed": 8, "max_gpus_per_run": 1.5}]},
+            "quotas[0].max_gpus_per_run must be a whole number.",
+        ),
+        (
+            {"quotas": [{"tenant": "v", "flavor": "a", "guaranteed": 8, "weight": None}]},
+            "quotas[0].weight must be a whole number.",
+        ),
+        ({"nodes": {}}, "nodes must be a list."),
+        ({"nodes": [8]}, "nodes[0] must be an object."),
+        ({"nodes": [{"count": 2}]}, "nodes[0] needs cluster, flavor."),
+        (
+            {"nodes": [{"cluster": "sim-1", "flavor": "H100", "count": 1}]},
+            "nodes[0].flavor must be a name: lowercase letters, digits, dots and dashes.",
+        ),
+        (
+            {"nodes": [{"cluster": "sim-1", "flavor": "a", "count": 1, "gpus_per_node": "8"}]},
+            "nodes[0].gpus_per_node must be a whole number.",
+        ),
     ],
 )
 def test_a_wrong_shape_is_refused_naming_the_value(data, message):
     with pytest.raises(ProposalShapeError) as refused:
         proposal_from_json(data)
     assert str(refused.value) == message
+
+
+def test_the_largest_whole_number_is_postgresqls_integer_and_a_new_nodes_gpus_are_read():
+    proposal = proposal_from_json(
+        {
+            "quotas": [{"tenant": "v", "flavor": "a", "guaranteed": 2**31 - 1}],
+            "nodes": [{"cluster": "sim-1", "flavor": "h100", "count": 2, "gpus_per_node": 8}],
+        }
+    )
+    assert proposal.quotas == {("v", "a"): Quota(guaranteed=2**31 - 1)}
+    assert proposal.nodes == (NodeChange("sim-1", "h100", 2, 8),)

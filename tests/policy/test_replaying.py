@@ -10,9 +10,8 @@ import time_machine
 from policy.models import ReplayReport
 from policy.selectors import STALE_AFTER
 from policy.services.replaying import Replayed, replay_report_run
-from policy.services.reports import replay_report_create
 from tenants.models import AuditEvent, Quota
-from tests.policy.support import NOW, T0, WINDOW, record_history, submit
+from tests.policy.support import NOW, T0, ask, record_history, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -22,16 +21,6 @@ SWAP = {
         {"tenant": "nlp", "flavor": "a100-80gb", "guaranteed": 8},
     ]
 }
-
-
-def ask(world, proposal=SWAP) -> ReplayReport:
-    with time_machine.travel(NOW, tick=False):
-        return replay_report_create(
-            actor=world.platform_admin,
-            window_start=T0,
-            window_end=T0 + WINDOW,
-            proposal=proposal,
-        )
 
 
 def run(report: ReplayReport, *, at=NOW) -> Replayed:
@@ -48,7 +37,7 @@ def queued_runs(world):
 
 def test_a_recorded_window_replayed_under_a_proposal_side_by_side(world):
     record_history(world)
-    report = ask(world)
+    report = ask(world, SWAP)
 
     assert run(report) == Replayed.DONE
 
@@ -102,7 +91,7 @@ def test_a_recorded_window_replayed_under_a_proposal_side_by_side(world):
 
 
 def test_a_redelivered_task_of_a_done_report_changes_nothing(world, queued_runs):
-    report = ask(world)
+    report = ask(world, SWAP)
     assert run(report) == Replayed.DONE
     report.refresh_from_db()
     done = (report.status, report.result, report.finished_at)
@@ -113,7 +102,7 @@ def test_a_redelivered_task_of_a_done_report_changes_nothing(world, queued_runs)
 
 
 def test_reports_are_replayed_one_at_a_time_oldest_first(world, queued_runs):
-    first, second = ask(world), ask(world)
+    first, second = ask(world, SWAP), ask(world, SWAP)
     ReplayReport.objects.filter(pk=first.pk).update(status="running", heartbeat_at=NOW)
 
     assert run(second) == Replayed.WAITING
@@ -125,7 +114,7 @@ def test_reports_are_replayed_one_at_a_time_oldest_first(world, queued_runs):
 
 
 def test_a_report_whose_worker_was_lost_is_claimed_again_once_silent(world, queued_runs):
-    report = ask(world)
+    report = ask(world, SWAP)
     ReplayReport.objects.filter(pk=report.pk).update(
         status="running", heartbeat_at=NOW, progress=0.3
     )
@@ -140,14 +129,14 @@ def test_a_report_whose_worker_was_lost_is_claimed_again_once_silent(world, queu
 
 
 def test_a_cancelled_report_is_not_replayed(world, queued_runs):
-    report = ask(world)
+    report = ask(world, SWAP)
     ReplayReport.objects.filter(pk=report.pk).update(status="cancelled", cancel_requested=True)
     assert run(report) == Replayed.NOTHING
     assert ReplayReport.objects.get(pk=report.pk).result is None
 
 
 def test_a_tenant_deactivated_before_the_replay_fails_it_with_the_reason(world, queued_runs):
-    report = ask(world)
+    report = ask(world, SWAP)
     world.nlp.active = False
     world.nlp.save(update_fields=["active"])
     events = AuditEvent.objects.count()

@@ -14,11 +14,10 @@ from django.urls import reverse
 from policy.models import ReplayReport
 from policy.proposals import proposal_from_json
 from policy.services.replaying import replay_report_run
-from policy.services.reports import replay_report_create
 from tenants.models import AuditEvent, Membership, Quota
 from tests.conftest import make_user
 from tests.html_support import post_form
-from tests.policy.support import NOW, T0, WINDOW, record_history, submit, text_of
+from tests.policy.support import NOW, T0, WINDOW, ask, record_history, submit, text_of
 
 pytestmark = pytest.mark.django_db
 
@@ -55,24 +54,12 @@ def people(world):
     }
 
 
-def ask(world, proposal, *, share=False) -> ReplayReport:
-    with time_machine.travel(NOW, tick=False):
-        return replay_report_create(
-            actor=world.platform_admin,
-            window_start=T0,
-            window_end=T0 + WINDOW,
-            proposal=proposal,
-            confirm_warnings=True,
-            share=share,
-        )
-
-
 @pytest.fixture
 def vision_report(world):
     """A shared report concerning vision alone: its runs only in the window, its quota only."""
     with time_machine.travel(T0 + timedelta(minutes=1), tick=False):
         submit(world, "vision", work_s=300)
-    return ask(world, VISION_ONLY, share=True)
+    return ask(world, VISION_ONLY, confirm_warnings=True, share=True)
 
 
 # persona: anonymous alice bob tara nora fiona paul
@@ -136,7 +123,7 @@ def test_cancelling_needs_the_csrf_token(world, people, vision_report):
 @pytest.fixture
 def done_report(world):
     record_history(world)
-    report = ask(world, SWAP, share=True)
+    report = ask(world, SWAP, confirm_warnings=True, share=True)
     with time_machine.travel(NOW, tick=False):
         replay_report_run(report_id=report.pk)
     report.refresh_from_db()

@@ -16,7 +16,7 @@ from policy.services.reports import (
     replay_report_share,
 )
 from tenants.models import AuditEvent, GpuFlavor, Quota
-from tests.policy.support import NOW, T0, WINDOW, submit
+from tests.policy.support import NOW, T0, WINDOW, ask, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -44,17 +44,6 @@ def queued_runs(world):
     with time_machine.travel(T0 + timedelta(minutes=1), tick=False):
         submit(world, "vision", work_s=300)
         submit(world, "nlp", work_s=300)
-
-
-def ask(world, proposal, **options) -> ReplayReport:
-    with time_machine.travel(NOW, tick=False):
-        return replay_report_create(
-            actor=world.platform_admin,
-            window_start=T0,
-            window_end=T0 + WINDOW,
-            proposal=proposal,
-            **options,
-        )
 
 
 def refused(world, proposal, **options) -> dict[str, list[str]]:

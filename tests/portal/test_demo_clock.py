@@ -19,14 +19,14 @@ from django.utils import timezone
 from clusters.models import Cluster
 from clusters.services import cluster_refresh_inventory
 from images.models import Image
-from jobs.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, Run, RunState
+from jobs.models import Run, RunState
 from jobs.selectors.estimates import StartRecord, start_records
 from jobs.services.admission_cycle import admission_run_cycle
-from jobs.services.backend_submit import attempt_submit
-from jobs.services.backend_sync import attempt_cancel, cluster_sync
+from jobs.services.backend_sync import cluster_sync
 from jobs.services.estimates import estimates_refresh
 from jobs.services.submission import ExperimentInput, run_submit
 from portal.demo import demo_seed
+from tests.jobs.replay_support import hand_over_attempts
 
 pytestmark = pytest.mark.django_db
 
@@ -79,14 +79,7 @@ def worker_tick(cluster: Cluster, *, estimate: bool) -> None:
     """What the worker and beat do in one tick: hand placed runs to the cluster, take
     preempted ones off it, sync it, decide admission, and (every minute) refresh the start
     estimates."""
-    for attempt in Attempt.objects.filter(
-        state__in=LIVE_ATTEMPT_STATES, run__state=RunState.PREEMPTED
-    ):
-        attempt_cancel(attempt_id=attempt.pk)
-    for attempt in Attempt.objects.filter(
-        state__in=[AttemptState.CREATED, AttemptState.SUBMITTING]
-    ):
-        attempt_submit(attempt_id=attempt.pk)
+    hand_over_attempts()
     cluster_sync(cluster=cluster)
     cluster_refresh_inventory(cluster=cluster)
     admission_run_cycle(now=timezone.now())
