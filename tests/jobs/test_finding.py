@@ -346,7 +346,8 @@ def test_duration_and_gpu_hours_of_known_runs(client, world):
     content = response.content.decode()
     assert (
         f'<tr data-run="{running.pk}" data-state="RUNNING">' in content
-        and '<td class="nowrap" data-duration="running">3 h 00 min <span class="muted">running'
+        and '<td data-duration="running"><span class="nowrap">3 h 00 min</span> '
+        '<span class="muted">running'
         in content
     )
     assert '<td class="num" data-gpu-hours>10.00</td>' in content

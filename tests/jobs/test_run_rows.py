@@ -45,7 +45,7 @@ RUN_ROWS_FROM_RUNS = """{% load estimates %}{% for run in runs %}
             <div class="wait-message">{{ run.wait_message }}</div>
           {% else %}—{% endif %}
         </td>
-        <td class="nowrap" data-duration="{{ run.duration.kind }}">{{ run.duration.text }} <span class="muted">{{ run.duration.label }}</span></td>
+        <td data-duration="{{ run.duration.kind }}"><span class="nowrap">{{ run.duration.text }}</span> <span class="muted">{{ run.duration.label }}</span></td>
         <td class="num" data-gpu-hours>{% if run.gpu_hours %}{{ run.gpu_hours|floatformat:2 }}{% else %}—{% endif %}</td>
         <td><time datetime="{{ run.submitted_at|date:'c' }}" title="{{ run.submitted_at|date:'Y-m-d H:i:s T' }}">{{ run.submitted_at|timesince }} ago</time><div class="muted">by {{ run.submitted_by.get_username }}</div></td>
       </tr>
